@@ -1,0 +1,1 @@
+#![deny(unsafe_op_in_unsafe_fn)]
