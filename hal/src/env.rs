@@ -145,3 +145,22 @@ mod tests {
         assert_eq!(parse::<u16>("MSCCLPP_TEST_ENV_UNSET", "a port").unwrap(), None);
     }
 }
+
+/// The identity of this host: `MSCCLPP_HOSTID` if set, else the kernel's boot id (which also
+/// tells containers on one machine apart from another machine), else the host name.
+///
+/// Ranks with equal host ids are assumed to share memory (IPC handles work between them).
+pub fn host_id() -> String {
+    if let Some(id) = get("MSCCLPP_HOSTID") {
+        return id;
+    }
+    if let Ok(b) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let b = b.trim();
+        if !b.is_empty() {
+            return b.to_owned();
+        }
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".to_owned())
+}

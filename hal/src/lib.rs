@@ -1,10 +1,44 @@
 //! # mscclpp-hal — the vendor-neutral hardware abstraction of mscclpp-rs
 //!
-//! (crate contract written below as the modules land)
+//! Everything above this crate (transports, the communication layer, collectives) talks to
+//! accelerators only through the traits defined here, so that one binary serves NVIDIA (CUDA),
+//! AMD (ROCm) and CPU-only hosts. This crate depends on no vendor library.
+//!
+//! ## The contract a backend fulfils
+//! - [`Backend`]: probed at run time; absence is an [`Error::Unavailable`] with the reason, never
+//!   a panic. Enumerates devices with [`DeviceInfo`] (properties and [`Capabilities`] as data)
+//!   and a [`PeerMatrix`].
+//! - [`Device`]: allocates [`DeviceBuffer`]s of each [`MemoryKind`]; creates [`Stream`]s and
+//!   [`Event`]s; exports and imports [`IpcHandle`]s so that another process on the same host
+//!   maps the same memory; creates and imports [`MulticastGroup`]s where
+//!   [`MulticastSupport`] allows; loads kernels by [`KernelId`].
+//! - [`Stream`]: in-order; copies, fills and launches are asynchronous; errors are sticky and
+//!   surface at [`Stream::synchronize_timeout`]. Buffers used by enqueued work stay alive until
+//!   the work has run, whatever the caller drops.
+//! - Kernels take exactly one `#[repr(C)]` struct implementing [`KernelArgs`]; the same struct is
+//!   mirrored in the device headers of `kernels/cuda` and `kernels/hip`.
+//! - Every byte that crosses a process goes through [`wire`]: versioned, bounded, validated.
+//!
+//! Errors are typed ([`Error`]) and classified ([`ErrorClass`]). Configuration comes from the
+//! environment through [`env`].
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod caps;
+pub mod device;
 pub mod env;
 pub mod error;
+pub mod ipc;
+pub mod kernel;
+pub mod memory;
+pub mod multicast;
+pub mod stream;
 pub mod wire;
 
+pub use caps::{BackendKind, Capabilities, DeviceInfo, MulticastSupport, PeerMatrix};
+pub use device::{Backend, Device};
 pub use error::{Error, ErrorClass, Result};
+pub use ipc::{IpcHandle, IpcHandleKind};
+pub use kernel::{Kernel, KernelArgs, KernelId, LaunchConfig};
+pub use memory::{Allocation, BufferSlice, DeviceBuffer, DevicePtr, MemoryKind};
+pub use multicast::{MulticastAddress, MulticastGroup, MulticastMapping};
+pub use stream::{Event, Stream};

@@ -1,1 +1,39 @@
+//! # mscclpp — GPU-driven communication for AI clusters, one binary for every vendor
+//!
+//! The facade of mscclpp-rs. It re-exports the layers underneath and picks a backend at run
+//! time:
+//!
+//! - [`hal`]: the vendor-neutral hardware abstraction (devices, memory, streams, IPC, multicast,
+//!   kernels);
+//! - backends: [`host`] (always built; the CPU reference), CUDA and ROCm (features `cuda` and
+//!   `rocm`, on by default, opened at run time — no vendor SDK is needed to build);
+//! - [`comm`]: the bootstrap (TCP rendezvous) and, later, connections, semaphores and channels;
+//! - [`transports`] and [`collectives`].
+//!
+//! ```no_run
+//! let backend = mscclpp::registry::select()?;          // CUDA, else ROCm, else host
+//! let device = backend.open_device(0)?;
+//! let buf = device.alloc(1 << 20, mscclpp::hal::MemoryKind::Device)?;
+//! let stream = device.create_stream()?;
+//! stream.fill(&buf.full(), 0)?;
+//! stream.synchronize()?;
+//! # Ok::<(), mscclpp::hal::Error>(())
+//! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod logging;
+pub mod registry;
+
+pub use mscclpp_collectives as collectives;
+pub use mscclpp_comm as comm;
+pub use mscclpp_hal as hal;
+pub use mscclpp_host as host;
+pub use mscclpp_transports as transports;
+
+#[cfg(feature = "cuda")]
+pub use mscclpp_cuda as cuda;
+#[cfg(feature = "rocm")]
+pub use mscclpp_rocm as rocm;
+
+pub use logging::init_logging;
+pub use mscclpp_hal::{Error, ErrorClass, Result};

@@ -1,1 +1,13 @@
+//! # mscclpp-conformance — suites written once, stamped out per backend
+//!
+//! - [`harness`]: turns a list of cases into one trial per case per backend; absent backends
+//!   show their cases as ignored with the reason.
+//! - [`hal_suite`]: the HAL conformance cases.
+//! - [`multiproc`]: tests that spawn ranks as real processes by re-executing the test binary.
+//! - [`rng`]: reproducible random test data.
 #![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod hal_suite;
+pub mod harness;
+pub mod multiproc;
+pub mod rng;

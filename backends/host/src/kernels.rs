@@ -1,0 +1,128 @@
+//! Kernels of the host backend: Rust functions registered under the kernel ids that the GPU
+//! backends compile from `kernels/cuda` and `kernels/hip`.
+//!
+//! A host kernel receives the launch shape and the bytes of its `#[repr(C)]` argument struct.
+//! Blocks run concurrently on worker threads ([`for_each_block`]); device addresses in the
+//! arguments are addresses of this process's mappings.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mscclpp_hal::kernel::{AtomicAddU64Args, FillU32Args};
+use mscclpp_hal::{Error, KernelArgs, KernelId, LaunchConfig, Result};
+
+/// The signature of a host kernel.
+pub type HostKernelFn = fn(&LaunchConfig, &[u8]) -> Result<()>;
+
+/// A kernel loaded on the host backend.
+#[derive(Debug, Clone, Copy)]
+pub struct HostKernel {
+    pub(crate) id: KernelId,
+    pub(crate) func: HostKernelFn,
+}
+
+impl mscclpp_hal::Kernel for HostKernel {
+    fn id(&self) -> KernelId {
+        self.id
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Every kernel the host backend implements.
+pub const KERNELS: &[(KernelId, HostKernelFn)] = &[
+    (KernelId::FILL_U32, fill_u32),
+    (KernelId::ATOMIC_ADD_U64, atomic_add_u64),
+];
+
+/// Looks a kernel up by id.
+pub fn lookup(id: KernelId) -> Result<HostKernel> {
+    KERNELS
+        .iter()
+        .find(|(k, _)| *k == id)
+        .map(|&(id, func)| HostKernel { id, func })
+        .ok_or_else(|| {
+            Error::unavailable(
+                format!("kernel {id}"),
+                "the host backend has no implementation of it",
+            )
+        })
+}
+
+/// Runs `body(block_index)` for every block of the grid, blocks spread over up to one thread per
+/// CPU core; returns the first error.
+///
+/// Kernels that synchronise across blocks need every block resident at once; they must keep
+/// their grid within [`std::thread::available_parallelism`] blocks on this backend.
+pub fn for_each_block(cfg: &LaunchConfig, body: impl Fn(u64) -> Result<()> + Sync) -> Result<()> {
+    let blocks = cfg.num_blocks();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let workers = blocks.min(cores).max(1);
+    let next = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    loop {
+                        let b = next.fetch_add(1, Ordering::Relaxed);
+                        if b >= blocks {
+                            return Ok(());
+                        }
+                        body(b)?;
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .map_err(|_| Error::Internal("a host kernel block panicked".into()))?
+        })
+    })
+}
+
+fn check_aligned(addr: u64, align: u64, what: &str) -> Result<()> {
+    if addr == 0 || addr % align != 0 {
+        return Err(Error::invalid(format!(
+            "{what} address {addr:#x} is null or not {align}-byte aligned"
+        )));
+    }
+    Ok(())
+}
+
+/// A raw device address shared by the blocks of one launch.
+#[derive(Clone, Copy)]
+struct Addr(u64);
+
+fn fill_u32(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = FillU32Args::from_bytes(args)?;
+    check_aligned(a.dst, 4, "fill destination")?;
+    let blocks = cfg.num_blocks();
+    let per_block = a.count.div_ceil(blocks);
+    let dst = Addr(a.dst);
+    for_each_block(cfg, |b| {
+        let start = b * per_block;
+        let end = (start + per_block).min(a.count);
+        for i in start..end {
+            // SAFETY: the launcher promised (Stream::launch_raw's contract) that `dst` addresses
+            // `count` live, aligned 32-bit words; `i < count`.
+            unsafe { (dst.0 as *mut u32).add(i as usize).write_volatile(a.value) };
+        }
+        Ok(())
+    })
+}
+
+fn atomic_add_u64(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = AtomicAddU64Args::from_bytes(args)?;
+    check_aligned(a.counter, 8, "atomic counter")?;
+    let threads = cfg.threads_per_block();
+    let counter = Addr(a.counter);
+    for_each_block(cfg, |_| {
+        // SAFETY: the launcher promised a live, 8-byte aligned u64 (alignment checked above);
+        // all accesses to it during the kernel are atomic.
+        let c = unsafe { AtomicU64::from_ptr(counter.0 as *mut u64) };
+        for _ in 0..threads {
+            c.fetch_add(a.value, Ordering::AcqRel);
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,233 @@
+//! Device memory of the host backend: shared-memory files (memfd) mapped into the process.
+//!
+//! Because the memory is a file, another process of the same host can map the very same pages:
+//! an IPC handle names the exporting process, its descriptor number and the file's identity
+//! (device and inode), and the importer reopens it through `/proc/<pid>/fd/<n>`. The identity
+//! check makes a stale handle (the exporter freed the memory and the descriptor number was
+//! reused) fail instead of mapping the wrong file.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+use mscclpp_hal::wire::{Reader, Writer};
+use mscclpp_hal::{
+    Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, IpcHandle, IpcHandleKind, MemoryKind,
+    Result,
+};
+use rustix::fs::{MemfdFlags, Mode, OFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+const PAYLOAD_MAGIC: [u8; 4] = *b"MSHM";
+const PAYLOAD_VERSION: u16 = 1;
+/// The largest allocation the host backend will make or import (1 TiB): a bound on what a
+/// hostile handle can make us map.
+pub const MAX_ALLOCATION: usize = 1 << 40;
+
+/// One shared-memory mapping, made here or imported.
+#[derive(Debug)]
+pub struct ShmAllocation {
+    fd: OwnedFd,
+    ptr: *mut u8,
+    len: usize,
+    kind: MemoryKind,
+    device: usize,
+    imported: bool,
+    file_id: (u64, u64),
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value until drop; concurrent access
+// through it has device-memory semantics (the users of raw pointers synchronise themselves).
+unsafe impl Send for ShmAllocation {}
+// SAFETY: as above; `&ShmAllocation` only hands out the address.
+unsafe impl Sync for ShmAllocation {}
+
+impl ShmAllocation {
+    /// Allocates `len` bytes of zero-filled shared memory.
+    pub fn new(len: usize, kind: MemoryKind, device: usize) -> Result<Self> {
+        if len == 0 || len > MAX_ALLOCATION {
+            return Err(Error::invalid(format!(
+                "allocation of {len} bytes: the host backend allocates 1 byte to {MAX_ALLOCATION} bytes"
+            )));
+        }
+        let fd = rustix::fs::memfd_create("mscclpp-device-memory", MemfdFlags::CLOEXEC)
+            .map_err(|e| Error::io("memfd_create for host device memory", e.into()))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(|e| {
+            Error::io(format!("sizing host device memory to {len} bytes"), e.into())
+        })?;
+        Self::map(fd, len, kind, device, false)
+    }
+
+    fn map(fd: OwnedFd, len: usize, kind: MemoryKind, device: usize, imported: bool) -> Result<Self> {
+        let st = rustix::fs::fstat(&fd).map_err(|e| Error::io("fstat of host memory", e.into()))?;
+        // SAFETY: a fresh shared mapping of a file we hold open; no existing memory is affected.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(|e| Error::io(format!("mapping {len} bytes of host device memory"), e.into()))?;
+        Ok(ShmAllocation {
+            fd,
+            ptr: ptr.cast(),
+            len,
+            kind,
+            device,
+            imported,
+            file_id: (st.st_dev, st.st_ino),
+        })
+    }
+
+    /// Encodes the handle another process uses to map this allocation.
+    pub fn export(&self) -> Result<IpcHandle> {
+        if self.imported {
+            return Err(Error::invalid(
+                "cannot export an imported mapping: export it from the process that allocated it",
+            ));
+        }
+        Ok(IpcHandle {
+            backend: BackendKind::Host,
+            kind: IpcHandleKind::Memory,
+            len: self.len as u64,
+            payload: self.payload(),
+        })
+    }
+
+    pub(crate) fn payload(&self) -> Vec<u8> {
+        let mut w = Writer::new(PAYLOAD_MAGIC, PAYLOAD_VERSION);
+        w.str(&mscclpp_hal::env::host_id())
+            .u32(rustix::process::getpid().as_raw_nonzero().get() as u32)
+            .u32(self.fd.as_raw_fd() as u32)
+            .u64(self.file_id.0)
+            .u64(self.file_id.1)
+            .u64(self.len as u64)
+            .u8(match self.kind {
+                MemoryKind::Device => 0,
+                MemoryKind::HostMapped => 1,
+                MemoryKind::Uncached => 2,
+            });
+        w.finish()
+    }
+
+    /// Maps memory exported by [`ShmAllocation::export`] (in this process or another).
+    pub fn import(payload: &[u8], device: usize) -> Result<Self> {
+        let mut r = Reader::open(
+            "host IPC handle",
+            payload,
+            PAYLOAD_MAGIC,
+            PAYLOAD_VERSION,
+            PAYLOAD_VERSION,
+        )?;
+        let host = r.str("host id", 256)?.to_owned();
+        let pid = r.u32()?;
+        let fd_num = r.u32()?;
+        let dev = r.u64()?;
+        let ino = r.u64()?;
+        let len = r.usize_at_most("length", MAX_ALLOCATION)?;
+        let kind = match r.u8()? {
+            0 => MemoryKind::Device,
+            1 => MemoryKind::HostMapped,
+            2 => MemoryKind::Uncached,
+            k => return Err(Error::malformed("host IPC handle", format!("memory kind {k}"))),
+        };
+        r.finish()?;
+        if len == 0 {
+            return Err(Error::malformed("host IPC handle", "zero length"));
+        }
+        let here = mscclpp_hal::env::host_id();
+        if host != here {
+            return Err(Error::invalid(format!(
+                "IPC handle was made on host {host:?}, this is host {here:?}: host-backend memory is shared only within one host"
+            )));
+        }
+        let path = format!("/proc/{pid}/fd/{fd_num}");
+        let fd = rustix::fs::open(&path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).map_err(
+            |e| {
+                Error::Remote {
+                    rank: usize::MAX,
+                    message: format!(
+                        "cannot open exported memory at {path} (has process {pid} exited or freed it?): {e}"
+                    ),
+                }
+            },
+        )?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| Error::io(format!("fstat {path}"), e.into()))?;
+        if (st.st_dev, st.st_ino) != (dev, ino) {
+            return Err(Error::Remote {
+                rank: usize::MAX,
+                message: format!(
+                    "stale IPC handle: {path} is no longer the exported memory (process {pid} freed it)"
+                ),
+            });
+        }
+        if (st.st_size as u64) < len as u64 {
+            return Err(Error::Remote {
+                rank: usize::MAX,
+                message: format!(
+                    "IPC handle claims {len} bytes but the exported memory has {} bytes",
+                    st.st_size
+                ),
+            });
+        }
+        Self::map(fd, len, kind, device, true)
+    }
+}
+
+impl Drop for ShmAllocation {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the mapping made in `map`, and nothing uses it any more:
+        // every user holds the `Arc` that is being dropped.
+        if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) } {
+            tracing::warn!(len = self.len, "munmap of host device memory failed: {e}");
+        }
+    }
+}
+
+impl Allocation for ShmAllocation {
+    fn backend(&self) -> BackendKind {
+        BackendKind::Host
+    }
+    fn device_ordinal(&self) -> usize {
+        self.device
+    }
+    fn device_ptr(&self) -> DevicePtr {
+        DevicePtr(self.ptr as u64)
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+    fn host_ptr(&self) -> Option<*mut u8> {
+        Some(self.ptr)
+    }
+    fn is_imported(&self) -> bool {
+        self.imported
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The host allocation behind a buffer, or an error naming the buffer's backend.
+pub fn host_allocation(buf: &DeviceBuffer) -> Result<&ShmAllocation> {
+    buf.allocation()
+        .as_any()
+        .downcast_ref::<ShmAllocation>()
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "buffer of the {} backend used with the host backend",
+                buf.backend()
+            ))
+        })
+}
+
+/// Wraps an allocation in a buffer handle.
+pub fn into_buffer(a: ShmAllocation) -> DeviceBuffer {
+    DeviceBuffer::new(Arc::new(a))
+}

@@ -1,0 +1,366 @@
+//! The bootstrap wire protocol: every byte a bootstrap socket carries.
+//!
+//! A connection carries *frames*: a fixed-size header ([`FRAME_HEADER_BYTES`], encoded with
+//! [`mscclpp_hal::wire`]) followed by `len` payload bytes. The header is read and decoded
+//! first, and `len` is checked against the receiver's bound before a payload buffer is
+//! allocated, so a hostile or corrupted peer can neither crash a rank nor make it allocate
+//! unbounded memory. Payloads of the handshake frames (Hello, Table, Error) are themselves
+//! `wire` messages with their own magic and version.
+//!
+//! The decoders here are pure functions over byte slices so they can be property-tested.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use mscclpp_hal::wire::{Reader, Writer};
+use mscclpp_hal::{Error, Result};
+
+/// Version of every bootstrap message this build writes and reads.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+const FRAME_MAGIC: [u8; 4] = *b"MSBF";
+const HELLO_MAGIC: [u8; 4] = *b"MSHL";
+const TABLE_MAGIC: [u8; 4] = *b"MSTB";
+const ERROR_MAGIC: [u8; 4] = *b"MSER";
+
+/// Size of an encoded frame header: magic (4), version (2), kind (1), tag (8), length (8).
+pub const FRAME_HEADER_BYTES: usize = 23;
+
+/// Bound on the payload of a frame from a peer that has not yet proven it knows the secret
+/// (Hello, and the Error/Ack answers to it): small, so that an unauthenticated client cannot
+/// make the root or a rank allocate anything sizeable.
+pub const HANDSHAKE_MAX_BYTES: usize = 1024;
+
+/// Bound on the message text of an Error frame.
+const ERROR_TEXT_MAX: usize = 900;
+
+/// Size of the secret shared by all ranks of one bootstrap.
+pub const SECRET_BYTES: usize = 16;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// A [`Hello`]: the first frame on every connection, from the connecting side.
+    Hello,
+    /// The root's answer: the listen address of every rank.
+    Table,
+    /// A tagged user or collective message.
+    Data,
+    /// A refusal or failure report; the sender closes the connection after it.
+    Error,
+    /// The acceptor's confirmation that a mesh connection's Hello was valid.
+    Ack,
+}
+
+impl FrameKind {
+    fn code(self) -> u8 {
+        match self {
+            FrameKind::Hello => 1,
+            FrameKind::Table => 2,
+            FrameKind::Data => 3,
+            FrameKind::Error => 4,
+            FrameKind::Ack => 5,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => FrameKind::Hello,
+            2 => FrameKind::Table,
+            3 => FrameKind::Data,
+            4 => FrameKind::Error,
+            5 => FrameKind::Ack,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// What the payload is.
+    pub kind: FrameKind,
+    /// The message tag (Data frames; zero otherwise).
+    pub tag: u64,
+    /// The payload length in bytes, as declared by the sender (not yet checked against a bound).
+    pub len: u64,
+}
+
+/// Encodes a frame header.
+pub fn encode_frame_header(h: &FrameHeader) -> [u8; FRAME_HEADER_BYTES] {
+    let mut w = Writer::new(FRAME_MAGIC, PROTOCOL_VERSION);
+    w.u8(h.kind.code()).u64(h.tag).u64(h.len);
+    let v = w.finish();
+    let mut out = [0u8; FRAME_HEADER_BYTES];
+    // The layout is fixed, so the lengths always agree; copy defensively anyway.
+    let n = v.len().min(FRAME_HEADER_BYTES);
+    out[..n].copy_from_slice(&v[..n]);
+    out
+}
+
+/// Decodes a frame header from exactly [`FRAME_HEADER_BYTES`] bytes.
+pub fn decode_frame_header(buf: &[u8]) -> Result<FrameHeader> {
+    if buf.len() != FRAME_HEADER_BYTES {
+        return Err(Error::malformed(
+            "bootstrap frame header",
+            format!("expected {FRAME_HEADER_BYTES} bytes, found {}", buf.len()),
+        ));
+    }
+    let mut r = Reader::open(
+        "bootstrap frame header",
+        buf,
+        FRAME_MAGIC,
+        PROTOCOL_VERSION,
+        PROTOCOL_VERSION,
+    )?;
+    let code = r.u8()?;
+    let tag = r.u64()?;
+    let len = r.u64()?;
+    r.finish()?;
+    let kind = FrameKind::from_code(code).ok_or_else(|| {
+        Error::malformed("bootstrap frame header", format!("unknown frame kind {code}"))
+    })?;
+    Ok(FrameHeader { kind, tag, len })
+}
+
+/// Checks a declared payload length against a bound; returns it as `usize`.
+pub fn check_payload_len(h: &FrameHeader, max: usize) -> Result<usize> {
+    match usize::try_from(h.len) {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(Error::malformed(
+            "bootstrap frame",
+            format!(
+                "{:?} frame declares a {} byte payload, the limit is {max}",
+                h.kind, h.len
+            ),
+        )),
+    }
+}
+
+/// Reads one frame: the header, then (after checking its length against `max`) the payload.
+pub fn read_frame<R: Read + ?Sized>(r: &mut R, max: usize) -> std::io::Result<(FrameHeader, Vec<u8>)> {
+    let mut hb = [0u8; FRAME_HEADER_BYTES];
+    r.read_exact(&mut hb)?;
+    let h = decode_frame_header(&hb).map_err(to_io)?;
+    let len = check_payload_len(&h, max).map_err(to_io)?;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)?;
+    Ok((h, payload))
+}
+
+/// Writes one frame (header and payload).
+pub fn write_frame<W: Write + ?Sized>(w: &mut W, kind: FrameKind, tag: u64, payload: &[u8]) -> std::io::Result<()> {
+    let h = FrameHeader {
+        kind,
+        tag,
+        len: payload.len() as u64,
+    };
+    // One buffer for small frames keeps header and payload in one segment.
+    if payload.len() <= 4096 {
+        let mut buf = Vec::with_capacity(FRAME_HEADER_BYTES + payload.len());
+        buf.extend_from_slice(&encode_frame_header(&h));
+        buf.extend_from_slice(payload);
+        w.write_all(&buf)?;
+    } else {
+        w.write_all(&encode_frame_header(&h))?;
+        w.write_all(payload)?;
+    }
+    w.flush()
+}
+
+/// Carries a decoding error through `std::io` so that [`read_frame`] has one error type; the
+/// original is recovered by [`from_io`].
+fn to_io(e: Error) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+}
+
+/// Turns an I/O error from [`read_frame`]/[`write_frame`] back into a typed error: a wrapped
+/// decoding error comes back as itself, anything else as `Error::Io` with `context`.
+pub fn from_io(e: std::io::Error, context: impl Into<String>) -> Error {
+    if e.kind() == std::io::ErrorKind::InvalidData {
+        if let Some(inner) = e.get_ref().and_then(|i| i.downcast_ref::<Error>()) {
+            if let Error::Malformed { what, why } = inner {
+                return Error::Malformed {
+                    what,
+                    why: why.clone(),
+                };
+            }
+        }
+    }
+    Error::io(context, e)
+}
+
+/// Appends a socket address: family (4 or 6), 16 address bytes, port.
+pub(crate) fn put_addr(w: &mut Writer, a: &SocketAddr) {
+    let mut ip = [0u8; 16];
+    match a.ip() {
+        IpAddr::V4(v4) => {
+            ip[..4].copy_from_slice(&v4.octets());
+            w.u8(4);
+        }
+        IpAddr::V6(v6) => {
+            ip = v6.octets();
+            w.u8(6);
+        }
+    }
+    w.raw(&ip).u16(a.port());
+}
+
+/// Reads a socket address written by [`put_addr`].
+pub(crate) fn get_addr(r: &mut Reader<'_>, what: &'static str) -> Result<SocketAddr> {
+    let family = r.u8()?;
+    let ip = r.array::<16>()?;
+    let port = r.u16()?;
+    let ip = match family {
+        4 => {
+            if ip[4..].iter().any(|&b| b != 0) {
+                return Err(Error::malformed(what, "IPv4 address with non-zero padding"));
+            }
+            IpAddr::V4(Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]))
+        }
+        6 => IpAddr::V6(Ipv6Addr::from(ip)),
+        f => {
+            return Err(Error::malformed(
+                what,
+                format!("address family {f}: expected 4 or 6"),
+            ));
+        }
+    };
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// Which side a Hello is addressed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HelloRole {
+    /// A rank registering with the root.
+    Root,
+    /// A rank opening a mesh connection to another rank.
+    Peer,
+}
+
+/// The first message on every bootstrap connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Whom the Hello is for.
+    pub role: HelloRole,
+    /// The bootstrap's shared secret.
+    pub secret: [u8; SECRET_BYTES],
+    /// The sender's rank.
+    pub rank: usize,
+    /// The number of ranks the sender expects.
+    pub nranks: usize,
+    /// The sender's own listen address (meaningful in Root Hellos).
+    pub listen: SocketAddr,
+}
+
+/// Encodes a Hello payload.
+pub fn encode_hello(h: &Hello) -> Vec<u8> {
+    let mut w = Writer::new(HELLO_MAGIC, PROTOCOL_VERSION);
+    w.u8(match h.role {
+        HelloRole::Root => 0,
+        HelloRole::Peer => 1,
+    });
+    w.raw(&h.secret).u64(h.rank as u64).u64(h.nranks as u64);
+    put_addr(&mut w, &h.listen);
+    w.finish()
+}
+
+/// Upper bound on ranks a bootstrap accepts; keeps tables and per-rank state bounded.
+pub const MAX_RANKS: usize = 1 << 20;
+
+/// Decodes a Hello payload.
+pub fn decode_hello(buf: &[u8]) -> Result<Hello> {
+    const WHAT: &str = "bootstrap hello";
+    let mut r = Reader::open(WHAT, buf, HELLO_MAGIC, PROTOCOL_VERSION, PROTOCOL_VERSION)?;
+    let role = match r.u8()? {
+        0 => HelloRole::Root,
+        1 => HelloRole::Peer,
+        x => return Err(Error::malformed(WHAT, format!("unknown role {x}"))),
+    };
+    let secret = r.array::<SECRET_BYTES>()?;
+    let rank = r.usize_at_most("rank", MAX_RANKS)?;
+    let nranks = r.usize_at_most("nranks", MAX_RANKS)?;
+    let listen = get_addr(&mut r, WHAT)?;
+    r.finish()?;
+    Ok(Hello {
+        role,
+        secret,
+        rank,
+        nranks,
+        listen,
+    })
+}
+
+/// Encodes the root's table of listen addresses (index = rank).
+pub(crate) fn encode_table(addrs: &[SocketAddr]) -> Vec<u8> {
+    let mut w = Writer::new(TABLE_MAGIC, PROTOCOL_VERSION);
+    w.u64(addrs.len() as u64);
+    for a in addrs {
+        put_addr(&mut w, a);
+    }
+    w.finish()
+}
+
+/// Decodes the root's table, which must have exactly `nranks` entries.
+pub(crate) fn decode_table(buf: &[u8], nranks: usize) -> Result<Vec<SocketAddr>> {
+    const WHAT: &str = "bootstrap address table";
+    let mut r = Reader::open(WHAT, buf, TABLE_MAGIC, PROTOCOL_VERSION, PROTOCOL_VERSION)?;
+    let n = r.usize_at_most("entry count", MAX_RANKS)?;
+    if n != nranks {
+        return Err(Error::malformed(
+            WHAT,
+            format!("{n} entries, expected {nranks}"),
+        ));
+    }
+    let mut out = Vec::with_capacity(n.min(buf.len() / 19 + 1));
+    for _ in 0..n {
+        out.push(get_addr(&mut r, WHAT)?);
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+/// Why an Error frame was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The receiver's Hello was refused (wrong secret, rank, nranks, duplicate).
+    Refused,
+    /// The root gave up waiting for the missing ranks.
+    Timeout,
+    /// Anything else.
+    Other,
+}
+
+pub(crate) fn encode_error(code: ErrorCode, msg: &str) -> Vec<u8> {
+    let mut w = Writer::new(ERROR_MAGIC, PROTOCOL_VERSION);
+    w.u8(match code {
+        ErrorCode::Refused => 1,
+        ErrorCode::Timeout => 2,
+        ErrorCode::Other => 3,
+    });
+    // Cut on a character boundary so the text stays UTF-8 and within the decoder's bound.
+    let mut end = msg.len().min(ERROR_TEXT_MAX);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    w.str(&msg[..end]);
+    w.finish()
+}
+
+pub(crate) fn decode_error(buf: &[u8]) -> Result<(ErrorCode, String)> {
+    const WHAT: &str = "bootstrap error report";
+    let mut r = Reader::open(WHAT, buf, ERROR_MAGIC, PROTOCOL_VERSION, PROTOCOL_VERSION)?;
+    let code = match r.u8()? {
+        1 => ErrorCode::Refused,
+        2 => ErrorCode::Timeout,
+        _ => ErrorCode::Other,
+    };
+    let msg = r.str("message", ERROR_TEXT_MAX)?.to_owned();
+    r.finish()?;
+    Ok((code, msg))
+}
+
+/// Compares secrets in time independent of where they differ.
+pub(crate) fn secrets_equal(a: &[u8; SECRET_BYTES], b: &[u8; SECRET_BYTES]) -> bool {
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

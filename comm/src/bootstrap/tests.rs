@@ -1,0 +1,442 @@
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::protocol::*;
+use super::*;
+
+fn cfg(ms: u64) -> BootstrapConfig {
+    BootstrapConfig {
+        timeout: Duration::from_millis(ms),
+        max_frame_bytes: 1 << 20,
+    }
+}
+
+fn localhost0() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// Runs `f(rank)` on `n` threads and returns their results in rank order.
+fn on_ranks<T: Send + 'static>(
+    n: usize,
+    f: impl Fn(usize) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = Arc::new(f);
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let f = Arc::clone(&f);
+            thread::spawn(move || f(r))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn exercise(b: &Bootstrap) {
+    let (r, n) = (b.rank(), b.nranks());
+    // all_gather with a different length per rank.
+    let got = b.all_gather(&vec![r as u8; r + 1]).unwrap();
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(v, &vec![i as u8; i + 1]);
+    }
+    b.barrier().unwrap();
+    let root = n - 1;
+    let msg = if r == root { b"from the root".to_vec() } else { Vec::new() };
+    assert_eq!(b.broadcast(root, &msg).unwrap(), b"from the root");
+    // Several tags, both directions; received in the opposite tag order to the sending one.
+    let next = (r + 1) % n;
+    let prev = (r + n - 1) % n;
+    for tag in [5u64, 6, 7] {
+        for i in 0..3 {
+            b.send(next, tag, format!("{r}->{next} t{tag} m{i}").as_bytes()).unwrap();
+            b.send(prev, tag, format!("{r}->{prev} t{tag} m{i}").as_bytes()).unwrap();
+        }
+    }
+    for tag in [7u64, 6, 5] {
+        for i in 0..3 {
+            let a = b.recv(prev, tag).unwrap();
+            assert_eq!(a, format!("{prev}->{r} t{tag} m{i}").as_bytes());
+            let c = b.recv(next, tag).unwrap();
+            assert_eq!(c, format!("{next}->{r} t{tag} m{i}").as_bytes());
+        }
+    }
+    // To ourselves.
+    b.send(r, 1, b"self").unwrap();
+    assert_eq!(b.recv(r, 1).unwrap(), b"self");
+    b.barrier().unwrap();
+}
+
+#[test]
+fn four_ranks_with_unique_id() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let hex = uid.to_string();
+    on_ranks(4, move |r| {
+        // Ranks other than the creator see the id as a child process would: parsed from hex.
+        let id = if r == 0 { uid } else { UniqueId::from_str(&hex).unwrap() };
+        let b = Bootstrap::new(&id, r, 4, cfg(10_000)).unwrap();
+        assert_eq!((b.rank(), b.nranks(), b.local_rank()), (r, 4, None));
+        exercise(&b);
+    });
+}
+
+#[test]
+fn root_in_a_non_rank_process() {
+    let (root, uid) = BootstrapRoot::start(localhost0(), 3, &cfg(10_000)).unwrap();
+    on_ranks(3, move |r| exercise(&Bootstrap::new(&uid, r, 3, cfg(10_000)).unwrap()));
+    root.wait().unwrap();
+}
+
+#[test]
+fn two_ranks_from_addr() {
+    let port = TcpListener::bind(localhost0()).unwrap().local_addr().unwrap().port();
+    on_ranks(2, move |r| {
+        // The interface prefix form, with `lo` which every Linux host has.
+        let addr = if r == 0 {
+            format!("lo:127.0.0.1:{port}")
+        } else {
+            format!("127.0.0.1:{port}")
+        };
+        let b = Bootstrap::from_addr_with_secret(&addr, "test secret", r, 2, cfg(10_000), Some(r))
+            .unwrap();
+        assert_eq!(b.local_rank(), Some(r));
+        exercise(&b);
+    });
+}
+
+#[test]
+fn from_addr_rejects_bad_specs() {
+    let c = cfg(1000);
+    let e = Bootstrap::from_addr("nosuchif0:127.0.0.1:5000", 1, 2, c.clone()).unwrap_err();
+    assert!(e.to_string().contains("nosuchif0"), "{e}");
+    let e = Bootstrap::from_addr("127.0.0.1:0", 0, 2, c.clone()).unwrap_err();
+    assert!(e.to_string().contains("port 0"), "{e}");
+    let e = Bootstrap::from_addr("127.0.0.1", 0, 2, c.clone()).unwrap_err();
+    assert!(e.to_string().contains("port"), "{e}");
+    let e = Bootstrap::from_addr("127.0.0.1:5000", 2, 2, c).unwrap_err();
+    assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+}
+
+#[test]
+fn wrong_secret_is_refused_and_legit_ranks_complete() {
+    let (root, uid) = BootstrapRoot::start(localhost0(), 2, &cfg(10_000)).unwrap();
+    let intruder = UniqueId::from_parts(uid.root_addr(), [7u8; SECRET_BYTES]);
+    let bad = thread::spawn(move || Bootstrap::new(&intruder, 0, 2, cfg(5_000)));
+    let e = bad.join().unwrap().unwrap_err();
+    assert!(e.to_string().contains("secret"), "{e}");
+    assert!(matches!(e, Error::Remote { .. }), "{e:?}");
+    on_ranks(2, move |r| exercise(&Bootstrap::new(&uid, r, 2, cfg(10_000)).unwrap()));
+    root.wait().unwrap();
+}
+
+#[test]
+fn wrong_nranks_and_duplicate_ranks_are_refused() {
+    let (root, uid) = BootstrapRoot::start(localhost0(), 2, &cfg(10_000)).unwrap();
+    let e = Bootstrap::new(&uid, 0, 3, cfg(5_000)).unwrap_err();
+    assert!(e.to_string().contains("nranks"), "{e}");
+    // A raw Hello claiming rank 0 twice: the second one is refused.
+    let hello = |rank| {
+        let mut s = TcpStream::connect(uid.root_addr()).unwrap();
+        let h = Hello {
+            role: HelloRole::Root,
+            secret: *uid.secret(),
+            rank,
+            nranks: 2,
+            listen: localhost0(),
+        };
+        write_frame(&mut s, FrameKind::Hello, 0, &encode_hello(&h)).unwrap();
+        s
+    };
+    let _first = hello(0);
+    let mut second = hello(0);
+    second.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (h, p) = read_frame(&mut second, 4096).unwrap();
+    assert_eq!(h.kind, FrameKind::Error);
+    let (_, msg) = decode_error(&p).unwrap();
+    assert!(msg.contains("duplicate"), "{msg}");
+    root.stop();
+    assert!(root.wait().is_err());
+}
+
+#[test]
+fn recv_times_out() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    on_ranks(2, move |r| {
+        let b = Bootstrap::new(&uid, r, 2, cfg(500)).unwrap();
+        let t = Instant::now();
+        let e = b.recv(1 - r, 9).unwrap_err();
+        let el = t.elapsed();
+        assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        assert!(e.to_string().contains("rank(s) [") && e.to_string().contains("0x9"), "{e}");
+        assert!(el >= Duration::from_millis(450) && el < Duration::from_secs(3), "{el:?}");
+        // The bootstrap is still usable afterwards.
+        b.barrier().unwrap();
+    });
+}
+
+#[test]
+fn root_times_out_waiting_for_a_missing_rank() {
+    let (root, uid) = BootstrapRoot::start(localhost0(), 3, &cfg(500)).unwrap();
+    let t = Instant::now();
+    let errs = on_ranks(2, move |r| Bootstrap::new(&uid, r, 3, cfg(500)).unwrap_err());
+    for e in errs {
+        assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    }
+    let e = root.wait().unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(e.to_string().contains("[2]"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(3));
+
+    // The same with the root parked in the creating rank.
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let e = Bootstrap::new(&uid, 0, 2, cfg(500)).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(e.to_string().contains("[1]"), "{e}");
+}
+
+#[test]
+fn dead_peer_fails_the_barrier_promptly() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let deadline = Duration::from_secs(20);
+    let results = on_ranks(4, move |r| {
+        let b = Bootstrap::new(&uid, r, 4, cfg(deadline.as_millis() as u64)).unwrap();
+        b.barrier().unwrap();
+        if r == 1 {
+            thread::sleep(Duration::from_millis(200));
+            drop(b);
+            return None;
+        }
+        let t = Instant::now();
+        let e = b.barrier().unwrap_err();
+        let el = t.elapsed();
+        // Later operations with the dead peer fail at once too.
+        let e2 = b.send(1, 0, b"x").unwrap_err();
+        Some((e, e2, el))
+    });
+    for (e, e2, el) in results.into_iter().flatten() {
+        assert!(matches!(e, Error::Remote { rank: 1, .. }), "{e:?}");
+        assert!(e.to_string().contains("connection lost"), "{e}");
+        assert!(matches!(e2, Error::Remote { rank: 1, .. }), "{e2:?}");
+        assert!(el < Duration::from_secs(5), "{el:?}");
+    }
+}
+
+#[test]
+fn usage_errors() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let b = Bootstrap::new(&uid, 0, 1, cfg(1000)).unwrap();
+    assert!(matches!(b.send(0, RESERVED_TAG_BIT | 3, b""), Err(Error::InvalidUsage(_))));
+    assert!(matches!(b.recv(0, u64::MAX), Err(Error::InvalidUsage(_))));
+    assert!(matches!(b.send(1, 0, b""), Err(Error::InvalidUsage(_))));
+    assert!(matches!(b.broadcast(5, b""), Err(Error::InvalidUsage(_))));
+    assert!(matches!(b.send(0, 0, &vec![0; (1 << 20) + 1]), Err(Error::InvalidUsage(_))));
+    assert_eq!(b.all_gather(b"solo").unwrap(), vec![b"solo".to_vec()]);
+    assert!(matches!(Bootstrap::new(&uid, 1, 1, cfg(100)), Err(Error::InvalidUsage(_))));
+    assert!(matches!(Bootstrap::new(&uid, 0, 0, cfg(100)), Err(Error::InvalidUsage(_))));
+}
+
+#[test]
+fn unique_id_round_trips_and_rejects_bad_input() {
+    for addr in ["10.1.2.3:4567", "[fe80::1:2]:80"] {
+        let id = UniqueId::from_parts(addr.parse().unwrap(), [0xab; SECRET_BYTES]);
+        let bytes = id.to_bytes();
+        assert_eq!(bytes.len(), UNIQUE_ID_BYTES);
+        assert_eq!(UniqueId::from_bytes(&bytes).unwrap(), id);
+        let hex = id.to_string();
+        assert_eq!(hex.len(), 256);
+        assert_eq!(UniqueId::from_str(&hex).unwrap(), id);
+        assert!(!format!("{id:?}").contains("abab"));
+
+        let mut bad = bytes;
+        bad[0] ^= 1;
+        assert!(UniqueId::from_bytes(&bad).unwrap_err().to_string().contains("magic"));
+        let mut bad = bytes;
+        bad[4] = 9;
+        assert!(UniqueId::from_bytes(&bad).unwrap_err().to_string().contains("version"));
+        let mut bad = bytes;
+        bad[127] = 1;
+        assert!(UniqueId::from_bytes(&bad).unwrap_err().to_string().contains("padding"));
+        assert!(UniqueId::from_bytes(&bytes[..127]).is_err());
+        assert!(UniqueId::from_str(&hex[..254]).is_err());
+        assert!(UniqueId::from_str(&format!("zz{}", &hex[2..])).is_err());
+    }
+}
+
+#[test]
+fn oversized_frame_is_rejected_before_allocating() {
+    for len in [(1u64 << 30) + 1, 1 << 40, u64::MAX] {
+        let h = encode_frame_header(&FrameHeader {
+            kind: FrameKind::Data,
+            tag: 1,
+            len,
+        });
+        // Only the header is present: were the payload allocated and read, this would either
+        // abort on allocation or fail with UnexpectedEof instead.
+        let e = read_frame(&mut std::io::Cursor::new(h.to_vec()), 1 << 30).unwrap_err();
+        let e = from_io(e, "test");
+        assert!(matches!(e, Error::Malformed { .. }), "{e:?}");
+        assert!(e.to_string().contains("limit is 1073741824"), "{e}");
+    }
+}
+
+/// Connects, sends `bytes`, and returns the Error frame's message the listener answers with
+/// (or `None` if it just closed the connection).
+fn poke(addr: SocketAddr, bytes: &[u8]) -> Option<String> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    match read_frame(&mut s, 4096) {
+        Ok((h, p)) if h.kind == FrameKind::Error => decode_error(&p).ok().map(|(_, m)| m),
+        _ => None,
+    }
+}
+
+#[test]
+fn garbage_to_the_root_is_refused() {
+    let (root, uid) = BootstrapRoot::start(localhost0(), 2, &cfg(10_000)).unwrap();
+    let a = uid.root_addr();
+    let m = poke(a, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert!(m.contains("refused"), "{m}");
+    let huge = encode_frame_header(&FrameHeader {
+        kind: FrameKind::Hello,
+        tag: 0,
+        len: 1 << 30,
+    });
+    let m = poke(a, &huge).unwrap();
+    assert!(m.contains("limit"), "{m}");
+    let data = encode_frame_header(&FrameHeader {
+        kind: FrameKind::Data,
+        tag: 0,
+        len: 0,
+    });
+    assert!(poke(a, &data).unwrap().contains("Hello"));
+    // A client that connects and says nothing holds up no one.
+    let _silent = TcpStream::connect(a).unwrap();
+    on_ranks(2, move |r| exercise(&Bootstrap::new(&uid, r, 2, cfg(10_000)).unwrap()));
+    root.wait().unwrap();
+}
+
+#[test]
+fn garbage_to_a_rank_listener_is_refused() {
+    // The test plays the root, so that it learns the ranks' listen addresses.
+    let listener = TcpListener::bind(localhost0()).unwrap();
+    let secret = [42u8; SECRET_BYTES];
+    let uid = UniqueId::from_parts(listener.local_addr().unwrap(), secret);
+    let ranks = thread::spawn(move || {
+        on_ranks(2, move |r| exercise(&Bootstrap::new(&uid, r, 2, cfg(10_000)).unwrap()))
+    });
+    let mut conns: Vec<Option<(TcpStream, Hello)>> = vec![None, None];
+    for _ in 0..2 {
+        let (mut s, _) = listener.accept().unwrap();
+        let (h, p) = read_frame(&mut s, HANDSHAKE_MAX_BYTES).unwrap();
+        assert_eq!(h.kind, FrameKind::Hello);
+        let hello = decode_hello(&p).unwrap();
+        let r = hello.rank;
+        conns[r] = Some((s, hello));
+    }
+    let rank1 = conns[1].as_ref().unwrap().1.listen;
+    let m = poke(rank1, &[0xff; 300]).unwrap();
+    assert!(m.contains("rank 1") && m.contains("magic"), "{m}");
+    let mut hello = Hello {
+        role: HelloRole::Peer,
+        secret: [0; SECRET_BYTES],
+        rank: 0,
+        nranks: 2,
+        listen: localhost0(),
+    };
+    let mut frame = Vec::new();
+    write_frame(&mut frame, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
+    assert!(poke(rank1, &frame).unwrap().contains("secret"));
+    hello.secret = secret;
+    hello.rank = 1;
+    let mut frame = Vec::new();
+    write_frame(&mut frame, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
+    assert!(poke(rank1, &frame).unwrap().contains("not expected"));
+
+    let table: Vec<SocketAddr> = conns.iter().map(|c| c.as_ref().unwrap().1.listen).collect();
+    let payload = encode_table(&table);
+    for (mut s, _) in conns.into_iter().flatten() {
+        write_frame(&mut s, FrameKind::Table, 0, &payload).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+    ranks.join().unwrap();
+}
+
+#[test]
+fn frame_and_hello_round_trip() {
+    let h = FrameHeader {
+        kind: FrameKind::Data,
+        tag: 0xdead_beef,
+        len: 77,
+    };
+    assert_eq!(decode_frame_header(&encode_frame_header(&h)).unwrap(), h);
+    let hello = Hello {
+        role: HelloRole::Root,
+        secret: [3; SECRET_BYTES],
+        rank: 5,
+        nranks: 9,
+        listen: "[::1]:1234".parse().unwrap(),
+    };
+    assert_eq!(decode_hello(&encode_hello(&hello)).unwrap(), hello);
+    let t = vec![localhost0(), "[::1]:9".parse().unwrap()];
+    assert_eq!(decode_table(&encode_table(&t), 2).unwrap(), t);
+    assert!(decode_table(&encode_table(&t), 3).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    #[test]
+    fn frame_header_decode_never_panics(buf in proptest::collection::vec(any::<u8>(), 0..48)) {
+        let _ = decode_frame_header(&buf);
+        let _ = read_frame(&mut std::io::Cursor::new(buf), 64);
+    }
+
+    #[test]
+    fn mutated_frame_header_never_panics(i in 0usize..FRAME_HEADER_BYTES, b in any::<u8>(), len in any::<u64>()) {
+        let mut h = encode_frame_header(&FrameHeader { kind: FrameKind::Data, tag: 1, len });
+        h[i] = b;
+        if let Ok(d) = decode_frame_header(&h) {
+            let _ = check_payload_len(&d, 1 << 30);
+        }
+    }
+
+    #[test]
+    fn hello_decode_never_panics(buf in proptest::collection::vec(any::<u8>(), 0..96)) {
+        let _ = decode_hello(&buf);
+        let _ = decode_error(&buf);
+        let _ = decode_table(&buf, 2);
+    }
+
+    #[test]
+    fn mutated_hello_never_panics(i in 0usize..64, b in any::<u8>(), cut in 0usize..64) {
+        let mut v = encode_hello(&Hello {
+            role: HelloRole::Peer,
+            secret: [1; SECRET_BYTES],
+            rank: 1,
+            nranks: 2,
+            listen: localhost0(),
+        });
+        if i < v.len() { v[i] = b; }
+        v.truncate(cut);
+        let _ = decode_hello(&v);
+    }
+
+    #[test]
+    fn unique_id_decode_never_panics(buf in proptest::collection::vec(any::<u8>(), 0..160)) {
+        let _ = UniqueId::from_bytes(&buf);
+    }
+
+    #[test]
+    fn mutated_unique_id_never_panics(i in 0usize..UNIQUE_ID_BYTES, b in any::<u8>(), s in "\\PC{0,300}") {
+        let mut v = UniqueId::from_parts(localhost0(), [9; SECRET_BYTES]).to_bytes();
+        v[i] = b;
+        let _ = UniqueId::from_bytes(&v);
+        let _ = UniqueId::from_str(&s);
+    }
+}

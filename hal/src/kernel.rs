@@ -1,0 +1,161 @@
+//! Kernels: identified by name, launched with one `#[repr(C)]` argument struct.
+//!
+//! Collectives never name a vendor: they ask the device for a kernel by [`KernelId`]. The CUDA
+//! and ROCm backends compile the kernel of that name from embedded sources; the host backend
+//! runs a Rust function registered under the same name.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// The name of a kernel, the same on every backend.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KernelId(pub &'static str);
+
+impl KernelId {
+    /// Fills `count` 32-bit words at `dst` with `value` (args: [`FillU32Args`]); used by the
+    /// conformance suite to prove launches and argument passing.
+    pub const FILL_U32: KernelId = KernelId("mscclpp_fill_u32");
+    /// Every thread of the grid atomically adds `value` to the 64-bit counter at `counter`
+    /// (args: [`AtomicAddU64Args`]); proves device-side atomics on (possibly shared) memory.
+    pub const ATOMIC_ADD_U64: KernelId = KernelId("mscclpp_atomic_add_u64");
+
+    /// The kernel's name.
+    pub fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+impl fmt::Debug for KernelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KernelId({})", self.0)
+    }
+}
+
+impl fmt::Display for KernelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// Grid and block shape of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A one-dimensional launch.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        LaunchConfig {
+            grid: [blocks, 1, 1],
+            block: [threads, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Total blocks.
+    pub fn num_blocks(&self) -> u64 {
+        self.grid.iter().map(|&g| u64::from(g)).product()
+    }
+
+    /// Threads per block.
+    pub fn threads_per_block(&self) -> u64 {
+        self.block.iter().map(|&b| u64::from(b)).product()
+    }
+
+    /// Checks the shape against a device's limit on threads per block.
+    pub fn validate(&self, max_threads_per_block: u32) -> Result<()> {
+        if self.num_blocks() == 0 || self.threads_per_block() == 0 {
+            return Err(Error::invalid(format!(
+                "launch with an empty grid or block: grid {:?}, block {:?}",
+                self.grid, self.block
+            )));
+        }
+        if self.threads_per_block() > u64::from(max_threads_per_block) {
+            return Err(Error::invalid(format!(
+                "block of {} threads exceeds the device limit of {max_threads_per_block}",
+                self.threads_per_block()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A `#[repr(C)]` kernel argument struct that is plain old data.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]`, contain no padding bytes that the device reads, no
+/// references or pointers into host memory the device cannot see, and be valid for every bit
+/// pattern (so that [`KernelArgs::from_bytes`] may rebuild one from bytes).
+pub unsafe trait KernelArgs: Copy + Send + 'static {
+    /// The bytes of the struct, exactly as the device sees them.
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `Self` is plain old data (trait contract), so viewing it as
+        // `size_of::<Self>()` initialised bytes is sound.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self as *const Self).cast::<u8>(),
+                std::mem::size_of::<Self>(),
+            )
+        }
+    }
+
+    /// Rebuilds the struct from bytes, checking the length.
+    fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() != std::mem::size_of::<Self>() {
+            return Err(Error::invalid(format!(
+                "kernel arguments of {} bytes where {} bytes of {} were expected",
+                bytes.len(),
+                std::mem::size_of::<Self>(),
+                std::any::type_name::<Self>()
+            )));
+        }
+        // SAFETY: the length matches, and every bit pattern is a valid `Self` (trait contract);
+        // `read_unaligned` copes with the byte slice's alignment.
+        Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Self>()) })
+    }
+}
+
+/// Arguments of [`KernelId::FILL_U32`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FillU32Args {
+    /// Device address of the first word.
+    pub dst: u64,
+    /// Number of 32-bit words.
+    pub count: u64,
+    /// The value to store.
+    pub value: u32,
+    /// Keeps the struct free of implicit padding.
+    pub _pad: u32,
+}
+
+// SAFETY: repr(C), integers only, explicit padding; every bit pattern is valid.
+unsafe impl KernelArgs for FillU32Args {}
+
+/// Arguments of [`KernelId::ATOMIC_ADD_U64`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtomicAddU64Args {
+    /// Device address of an 8-byte-aligned counter.
+    pub counter: u64,
+    /// Added once by every thread of the grid.
+    pub value: u64,
+}
+
+// SAFETY: repr(C), integers only, no padding; every bit pattern is valid.
+unsafe impl KernelArgs for AtomicAddU64Args {}
+
+/// A loaded kernel, ready to launch on a stream of the device that loaded it.
+pub trait Kernel: Send + Sync + fmt::Debug {
+    /// Which kernel this is.
+    fn id(&self) -> KernelId;
+    /// Backend-specific access for downcasting by the stream that launches it.
+    fn as_any(&self) -> &dyn std::any::Any;
+}

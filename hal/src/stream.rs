@@ -1,0 +1,87 @@
+//! Streams (in-order queues of device work) and events (markers in a stream).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::kernel::{Kernel, KernelArgs, LaunchConfig};
+use crate::memory::BufferSlice;
+
+/// An in-order queue of device work.
+///
+/// Operations return once enqueued unless documented otherwise. An operation that fails while
+/// running makes the stream's next [`Stream::synchronize`] return that error (errors are
+/// sticky, as on GPUs).
+pub trait Stream: Send + Sync + fmt::Debug {
+    /// Copies `src` into `dst`; the lengths must be equal. Either may be an imported mapping
+    /// of another process's memory.
+    fn copy(&self, dst: &BufferSlice, src: &BufferSlice) -> Result<()>;
+
+    /// Sets every byte of `dst` to `value`.
+    fn fill(&self, dst: &BufferSlice, value: u8) -> Result<()>;
+
+    /// Copies host bytes into `dst` (lengths equal); returns once the copy has completed.
+    fn write_from_host(&self, dst: &BufferSlice, src: &[u8]) -> Result<()>;
+
+    /// Copies `src` into host bytes (lengths equal); returns once the copy has completed.
+    fn read_to_host(&self, dst: &mut [u8], src: &BufferSlice) -> Result<()>;
+
+    /// Enqueues a kernel with raw argument bytes (the bytes of one `#[repr(C)]` struct).
+    ///
+    /// # Safety
+    /// Device addresses inside `args` must refer to memory that stays allocated until the
+    /// kernel has run and that the kernel may access as it is written to. On the host backend a
+    /// kernel dereferences them in this process.
+    unsafe fn launch_raw(&self, kernel: &dyn Kernel, cfg: LaunchConfig, args: &[u8])
+    -> Result<()>;
+
+    /// Marks `event` as reached once all work enqueued so far has completed.
+    fn record(&self, event: &dyn Event) -> Result<()>;
+
+    /// Makes later work on this stream wait until `event` (as last recorded) is reached.
+    fn wait_event(&self, event: &dyn Event) -> Result<()>;
+
+    /// Waits until all enqueued work has completed, at most `timeout`; returns the first error
+    /// any of it raised.
+    fn synchronize_timeout(&self, timeout: Duration) -> Result<()>;
+
+    /// Waits until all enqueued work has completed (deadline: one hour, far beyond any
+    /// legitimate wait; use [`Stream::synchronize_timeout`] to choose).
+    fn synchronize(&self) -> Result<()> {
+        self.synchronize_timeout(Duration::from_secs(3600))
+    }
+
+    /// Backend-specific access for downcasting.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl dyn Stream {
+    /// Enqueues a kernel with a typed argument struct.
+    ///
+    /// # Safety
+    /// As for [`Stream::launch_raw`].
+    pub unsafe fn launch<A: KernelArgs>(
+        &self,
+        kernel: &dyn Kernel,
+        cfg: LaunchConfig,
+        args: &A,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_raw(kernel, cfg, args.as_bytes()) }
+    }
+}
+
+/// A point in a stream that other streams and the host can wait for.
+pub trait Event: Send + Sync + fmt::Debug {
+    /// Whether the last recording has been reached (true if never recorded).
+    fn query(&self) -> Result<bool>;
+
+    /// Waits until the last recording has been reached, at most `timeout`.
+    fn synchronize_timeout(&self, timeout: Duration) -> Result<()>;
+
+    /// Milliseconds from `start` (recorded earlier) to this event; both must have been reached.
+    fn elapsed_ms_since(&self, start: &dyn Event) -> Result<f64>;
+
+    /// Backend-specific access for downcasting.
+    fn as_any(&self) -> &dyn std::any::Any;
+}

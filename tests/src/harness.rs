@@ -1,0 +1,90 @@
+//! Stamps a suite of cases out once per backend, as libtest-mimic trials.
+//!
+//! A backend that is not compiled in, or whose probe fails on this machine, still lists every
+//! case — as ignored, with the probe's reason — so that a run never passes silently on
+//! hardware it did not have.
+
+use std::sync::{Arc, OnceLock};
+
+use libtest_mimic::{Completion, Failed, Trial};
+use mscclpp::hal::{Backend, BackendKind, Device};
+
+/// What a case gets: the backend and its device 0.
+#[derive(Debug)]
+pub struct Fixture {
+    /// The backend under test.
+    pub backend: Arc<dyn Backend>,
+    /// Its first device.
+    pub device: Arc<dyn Device>,
+}
+
+/// A conformance case: `Ok(())` passes, `Err(message)` fails.
+pub type CaseFn = fn(&Fixture) -> Result<(), String>;
+
+/// Fails a case with a formatted message unless the condition holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
+/// Converts a library error into a case failure, with context.
+pub trait Context<T> {
+    /// Adds what was being done.
+    fn ctx(self, what: &str) -> Result<T, String>;
+}
+
+impl<T> Context<T> for mscclpp::hal::Result<T> {
+    fn ctx(self, what: &str) -> Result<T, String> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+type Probed = Result<Arc<dyn Backend>, String>;
+
+fn probed(kind: BackendKind) -> &'static Probed {
+    static CELLS: [OnceLock<Probed>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let i = BackendKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+    CELLS[i].get_or_init(|| mscclpp::registry::probe(kind).map_err(|e| e.to_string()))
+}
+
+/// Trials named `{suite}::{backend}::{case}` for every backend and case.
+pub fn stamp(suite: &str, cases: &[(&'static str, CaseFn)]) -> Vec<Trial> {
+    let mut trials = Vec::new();
+    for kind in BackendKind::ALL {
+        for &(name, case) in cases {
+            let full = format!("{suite}::{kind}::{name}");
+            trials.push(Trial::ignorable_test(full, move || {
+                let backend = match probed(kind) {
+                    Ok(b) => b.clone(),
+                    Err(reason) => return Ok(Completion::ignored_with(reason.clone())),
+                };
+                let device = backend
+                    .open_device(0)
+                    .map_err(|e| Failed::from(format!("opening device 0: {e}")))?;
+                case(&Fixture { backend, device }).map_err(Failed::from)?;
+                Ok(Completion::Completed)
+            }));
+        }
+    }
+    trials
+}
+
+/// Lower-case hex of bytes (for passing handles to child processes).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Inverse of [`hex`].
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}

@@ -1,0 +1,183 @@
+//! Multi-process tests: a test binary re-executes itself (`std::env::current_exe()`) with a role
+//! in the environment, so the same binary works wherever it is copied (the GPU machine too).
+//!
+//! The parent calls [`spawn`] / [`spawn_ranks`]; each child's `main` calls [`role`] first and,
+//! if it has one, runs it and exits. Children report with [`report`] lines on standard output,
+//! which the parent reads back from [`ChildOutcome::reports`].
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Variable carrying the role name.
+pub const ROLE_VAR: &str = "MSCCLPP_TEST_ROLE";
+/// Variable carrying a child's rank.
+pub const RANK_VAR: &str = "MSCCLPP_TEST_RANK";
+/// Variable carrying the number of children.
+pub const NRANKS_VAR: &str = "MSCCLPP_TEST_NRANKS";
+const REPORT_PREFIX: &str = "MSCCLPP-REPORT ";
+
+/// The role this process was started in, if it is a child.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE_VAR).ok().filter(|r| !r.is_empty())
+}
+
+/// This child's rank and the number of ranks.
+pub fn rank_and_size() -> (usize, usize) {
+    let get = |v: &str| {
+        std::env::var(v)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    (get(RANK_VAR), get(NRANKS_VAR))
+}
+
+/// Prints a `key=value` report line for the parent.
+pub fn report(key: &str, value: impl std::fmt::Display) {
+    println!("{REPORT_PREFIX}{key}={value}");
+}
+
+/// How one child ended.
+#[derive(Debug)]
+pub struct ChildOutcome {
+    /// Its rank.
+    pub rank: usize,
+    /// Exit code (`None`: killed by a signal, or by us at the deadline).
+    pub code: Option<i32>,
+    /// Whether we killed it because the deadline passed.
+    pub timed_out: bool,
+    /// Everything it printed on standard output.
+    pub stdout: String,
+    /// Everything it printed on standard error.
+    pub stderr: String,
+    /// When it ended, measured from the spawn.
+    pub elapsed: Duration,
+}
+
+impl ChildOutcome {
+    /// The `key=value` reports it printed (last one wins per key).
+    pub fn reports(&self) -> HashMap<String, String> {
+        self.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix(REPORT_PREFIX))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    /// Whether it exited with status 0.
+    pub fn ok(&self) -> bool {
+        self.code == Some(0) && !self.timed_out
+    }
+
+    /// A one-paragraph description for assertion messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "rank {} exit {:?}{} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.rank,
+            self.code,
+            if self.timed_out { " (killed at deadline)" } else { "" },
+            self.elapsed,
+            self.stdout.trim_end(),
+            self.stderr.trim_end()
+        )
+    }
+}
+
+/// A running child.
+#[derive(Debug)]
+pub struct Running {
+    rank: usize,
+    child: Child,
+    started: Instant,
+}
+
+impl Running {
+    /// Kills the child now (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// Starts one child of this binary in `role`, with `rank`/`nranks` and extra variables.
+pub fn spawn(role: &str, rank: usize, nranks: usize, env: &[(String, String)]) -> Running {
+    let exe = std::env::current_exe().expect("current_exe of the test binary");
+    let mut cmd = Command::new(exe);
+    cmd.env(ROLE_VAR, role)
+        .env(RANK_VAR, rank.to_string())
+        .env(NRANKS_VAR, nranks.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("spawning a test child");
+    Running {
+        rank,
+        child,
+        started: Instant::now(),
+    }
+}
+
+/// Waits for a child until `deadline`, killing it if it is still running then.
+pub fn wait(mut r: Running, deadline: Instant) -> ChildOutcome {
+    // Drain the pipes on threads so a chatty child cannot block on a full pipe.
+    let mut out = r.child.stdout.take();
+    let mut err = r.child.stderr.take();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(o) = out.as_mut() {
+            let _ = o.read_to_string(&mut s);
+        }
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(e) = err.as_mut() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    });
+    let mut timed_out = false;
+    let (code, elapsed) = loop {
+        match r.child.try_wait() {
+            Ok(Some(status)) => break (status.code(), r.started.elapsed()),
+            Ok(None) if Instant::now() >= deadline => {
+                timed_out = true;
+                let _ = r.child.kill();
+                let status = r.child.wait().ok();
+                break (status.and_then(|s| s.code()), r.started.elapsed());
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => break (None, r.started.elapsed()),
+        }
+    };
+    ChildOutcome {
+        rank: r.rank,
+        code,
+        timed_out,
+        stdout: t_out.join().unwrap_or_default(),
+        stderr: t_err.join().unwrap_or_default(),
+        elapsed,
+    }
+}
+
+/// Starts `n` ranks of this binary in `role` and waits for all of them (at most `timeout`).
+pub fn spawn_ranks(
+    role: &str,
+    n: usize,
+    env: &[(String, String)],
+    timeout: Duration,
+) -> Vec<ChildOutcome> {
+    let children: Vec<_> = (0..n).map(|r| spawn(role, r, n, env)).collect();
+    let deadline = Instant::now() + timeout;
+    children.into_iter().map(|c| wait(c, deadline)).collect()
+}
