@@ -33,7 +33,7 @@ fn open() -> Result<libloading::Library> {
         // CUDA program does; we pass a plain library name resolved by the dynamic loader.
         match unsafe { libloading::Library::new(*name) } {
             Ok(lib) => return Ok(lib),
-            Err(e) => tried.push(format!("{name}: {e}")),
+            Err(e) => tried.push(format!("{name}: {}", mscclpp_hal::error::chain(&e))),
         }
     }
     Err(unavailable(format!(
@@ -68,13 +68,13 @@ pub fn probe_driver() -> Result<DriverInfo> {
     let (init, get_version, get_count) = unsafe {
         let init = lib
             .get::<CuInit>(b"cuInit\0")
-            .map_err(|e| unavailable(format!("libcuda lacks cuInit: {e}")))?;
+            .map_err(|e| unavailable(format!("libcuda lacks cuInit: {}", mscclpp_hal::error::chain(&e))))?;
         let ver = lib
             .get::<CuDriverGetVersion>(b"cuDriverGetVersion\0")
-            .map_err(|e| unavailable(format!("libcuda lacks cuDriverGetVersion: {e}")))?;
+            .map_err(|e| unavailable(format!("libcuda lacks cuDriverGetVersion: {}", mscclpp_hal::error::chain(&e))))?;
         let count = lib
             .get::<CuDeviceGetCount>(b"cuDeviceGetCount\0")
-            .map_err(|e| unavailable(format!("libcuda lacks cuDeviceGetCount: {e}")))?;
+            .map_err(|e| unavailable(format!("libcuda lacks cuDeviceGetCount: {}", mscclpp_hal::error::chain(&e))))?;
         (*init, *ver, *count)
     };
     let mut version = 0i32;

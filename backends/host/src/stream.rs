@@ -78,11 +78,19 @@ impl HostStream {
             let _ = tx.send(job());
             Ok(())
         }))?;
-        rx.recv_timeout(Duration::from_secs(3600))
-            .map_err(|_| Error::Timeout {
+        const LIMIT: Duration = Duration::from_secs(3600);
+        match rx.recv_timeout(LIMIT) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(Error::Timeout {
                 waiting_for: "a host stream copy (earlier work on the stream is stuck)".into(),
-                after: Duration::from_secs(3600),
-            })?
+                after: LIMIT,
+            }),
+            // The worker dropped the job unrun: an earlier operation failed.
+            Err(mpsc::RecvTimeoutError::Disconnected) => match self.shared.lock().error.take() {
+                Some(e) => Err(e),
+                None => Err(Error::Internal("host stream dropped a copy unrun".into())),
+            },
+        }
     }
 }
 

@@ -33,7 +33,7 @@ fn open() -> Result<libloading::Library> {
         // HIP program does; we pass a plain library name resolved by the dynamic loader.
         match unsafe { libloading::Library::new(*name) } {
             Ok(lib) => return Ok(lib),
-            Err(e) => tried.push(format!("{name}: {e}")),
+            Err(e) => tried.push(format!("{name}: {}", mscclpp_hal::error::chain(&e))),
         }
     }
     Err(unavailable(format!(
@@ -68,13 +68,13 @@ pub fn probe_driver() -> Result<DriverInfo> {
     let (init, get_version, get_count) = unsafe {
         let init = lib
             .get::<HipInit>(b"hipInit\0")
-            .map_err(|e| unavailable(format!("libamdhip64 lacks hipInit: {e}")))?;
+            .map_err(|e| unavailable(format!("libamdhip64 lacks hipInit: {}", mscclpp_hal::error::chain(&e))))?;
         let ver = lib
             .get::<HipDriverGetVersion>(b"hipDriverGetVersion\0")
-            .map_err(|e| unavailable(format!("libamdhip64 lacks hipDriverGetVersion: {e}")))?;
+            .map_err(|e| unavailable(format!("libamdhip64 lacks hipDriverGetVersion: {}", mscclpp_hal::error::chain(&e))))?;
         let count = lib
             .get::<HipGetDeviceCount>(b"hipGetDeviceCount\0")
-            .map_err(|e| unavailable(format!("libamdhip64 lacks hipGetDeviceCount: {e}")))?;
+            .map_err(|e| unavailable(format!("libamdhip64 lacks hipGetDeviceCount: {}", mscclpp_hal::error::chain(&e))))?;
         (*init, *ver, *count)
     };
     let mut version = 0i32;

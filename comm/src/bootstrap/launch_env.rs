@@ -69,7 +69,11 @@ const LAUNCHERS: &[Launcher] = &[
 /// Reads the launch description through `lookup` (which returns a variable's value, `None`
 /// when unset). Empty values count as unset.
 pub fn detect(lookup: &dyn Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
-    let get = |name: &str| lookup(name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    let get = |name: &str| {
+        lookup(name)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
     let num = |name: &str, v: String| -> Result<usize> {
         v.parse::<usize>().map_err(|_| {
             Error::invalid(format!(
@@ -171,8 +175,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn run(vars: &[(&str, &str)]) -> Result<LaunchInfo> {
-        let map: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         detect(&move |k| map.get(k).cloned())
     }
 
@@ -232,41 +238,78 @@ mod tests {
             ("MSCCLPP_MASTER_PORT", "5000"),
         ])
         .unwrap();
-        assert_eq!((i.rank, i.world_size, i.local_rank, i.source), (5, 16, Some(5), "openmpi"));
-        let i = run(&[("SLURM_PROCID", "2"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "0")]).unwrap();
-        assert_eq!((i.rank, i.world_size, i.local_rank, i.source), (2, 4, Some(0), "slurm"));
+        assert_eq!(
+            (i.rank, i.world_size, i.local_rank, i.source),
+            (5, 16, Some(5), "openmpi")
+        );
+        let i = run(&[
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_LOCALID", "0"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (i.rank, i.world_size, i.local_rank, i.source),
+            (2, 4, Some(0), "slurm")
+        );
         assert_eq!(i.root, None);
         let i = run(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("SLURM_PROCID", "7")]).unwrap();
-        assert_eq!((i.rank, i.world_size, i.local_rank, i.source), (1, 2, None, "pmi"));
+        assert_eq!(
+            (i.rank, i.world_size, i.local_rank, i.source),
+            (1, 2, None, "pmi")
+        );
     }
 
     #[test]
     fn missing_and_malformed_values_name_the_variable() {
         let e = run(&[]).unwrap_err().to_string();
-        assert!(e.contains("RANK/WORLD_SIZE") && e.contains("SLURM_PROCID"), "{e}");
+        assert!(
+            e.contains("RANK/WORLD_SIZE") && e.contains("SLURM_PROCID"),
+            "{e}"
+        );
         let e = run(&[("RANK", "1")]).unwrap_err().to_string();
         assert!(e.contains("WORLD_SIZE"), "{e}");
-        let e = run(&[("RANK", "one"), ("WORLD_SIZE", "2")]).unwrap_err().to_string();
+        let e = run(&[("RANK", "one"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("RANK=\"one\""), "{e}");
-        let e = run(&[("RANK", "2"), ("WORLD_SIZE", "2")]).unwrap_err().to_string();
+        let e = run(&[("RANK", "2"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("below the world size"), "{e}");
-        let e = run(&[("RANK", "0"), ("WORLD_SIZE", "0")]).unwrap_err().to_string();
+        let e = run(&[("RANK", "0"), ("WORLD_SIZE", "0")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("WORLD_SIZE=0"), "{e}");
         let e = run(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "h")])
             .unwrap_err()
             .to_string();
         assert!(e.contains("MASTER_PORT"), "{e}");
-        let e = run(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "x")])
-            .unwrap_err()
-            .to_string();
+        let e = run(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "x"),
+        ])
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("MASTER_PORT=\"x\""), "{e}");
-        let e = run(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")])
-            .unwrap_err()
-            .to_string();
+        let e = run(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "65535"),
+        ])
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("MSCCLPP_MASTER_PORT"), "{e}");
-        let e = run(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "-1")])
-            .unwrap_err()
-            .to_string();
+        let e = run(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "-1"),
+        ])
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("SLURM_LOCALID"), "{e}");
     }
 }

@@ -208,9 +208,8 @@ impl Bootstrap {
                 Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {
                     let any = SocketAddr::new(unspecified_like(&spec.addr), spec.addr.port());
                     tracing::warn!(addr = %spec.addr, %any, "cannot bind the bootstrap root address; using the wildcard");
-                    TcpListener::bind(any).map_err(|e| {
-                        Error::io(format!("binding the bootstrap root on {any}"), e)
-                    })?
+                    TcpListener::bind(any)
+                        .map_err(|e| Error::io(format!("binding the bootstrap root on {any}"), e))?
                 }
                 Err(e) => {
                     return Err(Error::io(
@@ -219,7 +218,12 @@ impl Bootstrap {
                     ));
                 }
             };
-            Some(BootstrapRoot::spawn(listener, *uid.secret(), nranks, cfg.clone())?)
+            Some(BootstrapRoot::spawn(
+                listener,
+                *uid.secret(),
+                nranks,
+                cfg.clone(),
+            )?)
         } else {
             None
         };
@@ -241,7 +245,14 @@ impl Bootstrap {
         })?;
         let secret = mscclpp_hal::env::get("MSCCLPP_BOOTSTRAP_SECRET");
         let secret = secret.as_deref().unwrap_or(DEFAULT_SECRET_STRING);
-        Self::from_addr_with_secret(&root, secret, info.rank, info.world_size, cfg, info.local_rank)
+        Self::from_addr_with_secret(
+            &root,
+            secret,
+            info.rank,
+            info.world_size,
+            cfg,
+            info.local_rank,
+        )
     }
 
     fn establish(
@@ -292,8 +303,12 @@ impl Bootstrap {
             .local_addr()
             .map_err(|e| Error::io("reading the local address of the root connection", e))?
             .ip();
-        let listener = TcpListener::bind(SocketAddr::new(local_ip, 0))
-            .map_err(|e| Error::io(format!("binding this rank's bootstrap listener on {local_ip}"), e))?;
+        let listener = TcpListener::bind(SocketAddr::new(local_ip, 0)).map_err(|e| {
+            Error::io(
+                format!("binding this rank's bootstrap listener on {local_ip}"),
+                e,
+            )
+        })?;
         let listen = listener
             .local_addr()
             .map_err(|e| Error::io("reading this rank's listen address", e))?;
@@ -304,11 +319,21 @@ impl Bootstrap {
             nranks,
             listen,
         };
-        write_frame(&mut to_root, FrameKind::Hello, 0, &encode_hello(&hello))
-            .map_err(|e| Error::io(format!("sending the hello to the bootstrap root at {root_addr}"), e))?;
+        write_frame(&mut to_root, FrameKind::Hello, 0, &encode_hello(&hello)).map_err(|e| {
+            Error::io(
+                format!("sending the hello to the bootstrap root at {root_addr}"),
+                e,
+            )
+        })?;
         tracing::debug!(%listen, "registered with the bootstrap root");
         let table_max = 64 + nranks.saturating_mul(24);
-        let table = match read_reply(&mut to_root, deadline, cfg.timeout, table_max, "the bootstrap root's address table")? {
+        let table = match read_reply(
+            &mut to_root,
+            deadline,
+            cfg.timeout,
+            table_max,
+            "the bootstrap root's address table",
+        )? {
             (FrameKind::Table, payload) => decode_table(&payload, nranks)?,
             (kind, _) => {
                 return Err(Error::malformed(
@@ -343,7 +368,9 @@ impl Bootstrap {
                         .and_then(|()| s.set_write_timeout(Some(cfg.timeout)))
                         .and_then(|()| s.set_nodelay(true))
                         .and_then(|()| s.try_clone());
-                    let r = conf.map_err(|e| Error::io(format!("configuring the connection to rank {peer}"), e))?;
+                    let r = conf.map_err(|e| {
+                        Error::io(format!("configuring the connection to rank {peer}"), e)
+                    })?;
                     readers_streams.push((peer, r));
                     writers.push(Some(Mutex::new(s)));
                 }
@@ -429,7 +456,12 @@ impl Bootstrap {
     pub fn broadcast(&self, root: usize, data: &[u8]) -> Result<Vec<u8>> {
         self.check_peer(root)?;
         let tag = self.next_coll_tag(3);
-        tracing::debug!(rank = self.rank, root, bytes = data.len(), "bootstrap broadcast");
+        tracing::debug!(
+            rank = self.rank,
+            root,
+            bytes = data.len(),
+            "bootstrap broadcast"
+        );
         if root == self.rank {
             for peer in (0..self.nranks).filter(|&p| p != self.rank) {
                 self.send_raw(peer, tag, data)?;
@@ -444,7 +476,12 @@ impl Bootstrap {
 
     fn gather_impl(&self, data: &[u8], op: u64, name: &str) -> Result<Vec<Vec<u8>>> {
         let tag = self.next_coll_tag(op);
-        tracing::debug!(rank = self.rank, bytes = data.len(), op = name, "bootstrap collective");
+        tracing::debug!(
+            rank = self.rank,
+            bytes = data.len(),
+            op = name,
+            "bootstrap collective"
+        );
         let peers: Vec<usize> = (0..self.nranks).filter(|&p| p != self.rank).collect();
         for &peer in &peers {
             self.send_raw(peer, tag, data)?;
@@ -487,11 +524,20 @@ impl Bootstrap {
                 self.cfg.max_frame_bytes
             )));
         }
-        tracing::debug!(rank = self.rank, peer, tag, bytes = data.len(), "bootstrap send");
+        tracing::debug!(
+            rank = self.rank,
+            peer,
+            tag,
+            bytes = data.len(),
+            "bootstrap send"
+        );
         let Some(Some(writer)) = self.shared.writers.get(peer) else {
             // To ourselves: straight into the queue.
             let mut st = self.shared.lock();
-            st.queues.entry((peer, tag)).or_default().push_back(data.to_vec());
+            st.queues
+                .entry((peer, tag))
+                .or_default()
+                .push_back(data.to_vec());
             drop(st);
             self.shared.cv.notify_all();
             return Ok(());
@@ -506,11 +552,19 @@ impl Bootstrap {
                 // A partly written frame leaves the stream unusable either way.
                 let _ = w.shutdown(std::net::Shutdown::Both);
                 drop(w);
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-                    self.shared
-                        .mark_dead(peer, format!("a send timed out after {:?}", self.cfg.timeout));
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) {
+                    self.shared.mark_dead(
+                        peer,
+                        format!("a send timed out after {:?}", self.cfg.timeout),
+                    );
                     Err(Error::Timeout {
-                        waiting_for: format!("rank {peer} to accept a {} byte message (tag {tag:#x})", data.len()),
+                        waiting_for: format!(
+                            "rank {peer} to accept a {} byte message (tag {tag:#x})",
+                            data.len()
+                        ),
                         after: self.cfg.timeout,
                     })
                 } else {
@@ -557,7 +611,9 @@ impl Bootstrap {
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::Timeout {
-                    waiting_for: format!("{op}: a message with tag {tag:#x} from rank(s) {missing:?}"),
+                    waiting_for: format!(
+                        "{op}: a message with tag {tag:#x} from rank(s) {missing:?}"
+                    ),
                     after: self.cfg.timeout,
                 });
             }
@@ -589,7 +645,10 @@ fn reader_loop(shared: &Shared, peer: usize, mut stream: TcpStream, max: usize) 
         match read_frame(&mut stream, max) {
             Ok((h, payload)) if h.kind == FrameKind::Data => {
                 let mut st = shared.lock();
-                st.queues.entry((peer, h.tag)).or_default().push_back(payload);
+                st.queues
+                    .entry((peer, h.tag))
+                    .or_default()
+                    .push_back(payload);
                 drop(st);
                 shared.cv.notify_all();
             }
@@ -646,7 +705,12 @@ fn unspecified_like(a: &SocketAddr) -> std::net::IpAddr {
 }
 
 /// Connects to `addr`, retrying while it is not listening yet, until `deadline`.
-fn connect_retry(addr: SocketAddr, deadline: Instant, timeout: Duration, what: &str) -> Result<TcpStream> {
+fn connect_retry(
+    addr: SocketAddr,
+    deadline: Instant,
+    timeout: Duration,
+    what: &str,
+) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(5);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -675,21 +739,27 @@ fn read_reply(
     max: usize,
     what: &str,
 ) -> Result<(FrameKind, Vec<u8>)> {
-    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
     s.set_read_timeout(Some(left))
         .map_err(|e| Error::io("setting a bootstrap read timeout", e))?;
-    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-    let (h, payload) = read_frame(s, max.max(protocol::HANDSHAKE_MAX_BYTES)).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
-            waiting_for: format!("{what} from {peer}"),
-            after: timeout,
-        },
-        std::io::ErrorKind::UnexpectedEof => Error::Remote {
-            rank: usize::MAX,
-            message: format!("{peer} closed the connection while we waited for {what}"),
-        },
-        _ => from_io(e, format!("reading {what} from {peer}")),
-    })?;
+    let peer = s
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let (h, payload) =
+        read_frame(s, max.max(protocol::HANDSHAKE_MAX_BYTES)).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
+                waiting_for: format!("{what} from {peer}"),
+                after: timeout,
+            },
+            std::io::ErrorKind::UnexpectedEof => Error::Remote {
+                rank: usize::MAX,
+                message: format!("{peer} closed the connection while we waited for {what}"),
+            },
+            _ => from_io(e, format!("reading {what} from {peer}")),
+        })?;
     if h.kind == FrameKind::Error {
         let (code, msg) = decode_error(&payload)?;
         return Err(match code {
@@ -738,7 +808,8 @@ fn form_mesh(
                 out.push(match c {
                     None => None,
                     Some((mut stream, h)) => {
-                        write_frame(&mut stream, FrameKind::Ack, 0, &[]).map_err(|e| lost(h.rank, &format!("acknowledging its hello: {e}")))?;
+                        write_frame(&mut stream, FrameKind::Ack, 0, &[])
+                            .map_err(|e| lost(h.rank, &format!("acknowledging its hello: {e}")))?;
                         Some(stream)
                     }
                 });
@@ -786,15 +857,26 @@ fn connect_peer(
         secret: *uid.secret(),
         rank,
         nranks,
-        listen: s.local_addr().map_err(|e| Error::io("reading a local address", e))?,
+        listen: s
+            .local_addr()
+            .map_err(|e| Error::io("reading a local address", e))?,
     };
     write_frame(&mut s, FrameKind::Hello, 0, &encode_hello(&hello))
         .map_err(|e| lost(peer, &format!("sending the hello: {e}")))?;
-    match read_reply(&mut s, deadline, cfg.timeout, 0, &format!("rank {peer}'s acknowledgement"))
-        .map_err(|e| match e {
-            Error::Remote { message, .. } => Error::Remote { rank: peer, message },
-            other => other,
-        })? {
+    match read_reply(
+        &mut s,
+        deadline,
+        cfg.timeout,
+        0,
+        &format!("rank {peer}'s acknowledgement"),
+    )
+    .map_err(|e| match e {
+        Error::Remote { message, .. } => Error::Remote {
+            rank: peer,
+            message,
+        },
+        other => other,
+    })? {
         (FrameKind::Ack, _) => {
             tracing::debug!(peer, "bootstrap mesh connection up");
             Ok(s)

@@ -118,7 +118,10 @@ pub fn decode_frame_header(buf: &[u8]) -> Result<FrameHeader> {
     let len = r.u64()?;
     r.finish()?;
     let kind = FrameKind::from_code(code).ok_or_else(|| {
-        Error::malformed("bootstrap frame header", format!("unknown frame kind {code}"))
+        Error::malformed(
+            "bootstrap frame header",
+            format!("unknown frame kind {code}"),
+        )
     })?;
     Ok(FrameHeader { kind, tag, len })
 }
@@ -138,7 +141,10 @@ pub fn check_payload_len(h: &FrameHeader, max: usize) -> Result<usize> {
 }
 
 /// Reads one frame: the header, then (after checking its length against `max`) the payload.
-pub fn read_frame<R: Read + ?Sized>(r: &mut R, max: usize) -> std::io::Result<(FrameHeader, Vec<u8>)> {
+pub fn read_frame<R: Read + ?Sized>(
+    r: &mut R,
+    max: usize,
+) -> std::io::Result<(FrameHeader, Vec<u8>)> {
     let mut hb = [0u8; FRAME_HEADER_BYTES];
     r.read_exact(&mut hb)?;
     let h = decode_frame_header(&hb).map_err(to_io)?;
@@ -149,7 +155,12 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R, max: usize) -> std::io::Result<(F
 }
 
 /// Writes one frame (header and payload).
-pub fn write_frame<W: Write + ?Sized>(w: &mut W, kind: FrameKind, tag: u64, payload: &[u8]) -> std::io::Result<()> {
+pub fn write_frame<W: Write + ?Sized>(
+    w: &mut W,
+    kind: FrameKind,
+    tag: u64,
+    payload: &[u8],
+) -> std::io::Result<()> {
     let h = FrameHeader {
         kind,
         tag,
@@ -177,15 +188,14 @@ fn to_io(e: Error) -> std::io::Error {
 /// Turns an I/O error from [`read_frame`]/[`write_frame`] back into a typed error: a wrapped
 /// decoding error comes back as itself, anything else as `Error::Io` with `context`.
 pub fn from_io(e: std::io::Error, context: impl Into<String>) -> Error {
-    if e.kind() == std::io::ErrorKind::InvalidData {
-        if let Some(inner) = e.get_ref().and_then(|i| i.downcast_ref::<Error>()) {
-            if let Error::Malformed { what, why } = inner {
-                return Error::Malformed {
-                    what,
-                    why: why.clone(),
-                };
-            }
-        }
+    if e.kind() == std::io::ErrorKind::InvalidData
+        && let Some(Error::Malformed { what, why }) =
+            e.get_ref().and_then(|i| i.downcast_ref::<Error>())
+    {
+        return Error::Malformed {
+            what,
+            why: why.clone(),
+        };
     }
     Error::io(context, e)
 }
@@ -362,5 +372,8 @@ pub(crate) fn decode_error(buf: &[u8]) -> Result<(ErrorCode, String)> {
 
 /// Compares secrets in time independent of where they differ.
 pub(crate) fn secrets_equal(a: &[u8; SECRET_BYTES], b: &[u8; SECRET_BYTES]) -> bool {
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }

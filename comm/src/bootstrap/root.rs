@@ -62,7 +62,10 @@ pub(crate) fn accept_ranks(
         return finish(conns, None);
     }
     if let Err(e) = listener.set_nonblocking(true) {
-        return finish(conns, Some(Error::io("making the bootstrap listener non-blocking", e)));
+        return finish(
+            conns,
+            Some(Error::io("making the bootstrap listener non-blocking", e)),
+        );
     }
     let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr, Result<Hello>)>();
     loop {
@@ -82,7 +85,11 @@ pub(crate) fn accept_ranks(
                 }
                 Err(e) => {
                     tracing::warn!(%from, who = %expect.who, error = %e, "bootstrap connection refused");
-                    refuse(stream, ErrorCode::Refused, &format!("refused by {}: {e}", expect.who));
+                    refuse(
+                        stream,
+                        ErrorCode::Refused,
+                        &format!("refused by {}: {e}", expect.who),
+                    );
                 }
             }
         }
@@ -94,7 +101,11 @@ pub(crate) fn accept_ranks(
             return finish(conns, Some(e));
         }
         if Instant::now() >= deadline {
-            let absent: Vec<usize> = expect.ranks.clone().filter(|&r| conns[r].is_none()).collect();
+            let absent: Vec<usize> = expect
+                .ranks
+                .clone()
+                .filter(|&r| conns[r].is_none())
+                .collect();
             let e = Error::Timeout {
                 waiting_for: format!("ranks {absent:?} to connect to {}", expect.who),
                 after: timeout,
@@ -146,7 +157,10 @@ fn validate(h: &Hello, expect: &Expect<'_>, conns: &[Option<(TcpStream, Hello)>]
         return refuse("wrong secret: the peer belongs to a different bootstrap".into());
     }
     if h.role != expect.role {
-        return refuse(format!("a {:?} hello sent to a {:?} listener", h.role, expect.role));
+        return refuse(format!(
+            "a {:?} hello sent to a {:?} listener",
+            h.role, expect.role
+        ));
     }
     if h.nranks != expect.nranks {
         return refuse(format!(
@@ -161,17 +175,37 @@ fn validate(h: &Hello, expect: &Expect<'_>, conns: &[Option<(TcpStream, Hello)>]
         ));
     }
     if conns.get(h.rank).is_some_and(Option::is_some) {
-        return refuse(format!("rank {} has already joined (duplicate rank)", h.rank));
+        return refuse(format!(
+            "rank {} has already joined (duplicate rank)",
+            h.rank
+        ));
     }
     Ok(())
 }
 
 /// Sends an Error frame (best effort, briefly) and closes the connection.
+///
+/// Runs on its own detached thread: closing a socket that still holds unread input makes the
+/// kernel send a reset, which can destroy the Error frame before the client reads it, so the
+/// client's leftover bytes are drained first (bounded in time and size).
 pub(crate) fn refuse(mut stream: TcpStream, code: ErrorCode, msg: &str) {
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-    let _ = write_frame(&mut stream, FrameKind::Error, 0, &encode_error(code, msg));
-    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let payload = encode_error(code, msg);
+    let spawned = std::thread::Builder::new()
+        .name("mscclpp-bootstrap-refuse".into())
+        .spawn(move || {
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = write_frame(&mut stream, FrameKind::Error, 0, &payload);
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+            let _ = std::io::copy(
+                &mut std::io::Read::take(&mut stream, 1 << 16),
+                &mut std::io::sink(),
+            );
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "could not start a bootstrap refusal thread");
+    }
 }
 
 /// A running bootstrap root: accepts every rank's Hello, then sends each the table of listen
@@ -191,7 +225,11 @@ pub struct BootstrapRoot {
 impl BootstrapRoot {
     /// Binds the root on `addr` (port 0 picks one), starts it for `nranks` ranks with a fresh
     /// secret, and returns it with the id to hand to the ranks.
-    pub fn start(addr: SocketAddr, nranks: usize, cfg: &BootstrapConfig) -> Result<(Self, UniqueId)> {
+    pub fn start(
+        addr: SocketAddr,
+        nranks: usize,
+        cfg: &BootstrapConfig,
+    ) -> Result<(Self, UniqueId)> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| Error::io(format!("binding the bootstrap root on {addr}"), e))?;
         let bound = listener
@@ -249,9 +287,9 @@ impl BootstrapRoot {
     fn join(&mut self) -> Result<()> {
         match self.thread.take() {
             None => Ok(()),
-            Some(t) => t
-                .join()
-                .unwrap_or_else(|_| Err(Error::Internal("the bootstrap root thread panicked".into()))),
+            Some(t) => t.join().unwrap_or_else(|_| {
+                Err(Error::Internal("the bootstrap root thread panicked".into()))
+            }),
         }
     }
 }

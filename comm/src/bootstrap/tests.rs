@@ -22,10 +22,7 @@ fn localhost0() -> SocketAddr {
 }
 
 /// Runs `f(rank)` on `n` threads and returns their results in rank order.
-fn on_ranks<T: Send + 'static>(
-    n: usize,
-    f: impl Fn(usize) -> T + Send + Sync + 'static,
-) -> Vec<T> {
+fn on_ranks<T: Send + 'static>(n: usize, f: impl Fn(usize) -> T + Send + Sync + 'static) -> Vec<T> {
     let f = Arc::new(f);
     let hs: Vec<_> = (0..n)
         .map(|r| {
@@ -45,15 +42,21 @@ fn exercise(b: &Bootstrap) {
     }
     b.barrier().unwrap();
     let root = n - 1;
-    let msg = if r == root { b"from the root".to_vec() } else { Vec::new() };
+    let msg = if r == root {
+        b"from the root".to_vec()
+    } else {
+        Vec::new()
+    };
     assert_eq!(b.broadcast(root, &msg).unwrap(), b"from the root");
     // Several tags, both directions; received in the opposite tag order to the sending one.
     let next = (r + 1) % n;
     let prev = (r + n - 1) % n;
     for tag in [5u64, 6, 7] {
         for i in 0..3 {
-            b.send(next, tag, format!("{r}->{next} t{tag} m{i}").as_bytes()).unwrap();
-            b.send(prev, tag, format!("{r}->{prev} t{tag} m{i}").as_bytes()).unwrap();
+            b.send(next, tag, format!("{r}->{next} t{tag} m{i}").as_bytes())
+                .unwrap();
+            b.send(prev, tag, format!("{r}->{prev} t{tag} m{i}").as_bytes())
+                .unwrap();
         }
     }
     for tag in [7u64, 6, 5] {
@@ -76,7 +79,11 @@ fn four_ranks_with_unique_id() {
     let hex = uid.to_string();
     on_ranks(4, move |r| {
         // Ranks other than the creator see the id as a child process would: parsed from hex.
-        let id = if r == 0 { uid } else { UniqueId::from_str(&hex).unwrap() };
+        let id = if r == 0 {
+            uid
+        } else {
+            UniqueId::from_str(&hex).unwrap()
+        };
         let b = Bootstrap::new(&id, r, 4, cfg(10_000)).unwrap();
         assert_eq!((b.rank(), b.nranks(), b.local_rank()), (r, 4, None));
         exercise(&b);
@@ -86,13 +93,19 @@ fn four_ranks_with_unique_id() {
 #[test]
 fn root_in_a_non_rank_process() {
     let (root, uid) = BootstrapRoot::start(localhost0(), 3, &cfg(10_000)).unwrap();
-    on_ranks(3, move |r| exercise(&Bootstrap::new(&uid, r, 3, cfg(10_000)).unwrap()));
+    on_ranks(3, move |r| {
+        exercise(&Bootstrap::new(&uid, r, 3, cfg(10_000)).unwrap())
+    });
     root.wait().unwrap();
 }
 
 #[test]
 fn two_ranks_from_addr() {
-    let port = TcpListener::bind(localhost0()).unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind(localhost0())
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     on_ranks(2, move |r| {
         // The interface prefix form, with `lo` which every Linux host has.
         let addr = if r == 0 {
@@ -128,7 +141,9 @@ fn wrong_secret_is_refused_and_legit_ranks_complete() {
     let e = bad.join().unwrap().unwrap_err();
     assert!(e.to_string().contains("secret"), "{e}");
     assert!(matches!(e, Error::Remote { .. }), "{e:?}");
-    on_ranks(2, move |r| exercise(&Bootstrap::new(&uid, r, 2, cfg(10_000)).unwrap()));
+    on_ranks(2, move |r| {
+        exercise(&Bootstrap::new(&uid, r, 2, cfg(10_000)).unwrap())
+    });
     root.wait().unwrap();
 }
 
@@ -152,7 +167,9 @@ fn wrong_nranks_and_duplicate_ranks_are_refused() {
     };
     let _first = hello(0);
     let mut second = hello(0);
-    second.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    second
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let (h, p) = read_frame(&mut second, 4096).unwrap();
     assert_eq!(h.kind, FrameKind::Error);
     let (_, msg) = decode_error(&p).unwrap();
@@ -170,8 +187,14 @@ fn recv_times_out() {
         let e = b.recv(1 - r, 9).unwrap_err();
         let el = t.elapsed();
         assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
-        assert!(e.to_string().contains("rank(s) [") && e.to_string().contains("0x9"), "{e}");
-        assert!(el >= Duration::from_millis(450) && el < Duration::from_secs(3), "{el:?}");
+        assert!(
+            e.to_string().contains("rank(s) [") && e.to_string().contains("0x9"),
+            "{e}"
+        );
+        assert!(
+            el >= Duration::from_millis(450) && el < Duration::from_secs(3),
+            "{el:?}"
+        );
         // The bootstrap is still usable afterwards.
         b.barrier().unwrap();
     });
@@ -181,7 +204,9 @@ fn recv_times_out() {
 fn root_times_out_waiting_for_a_missing_rank() {
     let (root, uid) = BootstrapRoot::start(localhost0(), 3, &cfg(500)).unwrap();
     let t = Instant::now();
-    let errs = on_ranks(2, move |r| Bootstrap::new(&uid, r, 3, cfg(500)).unwrap_err());
+    let errs = on_ranks(2, move |r| {
+        Bootstrap::new(&uid, r, 3, cfg(500)).unwrap_err()
+    });
     for e in errs {
         assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
     }
@@ -228,14 +253,26 @@ fn dead_peer_fails_the_barrier_promptly() {
 fn usage_errors() {
     let uid = UniqueId::with_root(localhost0()).unwrap();
     let b = Bootstrap::new(&uid, 0, 1, cfg(1000)).unwrap();
-    assert!(matches!(b.send(0, RESERVED_TAG_BIT | 3, b""), Err(Error::InvalidUsage(_))));
+    assert!(matches!(
+        b.send(0, RESERVED_TAG_BIT | 3, b""),
+        Err(Error::InvalidUsage(_))
+    ));
     assert!(matches!(b.recv(0, u64::MAX), Err(Error::InvalidUsage(_))));
     assert!(matches!(b.send(1, 0, b""), Err(Error::InvalidUsage(_))));
     assert!(matches!(b.broadcast(5, b""), Err(Error::InvalidUsage(_))));
-    assert!(matches!(b.send(0, 0, &vec![0; (1 << 20) + 1]), Err(Error::InvalidUsage(_))));
+    assert!(matches!(
+        b.send(0, 0, &vec![0; (1 << 20) + 1]),
+        Err(Error::InvalidUsage(_))
+    ));
     assert_eq!(b.all_gather(b"solo").unwrap(), vec![b"solo".to_vec()]);
-    assert!(matches!(Bootstrap::new(&uid, 1, 1, cfg(100)), Err(Error::InvalidUsage(_))));
-    assert!(matches!(Bootstrap::new(&uid, 0, 0, cfg(100)), Err(Error::InvalidUsage(_))));
+    assert!(matches!(
+        Bootstrap::new(&uid, 1, 1, cfg(100)),
+        Err(Error::InvalidUsage(_))
+    ));
+    assert!(matches!(
+        Bootstrap::new(&uid, 0, 0, cfg(100)),
+        Err(Error::InvalidUsage(_))
+    ));
 }
 
 #[test]
@@ -252,13 +289,28 @@ fn unique_id_round_trips_and_rejects_bad_input() {
 
         let mut bad = bytes;
         bad[0] ^= 1;
-        assert!(UniqueId::from_bytes(&bad).unwrap_err().to_string().contains("magic"));
+        assert!(
+            UniqueId::from_bytes(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("magic")
+        );
         let mut bad = bytes;
         bad[4] = 9;
-        assert!(UniqueId::from_bytes(&bad).unwrap_err().to_string().contains("version"));
+        assert!(
+            UniqueId::from_bytes(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("version")
+        );
         let mut bad = bytes;
         bad[127] = 1;
-        assert!(UniqueId::from_bytes(&bad).unwrap_err().to_string().contains("padding"));
+        assert!(
+            UniqueId::from_bytes(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("padding")
+        );
         assert!(UniqueId::from_bytes(&bytes[..127]).is_err());
         assert!(UniqueId::from_str(&hex[..254]).is_err());
         assert!(UniqueId::from_str(&format!("zz{}", &hex[2..])).is_err());
@@ -316,20 +368,29 @@ fn garbage_to_the_root_is_refused() {
     assert!(poke(a, &data).unwrap().contains("Hello"));
     // A client that connects and says nothing holds up no one.
     let _silent = TcpStream::connect(a).unwrap();
-    on_ranks(2, move |r| exercise(&Bootstrap::new(&uid, r, 2, cfg(10_000)).unwrap()));
+    on_ranks(2, move |r| {
+        exercise(&Bootstrap::new(&uid, r, 2, cfg(10_000)).unwrap())
+    });
     root.wait().unwrap();
 }
 
 #[test]
 fn garbage_to_a_rank_listener_is_refused() {
-    // The test plays the root, so that it learns the ranks' listen addresses.
+    // The test plays the root and rank 0 of 3, so that it learns the ranks' listen addresses
+    // and rank 2's listener stays open (waiting for rank 0) while it is poked.
     let listener = TcpListener::bind(localhost0()).unwrap();
     let secret = [42u8; SECRET_BYTES];
     let uid = UniqueId::from_parts(listener.local_addr().unwrap(), secret);
     let ranks = thread::spawn(move || {
-        on_ranks(2, move |r| exercise(&Bootstrap::new(&uid, r, 2, cfg(10_000)).unwrap()))
+        on_ranks(2, move |i| {
+            let r = i + 1;
+            let b = Bootstrap::new(&uid, r, 3, cfg(10_000)).unwrap();
+            let other = 3 - r;
+            b.send(other, 4, &[r as u8]).unwrap();
+            assert_eq!(b.recv(other, 4).unwrap(), vec![other as u8]);
+        })
     });
-    let mut conns: Vec<Option<(TcpStream, Hello)>> = vec![None, None];
+    let mut conns: Vec<Option<(TcpStream, Hello)>> = vec![None, None, None];
     for _ in 0..2 {
         let (mut s, _) = listener.accept().unwrap();
         let (h, p) = read_frame(&mut s, HANDSHAKE_MAX_BYTES).unwrap();
@@ -338,33 +399,50 @@ fn garbage_to_a_rank_listener_is_refused() {
         let r = hello.rank;
         conns[r] = Some((s, hello));
     }
-    let rank1 = conns[1].as_ref().unwrap().1.listen;
-    let m = poke(rank1, &[0xff; 300]).unwrap();
-    assert!(m.contains("rank 1") && m.contains("magic"), "{m}");
+    let fake0 = TcpListener::bind(localhost0()).unwrap();
+    let mut table = vec![fake0.local_addr().unwrap()];
+    table.extend(conns[1..].iter().map(|c| c.as_ref().unwrap().1.listen));
+    let payload = encode_table(&table);
+    for (s, _) in conns.iter_mut().flatten() {
+        write_frame(s, FrameKind::Table, 0, &payload).unwrap();
+    }
+
+    let rank2 = table[2];
+    let m = poke(rank2, &[0xff; 300]).unwrap();
+    assert!(m.contains("rank 2") && m.contains("magic"), "{m}");
     let mut hello = Hello {
         role: HelloRole::Peer,
         secret: [0; SECRET_BYTES],
         rank: 0,
-        nranks: 2,
+        nranks: 3,
         listen: localhost0(),
     };
     let mut frame = Vec::new();
     write_frame(&mut frame, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
-    assert!(poke(rank1, &frame).unwrap().contains("secret"));
+    assert!(poke(rank2, &frame).unwrap().contains("secret"));
     hello.secret = secret;
-    hello.rank = 1;
+    hello.rank = 2;
     let mut frame = Vec::new();
     write_frame(&mut frame, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
-    assert!(poke(rank1, &frame).unwrap().contains("not expected"));
+    assert!(poke(rank2, &frame).unwrap().contains("not expected"));
 
-    let table: Vec<SocketAddr> = conns.iter().map(|c| c.as_ref().unwrap().1.listen).collect();
-    let payload = encode_table(&table);
-    for (mut s, _) in conns.into_iter().flatten() {
-        write_frame(&mut s, FrameKind::Table, 0, &payload).unwrap();
-        let mut rest = Vec::new();
-        let _ = s.read_to_end(&mut rest);
+    // Now join as the real rank 0; ranks 1 and 2 complete their mesh.
+    hello.rank = 0;
+    let mut mine = Vec::new();
+    for &addr in &table[1..] {
+        let mut s = TcpStream::connect(addr).unwrap();
+        write_frame(&mut s, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (h, _) = read_frame(&mut s, 64).unwrap();
+        assert_eq!(h.kind, FrameKind::Ack);
+        mine.push(s);
     }
     ranks.join().unwrap();
+    drop(mine);
+    let mut rest = Vec::new();
+    for (mut s, _) in conns.into_iter().flatten() {
+        let _ = s.read_to_end(&mut rest);
+    }
 }
 
 #[test]
@@ -439,4 +517,12 @@ proptest! {
         let _ = UniqueId::from_bytes(&v);
         let _ = UniqueId::from_str(&s);
     }
+}
+
+#[test]
+fn bootstrap_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Bootstrap>();
+    check::<BootstrapRoot>();
+    check::<UniqueId>();
 }

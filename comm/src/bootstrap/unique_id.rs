@@ -242,7 +242,9 @@ pub(crate) fn parse_root_spec(s: &str) -> Result<RootSpec> {
         Ok(a) => a,
         Err(_) => {
             let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("no port"))?;
-            let port: u16 = port.parse().map_err(|_| bad("the port is not a number in 0..=65535"))?;
+            let port: u16 = port
+                .parse()
+                .map_err(|_| bad("the port is not a number in 0..=65535"))?;
             if host.is_empty() {
                 return Err(bad("no host"));
             }
@@ -286,9 +288,8 @@ fn check_interface(name: &str) -> Result<()> {
 /// address of the default route; with no route at all, 127.0.0.1 (single-host runs).
 pub fn default_root_ip() -> Result<IpAddr> {
     match mscclpp_hal::env::get("MSCCLPP_SOCKET_IFNAME") {
-        Some(v) => root_ip_for_ifname(&v).map_err(|e| {
-            Error::invalid(format!("MSCCLPP_SOCKET_IFNAME={v:?}: {e}"))
-        }),
+        Some(v) => root_ip_for_ifname(&v)
+            .map_err(|e| Error::invalid(format!("MSCCLPP_SOCKET_IFNAME={v:?}: {e}"))),
         None => Ok(source_ip_towards(SocketAddr::from(([8, 8, 8, 8], 53)))
             .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))),
     }
@@ -315,7 +316,11 @@ fn root_ip_for_ifname(v: &str) -> Result<IpAddr> {
         if f.len() < 8 || f[0] != v {
             continue;
         }
-        let hex = |s: &str| u32::from_str_radix(s, 16).ok().map(|x| Ipv4Addr::from(x.swap_bytes()));
+        let hex = |s: &str| {
+            u32::from_str_radix(s, 16)
+                .ok()
+                .map(|x| Ipv4Addr::from(x.swap_bytes()))
+        };
         let (Some(dest), Some(gw), Some(mask)) = (hex(f[1]), hex(f[2]), hex(f[7])) else {
             continue;
         };
