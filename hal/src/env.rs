@@ -15,19 +15,58 @@ use crate::error::{Error, Result};
 /// texts and the README).
 pub const KNOWN_VARS: &[(&str, &str)] = &[
     ("MSCCLPP_BACKEND", "force one backend: host, cuda or rocm"),
-    ("MSCCLPP_LOG_LEVEL", "trace, debug, info, warn or error (binaries and the C library)"),
-    ("MSCCLPP_DEBUG", "NCCL-style alias of MSCCLPP_LOG_LEVEL (INFO, WARN, TRACE, ...)"),
-    ("MSCCLPP_MASTER_ADDR", "bootstrap root address (overrides MASTER_ADDR)"),
-    ("MSCCLPP_MASTER_PORT", "bootstrap root port (overrides MASTER_PORT)"),
-    ("MSCCLPP_SOCKET_IFNAME", "network interface the bootstrap listens on"),
-    ("MSCCLPP_HOSTID", "overrides the host identity (ranks with equal ids share memory)"),
-    ("MSCCLPP_BOOTSTRAP_TIMEOUT", "seconds every bootstrap wait may take (default 60)"),
-    ("MSCCLPP_BOOTSTRAP_SECRET", "shared secret for ip:port bootstrap (UniqueIds carry their own)"),
-    ("MSCCLPP_CACHE_DIR", "kernel cache directory (default ~/.cache/mscclpp)"),
-    ("MSCCLPP_HCA_DEVICES", "comma list of IB devices, one per GPU"),
-    ("MSCCLPP_NCCL_LIB_PATH", "the real NCCL, for the C library's fallback and the baseline"),
-    ("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION", "all, or a comma list of operations sent to NCCL"),
-    ("MSCCLPP_FORCE_DISABLE_NVLS", "1 disables NVLink multicast (also NCCL_NVLS_ENABLE=0)"),
+    (
+        "MSCCLPP_LOG_LEVEL",
+        "trace, debug, info, warn or error (binaries and the C library)",
+    ),
+    (
+        "MSCCLPP_DEBUG",
+        "NCCL-style alias of MSCCLPP_LOG_LEVEL (INFO, WARN, TRACE, ...)",
+    ),
+    (
+        "MSCCLPP_MASTER_ADDR",
+        "bootstrap root address (overrides MASTER_ADDR)",
+    ),
+    (
+        "MSCCLPP_MASTER_PORT",
+        "bootstrap root port (overrides MASTER_PORT)",
+    ),
+    (
+        "MSCCLPP_SOCKET_IFNAME",
+        "network interface the bootstrap listens on",
+    ),
+    (
+        "MSCCLPP_HOSTID",
+        "overrides the host identity (ranks with equal ids share memory)",
+    ),
+    (
+        "MSCCLPP_BOOTSTRAP_TIMEOUT",
+        "seconds every bootstrap wait may take (default 60)",
+    ),
+    (
+        "MSCCLPP_BOOTSTRAP_SECRET",
+        "shared secret for ip:port bootstrap (UniqueIds carry their own)",
+    ),
+    (
+        "MSCCLPP_CACHE_DIR",
+        "kernel cache directory (default ~/.cache/mscclpp)",
+    ),
+    (
+        "MSCCLPP_HCA_DEVICES",
+        "comma list of IB devices, one per GPU",
+    ),
+    (
+        "MSCCLPP_NCCL_LIB_PATH",
+        "the real NCCL, for the C library's fallback and the baseline",
+    ),
+    (
+        "MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION",
+        "all, or a comma list of operations sent to NCCL",
+    ),
+    (
+        "MSCCLPP_FORCE_DISABLE_NVLS",
+        "1 disables NVLink multicast (also NCCL_NVLS_ENABLE=0)",
+    ),
 ];
 
 /// The value of a variable, if it is set and not empty.
@@ -122,6 +161,25 @@ pub fn log_filter() -> Result<Option<String>> {
     Ok(Some(level.to_owned()))
 }
 
+/// The identity of this host: `MSCCLPP_HOSTID` if set, else the kernel's boot id (which also
+/// tells containers on one machine apart from another machine), else the host name.
+///
+/// Ranks with equal host ids are assumed to share memory (IPC handles work between them).
+pub fn host_id() -> String {
+    if let Some(id) = get("MSCCLPP_HOSTID") {
+        return id;
+    }
+    if let Ok(b) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let b = b.trim();
+        if !b.is_empty() {
+            return b.to_owned();
+        }
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,25 +200,9 @@ mod tests {
             seconds("MSCCLPP_TEST_ENV_SECS_B").unwrap(),
             Some(Duration::from_millis(2500))
         );
-        assert_eq!(parse::<u16>("MSCCLPP_TEST_ENV_UNSET", "a port").unwrap(), None);
+        assert_eq!(
+            parse::<u16>("MSCCLPP_TEST_ENV_UNSET", "a port").unwrap(),
+            None
+        );
     }
-}
-
-/// The identity of this host: `MSCCLPP_HOSTID` if set, else the kernel's boot id (which also
-/// tells containers on one machine apart from another machine), else the host name.
-///
-/// Ranks with equal host ids are assumed to share memory (IPC handles work between them).
-pub fn host_id() -> String {
-    if let Some(id) = get("MSCCLPP_HOSTID") {
-        return id;
-    }
-    if let Ok(b) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
-        let b = b.trim();
-        if !b.is_empty() {
-            return b.to_owned();
-        }
-    }
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "unknown-host".to_owned())
 }

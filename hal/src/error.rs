@@ -72,7 +72,7 @@ pub enum Error {
     },
 
     /// A peer failed, refused us or went away.
-    #[error("rank {rank}: {message}")]
+    #[error("{}: {message}", describe_rank(*rank))]
     Remote {
         /// The peer's rank (or `usize::MAX` when it is not known yet).
         rank: usize,
@@ -134,6 +134,14 @@ impl Error {
             what,
             why: why.into(),
         }
+    }
+}
+
+fn describe_rank(rank: usize) -> String {
+    if rank == usize::MAX {
+        "peer of unknown rank".to_owned()
+    } else {
+        format!("rank {rank}")
     }
 }
 

@@ -53,8 +53,9 @@ impl IpcHandle {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let mut r = Reader::open("IPC handle", bytes, MAGIC, VERSION, VERSION)?;
         let code = r.u8()?;
-        let backend = BackendKind::from_code(code)
-            .ok_or_else(|| Error::malformed("IPC handle", format!("unknown backend code {code}")))?;
+        let backend = BackendKind::from_code(code).ok_or_else(|| {
+            Error::malformed("IPC handle", format!("unknown backend code {code}"))
+        })?;
         let kind = match r.u8()? {
             1 => IpcHandleKind::Memory,
             2 => IpcHandleKind::Multicast,
@@ -98,12 +99,18 @@ mod tests {
         };
         let back = IpcHandle::from_bytes(&h.to_bytes()).unwrap();
         assert_eq!(back, h);
-        assert!(back.expect(BackendKind::Host, IpcHandleKind::Memory).is_ok());
+        assert!(
+            back.expect(BackendKind::Host, IpcHandleKind::Memory)
+                .is_ok()
+        );
         let e = back
             .expect(BackendKind::Cuda, IpcHandleKind::Memory)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("host backend") && e.contains("cuda backend"), "{e}");
+        assert!(
+            e.contains("host backend") && e.contains("cuda backend"),
+            "{e}"
+        );
     }
 
     proptest! {

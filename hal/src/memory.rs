@@ -190,9 +190,7 @@ impl BufferSlice {
     /// Host pointer of the first byte, where the host can access the memory directly.
     pub fn host_ptr(&self) -> Option<*mut u8> {
         // The offset is within the allocation (checked at construction), so `add` stays in bounds.
-        self.buf
-            .host_ptr()
-            .map(|p| p.wrapping_add(self.offset))
+        self.buf.host_ptr().map(|p| p.wrapping_add(self.offset))
     }
 
     /// A narrower view, relative to this one.

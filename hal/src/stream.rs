@@ -32,8 +32,7 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// Device addresses inside `args` must refer to memory that stays allocated until the
     /// kernel has run and that the kernel may access as it is written to. On the host backend a
     /// kernel dereferences them in this process.
-    unsafe fn launch_raw(&self, kernel: &dyn Kernel, cfg: LaunchConfig, args: &[u8])
-    -> Result<()>;
+    unsafe fn launch_raw(&self, kernel: &dyn Kernel, cfg: LaunchConfig, args: &[u8]) -> Result<()>;
 
     /// Marks `event` as reached once all work enqueued so far has completed.
     fn record(&self, event: &dyn Event) -> Result<()>;

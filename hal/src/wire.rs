@@ -237,7 +237,10 @@ mod tests {
         w.u8(7).u64(u64::MAX - 3).bytes(b"hello").str("rank0");
         let buf = w.finish();
         let got = decode(&buf).unwrap();
-        assert_eq!(got, (7, u64::MAX - 3, b"hello".to_vec(), "rank0".to_string()));
+        assert_eq!(
+            got,
+            (7, u64::MAX - 3, b"hello".to_vec(), "rank0".to_string())
+        );
     }
 
     #[test]

@@ -37,3 +37,8 @@ pub use mscclpp_rocm as rocm;
 
 pub use logging::init_logging;
 pub use mscclpp_hal::{Error, ErrorClass, Result};
+
+/// The README's examples, compiled as doctests so they cannot rot.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

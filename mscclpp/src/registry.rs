@@ -55,7 +55,9 @@ pub fn probe_all() -> Vec<ProbeOutcome> {
 
 /// Selects a backend: the one `MSCCLPP_BACKEND` names, else the first that probes successfully.
 pub fn select() -> Result<Arc<dyn Backend>> {
-    if let Some(kind) = mscclpp_hal::env::parse::<BackendKind>("MSCCLPP_BACKEND", "host, cuda or rocm")? {
+    if let Some(kind) =
+        mscclpp_hal::env::parse::<BackendKind>("MSCCLPP_BACKEND", "host, cuda or rocm")?
+    {
         let b = probe(kind)?;
         tracing::info!(backend = %kind, "backend forced by MSCCLPP_BACKEND: {}", b.describe());
         return Ok(b);

@@ -1,1 +1,81 @@
-fn main() {}
+//! `mscclpp-perf`: the benchmark tool of mscclpp-rs.
+//!
+//! Standalone it spawns one process per rank (`--ranks`, default one per GPU, 2 on the host
+//! backend); under mpirun, torchrun or srun each process is one rank. Rank 0 prints the table.
+
+mod args;
+mod launch;
+mod p2p;
+mod report;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use mscclpp::hal::{BackendKind, Result};
+
+use args::{Args, Bench};
+use launch::Role;
+
+fn main() -> ExitCode {
+    mscclpp::init_logging();
+    let args = Args::parse();
+    if let Err(e) = args.validate() {
+        eprintln!("mscclpp-perf: {e}");
+        return ExitCode::from(2);
+    }
+    match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mscclpp-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<ExitCode> {
+    let role = launch::role()?;
+    if let Role::Parent = role {
+        let backend = mscclpp::registry::select()?;
+        let nranks = args.ranks.unwrap_or(match backend.kind() {
+            BackendKind::Host => 2,
+            _ => backend.device_count().max(2),
+        });
+        if backend.kind() == BackendKind::Host {
+            // Comments go to stderr under -J so that stdout stays pure JSON lines.
+            let say = |line: String| {
+                if args.json {
+                    eprintln!("{line}");
+                } else {
+                    println!("{line}");
+                }
+            };
+            say("# no GPU backend available here: running on the host (CPU) backend".into());
+            for o in mscclpp::registry::probe_all() {
+                if let Err(e) = o.result {
+                    say(format!("#   {}: {e}", o.kind));
+                }
+            }
+        }
+        let failed = launch::spawn_and_wait(nranks)?;
+        return Ok(if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let boot = launch::bootstrap(&role)?;
+    let backend = mscclpp::registry::select()?;
+    let local = boot.local_rank().unwrap_or(boot.rank());
+    let device = backend.open_device(local % backend.device_count().max(1))?;
+    let wrong = match args.bench.unwrap_or(Bench::P2p) {
+        Bench::P2p => p2p::run(args, &boot, device)?,
+    };
+    if wrong > 0 {
+        eprintln!(
+            "mscclpp-perf: rank {}: {wrong} wrong values over all ranks",
+            boot.rank()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -15,25 +15,59 @@ use crate::rng::Rng;
 
 /// Every case, in the order they are listed.
 pub const CASES: &[(&str, CaseFn)] = &[
-    ("devices_enumerate_with_properties", devices_enumerate_with_properties),
-    ("peer_matrix_is_square_and_reflexive", peer_matrix_is_square_and_reflexive),
+    (
+        "devices_enumerate_with_properties",
+        devices_enumerate_with_properties,
+    ),
+    (
+        "peer_matrix_is_square_and_reflexive",
+        peer_matrix_is_square_and_reflexive,
+    ),
     ("alloc_rejects_zero_bytes", alloc_rejects_zero_bytes),
-    ("host_round_trip_every_memory_kind", host_round_trip_every_memory_kind),
+    (
+        "host_round_trip_every_memory_kind",
+        host_round_trip_every_memory_kind,
+    ),
     ("slices_are_bounds_checked", slices_are_bounds_checked),
-    ("copy_between_buffers_with_offsets", copy_between_buffers_with_offsets),
+    (
+        "copy_between_buffers_with_offsets",
+        copy_between_buffers_with_offsets,
+    ),
     ("fill_sets_every_byte", fill_sets_every_byte),
-    ("mismatched_lengths_are_errors", mismatched_lengths_are_errors),
+    (
+        "mismatched_lengths_are_errors",
+        mismatched_lengths_are_errors,
+    ),
     ("stream_runs_work_in_order", stream_runs_work_in_order),
-    ("buffer_outlives_handle_while_queued", buffer_outlives_handle_while_queued),
+    (
+        "buffer_outlives_handle_while_queued",
+        buffer_outlives_handle_while_queued,
+    ),
     ("events_record_query_and_time", events_record_query_and_time),
-    ("stream_waits_for_event_of_another", stream_waits_for_event_of_another),
+    (
+        "stream_waits_for_event_of_another",
+        stream_waits_for_event_of_another,
+    ),
     ("ipc_export_import_in_process", ipc_export_import_in_process),
-    ("ipc_rejects_foreign_and_malformed_handles", ipc_rejects_foreign_and_malformed_handles),
+    (
+        "ipc_rejects_foreign_and_malformed_handles",
+        ipc_rejects_foreign_and_malformed_handles,
+    ),
     ("ipc_across_processes", ipc_across_processes),
+    ("ipc_import_after_free_fails", ipc_import_after_free_fails),
     ("kernel_fill_u32", kernel_fill_u32),
-    ("kernel_atomics_from_every_thread", kernel_atomics_from_every_thread),
-    ("kernel_unknown_id_and_bad_shape_are_errors", kernel_unknown_id_and_bad_shape_are_errors),
-    ("multicast_group_binds_and_maps", multicast_group_binds_and_maps),
+    (
+        "kernel_atomics_from_every_thread",
+        kernel_atomics_from_every_thread,
+    ),
+    (
+        "kernel_unknown_id_and_bad_shape_are_errors",
+        kernel_unknown_id_and_bad_shape_are_errors,
+    ),
+    (
+        "multicast_group_binds_and_maps",
+        multicast_group_binds_and_maps,
+    ),
     ("multicast_rejects_bad_binds", multicast_rejects_bad_binds),
 ];
 
@@ -54,11 +88,14 @@ fn download(s: &dyn Stream, src: &BufferSlice) -> Result<Vec<u8>, String> {
 }
 
 fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
-    a.iter().zip(b).position(|(x, y)| x != y).or(if a.len() == b.len() {
-        None
-    } else {
-        Some(a.len().min(b.len()))
-    })
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or(if a.len() == b.len() {
+            None
+        } else {
+            Some(a.len().min(b.len()))
+        })
 }
 
 fn devices_enumerate_with_properties(f: &Fixture) -> Result<(), String> {
@@ -66,21 +103,49 @@ fn devices_enumerate_with_properties(f: &Fixture) -> Result<(), String> {
     ensure!(n > 0, "backend reports no devices but probed successfully");
     for i in 0..n {
         let info = f.backend.device_info(i).ctx("device_info")?;
-        ensure!(info.ordinal == i, "device {i} reports ordinal {}", info.ordinal);
-        ensure!(info.backend == f.backend.kind(), "device {i} of another backend");
-        ensure!(!info.arch.is_empty() && !info.name.is_empty(), "empty name or arch");
-        ensure!(info.max_threads_per_block > 0 && info.warp_size > 0, "zero limits: {info:?}");
+        ensure!(
+            info.ordinal == i,
+            "device {i} reports ordinal {}",
+            info.ordinal
+        );
+        ensure!(
+            info.backend == f.backend.kind(),
+            "device {i} of another backend"
+        );
+        ensure!(
+            !info.arch.is_empty() && !info.name.is_empty(),
+            "empty name or arch"
+        );
+        ensure!(
+            info.max_threads_per_block > 0 && info.warp_size > 0,
+            "zero limits: {info:?}"
+        );
     }
-    let e = f.backend.device_info(n).err().ok_or("device_info(count) succeeded")?;
-    ensure!(e.class() == ErrorClass::InvalidUsage, "wrong class for a bad ordinal: {e}");
-    ensure!(e.to_string().contains(&n.to_string()), "error does not name the count: {e}");
+    let e = f
+        .backend
+        .device_info(n)
+        .err()
+        .ok_or("device_info(count) succeeded")?;
+    ensure!(
+        e.class() == ErrorClass::InvalidUsage,
+        "wrong class for a bad ordinal: {e}"
+    );
+    ensure!(
+        e.to_string().contains(&n.to_string()),
+        "error does not name the count: {e}"
+    );
     ensure!(!f.backend.describe().is_empty(), "empty description");
     Ok(())
 }
 
 fn peer_matrix_is_square_and_reflexive(f: &Fixture) -> Result<(), String> {
     let m = f.backend.peer_access().ctx("peer_access")?;
-    ensure!(m.len() == f.backend.device_count(), "matrix of {} for {} devices", m.len(), f.backend.device_count());
+    ensure!(
+        m.len() == f.backend.device_count(),
+        "matrix of {} for {} devices",
+        m.len(),
+        f.backend.device_count()
+    );
     for i in 0..m.len() {
         ensure!(m.can_access(i, i), "device {i} cannot access itself");
     }
@@ -89,7 +154,11 @@ fn peer_matrix_is_square_and_reflexive(f: &Fixture) -> Result<(), String> {
 }
 
 fn alloc_rejects_zero_bytes(f: &Fixture) -> Result<(), String> {
-    let e = f.device.alloc(0, MemoryKind::Device).err().ok_or("alloc(0) succeeded")?;
+    let e = f
+        .device
+        .alloc(0, MemoryKind::Device)
+        .err()
+        .ok_or("alloc(0) succeeded")?;
     ensure!(e.class() == ErrorClass::InvalidUsage, "wrong class: {e}");
     Ok(())
 }
@@ -97,14 +166,25 @@ fn alloc_rejects_zero_bytes(f: &Fixture) -> Result<(), String> {
 fn host_round_trip_every_memory_kind(f: &Fixture) -> Result<(), String> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let (mut rng, seed) = seeded();
-    for kind in [MemoryKind::Device, MemoryKind::HostMapped, MemoryKind::Uncached] {
+    for kind in [
+        MemoryKind::Device,
+        MemoryKind::HostMapped,
+        MemoryKind::Uncached,
+    ] {
         for len in [1usize, 7, 4096, 1 << 20] {
             let buf = f.device.alloc(len, kind).ctx("alloc")?;
-            ensure!(buf.len() == len && buf.kind() == kind, "alloc returned {buf:?}");
+            ensure!(
+                buf.len() == len && buf.kind() == kind,
+                "alloc returned {buf:?}"
+            );
             let data = rng.bytes(len);
             upload(&*s, &buf.full(), &data)?;
             let back = download(&*s, &buf.full())?;
-            ensure!(back == data, "{kind:?} {len} B: first difference at {:?} (seed {seed})", first_difference(&back, &data));
+            ensure!(
+                back == data,
+                "{kind:?} {len} B: first difference at {:?} (seed {seed})",
+                first_difference(&back, &data)
+            );
         }
     }
     Ok(())
@@ -112,22 +192,44 @@ fn host_round_trip_every_memory_kind(f: &Fixture) -> Result<(), String> {
 
 fn slices_are_bounds_checked(f: &Fixture) -> Result<(), String> {
     let buf = f.device.alloc(100, MemoryKind::Device).ctx("alloc")?;
-    ensure!(buf.slice(0..100).is_ok() && buf.slice(100..100).is_ok(), "valid slices refused");
-    for bad in [buf.slice(0..101), buf.slice(60..50), buf.slice(101..)] {
+    ensure!(
+        buf.slice(0..100).is_ok() && buf.slice(100..100).is_ok(),
+        "valid slices refused"
+    );
+    for bad in [
+        buf.slice(0..101),
+        buf.slice(std::ops::Range { start: 60, end: 50 }),
+        buf.slice(101..),
+    ] {
         let e = bad.err().ok_or("out-of-range slice accepted")?;
-        ensure!(e.class() == ErrorClass::InvalidUsage && e.to_string().contains("100 bytes"), "unclear error: {e}");
+        ensure!(
+            e.class() == ErrorClass::InvalidUsage && e.to_string().contains("100 bytes"),
+            "unclear error: {e}"
+        );
     }
     let s = buf.slice(10..60).ctx("slice")?;
-    ensure!(s.ptr().0 == buf.ptr().0 + 10 && s.len() == 50, "slice arithmetic wrong");
-    ensure!(s.slice(0..51).is_err(), "sub-slice beyond the slice accepted");
-    ensure!(s.slice(40..50).ctx("sub-slice")?.ptr().0 == buf.ptr().0 + 50, "sub-slice arithmetic wrong");
+    ensure!(
+        s.ptr().0 == buf.ptr().0 + 10 && s.len() == 50,
+        "slice arithmetic wrong"
+    );
+    ensure!(
+        s.slice(0..51).is_err(),
+        "sub-slice beyond the slice accepted"
+    );
+    ensure!(
+        s.slice(40..50).ctx("sub-slice")?.ptr().0 == buf.ptr().0 + 50,
+        "sub-slice arithmetic wrong"
+    );
     Ok(())
 }
 
 fn copy_between_buffers_with_offsets(f: &Fixture) -> Result<(), String> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let (mut rng, seed) = seeded();
-    let (a, b) = (f.device.alloc(1 << 16, MemoryKind::Device).ctx("alloc")?, f.device.alloc(1 << 16, MemoryKind::Device).ctx("alloc")?);
+    let (a, b) = (
+        f.device.alloc(1 << 16, MemoryKind::Device).ctx("alloc")?,
+        f.device.alloc(1 << 16, MemoryKind::Device).ctx("alloc")?,
+    );
     let src = rng.bytes(1 << 16);
     upload(&*s, &a.full(), &src)?;
     upload(&*s, &b.full(), &vec![0xA5; 1 << 16])?; // poison
@@ -135,10 +237,17 @@ fn copy_between_buffers_with_offsets(f: &Fixture) -> Result<(), String> {
         let len = rng.below(8192) as usize + 1;
         let so = rng.below((1 << 16) - len as u64) as usize;
         let dst_off = rng.below((1 << 16) - len as u64) as usize;
-        s.copy(&b.slice(dst_off..dst_off + len).ctx("slice")?, &a.slice(so..so + len).ctx("slice")?).ctx("copy")?;
+        s.copy(
+            &b.slice(dst_off..dst_off + len).ctx("slice")?,
+            &a.slice(so..so + len).ctx("slice")?,
+        )
+        .ctx("copy")?;
         s.synchronize_timeout(SYNC).ctx("synchronize")?;
         let got = download(&*s, &b.slice(dst_off..dst_off + len).ctx("slice")?)?;
-        ensure!(got == src[so..so + len], "copy {so}->{dst_off} len {len} wrong (seed {seed})");
+        ensure!(
+            got == src[so..so + len],
+            "copy {so}->{dst_off} len {len} wrong (seed {seed})"
+        );
     }
     Ok(())
 }
@@ -147,28 +256,58 @@ fn fill_sets_every_byte(f: &Fixture) -> Result<(), String> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let buf = f.device.alloc(12345, MemoryKind::Device).ctx("alloc")?;
     upload(&*s, &buf.full(), &vec![1; 12345])?;
-    s.fill(&buf.slice(100..12000).ctx("slice")?, 0x5C).ctx("fill")?;
+    s.fill(&buf.slice(100..12000).ctx("slice")?, 0x5C)
+        .ctx("fill")?;
     let got = download(&*s, &buf.full())?;
-    ensure!(got[..100].iter().all(|&x| x == 1), "fill wrote before its range");
-    ensure!(got[100..12000].iter().all(|&x| x == 0x5C), "fill missed bytes");
-    ensure!(got[12000..].iter().all(|&x| x == 1), "fill wrote after its range");
+    ensure!(
+        got[..100].iter().all(|&x| x == 1),
+        "fill wrote before its range"
+    );
+    ensure!(
+        got[100..12000].iter().all(|&x| x == 0x5C),
+        "fill missed bytes"
+    );
+    ensure!(
+        got[12000..].iter().all(|&x| x == 1),
+        "fill wrote after its range"
+    );
     Ok(())
 }
 
 fn mismatched_lengths_are_errors(f: &Fixture) -> Result<(), String> {
     let s = f.device.create_stream().ctx("create_stream")?;
-    let (a, b) = (f.device.alloc(64, MemoryKind::Device).ctx("alloc")?, f.device.alloc(32, MemoryKind::Device).ctx("alloc")?);
-    let e = s.copy(&a.full(), &b.full()).err().ok_or("copy of unequal lengths accepted")?;
-    ensure!(e.class() == ErrorClass::InvalidUsage && e.to_string().contains("32") && e.to_string().contains("64"), "unclear: {e}");
-    ensure!(s.write_from_host(&a.full(), &[0; 3]).is_err(), "short host write accepted");
-    ensure!(s.read_to_host(&mut [0; 3], &a.full()).is_err(), "short host read accepted");
+    let (a, b) = (
+        f.device.alloc(64, MemoryKind::Device).ctx("alloc")?,
+        f.device.alloc(32, MemoryKind::Device).ctx("alloc")?,
+    );
+    let e = s
+        .copy(&a.full(), &b.full())
+        .err()
+        .ok_or("copy of unequal lengths accepted")?;
+    ensure!(
+        e.class() == ErrorClass::InvalidUsage
+            && e.to_string().contains("32")
+            && e.to_string().contains("64"),
+        "unclear: {e}"
+    );
+    ensure!(
+        s.write_from_host(&a.full(), &[0; 3]).is_err(),
+        "short host write accepted"
+    );
+    ensure!(
+        s.read_to_host(&mut [0; 3], &a.full()).is_err(),
+        "short host read accepted"
+    );
     Ok(())
 }
 
 fn stream_runs_work_in_order(f: &Fixture) -> Result<(), String> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let len = 1 << 20;
-    let (a, b) = (f.device.alloc(len, MemoryKind::Device).ctx("alloc")?, f.device.alloc(len, MemoryKind::Device).ctx("alloc")?);
+    let (a, b) = (
+        f.device.alloc(len, MemoryKind::Device).ctx("alloc")?,
+        f.device.alloc(len, MemoryKind::Device).ctx("alloc")?,
+    );
     for round in 0..20u8 {
         s.fill(&a.full(), round).ctx("fill")?;
         s.copy(&b.full(), &a.full()).ctx("copy")?;
@@ -176,7 +315,10 @@ fn stream_runs_work_in_order(f: &Fixture) -> Result<(), String> {
     }
     s.synchronize_timeout(SYNC).ctx("synchronize")?;
     let got = download(&*s, &b.full())?;
-    ensure!(got.iter().all(|&x| x == 19), "copy did not see the fill before it (or saw the one after)");
+    ensure!(
+        got.iter().all(|&x| x == 19),
+        "copy did not see the fill before it (or saw the one after)"
+    );
     Ok(())
 }
 
@@ -190,14 +332,23 @@ fn buffer_outlives_handle_while_queued(f: &Fixture) -> Result<(), String> {
         drop(tmp); // the stream must keep the memory alive until the copy ran
     }
     let got = download(&*s, &keep.full())?;
-    ensure!(got.iter().all(|&x| x == 7), "copy from a dropped-while-queued buffer lost data");
+    ensure!(
+        got.iter().all(|&x| x == 7),
+        "copy from a dropped-while-queued buffer lost data"
+    );
     Ok(())
 }
 
 fn events_record_query_and_time(f: &Fixture) -> Result<(), String> {
     let s = f.device.create_stream().ctx("create_stream")?;
-    let (e0, e1) = (f.device.create_event().ctx("create_event")?, f.device.create_event().ctx("create_event")?);
-    ensure!(e0.query().ctx("query")?, "a never-recorded event must count as reached");
+    let (e0, e1) = (
+        f.device.create_event().ctx("create_event")?,
+        f.device.create_event().ctx("create_event")?,
+    );
+    ensure!(
+        e0.query().ctx("query")?,
+        "a never-recorded event must count as reached"
+    );
     let buf = f.device.alloc(16 << 20, MemoryKind::Device).ctx("alloc")?;
     s.record(&*e0).ctx("record")?;
     for i in 0..8 {
@@ -205,17 +356,29 @@ fn events_record_query_and_time(f: &Fixture) -> Result<(), String> {
     }
     s.record(&*e1).ctx("record")?;
     e1.synchronize_timeout(SYNC).ctx("event synchronize")?;
-    ensure!(e1.query().ctx("query")?, "event not reached after synchronize");
+    ensure!(
+        e1.query().ctx("query")?,
+        "event not reached after synchronize"
+    );
     let ms = e1.elapsed_ms_since(&*e0).ctx("elapsed")?;
-    ensure!(ms >= 0.0 && ms < 60_000.0, "implausible elapsed time {ms} ms");
+    ensure!(
+        (0.0..60_000.0).contains(&ms),
+        "implausible elapsed time {ms} ms"
+    );
     Ok(())
 }
 
 fn stream_waits_for_event_of_another(f: &Fixture) -> Result<(), String> {
-    let (s1, s2) = (f.device.create_stream().ctx("create_stream")?, f.device.create_stream().ctx("create_stream")?);
+    let (s1, s2) = (
+        f.device.create_stream().ctx("create_stream")?,
+        f.device.create_stream().ctx("create_stream")?,
+    );
     let ev = f.device.create_event().ctx("create_event")?;
     let len = 32 << 20;
-    let (a, b) = (f.device.alloc(len, MemoryKind::Device).ctx("alloc")?, f.device.alloc(len, MemoryKind::Device).ctx("alloc")?);
+    let (a, b) = (
+        f.device.alloc(len, MemoryKind::Device).ctx("alloc")?,
+        f.device.alloc(len, MemoryKind::Device).ctx("alloc")?,
+    );
     s2.fill(&b.full(), 0).ctx("fill")?;
     s2.synchronize_timeout(SYNC).ctx("synchronize")?;
     for i in 1..=10u8 {
@@ -226,7 +389,10 @@ fn stream_waits_for_event_of_another(f: &Fixture) -> Result<(), String> {
     s2.copy(&b.full(), &a.full()).ctx("copy")?;
     s2.synchronize_timeout(SYNC).ctx("synchronize")?;
     let got = download(&*s2, &b.full())?;
-    ensure!(got.iter().all(|&x| x == 10), "second stream ran before the event it waited for");
+    ensure!(
+        got.iter().all(|&x| x == 10),
+        "second stream ran before the event it waited for"
+    );
     Ok(())
 }
 
@@ -239,12 +405,24 @@ fn ipc_export_import_in_process(f: &Fixture) -> Result<(), String> {
     let handle = f.device.ipc_export(&buf).ctx("ipc_export")?;
     let decoded = IpcHandle::from_bytes(&handle.to_bytes()).ctx("decode handle")?;
     let peer = f.device.ipc_import(&decoded).ctx("ipc_import")?;
-    ensure!(peer.len() == buf.len(), "imported {} bytes of {}", peer.len(), buf.len());
+    ensure!(
+        peer.len() == buf.len(),
+        "imported {} bytes of {}",
+        peer.len(),
+        buf.len()
+    );
     let (mut rng, seed) = seeded();
     let data = rng.bytes(1 << 16);
     upload(&*s, &peer.full(), &data)?;
-    ensure!(download(&*s, &buf.full())? == data, "write through the import not seen by the original (seed {seed})");
-    let e = f.device.ipc_export(&peer).err().ok_or("exporting an imported mapping succeeded")?;
+    ensure!(
+        download(&*s, &buf.full())? == data,
+        "write through the import not seen by the original (seed {seed})"
+    );
+    let e = f
+        .device
+        .ipc_export(&peer)
+        .err()
+        .ok_or("exporting an imported mapping succeeded")?;
     ensure!(e.class() == ErrorClass::InvalidUsage, "wrong class: {e}");
     Ok(())
 }
@@ -254,15 +432,49 @@ fn ipc_rejects_foreign_and_malformed_handles(f: &Fixture) -> Result<(), String> 
     let mut h = f.device.ipc_export(&buf).ctx("ipc_export")?;
     let mut bytes = h.to_bytes();
     bytes.truncate(bytes.len() - 1);
-    ensure!(IpcHandle::from_bytes(&bytes).is_err(), "truncated handle decoded");
+    ensure!(
+        IpcHandle::from_bytes(&bytes).is_err(),
+        "truncated handle decoded"
+    );
     let mut garbage = h.clone();
     garbage.payload = vec![0xEE; garbage.payload.len()];
-    ensure!(f.device.ipc_import(&garbage).is_err(), "garbage payload imported");
-    let other = mscclpp::hal::BackendKind::ALL.into_iter().find(|k| *k != f.backend.kind()).ok_or("no other backend kind")?;
+    ensure!(
+        f.device.ipc_import(&garbage).is_err(),
+        "garbage payload imported"
+    );
+    let other = mscclpp::hal::BackendKind::ALL
+        .into_iter()
+        .find(|k| *k != f.backend.kind())
+        .ok_or("no other backend kind")?;
     h.backend = other;
-    let e = f.device.ipc_import(&h).err().ok_or("handle of another backend imported")?;
-    ensure!(e.to_string().contains(other.name()), "error does not name the foreign backend: {e}");
+    let e = f
+        .device
+        .ipc_import(&h)
+        .err()
+        .ok_or("handle of another backend imported")?;
+    ensure!(
+        e.to_string().contains(other.name()),
+        "error does not name the foreign backend: {e}"
+    );
     drop(buf);
+    Ok(())
+}
+
+fn ipc_import_after_free_fails(f: &Fixture) -> Result<(), String> {
+    let buf = f.device.alloc(8192, MemoryKind::Device).ctx("alloc")?;
+    let handle = f.device.ipc_export(&buf).ctx("ipc_export")?;
+    drop(buf);
+    // Allocate again so that a reused slot (descriptor, address) would be tempting to map.
+    let _other = f.device.alloc(8192, MemoryKind::Device).ctx("alloc")?;
+    let e = f
+        .device
+        .ipc_import(&handle)
+        .err()
+        .ok_or("handle of freed memory imported")?;
+    ensure!(
+        e.class() != ErrorClass::Internal,
+        "internal error for a stale handle: {e}"
+    );
     Ok(())
 }
 
@@ -278,19 +490,34 @@ fn ipc_across_processes(f: &Fixture) -> Result<(), String> {
     let mine = rng.bytes(len / 2);
     let theirs = rng.bytes(len / 2);
     upload(&*s, &buf.slice(..len / 2).ctx("slice")?, &mine)?;
-    s.fill(&buf.slice(len / 2..).ctx("slice")?, 0xA5).ctx("poison")?;
+    s.fill(&buf.slice(len / 2..).ctx("slice")?, 0xA5)
+        .ctx("poison")?;
     s.synchronize_timeout(SYNC).ctx("synchronize")?;
     let handle = f.device.ipc_export(&buf).ctx("ipc_export")?;
     let env = vec![
-        ("MSCCLPP_BACKEND".to_string(), f.backend.kind().name().to_string()),
+        (
+            "MSCCLPP_BACKEND".to_string(),
+            f.backend.kind().name().to_string(),
+        ),
         ("MSCCLPP_TEST_HANDLE".to_string(), hex(&handle.to_bytes())),
         ("MSCCLPP_TEST_SEED".to_string(), seed.to_string()),
     ];
-    let child = multiproc::wait(multiproc::spawn(IPC_CHILD_ROLE, 1, 2, &env), Instant::now() + SYNC);
+    let child = multiproc::wait(
+        multiproc::spawn(IPC_CHILD_ROLE, 1, 2, &env),
+        Instant::now() + SYNC,
+    );
     ensure!(child.ok(), "child failed:\n{}", child.describe());
-    ensure!(child.reports().get("read_parent").map(String::as_str) == Some("ok"), "child did not see the parent's data:\n{}", child.describe());
+    ensure!(
+        child.reports().get("read_parent").map(String::as_str) == Some("ok"),
+        "child did not see the parent's data:\n{}",
+        child.describe()
+    );
     let got = download(&*s, &buf.slice(len / 2..).ctx("slice")?)?;
-    ensure!(got == theirs, "parent does not see the child's write: first difference at {:?} (seed {seed})", first_difference(&got, &theirs));
+    ensure!(
+        got == theirs,
+        "parent does not see the child's write: first difference at {:?} (seed {seed})",
+        first_difference(&got, &theirs)
+    );
     Ok(())
 }
 
@@ -300,8 +527,14 @@ pub fn ipc_child() -> i32 {
         let backend = mscclpp::registry::select().ctx("select backend")?;
         let device: std::sync::Arc<dyn Device> = backend.open_device(0).ctx("open_device")?;
         let s = device.create_stream().ctx("create_stream")?;
-        let bytes = std::env::var("MSCCLPP_TEST_HANDLE").ok().and_then(|h| unhex(&h)).ok_or("no handle")?;
-        let seed: u64 = std::env::var("MSCCLPP_TEST_SEED").ok().and_then(|s| s.parse().ok()).ok_or("no seed")?;
+        let bytes = std::env::var("MSCCLPP_TEST_HANDLE")
+            .ok()
+            .and_then(|h| unhex(&h))
+            .ok_or("no handle")?;
+        let seed: u64 = std::env::var("MSCCLPP_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or("no seed")?;
         let handle = IpcHandle::from_bytes(&bytes).ctx("decode")?;
         let buf = device.ipc_import(&handle).ctx("ipc_import")?;
         let len = buf.len();
@@ -309,7 +542,10 @@ pub fn ipc_child() -> i32 {
         let parent = rng.bytes(len / 2);
         let mine = rng.bytes(len / 2);
         let got = download(&*s, &buf.slice(..len / 2).ctx("slice")?)?;
-        ensure!(got == parent, "child reads something else than the parent wrote");
+        ensure!(
+            got == parent,
+            "child reads something else than the parent wrote"
+        );
         multiproc::report("read_parent", "ok");
         upload(&*s, &buf.slice(len / 2..).ctx("slice")?, &mine)?;
         s.synchronize_timeout(SYNC).ctx("synchronize")?;
@@ -326,17 +562,34 @@ pub fn ipc_child() -> i32 {
 
 fn kernel_fill_u32(f: &Fixture) -> Result<(), String> {
     let s = f.device.create_stream().ctx("create_stream")?;
-    let k = f.device.load_kernel(KernelId::FILL_U32).ctx("load_kernel")?;
+    let k = f
+        .device
+        .load_kernel(KernelId::FILL_U32)
+        .ctx("load_kernel")?;
     let count = 100_003usize; // not a multiple of any block shape
-    let buf = f.device.alloc(count * 4 + 8, MemoryKind::Device).ctx("alloc")?;
+    let buf = f
+        .device
+        .alloc(count * 4 + 8, MemoryKind::Device)
+        .ctx("alloc")?;
     s.fill(&buf.full(), 0xFF).ctx("poison")?;
-    let args = FillU32Args { dst: buf.ptr().0 + 4, count: count as u64, value: 0xC0FFEE, _pad: 0 };
+    let args = FillU32Args {
+        dst: buf.ptr().0 + 4,
+        count: count as u64,
+        value: 0xC0FFEE,
+        _pad: 0,
+    };
     // SAFETY: `dst` addresses `count` words inside `buf`, which lives past the synchronize.
     unsafe { s.launch(&*k, LaunchConfig::linear(7, 128), &args) }.ctx("launch")?;
     s.synchronize_timeout(SYNC).ctx("synchronize")?;
     let got = download(&*s, &buf.full())?;
-    let words: Vec<u32> = got.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    ensure!(words[0] == u32::MAX && words[count + 1] == u32::MAX, "kernel wrote outside its range");
+    let words: Vec<u32> = got
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    ensure!(
+        words[0] == u32::MAX && words[count + 1] == u32::MAX,
+        "kernel wrote outside its range"
+    );
     let wrong = words[1..=count].iter().filter(|&&w| w != 0xC0FFEE).count();
     ensure!(wrong == 0, "{wrong} of {count} words not filled");
     Ok(())
@@ -344,61 +597,120 @@ fn kernel_fill_u32(f: &Fixture) -> Result<(), String> {
 
 fn kernel_atomics_from_every_thread(f: &Fixture) -> Result<(), String> {
     let s = f.device.create_stream().ctx("create_stream")?;
-    let k = f.device.load_kernel(KernelId::ATOMIC_ADD_U64).ctx("load_kernel")?;
+    let k = f
+        .device
+        .load_kernel(KernelId::ATOMIC_ADD_U64)
+        .ctx("load_kernel")?;
     let buf = f.device.alloc(8, MemoryKind::Device).ctx("alloc")?;
     s.fill(&buf.full(), 0).ctx("fill")?;
-    let args = AtomicAddU64Args { counter: buf.ptr().0, value: 3 };
+    let args = AtomicAddU64Args {
+        counter: buf.ptr().0,
+        value: 3,
+    };
     let cfg = LaunchConfig::linear(16, 256);
     for _ in 0..4 {
         // SAFETY: `counter` is the 8-byte buffer above, alive past the synchronize.
         unsafe { s.launch(&*k, cfg, &args) }.ctx("launch")?;
     }
     s.synchronize_timeout(SYNC).ctx("synchronize")?;
-    let got = u64::from_le_bytes(download(&*s, &buf.full())?.try_into().map_err(|_| "8 bytes")?);
-    ensure!(got == 4 * 16 * 256 * 3, "counter {got}, expected {} (lost atomic updates)", 4 * 16 * 256 * 3);
+    let got = u64::from_le_bytes(
+        download(&*s, &buf.full())?
+            .try_into()
+            .map_err(|_| "8 bytes")?,
+    );
+    ensure!(
+        got == 4 * 16 * 256 * 3,
+        "counter {got}, expected {} (lost atomic updates)",
+        4 * 16 * 256 * 3
+    );
     Ok(())
 }
 
 fn kernel_unknown_id_and_bad_shape_are_errors(f: &Fixture) -> Result<(), String> {
-    let e = f.device.load_kernel(KernelId("no_such_kernel")).err().ok_or("unknown kernel loaded")?;
-    ensure!(e.to_string().contains("no_such_kernel"), "error does not name the kernel: {e}");
+    let e = f
+        .device
+        .load_kernel(KernelId("no_such_kernel"))
+        .err()
+        .ok_or("unknown kernel loaded")?;
+    ensure!(
+        e.to_string().contains("no_such_kernel"),
+        "error does not name the kernel: {e}"
+    );
     let s = f.device.create_stream().ctx("create_stream")?;
-    let k = f.device.load_kernel(KernelId::FILL_U32).ctx("load_kernel")?;
+    let k = f
+        .device
+        .load_kernel(KernelId::FILL_U32)
+        .ctx("load_kernel")?;
     let buf = f.device.alloc(64, MemoryKind::Device).ctx("alloc")?;
-    let args = FillU32Args { dst: buf.ptr().0, count: 16, value: 1, _pad: 0 };
+    let args = FillU32Args {
+        dst: buf.ptr().0,
+        count: 16,
+        value: 1,
+        _pad: 0,
+    };
     let too_big = LaunchConfig::linear(1, f.device.info().max_threads_per_block + 1);
     // SAFETY: the launch is refused before it runs; were it to run, the args are valid.
-    let e = unsafe { s.launch(&*k, too_big, &args) }.err().ok_or("oversized block accepted")?;
+    let e = unsafe { s.launch(&*k, too_big, &args) }
+        .err()
+        .ok_or("oversized block accepted")?;
     ensure!(e.class() == ErrorClass::InvalidUsage, "wrong class: {e}");
     // SAFETY: as above.
     let e = unsafe { s.launch_raw(&*k, LaunchConfig::linear(1, 1), &[0u8; 3]) };
     let e = match e {
         Err(e) => e,
-        Ok(()) => s.synchronize_timeout(SYNC).err().ok_or("3-byte argument struct accepted")?,
+        Ok(()) => s
+            .synchronize_timeout(SYNC)
+            .err()
+            .ok_or("3-byte argument struct accepted")?,
     };
-    ensure!(e.to_string().contains("3 bytes"), "error does not name the size: {e}");
+    ensure!(
+        e.to_string().contains("3 bytes"),
+        "error does not name the size: {e}"
+    );
     Ok(())
 }
 
 fn multicast_group_binds_and_maps(f: &Fixture) -> Result<(), String> {
     let granularity = match &f.device.info().caps.multicast {
         MulticastSupport::Unsupported(reason) => {
-            let e = f.device.multicast_create(1 << 21, 2).err().ok_or("multicast created although unsupported")?;
-            ensure!(e.class() == ErrorClass::Unavailable, "wrong class when unsupported ({reason}): {e}");
+            let e = f
+                .device
+                .multicast_create(1 << 21, 2)
+                .err()
+                .ok_or("multicast created although unsupported")?;
+            ensure!(
+                e.class() == ErrorClass::Unavailable,
+                "wrong class when unsupported ({reason}): {e}"
+            );
             return Ok(());
         }
-        MulticastSupport::Hardware { granularity } | MulticastSupport::Emulated { granularity } => *granularity,
+        MulticastSupport::Hardware { granularity } | MulticastSupport::Emulated { granularity } => {
+            *granularity
+        }
     };
     let s = f.device.create_stream().ctx("create_stream")?;
     let size = granularity * 2;
     let group = f.device.multicast_create(size, 2).ctx("multicast_create")?;
-    let other = f.device.multicast_import(&group.export().ctx("export")?).ctx("multicast_import")?;
-    ensure!(other.size() == size && other.num_members() == 2, "imported group differs");
-    let (a, b) = (f.device.alloc(size, MemoryKind::Device).ctx("alloc")?, f.device.alloc(size + 4096, MemoryKind::Device).ctx("alloc")?);
+    let other = f
+        .device
+        .multicast_import(&group.export().ctx("export")?)
+        .ctx("multicast_import")?;
+    ensure!(
+        other.size() == size && other.num_members() == 2,
+        "imported group differs"
+    );
+    let (a, b) = (
+        f.device.alloc(size, MemoryKind::Device).ctx("alloc")?,
+        f.device
+            .alloc(size + 4096, MemoryKind::Device)
+            .ctx("alloc")?,
+    );
     upload(&*s, &a.full(), &vec![1; size])?;
     upload(&*s, &b.full(), &vec![2; size + 4096])?;
     group.bind(0, &a.full()).ctx("bind 0")?;
-    other.bind(1, &b.slice(4096..).ctx("slice")?).ctx("bind 1")?;
+    other
+        .bind(1, &b.slice(4096..).ctx("slice")?)
+        .ctx("bind 1")?;
     let m0 = group.map(SYNC).ctx("map")?;
     let m1 = other.map(SYNC).ctx("map")?;
     match (&m0.address, &m1.address) {
@@ -408,10 +720,16 @@ fn multicast_group_binds_and_maps(f: &Fixture) -> Result<(), String> {
             upload(&*s, &b.slice(4096..4096 + 4).ctx("slice")?, &[9, 9, 9, 9])?;
             // SAFETY: p0[1] maps member 1's `size` bytes, kept alive by `m0`.
             let seen = unsafe { std::slice::from_raw_parts(p0[1].0 as *const u8, 4) }.to_vec();
-            ensure!(seen == [9, 9, 9, 9], "member 1's write not visible through member 0's mapping");
+            ensure!(
+                seen == [9, 9, 9, 9],
+                "member 1's write not visible through member 0's mapping"
+            );
             // SAFETY: p1[0] maps member 0's `size` bytes, kept alive by `m1`.
             let seen = unsafe { std::slice::from_raw_parts(p1[0].0 as *const u8, 4) }.to_vec();
-            ensure!(seen == [1, 1, 1, 1], "member 0's memory not visible through member 1's mapping");
+            ensure!(
+                seen == [1, 1, 1, 1],
+                "member 0's memory not visible through member 1's mapping"
+            );
         }
         (MulticastAddress::Hardware(_), MulticastAddress::Hardware(_)) => {}
         other => return Err(format!("mixed mapping kinds: {other:?}")),
@@ -422,18 +740,42 @@ fn multicast_group_binds_and_maps(f: &Fixture) -> Result<(), String> {
 fn multicast_rejects_bad_binds(f: &Fixture) -> Result<(), String> {
     let granularity = match &f.device.info().caps.multicast {
         MulticastSupport::Unsupported(_) => return Ok(()),
-        MulticastSupport::Hardware { granularity } | MulticastSupport::Emulated { granularity } => *granularity,
+        MulticastSupport::Hardware { granularity } | MulticastSupport::Emulated { granularity } => {
+            *granularity
+        }
     };
-    ensure!(f.device.multicast_create(granularity + 1, 2).is_err(), "size off the granularity accepted");
-    ensure!(f.device.multicast_create(granularity, 0).is_err(), "group of no members accepted");
-    let g = f.device.multicast_create(granularity, 2).ctx("multicast_create")?;
-    let buf = f.device.alloc(granularity, MemoryKind::Device).ctx("alloc")?;
+    ensure!(
+        f.device.multicast_create(granularity + 1, 2).is_err(),
+        "size off the granularity accepted"
+    );
+    ensure!(
+        f.device.multicast_create(granularity, 0).is_err(),
+        "group of no members accepted"
+    );
+    let g = f
+        .device
+        .multicast_create(granularity, 2)
+        .ctx("multicast_create")?;
+    let buf = f
+        .device
+        .alloc(granularity, MemoryKind::Device)
+        .ctx("alloc")?;
     ensure!(g.bind(2, &buf.full()).is_err(), "member out of range bound");
-    ensure!(g.bind(0, &buf.slice(..granularity / 2).ctx("slice")?).is_err(), "short buffer bound");
+    ensure!(
+        g.bind(0, &buf.slice(..granularity / 2).ctx("slice")?)
+            .is_err(),
+        "short buffer bound"
+    );
     g.bind(0, &buf.full()).ctx("bind")?;
     let e = g.bind(0, &buf.full()).err().ok_or("double bind accepted")?;
     ensure!(e.to_string().contains("already bound"), "unclear: {e}");
-    let e = g.map(Duration::from_millis(100)).err().ok_or("map succeeded with a member missing")?;
-    ensure!(e.class() == ErrorClass::Timeout && e.to_string().contains("member 1"), "unclear: {e}");
+    let e = g
+        .map(Duration::from_millis(100))
+        .err()
+        .ok_or("map succeeded with a member missing")?;
+    ensure!(
+        e.class() == ErrorClass::Timeout && e.to_string().contains("member 1"),
+        "unclear: {e}"
+    );
     Ok(())
 }

@@ -47,7 +47,10 @@ type Probed = Result<Arc<dyn Backend>, String>;
 
 fn probed(kind: BackendKind) -> &'static Probed {
     static CELLS: [OnceLock<Probed>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let i = BackendKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+    let i = BackendKind::ALL
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(0);
     CELLS[i].get_or_init(|| mscclpp::registry::probe(kind).map_err(|e| e.to_string()))
 }
 

@@ -78,7 +78,11 @@ impl ChildOutcome {
             "rank {} exit {:?}{} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
             self.rank,
             self.code,
-            if self.timed_out { " (killed at deadline)" } else { "" },
+            if self.timed_out {
+                " (killed at deadline)"
+            } else {
+                ""
+            },
             self.elapsed,
             self.stdout.trim_end(),
             self.stderr.trim_end()

@@ -66,23 +66,40 @@ pub fn probe_driver() -> Result<DriverInfo> {
     // SAFETY: the symbol types match the CUDA driver API's C declarations
     // (`CUresult cuInit(unsigned)`, `cuDriverGetVersion(int*)`, `cuDeviceGetCount(int*)`).
     let (init, get_version, get_count) = unsafe {
-        let init = lib
-            .get::<CuInit>(b"cuInit\0")
-            .map_err(|e| unavailable(format!("libcuda lacks cuInit: {}", mscclpp_hal::error::chain(&e))))?;
+        let init = lib.get::<CuInit>(b"cuInit\0").map_err(|e| {
+            unavailable(format!(
+                "libcuda lacks cuInit: {}",
+                mscclpp_hal::error::chain(&e)
+            ))
+        })?;
         let ver = lib
             .get::<CuDriverGetVersion>(b"cuDriverGetVersion\0")
-            .map_err(|e| unavailable(format!("libcuda lacks cuDriverGetVersion: {}", mscclpp_hal::error::chain(&e))))?;
+            .map_err(|e| {
+                unavailable(format!(
+                    "libcuda lacks cuDriverGetVersion: {}",
+                    mscclpp_hal::error::chain(&e)
+                ))
+            })?;
         let count = lib
             .get::<CuDeviceGetCount>(b"cuDeviceGetCount\0")
-            .map_err(|e| unavailable(format!("libcuda lacks cuDeviceGetCount: {}", mscclpp_hal::error::chain(&e))))?;
+            .map_err(|e| {
+                unavailable(format!(
+                    "libcuda lacks cuDeviceGetCount: {}",
+                    mscclpp_hal::error::chain(&e)
+                ))
+            })?;
         (*init, *ver, *count)
     };
     let mut version = 0i32;
     // SAFETY: valid out-pointer to a local; the library stays loaded (`lib` lives to the end).
     check("cuDriverGetVersion", unsafe { get_version(&mut version) })?;
     // SAFETY: cuInit takes flags that must be 0.
-    check("cuInit", unsafe { init(0) })
-        .map_err(|e| unavailable(format!("CUDA driver {} present but {e}", format_version(version))))?;
+    check("cuInit", unsafe { init(0) }).map_err(|e| {
+        unavailable(format!(
+            "CUDA driver {} present but {e}",
+            format_version(version)
+        ))
+    })?;
     let mut devices = 0i32;
     // SAFETY: valid out-pointer to a local.
     check("cuDeviceGetCount", unsafe { get_count(&mut devices) })?;

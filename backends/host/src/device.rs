@@ -118,7 +118,11 @@ impl Device for HostDevice {
     }
 
     fn alloc(&self, bytes: usize, kind: MemoryKind) -> Result<DeviceBuffer> {
-        Ok(into_buffer(ShmAllocation::new(bytes, kind, self.info.ordinal)?))
+        Ok(into_buffer(ShmAllocation::new(
+            bytes,
+            kind,
+            self.info.ordinal,
+        )?))
     }
 
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {

@@ -47,7 +47,12 @@ mod tests {
         let k = dev.load_kernel(KernelId::FILL_U32).unwrap();
         let buf = dev.alloc(64, MemoryKind::Device).unwrap();
         s.fill(&buf.full(), 1).unwrap();
-        let bad = FillU32Args { dst: buf.ptr().0 + 1, count: 4, value: 9, _pad: 0 };
+        let bad = FillU32Args {
+            dst: buf.ptr().0 + 1,
+            count: 4,
+            value: 9,
+            _pad: 0,
+        };
         // SAFETY: the kernel rejects the misaligned address before touching memory.
         unsafe { s.launch(&*k, LaunchConfig::linear(1, 1), &bad) }.unwrap();
         s.fill(&buf.full(), 2).unwrap(); // skipped: it follows the failure
@@ -73,7 +78,9 @@ mod tests {
         }
         s1.record(&*ev).unwrap();
         s2.wait_event(&*ev).unwrap();
-        let e = s2.synchronize_timeout(Duration::from_micros(1)).unwrap_err();
+        let e = s2
+            .synchronize_timeout(Duration::from_micros(1))
+            .unwrap_err();
         assert_eq!(e.class(), ErrorClass::Timeout, "{e}");
         s2.synchronize_timeout(Duration::from_secs(60)).unwrap();
     }
@@ -85,8 +92,15 @@ mod tests {
         let mut h = dev.ipc_export(&buf).unwrap();
         // Rewrite the host id inside the payload (the first field after magic and version).
         let here = mscclpp_hal::env::host_id();
-        let other: String = here.chars().map(|c| if c == '0' { '1' } else { '0' }).collect();
-        let pos = h.payload.windows(here.len()).position(|w| w == here.as_bytes()).unwrap();
+        let other: String = here
+            .chars()
+            .map(|c| if c == '0' { '1' } else { '0' })
+            .collect();
+        let pos = h
+            .payload
+            .windows(here.len())
+            .position(|w| w == here.as_bytes())
+            .unwrap();
         h.payload[pos..pos + here.len()].copy_from_slice(other.as_bytes());
         let e = dev.ipc_import(&h).unwrap_err();
         assert!(e.to_string().contains("made on host"), "{e}");

@@ -52,12 +52,21 @@ impl ShmAllocation {
         let fd = rustix::fs::memfd_create("mscclpp-device-memory", MemfdFlags::CLOEXEC)
             .map_err(|e| Error::io("memfd_create for host device memory", e.into()))?;
         rustix::fs::ftruncate(&fd, len as u64).map_err(|e| {
-            Error::io(format!("sizing host device memory to {len} bytes"), e.into())
+            Error::io(
+                format!("sizing host device memory to {len} bytes"),
+                e.into(),
+            )
         })?;
         Self::map(fd, len, kind, device, false)
     }
 
-    fn map(fd: OwnedFd, len: usize, kind: MemoryKind, device: usize, imported: bool) -> Result<Self> {
+    fn map(
+        fd: OwnedFd,
+        len: usize,
+        kind: MemoryKind,
+        device: usize,
+        imported: bool,
+    ) -> Result<Self> {
         let st = rustix::fs::fstat(&fd).map_err(|e| Error::io("fstat of host memory", e.into()))?;
         // SAFETY: a fresh shared mapping of a file we hold open; no existing memory is affected.
         let ptr = unsafe {
@@ -70,7 +79,12 @@ impl ShmAllocation {
                 0,
             )
         }
-        .map_err(|e| Error::io(format!("mapping {len} bytes of host device memory"), e.into()))?;
+        .map_err(|e| {
+            Error::io(
+                format!("mapping {len} bytes of host device memory"),
+                e.into(),
+            )
+        })?;
         Ok(ShmAllocation {
             fd,
             ptr: ptr.cast(),
@@ -132,7 +146,12 @@ impl ShmAllocation {
             0 => MemoryKind::Device,
             1 => MemoryKind::HostMapped,
             2 => MemoryKind::Uncached,
-            k => return Err(Error::malformed("host IPC handle", format!("memory kind {k}"))),
+            k => {
+                return Err(Error::malformed(
+                    "host IPC handle",
+                    format!("memory kind {k}"),
+                ));
+            }
         };
         r.finish()?;
         if len == 0 {
@@ -155,7 +174,8 @@ impl ShmAllocation {
                 }
             },
         )?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| Error::io(format!("fstat {path}"), e.into()))?;
+        let st =
+            rustix::fs::fstat(&fd).map_err(|e| Error::io(format!("fstat {path}"), e.into()))?;
         if (st.st_dev, st.st_ino) != (dev, ino) {
             return Err(Error::Remote {
                 rank: usize::MAX,

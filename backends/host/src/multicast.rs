@@ -186,9 +186,7 @@ impl MulticastGroup for HostMulticastGroup {
         let slot = self.slot(member);
         slot.state
             .compare_exchange(EMPTY, WRITING, Ordering::Acquire, Ordering::Relaxed)
-            .map_err(|_| {
-                Error::invalid(format!("multicast member {member} is already bound"))
-            })?;
+            .map_err(|_| Error::invalid(format!("multicast member {member} is already bound")))?;
         let slot_ptr = slot as *const Slot as *mut Slot;
         // SAFETY: winning the EMPTY→WRITING exchange gives this thread exclusive ownership of the
         // slot's plain fields until the release store below; they lie within the table mapping.
@@ -232,12 +230,14 @@ impl MulticastGroup for HostMulticastGroup {
             let handle = IpcHandle::from_bytes(&bytes)?;
             handle.expect(BackendKind::Host, IpcHandleKind::Memory)?;
             let buf = into_buffer(ShmAllocation::import(&handle.payload, self.device)?);
-            let view = buf.slice(offset..offset.saturating_add(self.size)).map_err(|_| {
-                Error::malformed(
-                    "host multicast slot",
-                    format!("member {i} bound a range outside its allocation"),
-                )
-            })?;
+            let view = buf
+                .slice(offset..offset.saturating_add(self.size))
+                .map_err(|_| {
+                    Error::malformed(
+                        "host multicast slot",
+                        format!("member {i} bound a range outside its allocation"),
+                    )
+                })?;
             ptrs.push(view.ptr());
             keep.push(buf);
         }

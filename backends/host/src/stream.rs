@@ -161,7 +161,10 @@ impl Stream for HostStream {
                 dst.len()
             )));
         }
-        let (d, s) = (SendPtr(check_host(dst, "destination")?), SendPtr(check_host(src, "source")?));
+        let (d, s) = (
+            SendPtr(check_host(dst, "destination")?),
+            SendPtr(check_host(src, "source")?),
+        );
         let (keep_d, keep_s, len) = (dst.clone(), src.clone(), dst.len());
         self.submit(Box::new(move || {
             let _keep = (&keep_d, &keep_s);
@@ -226,12 +229,7 @@ impl Stream for HostStream {
         Ok(())
     }
 
-    unsafe fn launch_raw(
-        &self,
-        kernel: &dyn Kernel,
-        cfg: LaunchConfig,
-        args: &[u8],
-    ) -> Result<()> {
+    unsafe fn launch_raw(&self, kernel: &dyn Kernel, cfg: LaunchConfig, args: &[u8]) -> Result<()> {
         let k = kernel
             .as_any()
             .downcast_ref::<HostKernel>()
@@ -271,7 +269,9 @@ impl Stream for HostStream {
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         let ev = host_event(event)?.inner.clone();
         let generation = ev.lock().recorded;
-        self.submit(Box::new(move || ev.wait_for(generation, Duration::from_secs(3600))))
+        self.submit(Box::new(move || {
+            ev.wait_for(generation, Duration::from_secs(3600))
+        }))
     }
 
     fn synchronize_timeout(&self, timeout: Duration) -> Result<()> {

@@ -7,7 +7,12 @@
 use mscclpp_hal::{Error, Result};
 
 /// Library names tried, in order.
-pub const LIBRARY_NAMES: &[&str] = &["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so", "/opt/rocm/lib/libamdhip64.so"];
+pub const LIBRARY_NAMES: &[&str] = &[
+    "libamdhip64.so.6",
+    "libamdhip64.so.5",
+    "libamdhip64.so",
+    "/opt/rocm/lib/libamdhip64.so",
+];
 
 type HipInit = unsafe extern "C" fn(flags: u32) -> i32;
 type HipDriverGetVersion = unsafe extern "C" fn(version: *mut i32) -> i32;
@@ -66,23 +71,40 @@ pub fn probe_driver() -> Result<DriverInfo> {
     // SAFETY: the symbol types match the HIP runtime API's C declarations
     // (`hipError_t hipInit(unsigned)`, `hipDriverGetVersion(int*)`, `hipGetDeviceCount(int*)`).
     let (init, get_version, get_count) = unsafe {
-        let init = lib
-            .get::<HipInit>(b"hipInit\0")
-            .map_err(|e| unavailable(format!("libamdhip64 lacks hipInit: {}", mscclpp_hal::error::chain(&e))))?;
+        let init = lib.get::<HipInit>(b"hipInit\0").map_err(|e| {
+            unavailable(format!(
+                "libamdhip64 lacks hipInit: {}",
+                mscclpp_hal::error::chain(&e)
+            ))
+        })?;
         let ver = lib
             .get::<HipDriverGetVersion>(b"hipDriverGetVersion\0")
-            .map_err(|e| unavailable(format!("libamdhip64 lacks hipDriverGetVersion: {}", mscclpp_hal::error::chain(&e))))?;
+            .map_err(|e| {
+                unavailable(format!(
+                    "libamdhip64 lacks hipDriverGetVersion: {}",
+                    mscclpp_hal::error::chain(&e)
+                ))
+            })?;
         let count = lib
             .get::<HipGetDeviceCount>(b"hipGetDeviceCount\0")
-            .map_err(|e| unavailable(format!("libamdhip64 lacks hipGetDeviceCount: {}", mscclpp_hal::error::chain(&e))))?;
+            .map_err(|e| {
+                unavailable(format!(
+                    "libamdhip64 lacks hipGetDeviceCount: {}",
+                    mscclpp_hal::error::chain(&e)
+                ))
+            })?;
         (*init, *ver, *count)
     };
     let mut version = 0i32;
     // SAFETY: valid out-pointer to a local; the library stays loaded (`lib` lives to the end).
     check("hipDriverGetVersion", unsafe { get_version(&mut version) })?;
     // SAFETY: hipInit takes flags that must be 0.
-    check("hipInit", unsafe { init(0) })
-        .map_err(|e| unavailable(format!("HIP runtime {} present but {e}", format_version(version))))?;
+    check("hipInit", unsafe { init(0) }).map_err(|e| {
+        unavailable(format!(
+            "HIP runtime {} present but {e}",
+            format_version(version)
+        ))
+    })?;
     let mut devices = 0i32;
     // SAFETY: valid out-pointer to a local.
     check("hipGetDeviceCount", unsafe { get_count(&mut devices) })?;

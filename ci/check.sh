@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The checks CI runs, in order of cost. Run locally with `bash ci/check.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+step "rustfmt"
+cargo fmt --all -- --check
+
+step "clippy, every target and feature, warnings denied"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "host-only build (no GPU features)"
+cargo check -p mscclpp -p mscclpp-perf --no-default-features
+
+step "tests (the README's test command)"
+cargo test --workspace
+
+step "main job smoke run (debug build, small sizes)"
+cargo run -q -p mscclpp-perf -- -b 1K -e 64K -f 8 -n 5 -w 1
+
+step "done"

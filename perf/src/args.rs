@@ -1,0 +1,126 @@
+//! Command line, with nccl-tests' flag names where they exist.
+
+use clap::{Parser, Subcommand};
+
+/// Benchmarks of mscclpp-rs. Runs standalone (spawning one process per rank) or under
+/// mpirun/torchrun/srun (one process per rank, taken from the launcher's environment).
+#[derive(Debug, Parser, Clone)]
+#[command(name = "mscclpp-perf", version, about)]
+pub struct Args {
+    /// What to measure (default: p2p).
+    #[command(subcommand)]
+    pub bench: Option<Bench>,
+
+    /// Smallest message size (bytes; K, M and G suffixes are powers of 1024).
+    #[arg(short = 'b', long = "minbytes", default_value = "1K", value_parser = parse_size, global = true)]
+    pub min_bytes: usize,
+
+    /// Largest message size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "16M", value_parser = parse_size, global = true)]
+    pub max_bytes: usize,
+
+    /// Multiplication factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2, global = true)]
+    pub step_factor: usize,
+
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20, global = true)]
+    pub iters: usize,
+
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5, global = true)]
+    pub warmup: usize,
+
+    /// Check results (0 disables the check).
+    #[arg(short = 'c', long = "check", default_value_t = 1, global = true)]
+    pub check: u8,
+
+    /// Number of ranks when run standalone (default: one per GPU; 2 on the host backend).
+    #[arg(long, global = true)]
+    pub ranks: Option<usize>,
+
+    /// Print one JSON object per row on standard output instead of the table.
+    #[arg(short = 'J', long = "json", global = true)]
+    pub json: bool,
+}
+
+/// The benchmarks.
+#[derive(Debug, Subcommand, Clone, Copy, PartialEq, Eq)]
+pub enum Bench {
+    /// Each rank copies into the next rank's buffer through an IPC mapping (the CudaIpc path),
+    /// plus bootstrap latencies.
+    P2p,
+}
+
+/// Parses `4096`, `64K`, `1M`, `1G` (powers of 1024).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: usize = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size: expected e.g. 4096, 64K, 1M or 1G"))?;
+    n.checked_mul(mul)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("{s:?} is zero or too large"))
+}
+
+impl Args {
+    /// Checks relations between flags.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_bytes > self.max_bytes {
+            return Err(format!(
+                "-b {} is larger than -e {}",
+                self.min_bytes, self.max_bytes
+            ));
+        }
+        if self.step_factor < 2 {
+            return Err(format!("-f {} must be at least 2", self.step_factor));
+        }
+        if self.iters == 0 {
+            return Err("-n must be at least 1".into());
+        }
+        if let Some(n) = self.ranks {
+            if n < 2 {
+                return Err(format!("--ranks {n}: at least 2 ranks are needed"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The sizes to measure.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut v = Vec::new();
+        let mut s = self.min_bytes;
+        while s <= self.max_bytes {
+            v.push(s);
+            match s.checked_mul(self.step_factor) {
+                Some(n) => s = n,
+                None => break,
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_step() {
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("0").is_err());
+        let a = Args::try_parse_from(["mscclpp-perf", "-b", "1K", "-e", "8K", "-f", "2"]).unwrap();
+        assert_eq!(a.sizes(), vec![1024, 2048, 4096, 8192]);
+        let bad = Args::try_parse_from(["mscclpp-perf", "-b", "8K", "-e", "1K"]).unwrap();
+        assert!(bad.validate().is_err());
+    }
+}
