@@ -20,6 +20,11 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// Sets every byte of `dst` to `value`.
     fn fill(&self, dst: &BufferSlice, value: u8) -> Result<()>;
 
+    /// Stores `value` into the 8 bytes of `dst` (8-byte aligned) as one atomic store that is
+    /// ordered after all earlier work on the stream (`cuStreamWriteValue64` on CUDA): how a
+    /// token or flag is published behind the data it guards.
+    fn write_value64(&self, dst: &BufferSlice, value: u64) -> Result<()>;
+
     /// Copies host bytes into `dst` (lengths equal); returns once the copy has completed.
     fn write_from_host(&self, dst: &BufferSlice, src: &[u8]) -> Result<()>;
 

@@ -35,6 +35,10 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ),
     ("fill_sets_every_byte", fill_sets_every_byte),
     (
+        "write_value64_is_ordered_and_checked",
+        write_value64_is_ordered_and_checked,
+    ),
+    (
         "mismatched_lengths_are_errors",
         mismatched_lengths_are_errors,
     ),
@@ -271,6 +275,38 @@ fn fill_sets_every_byte(f: &Fixture) -> Result<(), String> {
         got[12000..].iter().all(|&x| x == 1),
         "fill wrote after its range"
     );
+    Ok(())
+}
+
+fn write_value64_is_ordered_and_checked(f: &Fixture) -> Result<(), String> {
+    let s = f.device.create_stream().ctx("create_stream")?;
+    let buf = f.device.alloc(64, MemoryKind::Device).ctx("alloc")?;
+    s.fill(&buf.full(), 0).ctx("fill")?;
+    s.write_value64(&buf.slice(8..16).ctx("slice")?, 0x0123_4567_89AB_CDEF)
+        .ctx("write_value64")?;
+    s.fill(&buf.slice(16..24).ctx("slice")?, 0xFF).ctx("fill")?;
+    s.write_value64(&buf.slice(16..24).ctx("slice")?, 42)
+        .ctx("write_value64")?;
+    let got = download(&*s, &buf.full())?;
+    ensure!(
+        got[8..16] == 0x0123_4567_89AB_CDEFu64.to_le_bytes(),
+        "value not stored"
+    );
+    ensure!(
+        got[16..24] == 42u64.to_le_bytes(),
+        "store not ordered after the fill before it"
+    );
+    ensure!(
+        got[..8].iter().chain(&got[24..]).all(|&b| b == 0),
+        "store spilled"
+    );
+    for bad in [buf.slice(4..12), buf.slice(8..12)] {
+        let bad = bad.ctx("slice")?;
+        ensure!(
+            s.write_value64(&bad, 1).is_err(),
+            "misaligned or short write_value64 accepted"
+        );
+    }
     Ok(())
 }
 

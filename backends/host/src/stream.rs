@@ -187,6 +187,26 @@ impl Stream for HostStream {
         }))
     }
 
+    fn write_value64(&self, dst: &BufferSlice, value: u64) -> Result<()> {
+        let d = SendPtr(check_host(dst, "destination")?);
+        if dst.len() != 8 || d.get() as usize % 8 != 0 {
+            return Err(Error::invalid(format!(
+                "write_value64 needs an 8-byte aligned 8-byte slice; got {} bytes at {:?}",
+                dst.len(),
+                dst.ptr()
+            )));
+        }
+        let keep = dst.clone();
+        self.submit(Box::new(move || {
+            let _keep = &keep;
+            // SAFETY: an aligned 8-byte location inside a mapping kept alive by `keep`; every
+            // concurrent access to a token is atomic.
+            let a = unsafe { std::sync::atomic::AtomicU64::from_ptr(d.get().cast::<u64>()) };
+            a.store(value, std::sync::atomic::Ordering::Release);
+            Ok(())
+        }))
+    }
+
     fn write_from_host(&self, dst: &BufferSlice, src: &[u8]) -> Result<()> {
         if dst.len() != src.len() {
             return Err(Error::invalid(format!(
