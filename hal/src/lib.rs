@@ -24,6 +24,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod caps;
+pub mod dev;
 pub mod device;
 pub mod env;
 pub mod error;
