@@ -173,6 +173,7 @@ impl MemoryChannelDeviceHandle {
     ///
     /// # Safety
     /// As for [`Self::put`], with the peer's range `bytes * 2` long.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn put_packets(
         &self,
         kind: PacketKind,
