@@ -7,6 +7,7 @@
 //! - [`rng`]: reproducible random test data.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod devcode;
 pub mod hal_suite;
 pub mod harness;
 pub mod multiproc;

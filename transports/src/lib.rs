@@ -1,102 +1,69 @@
 //! # mscclpp-transports — how bytes move between two ranks
 //!
-//! This crate names the transports with MSCCL++'s names and gives them a capability query; the
-//! connections themselves (CudaIpc over the HAL's IPC handles, Ethernet over TCP, IB over
-//! ibverbs) arrive with the communication-layer and IB issues.
+//! MSCCL++'s connection layer over the HAL:
+//!
+//! - [`Transport`] and [`TransportFlags`]: the transports by MSCCL++'s names (CudaIpc, IB0..IB7,
+//!   Ethernet) and sets of them.
+//! - [`TransportContext`]: one per rank and communicator; its identity (rank, device, host id)
+//!   and the registry of memory an Ethernet peer may write into.
+//! - [`RegisteredMemory`]: a local byte range made reachable by transports, and its descriptor,
+//!   which a peer decodes (mapping it over IPC for CudaIpc on one host).
+//! - [`Endpoint`] / [`LocalEndpoint`] / [`EndpointConfig`]: one side's offer for a connection,
+//!   exchanged through the bootstrap; [`connect`] joins two and picks the transport.
+//! - [`Connection`] (`write`, `update_and_sync`, `flush`) and [`AnyConnection`], the closed set
+//!   the proxy dispatches over: [`CudaIpcConnection`] (copies into peer-mapped memory on a HAL
+//!   stream) and [`EthernetConnection`] (TCP; the receiver lands data through the HAL).
+//!
+//! Every byte that crosses a process goes through [`mscclpp_hal::wire`]: descriptors,
+//! endpoints, the connection hello and Ethernet frame headers are versioned and bounded, and
+//! decoding garbage is an error. A peer that dies turns every later operation of its
+//! connections, and any waiting flush, into [`mscclpp_hal::Error::Remote`] naming it. IB is
+//! not built yet: it is refused with the reason.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-use std::fmt;
-use std::str::FromStr;
+mod connection;
+mod context;
+mod cuda_ipc;
+mod endpoint;
+mod ethernet;
+mod flags;
+mod link;
+mod memory;
+mod transport;
 
-use mscclpp_hal::{Error, Result};
+pub use connection::{AnyConnection, Connection, connect};
+pub use context::TransportContext;
+pub use cuda_ipc::CudaIpcConnection;
+pub use endpoint::{Endpoint, EndpointConfig, LocalEndpoint, MAX_FRAME_PAYLOAD};
+pub use ethernet::EthernetConnection;
+pub use flags::TransportFlags;
+pub use memory::RegisteredMemory;
+pub use transport::Transport;
 
-/// A transport between two ranks, with MSCCL++'s names. `CudaIpc` means "device IPC over the
-/// vendor's peer link" on every vendor (and shared memory on the host backend).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Transport {
-    /// Peer-mapped device memory on one host.
-    CudaIpc,
-    /// InfiniBand/RoCE through HCA number 0..=7.
-    Ib(u8),
-    /// TCP between hosts.
-    Ethernet,
-}
+#[cfg(test)]
+mod test_util {
+    use std::sync::{Arc, OnceLock};
 
-impl Transport {
-    /// Every transport, in MSCCL++'s order.
-    pub const ALL: [Transport; 10] = [
-        Transport::CudaIpc,
-        Transport::Ib(0),
-        Transport::Ib(1),
-        Transport::Ib(2),
-        Transport::Ib(3),
-        Transport::Ib(4),
-        Transport::Ib(5),
-        Transport::Ib(6),
-        Transport::Ib(7),
-        Transport::Ethernet,
-    ];
+    use mscclpp_hal::{Backend, Device};
 
-    /// Whether this build can use the transport at all; the reason when it cannot.
-    pub fn built(self) -> Result<()> {
-        match self {
-            Transport::CudaIpc | Transport::Ethernet => Ok(()),
-            Transport::Ib(n) if n <= 7 => Err(Error::unavailable(
-                format!("transport {self}"),
-                "IB is not built: it needs the `ib` feature (rdma-core at run time)",
-            )),
-            Transport::Ib(n) => Err(Error::invalid(format!(
-                "IB{n} does not exist: MSCCL++ names IB0 to IB7"
-            ))),
-        }
+    use crate::context::TransportContext;
+
+    /// Device 0 of the host backend, opened once for every unit test.
+    pub(crate) fn host_device() -> Arc<dyn Device> {
+        static DEV: OnceLock<Arc<dyn Device>> = OnceLock::new();
+        DEV.get_or_init(|| {
+            mscclpp_host::HostBackend::new()
+                .open_device(0)
+                .expect("the host backend always opens device 0")
+        })
+        .clone()
     }
-}
 
-impl fmt::Display for Transport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Transport::CudaIpc => f.write_str("CudaIpc"),
-            Transport::Ib(n) => write!(f, "IB{n}"),
-            Transport::Ethernet => f.write_str("Ethernet"),
-        }
-    }
-}
-
-impl FromStr for Transport {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        let t = s.trim();
-        if t.eq_ignore_ascii_case("cudaipc") {
-            return Ok(Transport::CudaIpc);
-        }
-        if t.eq_ignore_ascii_case("ethernet") {
-            return Ok(Transport::Ethernet);
-        }
-        if let Some(n) = t.strip_prefix("IB").or_else(|| t.strip_prefix("ib")) {
-            if let Ok(n) = n.parse::<u8>() {
-                if n <= 7 {
-                    return Ok(Transport::Ib(n));
-                }
-            }
-        }
-        Err(Error::invalid(format!(
-            "unknown transport {s:?}: expected CudaIpc, IB0..IB7 or Ethernet"
-        )))
+    /// A context of `rank` on the host device.
+    pub(crate) fn host_ctx(rank: usize) -> Arc<TransportContext> {
+        TransportContext::new(rank, host_device())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_round_trip_and_ib_is_not_built() {
-        for t in Transport::ALL {
-            assert_eq!(t.to_string().parse::<Transport>().unwrap(), t);
-        }
-        assert!("IB8".parse::<Transport>().is_err());
-        assert!(Transport::CudaIpc.built().is_ok());
-        let e = Transport::Ib(3).built().unwrap_err().to_string();
-        assert!(e.contains("IB3") && e.contains("`ib` feature"), "{e}");
-    }
-}
+mod tests;

@@ -5,7 +5,9 @@
 //! Blocks run concurrently on worker threads ([`for_each_block`]); device addresses in the
 //! arguments are addresses of this process's mappings.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, RwLock};
 
 use mscclpp_hal::kernel::{AtomicAddU64Args, FillU32Args};
 use mscclpp_hal::{Error, KernelArgs, KernelId, LaunchConfig, Result};
@@ -35,12 +37,41 @@ pub const KERNELS: &[(KernelId, HostKernelFn)] = &[
     (KernelId::ATOMIC_ADD_U64, atomic_add_u64),
 ];
 
-/// Looks a kernel up by id.
+fn user_kernels() -> &'static RwLock<HashMap<KernelId, HostKernelFn>> {
+    static USER: OnceLock<RwLock<HashMap<KernelId, HostKernelFn>>> = OnceLock::new();
+    USER.get_or_init(|| RwLock::new(HashMap::new()))
+}
+
+/// Registers a host kernel under `id`, for users' own kernels (the host counterpart of
+/// compiling a `.cu` file that includes the device API). Built-in ids cannot be replaced.
+pub fn register(id: KernelId, func: HostKernelFn) -> Result<()> {
+    if KERNELS.iter().any(|(k, _)| *k == id) {
+        return Err(Error::invalid(format!(
+            "kernel {id} is built into the host backend and cannot be replaced"
+        )));
+    }
+    user_kernels()
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id, func);
+    Ok(())
+}
+
+/// Looks a kernel up by id: built-in ones first, then those added with [`register`].
 pub fn lookup(id: KernelId) -> Result<HostKernel> {
+    let user = || {
+        user_kernels()
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+    };
     KERNELS
         .iter()
         .find(|(k, _)| *k == id)
-        .map(|&(id, func)| HostKernel { id, func })
+        .map(|&(_, f)| f)
+        .or_else(user)
+        .map(|func| HostKernel { id, func })
         .ok_or_else(|| {
             Error::unavailable(
                 format!("kernel {id}"),

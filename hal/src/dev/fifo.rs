@@ -168,6 +168,10 @@ impl FifoDeviceHandle {
     /// Claims a position, waits for its slot to be free and publishes `trigger` there; returns
     /// the position (for [`Self::sync`]).
     ///
+    /// A push that times out has claimed a position it never fills, so the proxy stops there:
+    /// the FIFO is unusable afterwards (as on a GPU, where a push cannot give up). A timeout
+    /// here means the proxy has stopped or is stuck; the error says so.
+    ///
     /// # Safety
     /// The handle's addresses must be live and laid out as documented, accessed atomically.
     pub unsafe fn push(&self, trigger: ProxyTrigger, timeout: Duration) -> Result<u64> {
@@ -184,7 +188,8 @@ impl FifoDeviceHandle {
             timeout,
             || {
                 format!(
-                    "a free FIFO slot for position {pos} (the proxy has handled {} of {size}-slot ring)",
+                    "a free FIFO slot for position {pos} (the proxy has handled {} positions of a \
+                     {size}-slot ring; it has stopped or is stuck, and this FIFO is now unusable)",
                     tail.load(Ordering::Relaxed)
                 )
             },

@@ -109,6 +109,51 @@ impl MemoryChannelDeviceHandle {
         }
     }
 
+    /// Signals the peer (release), as [`BaseMemoryChannelDeviceHandle::signal`].
+    ///
+    /// # Safety
+    /// The semaphore's addresses must be live.
+    pub unsafe fn signal(&self) {
+        // SAFETY: caller's contract.
+        unsafe { self.semaphore.signal() }
+    }
+
+    /// Signals without ordering earlier writes.
+    ///
+    /// # Safety
+    /// As for [`Self::signal`].
+    pub unsafe fn relaxed_signal(&self) {
+        // SAFETY: caller's contract.
+        unsafe { self.semaphore.relaxed_signal() }
+    }
+
+    /// Waits for the peer's next signal (acquire).
+    ///
+    /// # Safety
+    /// As for [`Self::signal`].
+    pub unsafe fn wait(&self, timeout: Duration) -> Result<()> {
+        // SAFETY: caller's contract.
+        unsafe { self.semaphore.wait(timeout) }
+    }
+
+    /// Waits without acquiring.
+    ///
+    /// # Safety
+    /// As for [`Self::signal`].
+    pub unsafe fn relaxed_wait(&self, timeout: Duration) -> Result<()> {
+        // SAFETY: caller's contract.
+        unsafe { self.semaphore.relaxed_wait(timeout) }
+    }
+
+    /// Consumes a signal if one has arrived.
+    ///
+    /// # Safety
+    /// As for [`Self::signal`].
+    pub unsafe fn poll(&self) -> bool {
+        // SAFETY: caller's contract.
+        unsafe { self.semaphore.poll() }
+    }
+
     /// Copies `bytes` from local `src + src_off` to the peer's `dst + dst_off`; thread `tid` of
     /// `nthreads` copies its share.
     ///

@@ -1,0 +1,195 @@
+//! The proxy service: port channels over connections.
+//!
+//! Device code posts triggers into the service's FIFO; the proxy thread carries each one out on
+//! the connection of the trigger's semaphore: `DATA` writes from the source memory to the
+//! destination memory, `FLAG` then signals the peer's semaphore (ordered after the data by the
+//! connection), `SYNC` flushes the connection before the FIFO's tail moves past the trigger, so
+//! the device's `flush` returns only once the data has landed.
+//!
+//! Semaphores and memories are added before [`ProxyService::start`]; the running proxy owns
+//! their tables, so the hot loop takes no lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mscclpp_hal::dev::{PortChannelDeviceHandle, ProxyTrigger, TriggerType};
+use mscclpp_hal::{Device, Error, Result};
+use mscclpp_transports::{Connection, RegisteredMemory};
+
+use super::{Fifo, Proxy, ProxyHandlerResult};
+use crate::semaphore::Host2DeviceSemaphore;
+
+/// Index of a semaphore (and its connection) in a proxy service.
+pub type SemaphoreId = u32;
+/// Index of a registered memory in a proxy service.
+pub type MemoryId = u32;
+
+/// How long the proxy lets a `SYNC` trigger's flush take.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A proxy service and the port channels built on it.
+#[derive(Debug)]
+pub struct ProxyService {
+    fifo: Arc<Fifo>,
+    semaphores: Vec<Arc<Host2DeviceSemaphore>>,
+    memories: Vec<Arc<RegisteredMemory>>,
+    proxy: Option<Proxy>,
+}
+
+impl ProxyService {
+    /// A service with a FIFO of `fifo_size` slots on `device`.
+    pub fn new(device: &Arc<dyn Device>, fifo_size: usize) -> Result<Self> {
+        Ok(ProxyService {
+            fifo: Arc::new(Fifo::new(device, fifo_size)?),
+            semaphores: Vec::new(),
+            memories: Vec::new(),
+            proxy: None,
+        })
+    }
+
+    fn check_not_started(&self, what: &str) -> Result<()> {
+        if self.proxy.is_some() {
+            return Err(Error::invalid(format!(
+                "{what} after the proxy service started: add semaphores and memories first"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds a semaphore (its connection carries the channel's data); returns its id.
+    pub fn add_semaphore(&mut self, sem: Arc<Host2DeviceSemaphore>) -> Result<SemaphoreId> {
+        self.check_not_started("add_semaphore")?;
+        let id = self.semaphores.len() as u32;
+        if id > mscclpp_hal::dev::fifo::MAX_SEMAPHORE_ID {
+            return Err(Error::invalid(format!(
+                "a proxy service holds at most {} semaphores",
+                mscclpp_hal::dev::fifo::MAX_SEMAPHORE_ID + 1
+            )));
+        }
+        self.semaphores.push(sem);
+        Ok(id)
+    }
+
+    /// Adds a registered memory (local source or a peer's destination); returns its id.
+    pub fn add_memory(&mut self, mem: Arc<RegisteredMemory>) -> Result<MemoryId> {
+        self.check_not_started("add_memory")?;
+        let id = self.memories.len() as u32;
+        if id > mscclpp_hal::dev::fifo::MAX_MEMORY_ID {
+            return Err(Error::invalid(format!(
+                "a proxy service holds at most {} memories",
+                mscclpp_hal::dev::fifo::MAX_MEMORY_ID + 1
+            )));
+        }
+        self.memories.push(mem);
+        Ok(id)
+    }
+
+    /// The device handle of a port channel: data from memory `src` to memory `dst` over the
+    /// connection of semaphore `sem`, signalling that semaphore.
+    pub fn port_channel(
+        &self,
+        sem: SemaphoreId,
+        dst: MemoryId,
+        src: MemoryId,
+    ) -> Result<PortChannelDeviceHandle> {
+        let s = self.semaphores.get(sem as usize).ok_or_else(|| {
+            Error::invalid(format!(
+                "semaphore id {sem}: the service has {}",
+                self.semaphores.len()
+            ))
+        })?;
+        for (what, id) in [("destination", dst), ("source", src)] {
+            if id as usize >= self.memories.len() {
+                return Err(Error::invalid(format!(
+                    "{what} memory id {id}: the service has {}",
+                    self.memories.len()
+                )));
+            }
+        }
+        let d = &self.memories[dst as usize];
+        if d.rank() != s.connection().remote_rank() {
+            return Err(Error::invalid(format!(
+                "port channel destination belongs to rank {} but semaphore {sem} connects to rank {}",
+                d.rank(),
+                s.connection().remote_rank()
+            )));
+        }
+        if !self.memories[src as usize].is_local() {
+            return Err(Error::invalid(format!(
+                "port channel source memory {src} is not local"
+            )));
+        }
+        Ok(PortChannelDeviceHandle {
+            semaphore_id: sem,
+            dst,
+            src,
+            _pad: 0,
+            semaphore: s.device_handle(),
+            fifo: self.fifo.device_handle(),
+        })
+    }
+
+    /// Starts the proxy thread.
+    pub fn start(&mut self) -> Result<()> {
+        self.check_not_started("start")?;
+        let sems = self.semaphores.clone();
+        let mems = self.memories.clone();
+        let proxy = Proxy::start(self.fifo.clone(), move |t, _pos| handle(&sems, &mems, t))?;
+        self.proxy = Some(proxy);
+        Ok(())
+    }
+
+    /// Stops the proxy thread; returns the error that stopped it, if one did.
+    pub fn stop(&mut self) -> Result<()> {
+        match self.proxy.take() {
+            Some(p) => p.stop(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ProxyService {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::warn!("proxy service stopped with an error: {e}");
+        }
+    }
+}
+
+/// Carries out one trigger: the proxy's hot path.
+fn handle(
+    sems: &[Arc<Host2DeviceSemaphore>],
+    mems: &[Arc<RegisteredMemory>],
+    t: ProxyTrigger,
+) -> Result<ProxyHandlerResult> {
+    let sem = sems.get(t.semaphore_id() as usize).ok_or_else(|| {
+        Error::invalid(format!(
+            "trigger names semaphore {} of {}",
+            t.semaphore_id(),
+            sems.len()
+        ))
+    })?;
+    let conn = sem.connection();
+    let kind = t.kind();
+    if kind & TriggerType::DATA != 0 {
+        let mem = |id: u32| {
+            mems.get(id as usize).ok_or_else(|| {
+                Error::invalid(format!("trigger names memory {id} of {}", mems.len()))
+            })
+        };
+        conn.write(
+            mem(t.dst_memory())?,
+            t.dst_offset(),
+            mem(t.src_memory())?,
+            t.src_offset(),
+            t.size(),
+        )?;
+    }
+    if kind & TriggerType::FLAG != 0 {
+        sem.signal()?;
+    }
+    if kind & TriggerType::SYNC != 0 {
+        conn.flush(FLUSH_TIMEOUT)?;
+    }
+    Ok(ProxyHandlerResult::Continue)
+}

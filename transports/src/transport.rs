@@ -1,0 +1,129 @@
+//! Transport names (MSCCL++'s), their wire codes and what this build supports.
+
+use std::fmt;
+use std::str::FromStr;
+
+use mscclpp_hal::{Error, Result};
+
+/// A transport between two ranks, with MSCCL++'s names. `CudaIpc` means "device IPC over the
+/// vendor's peer link" on every vendor (and shared memory on the host backend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// Peer-mapped device memory on one host.
+    CudaIpc,
+    /// InfiniBand/RoCE through HCA number 0..=7.
+    Ib(u8),
+    /// TCP between hosts.
+    Ethernet,
+}
+
+impl Transport {
+    /// Every transport, in MSCCL++'s order.
+    pub const ALL: [Transport; 10] = [
+        Transport::CudaIpc,
+        Transport::Ib(0),
+        Transport::Ib(1),
+        Transport::Ib(2),
+        Transport::Ib(3),
+        Transport::Ib(4),
+        Transport::Ib(5),
+        Transport::Ib(6),
+        Transport::Ib(7),
+        Transport::Ethernet,
+    ];
+
+    /// Whether this build can use the transport at all; the reason when it cannot.
+    pub fn built(self) -> Result<()> {
+        match self {
+            Transport::CudaIpc | Transport::Ethernet => Ok(()),
+            Transport::Ib(n) if n <= 7 => Err(Error::unavailable(
+                format!("transport {self}"),
+                "IB is not built: it needs the `ib` feature (rdma-core at run time)",
+            )),
+            Transport::Ib(n) => Err(Error::invalid(format!(
+                "IB{n} does not exist: MSCCL++ names IB0 to IB7"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Transport::CudaIpc => f.write_str("CudaIpc"),
+            Transport::Ib(n) => write!(f, "IB{n}"),
+            Transport::Ethernet => f.write_str("Ethernet"),
+        }
+    }
+}
+
+impl FromStr for Transport {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("cudaipc") {
+            return Ok(Transport::CudaIpc);
+        }
+        if t.eq_ignore_ascii_case("ethernet") {
+            return Ok(Transport::Ethernet);
+        }
+        if let Some(n) = t.strip_prefix("IB").or_else(|| t.strip_prefix("ib")) {
+            if let Ok(n) = n.parse::<u8>() {
+                if n <= 7 {
+                    return Ok(Transport::Ib(n));
+                }
+            }
+        }
+        Err(Error::invalid(format!(
+            "unknown transport {s:?}: expected CudaIpc, IB0..IB7 or Ethernet"
+        )))
+    }
+}
+
+impl Transport {
+    /// The transport's bit in a [`crate::TransportFlags`] and its code on the wire; `None` for
+    /// an IB number MSCCL++ does not have (above 7).
+    pub(crate) fn code(self) -> Option<u8> {
+        match self {
+            Transport::CudaIpc => Some(0),
+            Transport::Ib(n) if n <= 7 => Some(1 + n),
+            Transport::Ib(_) => None,
+            Transport::Ethernet => Some(9),
+        }
+    }
+
+    /// Inverse of [`Transport::code`].
+    pub(crate) fn from_code(code: u8) -> Option<Transport> {
+        match code {
+            0 => Some(Transport::CudaIpc),
+            1..=8 => Some(Transport::Ib(code - 1)),
+            9 => Some(Transport::Ethernet),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_ib_is_not_built() {
+        for t in Transport::ALL {
+            assert_eq!(t.to_string().parse::<Transport>().unwrap(), t);
+        }
+        assert!("IB8".parse::<Transport>().is_err());
+        assert!(Transport::CudaIpc.built().is_ok());
+        let e = Transport::Ib(3).built().unwrap_err().to_string();
+        assert!(e.contains("IB3") && e.contains("`ib` feature"), "{e}");
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        for t in Transport::ALL {
+            assert_eq!(t.code().and_then(Transport::from_code), Some(t));
+        }
+        assert_eq!(Transport::from_code(10), None);
+        assert_eq!(Transport::Ib(8).code(), None);
+    }
+}
