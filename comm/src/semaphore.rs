@@ -28,12 +28,18 @@ const OUTBOUND: usize = 8;
 const EXPECTED: usize = 16;
 const TOKEN_BLOCK: usize = 24;
 
+/// A token block: the local words, the registration of the inbound word (which must live as long
+/// as the semaphore: an Ethernet receiver lands the peer's signals only in registered memory) and
+/// the peer's inbound word.
+#[derive(Debug)]
+struct Tokens {
+    buf: DeviceBuffer,
+    _local: RegisteredMemory,
+    remote: RegisteredMemory,
+}
+
 /// Allocates a zeroed token block and exchanges its inbound word with the connection's peer.
-fn token_block(
-    comm: &Communicator,
-    conn: &AnyConnection,
-    kind: MemoryKind,
-) -> Result<(DeviceBuffer, RegisteredMemory)> {
+fn token_block(comm: &Communicator, conn: &AnyConnection, kind: MemoryKind) -> Result<Tokens> {
     let device = comm.device();
     let tokens = device.alloc(TOKEN_BLOCK, kind)?;
     let stream = device.create_stream()?;
@@ -53,14 +59,17 @@ fn token_block(
             ),
         });
     }
-    Ok((tokens, remote))
+    Ok(Tokens {
+        buf: tokens,
+        _local: local,
+        remote,
+    })
 }
 
 /// A semaphore signalled and waited on by devices that map each other's memory.
 #[derive(Debug)]
 pub struct MemoryDevice2DeviceSemaphore {
-    _tokens: DeviceBuffer,
-    _remote: RegisteredMemory,
+    _tokens: Tokens,
     handle: MemoryDevice2DeviceSemaphoreDeviceHandle,
     peer: usize,
 }
@@ -76,13 +85,14 @@ impl MemoryDevice2DeviceSemaphore {
                 conn.transport()
             )));
         }
-        let (tokens, remote) = token_block(comm, conn, MemoryKind::Uncached)?;
-        let remote_inbound = remote
+        let tokens = token_block(comm, conn, MemoryKind::Uncached)?;
+        let remote_inbound = tokens
+            .remote
             .mapped_slice()
             .ok_or_else(|| Error::Internal("CudaIpc memory arrived unmapped".into()))?
             .ptr()
             .0;
-        let base = tokens.ptr().0;
+        let base = tokens.buf.ptr().0;
         Ok(MemoryDevice2DeviceSemaphore {
             handle: MemoryDevice2DeviceSemaphoreDeviceHandle {
                 inbound_token: base + INBOUND as u64,
@@ -91,7 +101,6 @@ impl MemoryDevice2DeviceSemaphore {
                 expected_inbound_token: base + EXPECTED as u64,
             },
             _tokens: tokens,
-            _remote: remote,
             peer: conn.remote_rank(),
         })
     }
@@ -110,8 +119,7 @@ impl MemoryDevice2DeviceSemaphore {
 /// A semaphore the host signals through a connection and a device waits on.
 #[derive(Debug)]
 pub struct Host2DeviceSemaphore {
-    tokens: DeviceBuffer,
-    remote: RegisteredMemory,
+    tokens: Tokens,
     conn: Arc<AnyConnection>,
     outbound: AtomicU64,
 }
@@ -119,10 +127,9 @@ pub struct Host2DeviceSemaphore {
 impl Host2DeviceSemaphore {
     /// Builds the semaphore with the peer of `conn` (any transport).
     pub fn new(comm: &Communicator, conn: Arc<AnyConnection>) -> Result<Self> {
-        let (tokens, remote) = token_block(comm, &conn, MemoryKind::Uncached)?;
+        let tokens = token_block(comm, &conn, MemoryKind::Uncached)?;
         Ok(Host2DeviceSemaphore {
             tokens,
-            remote,
             conn,
             outbound: AtomicU64::new(0),
         })
@@ -132,7 +139,7 @@ impl Host2DeviceSemaphore {
     /// connection has landed.
     pub fn signal(&self) -> Result<()> {
         let v = self.outbound.fetch_add(1, Ordering::Relaxed) + 1;
-        self.conn.update_and_sync(&self.remote, 0, v)
+        self.conn.update_and_sync(&self.tokens.remote, 0, v)
     }
 
     /// The connection the signals travel on.
@@ -142,7 +149,7 @@ impl Host2DeviceSemaphore {
 
     /// What device code uses to wait; valid while `self` lives.
     pub fn device_handle(&self) -> Host2DeviceSemaphoreDeviceHandle {
-        let base = self.tokens.ptr().0;
+        let base = self.tokens.buf.ptr().0;
         Host2DeviceSemaphoreDeviceHandle {
             inbound_token: base + INBOUND as u64,
             expected_inbound_token: base + EXPECTED as u64,
@@ -153,8 +160,7 @@ impl Host2DeviceSemaphore {
 /// A semaphore signalled and waited on by hosts.
 #[derive(Debug)]
 pub struct Host2HostSemaphore {
-    tokens: DeviceBuffer,
-    remote: RegisteredMemory,
+    tokens: Tokens,
     conn: Arc<AnyConnection>,
     outbound: AtomicU64,
     expected: AtomicU64,
@@ -164,19 +170,18 @@ impl Host2HostSemaphore {
     /// Builds the semaphore with the peer of `conn` (any transport); the tokens live in
     /// host-mapped memory so the host can poll them.
     pub fn new(comm: &Communicator, conn: Arc<AnyConnection>) -> Result<Self> {
-        let (tokens, remote) = token_block(comm, &conn, MemoryKind::HostMapped)?;
-        if tokens.host_ptr().is_none() {
+        let tokens = token_block(comm, &conn, MemoryKind::HostMapped)?;
+        if tokens.buf.host_ptr().is_none() {
             return Err(Error::unavailable(
                 "host-to-host semaphore",
                 format!(
                     "{} host-mapped memory has no host pointer",
-                    tokens.backend()
+                    tokens.buf.backend()
                 ),
             ));
         }
         Ok(Host2HostSemaphore {
             tokens,
-            remote,
             conn,
             outbound: AtomicU64::new(0),
             expected: AtomicU64::new(0),
@@ -184,7 +189,7 @@ impl Host2HostSemaphore {
     }
 
     fn inbound(&self) -> &AtomicU64 {
-        let p = self.tokens.host_ptr().unwrap_or(std::ptr::null_mut());
+        let p = self.tokens.buf.host_ptr().unwrap_or(std::ptr::null_mut());
         // SAFETY: `new` checked the host pointer exists; the block is 24 bytes, 8-aligned, alive
         // as long as `self`, and its inbound word is only written atomically (by the peer's
         // `update_and_sync`).
@@ -194,7 +199,7 @@ impl Host2HostSemaphore {
     /// Signals the peer (after every earlier write on the connection).
     pub fn signal(&self) -> Result<()> {
         let v = self.outbound.fetch_add(1, Ordering::Relaxed) + 1;
-        self.conn.update_and_sync(&self.remote, 0, v)
+        self.conn.update_and_sync(&self.tokens.remote, 0, v)
     }
 
     /// Consumes a signal if one has arrived.

@@ -20,6 +20,14 @@ impl KernelId {
     /// (args: [`AtomicAddU64Args`]); proves device-side atomics on (possibly shared) memory.
     pub const ATOMIC_ADD_U64: KernelId = KernelId("mscclpp_atomic_add_u64");
 
+    /// Bandwidth benchmark: `iters` times, every block puts its share of `bytes` through a
+    /// memory channel, then one thread signals the peer and waits for the peer's signal
+    /// (args: [`MemoryChannelPutArgs`]).
+    pub const BENCH_MEMORY_CHANNEL_PUT: KernelId = KernelId("mscclpp_bench_memory_channel_put");
+    /// Bandwidth benchmark: `iters` times, `put_with_signal` of `bytes` through a port channel,
+    /// then wait for the peer's signal (args: [`PortChannelPutArgs`]).
+    pub const BENCH_PORT_CHANNEL_PUT: KernelId = KernelId("mscclpp_bench_port_channel_put");
+
     /// The kernel's name.
     pub fn name(self) -> &'static str {
         self.0
@@ -159,3 +167,33 @@ pub trait Kernel: Send + Sync + fmt::Debug {
     /// Backend-specific access for downcasting by the stream that launches it.
     fn as_any(&self) -> &dyn std::any::Any;
 }
+
+/// Arguments of [`KernelId::BENCH_MEMORY_CHANNEL_PUT`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryChannelPutArgs {
+    /// The channel (its `src` is sent to its `dst`).
+    pub chan: crate::dev::MemoryChannelDeviceHandle,
+    /// Bytes per put.
+    pub bytes: u64,
+    /// Number of put/signal/wait rounds.
+    pub iters: u64,
+}
+
+// SAFETY: repr(C) of integer-only structs, no implicit padding; every bit pattern is valid.
+unsafe impl KernelArgs for MemoryChannelPutArgs {}
+
+/// Arguments of [`KernelId::BENCH_PORT_CHANNEL_PUT`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortChannelPutArgs {
+    /// The channel.
+    pub chan: crate::dev::PortChannelDeviceHandle,
+    /// Bytes per put.
+    pub bytes: u64,
+    /// Number of put-with-signal/wait rounds.
+    pub iters: u64,
+}
+
+// SAFETY: as above.
+unsafe impl KernelArgs for PortChannelPutArgs {}

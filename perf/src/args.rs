@@ -45,11 +45,19 @@ pub struct Args {
 }
 
 /// The benchmarks.
-#[derive(Debug, Subcommand, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Subcommand, Clone, PartialEq, Eq)]
 pub enum Bench {
     /// Each rank copies into the next rank's buffer through an IPC mapping (the CudaIpc path),
     /// plus bootstrap latencies.
     P2p,
+    /// Both ranks put into each other through memory channels (the device copies).
+    MemoryChannel,
+    /// Both ranks put into each other through port channels (the proxy copies).
+    PortChannel {
+        /// CudaIpc or Ethernet.
+        #[arg(long, default_value = "CudaIpc")]
+        transport: String,
+    },
 }
 
 /// Parses `4096`, `64K`, `1M`, `1G` (powers of 1024).

@@ -4,14 +4,19 @@
 //! backend); under mpirun, torchrun or srun each process is one rank. Rank 0 prints the table.
 
 mod args;
+mod channels;
 mod launch;
 mod p2p;
 mod report;
 
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use clap::Parser;
+use mscclpp::comm::Communicator;
 use mscclpp::hal::{BackendKind, Result};
+use mscclpp::transports::Transport;
 
 use args::{Args, Bench};
 use launch::Role;
@@ -63,12 +68,19 @@ fn run(args: &Args) -> Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    let boot = launch::bootstrap(&role)?;
+    let boot = Arc::new(launch::bootstrap(&role)?);
     let backend = mscclpp::registry::select()?;
     let local = boot.local_rank().unwrap_or(boot.rank());
     let device = backend.open_device(local % backend.device_count().max(1))?;
-    let wrong = match args.bench.unwrap_or(Bench::P2p) {
+    let wrong = match args.bench.clone().unwrap_or(Bench::P2p) {
         Bench::P2p => p2p::run(args, &boot, device)?,
+        Bench::MemoryChannel => {
+            channels::run_memory_channel(args, &Communicator::new(boot.clone(), device))?
+        }
+        Bench::PortChannel { transport } => {
+            let t: Transport = transport.parse()?;
+            channels::run_port_channel(args, &Communicator::new(boot.clone(), device), t)?
+        }
     };
     if wrong > 0 {
         eprintln!(

@@ -11,7 +11,8 @@ use mscclpp::hal::{Device, Error, IpcHandle, MemoryKind, Result};
 use crate::args::Args;
 use crate::report::{Row, Table};
 
-fn pattern(rank: usize, size: usize, len: usize) -> Vec<u8> {
+/// Rank- and size-dependent test bytes.
+pub fn pattern(rank: usize, size: usize, len: usize) -> Vec<u8> {
     // A cheap, rank- and size-dependent sequence: a wrong source or a stale size shows up.
     let mut x = (rank as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ size as u64;
     (0..len)

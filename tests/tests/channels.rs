@@ -12,11 +12,15 @@ use libtest_mimic::{Failed, Trial};
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
 use mscclpp::comm::channel::{BaseMemoryChannel, MemoryChannel, SwitchChannel};
-use mscclpp::comm::semaphore::MemoryDevice2DeviceSemaphore;
+use mscclpp::comm::proxy::{Fifo, Proxy, ProxyHandlerResult, ProxyService};
+use mscclpp::comm::semaphore::{
+    Host2DeviceSemaphore, Host2HostSemaphore, MemoryDevice2DeviceSemaphore,
+};
 use mscclpp::hal::dev::packet::PacketKind;
 use mscclpp::hal::dev::switch_channel::ReduceOp;
+use mscclpp::hal::dev::{ProxyTrigger, TriggerType};
 use mscclpp::hal::{BackendKind, Device, IpcHandle, LaunchConfig, MemoryKind, Stream};
-use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
+use mscclpp::transports::{Connection, EndpointConfig, Transport, TransportFlags};
 use mscclpp_conformance::devcode;
 use mscclpp_conformance::multiproc::{self, ChildOutcome};
 use mscclpp_conformance::rng::Rng;
@@ -411,18 +415,265 @@ fn role_switch() -> R<()> {
     Ok(())
 }
 
+fn transport_from_env() -> R<Transport> {
+    std::env::var("MSCCLPP_TEST_TRANSPORT")
+        .map_err(e)?
+        .parse()
+        .map_err(e)
+}
+
+fn role_port_channel() -> R<()> {
+    let r = setup()?;
+    let transport = transport_from_env()?;
+    const LEN: usize = 3 << 20;
+    let conn = r
+        .comm
+        .connect(r.peer, EndpointConfig::new(transport))
+        .map_err(e)?;
+    let sem = Arc::new(Host2DeviceSemaphore::new(&r.comm, conn.clone()).map_err(e)?);
+    let data = r.device.alloc(LEN, MemoryKind::Device).map_err(e)?;
+    let src = r.device.alloc(LEN, MemoryKind::Device).map_err(e)?;
+    r.stream.fill(&data.full(), 0xA5).map_err(e)?;
+    let flags = TransportFlags::single(transport);
+    let mine = r.comm.register_memory(&data.full(), flags).map_err(e)?;
+    let theirs = r.comm.exchange_memory(&mine, r.peer).map_err(e)?;
+    let local_src = r.comm.register_memory(&src.full(), flags).map_err(e)?;
+    let mut service = ProxyService::new(&r.device, 64).map_err(e)?;
+    let sid = service.add_semaphore(sem).map_err(e)?;
+    let dst = service.add_memory(Arc::new(theirs)).map_err(e)?;
+    let srcid = service.add_memory(Arc::new(local_src)).map_err(e)?;
+    let h = service.port_channel(sid, dst, srcid).map_err(e)?;
+    service.start().map_err(e)?;
+    let third = LEN / 3;
+    for round in 0..3u64 {
+        let mine = pattern(((r.rank as u64) << 16) + round, LEN);
+        r.stream.write_from_host(&src.full(), &mine).map_err(e)?;
+        r.comm.bootstrap().barrier().map_err(e)?;
+        let t = Instant::now();
+        devcode::launch(
+            &r.device,
+            &*r.stream,
+            LaunchConfig::linear(1, 1),
+            move |_, _| {
+                let third = third as u64;
+                // SAFETY: the FIFO and semaphore outlive the kernel (service dropped at the end).
+                unsafe {
+                    match round {
+                        // put, put, then put with signal
+                        0 => {
+                            h.put(0, 0, third, T)?;
+                            h.put(third, third, third, T)?;
+                            h.put_with_signal(2 * third, 2 * third, third, T)?;
+                        }
+                        // one put with signal and flush
+                        1 => h.put_with_signal_and_flush(0, 0, 3 * third, T)?,
+                        // puts, flush, then a bare signal
+                        _ => {
+                            h.put(0, 0, 2 * third, T)?;
+                            h.put(2 * third, 2 * third, third, T)?;
+                            h.flush(T)?;
+                            h.signal(T)?;
+                        }
+                    }
+                    h.wait(T)
+                }
+            },
+        )
+        .map_err(e)?;
+        r.stream.synchronize_timeout(T).map_err(e)?;
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        let got = download(&r, &data.full())?;
+        let theirs = pattern(((r.peer as u64) << 16) + round, LEN);
+        if got != theirs {
+            let at = got.iter().zip(&theirs).position(|(a, b)| a != b);
+            return Err(format!("{transport} round {round}: data differs at {at:?}"));
+        }
+        multiproc::report(&format!("round{round}_us"), format!("{us:.0}"));
+        r.comm.bootstrap().barrier().map_err(e)?;
+    }
+    service.stop().map_err(e)?;
+    multiproc::report("port_channel", "ok");
+    Ok(())
+}
+
+fn role_host_semaphore() -> R<()> {
+    let r = setup()?;
+    let transport = transport_from_env()?;
+    let conn = r
+        .comm
+        .connect(r.peer, EndpointConfig::new(transport))
+        .map_err(e)?;
+    let sem = Host2HostSemaphore::new(&r.comm, conn).map_err(e)?;
+    const ROUNDS: u32 = 500;
+    let t = Instant::now();
+    for _ in 0..ROUNDS {
+        if r.rank == 0 {
+            sem.signal().map_err(e)?;
+            sem.wait(T).map_err(e)?;
+        } else {
+            sem.wait(T).map_err(e)?;
+            sem.signal().map_err(e)?;
+        }
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS);
+    if sem.poll() {
+        return Err("poll saw a signal that was never sent".into());
+    }
+    multiproc::report("host_round_trip_us", format!("{us:.1}"));
+    Ok(())
+}
+
+/// A custom proxy: device code posts FLAG triggers carrying a value in the size field; the
+/// user's handler forwards each value to the peer as a token through the connection.
+fn role_custom_proxy() -> R<()> {
+    let r = setup()?;
+    let conn = r
+        .comm
+        .connect(r.peer, EndpointConfig::new(Transport::Ethernet))
+        .map_err(e)?;
+    let token = r.device.alloc(8, MemoryKind::HostMapped).map_err(e)?;
+    r.stream.fill(&token.full(), 0).map_err(e)?;
+    r.stream.synchronize().map_err(e)?;
+    let mine = r
+        .comm
+        .register_memory(&token.full(), TransportFlags::single(Transport::Ethernet))
+        .map_err(e)?;
+    let theirs = r.comm.exchange_memory(&mine, r.peer).map_err(e)?;
+    let fifo = Arc::new(Fifo::new(&r.device, 8).map_err(e)?);
+    let fh = fifo.device_handle();
+    let conn2 = conn.clone();
+    let proxy = Proxy::start(fifo, move |t, _pos| {
+        if t.kind() != TriggerType::FLAG {
+            return Err(mscclpp::Error::invalid(format!(
+                "unexpected trigger kind {}",
+                t.kind()
+            )));
+        }
+        conn2.update_and_sync(&theirs, 0, t.size())?;
+        Ok(ProxyHandlerResult::Continue)
+    })
+    .map_err(e)?;
+    const N: u64 = 2000;
+    devcode::launch(
+        &r.device,
+        &*r.stream,
+        LaunchConfig::linear(1, 1),
+        move |_, _| {
+            for v in 1..=N {
+                let t = ProxyTrigger::new(TriggerType::FLAG, 0, 0, 0, 0, v, 0)?;
+                // SAFETY: the FIFO lives in the proxy until it is stopped below.
+                unsafe { fh.push(t, T)? };
+            }
+            Ok(())
+        },
+    )
+    .map_err(e)?;
+    r.stream.synchronize_timeout(T).map_err(e)?;
+    let p = token.host_ptr().ok_or("no host pointer")?;
+    // SAFETY: 8-byte aligned host-mapped word, alive while `token` is; written atomically.
+    let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast::<u64>()) };
+    let start = Instant::now();
+    while word.load(std::sync::atomic::Ordering::Acquire) != N {
+        if start.elapsed() > T {
+            return Err(format!(
+                "token at {} of {N}",
+                word.load(std::sync::atomic::Ordering::Relaxed)
+            ));
+        }
+        std::thread::yield_now();
+    }
+    r.comm.bootstrap().barrier().map_err(e)?;
+    proxy.stop().map_err(e)?;
+    multiproc::report("custom_proxy", "ok");
+    Ok(())
+}
+
+/// Rank 1 is killed while rank 0 streams port-channel puts over Ethernet: rank 0's flush must
+/// fail (the proxy reports the dead peer) within the deadline, not hang.
+fn role_dead_peer_port_channel() -> R<()> {
+    let r = setup()?;
+    const LEN: usize = 8 << 20;
+    let conn = r
+        .comm
+        .connect(r.peer, EndpointConfig::new(Transport::Ethernet))
+        .map_err(e)?;
+    let sem = Arc::new(Host2DeviceSemaphore::new(&r.comm, conn).map_err(e)?);
+    let data = r.device.alloc(LEN, MemoryKind::Device).map_err(e)?;
+    let flags = TransportFlags::single(Transport::Ethernet);
+    let mine = r.comm.register_memory(&data.full(), flags).map_err(e)?;
+    let theirs = r.comm.exchange_memory(&mine, r.peer).map_err(e)?;
+    if r.rank == 1 {
+        r.comm.bootstrap().barrier().map_err(e)?;
+        std::thread::sleep(Duration::from_secs(60)); // the parent kills us
+        return Ok(());
+    }
+    let local = r.comm.register_memory(&data.full(), flags).map_err(e)?;
+    let mut service = ProxyService::new(&r.device, 64).map_err(e)?;
+    let sid = service.add_semaphore(sem).map_err(e)?;
+    let d = service.add_memory(Arc::new(theirs)).map_err(e)?;
+    let s = service.add_memory(Arc::new(local)).map_err(e)?;
+    let h = service.port_channel(sid, d, s).map_err(e)?;
+    service.start().map_err(e)?;
+    r.comm.bootstrap().barrier().map_err(e)?;
+    multiproc::report("streaming", "1");
+    let deadline = Duration::from_secs(5);
+    let t = Instant::now();
+    let result = (|| -> R<()> {
+        for _ in 0..10_000 {
+            devcode::launch(
+                &r.device,
+                &*r.stream,
+                LaunchConfig::linear(1, 1),
+                move |_, _| {
+                    // SAFETY: the service outlives the kernel.
+                    unsafe {
+                        h.put(0, 0, LEN as u64, deadline)?;
+                        h.flush(deadline)
+                    }
+                },
+            )
+            .map_err(e)?;
+            r.stream.synchronize_timeout(deadline * 2).map_err(e)?;
+        }
+        Ok(())
+    })();
+    let err = match result {
+        Ok(()) => return Err("10000 flushes succeeded with a dead peer".into()),
+        Err(msg) => msg,
+    };
+    let proxy_err = service
+        .stop()
+        .err()
+        .map(|x| x.to_string())
+        .unwrap_or_default();
+    multiproc::report("failed_after_ms", t.elapsed().as_millis());
+    multiproc::report("failed_at_unix_us", unix_us());
+    multiproc::report("error", err.replace('\n', " "));
+    multiproc::report("proxy_error", proxy_err.replace('\n', " "));
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn run_pair(role: &str, key: &str) -> Result<Vec<ChildOutcome>, Failed> {
+    run_pair_env(role, key, &[])
+}
+
+fn run_pair_env(
+    role: &str,
+    key: &str,
+    extra: &[(&str, &str)],
+) -> Result<Vec<ChildOutcome>, Failed> {
     let cfg = BootstrapConfig {
         timeout: T,
         ..BootstrapConfig::default()
     };
     let (_root, uid) = BootstrapRoot::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 2, &cfg)?;
-    let env = vec![
+    let mut env = vec![
         (UID_VAR.to_string(), uid.to_string()),
         ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "30".to_string()),
     ];
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let outs = multiproc::spawn_ranks(role, 2, &env, Duration::from_secs(120));
     for o in &outs {
         if !o.ok() || !o.reports().contains_key(key) {
@@ -432,6 +683,52 @@ fn run_pair(role: &str, key: &str) -> Result<Vec<ChildOutcome>, Failed> {
     Ok(outs)
 }
 
+fn unix_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
+fn dead_peer_port_channel() -> Result<(), Failed> {
+    let cfg = BootstrapConfig {
+        timeout: T,
+        ..BootstrapConfig::default()
+    };
+    let (_root, uid) = BootstrapRoot::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 2, &cfg)?;
+    let env = vec![(UID_VAR.to_string(), uid.to_string())];
+    let r0 = multiproc::spawn("dead-peer-port-channel", 0, 2, &env);
+    let mut r1 = multiproc::spawn("dead-peer-port-channel", 1, 2, &env);
+    std::thread::sleep(Duration::from_millis(1500)); // set-up done, rank 0 streaming
+    r1.kill();
+    let killed_at = unix_us();
+    let o = multiproc::wait(r0, Instant::now() + Duration::from_secs(60));
+    let _ = multiproc::wait(r1, Instant::now());
+    let rep = o.reports();
+    if !o.ok() || !rep.contains_key("error") {
+        return Err(o.describe().into());
+    }
+    if !rep["proxy_error"].contains("rank 1") && !rep["error"].contains("rank 1") {
+        return Err(format!(
+            "errors do not name rank 1: {} / {}",
+            rep["error"], rep["proxy_error"]
+        )
+        .into());
+    }
+    let failed_at: u128 = rep
+        .get("failed_at_unix_us")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let after_ms = failed_at.saturating_sub(killed_at) / 1000;
+    eprintln!(
+        "    survivor's device-side flush failed {after_ms} ms after the kill (deadline 5 s); the proxy said: {}",
+        rep["proxy_error"]
+    );
+    if after_ms > 15_000 {
+        return Err(format!("survivor took {after_ms} ms").into());
+    }
+    Ok(())
+}
+
 fn main() {
     if let Some(role) = multiproc::role() {
         let r = match role.as_str() {
@@ -439,6 +736,10 @@ fn main() {
             "put-get-read-write" => role_put_get_read_write(),
             "packets" => role_packets(),
             "switch" => role_switch(),
+            "port-channel" => role_port_channel(),
+            "host-semaphore" => role_host_semaphore(),
+            "custom-proxy" => role_custom_proxy(),
+            "dead-peer-port-channel" => role_dead_peer_port_channel(),
             other => Err(format!("unknown role {other}")),
         };
         if let Err(msg) = r {
@@ -448,7 +749,7 @@ fn main() {
         std::process::exit(0);
     }
     let args = libtest_mimic::Arguments::from_args();
-    let trials = vec![
+    let mut trials = vec![
         Trial::test("channels::base_memory_channel_ping_pong", || {
             let outs = run_pair("ping-pong", "round_trip_us")?;
             eprintln!(
@@ -466,6 +767,46 @@ fn main() {
         Trial::test("channels::switch_channel_reduce_broadcast", || {
             run_pair("switch", "switch").map(|_| ())
         }),
+        Trial::test("channels::custom_proxy_handler", || {
+            run_pair("custom-proxy", "custom_proxy").map(|_| ())
+        }),
+        Trial::test(
+            "channels::port_channel_dead_peer_fails_flush",
+            dead_peer_port_channel,
+        ),
     ];
+    for t in ["CudaIpc", "Ethernet"] {
+        trials.push(Trial::test(
+            format!("channels::port_channel_put_signal_flush::{t}"),
+            move || {
+                let outs = run_pair_env(
+                    "port-channel",
+                    "port_channel",
+                    &[("MSCCLPP_TEST_TRANSPORT", t)],
+                )?;
+                let rep = outs[0].reports();
+                eprintln!(
+                    "    {t}: 3 MiB rounds took {} / {} / {} us",
+                    rep["round0_us"], rep["round1_us"], rep["round2_us"]
+                );
+                Ok(())
+            },
+        ));
+        trials.push(Trial::test(
+            format!("channels::host_to_host_semaphore::{t}"),
+            move || {
+                let outs = run_pair_env(
+                    "host-semaphore",
+                    "host_round_trip_us",
+                    &[("MSCCLPP_TEST_TRANSPORT", t)],
+                )?;
+                eprintln!(
+                    "    {t}: host signal/wait round trip {} us",
+                    outs[0].reports()["host_round_trip_us"]
+                );
+                Ok(())
+            },
+        ));
+    }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -7,6 +7,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod driver;
+pub mod kernels;
+pub mod nvrtc;
 
 use std::sync::Arc;
 

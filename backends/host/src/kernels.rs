@@ -9,7 +9,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, RwLock};
 
-use mscclpp_hal::kernel::{AtomicAddU64Args, FillU32Args};
+use mscclpp_hal::dev::DEFAULT_WAIT;
+use mscclpp_hal::kernel::{
+    AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PortChannelPutArgs,
+};
 use mscclpp_hal::{Error, KernelArgs, KernelId, LaunchConfig, Result};
 
 /// The signature of a host kernel.
@@ -35,6 +38,8 @@ impl mscclpp_hal::Kernel for HostKernel {
 pub const KERNELS: &[(KernelId, HostKernelFn)] = &[
     (KernelId::FILL_U32, fill_u32),
     (KernelId::ATOMIC_ADD_U64, atomic_add_u64),
+    (KernelId::BENCH_MEMORY_CHANNEL_PUT, bench_memory_channel_put),
+    (KernelId::BENCH_PORT_CHANNEL_PUT, bench_port_channel_put),
 ];
 
 fn user_kernels() -> &'static RwLock<HashMap<KernelId, HostKernelFn>> {
@@ -156,4 +161,37 @@ fn atomic_add_u64(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         }
         Ok(())
     })
+}
+
+fn bench_memory_channel_put(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = MemoryChannelPutArgs::from_bytes(args)?;
+    let blocks = cfg.num_blocks() as usize;
+    let bytes = usize::try_from(a.bytes)
+        .map_err(|_| Error::invalid(format!("{} bytes do not fit this host", a.bytes)))?;
+    for _ in 0..a.iters {
+        for_each_block(cfg, |b| {
+            // SAFETY: the launcher vouches that the channel's memories hold `bytes` (launch
+            // contract); each block copies its own share.
+            unsafe { a.chan.put(0, 0, bytes, b as usize, blocks) };
+            Ok(())
+        })?;
+        // SAFETY: the channel's semaphore tokens are live (launch contract).
+        unsafe {
+            a.chan.signal();
+            a.chan.wait(DEFAULT_WAIT)?;
+        }
+    }
+    Ok(())
+}
+
+fn bench_port_channel_put(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = PortChannelPutArgs::from_bytes(args)?;
+    for _ in 0..a.iters {
+        // SAFETY: the channel's FIFO and semaphore are live (launch contract).
+        unsafe {
+            a.chan.put_with_signal(0, 0, a.bytes, DEFAULT_WAIT)?;
+            a.chan.wait(DEFAULT_WAIT)?;
+        }
+    }
+    Ok(())
 }

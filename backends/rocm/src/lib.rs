@@ -7,6 +7,8 @@
 //! ROCm-backend issue. Callers fall back to the next backend in the registry.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod hiprtc;
+pub mod kernels;
 pub mod runtime;
 
 use std::sync::Arc;

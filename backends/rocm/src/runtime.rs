@@ -57,6 +57,9 @@ fn check(call: &'static str, code: i32) -> Result<()> {
             code: i64::from(code),
             message: match code {
                 100 => "no ROCm-capable device is detected".into(),
+                101 => {
+                    "invalid device: the runtime found no usable GPU (is /dev/kfd present?)".into()
+                }
                 35 | 999 => "the driver could not be initialised".into(),
                 3 => "the driver is not initialised".into(),
                 _ => "see hipError_t documentation".into(),

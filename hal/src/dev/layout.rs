@@ -4,7 +4,7 @@
 use std::mem::{align_of, offset_of, size_of};
 
 use super::*;
-use crate::kernel::{AtomicAddU64Args, FillU32Args};
+use crate::kernel::{AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PortChannelPutArgs};
 
 /// Size, alignment and field offsets of one `#[repr(C)]` type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +88,8 @@ pub fn layout_table() -> Vec<LayoutEntry> {
             _pad
         }),
         entry!(AtomicAddU64Args { counter, value }),
+        entry!(MemoryChannelPutArgs { chan, bytes, iters }),
+        entry!(PortChannelPutArgs { chan, bytes, iters }),
     ]
 }
 
@@ -98,7 +100,13 @@ pub fn generate_header() -> String {
     let mut s = String::from(
         "// Generated from the Rust definitions in hal/src/dev by `cargo run -p mscclpp-hal --example gen_layout`.\n\
          // Do not edit: a test fails when this file and the Rust layouts disagree.\n\
-         #pragma once\n\n",
+         #pragma once\n\n\
+         // NVRTC's front end has no __builtin_offsetof (nor <cstddef>); it has __INTADDR__.\n\
+         #if defined(__CUDACC_RTC__)\n\
+         #define MSCCLPP_LAYOUT_OFFSETOF(type, field) __INTADDR__(&((type*)0)->field)\n\
+         #else\n\
+         #define MSCCLPP_LAYOUT_OFFSETOF(type, field) __builtin_offsetof(type, field)\n\
+         #endif\n\n",
     );
     for e in layout_table() {
         s.push_str(&format!(
@@ -110,12 +118,13 @@ pub fn generate_header() -> String {
         ));
         for (f, off) in &e.fields {
             s.push_str(&format!(
-                "static_assert(__builtin_offsetof(mscclpp::{n}, {f}) == {off}, \"offset of {n}::{f}\");\n",
+                "static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::{n}, {f}) == {off}, \"offset of {n}::{f}\");\n",
                 n = e.name
             ));
         }
         s.push('\n');
     }
+    s.push_str("#undef MSCCLPP_LAYOUT_OFFSETOF\n");
     s
 }
 

@@ -1,0 +1,321 @@
+//! Run-time compilation of the embedded HIP sources with hipRTC, opened with `libloading` like
+//! the runtime: a machine without hipRTC gets [`Error::Unavailable`] naming the libraries tried,
+//! never a panic.
+//!
+//! hipRTC is `libhiprtc.so` from ROCm 5.3 on; up to ROCm 5.2 (Debian 12's packages) its entry
+//! points live in `libamdhip64.so` itself, which is therefore tried after it. Headers are handed
+//! to `hiprtcCreateProgram` in memory, so compiling needs no include path and no ROCm headers:
+//! hipRTC declares the HIP device runtime implicitly and the device API is self-contained.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use mscclpp_hal::{Error, Result};
+
+/// Library names tried, in order.
+pub const LIBRARY_NAMES: &[&str] = &[
+    "libhiprtc.so.6",
+    "libhiprtc.so.5",
+    "libhiprtc.so",
+    "/opt/rocm/lib/libhiprtc.so",
+    "libamdhip64.so.6",
+    "libamdhip64.so.5",
+    "libamdhip64.so",
+];
+
+type Program = *mut c_void;
+type HiprtcResult = c_int;
+
+type VersionFn = unsafe extern "C" fn(major: *mut c_int, minor: *mut c_int) -> HiprtcResult;
+type GetErrorStringFn = unsafe extern "C" fn(result: HiprtcResult) -> *const c_char;
+type CreateProgramFn = unsafe extern "C" fn(
+    prog: *mut Program,
+    src: *const c_char,
+    name: *const c_char,
+    num_headers: c_int,
+    headers: *const *const c_char,
+    include_names: *const *const c_char,
+) -> HiprtcResult;
+type DestroyProgramFn = unsafe extern "C" fn(prog: *mut Program) -> HiprtcResult;
+type CompileProgramFn = unsafe extern "C" fn(
+    prog: Program,
+    num_options: c_int,
+    options: *const *const c_char,
+) -> HiprtcResult;
+type SizeFn = unsafe extern "C" fn(prog: Program, size: *mut usize) -> HiprtcResult;
+type BytesFn = unsafe extern "C" fn(prog: Program, out: *mut c_char) -> HiprtcResult;
+
+/// The hipRTC entry points we use, resolved from one opened library.
+struct Api {
+    /// Which library name opened.
+    library: &'static str,
+    version: VersionFn,
+    get_error_string: GetErrorStringFn,
+    create_program: CreateProgramFn,
+    destroy_program: DestroyProgramFn,
+    compile_program: CompileProgramFn,
+    get_program_log_size: SizeFn,
+    get_program_log: BytesFn,
+    get_code_size: SizeFn,
+    get_code: BytesFn,
+    /// Keeps the function pointers above valid; never unloaded.
+    _lib: libloading::Library,
+}
+
+fn unavailable(reason: String) -> Error {
+    Error::unavailable("hipRTC", reason)
+}
+
+fn load() -> std::result::Result<Api, String> {
+    let mut tried = Vec::new();
+    for &name in LIBRARY_NAMES {
+        // SAFETY: loading hipRTC (or the HIP runtime that holds it) runs its initialisers, as in
+        // every program that uses it; the name is resolved by the dynamic loader.
+        let lib = match unsafe { libloading::Library::new(name) } {
+            Ok(lib) => lib,
+            Err(e) => {
+                tried.push(format!("{name}: {}", mscclpp_hal::error::chain(&e)));
+                continue;
+            }
+        };
+        macro_rules! sym {
+            ($t:ty, $s:literal) => {
+                // SAFETY: the type matches the C declaration of this hipRTC function in
+                // hiprtc.h (`hiprtcResult` is a C enum, i.e. `int`; `hiprtcProgram` a pointer);
+                // the pointer stays valid while `lib` is loaded, and `Api` keeps `lib` for as
+                // long as it holds the pointer.
+                match unsafe { lib.get::<$t>(concat!($s, "\0").as_bytes()) } {
+                    Ok(f) => Some(*f),
+                    Err(_) => None,
+                }
+            };
+        }
+        macro_rules! required {
+            ($t:ty, $s:literal) => {
+                match sym!($t, $s) {
+                    Some(f) => f,
+                    None => {
+                        tried.push(format!("{name}: opened but lacks {}", $s));
+                        continue;
+                    }
+                }
+            };
+        }
+        let api = Api {
+            library: name,
+            version: required!(VersionFn, "hiprtcVersion"),
+            get_error_string: required!(GetErrorStringFn, "hiprtcGetErrorString"),
+            create_program: required!(CreateProgramFn, "hiprtcCreateProgram"),
+            destroy_program: required!(DestroyProgramFn, "hiprtcDestroyProgram"),
+            compile_program: required!(CompileProgramFn, "hiprtcCompileProgram"),
+            get_program_log_size: required!(SizeFn, "hiprtcGetProgramLogSize"),
+            get_program_log: required!(BytesFn, "hiprtcGetProgramLog"),
+            get_code_size: required!(SizeFn, "hiprtcGetCodeSize"),
+            get_code: required!(BytesFn, "hiprtcGetCode"),
+            _lib: lib,
+        };
+        return Ok(api);
+    }
+    Err(format!(
+        "no library with hipRTC could be opened (tried {}); install ROCm's hipRTC (Debian: \
+         libamdhip64-5 and libhiprtc-builtins5)",
+        tried.join("; ")
+    ))
+}
+
+fn api() -> Result<&'static Api> {
+    static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+    API.get_or_init(load)
+        .as_ref()
+        .map_err(|reason| unavailable(reason.clone()))
+}
+
+impl Api {
+    fn error_string(&self, code: HiprtcResult) -> String {
+        // SAFETY: hiprtcGetErrorString accepts any value and returns a pointer to a static,
+        // NUL-terminated string (or null for values it does not know).
+        let p = unsafe { (self.get_error_string)(code) };
+        if p.is_null() {
+            format!("hipRTC error {code}")
+        } else {
+            // SAFETY: non-null, NUL-terminated, static (see above).
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    }
+
+    fn check(&self, call: &'static str, code: HiprtcResult, context: &str) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        Err(Error::Driver {
+            backend: "rocm",
+            call,
+            code: i64::from(code),
+            message: format!("{} ({context})", self.error_string(code)),
+        })
+    }
+
+    /// Reads a size-then-bytes output of `prog`.
+    ///
+    /// # Safety
+    /// `prog` must be a live program of this library for which `size_fn`/`bytes_fn` are valid.
+    unsafe fn read_output(
+        &self,
+        prog: Program,
+        size_fn: SizeFn,
+        bytes_fn: BytesFn,
+        what: (&'static str, &'static str),
+        context: &str,
+    ) -> Result<Vec<u8>> {
+        let mut size = 0usize;
+        // SAFETY: `prog` is live (caller's contract); `size` is a valid out-pointer.
+        self.check(what.0, unsafe { size_fn(prog, &mut size) }, context)?;
+        let mut buf = vec![0u8; size];
+        if size > 0 {
+            // SAFETY: `buf` has exactly the `size` bytes hipRTC said it will write.
+            let code = unsafe { bytes_fn(prog, buf.as_mut_ptr().cast()) };
+            self.check(what.1, code, context)?;
+        }
+        Ok(buf)
+    }
+}
+
+/// The version of the hipRTC library that compiles, e.g. `(5, 2)`.
+pub fn hiprtc_version() -> Result<(i32, i32)> {
+    let api = api()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: valid out-pointers to locals.
+    let code = unsafe { (api.version)(&mut major, &mut minor) };
+    api.check("hiprtcVersion", code, "version query")?;
+    Ok((major, minor))
+}
+
+/// Which library file hipRTC was opened from (for logs and cache keys).
+pub fn library_name() -> Result<&'static str> {
+    Ok(api()?.library)
+}
+
+/// What a successful compile produced.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// The code object (an ELF for `hipModuleLoadData`).
+    pub code: Vec<u8>,
+    /// hipRTC's log (warnings); empty when it had nothing to say.
+    pub log: String,
+    /// How long `hiprtcCompileProgram` took.
+    pub elapsed: Duration,
+}
+
+/// Destroys a program when dropped.
+struct ProgramGuard<'a> {
+    api: &'a Api,
+    prog: Program,
+}
+
+impl Drop for ProgramGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `prog` was created by `hiprtcCreateProgram` of this library and is destroyed
+        // once, here.
+        unsafe { (self.api.destroy_program)(&mut self.prog) };
+    }
+}
+
+fn c_string(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
+}
+
+/// Compiles `source` (named `source_name` in messages) for `arch` (`"gfx90a"`), with `headers`
+/// given as `(include name, contents)` pairs that `#include`s resolve to. A compile error is an
+/// [`Error::Driver`] whose message holds hipRTC's log.
+pub fn compile(
+    source_name: &str,
+    source: &str,
+    headers: &[(&str, &str)],
+    arch: &str,
+) -> Result<Compiled> {
+    let api = api()?;
+    let context = format!("{source_name} for {arch}");
+    let c_source = c_string("kernel source", source)?;
+    let c_name = c_string("kernel source name", source_name)?;
+    let mut c_headers = Vec::with_capacity(headers.len());
+    let mut c_names = Vec::with_capacity(headers.len());
+    for (name, contents) in headers {
+        c_names.push(c_string("header name", name)?);
+        c_headers.push(c_string(&format!("header {name}"), contents)?);
+    }
+    let header_ptrs: Vec<*const c_char> = c_headers.iter().map(|c| c.as_ptr()).collect();
+    let name_ptrs: Vec<*const c_char> = c_names.iter().map(|c| c.as_ptr()).collect();
+    let num_headers = c_int::try_from(headers.len())
+        .map_err(|_| Error::invalid(format!("{} headers is too many", headers.len())))?;
+
+    let mut prog: Program = std::ptr::null_mut();
+    // SAFETY: every pointer is to a NUL-terminated string alive for the call; the two arrays
+    // hold `num_headers` entries each; `prog` is a valid out-pointer. hipRTC copies the strings.
+    let code = unsafe {
+        (api.create_program)(
+            &mut prog,
+            c_source.as_ptr(),
+            c_name.as_ptr(),
+            num_headers,
+            header_ptrs.as_ptr(),
+            name_ptrs.as_ptr(),
+        )
+    };
+    api.check("hiprtcCreateProgram", code, &context)?;
+    let guard = ProgramGuard { api, prog };
+
+    let options = [
+        c_string("architecture", &format!("--offload-arch={arch}"))?,
+        c_string("option", "-std=c++17")?,
+    ];
+    let option_ptrs: Vec<*const c_char> = options.iter().map(|c| c.as_ptr()).collect();
+    let start = Instant::now();
+    // SAFETY: `guard.prog` is live; `option_ptrs` holds `options.len()` NUL-terminated strings.
+    let code = unsafe {
+        (api.compile_program)(guard.prog, option_ptrs.len() as c_int, option_ptrs.as_ptr())
+    };
+    let elapsed = start.elapsed();
+    // SAFETY: `guard.prog` is live; the size/bytes pair is hipRTC's log accessor.
+    let log = unsafe {
+        api.read_output(
+            guard.prog,
+            api.get_program_log_size,
+            api.get_program_log,
+            ("hiprtcGetProgramLogSize", "hiprtcGetProgramLog"),
+            &context,
+        )
+    }?;
+    let log = String::from_utf8_lossy(&log)
+        .trim_end_matches('\0')
+        .trim()
+        .to_owned();
+    if code != 0 {
+        return Err(Error::Driver {
+            backend: "rocm",
+            call: "hiprtcCompileProgram",
+            code: i64::from(code),
+            message: format!("{} compiling {context}:\n{log}", api.error_string(code)),
+        });
+    }
+    // SAFETY: as above, hipRTC's code-object accessor pair.
+    let code = unsafe {
+        api.read_output(
+            guard.prog,
+            api.get_code_size,
+            api.get_code,
+            ("hiprtcGetCodeSize", "hiprtcGetCode"),
+            &context,
+        )
+    }?;
+    drop(guard);
+    if code.is_empty() {
+        return Err(Error::Driver {
+            backend: "rocm",
+            call: "hiprtcGetCode",
+            code: 0,
+            message: format!("hipRTC returned an empty code object for {context}:\n{log}"),
+        });
+    }
+    Ok(Compiled { code, log, elapsed })
+}

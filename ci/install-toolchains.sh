@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the device compilers that the kernel compile tests use, on a CPU-only machine:
+#   - NVRTC 13.0 from PyPI's `nvidia-cuda-nvrtc` wheel into .ci-deps/nvrtc (its lib directory
+#     goes on LD_LIBRARY_PATH), for backends/cuda's NVRTC path (sm_80, sm_90, sm_100);
+#   - Debian's HIP 5.2 packages (hipcc, the runtime that holds hipRTC, its builtins, the device
+#     libraries), for backends/rocm's hipRTC path and the hipcc check (gfx90a, gfx908).
+# Then requires them: with MSCCLPP_REQUIRE_{NVRTC,HIPRTC,HIPCC}=1 those tests fail instead of
+# printing "skipped: ...".
+#
+# SOURCE it (`source ci/install-toolchains.sh`, as .ci/run does) so that the exported variables
+# reach `cargo test --workspace`. Idempotent: what is already installed is not fetched again.
+
+_mscclpp_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_mscclpp_sudo=""
+if [ "$(id -u)" -ne 0 ]; then _mscclpp_sudo="sudo"; fi
+
+# --- NVRTC ---------------------------------------------------------------------------------
+_mscclpp_nvrtc="$_mscclpp_root/.ci-deps/nvrtc"
+if [ -z "$(find "$_mscclpp_nvrtc" -name 'libnvrtc.so.13' 2>/dev/null | head -n 1)" ]; then
+  echo "install-toolchains: nvidia-cuda-nvrtc==13.0.* into $_mscclpp_nvrtc"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$_mscclpp_nvrtc" "nvidia-cuda-nvrtc==13.0.*"
+fi
+_mscclpp_nvrtc_lib="$(dirname "$(find "$_mscclpp_nvrtc" -name 'libnvrtc.so.13' | head -n 1)")"
+export LD_LIBRARY_PATH="$_mscclpp_nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "install-toolchains: NVRTC from $_mscclpp_nvrtc_lib"
+
+# --- HIP (hipcc, hipRTC) -------------------------------------------------------------------
+_mscclpp_hip_pkgs=(hipcc libamdhip64-5 libhiprtc-builtins5 rocm-device-libs)
+if ! command -v hipcc >/dev/null 2>&1 || ! dpkg -s "${_mscclpp_hip_pkgs[@]}" >/dev/null 2>&1; then
+  echo "install-toolchains: apt-get install ${_mscclpp_hip_pkgs[*]}"
+  $_mscclpp_sudo apt-get update -qq
+  $_mscclpp_sudo env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${_mscclpp_hip_pkgs[@]}" >/dev/null
+fi
+echo "install-toolchains: $(hipcc --version 2>/dev/null | grep -m 1 'HIP version')"
+
+export MSCCLPP_REQUIRE_NVRTC=1
+export MSCCLPP_REQUIRE_HIPRTC=1
+export MSCCLPP_REQUIRE_HIPCC=1
+
+unset _mscclpp_root _mscclpp_sudo _mscclpp_nvrtc _mscclpp_nvrtc_lib _mscclpp_hip_pkgs

@@ -1,0 +1,39 @@
+// Argument structs of the HAL conformance and benchmark kernels (hal/src/kernel.rs:
+// FillU32Args, AtomicAddU64Args, MemoryChannelPutArgs, PortChannelPutArgs). Vendor-neutral.
+#pragma once
+
+#include "mscclpp/core.cuh"
+#include "mscclpp/memory_channel.cuh"
+#include "mscclpp/port_channel.cuh"
+
+namespace mscclpp {
+
+// mscclpp_fill_u32: fills `count` 32-bit words at `dst` with `value`.
+struct FillU32Args {
+  uint64_t dst;
+  uint64_t count;
+  uint32_t value;
+  uint32_t _pad;
+};
+
+// mscclpp_atomic_add_u64: every thread of the grid adds `value` to the counter at `counter`.
+struct AtomicAddU64Args {
+  uint64_t counter;
+  uint64_t value;
+};
+
+// mscclpp_bench_memory_channel_put: `iters` rounds of put (all threads) + signal + wait.
+struct MemoryChannelPutArgs {
+  MemoryChannelDeviceHandle chan;
+  uint64_t bytes;
+  uint64_t iters;
+};
+
+// mscclpp_bench_port_channel_put: `iters` rounds of putWithSignal + wait.
+struct PortChannelPutArgs {
+  PortChannelDeviceHandle chan;
+  uint64_t bytes;
+  uint64_t iters;
+};
+
+}  // namespace mscclpp
