@@ -88,6 +88,8 @@ fn memory_channel(
     let data = r.device.alloc(len * 2, MemoryKind::Device).map_err(e)?;
     let src = r.device.alloc(len, MemoryKind::Device).map_err(e)?;
     r.stream.fill(&data.full(), 0xA5).map_err(e)?; // poison
+    // Before the exchange: once the peer has our memory it may write into it at any time.
+    r.stream.synchronize().map_err(e)?;
     let mine = r
         .comm
         .register_memory(&data.full(), TransportFlags::single(Transport::CudaIpc))
@@ -434,6 +436,7 @@ fn role_port_channel() -> R<()> {
     let data = r.device.alloc(LEN, MemoryKind::Device).map_err(e)?;
     let src = r.device.alloc(LEN, MemoryKind::Device).map_err(e)?;
     r.stream.fill(&data.full(), 0xA5).map_err(e)?;
+    r.stream.synchronize().map_err(e)?;
     let flags = TransportFlags::single(transport);
     let mine = r.comm.register_memory(&data.full(), flags).map_err(e)?;
     let theirs = r.comm.exchange_memory(&mine, r.peer).map_err(e)?;

@@ -333,11 +333,21 @@ impl Connection for EthernetConnection {
     }
 }
 
+/// How long dropping a connection waits for what was already issued to land.
+const DROP_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Drop for EthernetConnection {
     fn drop(&mut self) {
-        // Abortive: frames not yet sent are dropped (flush first to keep them). The shutdown
-        // ends the receiver's read and any blocked send; closing the queue ends the writer once
-        // the receiver, which holds the other sender, is gone.
+        // Writes and signals already issued are delivered if the peer is alive: a bounded flush
+        // first (it fails at once on a dead connection). Then the shutdown ends the receiver's
+        // read and any blocked send; closing the queue ends the writer once the receiver, which
+        // holds the other sender, is gone.
+        if let Err(e) = self.flush(DROP_FLUSH_TIMEOUT) {
+            tracing::debug!(
+                peer = self.remote_rank(),
+                "Ethernet connection dropped unflushed: {e}"
+            );
+        }
         let _ = self.sock.shutdown(Shutdown::Both);
         self.tx.take();
         if let Some(r) = self.receiver.take() {
