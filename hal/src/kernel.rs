@@ -28,6 +28,10 @@ impl KernelId {
     /// then wait for the peer's signal (args: [`PortChannelPutArgs`]).
     pub const BENCH_PORT_CHANNEL_PUT: KernelId = KernelId("mscclpp_bench_port_channel_put");
 
+    /// Example: `rounds` signal/wait round trips between two ranks over a base memory channel,
+    /// the initiator signalling first (args: [`PingPongArgs`]).
+    pub const EXAMPLE_PING_PONG: KernelId = KernelId("mscclpp_example_ping_pong");
+
     /// The kernel's name.
     pub fn name(self) -> &'static str {
         self.0
@@ -197,3 +201,20 @@ pub struct PortChannelPutArgs {
 
 // SAFETY: as above.
 unsafe impl KernelArgs for PortChannelPutArgs {}
+
+/// Arguments of [`KernelId::EXAMPLE_PING_PONG`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PingPongArgs {
+    /// The channel.
+    pub chan: crate::dev::BaseMemoryChannelDeviceHandle,
+    /// Number of round trips.
+    pub rounds: u64,
+    /// Nonzero on the rank that signals first.
+    pub initiator: u32,
+    /// Nonzero to use the relaxed signal/wait.
+    pub relaxed: u32,
+}
+
+// SAFETY: as above.
+unsafe impl KernelArgs for PingPongArgs {}

@@ -21,6 +21,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod launch;
 pub mod logging;
 pub mod registry;
 

@@ -5,7 +5,6 @@
 
 mod args;
 mod channels;
-mod launch;
 mod p2p;
 mod report;
 
@@ -19,7 +18,7 @@ use mscclpp::hal::{BackendKind, Result};
 use mscclpp::transports::Transport;
 
 use args::{Args, Bench};
-use launch::Role;
+use mscclpp::launch::{self, Role};
 
 fn main() -> ExitCode {
     mscclpp::init_logging();

@@ -42,11 +42,22 @@ pub struct Module {
 }
 
 /// Every module of `kernels/cuda`.
-pub const MODULES: &[Module] = &[Module {
-    name: "test_kernels.cu",
-    source: include_str!("../../../kernels/cuda/test_kernels.cu"),
-    kernels: &[KernelId::FILL_U32, KernelId::ATOMIC_ADD_U64],
-}];
+pub const MODULES: &[Module] = &[
+    Module {
+        name: "bench_kernels.cu",
+        source: include_str!("../../../kernels/cuda/bench_kernels.cu"),
+        kernels: &[
+            KernelId::BENCH_MEMORY_CHANNEL_PUT,
+            KernelId::BENCH_PORT_CHANNEL_PUT,
+            KernelId::EXAMPLE_PING_PONG,
+        ],
+    },
+    Module {
+        name: "test_kernels.cu",
+        source: include_str!("../../../kernels/cuda/test_kernels.cu"),
+        kernels: &[KernelId::FILL_U32, KernelId::ATOMIC_ADD_U64],
+    },
+];
 
 /// The module that defines kernel `id`.
 pub fn module_for(id: KernelId) -> Option<&'static Module> {

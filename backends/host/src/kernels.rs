@@ -11,7 +11,7 @@ use std::sync::{OnceLock, RwLock};
 
 use mscclpp_hal::dev::DEFAULT_WAIT;
 use mscclpp_hal::kernel::{
-    AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PortChannelPutArgs,
+    AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PingPongArgs, PortChannelPutArgs,
 };
 use mscclpp_hal::{Error, KernelArgs, KernelId, LaunchConfig, Result};
 
@@ -40,6 +40,7 @@ pub const KERNELS: &[(KernelId, HostKernelFn)] = &[
     (KernelId::ATOMIC_ADD_U64, atomic_add_u64),
     (KernelId::BENCH_MEMORY_CHANNEL_PUT, bench_memory_channel_put),
     (KernelId::BENCH_PORT_CHANNEL_PUT, bench_port_channel_put),
+    (KernelId::EXAMPLE_PING_PONG, example_ping_pong),
 ];
 
 fn user_kernels() -> &'static RwLock<HashMap<KernelId, HostKernelFn>> {
@@ -191,6 +192,36 @@ fn bench_port_channel_put(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         unsafe {
             a.chan.put_with_signal(0, 0, a.bytes, DEFAULT_WAIT)?;
             a.chan.wait(DEFAULT_WAIT)?;
+        }
+    }
+    Ok(())
+}
+
+fn example_ping_pong(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = PingPongArgs::from_bytes(args)?;
+    let (c, relaxed) = (a.chan, a.relaxed != 0);
+    for _ in 0..a.rounds {
+        // SAFETY: the channel's semaphore tokens are live (launch contract).
+        unsafe {
+            if a.initiator != 0 {
+                if relaxed {
+                    c.relaxed_signal()
+                } else {
+                    c.signal()
+                }
+            }
+            if relaxed {
+                c.relaxed_wait(DEFAULT_WAIT)?
+            } else {
+                c.wait(DEFAULT_WAIT)?
+            }
+            if a.initiator == 0 {
+                if relaxed {
+                    c.relaxed_signal()
+                } else {
+                    c.signal()
+                }
+            }
         }
     }
     Ok(())

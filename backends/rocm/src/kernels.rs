@@ -45,11 +45,22 @@ pub struct Module {
 }
 
 /// Every module of `kernels/hip`.
-pub const MODULES: &[Module] = &[Module {
-    name: "test_kernels.hip",
-    source: include_str!("../../../kernels/hip/test_kernels.hip"),
-    kernels: &[KernelId::FILL_U32, KernelId::ATOMIC_ADD_U64],
-}];
+pub const MODULES: &[Module] = &[
+    Module {
+        name: "bench_kernels.hip",
+        source: include_str!("../../../kernels/hip/bench_kernels.hip"),
+        kernels: &[
+            KernelId::BENCH_MEMORY_CHANNEL_PUT,
+            KernelId::BENCH_PORT_CHANNEL_PUT,
+            KernelId::EXAMPLE_PING_PONG,
+        ],
+    },
+    Module {
+        name: "test_kernels.hip",
+        source: include_str!("../../../kernels/hip/test_kernels.hip"),
+        kernels: &[KernelId::FILL_U32, KernelId::ATOMIC_ADD_U64],
+    },
+];
 
 /// The module that defines kernel `id`.
 pub fn module_for(id: KernelId) -> Option<&'static Module> {

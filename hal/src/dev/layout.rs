@@ -4,7 +4,9 @@
 use std::mem::{align_of, offset_of, size_of};
 
 use super::*;
-use crate::kernel::{AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PortChannelPutArgs};
+use crate::kernel::{
+    AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PingPongArgs, PortChannelPutArgs,
+};
 
 /// Size, alignment and field offsets of one `#[repr(C)]` type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +92,12 @@ pub fn layout_table() -> Vec<LayoutEntry> {
         entry!(AtomicAddU64Args { counter, value }),
         entry!(MemoryChannelPutArgs { chan, bytes, iters }),
         entry!(PortChannelPutArgs { chan, bytes, iters }),
+        entry!(PingPongArgs {
+            chan,
+            rounds,
+            initiator,
+            relaxed
+        }),
     ]
 }
 

@@ -99,4 +99,11 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PortChannelPutArgs, chan) == 0, "
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PortChannelPutArgs, bytes) == 64, "offset of PortChannelPutArgs::bytes");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PortChannelPutArgs, iters) == 72, "offset of PortChannelPutArgs::iters");
 
+static_assert(sizeof(mscclpp::PingPongArgs) == 48, "size of PingPongArgs");
+static_assert(alignof(mscclpp::PingPongArgs) == 8, "alignment of PingPongArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PingPongArgs, chan) == 0, "offset of PingPongArgs::chan");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PingPongArgs, rounds) == 32, "offset of PingPongArgs::rounds");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PingPongArgs, initiator) == 40, "offset of PingPongArgs::initiator");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PingPongArgs, relaxed) == 44, "offset of PingPongArgs::relaxed");
+
 #undef MSCCLPP_LAYOUT_OFFSETOF

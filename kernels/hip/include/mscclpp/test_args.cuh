@@ -36,4 +36,12 @@ struct PortChannelPutArgs {
   uint64_t iters;
 };
 
+// mscclpp_example_ping_pong: `rounds` signal/wait round trips; the initiator signals first.
+struct PingPongArgs {
+  BaseMemoryChannelDeviceHandle chan;
+  uint64_t rounds;
+  uint32_t initiator;
+  uint32_t relaxed;
+};
+
 }  // namespace mscclpp

@@ -1,11 +1,24 @@
-//! How ranks come to be: from a launcher's environment, or spawned here one process per rank.
+//! How ranks come to be, for programs built on the library (the benchmark tool, the examples):
+//! from a launcher's environment (mpirun, torchrun, srun), or spawned by the program itself, one
+//! process per rank, when it is run standalone.
+//!
+//! ```no_run
+//! use mscclpp::launch::{self, Role};
+//! let role = launch::role()?;
+//! if let Role::Parent = role {
+//!     // Standalone: start 2 copies of this program as ranks 0 and 1 and wait for them.
+//!     std::process::exit(if launch::spawn_and_wait(2)? == 0 { 0 } else { 1 });
+//! }
+//! let boot = launch::bootstrap(&role)?; // a rank: join the others
+//! # Ok::<(), mscclpp::Error>(())
+//! ```
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
-use mscclpp::hal::{Error, Result};
+use mscclpp_comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
+use mscclpp_hal::{Error, Result};
 
 const UID_VAR: &str = "MSCCLPP_PERF_UID";
 const RANK_VAR: &str = "MSCCLPP_PERF_RANK";
@@ -27,17 +40,28 @@ pub enum Role {
 }
 
 fn launched_with_several_ranks() -> bool {
-    let lookup = |k: &str| mscclpp::hal::env::get(k);
-    matches!(mscclpp::comm::bootstrap::detect_launch(&lookup), Ok(info) if info.world_size > 1)
+    let lookup = |k: &str| mscclpp_hal::env::get(k);
+    matches!(mscclpp_comm::bootstrap::detect_launch(&lookup), Ok(info) if info.world_size > 1)
+}
+
+fn program_name() -> String {
+    std::env::args()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "mscclpp".into())
 }
 
 /// Decides the role from the environment.
 pub fn role() -> Result<Role> {
-    if let Some(uid) = mscclpp::hal::env::get(UID_VAR) {
+    if let Some(uid) = mscclpp_hal::env::get(UID_VAR) {
         let uid: UniqueId = uid.parse()?;
-        let rank = mscclpp::hal::env::parse::<usize>(RANK_VAR, "a rank")?
+        let rank = mscclpp_hal::env::parse::<usize>(RANK_VAR, "a rank")?
             .ok_or_else(|| Error::invalid(format!("{UID_VAR} is set but {RANK_VAR} is not")))?;
-        let nranks = mscclpp::hal::env::parse::<usize>(NRANKS_VAR, "a rank count")?
+        let nranks = mscclpp_hal::env::parse::<usize>(NRANKS_VAR, "a rank count")?
             .ok_or_else(|| Error::invalid(format!("{UID_VAR} is set but {NRANKS_VAR} is not")))?;
         return Ok(Role::Child { uid, rank, nranks });
     }
@@ -97,7 +121,7 @@ pub fn spawn_and_wait(nranks: usize) -> Result<usize> {
             match child.try_wait() {
                 Ok(Some(status)) => {
                     if !status.success() {
-                        eprintln!("mscclpp-perf: rank {rank} failed ({status})");
+                        eprintln!("{}: rank {rank} failed ({status})", program_name());
                         failed += 1;
                         first_failure.get_or_insert_with(Instant::now);
                     }

@@ -1,0 +1,92 @@
+//! Both ranks put into each other's buffer at once through `MemoryChannel`s (the device copies
+//! over the peer link), then signal; GB/s per direction and in sum by size, every byte checked.
+//!
+//! `cargo run --release -p mscclpp --example bidir_memory_channel`
+
+mod common;
+
+use std::sync::Arc;
+
+use mscclpp::comm::channel::MemoryChannel;
+use mscclpp::comm::semaphore::MemoryDevice2DeviceSemaphore;
+use mscclpp::hal::kernel::MemoryChannelPutArgs;
+use mscclpp::hal::{KernelArgs, KernelId, LaunchConfig, MemoryKind};
+use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
+
+const MAX: usize = 1 << 30;
+
+fn main() -> mscclpp::Result<()> {
+    let Some(comm) = common::two_ranks()? else {
+        return Ok(());
+    };
+    let (rank, peer) = (comm.rank(), 1 - comm.rank());
+    let device = comm.device().clone();
+    let (src, dst) = (
+        device.alloc(MAX, MemoryKind::Device)?,
+        device.alloc(MAX, MemoryKind::Device)?,
+    );
+    let stream = device.create_stream()?;
+    let conn = comm.connect(peer, EndpointConfig::new(Transport::CudaIpc))?;
+    let sem = Arc::new(MemoryDevice2DeviceSemaphore::new(&comm, &conn)?);
+    let mine = comm.register_memory(&dst.full(), TransportFlags::single(Transport::CudaIpc))?;
+    let theirs = Arc::new(comm.exchange_memory(&mine, peer)?);
+    let channel = MemoryChannel::new(sem, theirs, src.full(), None)?;
+    let kernel = device.load_kernel(KernelId::BENCH_MEMORY_CHANNEL_PUT)?;
+    let blocks = device.info().multiprocessors.clamp(1, 132);
+    let threads = if device.info().warp_size == 1 {
+        1
+    } else {
+        1024
+    };
+    let (e0, e1) = (device.create_event()?, device.create_event()?);
+    if rank == 0 {
+        println!(
+            "{:>12} {:>10} {:>12} {:>12}",
+            "bytes", "us/iter", "GB/s 1-way", "GB/s sum"
+        );
+    }
+    let mut size = 1 << 10;
+    while size <= MAX {
+        stream.fill(&src.slice(..size)?, rank as u8 + 1)?;
+        stream.fill(&dst.slice(..size)?, 0)?;
+        stream.synchronize()?;
+        comm.bootstrap().barrier()?;
+        let iters = if size >= 64 << 20 { 10 } else { 50 };
+        let launch = |iters: u64| {
+            let a = MemoryChannelPutArgs {
+                chan: channel.device_handle(),
+                bytes: size as u64,
+                iters,
+            };
+            // SAFETY: buffers and channel outlive the launch (synchronised below); `size` fits both.
+            unsafe {
+                stream.launch_raw(
+                    &*kernel,
+                    LaunchConfig::linear(blocks, threads),
+                    a.as_bytes(),
+                )
+            }
+        };
+        launch(2)?;
+        stream.record(&*e0)?;
+        launch(iters)?;
+        stream.record(&*e1)?;
+        stream.synchronize()?;
+        let us = e1.elapsed_ms_since(&*e0)? * 1e3 / iters as f64;
+        comm.bootstrap().barrier()?;
+        let mut got = vec![0u8; size];
+        stream.read_to_host(&mut got, &dst.slice(..size)?)?;
+        let wrong = got.iter().filter(|&&b| b != peer as u8 + 1).count();
+        if wrong != 0 {
+            return Err(mscclpp::Error::Internal(format!(
+                "{wrong} wrong bytes at size {size}"
+            )));
+        }
+        if rank == 0 {
+            let gbs = size as f64 / us / 1e3;
+            println!("{size:>12} {us:>10.2} {gbs:>12.1} {:>12.1}", gbs * 2.0);
+        }
+        size *= 4;
+    }
+    Ok(())
+}

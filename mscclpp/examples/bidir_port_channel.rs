@@ -1,0 +1,95 @@
+//! Both ranks `putWithSignal` into each other through `PortChannel`s: the device posts requests
+//! into the proxy's FIFO and the host proxy moves the data (copy engine on GPUs); GB/s by size.
+//! `--transport Ethernet` sends over TCP instead.
+//!
+//! `cargo run --release -p mscclpp --example bidir_port_channel [-- Ethernet]`
+
+mod common;
+
+use std::sync::Arc;
+
+use mscclpp::comm::proxy::ProxyService;
+use mscclpp::comm::semaphore::Host2DeviceSemaphore;
+use mscclpp::hal::kernel::PortChannelPutArgs;
+use mscclpp::hal::{KernelArgs, KernelId, LaunchConfig, MemoryKind};
+use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
+
+fn main() -> mscclpp::Result<()> {
+    let transport: Transport = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "CudaIpc".into())
+        .parse()?;
+    let max: usize = if transport == Transport::Ethernet {
+        64 << 20
+    } else {
+        1 << 30
+    };
+    let Some(comm) = common::two_ranks()? else {
+        return Ok(());
+    };
+    let (rank, peer) = (comm.rank(), 1 - comm.rank());
+    let device = comm.device().clone();
+    let (src, dst) = (
+        device.alloc(max, MemoryKind::Device)?,
+        device.alloc(max, MemoryKind::Device)?,
+    );
+    let stream = device.create_stream()?;
+    let flags = TransportFlags::single(transport);
+    let conn = comm.connect(peer, EndpointConfig::new(transport))?;
+    let sem = Arc::new(Host2DeviceSemaphore::new(&comm, conn)?);
+    let mine = comm.register_memory(&dst.full(), flags)?;
+    let theirs = Arc::new(comm.exchange_memory(&mine, peer)?);
+    let local = Arc::new(comm.register_memory(&src.full(), flags)?);
+    let mut service = ProxyService::new(&device, 512)?;
+    let s = service.add_semaphore(sem)?;
+    let d = service.add_memory(theirs)?;
+    let l = service.add_memory(local)?;
+    let chan = service.port_channel(s, d, l)?;
+    service.start()?;
+    let kernel = device.load_kernel(KernelId::BENCH_PORT_CHANNEL_PUT)?;
+    let (e0, e1) = (device.create_event()?, device.create_event()?);
+    if rank == 0 {
+        println!("# port channel over {transport}");
+        println!(
+            "{:>12} {:>10} {:>12} {:>12}",
+            "bytes", "us/iter", "GB/s 1-way", "GB/s sum"
+        );
+    }
+    let mut size = 1 << 10;
+    while size <= max {
+        stream.fill(&src.slice(..size)?, rank as u8 + 1)?;
+        stream.fill(&dst.slice(..size)?, 0)?;
+        stream.synchronize()?;
+        comm.bootstrap().barrier()?;
+        let iters = if size >= 64 << 20 { 10 } else { 50 };
+        let launch = |iters: u64| {
+            let a = PortChannelPutArgs {
+                chan,
+                bytes: size as u64,
+                iters,
+            };
+            // SAFETY: the service (FIFO, semaphore, memories) outlives the launch.
+            unsafe { stream.launch_raw(&*kernel, LaunchConfig::linear(1, 1), a.as_bytes()) }
+        };
+        launch(2)?;
+        stream.record(&*e0)?;
+        launch(iters)?;
+        stream.record(&*e1)?;
+        stream.synchronize()?;
+        let us = e1.elapsed_ms_since(&*e0)? * 1e3 / iters as f64;
+        comm.bootstrap().barrier()?;
+        let mut got = vec![0u8; size];
+        stream.read_to_host(&mut got, &dst.slice(..size)?)?;
+        if got.iter().any(|&b| b != peer as u8 + 1) {
+            return Err(mscclpp::Error::Internal(format!(
+                "wrong bytes at size {size}"
+            )));
+        }
+        if rank == 0 {
+            let gbs = size as f64 / us / 1e3;
+            println!("{size:>12} {us:>10.2} {gbs:>12.1} {:>12.1}", gbs * 2.0);
+        }
+        size *= 4;
+    }
+    service.stop()
+}
