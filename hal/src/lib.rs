@@ -32,6 +32,7 @@ pub mod ipc;
 pub mod kernel;
 pub mod memory;
 pub mod multicast;
+pub mod net;
 pub mod stream;
 pub mod wire;
 

@@ -7,7 +7,7 @@
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -98,7 +98,7 @@ impl Endpoint {
     #[allow(clippy::new_ret_no_self)]
     pub fn new(ctx: &Arc<TransportContext>, cfg: EndpointConfig) -> Result<LocalEndpoint> {
         cfg.transport.built()?;
-        let ip = listen_ip()?;
+        let ip = mscclpp_hal::net::local_ip()?;
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| Error::io(format!("binding a {} listener on {ip}", cfg.transport), e))?;
         let addr = listener
@@ -199,70 +199,6 @@ fn nonce() -> [u8; 16] {
         half.copy_from_slice(&h.finish().to_le_bytes());
     }
     out
-}
-
-/// The address listeners bind to; see [`Endpoint::new`].
-fn listen_ip() -> Result<IpAddr> {
-    let Some(v) = mscclpp_hal::env::get("MSCCLPP_SOCKET_IFNAME") else {
-        return Ok(source_ip_towards(SocketAddr::from(([8, 8, 8, 8], 53)))
-            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-    };
-    if let Ok(ip) = v.parse::<IpAddr>() {
-        return Ok(ip);
-    }
-    if let Some((_, ip)) = v.split_once(':') {
-        return ip.parse::<IpAddr>().map_err(|_| {
-            Error::invalid(format!(
-                "MSCCLPP_SOCKET_IFNAME={v:?}: {ip:?} is not an IP address"
-            ))
-        });
-    }
-    if v == "lo" {
-        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    }
-    interface_ip(&v)
-}
-
-/// The IPv4 address of interface `name`, found without `getifaddrs`: a destination on one of
-/// its routes, asked of the kernel through a "connected" UDP socket (which sends nothing).
-fn interface_ip(name: &str) -> Result<IpAddr> {
-    let routes = std::fs::read_to_string("/proc/net/route")
-        .map_err(|e| Error::io("reading /proc/net/route", e))?;
-    for line in routes.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 8 || f[0] != name {
-            continue;
-        }
-        let hex = |s: &str| {
-            u32::from_str_radix(s, 16)
-                .ok()
-                .map(|x| Ipv4Addr::from(x.swap_bytes()))
-        };
-        let (Some(dest), Some(gw), Some(mask)) = (hex(f[1]), hex(f[2]), hex(f[7])) else {
-            continue;
-        };
-        let target = if !mask.is_unspecified() {
-            Ipv4Addr::from(u32::from(dest) | 1)
-        } else if !gw.is_unspecified() {
-            gw
-        } else {
-            continue;
-        };
-        if let Some(ip) = source_ip_towards(SocketAddr::new(IpAddr::V4(target), 9)) {
-            return Ok(ip);
-        }
-    }
-    Err(Error::unavailable(
-        format!("an IPv4 address on interface {name:?} (MSCCLPP_SOCKET_IFNAME)"),
-        "no usable route in /proc/net/route; set MSCCLPP_SOCKET_IFNAME=ifname:ip",
-    ))
-}
-
-fn source_ip_towards(target: SocketAddr) -> Option<IpAddr> {
-    let s = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0))).ok()?;
-    s.connect(target).ok()?;
-    let ip = s.local_addr().ok()?.ip();
-    (!ip.is_unspecified()).then_some(ip)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::str::FromStr;
 use std::sync::{Mutex, OnceLock};
 
@@ -236,7 +236,7 @@ pub(crate) fn parse_root_spec(s: &str) -> Result<RootSpec> {
         _ => (None, s),
     };
     if let Some(name) = &ifname {
-        check_interface(name)?;
+        mscclpp_hal::net::check_interface(name)?;
     }
     let addr = match rest.parse::<SocketAddr>() {
         Ok(a) => a,
@@ -263,93 +263,8 @@ pub(crate) fn parse_root_spec(s: &str) -> Result<RootSpec> {
     Ok(RootSpec { ifname, addr })
 }
 
-fn check_interface(name: &str) -> Result<()> {
-    let valid = !name.is_empty()
-        && name.len() < 16
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b));
-    if valid && std::path::Path::new("/sys/class/net").join(name).exists() {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!(
-            "network interface {name:?} does not exist (not in /sys/class/net)"
-        )))
-    }
-}
-
-/// The IP a root created by [`UniqueId::new`] listens on.
-///
-/// `MSCCLPP_SOCKET_IFNAME` may be an interface name, `ifname:ip`, or an IP. For a bare
-/// interface name the IPv4 address is found without `getifaddrs`: the interface's routes in
-/// `/proc/net/route` give a destination on its subnet, and a UDP socket "connected" there
-/// (which sends nothing) reports the source address the kernel picks, which is the
-/// interface's own. Without the variable, the same trick towards a public address finds the
-/// address of the default route; with no route at all, 127.0.0.1 (single-host runs).
+/// The IP a root created by [`UniqueId::new`] listens on: [`mscclpp_hal::net::local_ip`]
+/// (`MSCCLPP_SOCKET_IFNAME`, else the default route's address, else 127.0.0.1).
 pub fn default_root_ip() -> Result<IpAddr> {
-    match mscclpp_hal::env::get("MSCCLPP_SOCKET_IFNAME") {
-        Some(v) => root_ip_for_ifname(&v)
-            .map_err(|e| Error::invalid(format!("MSCCLPP_SOCKET_IFNAME={v:?}: {e}"))),
-        None => Ok(source_ip_towards(SocketAddr::from(([8, 8, 8, 8], 53)))
-            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))),
-    }
-}
-
-fn root_ip_for_ifname(v: &str) -> Result<IpAddr> {
-    if let Ok(ip) = v.parse::<IpAddr>() {
-        return Ok(ip);
-    }
-    if let Some((name, ip)) = v.split_once(':') {
-        check_interface(name)?;
-        return ip
-            .parse::<IpAddr>()
-            .map_err(|_| Error::invalid(format!("{ip:?} is not an IP address")));
-    }
-    check_interface(v)?;
-    if v == "lo" {
-        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    }
-    let routes = std::fs::read_to_string("/proc/net/route")
-        .map_err(|e| Error::io("reading /proc/net/route", e))?;
-    for line in routes.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 8 || f[0] != v {
-            continue;
-        }
-        let hex = |s: &str| {
-            u32::from_str_radix(s, 16)
-                .ok()
-                .map(|x| Ipv4Addr::from(x.swap_bytes()))
-        };
-        let (Some(dest), Some(gw), Some(mask)) = (hex(f[1]), hex(f[2]), hex(f[7])) else {
-            continue;
-        };
-        let target = if !mask.is_unspecified() {
-            // Any address on the interface's subnet routes out of it.
-            Ipv4Addr::from(u32::from(dest) | 1)
-        } else if !gw.is_unspecified() {
-            gw
-        } else {
-            continue;
-        };
-        if let Some(ip) = source_ip_towards(SocketAddr::new(IpAddr::V4(target), 9)) {
-            return Ok(ip);
-        }
-    }
-    Err(Error::unavailable(
-        format!("an IPv4 address on interface {v}"),
-        "no usable route in /proc/net/route; set MSCCLPP_SOCKET_IFNAME=ifname:ip",
-    ))
-}
-
-fn source_ip_towards(target: SocketAddr) -> Option<IpAddr> {
-    let bind: SocketAddr = if target.is_ipv4() {
-        SocketAddr::from(([0, 0, 0, 0], 0))
-    } else {
-        SocketAddr::from(([0u16; 8], 0))
-    };
-    let s = UdpSocket::bind(bind).ok()?;
-    s.connect(target).ok()?;
-    let ip = s.local_addr().ok()?.ip();
-    (!ip.is_unspecified()).then_some(ip)
+    mscclpp_hal::net::local_ip()
 }
