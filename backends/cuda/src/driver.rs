@@ -42,7 +42,7 @@ fn open() -> Result<libloading::Library> {
     )))
 }
 
-fn check(call: &'static str, code: i32) -> Result<()> {
+fn check_raw(call: &'static str, code: i32) -> Result<()> {
     if code == 0 {
         Ok(())
     } else {
@@ -92,9 +92,9 @@ pub fn probe_driver() -> Result<DriverInfo> {
     };
     let mut version = 0i32;
     // SAFETY: valid out-pointer to a local; the library stays loaded (`lib` lives to the end).
-    check("cuDriverGetVersion", unsafe { get_version(&mut version) })?;
+    check_raw("cuDriverGetVersion", unsafe { get_version(&mut version) })?;
     // SAFETY: cuInit takes flags that must be 0.
-    check("cuInit", unsafe { init(0) }).map_err(|e| {
+    check_raw("cuInit", unsafe { init(0) }).map_err(|e| {
         unavailable(format!(
             "CUDA driver {} present but {e}",
             format_version(version)
@@ -102,9 +102,147 @@ pub fn probe_driver() -> Result<DriverInfo> {
     })?;
     let mut devices = 0i32;
     // SAFETY: valid out-pointer to a local.
-    check("cuDeviceGetCount", unsafe { get_count(&mut devices) })?;
+    check_raw("cuDeviceGetCount", unsafe { get_count(&mut devices) })?;
     drop(lib);
     Ok(DriverInfo { version, devices })
+}
+
+/// The oldest driver API this backend accepts (CUDA 12.0).
+pub const MIN_DRIVER_VERSION: i32 = 12000;
+
+/// Every driver entry point this backend calls through cudarc, under the exact symbol names
+/// cudarc's `cuda-13000` bindings resolve. cudarc panics when a symbol is missing, so the probe
+/// checks each of them first and reports the missing ones as `Unavailable`.
+pub const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetName",
+    "cuDeviceGetPCIBusId",
+    "cuDeviceTotalMem_v2",
+    "cuDeviceCanAccessPeer",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemFreeHost",
+    "cuMemGetAddressRange_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemsetD8Async",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamQuery",
+    "cuStreamWaitEvent",
+    "cuStreamWriteValue64_v2",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuModuleGetFunction",
+    "cuFuncGetAttribute",
+    "cuLaunchKernel",
+];
+
+/// Entry points used when present (newer drivers), with a fallback otherwise.
+pub mod optional {
+    /// `cuEventElapsedTime_v2` (CUDA 12.8+); older drivers have `cuEventElapsedTime`.
+    pub const EVENT_ELAPSED_TIME_V2: &str = "cuEventElapsedTime_v2";
+    /// The pre-12.8 name of the same call.
+    pub const EVENT_ELAPSED_TIME_V1: &str = "cuEventElapsedTime";
+    /// `cuFuncGetParamInfo` (CUDA 12.4+): lets launches check the argument struct's size.
+    pub const FUNC_GET_PARAM_INFO: &str = "cuFuncGetParamInfo";
+    /// The multicast entry points (CUDA 12.1+). Listed only to report their presence: this
+    /// build never calls them.
+    pub const MULTICAST: &[&str] = &[
+        "cuMulticastCreate",
+        "cuMulticastAddDevice",
+        "cuMulticastBindMem",
+        "cuMulticastGetGranularity",
+    ];
+}
+
+/// Which of `names` the library that cudarc opened lacks.
+///
+/// Returns `Err` when cudarc would not find the library at all (so that `culib()`, which panics
+/// in that case, is never reached).
+pub fn missing_symbols(names: &[&str]) -> Result<Vec<String>> {
+    // SAFETY: `is_culib_present` only tries to open candidate library names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(unavailable(
+            "cudarc could not open the CUDA driver library under any of its candidate names".into(),
+        ));
+    }
+    // SAFETY: the library is present (checked just above), so `culib` returns it instead of
+    // panicking; it stays loaded for the life of the process.
+    let lib = unsafe { cudarc::driver::sys::culib() };
+    Ok(names
+        .iter()
+        .filter(|name| {
+            // SAFETY: we only look the symbol up (typed as an opaque pointer) and never call it.
+            unsafe { lib.get::<*const std::ffi::c_void>(name.as_bytes()) }.is_err()
+        })
+        .map(|n| (*n).to_owned())
+        .collect())
+}
+
+/// Whether the library cudarc opened has `name` (false when it has no library at all).
+pub fn has_symbol(name: &str) -> bool {
+    matches!(missing_symbols(&[name]), Ok(m) if m.is_empty())
+}
+
+/// Maps a driver status to `Ok` or an [`Error::Driver`] naming `call`, with the driver's own
+/// name and description of the code.
+pub fn check(call: &'static str, r: cudarc::driver::sys::CUresult) -> Result<()> {
+    use cudarc::driver::sys;
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    Err(Error::Driver {
+        backend: "cuda",
+        call,
+        code: r as i64,
+        message: describe(r),
+    })
+}
+
+/// `"CUDA_ERROR_NAME: description"` for a status, from cuGetErrorName / cuGetErrorString.
+pub fn describe(r: cudarc::driver::sys::CUresult) -> String {
+    use cudarc::driver::sys;
+    use std::ffi::{CStr, c_char};
+    let text = |f: unsafe fn(sys::CUresult, *mut *const c_char) -> sys::CUresult| {
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: valid out-pointer; the driver is loaded (the backend exists only after the
+        // probe checked these symbols) and returns a static string or an error.
+        let ok = unsafe { f(r, &mut p) } == sys::CUresult::CUDA_SUCCESS;
+        if ok && !p.is_null() {
+            // SAFETY: non-null, NUL-terminated static string owned by the driver.
+            Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        } else {
+            None
+        }
+    };
+    let name = text(sys::cuGetErrorName);
+    let desc = text(sys::cuGetErrorString);
+    match (name, desc) {
+        (Some(n), Some(d)) => format!("{n}: {d}"),
+        (Some(n), None) => n,
+        (None, Some(d)) => d,
+        (None, None) => format!("unknown CUresult {}", r as i64),
+    }
 }
 
 /// `13000` → `"13.0"`.

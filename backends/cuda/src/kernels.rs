@@ -59,9 +59,21 @@ pub const MODULES: &[Module] = &[
     },
 ];
 
-/// The module that defines kernel `id`.
+/// The module that defines kernel `id`: listed in a module's table, or defined in its source
+/// (`extern "C" __global__ void <id>(`), so a kernel added to a `.cu` file is found even before
+/// the table names it.
 pub fn module_for(id: KernelId) -> Option<&'static Module> {
-    MODULES.iter().find(|m| m.kernels.contains(&id))
+    MODULES
+        .iter()
+        .find(|m| m.kernels.contains(&id))
+        .or_else(|| MODULES.iter().find(|m| defines(m.source, id.name())))
+}
+
+/// Whether `source` defines the kernel `name` (`extern "C" __global__ void <name>(`).
+pub fn defines(source: &str, name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && source.contains(&format!("extern \"C\" __global__ void {name}("))
 }
 
 impl Module {
@@ -110,5 +122,20 @@ mod tests {
         assert_eq!(on_disk, embedded, "kernels/cuda/*.cu and MODULES differ");
         assert!(module_for(KernelId::FILL_U32).is_some());
         assert!(module_for(KernelId::ATOMIC_ADD_U64).is_some());
+        assert!(module_for(KernelId("no_such_kernel")).is_none());
+    }
+
+    #[test]
+    fn every_listed_kernel_is_defined_in_its_module() {
+        for m in MODULES {
+            for k in m.kernels {
+                assert!(
+                    defines(m.source, k.name()),
+                    "{} does not define {k}",
+                    m.name
+                );
+            }
+        }
+        assert!(!defines("extern \"C\" __global__ void a(", ""));
     }
 }
