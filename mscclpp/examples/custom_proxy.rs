@@ -23,7 +23,9 @@ fn main() -> mscclpp::Result<()> {
         return Ok(());
     };
     let peer = 1 - comm.rank();
-    let conn = comm.connect(peer, EndpointConfig::new(Transport::CudaIpc))?;
+    // Ethernet: host-to-host semaphores keep their tokens in host-mapped memory, which CUDA IPC
+    // cannot export; a TCP connection lands the peer's signals there through the HAL.
+    let conn = comm.connect(peer, EndpointConfig::new(Transport::Ethernet))?;
     // The handler signals the peer through this semaphore; the peer waits on it.
     let sem = Arc::new(Host2HostSemaphore::new(&comm, conn)?);
     let fifo = Arc::new(Fifo::new(comm.device(), 64)?);
