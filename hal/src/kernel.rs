@@ -32,6 +32,10 @@ impl KernelId {
     /// the initiator signalling first (args: [`PingPongArgs`]).
     pub const EXAMPLE_PING_PONG: KernelId = KernelId("mscclpp_example_ping_pong");
 
+    /// The LL-packet algorithm of every collective (args: [`crate::LlCollectiveArgs`]; see
+    /// [`crate::collective`]).
+    pub const COLLECTIVE_LL: KernelId = KernelId("mscclpp_collective_ll");
+
     /// The kernel's name.
     pub fn name(self) -> &'static str {
         self.0

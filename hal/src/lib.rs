@@ -24,8 +24,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod caps;
+pub mod collective;
 pub mod dev;
 pub mod device;
+pub mod dtype;
 pub mod env;
 pub mod error;
 pub mod ipc;
@@ -37,7 +39,9 @@ pub mod stream;
 pub mod wire;
 
 pub use caps::{BackendKind, Capabilities, DeviceInfo, MulticastSupport, PeerMatrix};
+pub use collective::{CollectiveKind, LlCollectiveArgs};
 pub use device::{Backend, Device};
+pub use dtype::{DataType, ReduceOp};
 pub use error::{Error, ErrorClass, Result};
 pub use ipc::{IpcHandle, IpcHandleKind};
 pub use kernel::{Kernel, KernelArgs, KernelId, LaunchConfig};

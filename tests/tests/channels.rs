@@ -17,7 +17,7 @@ use mscclpp::comm::semaphore::{
     Host2DeviceSemaphore, Host2HostSemaphore, MemoryDevice2DeviceSemaphore,
 };
 use mscclpp::hal::dev::packet::PacketKind;
-use mscclpp::hal::dev::switch_channel::ReduceOp;
+use mscclpp::hal::ReduceOp;
 use mscclpp::hal::dev::{ProxyTrigger, TriggerType};
 use mscclpp::hal::{BackendKind, Device, IpcHandle, LaunchConfig, MemoryKind, Stream};
 use mscclpp::transports::{Connection, EndpointConfig, Transport, TransportFlags};

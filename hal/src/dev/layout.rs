@@ -4,6 +4,7 @@
 use std::mem::{align_of, offset_of, size_of};
 
 use super::*;
+use crate::collective::LlCollectiveArgs;
 use crate::kernel::{
     AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PingPongArgs, PortChannelPutArgs,
 };
@@ -97,6 +98,21 @@ pub fn layout_table() -> Vec<LayoutEntry> {
             rounds,
             initiator,
             relaxed
+        }),
+        entry!(LlCollectiveArgs {
+            input,
+            output,
+            count,
+            flag,
+            scratch,
+            slot_bytes,
+            peer_scratch,
+            kind,
+            dtype,
+            op,
+            rank,
+            nranks,
+            root,
         }),
     ]
 }

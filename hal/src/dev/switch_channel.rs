@@ -2,6 +2,7 @@
 //! multicast address does it in hardware; on the host backend's emulation the handle lists every
 //! member's buffer and the operations visit them one by one, with the same results.
 
+pub use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 
 /// What device code holds of a switch channel.
@@ -22,19 +23,6 @@ pub struct SwitchChannelDeviceHandle {
     pub _pad: u32,
 }
 
-/// Reduction operators of switch channels (and, later, collectives).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    /// Sum.
-    Sum,
-    /// Product.
-    Prod,
-    /// Minimum.
-    Min,
-    /// Maximum.
-    Max,
-}
-
 /// Element types a switch channel can reduce on the host.
 pub trait Reducible: Copy + PartialOrd + 'static {
     /// `a op b`.
@@ -46,7 +34,8 @@ macro_rules! reducible {
         impl Reducible for $t {
             fn combine(a: Self, b: Self, op: ReduceOp) -> Self {
                 match op {
-                    ReduceOp::Sum => a.$add(b),
+                    // Avg combines as a sum; the caller divides by the member count.
+                    ReduceOp::Sum | ReduceOp::Avg => a.$add(b),
                     ReduceOp::Prod => a.$mul(b),
                     ReduceOp::Min => if b < a { b } else { a },
                     ReduceOp::Max => if b > a { b } else { a },

@@ -106,4 +106,20 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PingPongArgs, rounds) == 32, "off
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PingPongArgs, initiator) == 40, "offset of PingPongArgs::initiator");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::PingPongArgs, relaxed) == 44, "offset of PingPongArgs::relaxed");
 
+static_assert(sizeof(mscclpp::LlCollectiveArgs) == 136, "size of LlCollectiveArgs");
+static_assert(alignof(mscclpp::LlCollectiveArgs) == 8, "alignment of LlCollectiveArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, input) == 0, "offset of LlCollectiveArgs::input");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, output) == 8, "offset of LlCollectiveArgs::output");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, count) == 16, "offset of LlCollectiveArgs::count");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, flag) == 24, "offset of LlCollectiveArgs::flag");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, scratch) == 32, "offset of LlCollectiveArgs::scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, slot_bytes) == 40, "offset of LlCollectiveArgs::slot_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, peer_scratch) == 48, "offset of LlCollectiveArgs::peer_scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, kind) == 112, "offset of LlCollectiveArgs::kind");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, dtype) == 116, "offset of LlCollectiveArgs::dtype");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, op) == 120, "offset of LlCollectiveArgs::op");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, rank) == 124, "offset of LlCollectiveArgs::rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, nranks) == 128, "offset of LlCollectiveArgs::nranks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, root) == 132, "offset of LlCollectiveArgs::root");
+
 #undef MSCCLPP_LAYOUT_OFFSETOF

@@ -44,4 +44,23 @@ struct PingPongArgs {
   uint32_t relaxed;
 };
 
+// mscclpp_collective_ll: every collective through LL packets in scratch buffers
+// (hal/src/collective.rs documents the algorithm and the scratch layout).
+constexpr uint32_t kCollectiveMaxRanks = 8;
+struct LlCollectiveArgs {
+  uint64_t input;
+  uint64_t output;
+  uint64_t count;
+  uint64_t flag;
+  uint64_t scratch;
+  uint64_t slot_bytes;
+  uint64_t peer_scratch[kCollectiveMaxRanks];
+  uint32_t kind;
+  uint32_t dtype;
+  uint32_t op;
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t root;
+};
+
 }  // namespace mscclpp
