@@ -18,8 +18,15 @@
 //! | all-reduce | `count` | `count` | piece `k` of the input | piece `k`, reduced into the output |
 //! | all-gather | `count` | `nranks * count` | piece `k` of the input | into output block `p` |
 //! | reduce-scatter | `nranks * count` | `count` | piece `k` of input block `j` | reduced into the output |
-//! | broadcast | `count` (root) | `count` | root only: piece `k` | from the root |
+//! | broadcast | `count` (root) | `count` | root: piece `k`; others: an acknowledgement | from the root (the root: acknowledgements) |
 //! | all-to-all | `nranks * count` | `nranks * count` | piece `k` of input block `j` | into output block `p` |
+//!
+//! Broadcast is the one collective where data flows one way, so each non-root also writes one
+//! *acknowledgement* packet (value 0, the round's flag) into word 0 of its slot in the root's
+//! scratch after it has read the round, and the root reads those acknowledgements after sending
+//! the round. That keeps the invariant the slot reuse rests on — in every round every rank writes
+//! to and reads from every peer it exchanges with — so neither the root's next round nor the
+//! next call can overwrite a half a peer is still reading.
 //!
 //! A rank's own contribution goes straight from its input to its output. `Avg` is a sum divided
 //! by `nranks` at the end (integer division for integer types).

@@ -134,7 +134,14 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
     let chan = MemoryChannel::new(sem, theirs, bufs.src.full(), None)?;
     let stream = device.create_stream()?;
     let kernel = device.load_kernel(KernelId::BENCH_MEMORY_CHANNEL_PUT)?;
-    let blocks = device.info().multiprocessors.clamp(1, 32);
+    let info = device.info();
+    // GPUs: one block of 1024 threads per SM, all resident (the kernel synchronises the grid);
+    // the host backend: one single-thread block per core.
+    let (blocks, threads) = if info.warp_size == 1 {
+        (info.multiprocessors.clamp(1, 32), 1)
+    } else {
+        (info.multiprocessors.clamp(1, 132), 1024.min(info.max_threads_per_block))
+    };
     let mut table = preamble(args, comm, "memory-channel put");
     let launch = |size: usize, iters: u64| {
         let a = MemoryChannelPutArgs {
@@ -144,7 +151,7 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
         };
         // SAFETY: the channel and buffers outlive the launch (synchronised in `measure`); `size`
         // is within both buffers.
-        unsafe { stream.launch_raw(&*kernel, LaunchConfig::linear(blocks, 1), a.as_bytes()) }
+        unsafe { stream.launch_raw(&*kernel, LaunchConfig::linear(blocks, threads), a.as_bytes()) }
     };
     measure(args, comm, &stream, &bufs, "memch", &mut table, &launch)
 }

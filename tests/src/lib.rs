@@ -11,4 +11,5 @@ pub mod devcode;
 pub mod hal_suite;
 pub mod harness;
 pub mod multiproc;
+pub mod reference;
 pub mod rng;

@@ -16,8 +16,8 @@ use mscclpp::comm::proxy::{Fifo, Proxy, ProxyHandlerResult, ProxyService};
 use mscclpp::comm::semaphore::{
     Host2DeviceSemaphore, Host2HostSemaphore, MemoryDevice2DeviceSemaphore,
 };
-use mscclpp::hal::dev::packet::PacketKind;
 use mscclpp::hal::ReduceOp;
+use mscclpp::hal::dev::packet::PacketKind;
 use mscclpp::hal::dev::{ProxyTrigger, TriggerType};
 use mscclpp::hal::{BackendKind, Device, IpcHandle, LaunchConfig, MemoryKind, Stream};
 use mscclpp::transports::{Connection, EndpointConfig, Transport, TransportFlags};

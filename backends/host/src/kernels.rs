@@ -41,6 +41,7 @@ pub const KERNELS: &[(KernelId, HostKernelFn)] = &[
     (KernelId::BENCH_MEMORY_CHANNEL_PUT, bench_memory_channel_put),
     (KernelId::BENCH_PORT_CHANNEL_PUT, bench_port_channel_put),
     (KernelId::EXAMPLE_PING_PONG, example_ping_pong),
+    (KernelId::COLLECTIVE_LL, crate::collectives::collective_ll),
 ];
 
 fn user_kernels() -> &'static RwLock<HashMap<KernelId, HostKernelFn>> {

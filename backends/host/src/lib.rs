@@ -16,6 +16,7 @@
 //! The file split (device, memory, stream, kernels, multicast) is the one every backend follows.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod collectives;
 pub mod device;
 pub mod kernels;
 pub mod memory;

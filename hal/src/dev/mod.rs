@@ -47,6 +47,16 @@ pub(crate) unsafe fn atomic_u64<'a>(addr: u64) -> &'a AtomicU64 {
     unsafe { AtomicU64::from_ptr(addr as *mut u64) }
 }
 
+/// The atomic 64-bit word at a device address, for backends' kernels.
+///
+/// # Safety
+/// As for the crate-internal `atomic_u64`: an 8-byte aligned address of live memory in this
+/// process, only accessed atomically while the reference is used.
+pub unsafe fn atomic_u64_at<'a>(addr: u64) -> &'a AtomicU64 {
+    // SAFETY: forwarded contract.
+    unsafe { atomic_u64(addr) }
+}
+
 /// Spins (then yields) until `done()` holds or `timeout` passes; `what` names the wait.
 pub(crate) fn spin_until(
     timeout: Duration,

@@ -1,0 +1,142 @@
+//! CPU reference of the collectives, on raw little-endian bytes, and the comparison with
+//! tolerances per type (floats are reduced in a different order by the kernels).
+
+use half::{bf16, f16};
+use mscclpp::hal::{CollectiveKind, DataType, ReduceOp};
+
+use crate::rng::Rng;
+
+fn to_f64(dtype: DataType, b: &[u8]) -> f64 {
+    match dtype {
+        DataType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DataType::F16 => f64::from(f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        DataType::BF16 => f64::from(bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        DataType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DataType::U32 => f64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    }
+}
+
+/// Random elements that keep every reduction of up to 8 ranks finite and exact enough: floats in
+/// [0.5, 1.5) (products stay small), integers in [-50, 50) (u32: [0, 100)).
+pub fn random_input(dtype: DataType, elems: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(elems * dtype.size());
+    for _ in 0..elems {
+        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let x = 0.5 + u;
+        match dtype {
+            DataType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
+            DataType::F16 => out.extend_from_slice(&f16::from_f64(x).to_le_bytes()),
+            DataType::BF16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
+            DataType::I32 => out.extend_from_slice(&((rng.below(100) as i32) - 50).to_le_bytes()),
+            DataType::U32 => out.extend_from_slice(&(rng.below(100) as u32).to_le_bytes()),
+        }
+    }
+    out
+}
+
+fn reduce_elem(dtype: DataType, op: ReduceOp, elems: &[&[u8]]) -> Vec<u8> {
+    let n = elems.len();
+    match dtype {
+        DataType::I32 | DataType::U32 => {
+            let vals: Vec<u64> = elems
+                .iter()
+                .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect();
+            let signed = dtype == DataType::I32;
+            let as_i = |v: u64| v as u32 as i32;
+            let r: u32 = match op {
+                ReduceOp::Sum | ReduceOp::Avg => {
+                    vals.iter().fold(0u32, |a, v| a.wrapping_add(*v as u32))
+                }
+                ReduceOp::Prod => vals.iter().fold(1u32, |a, v| a.wrapping_mul(*v as u32)),
+                ReduceOp::Min if signed => vals.iter().map(|v| as_i(*v)).min().unwrap_or(0) as u32,
+                ReduceOp::Max if signed => vals.iter().map(|v| as_i(*v)).max().unwrap_or(0) as u32,
+                ReduceOp::Min => vals.iter().map(|v| *v as u32).min().unwrap_or(0),
+                ReduceOp::Max => vals.iter().map(|v| *v as u32).max().unwrap_or(0),
+            };
+            let r = if op == ReduceOp::Avg {
+                if signed {
+                    (r as i32 / n as i32) as u32
+                } else {
+                    r / n as u32
+                }
+            } else {
+                r
+            };
+            r.to_le_bytes().to_vec()
+        }
+        _ => {
+            let vals: Vec<f64> = elems.iter().map(|b| to_f64(dtype, b)).collect();
+            let r = match op {
+                ReduceOp::Sum => vals.iter().sum(),
+                ReduceOp::Avg => vals.iter().sum::<f64>() / n as f64,
+                ReduceOp::Prod => vals.iter().product(),
+                ReduceOp::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
+                ReduceOp::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            };
+            match dtype {
+                DataType::F32 => (r as f32).to_le_bytes().to_vec(),
+                DataType::F16 => f16::from_f64(r).to_le_bytes().to_vec(),
+                _ => bf16::from_f64(r).to_le_bytes().to_vec(),
+            }
+        }
+    }
+}
+
+/// The expected output of `rank` given every rank's input (bytes).
+pub fn expected(
+    kind: CollectiveKind,
+    dtype: DataType,
+    op: ReduceOp,
+    inputs: &[Vec<u8>],
+    rank: usize,
+    count: usize,
+    root: usize,
+) -> Vec<u8> {
+    let s = dtype.size();
+    let block = count * s;
+    let n = inputs.len();
+    let reduce_block = |b: usize| -> Vec<u8> {
+        let mut out = Vec::with_capacity(block);
+        for e in 0..count {
+            let elems: Vec<&[u8]> = inputs
+                .iter()
+                .map(|i| &i[b * block + e * s..b * block + (e + 1) * s])
+                .collect();
+            out.extend(reduce_elem(dtype, op, &elems));
+        }
+        out
+    };
+    match kind {
+        CollectiveKind::AllReduce => reduce_block(0),
+        CollectiveKind::ReduceScatter => reduce_block(rank),
+        CollectiveKind::AllGather => inputs.iter().flat_map(|i| i[..block].to_vec()).collect(),
+        CollectiveKind::Broadcast => inputs[root][..block].to_vec(),
+        CollectiveKind::AllToAll => (0..n)
+            .flat_map(|p| inputs[p][rank * block..(rank + 1) * block].to_vec())
+            .collect(),
+    }
+}
+
+/// Elements of `got` that differ from `want` beyond the type's tolerance.
+pub fn count_wrong(dtype: DataType, op: ReduceOp, got: &[u8], want: &[u8]) -> usize {
+    let s = dtype.size();
+    // Products and averages of 8 values in 16-bit floats round several times.
+    let tol = match dtype {
+        DataType::F32 => 1e-5,
+        DataType::F16 => 4e-3,
+        DataType::BF16 => 3e-2,
+        _ => 0.0,
+    } * if op == ReduceOp::Prod { 4.0 } else { 1.0 };
+    got.chunks(s)
+        .zip(want.chunks(s))
+        .filter(|(g, w)| {
+            if tol == 0.0 {
+                g != w
+            } else {
+                let (a, b) = (to_f64(dtype, g), to_f64(dtype, w));
+                !((a - b).abs() <= tol * b.abs().max(1e-3))
+            }
+        })
+        .count()
+}

@@ -1,0 +1,282 @@
+//! Collectives against a CPU reference, on the host backend with ranks as separate processes:
+//! every collective × data type × operator, odd counts, messages that take many rounds, in place
+//! and out of place, outputs poisoned first (and the bytes past the end checked untouched).
+//! 2, 3, 4 and 8 ranks. Runs with `cargo test -p mscclpp-conformance --test collectives`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Failed, Trial};
+use mscclpp::collectives::Collectives;
+use mscclpp::comm::Communicator;
+use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
+use mscclpp::hal::{BackendKind, CollectiveKind, DataType, ErrorClass, MemoryKind, ReduceOp};
+use mscclpp_conformance::multiproc;
+use mscclpp_conformance::reference::{count_wrong, expected, random_input};
+use mscclpp_conformance::rng::Rng;
+
+const UID_VAR: &str = "MSCCLPP_TEST_UID";
+const GUARD: usize = 64;
+const POISON: u8 = 0xA5;
+
+type R<T> = Result<T, String>;
+
+fn e(x: impl std::fmt::Display) -> String {
+    x.to_string()
+}
+
+fn seed(case: usize, rank: usize) -> u64 {
+    0x5eed_0000_0000 ^ ((case as u64) << 8) ^ rank as u64
+}
+
+/// One rank's whole matrix.
+fn role_matrix() -> R<()> {
+    let (rank, n) = multiproc::rank_and_size();
+    let uid: UniqueId = std::env::var(UID_VAR).map_err(e)?.parse().map_err(e)?;
+    let boot = Arc::new(
+        Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e)?).map_err(e)?,
+    );
+    let backend = mscclpp::registry::probe(BackendKind::Host).map_err(e)?;
+    let device = backend.open_device(rank).map_err(e)?;
+    let comm = Arc::new(Communicator::new(boot, device.clone()));
+    let slot: u64 = std::env::var("MSCCLPP_TEST_SLOT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let counts: Vec<usize> = std::env::var("MSCCLPP_TEST_COUNTS")
+        .map_err(e)?
+        .split(',')
+        .filter_map(|c| c.parse().ok())
+        .collect();
+    let coll = Collectives::with_slot_bytes(comm.clone(), slot).map_err(e)?;
+    let stream = device.create_stream().map_err(e)?;
+    let max_elems = counts.iter().max().copied().unwrap_or(1) * n;
+    let inbuf = device
+        .alloc(max_elems * 4 + GUARD, MemoryKind::Device)
+        .map_err(e)?;
+    let outbuf = device
+        .alloc(max_elems * 4 + GUARD, MemoryKind::Device)
+        .map_err(e)?;
+
+    let mut case = 0usize;
+    let (mut calls, mut wrong_total) = (0usize, 0usize);
+    let t = Instant::now();
+    for kind in CollectiveKind::ALL {
+        for dtype in DataType::ALL {
+            let ops: &[ReduceOp] = if kind.reduces() {
+                &ReduceOp::ALL
+            } else {
+                &[ReduceOp::Sum]
+            };
+            for &op in ops {
+                for &count in &counts {
+                    let roots: Vec<usize> = if kind == CollectiveKind::Broadcast {
+                        vec![0, n - 1]
+                    } else {
+                        vec![0]
+                    };
+                    for root in roots {
+                        let in_places: &[bool] = if kind == CollectiveKind::AllToAll {
+                            &[false]
+                        } else {
+                            &[false, true]
+                        };
+                        for &in_place in in_places {
+                            case += 1;
+                            let (in_e, out_e) = kind.buffer_elements(count as u64, n as u64);
+                            let (in_b, out_b) =
+                                (in_e as usize * dtype.size(), out_e as usize * dtype.size());
+                            let inputs: Vec<Vec<u8>> = (0..n)
+                                .map(|r| {
+                                    random_input(dtype, in_e as usize, &mut Rng::new(seed(case, r)))
+                                })
+                                .collect();
+                            let want = expected(kind, dtype, op, &inputs, rank, count, root);
+                            // Lay the buffers out; in place the input lives inside the output.
+                            stream.fill(&outbuf.full(), POISON).map_err(e)?;
+                            stream.fill(&inbuf.full(), 0x5A).map_err(e)?;
+                            let slice =
+                                |b: &mscclpp::hal::DeviceBuffer, r: std::ops::Range<usize>| {
+                                    b.slice(r).map_err(e)
+                                };
+                            let (input, output) = match (in_place, kind) {
+                                (false, _) => (slice(&inbuf, 0..in_b)?, slice(&outbuf, 0..out_b)?),
+                                (true, CollectiveKind::AllGather) => (
+                                    slice(&outbuf, rank * in_b..(rank + 1) * in_b)?,
+                                    slice(&outbuf, 0..out_b)?,
+                                ),
+                                (true, CollectiveKind::ReduceScatter) => (
+                                    slice(&inbuf, 0..in_b)?,
+                                    slice(&inbuf, rank * out_b..(rank + 1) * out_b)?,
+                                ),
+                                (true, _) => (slice(&outbuf, 0..in_b)?, slice(&outbuf, 0..out_b)?),
+                            };
+                            stream.write_from_host(&input, &inputs[rank]).map_err(e)?;
+                            let r = match kind {
+                                CollectiveKind::AllReduce => {
+                                    coll.all_reduce(&input, &output, count, dtype, op, &*stream)
+                                }
+                                CollectiveKind::AllGather => {
+                                    coll.all_gather(&input, &output, count, dtype, &*stream)
+                                }
+                                CollectiveKind::ReduceScatter => {
+                                    coll.reduce_scatter(&input, &output, count, dtype, op, &*stream)
+                                }
+                                CollectiveKind::Broadcast => {
+                                    coll.broadcast(&input, &output, count, dtype, root, &*stream)
+                                }
+                                CollectiveKind::AllToAll => {
+                                    coll.all_to_all(&input, &output, count, dtype, &*stream)
+                                }
+                            };
+                            r.map_err(|x| {
+                                format!(
+                                    "case {case} ({} {dtype} {op} count {count}): {x}",
+                                    kind.name()
+                                )
+                            })?;
+                            stream
+                                .synchronize_timeout(Duration::from_secs(60))
+                                .map_err(|x| format!("case {case}: {x}"))?;
+                            calls += 1;
+                            let mut got = vec![0u8; out_b];
+                            stream.read_to_host(&mut got, &output).map_err(e)?;
+                            let wrong = count_wrong(dtype, op, &got, &want);
+                            // Bytes past the output untouched (out of place: the guard region).
+                            if !in_place {
+                                let mut guard = vec![0u8; GUARD];
+                                stream
+                                    .read_to_host(
+                                        &mut guard,
+                                        &outbuf.slice(out_b..out_b + GUARD).map_err(e)?,
+                                    )
+                                    .map_err(e)?;
+                                if guard.iter().any(|&b| b != POISON) {
+                                    return Err(format!(
+                                        "case {case} ({} {dtype} count {count}): wrote past the output",
+                                        kind.name()
+                                    ));
+                                }
+                            }
+                            if wrong > 0 {
+                                eprintln!(
+                                    "rank {rank}: case {case} {} {dtype} {op} count {count} root {root} in_place {in_place}: {wrong} wrong",
+                                    kind.name()
+                                );
+                            }
+                            wrong_total += wrong;
+                            // Nobody starts the next case (and refills buffers a peer may still
+                            // read through a kernel) before everyone has finished this one.
+                            comm.bootstrap().barrier().map_err(e)?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Bad arguments are errors, not wrong answers.
+    let small = inbuf.slice(..4).map_err(e)?;
+    let err = coll
+        .all_reduce(&small, &small, 2, DataType::F32, ReduceOp::Sum, &*stream)
+        .err()
+        .ok_or("too-small buffer accepted")?;
+    if err.class() != ErrorClass::InvalidUsage || !err.to_string().contains("too small") {
+        return Err(format!("unclear error: {err}"));
+    }
+    let whole = inbuf.slice(..8 * n).map_err(e)?;
+    if coll
+        .all_to_all(&whole, &whole, 1, DataType::F32, &*stream)
+        .is_ok()
+    {
+        return Err("in-place all-to-all accepted".into());
+    }
+    if coll
+        .broadcast(&whole, &whole, 1, DataType::F32, n, &*stream)
+        .is_ok()
+    {
+        return Err("broadcast root out of range accepted".into());
+    }
+    if coll
+        .all_reduce(
+            &whole,
+            &whole,
+            usize::MAX / 2,
+            DataType::F32,
+            ReduceOp::Sum,
+            &*stream,
+        )
+        .is_ok()
+    {
+        return Err("overflowing count accepted".into());
+    }
+    multiproc::report("calls", calls);
+    multiproc::report("wrong", wrong_total);
+    multiproc::report("seconds", format!("{:.1}", t.elapsed().as_secs_f64()));
+    comm.bootstrap().barrier().map_err(e)?;
+    Ok(())
+}
+
+fn run(n: usize, slot: u64, counts: &str) -> Result<(), Failed> {
+    let cfg = BootstrapConfig {
+        timeout: Duration::from_secs(60),
+        ..BootstrapConfig::default()
+    };
+    let (_root, uid) = BootstrapRoot::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), n, &cfg)?;
+    let env = vec![
+        (UID_VAR.to_string(), uid.to_string()),
+        ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "120".to_string()),
+        ("MSCCLPP_TEST_SLOT".to_string(), slot.to_string()),
+        ("MSCCLPP_TEST_COUNTS".to_string(), counts.to_string()),
+    ];
+    let outs = multiproc::spawn_ranks("matrix", n, &env, Duration::from_secs(600));
+    let failed: Vec<String> = outs
+        .iter()
+        .filter(|o| !o.ok())
+        .map(|o| o.describe())
+        .collect();
+    if !failed.is_empty() {
+        return Err(failed.join("\n").into());
+    }
+    let rep = outs[0].reports();
+    let wrong: usize = outs
+        .iter()
+        .map(|o| {
+            o.reports()
+                .get("wrong")
+                .and_then(|w| w.parse().ok())
+                .unwrap_or(1)
+        })
+        .sum();
+    eprintln!(
+        "    {n} ranks: {} calls per rank, {wrong} wrong elements, {} s",
+        rep["calls"], rep["seconds"]
+    );
+    if wrong > 0 {
+        return Err(format!("{wrong} wrong elements").into());
+    }
+    Ok(())
+}
+
+fn main() {
+    if let Some(role) = multiproc::role() {
+        let r = match role.as_str() {
+            "matrix" => role_matrix(),
+            other => Err(format!("unknown role {other}")),
+        };
+        if let Err(msg) = r {
+            eprintln!("rank {}: {msg}", multiproc::rank_and_size().0);
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+    let args = libtest_mimic::Arguments::from_args();
+    // Small slots force many rounds: 256-byte slots carry 128 data bytes per peer per round.
+    let trials = vec![
+        Trial::test("collectives::host::2_ranks", || run(2, 256, "1,3,37,1001")),
+        Trial::test("collectives::host::3_ranks", || run(3, 512, "1,5,333")),
+        Trial::test("collectives::host::4_ranks", || run(4, 1024, "1,7,300")),
+        Trial::test("collectives::host::8_ranks", || run(8, 4096, "1,129")),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
