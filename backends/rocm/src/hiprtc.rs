@@ -221,6 +221,25 @@ impl Drop for ProgramGuard<'_> {
     }
 }
 
+/// MI300-family processors (`gfx940`, `gfx941`, `gfx942`).
+const MI300_PROCESSORS: &[&str] = &["gfx940", "gfx941", "gfx942"];
+
+/// Refuses what is known to kill the process instead of failing: the hipRTC inside ROCm 5.2's
+/// `libamdhip64.so.5` (Debian 12's; clang 15) aborts in `hiprtcCompileProgram`
+/// (`munmap_chunk(): invalid pointer`, SIGABRT) when asked for an MI300 processor — gfx940,
+/// which its clang knows, as well as gfx941/gfx942, which it does not. A standalone libhiprtc
+/// (ROCm 5.3+) is tried first and is not affected by this check.
+pub fn refuse_known_crash(library: &str, arch: &str) -> Result<()> {
+    let processor = arch.split(':').next().unwrap_or(arch);
+    if library.starts_with("libamdhip64") && MI300_PROCESSORS.contains(&processor) {
+        return Err(unavailable(format!(
+            "the hipRTC inside {library} (ROCm 5.2 or older) aborts the process when compiling for \
+             {processor}; install ROCm 6 (libhiprtc.so.6) to compile for MI300-family GPUs"
+        )));
+    }
+    Ok(())
+}
+
 fn c_string(what: &str, s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
 }
@@ -235,6 +254,7 @@ pub fn compile(
     arch: &str,
 ) -> Result<Compiled> {
     let api = api()?;
+    refuse_known_crash(api.library, arch)?;
     let context = format!("{source_name} for {arch}");
     let c_source = c_string("kernel source", source)?;
     let c_name = c_string("kernel source name", source_name)?;
@@ -318,4 +338,21 @@ pub fn compile(
         });
     }
     Ok(Compiled { code, log, elapsed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mi300_targets_are_refused_only_for_the_runtime_embedded_hiprtc() {
+        for arch in ["gfx940", "gfx942", "gfx942:sramecc+:xnack-", "gfx941"] {
+            let e = refuse_known_crash("libamdhip64.so.5", arch).unwrap_err();
+            assert_eq!(e.class(), mscclpp_hal::ErrorClass::Unavailable, "{e}");
+            assert!(e.to_string().contains("ROCm 6"), "{e}");
+            assert!(refuse_known_crash("libhiprtc.so.6", arch).is_ok());
+        }
+        assert!(refuse_known_crash("libamdhip64.so.5", "gfx90a").is_ok());
+        assert!(refuse_known_crash("libamdhip64.so.5", "gfx9420").is_ok());
+    }
 }

@@ -1,0 +1,673 @@
+//! Our own minimal declarations of the HIP runtime API (`libamdhip64`), resolved at run time.
+//!
+//! Only what this backend calls is declared, each function as a typed pointer whose signature is
+//! copied from `hip_runtime_api.h` (checked against ROCm 5.2's header and ROCm 6/7's). Every
+//! symbol is resolved when the library is opened ([`Api::open`]): a runtime that lacks any of
+//! them is reported as `Unavailable` naming the missing ones, so no call can ever reach a
+//! missing entry point.
+//!
+//! **Why not `hip-sys`.** That crate links `libamdhip64` at build time and needs the ROCm
+//! headers to build, which breaks the project's first principle (one binary, no vendor SDK at
+//! build time): a default build must start on a machine with no AMD software at all.
+//!
+//! **ABI notes** (values that differ between ROCm releases, and how we cope):
+//! - `hipIpcMemLazyEnablePeerAccess` is `0` up to ROCm 5.x and `0x01` from ROCm 6, and the
+//!   runtime rejects any other value with `hipErrorInvalidValue`: the import tries the value of
+//!   the runtime's major version first and the other one after (see `memory.rs`).
+//! - `hipDeviceMallocUncached` (`0x3`) is missing from ROCm 5.2; older runtimes reject it and the
+//!   allocation falls back to fine-grained memory (`hipDeviceMallocFinegrained`, `0x1`).
+//! - `hipDeviceProp_t` changed layout in ROCm 6 (`hipDeviceProp_tR0600`); it is read only for
+//!   `gcnArchName`, at the offset of whichever layout the resolved symbol fills, into a buffer
+//!   larger than either (see `device.rs`). `hipDeviceAttribute_t` values used here are the same
+//!   in ROCm 5 and 6/7 (the enum kept placeholders where it removed entries).
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::OnceLock;
+
+use mscclpp_hal::{Error, Result};
+
+/// `hipError_t`: a C enum, i.e. `int`.
+pub type HipError = c_int;
+/// `hipStream_t`.
+pub type HipStream = *mut c_void;
+/// `hipEvent_t`.
+pub type HipEvent = *mut c_void;
+/// `hipModule_t`.
+pub type HipModule = *mut c_void;
+/// `hipFunction_t`.
+pub type HipFunction = *mut c_void;
+/// `hipDevice_t` (an ordinal on AMD).
+pub type HipDevice = c_int;
+
+/// `hipError_t` codes this backend tells apart.
+pub mod code {
+    use super::HipError;
+    /// `hipSuccess`.
+    pub const SUCCESS: HipError = 0;
+    /// `hipErrorInvalidValue`.
+    pub const INVALID_VALUE: HipError = 1;
+    /// `hipErrorOutOfMemory`.
+    pub const OUT_OF_MEMORY: HipError = 2;
+    /// `hipErrorNotInitialized`.
+    pub const NOT_INITIALIZED: HipError = 3;
+    /// `hipErrorNoDevice`.
+    pub const NO_DEVICE: HipError = 100;
+    /// `hipErrorInvalidDevice` (what ROCm 5.2's `hipInit` returns without a GPU).
+    pub const INVALID_DEVICE: HipError = 101;
+    /// `hipErrorInvalidHandle` / `hipErrorInvalidResourceHandle`.
+    pub const INVALID_HANDLE: HipError = 400;
+    /// `hipErrorNotFound`.
+    pub const NOT_FOUND: HipError = 500;
+    /// `hipErrorNotReady`.
+    pub const NOT_READY: HipError = 600;
+    /// `hipErrorPeerAccessAlreadyEnabled`.
+    pub const PEER_ACCESS_ALREADY_ENABLED: HipError = 704;
+}
+
+/// `hipStreamNonBlocking`.
+pub const STREAM_NON_BLOCKING: c_uint = 0x1;
+/// `hipEventDefault`.
+pub const EVENT_DEFAULT: c_uint = 0x0;
+/// `hipEventDisableTiming`.
+pub const EVENT_DISABLE_TIMING: c_uint = 0x2;
+/// `hipHostMallocPortable`.
+pub const HOST_MALLOC_PORTABLE: c_uint = 0x1;
+/// `hipHostMallocMapped`.
+pub const HOST_MALLOC_MAPPED: c_uint = 0x2;
+/// `hipDeviceMallocFinegrained`.
+pub const DEVICE_MALLOC_FINEGRAINED: c_uint = 0x1;
+/// `hipDeviceMallocUncached` (ROCm 5.3+).
+pub const DEVICE_MALLOC_UNCACHED: c_uint = 0x3;
+/// `hipIpcMemLazyEnablePeerAccess` of ROCm 6 and later.
+pub const IPC_LAZY_ENABLE_PEER_ACCESS_V6: c_uint = 0x1;
+/// `hipIpcMemLazyEnablePeerAccess` of ROCm 5.x.
+pub const IPC_LAZY_ENABLE_PEER_ACCESS_V5: c_uint = 0x0;
+/// `hipMemcpyDefault`: direction inferred from the pointers (unified addressing).
+pub const MEMCPY_DEFAULT: c_int = 4;
+/// `HIP_IPC_HANDLE_SIZE`.
+pub const IPC_HANDLE_SIZE: usize = 64;
+/// `HIP_LAUNCH_PARAM_BUFFER_POINTER`.
+pub const LAUNCH_PARAM_BUFFER_POINTER: *mut c_void = std::ptr::without_provenance_mut(0x1);
+/// `HIP_LAUNCH_PARAM_BUFFER_SIZE`.
+pub const LAUNCH_PARAM_BUFFER_SIZE: *mut c_void = std::ptr::without_provenance_mut(0x2);
+/// `HIP_LAUNCH_PARAM_END`.
+pub const LAUNCH_PARAM_END: *mut c_void = std::ptr::without_provenance_mut(0x3);
+/// `HIP_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`.
+pub const FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: c_int = 0;
+
+/// `hipDeviceAttribute_t` values used (identical in ROCm 5.x, 6.x and 7.x headers).
+pub mod attr {
+    use std::ffi::c_int;
+    /// `hipDeviceAttributeMaxThreadsPerBlock`.
+    pub const MAX_THREADS_PER_BLOCK: c_int = 56;
+    /// `hipDeviceAttributeMultiprocessorCount`.
+    pub const MULTIPROCESSOR_COUNT: c_int = 63;
+    /// `hipDeviceAttributeWarpSize`.
+    pub const WARP_SIZE: c_int = 87;
+}
+
+/// `hipDeviceProp_t` layouts: where `gcnArchName` (256 bytes) sits in each.
+pub mod props {
+    /// Offset of `gcnArchName` in the pre-6.0 layout (`hipDeviceProp_tR0000`, filled by the
+    /// unversioned `hipGetDeviceProperties` symbol in ROCm 5.x and 6.x); from `offsetof` against
+    /// ROCm 5.2's header.
+    pub const R0000_GCN_ARCH_NAME: usize = 396;
+    /// Size of `hipDeviceProp_tR0000`.
+    pub const R0000_SIZE: usize = 792;
+    /// Offset of `gcnArchName` in `hipDeviceProp_tR0600` (filled by
+    /// `hipGetDevicePropertiesR0600`, ROCm 6+); from `offsetof` against the ROCm 6/7 header's
+    /// struct.
+    pub const R0600_GCN_ARCH_NAME: usize = 1160;
+    /// Size of `hipDeviceProp_tR0600`.
+    pub const R0600_SIZE: usize = 1472;
+    /// Length of `gcnArchName`.
+    pub const GCN_ARCH_NAME_LEN: usize = 256;
+    /// The buffer handed to either call: larger than both layouts, so a layout we got wrong
+    /// can never make the runtime write past it.
+    pub const BUFFER: usize = 4096;
+}
+
+type Init = unsafe extern "C" fn(flags: c_uint) -> HipError;
+type GetInt = unsafe extern "C" fn(out: *mut c_int) -> HipError;
+type GetDeviceProperties = unsafe extern "C" fn(prop: *mut c_void, device: c_int) -> HipError;
+type DeviceGetAttribute =
+    unsafe extern "C" fn(value: *mut c_int, attr: c_int, device: c_int) -> HipError;
+type DeviceTotalMem = unsafe extern "C" fn(bytes: *mut usize, device: HipDevice) -> HipError;
+type DeviceGetString =
+    unsafe extern "C" fn(out: *mut c_char, len: c_int, device: c_int) -> HipError;
+type SetDevice = unsafe extern "C" fn(device: c_int) -> HipError;
+type Malloc = unsafe extern "C" fn(ptr: *mut *mut c_void, size: usize) -> HipError;
+type MallocFlags =
+    unsafe extern "C" fn(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> HipError;
+type HostGetDevicePointer =
+    unsafe extern "C" fn(dev: *mut *mut c_void, host: *mut c_void, flags: c_uint) -> HipError;
+type Free = unsafe extern "C" fn(ptr: *mut c_void) -> HipError;
+type StreamCreateWithFlags =
+    unsafe extern "C" fn(stream: *mut HipStream, flags: c_uint) -> HipError;
+type StreamFn = unsafe extern "C" fn(stream: HipStream) -> HipError;
+type MemcpyAsync = unsafe extern "C" fn(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    kind: c_int,
+    stream: HipStream,
+) -> HipError;
+type MemsetD8Async =
+    unsafe extern "C" fn(dst: *mut c_void, value: u8, count: usize, stream: HipStream) -> HipError;
+type StreamWriteValue64 = unsafe extern "C" fn(
+    stream: HipStream,
+    ptr: *mut c_void,
+    value: u64,
+    flags: c_uint,
+) -> HipError;
+type StreamWaitEvent =
+    unsafe extern "C" fn(stream: HipStream, event: HipEvent, flags: c_uint) -> HipError;
+type EventCreateWithFlags = unsafe extern "C" fn(event: *mut HipEvent, flags: c_uint) -> HipError;
+type EventRecord = unsafe extern "C" fn(event: HipEvent, stream: HipStream) -> HipError;
+type EventFn = unsafe extern "C" fn(event: HipEvent) -> HipError;
+type EventElapsedTime =
+    unsafe extern "C" fn(ms: *mut f32, start: HipEvent, stop: HipEvent) -> HipError;
+/// `hipIpcMemHandle_t` is a struct of 64 `char`s passed by value: the same in the C ABI as a
+/// `#[repr(C)]` struct holding `[u8; 64]`.
+type IpcGetMemHandle =
+    unsafe extern "C" fn(handle: *mut IpcMemHandle, ptr: *mut c_void) -> HipError;
+type IpcOpenMemHandle =
+    unsafe extern "C" fn(ptr: *mut *mut c_void, handle: IpcMemHandle, flags: c_uint) -> HipError;
+type DeviceCanAccessPeer =
+    unsafe extern "C" fn(can: *mut c_int, device: c_int, peer: c_int) -> HipError;
+type MemGetAddressRange =
+    unsafe extern "C" fn(base: *mut *mut c_void, size: *mut usize, ptr: *mut c_void) -> HipError;
+type ModuleLoadData =
+    unsafe extern "C" fn(module: *mut HipModule, image: *const c_void) -> HipError;
+type ModuleGetFunction =
+    unsafe extern "C" fn(f: *mut HipFunction, module: HipModule, name: *const c_char) -> HipError;
+type ModuleLaunchKernel = unsafe extern "C" fn(
+    f: HipFunction,
+    grid_x: c_uint,
+    grid_y: c_uint,
+    grid_z: c_uint,
+    block_x: c_uint,
+    block_y: c_uint,
+    block_z: c_uint,
+    shared_mem_bytes: c_uint,
+    stream: HipStream,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> HipError;
+type ModuleUnload = unsafe extern "C" fn(module: HipModule) -> HipError;
+type FuncGetAttribute =
+    unsafe extern "C" fn(value: *mut c_int, attr: c_int, f: HipFunction) -> HipError;
+type ErrorText = unsafe extern "C" fn(code: HipError) -> *const c_char;
+
+/// `hipIpcMemHandle_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct IpcMemHandle {
+    /// The opaque handle bytes.
+    pub reserved: [u8; IPC_HANDLE_SIZE],
+}
+
+/// Every HIP runtime entry point this backend calls, resolved from one opened library.
+#[derive(Debug)]
+pub struct Api {
+    /// The library name or path that opened.
+    pub library: String,
+    pub(crate) init: Init,
+    pub(crate) driver_get_version: GetInt,
+    pub(crate) runtime_get_version: GetInt,
+    pub(crate) get_device_count: GetInt,
+    pub(crate) get_device_properties: GetDeviceProperties,
+    /// `hipGetDevicePropertiesR0600` (ROCm 6+), where present.
+    pub(crate) get_device_properties_r0600: Option<GetDeviceProperties>,
+    pub(crate) device_get_attribute: DeviceGetAttribute,
+    pub(crate) device_total_mem: DeviceTotalMem,
+    pub(crate) device_get_pci_bus_id: DeviceGetString,
+    pub(crate) device_get_name: DeviceGetString,
+    pub(crate) set_device: SetDevice,
+    pub(crate) malloc: Malloc,
+    pub(crate) ext_malloc_with_flags: MallocFlags,
+    pub(crate) host_malloc: MallocFlags,
+    pub(crate) host_get_device_pointer: HostGetDevicePointer,
+    pub(crate) free: Free,
+    pub(crate) host_free: Free,
+    pub(crate) stream_create_with_flags: StreamCreateWithFlags,
+    pub(crate) stream_destroy: StreamFn,
+    pub(crate) stream_query: StreamFn,
+    pub(crate) stream_wait_event: StreamWaitEvent,
+    pub(crate) memcpy_async: MemcpyAsync,
+    pub(crate) memset_d8_async: MemsetD8Async,
+    pub(crate) stream_write_value64: StreamWriteValue64,
+    pub(crate) event_create_with_flags: EventCreateWithFlags,
+    pub(crate) event_record: EventRecord,
+    pub(crate) event_query: EventFn,
+    pub(crate) event_elapsed_time: EventElapsedTime,
+    pub(crate) event_destroy: EventFn,
+    pub(crate) ipc_get_mem_handle: IpcGetMemHandle,
+    pub(crate) ipc_open_mem_handle: IpcOpenMemHandle,
+    pub(crate) ipc_close_mem_handle: Free,
+    pub(crate) device_can_access_peer: DeviceCanAccessPeer,
+    pub(crate) mem_get_address_range: MemGetAddressRange,
+    pub(crate) module_load_data: ModuleLoadData,
+    pub(crate) module_get_function: ModuleGetFunction,
+    pub(crate) module_launch_kernel: ModuleLaunchKernel,
+    pub(crate) module_unload: ModuleUnload,
+    pub(crate) func_get_attribute: FuncGetAttribute,
+    pub(crate) get_error_name: ErrorText,
+    pub(crate) get_error_string: ErrorText,
+    /// Keeps every pointer above valid. Never unloaded: the HIP runtime does not support being
+    /// unloaded while the process runs.
+    _lib: libloading::Library,
+}
+
+/// Every symbol [`Api`] requires, in declaration order (for reports and tests).
+pub const REQUIRED_SYMBOLS: &[&str] = &[
+    "hipInit",
+    "hipDriverGetVersion",
+    "hipRuntimeGetVersion",
+    "hipGetDeviceCount",
+    "hipGetDeviceProperties",
+    "hipDeviceGetAttribute",
+    "hipDeviceTotalMem",
+    "hipDeviceGetPCIBusId",
+    "hipDeviceGetName",
+    "hipSetDevice",
+    "hipMalloc",
+    "hipExtMallocWithFlags",
+    "hipHostMalloc",
+    "hipHostGetDevicePointer",
+    "hipFree",
+    "hipHostFree",
+    "hipStreamCreateWithFlags",
+    "hipStreamDestroy",
+    "hipStreamQuery",
+    "hipStreamWaitEvent",
+    "hipMemcpyAsync",
+    "hipMemsetD8Async",
+    "hipStreamWriteValue64",
+    "hipEventCreateWithFlags",
+    "hipEventRecord",
+    "hipEventQuery",
+    "hipEventElapsedTime",
+    "hipEventDestroy",
+    "hipIpcGetMemHandle",
+    "hipIpcOpenMemHandle",
+    "hipIpcCloseMemHandle",
+    "hipDeviceCanAccessPeer",
+    "hipMemGetAddressRange",
+    "hipModuleLoadData",
+    "hipModuleGetFunction",
+    "hipModuleLaunchKernel",
+    "hipModuleUnload",
+    "hipFuncGetAttribute",
+    "hipGetErrorName",
+    "hipGetErrorString",
+];
+
+/// Symbols used when present.
+pub const OPTIONAL_SYMBOLS: &[&str] = &["hipGetDevicePropertiesR0600"];
+
+/// Library names tried by [`api`], in order.
+pub const LIBRARY_NAMES: &[&str] = &[
+    "libamdhip64.so.7",
+    "libamdhip64.so.6",
+    "libamdhip64.so.5",
+    "libamdhip64.so",
+    "/opt/rocm/lib/libamdhip64.so",
+];
+
+/// Why a library could not serve as the HIP runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenError {
+    /// The dynamic loader could not open it.
+    NotLoadable(String),
+    /// It opened but lacks these required symbols.
+    MissingSymbols(Vec<&'static str>),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::NotLoadable(e) => write!(f, "cannot be opened: {e}"),
+            OpenError::MissingSymbols(m) => write!(
+                f,
+                "opened but lacks {} entry point(s) this backend needs: {}",
+                m.len(),
+                m.join(", ")
+            ),
+        }
+    }
+}
+
+impl Api {
+    /// Opens `library` (a name for the dynamic loader or a path) and resolves every symbol.
+    /// Never panics; a missing symbol is reported with all the others that are missing.
+    pub fn open(library: &str) -> std::result::Result<Api, OpenError> {
+        // SAFETY: loading a shared library runs its initialisers; for the HIP runtime this is
+        // what every HIP program does, and the tests only point this at system libraries.
+        let lib = unsafe { libloading::Library::new(library) }
+            .map_err(|e| OpenError::NotLoadable(mscclpp_hal::error::chain(&e)))?;
+        let mut missing: Vec<&'static str> = Vec::new();
+        macro_rules! sym {
+            ($t:ty, $name:literal) => {{
+                // SAFETY: `$t` is the exact C signature of this function in hip_runtime_api.h
+                // (hipError_t is a C enum = int; handles are pointers; hipDevice_t is int). The
+                // pointer is stored next to `lib` in `Api`, which keeps the library loaded for
+                // as long as the pointer can be used.
+                match unsafe { lib.get::<$t>(concat!($name, "\0").as_bytes()) } {
+                    Ok(f) => Some(*f),
+                    Err(_) => {
+                        missing.push($name);
+                        None
+                    }
+                }
+            }};
+        }
+        let init = sym!(Init, "hipInit");
+        let driver_get_version = sym!(GetInt, "hipDriverGetVersion");
+        let runtime_get_version = sym!(GetInt, "hipRuntimeGetVersion");
+        let get_device_count = sym!(GetInt, "hipGetDeviceCount");
+        let get_device_properties = sym!(GetDeviceProperties, "hipGetDeviceProperties");
+        let device_get_attribute = sym!(DeviceGetAttribute, "hipDeviceGetAttribute");
+        let device_total_mem = sym!(DeviceTotalMem, "hipDeviceTotalMem");
+        let device_get_pci_bus_id = sym!(DeviceGetString, "hipDeviceGetPCIBusId");
+        let device_get_name = sym!(DeviceGetString, "hipDeviceGetName");
+        let set_device = sym!(SetDevice, "hipSetDevice");
+        let malloc = sym!(Malloc, "hipMalloc");
+        let ext_malloc_with_flags = sym!(MallocFlags, "hipExtMallocWithFlags");
+        let host_malloc = sym!(MallocFlags, "hipHostMalloc");
+        let host_get_device_pointer = sym!(HostGetDevicePointer, "hipHostGetDevicePointer");
+        let free = sym!(Free, "hipFree");
+        let host_free = sym!(Free, "hipHostFree");
+        let stream_create_with_flags = sym!(StreamCreateWithFlags, "hipStreamCreateWithFlags");
+        let stream_destroy = sym!(StreamFn, "hipStreamDestroy");
+        let stream_query = sym!(StreamFn, "hipStreamQuery");
+        let stream_wait_event = sym!(StreamWaitEvent, "hipStreamWaitEvent");
+        let memcpy_async = sym!(MemcpyAsync, "hipMemcpyAsync");
+        let memset_d8_async = sym!(MemsetD8Async, "hipMemsetD8Async");
+        let stream_write_value64 = sym!(StreamWriteValue64, "hipStreamWriteValue64");
+        let event_create_with_flags = sym!(EventCreateWithFlags, "hipEventCreateWithFlags");
+        let event_record = sym!(EventRecord, "hipEventRecord");
+        let event_query = sym!(EventFn, "hipEventQuery");
+        let event_elapsed_time = sym!(EventElapsedTime, "hipEventElapsedTime");
+        let event_destroy = sym!(EventFn, "hipEventDestroy");
+        let ipc_get_mem_handle = sym!(IpcGetMemHandle, "hipIpcGetMemHandle");
+        let ipc_open_mem_handle = sym!(IpcOpenMemHandle, "hipIpcOpenMemHandle");
+        let ipc_close_mem_handle = sym!(Free, "hipIpcCloseMemHandle");
+        let device_can_access_peer = sym!(DeviceCanAccessPeer, "hipDeviceCanAccessPeer");
+        let mem_get_address_range = sym!(MemGetAddressRange, "hipMemGetAddressRange");
+        let module_load_data = sym!(ModuleLoadData, "hipModuleLoadData");
+        let module_get_function = sym!(ModuleGetFunction, "hipModuleGetFunction");
+        let module_launch_kernel = sym!(ModuleLaunchKernel, "hipModuleLaunchKernel");
+        let module_unload = sym!(ModuleUnload, "hipModuleUnload");
+        let func_get_attribute = sym!(FuncGetAttribute, "hipFuncGetAttribute");
+        let get_error_name = sym!(ErrorText, "hipGetErrorName");
+        let get_error_string = sym!(ErrorText, "hipGetErrorString");
+        // SAFETY: as in `sym!`; this one is optional, so its absence is not recorded.
+        let get_device_properties_r0600 =
+            unsafe { lib.get::<GetDeviceProperties>(b"hipGetDevicePropertiesR0600\0") }
+                .ok()
+                .map(|f| *f);
+        // Every `None` above pushed its name, so `missing` is empty exactly when all are `Some`.
+        let (
+            Some(init),
+            Some(driver_get_version),
+            Some(runtime_get_version),
+            Some(get_device_count),
+            Some(get_device_properties),
+            Some(device_get_attribute),
+            Some(device_total_mem),
+            Some(device_get_pci_bus_id),
+            Some(device_get_name),
+            Some(set_device),
+            Some(malloc),
+            Some(ext_malloc_with_flags),
+            Some(host_malloc),
+            Some(host_get_device_pointer),
+            Some(free),
+            Some(host_free),
+            Some(stream_create_with_flags),
+            Some(stream_destroy),
+            Some(stream_query),
+            Some(stream_wait_event),
+            Some(memcpy_async),
+            Some(memset_d8_async),
+            Some(stream_write_value64),
+            Some(event_create_with_flags),
+            Some(event_record),
+            Some(event_query),
+            Some(event_elapsed_time),
+            Some(event_destroy),
+            Some(ipc_get_mem_handle),
+            Some(ipc_open_mem_handle),
+            Some(ipc_close_mem_handle),
+            Some(device_can_access_peer),
+            Some(mem_get_address_range),
+            Some(module_load_data),
+            Some(module_get_function),
+            Some(module_launch_kernel),
+            Some(module_unload),
+            Some(func_get_attribute),
+            Some(get_error_name),
+            Some(get_error_string),
+        ) = (
+            init,
+            driver_get_version,
+            runtime_get_version,
+            get_device_count,
+            get_device_properties,
+            device_get_attribute,
+            device_total_mem,
+            device_get_pci_bus_id,
+            device_get_name,
+            set_device,
+            malloc,
+            ext_malloc_with_flags,
+            host_malloc,
+            host_get_device_pointer,
+            free,
+            host_free,
+            stream_create_with_flags,
+            stream_destroy,
+            stream_query,
+            stream_wait_event,
+            memcpy_async,
+            memset_d8_async,
+            stream_write_value64,
+            event_create_with_flags,
+            event_record,
+            event_query,
+            event_elapsed_time,
+            event_destroy,
+            ipc_get_mem_handle,
+            ipc_open_mem_handle,
+            ipc_close_mem_handle,
+            device_can_access_peer,
+            mem_get_address_range,
+            module_load_data,
+            module_get_function,
+            module_launch_kernel,
+            module_unload,
+            func_get_attribute,
+            get_error_name,
+            get_error_string,
+        )
+        else {
+            return Err(OpenError::MissingSymbols(missing));
+        };
+        Ok(Api {
+            library: library.to_owned(),
+            init,
+            driver_get_version,
+            runtime_get_version,
+            get_device_count,
+            get_device_properties,
+            get_device_properties_r0600,
+            device_get_attribute,
+            device_total_mem,
+            device_get_pci_bus_id,
+            device_get_name,
+            set_device,
+            malloc,
+            ext_malloc_with_flags,
+            host_malloc,
+            host_get_device_pointer,
+            free,
+            host_free,
+            stream_create_with_flags,
+            stream_destroy,
+            stream_query,
+            stream_wait_event,
+            memcpy_async,
+            memset_d8_async,
+            stream_write_value64,
+            event_create_with_flags,
+            event_record,
+            event_query,
+            event_elapsed_time,
+            event_destroy,
+            ipc_get_mem_handle,
+            ipc_open_mem_handle,
+            ipc_close_mem_handle,
+            device_can_access_peer,
+            mem_get_address_range,
+            module_load_data,
+            module_get_function,
+            module_launch_kernel,
+            module_unload,
+            func_get_attribute,
+            get_error_name,
+            get_error_string,
+            _lib: lib,
+        })
+    }
+
+    /// Tries each of `names` in order; the first library with every symbol wins. The error
+    /// names what each candidate lacked.
+    pub fn open_first(names: &[&str]) -> std::result::Result<Api, String> {
+        let mut tried = Vec::new();
+        for name in names {
+            match Api::open(name) {
+                Ok(api) => return Ok(api),
+                Err(e) => tried.push(format!("{name}: {e}")),
+            }
+        }
+        Err(format!(
+            "no usable HIP runtime library (libamdhip64): tried {}",
+            tried.join("; ")
+        ))
+    }
+
+    fn text(&self, f: ErrorText, code: HipError) -> Option<String> {
+        // SAFETY: hipGetErrorName/hipGetErrorString accept any value and return a pointer to a
+        // static NUL-terminated string (or null), whether or not hipInit succeeded.
+        let p = unsafe { f(code) };
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: non-null, NUL-terminated and static (see above).
+            Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        }
+    }
+
+    /// `"hipErrorName: description"` for a code.
+    pub fn describe(&self, code: HipError) -> String {
+        let name = self.text(self.get_error_name, code);
+        let desc = self.text(self.get_error_string, code);
+        let base = match (name, desc) {
+            (Some(n), Some(d)) if n != d => format!("{n}: {d}"),
+            (Some(n), _) => n,
+            (None, Some(d)) => d,
+            (None, None) => format!("unknown hipError_t {code}"),
+        };
+        match code {
+            code::NO_DEVICE | code::INVALID_DEVICE => {
+                format!("{base} (no usable AMD GPU: is /dev/kfd present and readable?)")
+            }
+            _ => base,
+        }
+    }
+
+    /// Maps a status to `Ok` or an [`Error::Driver`] naming `call`.
+    pub fn check(&self, call: &'static str, code: HipError) -> Result<()> {
+        if code == code::SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::Driver {
+                backend: "rocm",
+                call,
+                code: i64::from(code),
+                message: self.describe(code),
+            })
+        }
+    }
+}
+
+/// The process's HIP runtime, opened once from [`LIBRARY_NAMES`].
+pub fn api() -> Result<&'static Api> {
+    static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+    API.get_or_init(|| Api::open_first(LIBRARY_NAMES))
+        .as_ref()
+        .map_err(|reason| Error::unavailable("rocm backend", reason.clone()))
+}
+
+/// Appends `context` to the message of a driver error (other errors pass through).
+pub fn with_context(e: Error, context: impl FnOnce() -> String) -> Error {
+    match e {
+        Error::Driver {
+            backend,
+            call,
+            code,
+            message,
+        } => Error::Driver {
+            backend,
+            call,
+            code,
+            message: format!("{message} ({})", context()),
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// libc opens but has none of the HIP symbols: the error lists every one, in order.
+    #[test]
+    fn a_library_without_the_symbols_is_reported_with_every_missing_name() {
+        let e = Api::open("libc.so.6").unwrap_err();
+        match &e {
+            OpenError::MissingSymbols(m) => assert_eq!(m.as_slice(), REQUIRED_SYMBOLS),
+            other => panic!("expected missing symbols, got {other:?}"),
+        }
+        let text = e.to_string();
+        for name in [
+            "hipInit",
+            "hipMalloc",
+            "hipModuleLaunchKernel",
+            "hipGetErrorString",
+        ] {
+            assert!(text.contains(name), "{text}");
+        }
+        let all = Api::open_first(&["libc.so.6", "libdoes-not-exist-mscclpp.so"]).unwrap_err();
+        assert!(all.contains("libc.so.6: opened but lacks"), "{all}");
+        assert!(
+            all.contains("libdoes-not-exist-mscclpp.so: cannot be opened"),
+            "{all}"
+        );
+    }
+
+    /// Where ROCm's runtime is installed (this repository's build machines: Debian's ROCm 5.2),
+    /// every required symbol resolves.
+    #[test]
+    fn the_installed_runtime_has_every_symbol_or_is_absent() {
+        match Api::open_first(LIBRARY_NAMES) {
+            Ok(api) => {
+                let d = api.describe(code::INVALID_DEVICE);
+                assert!(d.contains("/dev/kfd"), "{d}");
+                assert!(api.check("hipInit", code::SUCCESS).is_ok());
+            }
+            Err(e) => assert!(e.contains("tried"), "{e}"),
+        }
+    }
+}

@@ -1,0 +1,576 @@
+//! Memory of the ROCm backend: device allocations (`hipMalloc`), uncached device memory for
+//! flags and tokens (`hipExtMallocWithFlags`), host-mapped memory (`hipHostMalloc` +
+//! `hipHostGetDevicePointer`), and IPC (`hipIpcGetMemHandle` / `hipIpcOpenMemHandle`).
+//!
+//! **Uncached memory.** AMD GPUs cache device memory in L2 per device (and, on MI300, per
+//! XCD): a flag written by a peer GPU or the host through fine-grained paths is not seen by a
+//! poller reading through a stale cache line. MSCCL++ allocates its semaphores with
+//! `hipDeviceMallocUncached`; so do we for [`MemoryKind::Uncached`]. ROCm 5.2 lacks that flag
+//! (it rejects it with `hipErrorInvalidValue`); there we fall back to `hipDeviceMallocFinegrained`
+//! (coherent across devices, the pre-5.3 way) and say so in the log.
+//!
+//! **Same-process IPC.** As on CUDA, an import in the exporting process aliases the original
+//! allocation through a process-wide registry (by a process-unique allocation id carried in the
+//! handle) instead of asking the runtime to open its own handle; a handle of memory freed since
+//! fails cleanly. A second registry reuses live mappings when another process's handle is
+//! imported twice into one device.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use mscclpp_hal::wire::{Reader, Writer};
+use mscclpp_hal::{
+    Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, IpcHandle, IpcHandleKind, MemoryKind,
+    Result,
+};
+
+use crate::device::DeviceCtx;
+use crate::ffi::{self, IPC_HANDLE_SIZE, IpcMemHandle};
+
+/// Payload magic of a ROCm memory handle.
+pub const PAYLOAD_MAGIC: [u8; 4] = *b"MSRO";
+/// Payload version.
+pub const PAYLOAD_VERSION: u16 = 1;
+/// Largest allocation a handle may describe (1 TiB): a bound on what a hostile handle claims.
+pub const MAX_ALLOCATION: usize = 1 << 40;
+/// Longest host id accepted in a handle.
+pub const MAX_HOST_ID: usize = 256;
+
+/// What owns the memory behind a [`RocmAllocation`].
+#[derive(Debug)]
+enum Backing {
+    /// `hipMalloc` or `hipExtMallocWithFlags`; freed with `hipFree`.
+    Device,
+    /// `hipHostMalloc`; freed with `hipHostFree`.
+    HostMapped { host: *mut u8 },
+    /// `hipIpcOpenMemHandle` of another process's memory; closed with `hipIpcCloseMemHandle`.
+    Imported,
+    /// Another allocation of this process (same-process import); nothing to free here.
+    Alias(Arc<dyn Allocation>),
+}
+
+/// One allocation or imported mapping of the ROCm backend.
+#[derive(Debug)]
+pub struct RocmAllocation {
+    ctx: Arc<DeviceCtx>,
+    ptr: u64,
+    len: usize,
+    kind: MemoryKind,
+    backing: Backing,
+    /// Process-unique id, carried in IPC handles to find the allocation again.
+    id: u64,
+}
+
+// SAFETY: the value owns a runtime allocation (or a reference to one); addresses are plain
+// numbers valid in every thread, and the host pointer of host-mapped memory is shared memory
+// with device-memory semantics (its users synchronise themselves).
+unsafe impl Send for RocmAllocation {}
+// SAFETY: as above; `&RocmAllocation` only hands out addresses.
+unsafe impl Sync for RocmAllocation {}
+
+fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn with_size(e: Error, len: usize) -> Error {
+    ffi::with_context(e, || format!("allocating {len} bytes"))
+}
+
+impl RocmAllocation {
+    /// Allocates `len` bytes of `kind` on `ctx`'s device.
+    pub fn new(ctx: Arc<DeviceCtx>, len: usize, kind: MemoryKind) -> Result<Self> {
+        if len == 0 || len > MAX_ALLOCATION {
+            return Err(Error::invalid(format!(
+                "allocation of {len} bytes: the rocm backend allocates 1 byte to {MAX_ALLOCATION} bytes"
+            )));
+        }
+        ctx.bind()?;
+        let api = ctx.api();
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let backing = match kind {
+            MemoryKind::Device => {
+                // SAFETY: valid out-pointer; the device is current.
+                api.check("hipMalloc", unsafe { (api.malloc)(&mut p, len) })
+                    .map_err(|e| with_size(e, len))?;
+                Backing::Device
+            }
+            MemoryKind::Uncached => {
+                // SAFETY: valid out-pointer; the device is current.
+                let r = unsafe {
+                    (api.ext_malloc_with_flags)(&mut p, len, ffi::DEVICE_MALLOC_UNCACHED)
+                };
+                if r == ffi::code::INVALID_VALUE {
+                    tracing::info!(
+                        "hipDeviceMallocUncached refused (ROCm < 5.3); allocating fine-grained memory for flags"
+                    );
+                    // SAFETY: as above.
+                    let r = unsafe {
+                        (api.ext_malloc_with_flags)(&mut p, len, ffi::DEVICE_MALLOC_FINEGRAINED)
+                    };
+                    api.check("hipExtMallocWithFlags(hipDeviceMallocFinegrained)", r)
+                        .map_err(|e| with_size(e, len))?;
+                } else {
+                    api.check("hipExtMallocWithFlags(hipDeviceMallocUncached)", r)
+                        .map_err(|e| with_size(e, len))?;
+                }
+                Backing::Device
+            }
+            MemoryKind::HostMapped => {
+                let flags = ffi::HOST_MALLOC_MAPPED | ffi::HOST_MALLOC_PORTABLE;
+                // SAFETY: valid out-pointer; the device is current. Host memory from
+                // hipHostMalloc is coherent by default on ROCm (no hipHostMallocNonCoherent),
+                // which the proxy FIFO relies on.
+                api.check("hipHostMalloc", unsafe {
+                    (api.host_malloc)(&mut p, len, flags)
+                })
+                .map_err(|e| with_size(e, len))?;
+                let host = p;
+                let mut d: *mut c_void = std::ptr::null_mut();
+                // SAFETY: `host` was just allocated mapped; valid out-pointer; flags must be 0.
+                let r = unsafe { (api.host_get_device_pointer)(&mut d, host, 0) };
+                if let Err(e) = api.check("hipHostGetDevicePointer", r) {
+                    // SAFETY: `host` came from hipHostMalloc and is used nowhere else.
+                    unsafe { (api.host_free)(host) };
+                    return Err(e);
+                }
+                p = d;
+                Backing::HostMapped { host: host.cast() }
+            }
+        };
+        Ok(RocmAllocation {
+            ctx,
+            ptr: p as u64,
+            len,
+            kind,
+            backing,
+            id: next_id(),
+        })
+    }
+
+    /// The device the allocation belongs to.
+    pub fn context(&self) -> &Arc<DeviceCtx> {
+        &self.ctx
+    }
+}
+
+impl Drop for RocmAllocation {
+    fn drop(&mut self) {
+        let api = self.ctx.api();
+        let ptr = self.ptr as *mut c_void;
+        let (call, r) = match &self.backing {
+            Backing::Alias(_) => return,
+            _ if self.ctx.bind().is_err() => {
+                tracing::warn!(
+                    ptr = self.ptr,
+                    len = self.len,
+                    "cannot make the device current to free HIP memory; leaking it"
+                );
+                return;
+            }
+            // The memory was obtained by the matching call in `new` / `import` and is released
+            // once, here; no stream uses it any more, since every enqueued operation keeps a
+            // clone of the buffer until it has run.
+            Backing::Device => {
+                // SAFETY: see above; `ptr` came from hipMalloc / hipExtMallocWithFlags.
+                ("hipFree", unsafe { (api.free)(ptr) })
+            }
+            Backing::HostMapped { host } => {
+                // SAFETY: see above; `host` came from hipHostMalloc.
+                ("hipHostFree", unsafe { (api.host_free)(host.cast()) })
+            }
+            Backing::Imported => {
+                // SAFETY: see above; `ptr` came from hipIpcOpenMemHandle.
+                ("hipIpcCloseMemHandle", unsafe {
+                    (api.ipc_close_mem_handle)(ptr)
+                })
+            }
+        };
+        if let Err(e) = api.check(call, r) {
+            tracing::warn!(ptr = self.ptr, len = self.len, "{e}");
+        }
+    }
+}
+
+impl Allocation for RocmAllocation {
+    fn backend(&self) -> BackendKind {
+        BackendKind::Rocm
+    }
+    fn device_ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+    fn device_ptr(&self) -> DevicePtr {
+        DevicePtr(self.ptr)
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+    fn host_ptr(&self) -> Option<*mut u8> {
+        match &self.backing {
+            Backing::HostMapped { host } => Some(*host),
+            Backing::Alias(a) => a.host_ptr(),
+            _ => None,
+        }
+    }
+    fn is_imported(&self) -> bool {
+        matches!(self.backing, Backing::Imported | Backing::Alias(_))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The ROCm allocation behind a buffer, or an error naming the buffer's backend.
+pub fn rocm_allocation(buf: &DeviceBuffer) -> Result<&RocmAllocation> {
+    buf.allocation()
+        .as_any()
+        .downcast_ref::<RocmAllocation>()
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "buffer of the {} backend used with the rocm backend",
+                buf.backend()
+            ))
+        })
+}
+
+/// The decoded payload of a ROCm memory IPC handle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpcPayload {
+    /// [`mscclpp_hal::env::host_id`] of the exporter.
+    pub host_id: String,
+    /// Process id of the exporter.
+    pub pid: u32,
+    /// Device ordinal of the exporter (in the exporter's numbering).
+    pub device: u32,
+    /// Bytes of the allocation.
+    pub len: u64,
+    /// The exporter's process-unique allocation id.
+    pub alloc_id: u64,
+    /// The `hipIpcMemHandle_t`.
+    pub handle: [u8; IPC_HANDLE_SIZE],
+}
+
+impl IpcPayload {
+    /// Encodes the payload: magic "MSRO", version, host id, pid, device, length, allocation id,
+    /// the 64-byte handle.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new(PAYLOAD_MAGIC, PAYLOAD_VERSION);
+        w.str(&self.host_id)
+            .u32(self.pid)
+            .u32(self.device)
+            .u64(self.len)
+            .u64(self.alloc_id)
+            .raw(&self.handle);
+        w.finish()
+    }
+
+    /// Decodes and validates a payload; never panics on garbage.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        const WHAT: &str = "rocm IPC handle";
+        let mut r = Reader::open(WHAT, bytes, PAYLOAD_MAGIC, PAYLOAD_VERSION, PAYLOAD_VERSION)?;
+        let host_id = r.str("host id", MAX_HOST_ID)?.to_owned();
+        let pid = r.u32()?;
+        let device = r.u32()?;
+        let len = r.usize_at_most("length", MAX_ALLOCATION)? as u64;
+        let alloc_id = r.u64()?;
+        let handle = r.array::<IPC_HANDLE_SIZE>()?;
+        r.finish()?;
+        if len == 0 {
+            return Err(Error::malformed(WHAT, "zero length"));
+        }
+        if pid == 0 {
+            return Err(Error::malformed(WHAT, "process id 0"));
+        }
+        Ok(IpcPayload {
+            host_id,
+            pid,
+            device,
+            len,
+            alloc_id,
+            handle,
+        })
+    }
+}
+
+type Registry = Mutex<HashMap<u64, Weak<dyn Allocation>>>;
+
+/// Allocations this process exported, by allocation id.
+fn exported() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Live mappings of other processes' memory: (host, exporter pid, allocation id, importing
+/// device).
+type ImportKey = (String, u32, u64, usize);
+fn imported() -> &'static Mutex<HashMap<ImportKey, Weak<dyn Allocation>>> {
+    static R: OnceLock<Mutex<HashMap<ImportKey, Weak<dyn Allocation>>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Exports `buf` (a Device or Uncached allocation made by the device of `ctx`).
+pub fn export(ctx: &Arc<DeviceCtx>, buf: &DeviceBuffer) -> Result<IpcHandle> {
+    let a = rocm_allocation(buf)?;
+    if a.is_imported() {
+        return Err(Error::invalid(
+            "cannot export an imported mapping: export it from the process that allocated it",
+        ));
+    }
+    if a.kind == MemoryKind::HostMapped {
+        return Err(Error::invalid(
+            "cannot export host-mapped memory over HIP IPC: hipIpcGetMemHandle only exports device \
+             memory (allocate MemoryKind::Device or Uncached)",
+        ));
+    }
+    if a.ctx.ordinal() != ctx.ordinal() {
+        return Err(Error::invalid(format!(
+            "buffer of rocm device {} exported through device {}",
+            a.ctx.ordinal(),
+            ctx.ordinal()
+        )));
+    }
+    a.ctx.bind()?;
+    let api = ctx.api();
+    let mut h = IpcMemHandle {
+        reserved: [0; IPC_HANDLE_SIZE],
+    };
+    // SAFETY: valid out-pointer to a 64-byte handle; `a.ptr` is the base of a live allocation.
+    api.check("hipIpcGetMemHandle", unsafe {
+        (api.ipc_get_mem_handle)(&mut h, a.ptr as *mut c_void)
+    })?;
+    {
+        let mut reg = exported().lock().unwrap_or_else(|p| p.into_inner());
+        reg.retain(|_, w| w.strong_count() > 0);
+        reg.insert(a.id, Arc::downgrade(buf.allocation()));
+    }
+    let payload = IpcPayload {
+        host_id: mscclpp_hal::env::host_id(),
+        pid: std::process::id(),
+        device: ctx.ordinal() as u32,
+        len: a.len as u64,
+        alloc_id: a.id,
+        handle: h.reserved,
+    };
+    Ok(IpcHandle {
+        backend: BackendKind::Rocm,
+        kind: IpcHandleKind::Memory,
+        len: a.len as u64,
+        payload: payload.encode(),
+    })
+}
+
+fn alias(ctx: &Arc<DeviceCtx>, original: Arc<dyn Allocation>) -> DeviceBuffer {
+    let a = RocmAllocation {
+        ctx: ctx.clone(),
+        ptr: original.device_ptr().0,
+        len: original.len(),
+        kind: original.kind(),
+        backing: Backing::Alias(original),
+        id: next_id(),
+    };
+    DeviceBuffer::new(Arc::new(a))
+}
+
+/// The `hipIpcMemLazyEnablePeerAccess` values to try, the runtime's own first: the runtime
+/// rejects any value but its own (0 in ROCm 5.x, 1 from ROCm 6).
+pub fn ipc_open_flags(runtime_major: i32) -> [u32; 2] {
+    if runtime_major >= 6 {
+        [
+            ffi::IPC_LAZY_ENABLE_PEER_ACCESS_V6,
+            ffi::IPC_LAZY_ENABLE_PEER_ACCESS_V5,
+        ]
+    } else {
+        [
+            ffi::IPC_LAZY_ENABLE_PEER_ACCESS_V5,
+            ffi::IPC_LAZY_ENABLE_PEER_ACCESS_V6,
+        ]
+    }
+}
+
+/// Maps memory exported by [`export`] in this process or another of the same host.
+pub fn import(ctx: &Arc<DeviceCtx>, handle: &IpcHandle) -> Result<DeviceBuffer> {
+    const WHAT: &str = "rocm IPC handle";
+    let p = IpcPayload::decode(&handle.payload)?;
+    if p.len != handle.len {
+        return Err(Error::malformed(
+            WHAT,
+            format!(
+                "outer length {} disagrees with the payload's {}",
+                handle.len, p.len
+            ),
+        ));
+    }
+    let here = mscclpp_hal::env::host_id();
+    if p.host_id != here {
+        return Err(Error::invalid(format!(
+            "IPC handle was made on host {:?}, this is host {here:?}: HIP IPC works only within one host",
+            p.host_id
+        )));
+    }
+    if p.pid == std::process::id() {
+        // Alias the original rather than open our own handle (CUDA refuses that, and HIP's
+        // behaviour for it is undocumented; aliasing also keeps the original alive).
+        let original = exported()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&p.alloc_id)
+            .and_then(Weak::upgrade);
+        return match original {
+            Some(o) if o.len() as u64 == p.len => Ok(alias(ctx, o)),
+            Some(o) => Err(Error::malformed(
+                WHAT,
+                format!(
+                    "handle claims {} bytes but the exported allocation has {}",
+                    p.len,
+                    o.len()
+                ),
+            )),
+            None => Err(Error::invalid(format!(
+                "stale IPC handle: allocation {} of this process (device {}) was freed or never exported",
+                p.alloc_id, p.device
+            ))),
+        };
+    }
+    let key = (p.host_id.clone(), p.pid, p.alloc_id, ctx.ordinal());
+    let mut reg = imported().lock().unwrap_or_else(|e| e.into_inner());
+    reg.retain(|_, w| w.strong_count() > 0);
+    if let Some(existing) = reg.get(&key).and_then(Weak::upgrade) {
+        return Ok(alias(ctx, existing));
+    }
+    ctx.bind()?;
+    let api = ctx.api();
+    let h = IpcMemHandle { reserved: p.handle };
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    let mut r = ffi::code::INVALID_VALUE;
+    for flags in ipc_open_flags(ctx.runtime_major()) {
+        // SAFETY: valid out-pointer; the handle is plain bytes the runtime validates itself;
+        // the device is current.
+        r = unsafe { (api.ipc_open_mem_handle)(&mut ptr, h, flags) };
+        if r != ffi::code::INVALID_VALUE {
+            break;
+        }
+    }
+    api.check("hipIpcOpenMemHandle", r)
+        .map_err(|e| Error::Remote {
+            rank: usize::MAX,
+            message: format!(
+                "cannot map the memory exported by process {} (device {}, {} bytes): has it exited or freed it? {e}",
+                p.pid, p.device, p.len
+            ),
+        })?;
+    let a = RocmAllocation {
+        ctx: ctx.clone(),
+        ptr: ptr as u64,
+        len: p.len as usize,
+        kind: MemoryKind::Device,
+        backing: Backing::Imported,
+        id: next_id(),
+    };
+    // Check that the mapping really is as large as the handle claims (dropping `a` on error
+    // closes the mapping).
+    let (mut base, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+    // SAFETY: valid out-pointers; `ptr` is a live mapping.
+    api.check("hipMemGetAddressRange", unsafe {
+        (api.mem_get_address_range)(&mut base, &mut size, ptr)
+    })?;
+    let offset = (ptr as u64).wrapping_sub(base as u64);
+    if (ptr as u64) < (base as u64) || (size as u64).saturating_sub(offset) < p.len {
+        return Err(Error::Remote {
+            rank: usize::MAX,
+            message: format!(
+                "IPC handle claims {} bytes but the mapped allocation has {size} bytes at offset {offset}",
+                p.len
+            ),
+        });
+    }
+    let a: Arc<dyn Allocation> = Arc::new(a);
+    reg.insert(key, Arc::downgrade(&a));
+    Ok(DeviceBuffer::new(a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> IpcPayload {
+        IpcPayload {
+            host_id: "host-a".into(),
+            pid: 4242,
+            device: 1,
+            len: 1 << 20,
+            alloc_id: 7,
+            handle: [0xAB; IPC_HANDLE_SIZE],
+        }
+    }
+
+    #[test]
+    fn payload_round_trips_and_starts_with_the_magic() {
+        let p = sample();
+        let bytes = p.encode();
+        assert_eq!(&bytes[..4], b"MSRO");
+        assert_eq!(IpcPayload::decode(&bytes).unwrap(), p);
+    }
+
+    #[test]
+    fn payload_rejects_zero_length_oversize_pid_zero_and_cuda_payloads() {
+        let mut p = sample();
+        p.len = 0;
+        assert!(IpcPayload::decode(&p.encode()).is_err());
+        p.len = (MAX_ALLOCATION as u64) + 1;
+        let e = IpcPayload::decode(&p.encode()).unwrap_err().to_string();
+        assert!(e.contains("exceeds"), "{e}");
+        let mut p = sample();
+        p.pid = 0;
+        assert!(IpcPayload::decode(&p.encode()).is_err());
+        let mut cuda = sample().encode();
+        cuda[..4].copy_from_slice(b"MSCU");
+        let e = IpcPayload::decode(&cuda).unwrap_err().to_string();
+        assert!(e.contains("bad magic"), "{e}");
+    }
+
+    #[test]
+    fn ipc_flags_try_the_runtimes_own_value_first() {
+        assert_eq!(ipc_open_flags(5), [0, 1]);
+        assert_eq!(ipc_open_flags(6), [1, 0]);
+        assert_eq!(ipc_open_flags(7), [1, 0]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        #[test]
+        fn arbitrary_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..160)) {
+            let _ = IpcPayload::decode(&buf);
+        }
+
+        #[test]
+        fn every_truncation_is_an_error(cut in 0usize..120) {
+            let buf = sample().encode();
+            prop_assume!(cut < buf.len());
+            prop_assert!(IpcPayload::decode(&buf[..cut]).is_err());
+        }
+
+        #[test]
+        fn mutated_payloads_never_panic(pos in 0usize..120, byte in any::<u8>()) {
+            let mut buf = sample().encode();
+            if pos < buf.len() {
+                buf[pos] = byte;
+            }
+            if let Ok(p) = IpcPayload::decode(&buf) {
+                prop_assert!(p.len > 0 && p.len <= MAX_ALLOCATION as u64 && p.pid != 0);
+            }
+        }
+
+        #[test]
+        fn outer_handles_of_arbitrary_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Ok(h) = IpcHandle::from_bytes(&buf) {
+                let _ = IpcPayload::decode(&h.payload);
+            }
+        }
+    }
+}
