@@ -57,4 +57,10 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Loads (compiling or looking up as the backend needs) the kernel `id`.
     fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>>;
+
+    /// Makes this device current on the calling thread for vendor libraries used beside the
+    /// HAL (NCCL reads the current CUDA context); a no-op where there is no such notion.
+    fn make_current(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -55,6 +55,13 @@ pub trait Stream: Send + Sync + fmt::Debug {
         self.synchronize_timeout(Duration::from_secs(3600))
     }
 
+    /// The vendor's handle of the stream (`CUstream`, `hipStream_t`) as an integer, for vendor
+    /// libraries used beside the HAL on the same stream (NCCL as a baseline or fallback);
+    /// `None` on the host backend.
+    fn native_handle(&self) -> Option<u64> {
+        None
+    }
+
     /// Backend-specific access for downcasting.
     fn as_any(&self) -> &dyn std::any::Any;
 }

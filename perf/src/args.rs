@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser, Clone)]
 #[command(name = "mscclpp-perf", version, about)]
 pub struct Args {
-    /// What to measure (default: p2p).
+    /// What to measure (default: allreduce).
     #[command(subcommand)]
     pub bench: Option<Bench>,
 
@@ -42,6 +42,26 @@ pub struct Args {
     /// Print one JSON object per row on standard output instead of the table.
     #[arg(short = 'J', long = "json", global = true)]
     pub json: bool,
+
+    /// Element type of the collectives: float, half, bfloat16, int32, uint32.
+    #[arg(short = 'd', long = "datatype", default_value = "float", global = true)]
+    pub datatype: String,
+
+    /// Reduction operator: sum, prod, min, max, avg.
+    #[arg(short = 'o', long = "op", default_value = "sum", global = true)]
+    pub op: String,
+
+    /// Root rank (broadcast).
+    #[arg(short = 'r', long = "root", default_value_t = 0, global = true)]
+    pub root: usize,
+
+    /// Also run this library on the same buffers, in the same run (only `nccl`).
+    #[arg(long, global = true)]
+    pub baseline: Option<String>,
+
+    /// Time calls replayed from a CUDA graph of this many calls (0: eager launches).
+    #[arg(short = 'G', long = "cudagraph", default_value_t = 0, global = true)]
+    pub cudagraph: u32,
 }
 
 /// The benchmarks.
@@ -50,6 +70,16 @@ pub enum Bench {
     /// Each rank copies into the next rank's buffer through an IPC mapping (the CudaIpc path),
     /// plus bootstrap latencies.
     P2p,
+    /// All-reduce (the default benchmark).
+    Allreduce,
+    /// All-gather.
+    Allgather,
+    /// Reduce-scatter.
+    Reducescatter,
+    /// Broadcast from `--root`.
+    Broadcast,
+    /// All-to-all.
+    Alltoall,
     /// Both ranks put into each other through memory channels (the device copies).
     MemoryChannel,
     /// Both ranks put into each other through port channels (the proxy copies).
@@ -93,6 +123,20 @@ impl Args {
         if self.iters == 0 {
             return Err("-n must be at least 1".into());
         }
+        if let Some(b) = &self.baseline {
+            if b != "nccl" {
+                return Err(format!("--baseline {b}: only `nccl` is supported"));
+            }
+        }
+        if self.cudagraph != 0 {
+            return Err("-G (CUDA graph timing) is not supported yet: the HAL has no graph capture; run without -G for eager timing".into());
+        }
+        self.datatype
+            .parse::<mscclpp::hal::DataType>()
+            .map_err(|e| e.to_string())?;
+        self.op
+            .parse::<mscclpp::hal::ReduceOp>()
+            .map_err(|e| e.to_string())?;
         if let Some(n) = self.ranks {
             if n < 2 {
                 return Err(format!("--ranks {n}: at least 2 ranks are needed"));

@@ -140,7 +140,10 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
     let (blocks, threads) = if info.warp_size == 1 {
         (info.multiprocessors.clamp(1, 32), 1)
     } else {
-        (info.multiprocessors.clamp(1, 132), 1024.min(info.max_threads_per_block))
+        (
+            info.multiprocessors.clamp(1, 132),
+            1024.min(info.max_threads_per_block),
+        )
     };
     let mut table = preamble(args, comm, "memory-channel put");
     let launch = |size: usize, iters: u64| {
@@ -151,7 +154,13 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
         };
         // SAFETY: the channel and buffers outlive the launch (synchronised in `measure`); `size`
         // is within both buffers.
-        unsafe { stream.launch_raw(&*kernel, LaunchConfig::linear(blocks, threads), a.as_bytes()) }
+        unsafe {
+            stream.launch_raw(
+                &*kernel,
+                LaunchConfig::linear(blocks, threads),
+                a.as_bytes(),
+            )
+        }
     };
     measure(args, comm, &stream, &bufs, "memch", &mut table, &launch)
 }

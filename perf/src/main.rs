@@ -5,6 +5,8 @@
 
 mod args;
 mod channels;
+mod collective;
+mod nccl;
 mod p2p;
 mod report;
 
@@ -14,7 +16,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use mscclpp::comm::Communicator;
-use mscclpp::hal::{BackendKind, Result};
+use mscclpp::hal::{BackendKind, CollectiveKind, DataType, ReduceOp, Result};
 use mscclpp::transports::Transport;
 
 use args::{Args, Bench};
@@ -71,7 +73,24 @@ fn run(args: &Args) -> Result<ExitCode> {
     let backend = mscclpp::registry::select()?;
     let local = boot.local_rank().unwrap_or(boot.rank());
     let device = backend.open_device(local % backend.device_count().max(1))?;
-    let wrong = match args.bench.clone().unwrap_or(Bench::P2p) {
+    let kind = |b: &Bench| match b {
+        Bench::Allgather => CollectiveKind::AllGather,
+        Bench::Reducescatter => CollectiveKind::ReduceScatter,
+        Bench::Broadcast => CollectiveKind::Broadcast,
+        Bench::Alltoall => CollectiveKind::AllToAll,
+        _ => CollectiveKind::AllReduce,
+    };
+    let bench = args.bench.clone().unwrap_or(Bench::Allreduce);
+    let wrong = match bench {
+        Bench::Allreduce
+        | Bench::Allgather
+        | Bench::Reducescatter
+        | Bench::Broadcast
+        | Bench::Alltoall => run_collective(
+            args,
+            Arc::new(Communicator::new(boot.clone(), device)),
+            kind(&bench),
+        )?,
         Bench::P2p => p2p::run(args, &boot, device)?,
         Bench::MemoryChannel => {
             channels::run_memory_channel(args, &Communicator::new(boot.clone(), device))?
@@ -89,4 +108,128 @@ fn run(args: &Args) -> Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs one collective over the sizes; rank 0 prints. Returns the wrong elements (ours and
+/// NCCL's) over all ranks.
+fn run_collective(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result<u64> {
+    let dtype: DataType = args.datatype.parse()?;
+    let op: ReduceOp = args.op.parse()?;
+    if args.root >= comm.nranks() {
+        return Err(mscclpp::Error::invalid(format!(
+            "--root {} is not a rank of {}",
+            args.root,
+            comm.nranks()
+        )));
+    }
+    let sizes = args.sizes();
+    let max = sizes.last().copied().unwrap_or(0);
+    let bench = collective::Bench::new(comm.clone(), max, args.baseline.is_some())?;
+    let spec = collective::Spec {
+        kind,
+        dtype,
+        op,
+        root: args.root,
+    };
+    let lead = comm.rank() == 0;
+    let info = comm.device().info();
+    let nranks = comm.nranks();
+    let factor = collective::bus_factor(kind, nranks);
+    if lead && !args.json {
+        println!(
+            "# mscclpp-perf {}: {nranks} ranks on the {} backend ({}), {dtype}, op {op}, root {}, eager launches, {} iterations after {} warm-up{}",
+            kind.name(),
+            info.backend,
+            info.name,
+            args.root,
+            args.iters,
+            args.warmup,
+            bench.nccl_version().map_or(String::new(), |v| format!(
+                "; baseline NCCL {v} on the same buffers and stream"
+            ))
+        );
+        println!(
+            "# {:>12} {:>12} {:>9} {:>6} | {:>10} {:>8} {:>8} {:>7} | {:>10} {:>8} {:>8} {:>7} | {:>6}",
+            "size(B)",
+            "count",
+            "type",
+            "op",
+            "time(us)",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "nccl(us)",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "speedup"
+        );
+    }
+    let mut wrong = 0;
+    for size in sizes {
+        let Some(m) = bench.measure(args, &spec, size)? else {
+            continue;
+        };
+        wrong += m.wrong + m.nccl.map_or(0, |(_, w)| w);
+        if !lead {
+            continue;
+        }
+        let alg = |us: f64| m.size as f64 / us / 1e3;
+        if args.json {
+            let nccl = m.nccl.map_or("null".to_string(), |(t, w)| {
+                format!(
+                    "{{\"time_us\":{t:.3},\"algbw\":{:.3},\"busbw\":{:.3},\"wrong\":{w}}}",
+                    alg(t),
+                    alg(t) * factor
+                )
+            });
+            println!(
+                "{{\"collective\":\"{}\",\"size\":{},\"count\":{},\"type\":\"{dtype}\",\"op\":\"{op}\",\"root\":{},\"nranks\":{nranks},\"time_us\":{:.3},\"algbw\":{:.3},\"busbw\":{:.3},\"wrong\":{},\"nccl\":{nccl}}}",
+                kind.name(),
+                m.size,
+                m.count,
+                args.root,
+                m.us,
+                alg(m.us),
+                alg(m.us) * factor,
+                m.wrong
+            );
+        } else {
+            let (nt, na, nb, nw, sp) = match m.nccl {
+                Some((t, w)) => (
+                    format!("{t:.2}"),
+                    format!("{:.2}", alg(t)),
+                    format!("{:.2}", alg(t) * factor),
+                    w.to_string(),
+                    format!("{:.2}", t / m.us),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), "-".into(), "-".into()),
+            };
+            println!(
+                "  {:>12} {:>12} {:>9} {:>6} | {:>10.2} {:>8.2} {:>8.2} {:>7} | {:>10} {:>8} {:>8} {:>7} | {:>6}",
+                m.size,
+                m.count,
+                dtype.name(),
+                op.name(),
+                m.us,
+                alg(m.us),
+                alg(m.us) * factor,
+                m.wrong,
+                nt,
+                na,
+                nb,
+                nw,
+                sp
+            );
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    if lead && !args.json {
+        println!(
+            "# wrong values (ours and baseline, all ranks): {wrong} {}",
+            if wrong == 0 { "OK" } else { "FAILED" }
+        );
+    }
+    Ok(wrong)
 }

@@ -340,6 +340,10 @@ impl Device for CudaDevice {
         &self.info
     }
 
+    fn make_current(&self) -> Result<()> {
+        self.ctx.bind()
+    }
+
     fn alloc(&self, bytes: usize, kind: MemoryKind) -> Result<DeviceBuffer> {
         Ok(DeviceBuffer::new(Arc::new(CudaAllocation::new(
             self.ctx.clone(),

@@ -511,6 +511,10 @@ impl Stream for CudaStream {
         self.wait_all(timeout, "synchronize")
     }
 
+    fn native_handle(&self) -> Option<u64> {
+        Some(self.raw() as u64)
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

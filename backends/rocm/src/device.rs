@@ -323,6 +323,10 @@ impl Device for RocmDevice {
         &self.info
     }
 
+    fn make_current(&self) -> Result<()> {
+        self.ctx.bind()
+    }
+
     fn alloc(&self, bytes: usize, kind: MemoryKind) -> Result<DeviceBuffer> {
         Ok(DeviceBuffer::new(Arc::new(RocmAllocation::new(
             self.ctx.clone(),

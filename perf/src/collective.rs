@@ -1,0 +1,323 @@
+//! Collective benchmarks: our collectives beside NCCL (`--baseline nccl`), same buffers, same
+//! stream, same run; every result checked against exactly representable expected values.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use mscclpp::collectives::Collectives;
+use mscclpp::comm::Communicator;
+use mscclpp::hal::{
+    BufferSlice, CollectiveKind, DataType, DeviceBuffer, Error, MemoryKind, ReduceOp, Result,
+    Stream,
+};
+
+use crate::args::Args;
+use crate::nccl::Nccl;
+
+/// What one row compares.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// The collective.
+    pub kind: CollectiveKind,
+    /// Element type.
+    pub dtype: DataType,
+    /// Operator (reductions).
+    pub op: ReduceOp,
+    /// Root (broadcast).
+    pub root: usize,
+}
+
+/// Input element `i` of rank `r`: small integers, exact in every type and in every reduction of
+/// up to 8 ranks (products stay powers of two).
+fn value(spec: &Spec, r: usize, i: usize) -> u32 {
+    if spec.op == ReduceOp::Prod && spec.kind.reduces() {
+        1 + ((i + r) % 2) as u32
+    } else {
+        ((i * 7 + r * 3 + 1) % 16) as u32
+    }
+}
+
+fn encode(dtype: DataType, v: f64, out: &mut Vec<u8>) {
+    match dtype {
+        DataType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+        DataType::F16 => out.extend_from_slice(&f16::from_f64(v).to_le_bytes()),
+        DataType::BF16 => out.extend_from_slice(&bf16::from_f64(v).to_le_bytes()),
+        DataType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+        DataType::U32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
+    }
+}
+
+fn decode(dtype: DataType, b: &[u8]) -> f64 {
+    match dtype {
+        DataType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DataType::F16 => f64::from(f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        DataType::BF16 => f64::from(bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        DataType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DataType::U32 => f64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    }
+}
+
+fn expected(spec: &Spec, n: usize, rank: usize, count: usize, j: usize) -> f64 {
+    let reduce = |i: usize| {
+        let vals = (0..n).map(|p| f64::from(value(spec, p, i)));
+        match spec.op {
+            ReduceOp::Sum => vals.sum::<f64>(),
+            ReduceOp::Prod => vals.product(),
+            ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+            ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
+            ReduceOp::Avg => {
+                let s: f64 = vals.sum();
+                if matches!(spec.dtype, DataType::I32 | DataType::U32) {
+                    (s / n as f64).trunc()
+                } else {
+                    s / n as f64
+                }
+            }
+        }
+    };
+    match spec.kind {
+        CollectiveKind::AllReduce => reduce(j),
+        CollectiveKind::ReduceScatter => reduce(rank * count + j),
+        CollectiveKind::AllGather => f64::from(value(spec, j / count, j % count)),
+        CollectiveKind::Broadcast => f64::from(value(spec, spec.root, j)),
+        CollectiveKind::AllToAll => f64::from(value(spec, j / count, rank * count + j % count)),
+    }
+}
+
+/// Wrong output elements (`Avg` of floats gets a relative tolerance: the kernels divide in
+/// float precision).
+fn check(spec: &Spec, n: usize, rank: usize, count: usize, got: &[u8]) -> u64 {
+    let s = spec.dtype.size();
+    let tol = if spec.op == ReduceOp::Avg && !matches!(spec.dtype, DataType::I32 | DataType::U32) {
+        match spec.dtype {
+            DataType::F32 => 1e-6,
+            DataType::F16 => 2e-3,
+            _ => 1e-2,
+        }
+    } else {
+        0.0
+    };
+    got.chunks_exact(s)
+        .enumerate()
+        .filter(|(j, b)| {
+            let (g, w) = (decode(spec.dtype, b), expected(spec, n, rank, count, *j));
+            (g - w).abs() > tol * w.abs()
+        })
+        .count() as u64
+}
+
+/// One measured size.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// Bytes of the larger buffer (nccl-tests' "size").
+    pub size: usize,
+    /// Elements per rank block.
+    pub count: usize,
+    /// Our time per call, µs (slowest rank).
+    pub us: f64,
+    /// Our wrong elements, all ranks.
+    pub wrong: u64,
+    /// NCCL's time and wrong elements, when measured.
+    pub nccl: Option<(f64, u64)>,
+}
+
+/// The collective benchmark of one rank.
+pub struct Bench {
+    comm: Arc<Communicator>,
+    coll: Collectives,
+    stream: Arc<dyn Stream>,
+    input: DeviceBuffer,
+    output: DeviceBuffer,
+    nccl: Option<Nccl>,
+}
+
+impl Bench {
+    /// Sets up buffers of `max` bytes, the collectives and (optionally) NCCL.
+    pub fn new(comm: Arc<Communicator>, max: usize, baseline: bool) -> Result<Bench> {
+        let device = comm.device().clone();
+        let coll = Collectives::new(comm.clone())?;
+        let stream = device.create_stream()?;
+        let input = device.alloc(max.max(1), MemoryKind::Device)?;
+        let output = device.alloc(max.max(1), MemoryKind::Device)?;
+        let nccl = if baseline {
+            if stream.native_handle().is_none() {
+                return Err(Error::unavailable(
+                    "--baseline nccl",
+                    format!(
+                        "the {} backend has no vendor stream to run NCCL on",
+                        device.info().backend
+                    ),
+                ));
+            }
+            device.make_current()?;
+            let boot = comm.bootstrap().clone();
+            Some(Nccl::open(comm.rank(), comm.nranks(), move |id| {
+                let bytes = boot.broadcast(0, id.as_ref().map_or(&[][..], |b| &b[..]))?;
+                bytes
+                    .try_into()
+                    .map_err(|_| Error::malformed("NCCL unique id", "not 128 bytes"))
+            })?)
+        } else {
+            None
+        };
+        Ok(Bench {
+            comm,
+            coll,
+            stream,
+            input,
+            output,
+            nccl,
+        })
+    }
+
+    /// NCCL's version, when the baseline runs.
+    pub fn nccl_version(&self) -> Option<&str> {
+        self.nccl.as_ref().map(|n| n.version.as_str())
+    }
+
+    fn slices(&self, in_b: usize, out_b: usize) -> Result<(BufferSlice, BufferSlice)> {
+        Ok((self.input.slice(..in_b)?, self.output.slice(..out_b)?))
+    }
+
+    fn ours(
+        &self,
+        spec: &Spec,
+        input: &BufferSlice,
+        output: &BufferSlice,
+        count: usize,
+    ) -> Result<()> {
+        let s = &*self.stream;
+        match spec.kind {
+            CollectiveKind::AllReduce => self
+                .coll
+                .all_reduce(input, output, count, spec.dtype, spec.op, s),
+            CollectiveKind::AllGather => self.coll.all_gather(input, output, count, spec.dtype, s),
+            CollectiveKind::ReduceScatter => self
+                .coll
+                .reduce_scatter(input, output, count, spec.dtype, spec.op, s),
+            CollectiveKind::Broadcast => self
+                .coll
+                .broadcast(input, output, count, spec.dtype, spec.root, s),
+            CollectiveKind::AllToAll => self.coll.all_to_all(input, output, count, spec.dtype, s),
+        }
+    }
+
+    fn time(&self, args: &Args, call: &dyn Fn() -> Result<()>) -> Result<f64> {
+        let device = self.comm.device();
+        let (e0, e1) = (device.create_event()?, device.create_event()?);
+        for _ in 0..args.warmup {
+            call()?;
+        }
+        self.stream.synchronize()?;
+        self.comm.bootstrap().barrier()?;
+        self.stream.record(&*e0)?;
+        for _ in 0..args.iters {
+            call()?;
+        }
+        self.stream.record(&*e1)?;
+        self.stream.synchronize()?;
+        Ok(e1.elapsed_ms_since(&*e0)? * 1e3 / args.iters as f64)
+    }
+
+    /// Measures one size (`size` bytes of the larger buffer); `None` when it holds no element.
+    pub fn measure(&self, args: &Args, spec: &Spec, size: usize) -> Result<Option<Measured>> {
+        let n = self.comm.nranks();
+        let rank = self.comm.rank();
+        let per = match spec.kind {
+            CollectiveKind::AllReduce | CollectiveKind::Broadcast => 1,
+            _ => n,
+        };
+        let count = size / (spec.dtype.size() * per);
+        if count == 0 {
+            return Ok(None);
+        }
+        let (in_e, out_e) = spec.kind.buffer_elements(count as u64, n as u64);
+        let (in_b, out_b) = (
+            in_e as usize * spec.dtype.size(),
+            out_e as usize * spec.dtype.size(),
+        );
+        let (input, output) = self.slices(in_b, out_b)?;
+        let mut data = Vec::with_capacity(in_b);
+        for i in 0..in_e as usize {
+            encode(spec.dtype, f64::from(value(spec, rank, i)), &mut data);
+        }
+        self.stream.write_from_host(&input, &data)?;
+        drop(data);
+        let verify = |stream: &dyn Stream| -> Result<u64> {
+            if args.check == 0 {
+                return Ok(0);
+            }
+            let mut got = vec![0u8; out_b];
+            stream.read_to_host(&mut got, &output)?;
+            Ok(check(spec, n, rank, count, &got))
+        };
+        self.stream.fill(&output, 0xA5)?;
+        let us = self.time(args, &|| self.ours(spec, &input, &output, count))?;
+        let wrong = verify(&*self.stream)?;
+        let nccl = match &self.nccl {
+            None => None,
+            Some(nc) => {
+                let h = self.stream.native_handle().unwrap_or(0);
+                self.stream.fill(&output, 0xA5)?;
+                self.stream.synchronize()?;
+                let t = self.time(args, &|| {
+                    nc.run(
+                        spec.kind,
+                        input.ptr().0,
+                        output.ptr().0,
+                        count,
+                        spec.dtype,
+                        spec.op,
+                        spec.root,
+                        h,
+                    )
+                })?;
+                Some((t, verify(&*self.stream)?))
+            }
+        };
+        // Slowest rank's times, everyone's wrong counts.
+        let mut msg = Vec::with_capacity(32);
+        msg.extend_from_slice(&us.to_le_bytes());
+        msg.extend_from_slice(&wrong.to_le_bytes());
+        let (nt, nw) = nccl.unwrap_or((0.0, 0));
+        msg.extend_from_slice(&nt.to_le_bytes());
+        msg.extend_from_slice(&nw.to_le_bytes());
+        let all = self.comm.bootstrap().all_gather(&msg)?;
+        let mut m = Measured {
+            size: in_b.max(out_b),
+            count,
+            us: 0.0,
+            wrong: 0,
+            nccl: nccl.map(|_| (0.0, 0)),
+        };
+        for b in &all {
+            if b.len() != 32 {
+                return Err(Error::malformed(
+                    "perf result",
+                    format!("{} bytes instead of 32", b.len()),
+                ));
+            }
+            let f = |k: usize| f64::from_le_bytes(b[k..k + 8].try_into().unwrap_or([0; 8]));
+            let u = |k: usize| u64::from_le_bytes(b[k..k + 8].try_into().unwrap_or([0; 8]));
+            m.us = m.us.max(f(0));
+            m.wrong += u(8);
+            if let Some((t, w)) = m.nccl.as_mut() {
+                *t = t.max(f(16));
+                *w += u(24);
+            }
+        }
+        Ok(Some(m))
+    }
+}
+
+/// nccl-tests' bus-bandwidth factor.
+pub fn bus_factor(kind: CollectiveKind, n: usize) -> f64 {
+    let n = n as f64;
+    match kind {
+        CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
+            (n - 1.0) / n
+        }
+        CollectiveKind::Broadcast => 1.0,
+    }
+}
