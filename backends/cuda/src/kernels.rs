@@ -23,6 +23,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     header!("layout_check.h"),
     header!("memory_channel.cuh"),
     header!("mscclpp.cuh"),
+    header!("numeric.cuh"),
     header!("packet.cuh"),
     header!("port_channel.cuh"),
     header!("semaphore.cuh"),
@@ -51,6 +52,11 @@ pub const MODULES: &[Module] = &[
             KernelId::BENCH_PORT_CHANNEL_PUT,
             KernelId::EXAMPLE_PING_PONG,
         ],
+    },
+    Module {
+        name: "collectives.cu",
+        source: include_str!("../../../kernels/cuda/collectives.cu"),
+        kernels: &[KernelId::COLLECTIVE_LL],
     },
     Module {
         name: "test_kernels.cu",

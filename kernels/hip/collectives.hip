@@ -1,0 +1,375 @@
+// The LL-packet algorithm of every collective (hal/src/collective.rs is the specification: the
+// argument struct, the scratch layout, the flags and the rounds). Vendor-neutral: the same text
+// is compiled by NVRTC and (as kernels/hip/collectives.hip) by hipRTC.
+//
+// Work split, per round (flag f = base + 1 + k, half f % 2, piece k = bytes [k R, k R + R) of a
+// rank's block, R = slot_bytes / 2): threads of the whole grid stride over
+//   - sends of the same data to every peer (all-reduce, all-gather, broadcast): one item per
+//     packet; the thread loads 8 input bytes once and stores the packet into every peer's slot;
+//   - sends of different data per peer (reduce-scatter, all-to-all) and copying receives
+//     (all-gather, all-to-all): one item per (peer, packet), peer-major, so that neighbouring
+//     threads touch neighbouring packets;
+//   - reducing receives: one item per packet; the thread combines the packets of every rank in
+//     rank order (its own input in place of a packet at its own rank), so that every rank computes
+//     bit-identical results.
+// All-reduce's send and receive of packet i are the same thread's (the same stride), so that an
+// in-place call reads each input word before it is overwritten.
+// Between rounds the grid synchronises (only calls of more than one round): a rank then sends
+// round k + 1 only after all its threads have read round k, which is what makes round k + 2
+// reusing the half of round k safe whatever the grid shapes of the ranks. Broadcast's root,
+// which reads nothing, waits instead for an acknowledgement packet of each round from every other
+// rank (in that rank's slot of the root's scratch, the round's half and flag). After the last round
+// the grid synchronises and one thread advances the flag counter by the number of rounds.
+#include "mscclpp/core.cuh"
+#include "mscclpp/device_syncer.cuh"
+#include "mscclpp/memory_channel.cuh"  // Bytes16
+#include "mscclpp/numeric.cuh"
+#include "mscclpp/packet.cuh"
+#include "mscclpp/test_args.cuh"
+
+namespace mscclpp {
+
+// One grid barrier per module; zero-initialised at load, never reset (replays stay consistent).
+__device__ DeviceSyncer collectiveSyncer;
+
+// CollectiveKind codes (hal/src/collective.rs).
+constexpr uint32_t kCollAllReduce = 0;
+constexpr uint32_t kCollAllGather = 1;
+constexpr uint32_t kCollReduceScatter = 2;
+constexpr uint32_t kCollBroadcast = 3;
+constexpr uint32_t kCollAllToAll = 4;
+
+// The slow paths of loadWord and storeWord (a piece's last packet, or a buffer not 8-byte
+// aligned): out of line, so that the many inlined copies of the fast path stay small.
+__device__ __noinline__ uint64_t loadWordSlow(const char* p, uint32_t n) {
+  uint64_t w = 0;
+  if ((((uint64_t)p | n) & 3) == 0) {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; b += 4) w |= (uint64_t)(*(const uint32_t*)(p + b)) << (8 * b);
+  } else {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; b += 2) w |= (uint64_t)(*(const uint16_t*)(p + b)) << (8 * b);
+  }
+  return w;
+}
+__device__ __noinline__ void storeWordSlow(char* p, uint64_t w, uint32_t n) {
+  if ((((uint64_t)p | n) & 3) == 0) {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; b += 4) *(uint32_t*)(p + b) = (uint32_t)(w >> (8 * b));
+  } else {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; b += 2) *(uint16_t*)(p + b) = (uint16_t)(w >> (8 * b));
+  }
+}
+
+// The `n` (1..8, a multiple of the element size) bytes at `p` as the low bytes of a word,
+// zero-padded; `p` is aligned to the element size at least.
+MSCCLPP_DEVICE_INLINE uint64_t loadWord(const char* p, uint32_t n) {
+  if (n == 8 && ((uint64_t)p & 7) == 0) return *(const uint64_t*)p;
+  return loadWordSlow(p, n);
+}
+
+// Stores the low `n` bytes of `w` at `p` (as for loadWord).
+MSCCLPP_DEVICE_INLINE void storeWord(char* p, uint64_t w, uint32_t n) {
+  if (n == 8 && ((uint64_t)p & 7) == 0) {
+    *(uint64_t*)p = w;
+  } else {
+    storeWordSlow(p, w, n);
+  }
+}
+
+template <typename T>
+MSCCLPP_DEVICE_INLINE void copyUnits(char* dst, const char* src, uint64_t n, uint64_t tid, uint64_t nthreads) {
+  T* d = (T*)dst;
+  const T* s = (const T*)src;
+  for (uint64_t i = tid; i < n; i += nthreads) d[i] = s[i];
+}
+
+// Copies `bytes` (a multiple of `esize`, 2 or 4) from `src` to `dst` (both aligned to `esize` at
+// least) with the widest accesses their alignment allows.
+MSCCLPP_DEVICE_INLINE void copyBytes(char* dst, const char* src, uint64_t bytes, uint32_t esize, uint64_t tid,
+                                     uint64_t nthreads) {
+  if (dst == src || bytes == 0) return;
+  const uint64_t align = ((uint64_t)dst | (uint64_t)src) & 15;
+  uint64_t main = 0;
+  if (align == 0) {
+    main = bytes & ~(uint64_t)15;
+    copyUnits<Bytes16>(dst, src, main / 16, tid, nthreads);
+  } else if ((align & 7) == 0) {
+    main = bytes & ~(uint64_t)7;
+    copyUnits<uint64_t>(dst, src, main / 8, tid, nthreads);
+  } else if ((align & 3) == 0) {
+    main = bytes & ~(uint64_t)3;
+    copyUnits<uint32_t>(dst, src, main / 4, tid, nthreads);
+  }
+  // The rest (fewer than 16 bytes, or everything when only 2-byte aligned) in elements.
+  if (esize == 4) {
+    copyUnits<uint32_t>(dst + main, src + main, (bytes - main) / 4, tid, nthreads);
+  } else {
+    copyUnits<uint16_t>(dst + main, src + main, (bytes - main) / 2, tid, nthreads);
+  }
+}
+
+// What every phase of a call shares.
+struct LlCall {
+  const char* input;
+  char* output;
+  uint64_t blockBytes;  // data bytes per peer (count * element size)
+  uint64_t roundBytes;  // R
+  uint64_t slotBytes;
+  uint64_t halfBytes;  // MAX_RANKS * slot_bytes
+  uint64_t scratch;    // this rank's scratch
+  uint64_t base;       // flag counter at kernel start
+  uint64_t rounds;
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t tid;
+  uint32_t nthreads;
+  uint32_t esize;
+};
+
+// The packets of round `k`: flag, offset of the piece in the block, packets in it and bytes of
+// data in it.
+struct LlRound {
+  uint64_t flag64;
+  uint32_t flag;
+  uint64_t half;  // byte offset of this round's half in a scratch buffer
+  uint64_t pieceOff;
+  uint32_t pieceBytes;
+  uint32_t npackets;
+};
+
+MSCCLPP_DEVICE_INLINE LlRound llRound(const LlCall& c, uint64_t k) {
+  LlRound r;
+  r.flag64 = c.base + 1 + k;
+  r.flag = (uint32_t)r.flag64;
+  r.half = (r.flag64 & 1) * c.halfBytes;
+  r.pieceOff = k * c.roundBytes;
+  const uint64_t left = c.blockBytes - r.pieceOff;
+  r.pieceBytes = (uint32_t)(left < c.roundBytes ? left : c.roundBytes);
+  r.npackets = (r.pieceBytes + 7) / 8;
+  return r;
+}
+
+// The `q`-th peer (q < nranks - 1) of `rank`, staggered so that ranks start on different peers.
+MSCCLPP_DEVICE_INLINE uint32_t peerOf(uint32_t rank, uint32_t nranks, uint32_t q) {
+  uint32_t p = rank + 1 + q;
+  return p >= nranks ? p - nranks : p;
+}
+
+// Valid data bytes of packet `i` of a piece of `pieceBytes`.
+MSCCLPP_DEVICE_INLINE uint32_t packetBytes(uint32_t pieceBytes, uint32_t i) {
+  const uint32_t left = pieceBytes - 8 * i;
+  return left < 8 ? left : 8;
+}
+
+// Strides over (peer index q < npeers, packet i < npackets), peer-major, without a division per
+// item: `body(q, i)`.
+template <typename Body>
+MSCCLPP_DEVICE_INLINE void forPeerPackets(uint32_t npeers, uint32_t npackets, uint32_t tid, uint32_t nthreads,
+                                          Body body) {
+  if (npackets == 0) return;
+  uint32_t q = tid / npackets;
+  uint32_t i = tid - q * npackets;
+  const uint32_t dq = nthreads / npackets;
+  const uint32_t di = nthreads - dq * npackets;
+  while (q < npeers) {
+    body(q, i);
+    i += di;
+    q += dq;
+    if (i >= npackets) {
+      i -= npackets;
+      ++q;
+    }
+  }
+}
+
+// Sends packet `i` of `piece` (the same data for every destination) to every peer.
+MSCCLPP_DEVICE_INLINE void sendSame(const LlCollectiveArgs& a, const LlCall& c, const LlRound& r, const char* piece,
+                                    uint32_t i) {
+  const uint32_t n = packetBytes(r.pieceBytes, i);
+  const uint64_t w = loadWord(piece + 8 * (uint64_t)i, n);
+  const uint64_t off = r.half + c.rank * c.slotBytes + 16 * (uint64_t)i;
+#pragma unroll 1
+  for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+    const uint32_t p = peerOf(c.rank, c.nranks, q);
+    ((LL16Packet*)(a.peer_scratch[p] + off))->write(w, r.flag);
+  }
+}
+
+// The reduction of packet `i` of round `r`: every rank's piece of block `ownBlock`.
+template <uint32_t DTYPE, uint32_t OP>
+MSCCLPP_DEVICE_INLINE void reducePacket(const LlCall& c, const LlRound& r, const char* ownPiece, char* outPiece,
+                                        uint32_t i) {
+  const uint32_t n = packetBytes(r.pieceBytes, i);
+  const uint64_t own = loadWord(ownPiece + 8 * (uint64_t)i, n);
+  const char* slot0 = (const char*)(c.scratch + r.half + 16 * (uint64_t)i);
+  Reducer<DTYPE, OP> acc;
+  acc.load(c.rank == 0 ? own : ((const LL16Packet*)slot0)->read(r.flag));
+#pragma unroll 1
+  for (uint32_t p = 1; p < c.nranks; ++p) {
+    acc.add(p == c.rank ? own : ((const LL16Packet*)(slot0 + p * c.slotBytes))->read(r.flag));
+  }
+  storeWord(outPiece + 8 * (uint64_t)i, acc.finish(c.nranks), n);
+}
+
+MSCCLPP_DEVICE_INLINE void betweenRounds(const LlCall& c, uint64_t k) {
+  if (k + 1 < c.rounds) collectiveSyncer.sync(gridDim.x);
+}
+
+// Round `r`'s reduction into the output: one item per packet.
+template <uint32_t DTYPE, uint32_t OP>
+MSCCLPP_DEVICE_INLINE void reduceRound(const LlCall& c, const LlRound& r, const char* ownPiece, char* outPiece) {
+  for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) reducePacket<DTYPE, OP>(c, r, ownPiece, outPiece, i);
+}
+
+template <uint32_t DTYPE>
+MSCCLPP_DEVICE_INLINE void reduceRoundOp(uint32_t op, const LlCall& c, const LlRound& r, const char* ownPiece,
+                                         char* outPiece) {
+  switch (op) {
+    case kReduceSum: reduceRound<DTYPE, kReduceSum>(c, r, ownPiece, outPiece); break;
+    case kReduceProd: reduceRound<DTYPE, kReduceProd>(c, r, ownPiece, outPiece); break;
+    case kReduceMin: reduceRound<DTYPE, kReduceMin>(c, r, ownPiece, outPiece); break;
+    case kReduceMax: reduceRound<DTYPE, kReduceMax>(c, r, ownPiece, outPiece); break;
+    case kReduceAvg: reduceRound<DTYPE, kReduceAvg>(c, r, ownPiece, outPiece); break;
+    default: deviceTrap();
+  }
+}
+
+// All-reduce (block = the whole buffer) and reduce-scatter (peer j gets block j of the input).
+MSCCLPP_DEVICE_INLINE void llReduce(const LlCollectiveArgs& a, const LlCall& c, bool scatter) {
+  const char* ownBlock = c.input + (scatter ? c.rank * c.blockBytes : 0);
+  for (uint64_t k = 0; k < c.rounds; ++k) {
+    const LlRound r = llRound(c, k);
+    if (scatter) {
+      const uint64_t slotOff = r.half + c.rank * c.slotBytes;
+      forPeerPackets(c.nranks - 1, r.npackets, c.tid, c.nthreads, [&](uint32_t q, uint32_t i) {
+        const uint32_t p = peerOf(c.rank, c.nranks, q);
+        const uint32_t n = packetBytes(r.pieceBytes, i);
+        const uint64_t w = loadWord(c.input + p * c.blockBytes + r.pieceOff + 8 * (uint64_t)i, n);
+        ((LL16Packet*)(a.peer_scratch[p] + slotOff + 16 * (uint64_t)i))->write(w, r.flag);
+      });
+    } else {
+      // The same stride as the reduction below: in place, packet i's input word is read (here)
+      // before the same thread overwrites it (there).
+      for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) sendSame(a, c, r, c.input + r.pieceOff, i);
+    }
+    const char* ownPiece = ownBlock + r.pieceOff;
+    char* outPiece = c.output + r.pieceOff;
+    switch (a.dtype) {
+      case kDataTypeF32: reduceRoundOp<kDataTypeF32>(a.op, c, r, ownPiece, outPiece); break;
+      case kDataTypeF16: reduceRoundOp<kDataTypeF16>(a.op, c, r, ownPiece, outPiece); break;
+      case kDataTypeBF16: reduceRoundOp<kDataTypeBF16>(a.op, c, r, ownPiece, outPiece); break;
+      case kDataTypeI32: reduceRoundOp<kDataTypeI32>(a.op, c, r, ownPiece, outPiece); break;
+      default: reduceRoundOp<kDataTypeU32>(a.op, c, r, ownPiece, outPiece); break;
+    }
+    betweenRounds(c, k);
+  }
+}
+
+// All-gather (everyone's block to everyone, into output block `source`), all-to-all (input block
+// j to peer j, into output block `source`) and broadcast (the root's buffer to everyone).
+MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, const LlCall& c, uint32_t kind) {
+  const bool toBlocks = kind != kCollBroadcast;  // received data goes to output block `source`
+  const bool isRoot = c.rank == a.root;
+  for (uint64_t k = 0; k < c.rounds; ++k) {
+    const LlRound r = llRound(c, k);
+    // Sends.
+    if (kind == kCollAllToAll) {
+      const uint64_t slotOff = r.half + c.rank * c.slotBytes;
+      forPeerPackets(c.nranks - 1, r.npackets, c.tid, c.nthreads, [&](uint32_t q, uint32_t i) {
+        const uint32_t p = peerOf(c.rank, c.nranks, q);
+        const uint32_t n = packetBytes(r.pieceBytes, i);
+        const uint64_t w = loadWord(c.input + p * c.blockBytes + r.pieceOff + 8 * (uint64_t)i, n);
+        ((LL16Packet*)(a.peer_scratch[p] + slotOff + 16 * (uint64_t)i))->write(w, r.flag);
+      });
+    } else if (kind == kCollAllGather || isRoot) {
+      for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) sendSame(a, c, r, c.input + r.pieceOff, i);
+    }
+    // The own contribution, once, while the first packets travel.
+    if (k == 0) {
+      if (kind == kCollAllGather) {
+        copyBytes(c.output + c.rank * c.blockBytes, c.input, c.blockBytes, c.esize, c.tid, c.nthreads);
+      } else if (kind == kCollAllToAll) {
+        copyBytes(c.output + c.rank * c.blockBytes, c.input + c.rank * c.blockBytes, c.blockBytes, c.esize, c.tid,
+                  c.nthreads);
+      } else if (isRoot) {
+        copyBytes(c.output, c.input, c.blockBytes, c.esize, c.tid, c.nthreads);
+      }
+    }
+    // Receives.
+    if (toBlocks) {
+      forPeerPackets(c.nranks - 1, r.npackets, c.tid, c.nthreads, [&](uint32_t q, uint32_t i) {
+        const uint32_t p = peerOf(c.rank, c.nranks, q);
+        const uint64_t w = ((const LL16Packet*)(c.scratch + r.half + p * c.slotBytes + 16 * (uint64_t)i))->read(r.flag);
+        storeWord(c.output + p * c.blockBytes + r.pieceOff + 8 * (uint64_t)i, w, packetBytes(r.pieceBytes, i));
+      });
+    } else if (!isRoot) {
+      const char* slot = (const char*)(c.scratch + r.half + a.root * c.slotBytes);
+      for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) {
+        const uint64_t w = ((const LL16Packet*)(slot + 16 * (uint64_t)i))->read(r.flag);
+        storeWord(c.output + r.pieceOff + 8 * (uint64_t)i, w, packetBytes(r.pieceBytes, i));
+      }
+    }
+    if (kind == kCollBroadcast) {
+      // The root receives nothing, so nothing else would stop it from running two rounds (or
+      // calls) ahead and overwriting a half that a peer still reads: every other rank
+      // acknowledges each round once all its threads have read it (an empty packet with the
+      // round's flag in its own slot of the root's scratch), and the root waits for them.
+      const uint64_t ackOff = r.half;
+      if (!isRoot) {
+        collectiveSyncer.sync(gridDim.x);
+        if (c.tid == 0) ((LL16Packet*)(a.peer_scratch[a.root] + ackOff + c.rank * c.slotBytes))->write(0, r.flag);
+      } else if (c.tid == 0) {
+#pragma unroll 1
+        for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+          const uint32_t p = peerOf(c.rank, c.nranks, q);
+          ((const LL16Packet*)(c.scratch + ackOff + p * c.slotBytes))->read(r.flag);
+        }
+      }
+    }
+    betweenRounds(c, k);
+  }
+}
+
+}  // namespace mscclpp
+
+// Every collective kind, data type and operator of hal/src/collective.rs through LL16 packets.
+// Launch with a one-dimensional grid whose blocks are all resident, the same arguments' kind,
+// count, dtype, op, root and slot_bytes on every rank.
+extern "C" __global__ void mscclpp_collective_ll(mscclpp::LlCollectiveArgs a) {
+  mscclpp::LlCall c;
+  c.base = *(const mscclpp::uint64_t*)a.flag;
+  c.esize = mscclpp::dataTypeSize(a.dtype);
+  if (c.esize == 0 || a.nranks < 2 || a.nranks > mscclpp::kCollectiveMaxRanks || a.rank >= a.nranks ||
+      a.kind > mscclpp::kCollAllToAll || (a.kind == mscclpp::kCollBroadcast && a.root >= a.nranks)) {
+    mscclpp::deviceTrap();
+  }
+  c.input = (const char*)a.input;
+  c.output = (char*)a.output;
+  c.blockBytes = a.count * c.esize;
+  c.slotBytes = a.slot_bytes;
+  c.roundBytes = a.slot_bytes / 8 * 8 / 2;
+  c.halfBytes = mscclpp::kCollectiveMaxRanks * a.slot_bytes;
+  c.scratch = a.scratch;
+  c.rank = a.rank;
+  c.nranks = a.nranks;
+  c.tid = blockIdx.x * blockDim.x + threadIdx.x;
+  c.nthreads = gridDim.x * blockDim.x;
+  if (c.blockBytes == 0) {
+    c.rounds = 0;
+  } else {
+    if (c.roundBytes == 0) mscclpp::deviceTrap();
+    c.rounds = (c.blockBytes + c.roundBytes - 1) / c.roundBytes;
+  }
+
+  if (a.kind == mscclpp::kCollAllReduce || a.kind == mscclpp::kCollReduceScatter) {
+    mscclpp::llReduce(a, c, a.kind == mscclpp::kCollReduceScatter);
+  } else {
+    mscclpp::llCopy(a, c, a.kind);
+  }
+
+  // Every thread has read the counter and finished its last round: advance the counter.
+  mscclpp::collectiveSyncer.sync(gridDim.x);
+  if (c.tid == 0) *(mscclpp::uint64_t*)a.flag = c.base + c.rounds;
+}
