@@ -135,7 +135,9 @@ pub fn count_wrong(dtype: DataType, op: ReduceOp, got: &[u8], want: &[u8]) -> us
                 g != w
             } else {
                 let (a, b) = (to_f64(dtype, g), to_f64(dtype, w));
-                !((a - b).abs() <= tol * b.abs().max(1e-3))
+                // NaN (incomparable) counts as wrong.
+                let limit = tol * b.abs().max(1e-3);
+                (a - b).abs().partial_cmp(&limit).is_none_or(|o| o == std::cmp::Ordering::Greater)
             }
         })
         .count()
