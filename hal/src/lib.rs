@@ -47,4 +47,4 @@ pub use ipc::{IpcHandle, IpcHandleKind};
 pub use kernel::{Kernel, KernelArgs, KernelId, LaunchConfig};
 pub use memory::{Allocation, BufferSlice, DeviceBuffer, DevicePtr, MemoryKind};
 pub use multicast::{MulticastAddress, MulticastGroup, MulticastMapping};
-pub use stream::{Event, Stream};
+pub use stream::{Event, Graph, Stream};

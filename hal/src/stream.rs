@@ -55,6 +55,24 @@ pub trait Stream: Send + Sync + fmt::Debug {
         self.synchronize_timeout(Duration::from_secs(3600))
     }
 
+    /// Starts capturing: work enqueued on this stream from now on is recorded into a graph
+    /// instead of running (CUDA graphs; the host backend records its operations). Blocking
+    /// operations (`write_from_host`, `read_to_host`, `synchronize*`) are errors while capturing.
+    fn begin_capture(&self) -> Result<()> {
+        Err(crate::Error::unavailable(
+            "graph capture",
+            "this backend does not capture streams into graphs",
+        ))
+    }
+
+    /// Ends the capture started by [`Stream::begin_capture`] and returns the recorded work.
+    fn end_capture(&self) -> Result<Box<dyn Graph>> {
+        Err(crate::Error::unavailable(
+            "graph capture",
+            "this backend does not capture streams into graphs",
+        ))
+    }
+
     /// The vendor's handle of the stream (`CUstream`, `hipStream_t`) as an integer, for vendor
     /// libraries used beside the HAL on the same stream (NCCL as a baseline or fallback);
     /// `None` on the host backend.
@@ -95,4 +113,14 @@ pub trait Event: Send + Sync + fmt::Debug {
 
     /// Backend-specific access for downcasting.
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Work recorded from a stream, replayable as a whole (a CUDA graph).
+///
+/// Replays see the device memory as it is when they run: kernels that keep state in device
+/// memory (flags, sequence numbers) advance it on every replay, which is what makes the library's
+/// collectives correct under replay. A graph keeps alive every buffer its work uses.
+pub trait Graph: Send + Sync + fmt::Debug {
+    /// Enqueues one replay of the recorded work on `stream` (of the device it was captured on).
+    fn launch(&self, stream: &dyn Stream) -> Result<()>;
 }

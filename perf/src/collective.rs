@@ -202,21 +202,36 @@ impl Bench {
         }
     }
 
+    /// Time per call in µs: eager launches, or (`-G N`) replays of a graph of `N` calls.
     fn time(&self, args: &Args, call: &dyn Fn() -> Result<()>) -> Result<f64> {
         let device = self.comm.device();
         let (e0, e1) = (device.create_event()?, device.create_event()?);
+        let per_launch = args.cudagraph.max(1) as usize;
+        let graph = if args.cudagraph > 0 {
+            self.stream.begin_capture()?;
+            let captured = (0..per_launch).try_for_each(|_| call());
+            let graph = self.stream.end_capture();
+            captured?;
+            Some(graph?)
+        } else {
+            None
+        };
+        let run = || match &graph {
+            Some(g) => g.launch(&*self.stream),
+            None => call(),
+        };
         for _ in 0..args.warmup {
-            call()?;
+            run()?;
         }
         self.stream.synchronize()?;
         self.comm.bootstrap().barrier()?;
         self.stream.record(&*e0)?;
         for _ in 0..args.iters {
-            call()?;
+            run()?;
         }
         self.stream.record(&*e1)?;
         self.stream.synchronize()?;
-        Ok(e1.elapsed_ms_since(&*e0)? * 1e3 / args.iters as f64)
+        Ok(e1.elapsed_ms_since(&*e0)? * 1e3 / (args.iters * per_launch) as f64)
     }
 
     /// Measures one size (`size` bytes of the larger buffer); `None` when it holds no element.

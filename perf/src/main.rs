@@ -137,11 +137,16 @@ fn run_collective(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) ->
     let factor = collective::bus_factor(kind, nranks);
     if lead && !args.json {
         println!(
-            "# mscclpp-perf {}: {nranks} ranks on the {} backend ({}), {dtype}, op {op}, root {}, eager launches, {} iterations after {} warm-up{}",
+            "# mscclpp-perf {}: {nranks} ranks on the {} backend ({}), {dtype}, op {op}, root {}, {}, {} iterations after {} warm-up{}",
             kind.name(),
             info.backend,
             info.name,
             args.root,
+            if args.cudagraph > 0 {
+                format!("graph-timed ({} calls per graph)", args.cudagraph)
+            } else {
+                "eager launches".to_string()
+            },
             args.iters,
             args.warmup,
             bench.nccl_version().map_or(String::new(), |v| format!(

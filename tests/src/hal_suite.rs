@@ -68,6 +68,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
         "kernel_unknown_id_and_bad_shape_are_errors",
         kernel_unknown_id_and_bad_shape_are_errors,
     ),
+    ("graph_capture_replays_work", graph_capture_replays_work),
     (
         "multicast_group_binds_and_maps",
         multicast_group_binds_and_maps,
@@ -702,6 +703,66 @@ fn kernel_unknown_id_and_bad_shape_are_errors(f: &Fixture) -> Result<(), String>
     ensure!(
         e.to_string().contains("3 bytes"),
         "error does not name the size: {e}"
+    );
+    Ok(())
+}
+
+fn graph_capture_replays_work(f: &Fixture) -> Result<(), String> {
+    let s = f.device.create_stream().ctx("create_stream")?;
+    let k = f
+        .device
+        .load_kernel(KernelId::ATOMIC_ADD_U64)
+        .ctx("load_kernel")?;
+    let counter = f.device.alloc(8, MemoryKind::Device).ctx("alloc")?;
+    let marker = f.device.alloc(4096, MemoryKind::Device).ctx("alloc")?;
+    s.fill(&counter.full(), 0).ctx("fill")?;
+    s.synchronize_timeout(SYNC).ctx("synchronize")?;
+    match s.begin_capture() {
+        Err(e) if e.class() == ErrorClass::Unavailable => return Ok(()),
+        Err(e) => return Err(format!("begin_capture: {e}")),
+        Ok(()) => {}
+    }
+    let args = AtomicAddU64Args {
+        counter: counter.ptr().0,
+        value: 5,
+    };
+    // SAFETY: the counter lives past the synchronize below (the graph also keeps it alive).
+    unsafe { s.launch(&*k, LaunchConfig::linear(2, 32), &args) }.ctx("launch while capturing")?;
+    s.fill(&marker.full(), 0x3C).ctx("fill while capturing")?;
+    let refused = s.synchronize_timeout(SYNC).is_err();
+    let graph = s.end_capture().ctx("end_capture")?;
+    ensure!(refused, "synchronize while capturing was accepted");
+    // Nothing ran at capture time.
+    let before = u64::from_le_bytes(
+        download(&*s, &counter.full())?
+            .try_into()
+            .map_err(|_| "8 bytes")?,
+    );
+    ensure!(
+        before == 0,
+        "captured work ran at capture time (counter {before})"
+    );
+    for _ in 0..3 {
+        graph.launch(&*s).ctx("graph launch")?;
+    }
+    s.synchronize_timeout(SYNC).ctx("synchronize")?;
+    let after = u64::from_le_bytes(
+        download(&*s, &counter.full())?
+            .try_into()
+            .map_err(|_| "8 bytes")?,
+    );
+    ensure!(
+        after == 3 * 2 * 32 * 5,
+        "after 3 replays the counter is {after}, expected {}",
+        3 * 2 * 32 * 5
+    );
+    ensure!(
+        download(&*s, &marker.full())?.iter().all(|&b| b == 0x3C),
+        "captured fill did not run"
+    );
+    ensure!(
+        s.end_capture().is_err(),
+        "end_capture without a capture accepted"
     );
     Ok(())
 }

@@ -137,7 +137,10 @@ pub fn count_wrong(dtype: DataType, op: ReduceOp, got: &[u8], want: &[u8]) -> us
                 let (a, b) = (to_f64(dtype, g), to_f64(dtype, w));
                 // NaN (incomparable) counts as wrong.
                 let limit = tol * b.abs().max(1e-3);
-                (a - b).abs().partial_cmp(&limit).is_none_or(|o| o == std::cmp::Ordering::Greater)
+                (a - b)
+                    .abs()
+                    .partial_cmp(&limit)
+                    .is_none_or(|o| o == std::cmp::Ordering::Greater)
             }
         })
         .count()

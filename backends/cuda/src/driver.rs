@@ -115,6 +115,12 @@ pub const MIN_DRIVER_VERSION: i32 = 12000;
 /// checks each of them first and reports the missing ones as `Unavailable`.
 pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuInit",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
     "cuDeviceGet",

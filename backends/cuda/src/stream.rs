@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
-use mscclpp_hal::{BackendKind, BufferSlice, Error, Event, Kernel, LaunchConfig, Result, Stream};
+use mscclpp_hal::{
+    BackendKind, BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream,
+};
 
 use crate::device::{Context, Features};
 use crate::driver::check;
@@ -35,6 +37,7 @@ const KEEP_CHECK_THRESHOLD: usize = 512;
 enum Keep {
     Slice(BufferSlice),
     Module(Arc<LoadedModule>),
+    Graph(Arc<GraphInner>),
 }
 
 #[derive(Debug, Default)]
@@ -43,6 +46,8 @@ struct State {
     seq: u64,
     /// What enqueued operations still need, by sequence number (ascending).
     keep: VecDeque<(u64, Keep)>,
+    /// While capturing: the sequence number the capture started after.
+    capture_from: Option<u64>,
 }
 
 /// Polls `done` until it returns true or `timeout` passes.
@@ -207,6 +212,11 @@ impl CudaStream {
 
     /// Waits until everything enqueued so far has run; releases what it kept alive.
     fn wait_all(&self, timeout: Duration, what: &str) -> Result<()> {
+        if self.lock().capture_from.is_some() {
+            return Err(Error::invalid(format!(
+                "{what}: the stream is capturing a graph; end the capture first"
+            )));
+        }
         let ev = RawEvent::new(
             self.ctx.clone(),
             sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
@@ -511,6 +521,65 @@ impl Stream for CudaStream {
         self.wait_all(timeout, "synchronize")
     }
 
+    fn begin_capture(&self) -> Result<()> {
+        self.ctx.bind()?;
+        let mut st = self.lock();
+        if st.capture_from.is_some() {
+            return Err(Error::invalid(
+                "begin_capture: the stream is already capturing",
+            ));
+        }
+        // SAFETY: live stream of the current context. Relaxed mode: other threads may keep
+        // making unrelated driver calls (the proxy, other streams) while this one captures.
+        check("cuStreamBeginCapture", unsafe {
+            sys::cuStreamBeginCapture_v2(
+                self.raw,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        })?;
+        st.capture_from = Some(st.seq);
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn Graph>> {
+        self.ctx.bind()?;
+        let mut st = self.lock();
+        let from = st
+            .capture_from
+            .take()
+            .ok_or_else(|| Error::invalid("end_capture: the stream is not capturing"))?;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: live stream of the current context, capturing (checked); valid out-pointer.
+        check("cuStreamEndCapture", unsafe {
+            sys::cuStreamEndCapture(self.raw, &mut graph)
+        })?;
+        // The captured operations never ran: what they use now belongs to the graph.
+        let keep: Vec<Keep> = {
+            let split = st
+                .keep
+                .iter()
+                .position(|(s, _)| *s > from)
+                .unwrap_or(st.keep.len());
+            st.keep.drain(split..).map(|(_, k)| k).collect()
+        };
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `graph` was just produced by the capture; valid out-pointer.
+        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if let Err(e) = check("cuGraphInstantiateWithFlags", r) {
+            // SAFETY: the graph is ours and not instantiated.
+            unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok(Box::new(CudaGraph {
+            inner: Arc::new(GraphInner {
+                ctx: self.ctx.clone(),
+                graph,
+                exec,
+                _keep: keep,
+            }),
+        }))
+    }
+
     fn native_handle(&self) -> Option<u64> {
         Some(self.raw() as u64)
     }
@@ -600,5 +669,61 @@ impl Event for CudaEvent {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// The driver objects of a captured graph and what its work uses.
+#[derive(Debug)]
+struct GraphInner {
+    ctx: Arc<Context>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    _keep: Vec<Keep>,
+}
+
+// SAFETY: driver handles usable from any thread with the context current.
+unsafe impl Send for GraphInner {}
+// SAFETY: as above; launching only reads the handles.
+unsafe impl Sync for GraphInner {}
+
+impl Drop for GraphInner {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: created by instantiation / capture, destroyed once; no launch is pending
+            // (every launch keeps this value alive until its stream has passed it).
+            unsafe {
+                sys::cuGraphExecDestroy(self.exec);
+                sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
+}
+
+/// A captured CUDA graph.
+#[derive(Debug)]
+pub struct CudaGraph {
+    inner: Arc<GraphInner>,
+}
+
+impl Graph for CudaGraph {
+    fn launch(&self, stream: &dyn Stream) -> Result<()> {
+        let s = stream
+            .as_any()
+            .downcast_ref::<CudaStream>()
+            .ok_or_else(|| {
+                Error::invalid("a CUDA graph launched on a stream of another backend")
+            })?;
+        if !Arc::ptr_eq(&s.ctx, &self.inner.ctx) {
+            return Err(Error::invalid(format!(
+                "a graph captured on device {} launched on a stream of device {}",
+                self.inner.ctx.ordinal(),
+                s.ctx.ordinal()
+            )));
+        }
+        let exec = self.inner.exec;
+        s.enqueue([Keep::Graph(self.inner.clone())], |raw| {
+            // SAFETY: live graph exec and stream of the current context (bound by enqueue).
+            check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, raw) })
+        })
     }
 }

@@ -4,11 +4,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{BufferSlice, Error, Event, Kernel, LaunchConfig, Result, Stream};
+use mscclpp_hal::{BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream};
 
 use crate::kernels::HostKernel;
 
-type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+/// One enqueued operation. `Fn` (not `FnOnce`) so that a captured graph can replay it.
+type Job = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
 /// Progress of a stream, shared with its worker.
 #[derive(Debug, Default)]
@@ -35,10 +36,20 @@ impl Shared {
 }
 
 /// An in-order stream executed by a worker thread.
-#[derive(Debug)]
 pub struct HostStream {
     tx: Mutex<Option<mpsc::Sender<Job>>>,
     shared: Arc<Shared>,
+    /// While capturing: the operations recorded so far.
+    capture: Mutex<Option<Vec<Job>>>,
+}
+
+impl std::fmt::Debug for HostStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostStream")
+            .field("progress", &self.shared.progress)
+            .field("capturing", &self.capturing())
+            .finish()
+    }
 }
 
 impl HostStream {
@@ -54,10 +65,40 @@ impl HostStream {
         Ok(HostStream {
             tx: Mutex::new(Some(tx)),
             shared,
+            capture: Mutex::new(None),
         })
     }
 
+    fn capturing(&self) -> bool {
+        self.capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    fn refuse_while_capturing(&self, what: &str) -> Result<()> {
+        if self.capturing() {
+            return Err(Error::invalid(format!(
+                "{what} while the stream is capturing a graph; end the capture first"
+            )));
+        }
+        Ok(())
+    }
+
     fn submit(&self, job: Job) -> Result<()> {
+        if let Some(ops) = self
+            .capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            ops.push(job);
+            return Ok(());
+        }
+        self.enqueue(job)
+    }
+
+    fn enqueue(&self, job: Job) -> Result<()> {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let tx = tx
             .as_ref()
@@ -70,11 +111,12 @@ impl HostStream {
     /// Enqueues a job and waits for its result.
     fn run_and_wait<T: Send + 'static>(
         &self,
-        job: impl FnOnce() -> Result<T> + Send + 'static,
+        job: impl Fn() -> Result<T> + Send + Sync + 'static,
     ) -> Result<T> {
+        self.refuse_while_capturing("a blocking host copy")?;
         let (tx, rx) = mpsc::sync_channel(1);
         // The caller receives the job's error itself, so it is kept off the sticky slot.
-        self.submit(Box::new(move || {
+        self.submit(Arc::new(move || {
             let _ = tx.send(job());
             Ok(())
         }))?;
@@ -108,7 +150,7 @@ fn worker(rx: mpsc::Receiver<Job>, shared: Arc<Shared>) {
         let result = if skip {
             Ok(())
         } else {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).unwrap_or_else(|p| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job())).unwrap_or_else(|p| {
                 let msg = p
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
@@ -144,6 +186,9 @@ fn check_host(s: &BufferSlice, what: &str) -> Result<*mut u8> {
 struct SendPtr(*mut u8);
 // SAFETY: see the type's doc; the pointee is shared memory with device semantics.
 unsafe impl Send for SendPtr {}
+// SAFETY: the pointer is only copied out, never dereferenced through a shared reference; a
+// replayed (captured) operation holds it the same way as a one-shot one.
+unsafe impl Sync for SendPtr {}
 
 impl SendPtr {
     /// Taking `self` makes closures capture the whole `SendPtr` (not its non-`Send` field).
@@ -166,7 +211,7 @@ impl Stream for HostStream {
             SendPtr(check_host(src, "source")?),
         );
         let (keep_d, keep_s, len) = (dst.clone(), src.clone(), dst.len());
-        self.submit(Box::new(move || {
+        self.submit(Arc::new(move || {
             let _keep = (&keep_d, &keep_s);
             // SAFETY: both ranges were bounds-checked when the slices were made and the mappings
             // are kept alive by the slices held in this closure. `copy` (memmove) tolerates
@@ -179,7 +224,7 @@ impl Stream for HostStream {
     fn fill(&self, dst: &BufferSlice, value: u8) -> Result<()> {
         let d = SendPtr(check_host(dst, "destination")?);
         let (keep, len) = (dst.clone(), dst.len());
-        self.submit(Box::new(move || {
+        self.submit(Arc::new(move || {
             let _keep = &keep;
             // SAFETY: bounds-checked range of a mapping kept alive by `keep`.
             unsafe { std::ptr::write_bytes(d.get(), value, len) };
@@ -197,7 +242,7 @@ impl Stream for HostStream {
             )));
         }
         let keep = dst.clone();
-        self.submit(Box::new(move || {
+        self.submit(Arc::new(move || {
             let _keep = &keep;
             // SAFETY: an aligned 8-byte location inside a mapping kept alive by `keep`; every
             // concurrent access to a token is atomic.
@@ -261,20 +306,21 @@ impl Stream for HostStream {
             })?;
         cfg.validate(crate::device::MAX_THREADS_PER_BLOCK)?;
         let (func, id, args) = (k.func, k.id, args.to_vec());
-        self.submit(Box::new(move || {
+        self.submit(Arc::new(move || {
             tracing::trace!(kernel = %id, ?cfg, "host kernel");
             func(&cfg, &args)
         }))
     }
 
     fn record(&self, event: &dyn Event) -> Result<()> {
+        self.refuse_while_capturing("recording an event")?;
         let ev = host_event(event)?.inner.clone();
         let generation = {
             let mut s = ev.lock();
             s.recorded += 1;
             s.recorded
         };
-        self.submit(Box::new(move || {
+        self.submit(Arc::new(move || {
             let mut s = ev.lock();
             if generation > s.reached {
                 s.reached = generation;
@@ -287,14 +333,16 @@ impl Stream for HostStream {
     }
 
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
+        self.refuse_while_capturing("waiting for an event")?;
         let ev = host_event(event)?.inner.clone();
         let generation = ev.lock().recorded;
-        self.submit(Box::new(move || {
+        self.submit(Arc::new(move || {
             ev.wait_for(generation, Duration::from_secs(3600))
         }))
     }
 
     fn synchronize_timeout(&self, timeout: Duration) -> Result<()> {
+        self.refuse_while_capturing("synchronize")?;
         let deadline = Instant::now() + timeout;
         let mut p = self.shared.lock();
         let target = p.enqueued;
@@ -323,8 +371,57 @@ impl Stream for HostStream {
         }
     }
 
+    fn begin_capture(&self) -> Result<()> {
+        let mut c = self.capture.lock().unwrap_or_else(|p| p.into_inner());
+        if c.is_some() {
+            return Err(Error::invalid(
+                "begin_capture: the stream is already capturing",
+            ));
+        }
+        *c = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn Graph>> {
+        let ops = self
+            .capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| Error::invalid("end_capture: the stream is not capturing"))?;
+        Ok(Box::new(HostGraph { ops }))
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// A captured sequence of host-stream operations; a replay enqueues them again in order.
+pub struct HostGraph {
+    ops: Vec<Job>,
+}
+
+impl std::fmt::Debug for HostGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostGraph")
+            .field("ops", &self.ops.len())
+            .finish()
+    }
+}
+
+impl Graph for HostGraph {
+    fn launch(&self, stream: &dyn Stream) -> Result<()> {
+        let s = stream
+            .as_any()
+            .downcast_ref::<HostStream>()
+            .ok_or_else(|| {
+                Error::invalid("a host graph launched on a stream of another backend")
+            })?;
+        for op in &self.ops {
+            s.submit(op.clone())?;
+        }
+        Ok(())
     }
 }
 
