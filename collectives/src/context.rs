@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::collective::MAX_RANKS;
+use mscclpp_hal::collective::{DirectCollectiveArgs, MAX_RANKS};
 use mscclpp_hal::{
     BufferSlice, CollectiveKind, DataType, DeviceBuffer, Error, Kernel, KernelArgs, KernelId,
     LaunchConfig, LlCollectiveArgs, MemoryKind, ReduceOp, Result, Stream,
@@ -13,6 +13,67 @@ use mscclpp_transports::{RegisteredMemory, Transport, TransportFlags};
 
 /// Packet bytes of one scratch slot: 1 MiB of packets carries 512 KiB of data per peer per round.
 pub const DEFAULT_SLOT_BYTES: u64 = 1 << 20;
+
+/// Which algorithm serves a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// LL packets through scratch (every collective, best for small messages).
+    Ll,
+    /// Plain stores into the peers' scratch, pipelined (all-reduce, all-gather, reduce-scatter;
+    /// best for large messages).
+    Direct,
+}
+
+/// Per-collective choice: a forced algorithm, or by size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    Auto,
+    Forced(Algorithm),
+}
+
+/// Rank-block bytes from which the direct algorithm serves each collective when not forced
+/// (measured on 2 x H200: where the LL path stops beating NCCL).
+fn direct_threshold(kind: CollectiveKind) -> Option<u64> {
+    match kind {
+        CollectiveKind::AllReduce => Some(1 << 20),
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => Some(2 << 20),
+        CollectiveKind::Broadcast | CollectiveKind::AllToAll => None,
+    }
+}
+
+fn env_choice(kind: CollectiveKind) -> Result<Choice> {
+    let var = format!("MSCCLPP_ALGO_{}", kind.name().to_ascii_uppercase());
+    let choice = match mscclpp_hal::env::get(&var).map(|v| v.to_ascii_lowercase()) {
+        None => Choice::Auto,
+        Some(v) if v == "auto" => Choice::Auto,
+        Some(v) if v == "ll" => Choice::Forced(Algorithm::Ll),
+        Some(v) if v == "direct" => Choice::Forced(Algorithm::Direct),
+        Some(v) => {
+            return Err(Error::invalid(format!(
+                "environment variable {var}={v:?} is malformed: expected auto, ll or direct"
+            )));
+        }
+    };
+    if choice == Choice::Forced(Algorithm::Direct) && direct_threshold(kind).is_none() {
+        return Err(Error::invalid(format!(
+            "{var}=direct: the direct algorithm serves allreduce, allgather and reducescatter, not {}",
+            kind.name()
+        )));
+    }
+    Ok(choice)
+}
+
+/// The direct algorithm's scratch, mapped by every peer.
+#[derive(Debug)]
+struct Direct {
+    _scratch: DeviceBuffer,
+    _peers: Vec<RegisteredMemory>,
+    peer_scratch: [u64; MAX_RANKS],
+    slot_bytes: u64,
+    max_blocks: u32,
+    threads: u32,
+    kernel: Arc<dyn Kernel>,
+}
 
 /// The collectives of one communicator (all ranks create it together).
 #[derive(Debug)]
@@ -24,6 +85,43 @@ pub struct Collectives {
     peer_scratch: [u64; MAX_RANKS],
     slot_bytes: u64,
     kernel: Arc<dyn Kernel>,
+    direct: Option<Direct>,
+    choices: [Choice; 5],
+}
+
+/// Allocates, zeroes and registers a scratch buffer and maps every peer's.
+fn exchange_scratch(
+    comm: &Communicator,
+    bytes: usize,
+) -> Result<(DeviceBuffer, Vec<RegisteredMemory>, [u64; MAX_RANKS])> {
+    let (rank, n) = (comm.rank(), comm.nranks());
+    let device = comm.device();
+    let scratch = device.alloc(bytes, MemoryKind::Device)?;
+    let stream = device.create_stream()?;
+    // Zeroed before anyone can see it: flags and packets of 0 never match.
+    stream.fill(&scratch.full(), 0)?;
+    stream.synchronize()?;
+    let mine = comm.register_memory(&scratch.full(), TransportFlags::single(Transport::CudaIpc))?;
+    let mut peer_scratch = [0u64; MAX_RANKS];
+    peer_scratch[rank] = scratch.ptr().0;
+    let mut peers = Vec::with_capacity(n - 1);
+    for p in (0..n).filter(|&p| p != rank) {
+        let theirs = comm.exchange_memory(&mine, p)?;
+        let mapped = theirs.mapped_slice().ok_or_else(|| {
+            Error::invalid(format!(
+                "rank {p}'s scratch is not mapped on rank {rank}: collectives need every rank on one host (CudaIpc)"
+            ))
+        })?;
+        if mapped.len() != bytes {
+            return Err(Error::Remote {
+                rank: p,
+                message: format!("scratch of {} bytes, expected {bytes}", mapped.len()),
+            });
+        }
+        peer_scratch[p] = mapped.ptr().0;
+        peers.push(theirs);
+    }
+    Ok((scratch, peers, peer_scratch))
 }
 
 impl Collectives {
@@ -49,34 +147,16 @@ impl Collectives {
         let device = comm.device().clone();
         let bytes = usize::try_from(LlCollectiveArgs::scratch_bytes(slot_bytes))
             .map_err(|_| Error::invalid("scratch does not fit this host"))?;
-        let scratch = device.alloc(bytes, MemoryKind::Device)?;
+        let (scratch, peers, peer_scratch) = exchange_scratch(&comm, bytes)?;
         let flag = device.alloc(8, MemoryKind::Device)?;
         let stream = device.create_stream()?;
-        // Zeroed before anyone can see it: packets with flag 0 never match.
-        stream.fill(&scratch.full(), 0)?;
         stream.fill(&flag.full(), 0)?;
         stream.synchronize()?;
-        let mine =
-            comm.register_memory(&scratch.full(), TransportFlags::single(Transport::CudaIpc))?;
-        let mut peer_scratch = [0u64; MAX_RANKS];
-        peer_scratch[rank] = scratch.ptr().0;
-        let mut peers = Vec::with_capacity(n - 1);
-        for p in (0..n).filter(|&p| p != rank) {
-            let theirs = comm.exchange_memory(&mine, p)?;
-            let mapped = theirs.mapped_slice().ok_or_else(|| {
-                Error::invalid(format!(
-                    "rank {p}'s scratch is not mapped on rank {rank}: collectives need every rank on one host (CudaIpc)"
-                ))
-            })?;
-            if mapped.len() != bytes {
-                return Err(Error::Remote {
-                    rank: p,
-                    message: format!("scratch of {} bytes, expected {bytes}", mapped.len()),
-                });
-            }
-            peer_scratch[p] = mapped.ptr().0;
-            peers.push(theirs);
+        let mut choices = [Choice::Auto; 5];
+        for kind in CollectiveKind::ALL {
+            choices[kind as usize] = env_choice(kind)?;
         }
+        let direct = Self::setup_direct(&comm)?;
         let kernel = device.load_kernel(KernelId::COLLECTIVE_LL)?;
         // Nobody writes into a peer's scratch before that peer has zeroed it.
         comm.bootstrap().barrier()?;
@@ -89,7 +169,58 @@ impl Collectives {
             peer_scratch,
             slot_bytes,
             kernel,
+            direct,
+            choices,
         })
+    }
+
+    /// The direct algorithm's scratch and kernel (`None` where the backend lacks the kernel).
+    fn setup_direct(comm: &Communicator) -> Result<Option<Direct>> {
+        let info = comm.device().info().clone();
+        let n = comm.nranks() as u32;
+        let kernel = match comm.device().load_kernel(KernelId::COLLECTIVE_DIRECT) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::info!("direct collective algorithm unavailable: {e}");
+                return Ok(None);
+            }
+        };
+        // GPUs: one block per SM at most (all resident), 512 threads; the host: one worker.
+        let (max_blocks, threads) = if info.warp_size == 1 {
+            (1, 1)
+        } else {
+            (
+                info.multiprocessors.clamp(1, 128),
+                512u32.min(info.max_threads_per_block),
+            )
+        };
+        let slot_bytes: u64 = if n > 4 { 32 << 10 } else { 64 << 10 };
+        let bytes = usize::try_from(DirectCollectiveArgs::scratch_bytes(
+            slot_bytes, n, max_blocks,
+        ))
+        .map_err(|_| Error::invalid("direct scratch does not fit this host"))?;
+        let (scratch, peers, peer_scratch) = exchange_scratch(comm, bytes)?;
+        Ok(Some(Direct {
+            _scratch: scratch,
+            _peers: peers,
+            peer_scratch,
+            slot_bytes,
+            max_blocks,
+            threads,
+            kernel,
+        }))
+    }
+
+    /// The algorithm that serves `kind` for rank blocks of `block_bytes`.
+    pub fn algorithm(&self, kind: CollectiveKind, block_bytes: u64) -> Algorithm {
+        match (self.choices[kind as usize], &self.direct) {
+            (Choice::Forced(a), Some(_)) => a,
+            (Choice::Forced(_), None) | (Choice::Auto, None) => Algorithm::Ll,
+            (Choice::Auto, Some(_)) => match direct_threshold(kind) {
+                Some(t) if block_bytes >= t => Algorithm::Direct,
+                _ => Algorithm::Ll,
+            },
+        }
     }
 
     /// The communicator.
@@ -276,6 +407,32 @@ impl Collectives {
                     }
                 )));
             }
+        }
+        let block_bytes = count as u64 * dtype.size() as u64;
+        if let (Algorithm::Direct, Some(d)) = (self.algorithm(kind, block_bytes), &self.direct) {
+            let (blocks, chunk) =
+                DirectCollectiveArgs::plan(kind, block_bytes, n as u32, d.slot_bytes, d.max_blocks);
+            let args = DirectCollectiveArgs {
+                input: i0,
+                output: o0,
+                count: count as u64,
+                scratch: d.peer_scratch[rank],
+                slot_bytes: d.slot_bytes,
+                chunk_bytes: chunk,
+                peer_scratch: d.peer_scratch,
+                kind: kind as u32,
+                dtype: dtype as u32,
+                op: op as u32,
+                rank: rank as u32,
+                nranks: n as u32,
+                root: 0,
+                max_blocks: d.max_blocks,
+                _pad: 0,
+            };
+            let cfg = LaunchConfig::linear(blocks, d.threads);
+            tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, chunk, "launch direct");
+            // SAFETY: as for the LL launch below, with the direct scratch mappings held in `self`.
+            return unsafe { stream.launch_raw(&*d.kernel, cfg, args.as_bytes()) };
         }
         let args = LlCollectiveArgs {
             input: i0,

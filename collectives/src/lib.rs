@@ -10,12 +10,19 @@
 //! kernels keep between calls (flags) lives in device memory and is advanced by the kernels, so
 //! calls can be repeated and replayed.
 //!
-//! Algorithms: today one, the LL-packet algorithm of [`mscclpp_hal::collective`] (data and flag
-//! written together into the peers' scratch buffers; no separate signalling), which serves every
-//! collective at every size, in rounds when a message exceeds a scratch slot. The bandwidth path
-//! for large messages (peer loads/stores of registered buffers) is still to come.
+//! Algorithms (see [`mscclpp_hal::collective`]):
+//! - **LL packets** (data and flag written together into the peers' scratch buffers; no separate
+//!   signalling): every collective at every size, in rounds when a message exceeds a slot; chosen
+//!   for small messages.
+//! - **Direct**: plain 16-byte stores into the peers' scratch, pipelined in chunks with per-block
+//!   flags; all-reduce (reduce-scatter then all-gather), all-gather and reduce-scatter; chosen
+//!   from 1 MiB (all-reduce) / 2 MiB (the others) per rank block.
+//!
+//! `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (e.g. `MSCCLPP_ALGO_ALLREDUCE=ll`) overrides the
+//! choice per collective. No user buffer is registered: both algorithms move data through the
+//! communicator's own scratch, so calls may use any buffers, different on every call.
 
 mod context;
 
-pub use context::{Collectives, DEFAULT_SLOT_BYTES};
+pub use context::{Algorithm, Collectives, DEFAULT_SLOT_BYTES};
 pub use mscclpp_hal::{CollectiveKind, DataType, KernelId, ReduceOp};

@@ -30,6 +30,73 @@
 //!
 //! A rank's own contribution goes straight from its input to its output. `Avg` is a sum divided
 //! by `nranks` at the end (integer division for integer types).
+//!
+//! ## The direct algorithm (`mscclpp_collective_direct`)
+//! A bandwidth path for large messages: plain 16-byte stores of data into the peers' scratch,
+//! pipelined in *steps*, with a 64-bit flag word per (phase, half, block, source rank) that the
+//! writer stores (system-scope release) after its data. Kinds: all-reduce, all-gather and
+//! reduce-scatter (broadcast and all-to-all are not implemented: the kernels reject them).
+//!
+//! **Scratch layout** (every rank's alike; `MB` = `max_blocks`, `S` = `slot_bytes`, `n` =
+//! `nranks`; see [`DirectCollectiveArgs::scratch_bytes`]):
+//!
+//! | offset | what |
+//! | --- | --- |
+//! | `0` | `seq[MB]`: one u64 sequence counter per block index, touched only by the owner |
+//! | `F = roundup(8 MB, 128)` | `flag[2 phase][2 half][MB block][MAX_RANKS src]`: u64 words written by the peers |
+//! | `D = F + 256 MB` | `slot[MB block][2 phase][2 half][n src]`: `S` data bytes each |
+//!
+//! Everything is zero at set-up (before any peer can write into it) and never reset.
+//!
+//! **Sequences.** Block `b` (of a grid of `G <= MB` blocks, the same `G` on every rank) reads
+//! `base = seq[b]` at start; its `c`-th iteration uses sequence `q = base + 1 + c` and half
+//! `q % 2`; at the end it stores `seq[b] = base + iterations`. Since every rank makes the same
+//! calls with the same grid, `seq[b]` agrees on all ranks; the counters only grow (CUDA-graph
+//! replays stay consistent; there is no grid-wide synchronisation and no separate flag counter).
+//! A *signal* (phase `f`, half `h`, sequence `q`) is: every thread of the block finishes its
+//! stores, then one thread fences (system scope) and stores `q` into `flag[f][h][b][rank]` of
+//! every peer. A *wait* is: one thread per peer polls its own `flag[f][h][b][p]` until it is
+//! `>= q` (acquire), then the block synchronises.
+//!
+//! **Steps.** `B = count * size_of(dtype)`, `C = chunk_bytes` (a multiple of 16, at most `S`).
+//! All-reduce: step `s` covers buffer bytes `[s n C, s n C + L)`, `L = min(n C, B - s n C)`,
+//! split into `n` pieces of `P = min(C, roundup(ceil(L / n), 16))` bytes (piece `j` is
+//! `[j P, min((j + 1) P, L))`, possibly empty). All-gather and reduce-scatter: step `s` covers
+//! bytes `[s C, s C + L)` of each rank block, `L = min(C, B - s C)`. Block `b` takes the steps
+//! `b, b + G, b + 2 G, ...` (its `c`-th iteration is step `b + c G`).
+//!
+//! **All-reduce** (phase 0 = reduce-scatter slots, phase 1 = all-gather slots), iteration `c`:
+//! 1. (`c = 0` only) push: piece `j` of the step's input into `slot[b][0][h][rank]` of peer `j`;
+//!    signal (0, h, q).
+//! 2. wait (0, h, q); reduce piece `rank`: the combination, in rank order, of every rank's piece
+//!    (own from the input, the others from the own phase-0 slots); store it into the output and
+//!    into `slot[b][1][h][rank]` of every peer; signal (1, h, q).
+//! 3. if there is a next iteration: its push (step 1 with `q + 1`, the other half) and signal —
+//!    the look-ahead that overlaps the next step's transfer with this step's last handshake.
+//! 4. wait (1, h, q); copy the peers' pieces from the own phase-1 slots into the output.
+//!
+//! **All-gather**, iteration `c`: push the step of the input into `slot[b][0][h][rank]` of every
+//! peer (and into output block `rank`); signal (0, h, q); wait (0, h, q); copy every peer's slot
+//! into its output block. **Reduce-scatter**: push step `s` of input block `j` into peer `j`'s
+//! `slot[b][0][h][rank]`; signal; wait; reduce (rank order, own block from the input) into the
+//! output.
+//!
+//! **Why two halves suffice.** A rank writes a half of a peer's slot (or its flag) for sequence
+//! `q + 2` only after it saw a signal that the peer gave after reading that half for sequence
+//! `q`: all-reduce — the phase-0 write of `q + 2` follows the wait (1, q + 1) and the peer signals
+//! (1, q + 1) after reducing `q + 1` (and `q`); the phase-1 write of `q + 2` follows the wait
+//! (0, q + 2), which the peer signals after copying `q + 1`'s and `q`'s phase-1 slots. All-gather
+//! and reduce-scatter — the write of `q + 2` follows the wait (0, q + 1), which the peer signals
+//! after consuming `q`. The same holds across calls of any of the three kinds, since the
+//! sequences of a block continue from call to call.
+//!
+//! **In place.** All-reduce (`input == output`): a piece's input is read (push, or the reduction
+//! of the own piece by the same thread) before its output is written. All-gather (`input ==`
+//! output block `rank`) and reduce-scatter (`output ==` input block `rank`) likewise.
+//!
+//! **Rounding.** The GPU kernels accumulate 16-bit floats in f32 and round once per element; the
+//! host kernel rounds after every combination (as the LL host kernel does): results agree
+//! exactly for two ranks and in the last bit otherwise (and for `Avg`).
 
 use crate::dev::LL16Packet;
 use crate::error::{Error, Result};
@@ -155,5 +222,111 @@ impl LlCollectiveArgs {
         self.peer_scratch[dst_rank]
             + (flag % 2) * (MAX_RANKS as u64 * self.slot_bytes)
             + src_rank as u64 * self.slot_bytes
+    }
+}
+
+/// Arguments of `mscclpp_collective_direct` ([`crate::KernelId::COLLECTIVE_DIRECT`]; see the
+/// module documentation for the protocol and the scratch layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectCollectiveArgs {
+    /// Device address of the input.
+    pub input: u64,
+    /// Device address of the output.
+    pub output: u64,
+    /// Element count (per rank block; see the module table).
+    pub count: u64,
+    /// This rank's scratch buffer (`peer_scratch[rank]`); its per-block sequence counters are
+    /// at its start.
+    pub scratch: u64,
+    /// Bytes of one data slot: the layout's stride, fixed for the scratch's lifetime; a multiple
+    /// of 16.
+    pub slot_bytes: u64,
+    /// Data bytes per peer per step for this call: a multiple of 16, `16..=slot_bytes`.
+    pub chunk_bytes: u64,
+    /// Every rank's scratch buffer mapped here (this rank's own at index `rank`).
+    pub peer_scratch: [u64; MAX_RANKS],
+    /// [`CollectiveKind`] code (all-reduce, all-gather or reduce-scatter).
+    pub kind: u32,
+    /// [`crate::DataType`] code.
+    pub dtype: u32,
+    /// [`crate::ReduceOp`] code.
+    pub op: u32,
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks (2..=[`MAX_RANKS`]).
+    pub nranks: u32,
+    /// Root rank (unused by the implemented kinds; 0).
+    pub root: u32,
+    /// Blocks the scratch was laid out for (the layout's `MB`, fixed for the scratch's
+    /// lifetime); the grid must not exceed it.
+    pub max_blocks: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+// SAFETY: repr(C), integers only, no implicit padding (six u64, an array of u64, eight u32);
+// every bit pattern is valid.
+unsafe impl KernelArgs for DirectCollectiveArgs {}
+
+impl DirectCollectiveArgs {
+    /// Smallest chunk [`DirectCollectiveArgs::plan`] picks (unless `slot_bytes` is smaller).
+    pub const MIN_CHUNK_BYTES: u64 = 4096;
+
+    /// Offset of the flag words in a scratch laid out for `max_blocks`.
+    pub fn flags_offset(max_blocks: u32) -> u64 {
+        (8 * u64::from(max_blocks)).div_ceil(128) * 128
+    }
+
+    /// Offset of the data slots in a scratch laid out for `max_blocks`.
+    pub fn data_offset(max_blocks: u32) -> u64 {
+        Self::flags_offset(max_blocks) + 256 * u64::from(max_blocks)
+    }
+
+    /// Scratch bytes a rank needs: `roundup(8 MB, 128) + 256 MB + 4 MB n S`.
+    pub fn scratch_bytes(slot_bytes: u64, nranks: u32, max_blocks: u32) -> u64 {
+        Self::data_offset(max_blocks) + 4 * u64::from(max_blocks) * u64::from(nranks) * slot_bytes
+    }
+
+    /// Offset, in any rank's scratch, of the flag word (`phase` 0/1, `half` 0/1) that `src`
+    /// writes for block `block`.
+    pub fn flag_offset(&self, phase: u64, half: u64, block: u64, src: u64) -> u64 {
+        let mb = u64::from(self.max_blocks);
+        Self::flags_offset(self.max_blocks)
+            + (((phase * 2 + half) * mb + block) * MAX_RANKS as u64 + src) * 8
+    }
+
+    /// Offset, in any rank's scratch, of the data slot (`phase`, `half`) that `src` writes for
+    /// block `block`.
+    pub fn slot_offset(&self, phase: u64, half: u64, block: u64, src: u64) -> u64 {
+        Self::data_offset(self.max_blocks)
+            + (((block * 2 + phase) * 2 + half) * u64::from(self.nranks) + src) * self.slot_bytes
+    }
+
+    /// Grid blocks and chunk bytes for a call that moves `block_bytes` per rank block
+    /// (`count * size_of(dtype)`): spread the data over up to `max_blocks` blocks, each step at
+    /// least [`Self::MIN_CHUNK_BYTES`] per peer (or `slot_bytes` when smaller) and at most
+    /// `slot_bytes`. Depends on the sizes only, so every rank picks the same.
+    pub fn plan(
+        kind: CollectiveKind,
+        block_bytes: u64,
+        nranks: u32,
+        slot_bytes: u64,
+        max_blocks: u32,
+    ) -> (u32, u64) {
+        let per_peer = match kind {
+            CollectiveKind::AllReduce => block_bytes.div_ceil(u64::from(nranks.max(1))),
+            _ => block_bytes,
+        };
+        let cap = (slot_bytes / 16 * 16).max(16);
+        let chunk = per_peer
+            .div_ceil(u64::from(max_blocks.max(1)))
+            .div_ceil(16)
+            .saturating_mul(16)
+            .clamp(Self::MIN_CHUNK_BYTES.min(cap), cap);
+        let blocks = per_peer
+            .div_ceil(chunk)
+            .clamp(1, u64::from(max_blocks.max(1)));
+        (blocks as u32, chunk)
     }
 }

@@ -36,6 +36,11 @@ impl KernelId {
     /// [`crate::collective`]).
     pub const COLLECTIVE_LL: KernelId = KernelId("mscclpp_collective_ll");
 
+    /// The direct (bandwidth) algorithm of all-reduce, all-gather and reduce-scatter: plain
+    /// stores into the peers' scratch, pipelined in steps (args:
+    /// [`crate::collective::DirectCollectiveArgs`]; see [`crate::collective`]).
+    pub const COLLECTIVE_DIRECT: KernelId = KernelId("mscclpp_collective_direct");
+
     /// The kernel's name.
     pub fn name(self) -> &'static str {
         self.0

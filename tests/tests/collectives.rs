@@ -218,6 +218,17 @@ fn role_matrix() -> R<()> {
 }
 
 fn run(n: usize, slot: u64, counts: &str) -> Result<(), Failed> {
+    run_env(n, slot, counts, &[])
+}
+
+/// Forces the direct algorithm wherever it serves.
+const DIRECT: &[(&str, &str)] = &[
+    ("MSCCLPP_ALGO_ALLREDUCE", "direct"),
+    ("MSCCLPP_ALGO_ALLGATHER", "direct"),
+    ("MSCCLPP_ALGO_REDUCESCATTER", "direct"),
+];
+
+fn run_env(n: usize, slot: u64, counts: &str, extra: &[(&str, &str)]) -> Result<(), Failed> {
     let cfg = BootstrapConfig {
         timeout: Duration::from_secs(60),
         ..BootstrapConfig::default()
@@ -229,6 +240,8 @@ fn run(n: usize, slot: u64, counts: &str) -> Result<(), Failed> {
         ("MSCCLPP_TEST_SLOT".to_string(), slot.to_string()),
         ("MSCCLPP_TEST_COUNTS".to_string(), counts.to_string()),
     ];
+    let mut env = env;
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let outs = multiproc::spawn_ranks("matrix", n, &env, Duration::from_secs(600));
     let failed: Vec<String> = outs
         .iter()
@@ -277,6 +290,17 @@ fn main() {
         Trial::test("collectives::host::3_ranks", || run(3, 512, "1,5,333")),
         Trial::test("collectives::host::4_ranks", || run(4, 1024, "1,7,300")),
         Trial::test("collectives::host::8_ranks", || run(8, 4096, "1,129")),
+        // The direct algorithm, forced at every size: chunks of 4 KiB per step make the larger
+        // counts take several steps.
+        Trial::test("collectives::host::direct::2_ranks", || {
+            run_env(2, 256, "1,3,37,5001", DIRECT)
+        }),
+        Trial::test("collectives::host::direct::3_ranks", || {
+            run_env(3, 512, "1,5,3333", DIRECT)
+        }),
+        Trial::test("collectives::host::direct::4_ranks", || {
+            run_env(4, 1024, "1,7,2100", DIRECT)
+        }),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

@@ -59,6 +59,11 @@ pub const MODULES: &[Module] = &[
         kernels: &[KernelId::COLLECTIVE_LL],
     },
     Module {
+        name: "collectives_direct.cu",
+        source: include_str!("../../../kernels/cuda/collectives_direct.cu"),
+        kernels: &[KernelId::COLLECTIVE_DIRECT],
+    },
+    Module {
         name: "test_kernels.cu",
         source: include_str!("../../../kernels/cuda/test_kernels.cu"),
         kernels: &[KernelId::FILL_U32, KernelId::ATOMIC_ADD_U64],

@@ -42,6 +42,10 @@ pub const KERNELS: &[(KernelId, HostKernelFn)] = &[
     (KernelId::BENCH_PORT_CHANNEL_PUT, bench_port_channel_put),
     (KernelId::EXAMPLE_PING_PONG, example_ping_pong),
     (KernelId::COLLECTIVE_LL, crate::collectives::collective_ll),
+    (
+        KernelId::COLLECTIVE_DIRECT,
+        crate::collectives_direct::collective_direct,
+    ),
 ];
 
 fn user_kernels() -> &'static RwLock<HashMap<KernelId, HostKernelFn>> {

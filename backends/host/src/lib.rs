@@ -17,6 +17,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod collectives;
+pub mod collectives_direct;
 pub mod device;
 pub mod kernels;
 pub mod memory;

@@ -62,6 +62,11 @@ pub const MODULES: &[Module] = &[
         kernels: &[KernelId::COLLECTIVE_LL],
     },
     Module {
+        name: "collectives_direct.hip",
+        source: include_str!("../../../kernels/hip/collectives_direct.hip"),
+        kernels: &[KernelId::COLLECTIVE_DIRECT],
+    },
+    Module {
         name: "test_kernels.hip",
         source: include_str!("../../../kernels/hip/test_kernels.hip"),
         kernels: &[KernelId::FILL_U32, KernelId::ATOMIC_ADD_U64],

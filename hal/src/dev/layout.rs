@@ -4,7 +4,7 @@
 use std::mem::{align_of, offset_of, size_of};
 
 use super::*;
-use crate::collective::LlCollectiveArgs;
+use crate::collective::{DirectCollectiveArgs, LlCollectiveArgs};
 use crate::kernel::{
     AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PingPongArgs, PortChannelPutArgs,
 };
@@ -113,6 +113,23 @@ pub fn layout_table() -> Vec<LayoutEntry> {
             rank,
             nranks,
             root,
+        }),
+        entry!(DirectCollectiveArgs {
+            input,
+            output,
+            count,
+            scratch,
+            slot_bytes,
+            chunk_bytes,
+            peer_scratch,
+            kind,
+            dtype,
+            op,
+            rank,
+            nranks,
+            root,
+            max_blocks,
+            _pad,
         }),
     ]
 }

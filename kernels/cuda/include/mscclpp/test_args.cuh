@@ -63,4 +63,25 @@ struct LlCollectiveArgs {
   uint32_t root;
 };
 
+// mscclpp_collective_direct: all-reduce, all-gather and reduce-scatter through plain stores into
+// the peers' scratch, pipelined in steps (hal/src/collective.rs documents the protocol and the
+// scratch layout).
+struct DirectCollectiveArgs {
+  uint64_t input;
+  uint64_t output;
+  uint64_t count;
+  uint64_t scratch;
+  uint64_t slot_bytes;
+  uint64_t chunk_bytes;
+  uint64_t peer_scratch[kCollectiveMaxRanks];
+  uint32_t kind;
+  uint32_t dtype;
+  uint32_t op;
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t root;
+  uint32_t max_blocks;
+  uint32_t _pad;
+};
+
 }  // namespace mscclpp

@@ -122,4 +122,22 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, rank) == 124, "
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, nranks) == 128, "offset of LlCollectiveArgs::nranks");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, root) == 132, "offset of LlCollectiveArgs::root");
 
+static_assert(sizeof(mscclpp::DirectCollectiveArgs) == 144, "size of DirectCollectiveArgs");
+static_assert(alignof(mscclpp::DirectCollectiveArgs) == 8, "alignment of DirectCollectiveArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, input) == 0, "offset of DirectCollectiveArgs::input");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, output) == 8, "offset of DirectCollectiveArgs::output");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, count) == 16, "offset of DirectCollectiveArgs::count");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, scratch) == 24, "offset of DirectCollectiveArgs::scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, slot_bytes) == 32, "offset of DirectCollectiveArgs::slot_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, chunk_bytes) == 40, "offset of DirectCollectiveArgs::chunk_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, peer_scratch) == 48, "offset of DirectCollectiveArgs::peer_scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, kind) == 112, "offset of DirectCollectiveArgs::kind");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, dtype) == 116, "offset of DirectCollectiveArgs::dtype");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, op) == 120, "offset of DirectCollectiveArgs::op");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, rank) == 124, "offset of DirectCollectiveArgs::rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, nranks) == 128, "offset of DirectCollectiveArgs::nranks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, root) == 132, "offset of DirectCollectiveArgs::root");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, max_blocks) == 136, "offset of DirectCollectiveArgs::max_blocks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, _pad) == 140, "offset of DirectCollectiveArgs::_pad");
+
 #undef MSCCLPP_LAYOUT_OFFSETOF

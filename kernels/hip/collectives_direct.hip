@@ -1,0 +1,416 @@
+// The direct algorithm of all-reduce, all-gather and reduce-scatter (hal/src/collective.rs is the
+// specification: the argument struct, the scratch layout, the sequences, the steps and why two
+// halves suffice). Vendor-neutral: the same text is compiled by NVRTC and (as
+// kernels/hip/collectives_direct.hip) by hipRTC.
+//
+// Data moves in 16-byte units with plain stores into the peers' scratch; the threads of a block
+// stride over the units of a piece. Blocks are independent: block b synchronises only with block
+// b of the peers, through per-(phase, half, block, source) flag words, and keeps its own sequence
+// counter at the start of its rank's scratch. There is no grid-wide barrier.
+#include "mscclpp/core.cuh"
+#include "mscclpp/memory_channel.cuh"  // Bytes16
+#include "mscclpp/numeric.cuh"
+#include "mscclpp/test_args.cuh"
+
+namespace mscclpp {
+
+// CollectiveKind codes (hal/src/collective.rs) this kernel implements.
+constexpr uint32_t kDirectAllReduce = 0;
+constexpr uint32_t kDirectAllGather = 1;
+constexpr uint32_t kDirectReduceScatter = 2;
+
+// ---- unaligned and partial words (a step's last unit, or a buffer not 16-byte aligned) ------
+
+// Out of line, so that the inlined fast paths stay small.
+__device__ __noinline__ uint64_t directLoadWordSlow(const char* p, uint32_t n) {
+  uint64_t w = 0;
+  if ((((uint64_t)p | n) & 3) == 0) {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; b += 4) w |= (uint64_t)(*(const uint32_t*)(p + b)) << (8 * b);
+  } else {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; b += 2) w |= (uint64_t)(*(const uint16_t*)(p + b)) << (8 * b);
+  }
+  return w;
+}
+__device__ __noinline__ void directStoreWordSlow(char* p, uint64_t w, uint32_t n) {
+  if ((((uint64_t)p | n) & 3) == 0) {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; b += 4) *(uint32_t*)(p + b) = (uint32_t)(w >> (8 * b));
+  } else {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; b += 2) *(uint16_t*)(p + b) = (uint16_t)(w >> (8 * b));
+  }
+}
+
+// The `n` (1..8, a multiple of the element size) bytes at `p` (aligned to the element size) as
+// the low bytes of a word, zero-padded.
+MSCCLPP_DEVICE_INLINE uint64_t directLoadWord(const char* p, uint32_t n) {
+  if (n == 8 && ((uint64_t)p & 7) == 0) return *(const uint64_t*)p;
+  return directLoadWordSlow(p, n);
+}
+MSCCLPP_DEVICE_INLINE void directStoreWord(char* p, uint64_t w, uint32_t n) {
+  if (n == 8 && ((uint64_t)p & 7) == 0) {
+    *(uint64_t*)p = w;
+  } else {
+    directStoreWordSlow(p, w, n);
+  }
+}
+
+// 16 bytes as two words (the lower address in `lo`).
+struct Unit {
+  uint64_t lo;
+  uint64_t hi;
+};
+
+// A whole unit at a 16-byte aligned address (scratch slots).
+MSCCLPP_DEVICE_INLINE Unit loadUnitAligned(const char* p) {
+  const Bytes16 v = *(const Bytes16*)p;
+  Unit u;
+  u.lo = (uint64_t)v.x | ((uint64_t)v.y << 32);
+  u.hi = (uint64_t)v.z | ((uint64_t)v.w << 32);
+  return u;
+}
+MSCCLPP_DEVICE_INLINE void storeUnitAligned(char* p, const Unit& u) {
+  Bytes16 v;
+  v.x = (uint32_t)u.lo;
+  v.y = (uint32_t)(u.lo >> 32);
+  v.z = (uint32_t)u.hi;
+  v.w = (uint32_t)(u.hi >> 32);
+  *(Bytes16*)p = v;
+}
+
+// The `nb` (1..16) valid bytes of a unit at `p` of a user buffer (any element alignment),
+// zero-padded.
+MSCCLPP_DEVICE_INLINE Unit loadUnit(const char* p, uint32_t nb) {
+  if (nb == 16 && ((uint64_t)p & 15) == 0) return loadUnitAligned(p);
+  Unit u;
+  u.lo = directLoadWord(p, nb < 8 ? nb : 8);
+  u.hi = nb > 8 ? directLoadWord(p + 8, nb - 8) : 0;
+  return u;
+}
+MSCCLPP_DEVICE_INLINE void storeUnit(char* p, const Unit& u, uint32_t nb) {
+  if (nb == 16 && ((uint64_t)p & 15) == 0) {
+    storeUnitAligned(p, u);
+    return;
+  }
+  directStoreWord(p, u.lo, nb < 8 ? nb : 8);
+  if (nb > 8) directStoreWord(p + 8, u.hi, nb - 8);
+}
+
+// Valid bytes of unit `i` of a piece of `bytes`.
+MSCCLPP_DEVICE_INLINE uint32_t unitBytes(uint64_t bytes, uint64_t i) {
+  const uint64_t left = bytes - 16 * i;
+  return left < 16 ? (uint32_t)left : 16u;
+}
+
+// The `q`-th peer (q < nranks - 1) of `rank`, staggered so that ranks start on different peers.
+MSCCLPP_DEVICE_INLINE uint32_t directPeerOf(uint32_t rank, uint32_t nranks, uint32_t q) {
+  uint32_t p = rank + 1 + q;
+  return p >= nranks ? p - nranks : p;
+}
+
+// What every iteration of a block shares.
+struct DirectCall {
+  const char* input;
+  char* output;
+  uint64_t blockBytes;  // B
+  uint64_t chunk;       // C
+  uint64_t flagsOff;    // F
+  uint64_t dataOff;     // D
+  uint64_t slotBytes;   // S
+  uint64_t scratch;     // this rank's scratch
+  uint32_t maxBlocks;
+  uint32_t block;
+  uint32_t rank;
+  uint32_t nranks;
+};
+
+MSCCLPP_DEVICE_INLINE uint64_t flagOffset(const DirectCall& c, uint32_t phase, uint32_t half, uint32_t src) {
+  return c.flagsOff + ((((uint64_t)phase * 2 + half) * c.maxBlocks + c.block) * kCollectiveMaxRanks + src) * 8;
+}
+MSCCLPP_DEVICE_INLINE uint64_t slotOffset(const DirectCall& c, uint32_t phase, uint32_t half, uint32_t src) {
+  return c.dataOff + ((((uint64_t)c.block * 2 + phase) * 2 + half) * c.nranks + src) * c.slotBytes;
+}
+
+// Every thread's stores of the block are done; one thread publishes `seq` to every peer.
+MSCCLPP_DEVICE_INLINE void directSignal(const DirectCollectiveArgs& a, const DirectCall& c, uint32_t phase,
+                                        uint32_t half, uint64_t seq) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fenceSystem();
+    const uint64_t off = flagOffset(c, phase, half, c.rank);
+#pragma unroll 1
+    for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+      const uint32_t p = directPeerOf(c.rank, c.nranks, q);
+      storeRelaxedSystem((uint64_t*)(a.peer_scratch[p] + off), seq);
+    }
+  }
+}
+
+// Waits until every peer has signalled `seq` (or later) for (phase, half) of this block.
+MSCCLPP_DEVICE_INLINE void directWait(const DirectCall& c, uint32_t phase, uint32_t half, uint64_t seq) {
+  const uint32_t p = threadIdx.x;
+  if (p < c.nranks && p != c.rank) {
+    const uint64_t* f = (const uint64_t*)(c.scratch + flagOffset(c, phase, half, p));
+    spinUntil([&] { return loadAcquireSystem(f) >= seq; });
+  }
+  __syncthreads();
+}
+
+// Sends `bytes` at `src` (a user buffer) into the slot at offset `slotOff` of peer `p`.
+MSCCLPP_DEVICE_INLINE void pushPiece(const DirectCollectiveArgs& a, uint32_t p, uint64_t slotOff, const char* src,
+                                     uint64_t bytes) {
+  char* dst = (char*)(a.peer_scratch[p] + slotOff);
+  const uint64_t units = (bytes + 15) / 16;
+  for (uint64_t i = threadIdx.x; i < units; i += blockDim.x) {
+    storeUnitAligned(dst + 16 * i, loadUnit(src + 16 * i, unitBytes(bytes, i)));
+  }
+}
+
+// Copies `bytes` from the own slot at `slotOff` into `dst` (a user buffer).
+MSCCLPP_DEVICE_INLINE void pullPiece(const DirectCall& c, uint64_t slotOff, char* dst, uint64_t bytes) {
+  const char* src = (const char*)(c.scratch + slotOff);
+  const uint64_t units = (bytes + 15) / 16;
+  for (uint64_t i = threadIdx.x; i < units; i += blockDim.x) {
+    storeUnit(dst + 16 * i, loadUnitAligned(src + 16 * i), unitBytes(bytes, i));
+  }
+}
+
+// The reduction of `bytes`: every rank's data in rank order (this rank's from `own`, the others'
+// from the own phase-0 slots at `slot0 + p * S`), into `out`; when `fwdOff` is not ~0, also into
+// the slot at that offset of every peer (all-reduce's all-gather phase).
+template <uint32_t DTYPE, uint32_t OP>
+MSCCLPP_DEVICE_INLINE void reducePiece(const DirectCollectiveArgs& a, const DirectCall& c, const char* own,
+                                       uint64_t slot0, char* out, uint64_t fwdOff, uint64_t bytes) {
+  const uint64_t units = (bytes + 15) / 16;
+  for (uint64_t i = threadIdx.x; i < units; i += blockDim.x) {
+    const uint32_t nb = unitBytes(bytes, i);
+    const Unit mine = loadUnit(own + 16 * i, nb);
+    Reducer<DTYPE, OP> lo, hi;
+    if (c.rank == 0) {
+      lo.load(mine.lo);
+      hi.load(mine.hi);
+    } else {
+      const Unit v = loadUnitAligned((const char*)(slot0 + 16 * i));
+      lo.load(v.lo);
+      hi.load(v.hi);
+    }
+#pragma unroll 1
+    for (uint32_t p = 1; p < c.nranks; ++p) {
+      if (p == c.rank) {
+        lo.add(mine.lo);
+        hi.add(mine.hi);
+      } else {
+        const Unit v = loadUnitAligned((const char*)(slot0 + p * c.slotBytes + 16 * i));
+        lo.add(v.lo);
+        hi.add(v.hi);
+      }
+    }
+    Unit r;
+    r.lo = lo.finish(c.nranks);
+    r.hi = hi.finish(c.nranks);
+    storeUnit(out + 16 * i, r, nb);
+    if (fwdOff != ~(uint64_t)0) {
+#pragma unroll 1
+      for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+        const uint32_t p = directPeerOf(c.rank, c.nranks, q);
+        storeUnitAligned((char*)(a.peer_scratch[p] + fwdOff + 16 * i), r);
+      }
+    }
+  }
+}
+
+template <uint32_t DTYPE>
+MSCCLPP_DEVICE_INLINE void reducePieceOp(const DirectCollectiveArgs& a, const DirectCall& c, const char* own,
+                                         uint64_t slot0, char* out, uint64_t fwdOff, uint64_t bytes) {
+  switch (a.op) {
+    case kReduceSum: reducePiece<DTYPE, kReduceSum>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kReduceProd: reducePiece<DTYPE, kReduceProd>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kReduceMin: reducePiece<DTYPE, kReduceMin>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kReduceMax: reducePiece<DTYPE, kReduceMax>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kReduceAvg: reducePiece<DTYPE, kReduceAvg>(a, c, own, slot0, out, fwdOff, bytes); break;
+    default: deviceTrap();
+  }
+}
+
+MSCCLPP_DEVICE_INLINE void reducePieceAny(const DirectCollectiveArgs& a, const DirectCall& c, const char* own,
+                                          uint64_t slot0, char* out, uint64_t fwdOff, uint64_t bytes) {
+  switch (a.dtype) {
+    case kDataTypeF32: reducePieceOp<kDataTypeF32>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeF16: reducePieceOp<kDataTypeF16>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeBF16: reducePieceOp<kDataTypeBF16>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeI32: reducePieceOp<kDataTypeI32>(a, c, own, slot0, out, fwdOff, bytes); break;
+    default: reducePieceOp<kDataTypeU32>(a, c, own, slot0, out, fwdOff, bytes); break;
+  }
+}
+
+// All-reduce step `s`: its offset, bytes and piece size.
+struct ArStep {
+  uint64_t off;
+  uint64_t len;
+  uint64_t piece;
+};
+MSCCLPP_DEVICE_INLINE ArStep arStep(const DirectCall& c, uint64_t s) {
+  ArStep t;
+  const uint64_t stepBytes = c.nranks * c.chunk;
+  t.off = s * stepBytes;
+  const uint64_t left = c.blockBytes - t.off;
+  t.len = left < stepBytes ? left : stepBytes;
+  const uint64_t even = ((t.len + c.nranks - 1) / c.nranks + 15) / 16 * 16;
+  t.piece = even < c.chunk ? even : c.chunk;
+  return t;
+}
+// Bytes of piece `j` of a step.
+MSCCLPP_DEVICE_INLINE uint64_t pieceBytes(const ArStep& t, uint32_t j) {
+  const uint64_t start = j * t.piece;
+  if (start >= t.len) return 0;
+  const uint64_t left = t.len - start;
+  return left < t.piece ? left : t.piece;
+}
+
+// All-reduce phase 0 of step `s`: piece j of the input to peer j; then the signal.
+MSCCLPP_DEVICE_INLINE void arPush(const DirectCollectiveArgs& a, const DirectCall& c, uint64_t s, uint64_t seq) {
+  const ArStep t = arStep(c, s);
+  const uint32_t h = (uint32_t)(seq & 1);
+  const uint64_t slotOff = slotOffset(c, 0, h, c.rank);
+#pragma unroll 1
+  for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+    const uint32_t p = directPeerOf(c.rank, c.nranks, q);
+    pushPiece(a, p, slotOff, c.input + t.off + p * t.piece, pieceBytes(t, p));
+  }
+  directSignal(a, c, 0, h, seq);
+}
+
+MSCCLPP_DEVICE_INLINE void allReduce(const DirectCollectiveArgs& a, const DirectCall& c, uint64_t base,
+                                     uint64_t iters) {
+  const uint64_t G = gridDim.x;
+  for (uint64_t k = 0; k < iters; ++k) {
+    const uint64_t s = c.block + k * G;
+    const uint64_t seq = base + 1 + k;
+    const uint32_t h = (uint32_t)(seq & 1);
+    const ArStep t = arStep(c, s);
+    if (k == 0) arPush(a, c, s, seq);
+    directWait(c, 0, h, seq);
+    // The own piece: reduced into the output and forwarded into every peer's phase-1 slot.
+    const uint64_t own = t.off + c.rank * t.piece;
+    reducePieceAny(a, c, c.input + own, c.scratch + slotOffset(c, 0, h, 0), c.output + own,
+                   slotOffset(c, 1, h, c.rank), pieceBytes(t, c.rank));
+    directSignal(a, c, 1, h, seq);
+    // Look-ahead: the next step's phase 0 travels during this step's last handshake.
+    if (k + 1 < iters) arPush(a, c, s + G, seq + 1);
+    directWait(c, 1, h, seq);
+#pragma unroll 1
+    for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+      const uint32_t p = directPeerOf(c.rank, c.nranks, q);
+      pullPiece(c, slotOffset(c, 1, h, p), c.output + t.off + p * t.piece, pieceBytes(t, p));
+    }
+  }
+}
+
+MSCCLPP_DEVICE_INLINE void allGather(const DirectCollectiveArgs& a, const DirectCall& c, uint64_t base,
+                                     uint64_t iters) {
+  const uint64_t G = gridDim.x;
+  char* ownOut = c.output + c.rank * c.blockBytes;
+  const bool inPlace = ownOut == c.input;
+  for (uint64_t k = 0; k < iters; ++k) {
+    const uint64_t s = c.block + k * G;
+    const uint64_t seq = base + 1 + k;
+    const uint32_t h = (uint32_t)(seq & 1);
+    const uint64_t off = s * c.chunk;
+    const uint64_t left = c.blockBytes - off;
+    const uint64_t len = left < c.chunk ? left : c.chunk;
+    // The same data to every peer, and into the own output block.
+    const uint64_t slotOff = slotOffset(c, 0, h, c.rank);
+    const uint64_t units = (len + 15) / 16;
+    for (uint64_t i = threadIdx.x; i < units; i += blockDim.x) {
+      const uint32_t nb = unitBytes(len, i);
+      const Unit v = loadUnit(c.input + off + 16 * i, nb);
+#pragma unroll 1
+      for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+        const uint32_t p = directPeerOf(c.rank, c.nranks, q);
+        storeUnitAligned((char*)(a.peer_scratch[p] + slotOff + 16 * i), v);
+      }
+      if (!inPlace) storeUnit(ownOut + off + 16 * i, v, nb);
+    }
+    directSignal(a, c, 0, h, seq);
+    directWait(c, 0, h, seq);
+#pragma unroll 1
+    for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+      const uint32_t p = directPeerOf(c.rank, c.nranks, q);
+      pullPiece(c, slotOffset(c, 0, h, p), c.output + p * c.blockBytes + off, len);
+    }
+  }
+}
+
+MSCCLPP_DEVICE_INLINE void reduceScatter(const DirectCollectiveArgs& a, const DirectCall& c, uint64_t base,
+                                         uint64_t iters) {
+  const uint64_t G = gridDim.x;
+  for (uint64_t k = 0; k < iters; ++k) {
+    const uint64_t s = c.block + k * G;
+    const uint64_t seq = base + 1 + k;
+    const uint32_t h = (uint32_t)(seq & 1);
+    const uint64_t off = s * c.chunk;
+    const uint64_t left = c.blockBytes - off;
+    const uint64_t len = left < c.chunk ? left : c.chunk;
+    const uint64_t slotOff = slotOffset(c, 0, h, c.rank);
+#pragma unroll 1
+    for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+      const uint32_t p = directPeerOf(c.rank, c.nranks, q);
+      pushPiece(a, p, slotOff, c.input + p * c.blockBytes + off, len);
+    }
+    directSignal(a, c, 0, h, seq);
+    directWait(c, 0, h, seq);
+    reducePieceAny(a, c, c.input + c.rank * c.blockBytes + off, c.scratch + slotOffset(c, 0, h, 0), c.output + off,
+                   ~(uint64_t)0, len);
+  }
+}
+
+}  // namespace mscclpp
+
+// All-reduce, all-gather and reduce-scatter by the direct algorithm (hal/src/collective.rs).
+// Launch with a one-dimensional grid of at most `max_blocks` blocks, all resident at once (block
+// b waits for block b of the peers: a block left unscheduled on one rank could stall the others),
+// at least `nranks` threads per block, and the same grid, kind, count, dtype, op, chunk_bytes,
+// slot_bytes and max_blocks on every rank.
+extern "C" __global__ void mscclpp_collective_direct(mscclpp::DirectCollectiveArgs a) {
+  mscclpp::DirectCall c;
+  const mscclpp::uint32_t esize = mscclpp::dataTypeSize(a.dtype);
+  if (esize == 0 || a.nranks < 2 || a.nranks > mscclpp::kCollectiveMaxRanks || a.rank >= a.nranks ||
+      a.kind > mscclpp::kDirectReduceScatter || gridDim.x > a.max_blocks || a.chunk_bytes == 0 ||
+      (a.chunk_bytes & 15) != 0 || (a.slot_bytes & 15) != 0 || a.chunk_bytes > a.slot_bytes ||
+      blockDim.x < a.nranks) {
+    mscclpp::deviceTrap();
+  }
+  c.input = (const char*)a.input;
+  c.output = (char*)a.output;
+  c.blockBytes = a.count * esize;
+  c.chunk = a.chunk_bytes;
+  c.flagsOff = (8ull * a.max_blocks + 127) / 128 * 128;
+  c.dataOff = c.flagsOff + 256ull * a.max_blocks;
+  c.slotBytes = a.slot_bytes;
+  c.scratch = a.scratch;
+  c.maxBlocks = a.max_blocks;
+  c.block = blockIdx.x;
+  c.rank = a.rank;
+  c.nranks = a.nranks;
+
+  const mscclpp::uint64_t stepBytes = a.kind == mscclpp::kDirectAllReduce ? a.nranks * c.chunk : c.chunk;
+  const mscclpp::uint64_t steps = (c.blockBytes + stepBytes - 1) / stepBytes;
+  if (c.block >= steps) return;
+  const mscclpp::uint64_t iters = (steps - c.block - 1) / gridDim.x + 1;
+  mscclpp::uint64_t* seq = (mscclpp::uint64_t*)(a.scratch + 8ull * c.block);
+  const mscclpp::uint64_t base = *seq;
+
+  if (a.kind == mscclpp::kDirectAllReduce) {
+    mscclpp::allReduce(a, c, base, iters);
+  } else if (a.kind == mscclpp::kDirectAllGather) {
+    mscclpp::allGather(a, c, base, iters);
+  } else {
+    mscclpp::reduceScatter(a, c, base, iters);
+  }
+
+  // Every thread of the block has read the counter: advance it.
+  __syncthreads();
+  if (threadIdx.x == 0) *seq = base + iters;
+}
