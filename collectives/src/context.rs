@@ -11,8 +11,9 @@ use mscclpp_hal::{
 };
 use mscclpp_transports::{RegisteredMemory, Transport, TransportFlags};
 
-/// Packet bytes of one scratch slot: 1 MiB of packets carries 512 KiB of data per peer per round.
-pub const DEFAULT_SLOT_BYTES: u64 = 1 << 20;
+/// Packet bytes of one scratch slot: 2 MiB of packets carry 1 MiB of data per peer per round (so an
+/// LL all-reduce up to 1 MiB takes one round).
+pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
 
 /// Which algorithm serves a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +88,8 @@ pub struct Collectives {
     kernel: Arc<dyn Kernel>,
     direct: Option<Direct>,
     choices: [Choice; 5],
+    ll_threads: u32,
+    ll_packets_per_block: u64,
 }
 
 /// Allocates, zeroes and registers a scratch buffer and maps every peer's.
@@ -171,6 +174,15 @@ impl Collectives {
             kernel,
             direct,
             choices,
+            ll_threads: mscclpp_hal::env::parse("MSCCLPP_LL_THREADS", "threads per block")?
+                .unwrap_or(512)
+                .clamp(32, 1024),
+            ll_packets_per_block: mscclpp_hal::env::parse(
+                "MSCCLPP_LL_PACKETS_PER_BLOCK",
+                "a packet count",
+            )?
+            .unwrap_or(2048u64)
+            .max(1),
         })
     }
 
@@ -462,11 +474,12 @@ impl Collectives {
         if info.warp_size == 1 {
             return LaunchConfig::linear(1, 1);
         }
-        // One packet (8 data bytes) per thread per peer, up to one block per SM.
-        let threads = 512u32.min(info.max_threads_per_block);
+        // Small messages want few blocks (every extra block joins the end-of-call grid barrier);
+        // larger ones one block per `ll_packets_per_block` packets, up to one block per SM.
+        let threads = self.ll_threads.min(info.max_threads_per_block);
         let packets = bytes.div_ceil(8).min(self.slot_bytes / 16);
         let blocks = packets
-            .div_ceil(u64::from(threads))
+            .div_ceil(self.ll_packets_per_block)
             .clamp(1, u64::from(info.multiprocessors.max(1)));
         LaunchConfig::linear(blocks as u32, threads)
     }

@@ -7,7 +7,7 @@ use crate::caps::{BackendKind, DeviceInfo, PeerMatrix};
 use crate::error::Result;
 use crate::ipc::IpcHandle;
 use crate::kernel::{Kernel, KernelId};
-use crate::memory::{DeviceBuffer, MemoryKind};
+use crate::memory::{DeviceBuffer, DevicePtr, ExternalAllocation, MemoryKind};
 use crate::multicast::MulticastGroup;
 use crate::stream::{Event, Stream};
 
@@ -25,6 +25,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn open_device(&self, ordinal: usize) -> Result<Arc<dyn Device>>;
     /// Which devices can map each other's memory.
     fn peer_access(&self) -> Result<PeerMatrix>;
+
+    /// The ordinal of the device current on the calling thread (CUDA: the device of the current
+    /// context), for libraries that follow the caller's choice of device (the NCCL-compatible
+    /// library). `None` where there is no current device or the backend has no such notion.
+    fn current_device(&self) -> Result<Option<usize>> {
+        Ok(None)
+    }
 }
 
 /// One opened device.
@@ -57,6 +64,36 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Loads (compiling or looking up as the backend needs) the kernel `id`.
     fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>>;
+
+    /// Wraps `len` bytes of caller-owned memory at `ptr` as a buffer of this device without
+    /// taking ownership: dropping the buffer frees nothing. The default describes the memory
+    /// with [`ExternalAllocation`] after checking only that the range is well formed; backends
+    /// that can ask their driver about an address (CUDA) check that it is their memory.
+    ///
+    /// # Safety
+    /// As for [`ExternalAllocation::new`]: the memory must belong to this device and stay
+    /// allocated while the buffer and any work enqueued with it are in use.
+    unsafe fn wrap_external(&self, ptr: DevicePtr, len: usize) -> Result<DeviceBuffer> {
+        // SAFETY: forwarded contract.
+        let a = unsafe { ExternalAllocation::new(self.info(), ptr, len)? };
+        Ok(DeviceBuffer::new(Arc::new(a)))
+    }
+
+    /// Wraps a stream the caller owns (`CUstream`, `hipStream_t` as an integer; 0 is the
+    /// vendor's default stream) without taking ownership: dropping the result neither destroys
+    /// the stream nor waits for it. Work enqueued through the wrapper does not keep buffers
+    /// alive: the stream's owner orders frees after the work, as NCCL callers do. Backends
+    /// without native streams (the host) return an error.
+    ///
+    /// # Safety
+    /// `native` must be a live stream of this device that outlives the returned value.
+    unsafe fn wrap_stream(&self, native: u64) -> Result<Arc<dyn Stream>> {
+        let _ = native;
+        Err(crate::Error::unavailable(
+            "wrapping a native stream",
+            format!("the {} backend has no native streams", self.info().backend),
+        ))
+    }
 
     /// Makes this device current on the calling thread for vendor libraries used beside the
     /// HAL (NCCL reads the current CUDA context); a no-op where there is no such notion.

@@ -45,6 +45,8 @@ pub use dtype::{DataType, ReduceOp};
 pub use error::{Error, ErrorClass, Result};
 pub use ipc::{IpcHandle, IpcHandleKind};
 pub use kernel::{Kernel, KernelArgs, KernelId, LaunchConfig};
-pub use memory::{Allocation, BufferSlice, DeviceBuffer, DevicePtr, MemoryKind};
+pub use memory::{
+    Allocation, BufferSlice, DeviceBuffer, DevicePtr, ExternalAllocation, MemoryKind,
+};
 pub use multicast::{MulticastAddress, MulticastGroup, MulticastMapping};
 pub use stream::{Event, Graph, Stream};

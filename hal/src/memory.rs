@@ -9,7 +9,7 @@ use std::fmt;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
-use crate::caps::BackendKind;
+use crate::caps::{BackendKind, DeviceInfo};
 use crate::error::{Error, Result};
 
 /// An address in a device's address space (on the host backend, a process virtual address).
@@ -210,6 +210,79 @@ impl BufferSlice {
     }
 }
 
+/// Memory the caller owns, wrapped without taking ownership ([`crate::Device::wrap_external`]):
+/// dropping it frees nothing. This is how the NCCL-compatible library hands user buffers (raw
+/// device pointers) to the collectives.
+#[derive(Debug)]
+pub struct ExternalAllocation {
+    backend: BackendKind,
+    ordinal: usize,
+    ptr: DevicePtr,
+    len: usize,
+    host_accessible: bool,
+}
+
+impl ExternalAllocation {
+    /// Describes `len` bytes at `ptr` of the device `info`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be memory of that device that stays allocated while the returned
+    /// value, every buffer made from it and every operation enqueued with them are in use; where
+    /// the device's memory is host accessible, the host may read and write it through `ptr`.
+    pub unsafe fn new(info: &DeviceInfo, ptr: DevicePtr, len: usize) -> Result<Self> {
+        if ptr.0 == 0 {
+            return Err(Error::invalid(
+                "external memory at address 0 (a null pointer)",
+            ));
+        }
+        if len == 0 {
+            return Err(Error::invalid(format!(
+                "external memory of 0 bytes at {ptr:?}: wrap at least 1 byte"
+            )));
+        }
+        if ptr.0.checked_add(len as u64).is_none() || len > isize::MAX as usize {
+            return Err(Error::invalid(format!(
+                "external memory of {len} bytes at {ptr:?} runs past the end of the address space"
+            )));
+        }
+        Ok(ExternalAllocation {
+            backend: info.backend,
+            ordinal: info.ordinal,
+            ptr,
+            len,
+            host_accessible: info.caps.device_memory_host_accessible,
+        })
+    }
+}
+
+impl Allocation for ExternalAllocation {
+    fn backend(&self) -> BackendKind {
+        self.backend
+    }
+    fn device_ordinal(&self) -> usize {
+        self.ordinal
+    }
+    fn device_ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Device
+    }
+    fn host_ptr(&self) -> Option<*mut u8> {
+        self.host_accessible
+            .then_some(self.ptr.0 as usize as *mut u8)
+    }
+    fn is_imported(&self) -> bool {
+        false
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// Turns any range expression into `start..end` (unchecked; callers validate against `len`).
 fn resolve(range: &impl RangeBounds<usize>, len: usize) -> (usize, usize) {
     let start = match range.start_bound() {
@@ -223,4 +296,64 @@ fn resolve(range: &impl RangeBounds<usize>, len: usize) -> (usize, usize) {
         Bound::Unbounded => len,
     };
     (start, end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::caps::{Capabilities, MulticastSupport};
+
+    fn info(host_accessible: bool) -> DeviceInfo {
+        DeviceInfo {
+            backend: BackendKind::Host,
+            ordinal: 3,
+            name: "test".into(),
+            arch: "test".into(),
+            total_memory: 0,
+            warp_size: 1,
+            multiprocessors: 1,
+            max_threads_per_block: 1,
+            pci_bus_id: None,
+            caps: Capabilities {
+                ipc: false,
+                host_mapped_memory: false,
+                device_memory_host_accessible: host_accessible,
+                kernels: false,
+                multicast: MulticastSupport::Unsupported("test".into()),
+            },
+        }
+    }
+
+    #[test]
+    fn external_allocation_wraps_without_owning() {
+        let mut backing = vec![7u8; 64];
+        let ptr = DevicePtr(backing.as_mut_ptr() as u64);
+        // SAFETY: `backing` outlives the buffer and is host memory.
+        let a = unsafe { ExternalAllocation::new(&info(true), ptr, 64) }.unwrap();
+        let buf = DeviceBuffer::new(Arc::new(a));
+        assert_eq!(buf.ptr(), ptr);
+        assert_eq!(buf.len(), 64);
+        assert_eq!(buf.backend(), BackendKind::Host);
+        assert_eq!(buf.allocation().device_ordinal(), 3);
+        assert_eq!(buf.host_ptr(), Some(backing.as_mut_ptr()));
+        assert_eq!(buf.slice(8..16).unwrap().ptr(), ptr.offset(8));
+        drop(buf);
+        assert_eq!(
+            backing[0], 7,
+            "dropping the wrapper must not touch the memory"
+        );
+        // SAFETY: never dereferenced.
+        let gpu = unsafe { ExternalAllocation::new(&info(false), DevicePtr(0x1000), 8) }.unwrap();
+        assert_eq!(gpu.host_ptr(), None);
+    }
+
+    #[test]
+    fn external_allocation_rejects_bad_ranges() {
+        // SAFETY: nothing is dereferenced; the constructor rejects these.
+        unsafe {
+            assert!(ExternalAllocation::new(&info(true), DevicePtr(0), 8).is_err());
+            assert!(ExternalAllocation::new(&info(true), DevicePtr(0x1000), 0).is_err());
+            assert!(ExternalAllocation::new(&info(true), DevicePtr(u64::MAX - 4), 8).is_err());
+        }
+    }
 }
