@@ -16,7 +16,7 @@
 //!   for small messages.
 //! - **Direct**: plain 16-byte stores into the peers' scratch, pipelined in chunks with per-block
 //!   flags; all-reduce (reduce-scatter then all-gather), all-gather and reduce-scatter; chosen
-//!   from 1 MiB (all-reduce) / 2 MiB (the others) per rank block.
+//!   from 2 MiB per rank block.
 //!
 //! `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (e.g. `MSCCLPP_ALGO_ALLREDUCE=ll`) overrides the
 //! choice per collective. No user buffer is registered: both algorithms move data through the
