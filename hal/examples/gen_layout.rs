@@ -1,14 +1,11 @@
-//! Writes the generated layout header into the CUDA and HIP device-header folders:
+//! Writes the generated layout header into the device-header folder (shared by CUDA and HIP):
 //! `cargo run -p mscclpp-hal --example gen_layout`. The test `layout_header` fails when the
 //! committed copies and the Rust layouts disagree.
 
 use std::path::Path;
 
 /// Where the header goes, relative to the workspace root.
-const TARGETS: &[&str] = &[
-    "kernels/cuda/include/mscclpp/layout_check.h",
-    "kernels/hip/include/mscclpp/layout_check.h",
-];
+const TARGETS: &[&str] = &["kernels/cuda/include/mscclpp/layout_check.h"];
 
 fn main() -> std::io::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

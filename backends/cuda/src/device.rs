@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
 use mscclpp_hal::{
-    Backend, BackendKind, Capabilities, Device, DeviceBuffer, DeviceInfo, Error, Event, IpcHandle,
-    IpcHandleKind, Kernel, KernelId, MemoryKind, MulticastGroup, PeerMatrix, Result, Stream,
+    Backend, BackendKind, Capabilities, Device, DeviceBuffer, DeviceInfo, DevicePtr, Error, Event,
+    ExternalAllocation, IpcHandle, IpcHandleKind, Kernel, KernelId, MemoryKind, MulticastGroup,
+    PeerMatrix, Result, Stream,
 };
 
 use crate::driver::{self, check};
@@ -292,6 +293,10 @@ impl Backend for CudaBackend {
         Ok(self.open_cuda_device(ordinal)?)
     }
 
+    fn current_device(&self) -> Result<Option<usize>> {
+        current_device_ordinal()
+    }
+
     fn peer_access(&self) -> Result<PeerMatrix> {
         let n = self.devices.len();
         let mut access = vec![false; n * n];
@@ -310,6 +315,19 @@ impl Backend for CudaBackend {
             }
         }
         Ok(PeerMatrix::from_fn(n, |i, j| access[i * n + j]))
+    }
+}
+
+/// The ordinal of the device whose context is current on the calling thread (`cuCtxGetDevice`),
+/// or `None` when no context is current. Reached through [`Backend::current_device`] of a probed
+/// backend (the probe checks that the driver has the entry point).
+pub(crate) fn current_device_ordinal() -> Result<Option<usize>> {
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: valid out-pointer; the probe checked the symbol exists.
+    match unsafe { sys::cuCtxGetDevice(&mut dev) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(usize::try_from(dev).ok()),
+        sys::CUresult::CUDA_ERROR_INVALID_CONTEXT => Ok(None),
+        r => check("cuCtxGetDevice", r).map(|_| None),
     }
 }
 
@@ -375,6 +393,45 @@ impl Device for CudaDevice {
 
     fn multicast_import(&self, handle: &IpcHandle) -> Result<Arc<dyn MulticastGroup>> {
         multicast::import(&self.info.caps.multicast, handle)
+    }
+
+    /// Checks with `cuMemGetAddressRange` that the whole range lies inside one allocation the
+    /// driver knows (device memory of any context, or registered/mapped host memory), then wraps
+    /// it without taking ownership.
+    unsafe fn wrap_external(&self, ptr: DevicePtr, len: usize) -> Result<DeviceBuffer> {
+        self.ctx.bind()?;
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out-pointers; the context is current; the driver only looks the address up.
+        let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr.0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            let e = check("cuMemGetAddressRange", r).err();
+            return Err(Error::invalid(format!(
+                "address {ptr:?} ({len} bytes) is not memory the CUDA driver knows on device {} (a host pointer, a freed buffer or memory of another process?){}",
+                self.info.ordinal,
+                e.map(|e| format!(": {e}")).unwrap_or_default()
+            )));
+        }
+        let end = ptr.0.checked_add(len as u64);
+        if end.is_none_or(|end| end > base.saturating_add(size as u64)) {
+            return Err(Error::invalid(format!(
+                "{len} bytes at {ptr:?} run past the end of their allocation ({size} bytes at {:#x})",
+                base
+            )));
+        }
+        // SAFETY: forwarded contract; the range was just checked to be driver memory.
+        let a = unsafe { ExternalAllocation::new(&self.info, ptr, len)? };
+        Ok(DeviceBuffer::new(Arc::new(a)))
+    }
+
+    unsafe fn wrap_stream(&self, native: u64) -> Result<Arc<dyn Stream>> {
+        // SAFETY: forwarded contract (a live stream of this device that outlives the wrapper).
+        Ok(Arc::new(unsafe {
+            CudaStream::borrowed(
+                self.ctx.clone(),
+                native as usize as sys::CUstream,
+                self.info.max_threads_per_block,
+            )
+        }))
     }
 
     fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>> {

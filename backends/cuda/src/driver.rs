@@ -132,6 +132,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
+    "cuCtxGetDevice",
     "cuGetErrorName",
     "cuGetErrorString",
     "cuMemAlloc_v2",

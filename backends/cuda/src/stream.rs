@@ -129,6 +129,8 @@ pub struct CudaStream {
     raw: sys::CUstream,
     max_threads_per_block: u32,
     state: Mutex<State>,
+    /// A caller's stream ([`CudaStream::borrowed`]): never destroyed here, keeps nothing alive.
+    borrowed: bool,
 }
 
 // SAFETY: a CUstream is a driver handle usable from any thread with its context current; the
@@ -167,7 +169,35 @@ impl CudaStream {
             raw,
             max_threads_per_block,
             state: Mutex::new(State::default()),
+            borrowed: false,
         })
+    }
+
+    /// Wraps a stream the caller owns (`raw` may be null: the legacy default stream). The
+    /// wrapper never destroys it, never waits for it on drop and keeps no buffer alive for the
+    /// work it enqueues: the owner orders frees after the work (NCCL's contract with its
+    /// callers). It never queries the stream on its own either, so enqueueing stays legal while
+    /// the owner captures the stream into a CUDA graph.
+    ///
+    /// # Safety
+    /// `raw` must be null or a live stream of `ctx`'s device that outlives the wrapper.
+    pub unsafe fn borrowed(
+        ctx: Arc<Context>,
+        raw: sys::CUstream,
+        max_threads_per_block: u32,
+    ) -> Self {
+        CudaStream {
+            ctx,
+            raw,
+            max_threads_per_block,
+            state: Mutex::new(State::default()),
+            borrowed: true,
+        }
+    }
+
+    /// Whether this wraps a caller's stream ([`CudaStream::borrowed`]).
+    pub fn is_borrowed(&self) -> bool {
+        self.borrowed
     }
 
     /// The raw `CUstream` (for interoperation, e.g. graph capture by a caller).
@@ -190,6 +220,9 @@ impl CudaStream {
         let mut st = self.lock();
         op(self.raw)?;
         st.seq += 1;
+        if self.borrowed {
+            return Ok(());
+        }
         let seq = st.seq;
         st.keep.extend(keep.into_iter().map(|k| (seq, k)));
         if st.keep.len() > KEEP_CHECK_THRESHOLD {
@@ -244,6 +277,9 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        if self.borrowed {
+            return;
+        }
         if self.ctx.bind().is_err() {
             tracing::warn!("cannot make the context current to destroy a CUDA stream; leaking it");
             std::mem::forget(std::mem::take(&mut self.lock().keep));

@@ -171,4 +171,13 @@ impl Device for HostDevice {
     fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>> {
         Ok(Arc::new(kernels::lookup(id)?))
     }
+
+    /// The host backend has no native streams: every handle is refused. Callers with an
+    /// NCCL-style API (the NCCL-compatible library) treat stream 0 as "the communicator's own
+    /// stream" and order work on it themselves.
+    unsafe fn wrap_stream(&self, native: u64) -> Result<Arc<dyn Stream>> {
+        Err(Error::invalid(format!(
+            "stream handle {native:#x}: the host backend has no native streams (pass 0 / NULL to use the communicator's own stream)"
+        )))
+    }
 }

@@ -1,5 +1,10 @@
-//! The HIP device sources of `kernels/hip`, embedded in the binary, and the modules that the
-//! backend compiles from them with [`crate::hiprtc`].
+//! The HIP device sources, embedded in the binary, and the modules that the backend compiles
+//! from them with [`crate::hiprtc`].
+//!
+//! The device API and the library's kernels are vendor-neutral text written once under
+//! `kernels/cuda`; only `core.cuh` (atomics, fences, packet stores, traps) differs for HIP and
+//! lives in `kernels/hip/include/mscclpp`, with the modules that use HIP-only builtins
+//! (`kernels/hip/*.hip`).
 
 use mscclpp_hal::{KernelId, Result};
 
@@ -9,7 +14,7 @@ macro_rules! header {
     ($name:literal) => {
         (
             concat!("mscclpp/", $name),
-            include_str!(concat!("../../../kernels/hip/include/mscclpp/", $name)),
+            include_str!(concat!("../../../kernels/cuda/include/mscclpp/", $name)),
         )
     };
 }
@@ -17,7 +22,10 @@ macro_rules! header {
 /// Every header of the device API, as `(include name, contents)`: what `#include
 /// "mscclpp/<name>"` resolves to inside a hipRTC compile.
 pub const HEADERS: &[(&str, &str)] = &[
-    header!("core.cuh"),
+    (
+        "mscclpp/core.cuh",
+        include_str!("../../../kernels/hip/include/mscclpp/core.cuh"),
+    ),
     header!("device_syncer.cuh"),
     header!("fifo.cuh"),
     header!("layout_check.h"),
@@ -31,13 +39,13 @@ pub const HEADERS: &[(&str, &str)] = &[
     header!("test_args.cuh"),
 ];
 
-/// The one vendor-specific header; every other header is the same text as its CUDA twin.
+/// The one vendor-specific header (from `kernels/hip`); every other one is the CUDA text.
 pub const VENDOR_HEADER: &str = "mscclpp/core.cuh";
 
-/// One compilation unit of `kernels/hip` and the kernels it defines.
+/// One compilation unit and the kernels it defines.
 #[derive(Debug, Clone, Copy)]
 pub struct Module {
-    /// File name under `kernels/hip` (also the name hipRTC reports errors under).
+    /// Path under `kernels/` (also the name hipRTC reports errors under).
     pub name: &'static str,
     /// The source text.
     pub source: &'static str,
@@ -45,11 +53,11 @@ pub struct Module {
     pub kernels: &'static [KernelId],
 }
 
-/// Every module of `kernels/hip`.
+/// Every module: the vendor-neutral ones of `kernels/cuda` and the HIP-only ones of `kernels/hip`.
 pub const MODULES: &[Module] = &[
     Module {
-        name: "bench_kernels.hip",
-        source: include_str!("../../../kernels/hip/bench_kernels.hip"),
+        name: "cuda/bench_kernels.cu",
+        source: include_str!("../../../kernels/cuda/bench_kernels.cu"),
         kernels: &[
             KernelId::BENCH_MEMORY_CHANNEL_PUT,
             KernelId::BENCH_PORT_CHANNEL_PUT,
@@ -57,17 +65,17 @@ pub const MODULES: &[Module] = &[
         ],
     },
     Module {
-        name: "collectives.hip",
-        source: include_str!("../../../kernels/hip/collectives.hip"),
+        name: "cuda/collectives.cu",
+        source: include_str!("../../../kernels/cuda/collectives.cu"),
         kernels: &[KernelId::COLLECTIVE_LL],
     },
     Module {
-        name: "collectives_direct.hip",
-        source: include_str!("../../../kernels/hip/collectives_direct.hip"),
+        name: "cuda/collectives_direct.cu",
+        source: include_str!("../../../kernels/cuda/collectives_direct.cu"),
         kernels: &[KernelId::COLLECTIVE_DIRECT],
     },
     Module {
-        name: "test_kernels.hip",
+        name: "hip/test_kernels.hip",
         source: include_str!("../../../kernels/hip/test_kernels.hip"),
         kernels: &[KernelId::FILL_U32, KernelId::ATOMIC_ADD_U64],
     },
@@ -101,52 +109,42 @@ mod tests {
 
     #[test]
     fn every_header_on_disk_is_embedded() {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../kernels/hip/include/mscclpp"
-        );
-        let on_disk: Vec<String> = list(dir, |_| true)
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
+        let on_disk: Vec<String> = list(&format!("{root}/cuda/include/mscclpp"), |_| true)
             .into_iter()
             .map(|n| format!("mscclpp/{n}"))
             .collect();
         let embedded: Vec<String> = HEADERS.iter().map(|(n, _)| n.to_string()).collect();
         assert_eq!(
             on_disk, embedded,
-            "kernels/hip/include/mscclpp and HEADERS differ"
+            "kernels/cuda/include/mscclpp and HEADERS differ"
         );
+        // HIP overrides exactly the vendor header.
+        assert_eq!(
+            list(&format!("{root}/hip/include/mscclpp"), |_| true),
+            vec!["core.cuh"]
+        );
+        assert_eq!(VENDOR_HEADER, "mscclpp/core.cuh");
     }
 
     #[test]
     fn every_module_on_disk_is_embedded() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/hip");
-        let embedded: Vec<String> = MODULES.iter().map(|m| m.name.to_string()).collect();
-        assert_eq!(list(dir, |n| n.ends_with(".hip")), embedded);
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
+        let mut on_disk: Vec<String> = list(&format!("{root}/cuda"), |n| n.ends_with(".cu"))
+            .into_iter()
+            .filter(|n| n != "test_kernels.cu")
+            .map(|n| format!("cuda/{n}"))
+            .chain(
+                list(&format!("{root}/hip"), |n| n.ends_with(".hip"))
+                    .into_iter()
+                    .map(|n| format!("hip/{n}")),
+            )
+            .collect();
+        on_disk.sort();
+        let mut embedded: Vec<String> = MODULES.iter().map(|m| m.name.to_string()).collect();
+        embedded.sort();
+        assert_eq!(on_disk, embedded);
         assert!(module_for(KernelId::FILL_U32).is_some());
         assert!(module_for(KernelId::ATOMIC_ADD_U64).is_some());
-    }
-
-    /// The HIP headers other than core.cuh are copies of the CUDA ones: a change to one side
-    /// must be made to both.
-    #[test]
-    fn vendor_neutral_headers_match_the_cuda_ones() {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
-        let cuda = list(&format!("{root}/cuda/include/mscclpp"), |_| true);
-        let hip = list(&format!("{root}/hip/include/mscclpp"), |_| true);
-        assert_eq!(
-            cuda, hip,
-            "the CUDA and HIP device APIs have different files"
-        );
-        for name in hip {
-            if format!("mscclpp/{name}") == VENDOR_HEADER {
-                continue;
-            }
-            let read = |v: &str| {
-                std::fs::read_to_string(format!("{root}/{v}/include/mscclpp/{name}")).unwrap()
-            };
-            assert!(
-                read("cuda") == read("hip"),
-                "kernels/hip/include/mscclpp/{name} differs from its CUDA twin; copy it over"
-            );
-        }
     }
 }

@@ -24,7 +24,7 @@ const ARCHS: &[&str] = &["gfx90a", "gfx908"];
 /// Compile-only coverage of every device-API function (never launched, so not embedded in the
 /// library): makes each compile generate every builtin and template path.
 const DEVICE_API_CHECK: Module = Module {
-    name: "checks/device_api.hip",
+    name: "hip/checks/device_api.hip",
     source: include_str!("../../../kernels/hip/checks/device_api.hip"),
     kernels: &[
         KernelId("check_core"),
@@ -152,7 +152,7 @@ fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
         }
         other => panic!("MSCCLPP_REQUIRE_HIPCC=1 but hipcc is unusable: {other:?}"),
     }
-    let hip = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/hip");
+    let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
     let out_dir = std::env::temp_dir().join(format!("mscclpp-hipcc-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).unwrap();
     let mut failures = Vec::new();
@@ -162,9 +162,12 @@ fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
         for arch in ARCHS {
             cmd.arg(format!("--offload-arch={arch}"));
         }
-        cmd.args(["-std=c++17", "-Wall", "-c", "-I"])
-            .arg(hip.join("include"))
-            .arg(hip.join(module.name))
+        // HIP's core.cuh first, then the vendor-neutral headers; `.cu` files compile as HIP.
+        cmd.args(["-std=c++17", "-Wall", "-c", "-x", "hip", "-I"])
+            .arg(kernels.join("hip/include"))
+            .arg("-I")
+            .arg(kernels.join("cuda/include"))
+            .arg(kernels.join(module.name))
             .arg("-o")
             .arg(&object);
         let start = std::time::Instant::now();

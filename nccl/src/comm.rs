@@ -1,0 +1,741 @@
+//! Communicators: set-up, the registry of live handles, and the native/fallback dispatch of
+//! operations.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use mscclpp::collectives::Collectives;
+use mscclpp::comm::{Bootstrap, BootstrapConfig, Communicator, UniqueId};
+use mscclpp::hal::collective::MAX_RANKS;
+use mscclpp::hal::{BackendKind, DataType, Device, DevicePtr, ReduceOp, Stream};
+
+use crate::abi::*;
+use crate::error::{Failure, Res};
+use crate::real::{RealNccl, no_real, real};
+
+/// The operations this library dispatches (names as in `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `ncclAllReduce`.
+    AllReduce,
+    /// `ncclAllGather`.
+    AllGather,
+    /// `ncclReduceScatter`.
+    ReduceScatter,
+    /// `ncclBroadcast` / `ncclBcast`.
+    Broadcast,
+    /// `ncclAlltoAll`.
+    AllToAll,
+    /// `ncclReduce`.
+    Reduce,
+    /// `ncclSend`.
+    Send,
+    /// `ncclRecv`.
+    Recv,
+}
+
+impl Op {
+    const ALL: [Op; 8] = [
+        Op::AllReduce,
+        Op::AllGather,
+        Op::ReduceScatter,
+        Op::Broadcast,
+        Op::AllToAll,
+        Op::Reduce,
+        Op::Send,
+        Op::Recv,
+    ];
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "allreduce",
+            Op::AllGather => "allgather",
+            Op::ReduceScatter => "reducescatter",
+            Op::Broadcast => "broadcast",
+            Op::AllToAll => "alltoall",
+            Op::Reduce => "reduce",
+            Op::Send => "send",
+            Op::Recv => "recv",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Op> {
+        let s = s.trim().to_ascii_lowercase();
+        match s.as_str() {
+            "bcast" => Some(Op::Broadcast),
+            "all_reduce" => Some(Op::AllReduce),
+            "all_gather" => Some(Op::AllGather),
+            "reduce_scatter" => Some(Op::ReduceScatter),
+            "all_to_all" | "alltoallv" => Some(Op::AllToAll),
+            _ => Op::ALL.into_iter().find(|o| o.name() == s),
+        }
+    }
+}
+
+/// `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`: `all`, or a comma list of operation names.
+fn forced() -> Res<&'static HashSet<Op>> {
+    static FORCED: OnceLock<Result<HashSet<Op>, Failure>> = OnceLock::new();
+    FORCED
+        .get_or_init(|| {
+            const VAR: &str = "MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION";
+            let Some(v) = mscclpp::hal::env::get(VAR) else {
+                return Ok(HashSet::new());
+            };
+            let mut set = HashSet::new();
+            for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                if part.eq_ignore_ascii_case("all") {
+                    set.extend(Op::ALL);
+                } else {
+                    set.insert(Op::parse(part).ok_or_else(|| {
+                        Failure::argument(format!(
+                            "{VAR}={v:?}: unknown operation {part:?}; expected `all` or a comma list of {}",
+                            Op::ALL.map(Op::name).join(", ")
+                        ))
+                    })?);
+                }
+            }
+            Ok(set)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Logs once per operation kind which way it went.
+fn log_route(op: Op, native: bool, why: &str) {
+    static LOGGED: [[AtomicBool; 8]; 2] = [const { [const { AtomicBool::new(false) }; 8] }; 2];
+    let slot = &LOGGED[usize::from(native)][Op::ALL.iter().position(|o| *o == op).unwrap_or(0)];
+    if !slot.swap(true, Ordering::Relaxed) {
+        if native {
+            tracing::info!(op = op.name(), "served natively by mscclpp");
+        } else {
+            tracing::info!(op = op.name(), "falls back to the real NCCL: {why}");
+        }
+    }
+}
+
+/// Element size and HAL type of an `ncclDataType_t` (`None`: no native reduction for it).
+pub fn dtype_info(code: c_int) -> Res<(usize, Option<DataType>)> {
+    use crate::abi::dtype as d;
+    Ok(match code {
+        d::INT8 | d::UINT8 | d::FLOAT8E4M3 | d::FLOAT8E5M2 => (1, None),
+        d::INT32 => (4, Some(DataType::I32)),
+        d::UINT32 => (4, Some(DataType::U32)),
+        d::INT64 | d::UINT64 | d::FLOAT64 => (8, None),
+        d::FLOAT16 => (2, Some(DataType::F16)),
+        d::FLOAT32 => (4, Some(DataType::F32)),
+        d::BFLOAT16 => (2, Some(DataType::BF16)),
+        other => {
+            return Err(Failure::argument(format!(
+                "unknown ncclDataType_t {other} (this library knows 0..=11: int8 ... float8e5m2)"
+            )));
+        }
+    })
+}
+
+/// The HAL operator of an `ncclRedOp_t` (`None`: a user-created operator, served by fallback).
+pub fn op_info(code: c_int) -> Res<Option<ReduceOp>> {
+    use crate::abi::redop as r;
+    Ok(match code {
+        r::SUM => Some(ReduceOp::Sum),
+        r::PROD => Some(ReduceOp::Prod),
+        r::MAX => Some(ReduceOp::Max),
+        r::MIN => Some(ReduceOp::Min),
+        r::AVG => Some(ReduceOp::Avg),
+        c if c >= r::NUM_OPS => None,
+        other => return Err(Failure::argument(format!("invalid ncclRedOp_t {other}"))),
+    })
+}
+
+/// The mscclpp side of a communicator.
+#[derive(Debug)]
+pub struct Native {
+    comm: Arc<Communicator>,
+    /// `None` with one rank (operations are copies) or where the collectives cannot serve the
+    /// ranks (several hosts, more than [`MAX_RANKS`]): then every operation falls back.
+    colls: Option<Collectives>,
+    /// Why `colls` is `None` with several ranks.
+    no_colls: Option<String>,
+    /// The communicator's own stream: what `stream == NULL` means on the host backend.
+    internal: Arc<dyn Stream>,
+    /// Wrappers of callers' native streams, by handle.
+    streams: Mutex<HashMap<u64, Arc<dyn Stream>>>,
+}
+
+impl Native {
+    /// Whether the device is the host backend's.
+    pub fn comm_backend_is_host(&self) -> bool {
+        self.comm.device().info().backend == BackendKind::Host
+    }
+
+    /// Waits for the communicator's own stream.
+    pub fn sync_internal(&self) -> Res<()> {
+        Ok(self.internal.synchronize()?)
+    }
+}
+
+/// A real NCCL communicator and the library it belongs to.
+#[derive(Debug)]
+pub struct RealComm {
+    /// The library.
+    pub lib: &'static RealNccl,
+    /// Its `ncclComm_t`.
+    pub comm: NcclComm,
+}
+
+// SAFETY: an ncclComm_t may be used from any thread (NCCL serialises what needs it); we only
+// pass the handle to NCCL.
+unsafe impl Send for RealComm {}
+// SAFETY: as above.
+unsafe impl Sync for RealComm {}
+
+/// What an `ncclComm_t` of this library points to.
+#[derive(Debug)]
+pub struct Comm {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub nranks: usize,
+    /// The CUDA (or host-backend) device ordinal.
+    pub device: i32,
+    /// The mscclpp communicator (`None` for communicators made by the real NCCL: split,
+    /// shrink, init-all).
+    pub native: Option<Native>,
+    /// The real NCCL communicator, when `MSCCLPP_NCCL_LIB_PATH` is set.
+    pub real: Mutex<Option<RealComm>>,
+    /// An error that made the communicator unusable (`ncclCommGetAsyncError`).
+    pub async_error: AtomicI32,
+}
+
+/// Live communicators by handle. Every export looks its handle up here, so a stale, foreign or
+/// garbage handle is `ncclInvalidArgument` rather than a crash.
+fn registry() -> &'static Mutex<HashMap<usize, Arc<Comm>>> {
+    static R: OnceLock<Mutex<HashMap<usize, Arc<Comm>>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Registers a communicator; returns its handle.
+pub fn register(c: Comm) -> NcclComm {
+    let c = Arc::new(c);
+    let h = Arc::as_ptr(&c) as *mut c_void;
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(h as usize, c);
+    h
+}
+
+/// The communicator behind a handle.
+pub fn lookup(h: NcclComm) -> Res<Arc<Comm>> {
+    if h.is_null() {
+        return Err(Failure::argument("comm is NULL"));
+    }
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(h as usize))
+        .cloned()
+        .ok_or_else(|| {
+            Failure::argument(format!(
+                "comm {h:p} is not a live communicator of this library (destroyed, or made by another NCCL)"
+            ))
+        })
+}
+
+/// Removes a communicator from the registry (destroy / abort).
+pub fn unregister(h: NcclComm) -> Res<Arc<Comm>> {
+    if h.is_null() {
+        return Err(Failure::argument("comm is NULL"));
+    }
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(h as usize))
+        .ok_or_else(|| {
+            Failure::argument(format!(
+                "comm {h:p} is not a live communicator of this library"
+            ))
+        })
+}
+
+/// Creates this rank's communicator (`ncclCommInitRank*`): bootstrap, device, real NCCL
+/// (when configured), collectives.
+pub fn init_rank(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Res<Comm> {
+    let n = usize::try_from(nranks)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| Failure::argument(format!("nranks {nranks}: must be at least 1")))?;
+    let r = usize::try_from(rank)
+        .ok()
+        .filter(|&r| r < n)
+        .ok_or_else(|| Failure::argument(format!("rank {rank} is not in 0..{n}")))?;
+    forced()?;
+    let uid = UniqueId::from_bytes(&id.internal).map_err(|e| {
+        Failure::argument(format!(
+            "the ncclUniqueId was not made by this library's ncclGetUniqueId: {e}"
+        ))
+    })?;
+    let real_lib = real()?;
+    let boot = Arc::new(Bootstrap::new(&uid, r, n, BootstrapConfig::from_env()?)?);
+    // Host identities: who shares this host (local rank; whether the collectives can serve).
+    let me = mscclpp::hal::env::host_id();
+    let hosts = boot.all_gather(me.as_bytes())?;
+    let one_host = hosts.iter().all(|h| h == me.as_bytes());
+    let local_rank = hosts[..r].iter().filter(|h| *h == me.as_bytes()).count();
+    let backend = mscclpp::registry::select()?;
+    let ordinal = match backend.current_device()? {
+        Some(d) => d,
+        None => {
+            let count = backend.device_count().max(1);
+            local_rank % count
+        }
+    };
+    let device: Arc<dyn Device> = backend.open_device(ordinal)?;
+    tracing::info!(
+        rank = r,
+        nranks = n,
+        device = ordinal,
+        backend = %device.info().backend,
+        "ncclCommInitRank"
+    );
+    // The real NCCL communicator: rank 0 makes its id, the bootstrap carries it.
+    let real_comm = match real_lib {
+        None => None,
+        Some(lib) => {
+            device.make_current()?;
+            let mut rid = NcclUniqueId {
+                internal: [0; NCCL_UNIQUE_ID_BYTES],
+            };
+            let mut status = vec![1u8];
+            if r == 0 {
+                let get = lib.need(lib.get_unique_id, "ncclGetUniqueId")?;
+                // SAFETY: valid out-pointer to a 128-byte struct.
+                if let Err(e) = lib.check("ncclGetUniqueId", unsafe { get(&mut rid) }) {
+                    tracing::warn!("{}", e.message);
+                    status[0] = 0;
+                }
+                status.extend_from_slice(&rid.internal);
+            }
+            let got = boot.broadcast(0, &status)?;
+            if got.first() != Some(&1) || got.len() != 1 + NCCL_UNIQUE_ID_BYTES {
+                return Err(Failure::system(
+                    "rank 0 could not create the real NCCL's unique id (see rank 0's log)",
+                ));
+            }
+            rid.internal.copy_from_slice(&got[1..]);
+            let init = lib.need(lib.comm_init_rank, "ncclCommInitRank")?;
+            let mut c: NcclComm = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; the id came from rank 0's real ncclGetUniqueId; the
+            // caller's device is current.
+            lib.check("ncclCommInitRank", unsafe {
+                init(&mut c, nranks, rid, rank)
+            })?;
+            Some(RealComm { lib, comm: c })
+        }
+    };
+    let internal = device.create_stream()?;
+    let comm = Arc::new(Communicator::new(boot, device));
+    let (colls, no_colls) = if n == 1 {
+        (None, None)
+    } else if n > MAX_RANKS {
+        (
+            None,
+            Some(format!(
+                "{n} ranks: mscclpp's collectives serve at most {MAX_RANKS}"
+            )),
+        )
+    } else if !one_host {
+        (
+            None,
+            Some("the ranks are on several hosts: mscclpp's collectives serve one host".into()),
+        )
+    } else {
+        (Some(Collectives::new(comm.clone())?), None)
+    };
+    if let Some(why) = &no_colls {
+        tracing::info!("every collective of this communicator falls back: {why}");
+    }
+    Ok(Comm {
+        rank: r,
+        nranks: n,
+        device: ordinal as i32,
+        native: Some(Native {
+            comm,
+            colls,
+            no_colls,
+            internal,
+            streams: Mutex::new(HashMap::new()),
+        }),
+        real: Mutex::new(real_comm),
+        async_error: AtomicI32::new(NCCL_SUCCESS),
+    })
+}
+
+/// A communicator made by the real NCCL (split, shrink, init-all): every operation falls back.
+///
+/// # Safety
+/// `c` must be a live communicator of `lib`; the result takes it over (destroys it).
+pub unsafe fn from_real(lib: &'static RealNccl, c: NcclComm) -> Res<Comm> {
+    let (mut rank, mut count, mut dev) = (0, 0, -1);
+    // SAFETY: valid out-pointers; `c` is a live real communicator.
+    unsafe {
+        lib.check(
+            "ncclCommUserRank",
+            lib.need(lib.comm_user_rank, "ncclCommUserRank")?(c, &mut rank),
+        )?;
+        lib.check(
+            "ncclCommCount",
+            lib.need(lib.comm_count, "ncclCommCount")?(c, &mut count),
+        )?;
+        if let Some(f) = lib.comm_cu_device {
+            f(c, &mut dev);
+        }
+    }
+    Ok(Comm {
+        rank: usize::try_from(rank).unwrap_or(0),
+        nranks: usize::try_from(count).unwrap_or(0),
+        device: dev,
+        native: None,
+        real: Mutex::new(Some(RealComm { lib, comm: c })),
+        async_error: AtomicI32::new(NCCL_SUCCESS),
+    })
+}
+
+thread_local! {
+    /// `ncclGroupStart` nesting depth on this thread.
+    static GROUP_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// The real NCCL library whose group this thread has opened (lazily, at the first
+    /// fallback operation inside our group), to be closed at the outermost `ncclGroupEnd`.
+    static REAL_GROUP: std::cell::Cell<Option<&'static RealNccl>> = const { std::cell::Cell::new(None) };
+}
+
+/// `ncclGroupStart`.
+pub fn group_start() -> Res<()> {
+    GROUP_DEPTH.with(|d| d.set(d.get().saturating_add(1)));
+    Ok(())
+}
+
+/// `ncclGroupEnd`.
+pub fn group_end() -> Res<()> {
+    let depth = GROUP_DEPTH.with(|d| d.get());
+    if depth == 0 {
+        return Err(Failure::usage(
+            "ncclGroupEnd without a matching ncclGroupStart",
+        ));
+    }
+    GROUP_DEPTH.with(|d| d.set(depth - 1));
+    if depth == 1 {
+        if let Some(lib) = REAL_GROUP.with(|g| g.take()) {
+            let end = lib.need(lib.group_end, "ncclGroupEnd")?;
+            // SAFETY: closes the group this thread opened in the real NCCL.
+            lib.check("ncclGroupEnd", unsafe { end() })?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the calling thread is inside a group.
+pub fn in_group() -> bool {
+    GROUP_DEPTH.with(|d| d.get()) > 0
+}
+
+/// Inside our group, opens the real NCCL's group once, before the first forwarded operation.
+fn enter_real_group(lib: &'static RealNccl) -> Res<()> {
+    if !in_group() || REAL_GROUP.with(|g| g.get()).is_some() {
+        return Ok(());
+    }
+    let start = lib.need(lib.group_start, "ncclGroupStart")?;
+    // SAFETY: no arguments; balanced at the outermost ncclGroupEnd.
+    lib.check("ncclGroupStart", unsafe { start() })?;
+    REAL_GROUP.with(|g| g.set(Some(lib)));
+    Ok(())
+}
+
+/// One collective call, as the C API gave it.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    /// Which operation.
+    pub op: Op,
+    /// Send buffer.
+    pub send: *const c_void,
+    /// Receive buffer.
+    pub recv: *mut c_void,
+    /// Element count (per rank block, as NCCL defines it per operation).
+    pub count: usize,
+    /// `ncclDataType_t`.
+    pub dtype: c_int,
+    /// `ncclRedOp_t` (reducing operations).
+    pub redop: c_int,
+    /// Root (broadcast, reduce) or peer (send, recv).
+    pub root: c_int,
+    /// `cudaStream_t`.
+    pub stream: CudaStream,
+}
+
+impl Comm {
+    /// The real communicator, if any.
+    fn real_comm(&self) -> Option<(&'static RealNccl, NcclComm)> {
+        self.real
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|r| (r.lib, r.comm))
+    }
+
+    /// Runs one operation natively or through the real NCCL.
+    pub fn run(&self, call: Call) -> Res<()> {
+        let (esize, hal_dtype) = dtype_info(call.dtype)?;
+        let reduces = matches!(call.op, Op::AllReduce | Op::ReduceScatter | Op::Reduce);
+        let hal_op = if reduces { op_info(call.redop)? } else { None };
+        let n = self.nranks;
+        if matches!(call.op, Op::Broadcast | Op::Reduce | Op::Send | Op::Recv) {
+            let r = usize::try_from(call.root).ok().filter(|&r| r < n);
+            if r.is_none() {
+                return Err(Failure::argument(format!(
+                    "{} {} {} is not a rank of {n}",
+                    call.op.name(),
+                    if matches!(call.op, Op::Send | Op::Recv) {
+                        "peer"
+                    } else {
+                        "root"
+                    },
+                    call.root
+                )));
+            }
+        }
+        let needs_send = !matches!(call.op, Op::Recv);
+        let needs_recv = !matches!(call.op, Op::Send);
+        if call.count > 0 {
+            let root_only_send = call.op == Op::Broadcast && call.root as usize != self.rank;
+            if needs_send && !root_only_send && call.send.is_null() {
+                return Err(Failure::argument(format!(
+                    "{}: sendbuff is NULL",
+                    call.op.name()
+                )));
+            }
+            let root_only_recv = call.op == Op::Reduce && call.root as usize != self.rank;
+            if needs_recv && !root_only_recv && call.recv.is_null() {
+                return Err(Failure::argument(format!(
+                    "{}: recvbuff is NULL",
+                    call.op.name()
+                )));
+            }
+        }
+        // The native plan: which HAL type moves the bytes, or why not.
+        let forced = forced()?;
+        let plan = (|| -> Result<(DataType, usize, ReduceOp), String> {
+            if forced.contains(&call.op) {
+                return Err("forced by MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION".into());
+            }
+            let native = self
+                .native
+                .as_ref()
+                .ok_or("the communicator was made by the real NCCL")?;
+            if n > 1 && native.colls.is_none() {
+                return Err(native.no_colls.clone().unwrap_or_default());
+            }
+            match call.op {
+                Op::Reduce => Err("no native reduce".to_owned()),
+                Op::Send | Op::Recv => Err("point-to-point always falls back".to_owned()),
+                Op::AllReduce | Op::ReduceScatter => {
+                    let op = hal_op.ok_or("user-created (PreMulSum) reduction operator")?;
+                    let dt = hal_dtype.ok_or_else(|| {
+                        format!("no native reduction of ncclDataType_t {}", call.dtype)
+                    })?;
+                    Ok((dt, call.count, op))
+                }
+                Op::AllGather | Op::Broadcast | Op::AllToAll => {
+                    // Pure data movement: any type, moved as 32- or 16-bit words.
+                    let bytes = call.count.checked_mul(esize).ok_or("count overflows")?;
+                    match hal_dtype {
+                        Some(dt) => Ok((dt, call.count, ReduceOp::Sum)),
+                        None if bytes % 4 == 0 => Ok((DataType::U32, bytes / 4, ReduceOp::Sum)),
+                        None if bytes % 2 == 0 => Ok((DataType::F16, bytes / 2, ReduceOp::Sum)),
+                        None => Err(format!("{bytes} bytes per rank block is odd")),
+                    }
+                }
+            }
+        })();
+        match plan {
+            Ok((dt, count, op)) => {
+                log_route(call.op, true, "");
+                if call.count == 0 {
+                    return Ok(());
+                }
+                self.run_native(call, dt, count, op)
+            }
+            Err(why) => {
+                log_route(call.op, false, &why);
+                self.run_real(call, &why)
+            }
+        }
+    }
+
+    fn run_native(&self, call: Call, dt: DataType, count: usize, op: ReduceOp) -> Res<()> {
+        let native = self
+            .native
+            .as_ref()
+            .ok_or_else(|| Failure::internal("native path without a native communicator"))?;
+        let n = self.nranks;
+        let device = native.comm.device();
+        let esz = dt.size();
+        let block = count
+            .checked_mul(esz)
+            .ok_or_else(|| Failure::argument("count overflows"))?;
+        let full = block
+            .checked_mul(n)
+            .ok_or_else(|| Failure::argument("count overflows"))?;
+        let (in_bytes, out_bytes) = match call.op {
+            Op::AllReduce | Op::Broadcast => (block, block),
+            Op::AllGather => (block, full),
+            Op::ReduceScatter => (full, block),
+            Op::AllToAll => (full, full),
+            _ => return Err(Failure::internal("not a native operation")),
+        };
+        let root = usize::try_from(call.root).unwrap_or(0);
+        // Broadcast: only the root's send buffer is read; the others may pass anything.
+        let send_ptr = if call.op == Op::Broadcast && root != self.rank {
+            call.recv as u64
+        } else {
+            call.send as u64
+        };
+        // SAFETY: NCCL's contract: the caller's buffers are device memory of these sizes that
+        // stays allocated until the operation has run on `stream` (the CUDA backend checks the
+        // ranges with the driver).
+        let input = unsafe { device.wrap_external(DevicePtr(send_ptr), in_bytes)? };
+        // SAFETY: as above.
+        let output = unsafe { device.wrap_external(DevicePtr(call.recv as u64), out_bytes)? };
+        let host = device.info().backend == BackendKind::Host;
+        let stream: Arc<dyn Stream> = if host {
+            if !call.stream.is_null() {
+                return Err(Failure::argument(format!(
+                    "stream {:p}: the host backend has no native streams; pass NULL (the communicator's own stream)",
+                    call.stream
+                )));
+            }
+            native.internal.clone()
+        } else {
+            let h = call.stream as u64;
+            let mut cache = native.streams.lock().unwrap_or_else(|p| p.into_inner());
+            match cache.get(&h) {
+                Some(s) => s.clone(),
+                None => {
+                    // SAFETY: NCCL's contract: `stream` is a live stream of the communicator's
+                    // device (NULL: the default stream); the wrapper neither destroys nor
+                    // queries it.
+                    let s = unsafe { device.wrap_stream(h)? };
+                    cache.insert(h, s.clone());
+                    s
+                }
+            }
+        };
+        let (i, o) = (input.full(), output.full());
+        let res = match &native.colls {
+            None => {
+                // One rank: every collective is a copy (in place: nothing to do).
+                if i.ptr() != o.ptr() {
+                    stream.copy(&o, &i)
+                } else {
+                    Ok(())
+                }
+            }
+            Some(c) => match call.op {
+                Op::AllReduce => c.all_reduce(&i, &o, count, dt, op, &*stream),
+                Op::AllGather => c.all_gather(&i, &o, count, dt, &*stream),
+                Op::ReduceScatter => c.reduce_scatter(&i, &o, count, dt, op, &*stream),
+                Op::Broadcast => c.broadcast(&i, &o, count, dt, root, &*stream),
+                Op::AllToAll => c.all_to_all(&i, &o, count, dt, &*stream),
+                _ => Err(mscclpp::hal::Error::Internal(
+                    "not a native operation".into(),
+                )),
+            },
+        };
+        // The host backend orders work on the communicator's own stream and returns once it
+        // ran: callers have no stream of their own to wait on.
+        let res = res.and_then(|()| if host { stream.synchronize() } else { Ok(()) });
+        res.map_err(|e| {
+            let f = Failure::from(e);
+            if matches!(f.code, NCCL_REMOTE_ERROR | NCCL_SYSTEM_ERROR) {
+                self.async_error.store(f.code, Ordering::Relaxed);
+            }
+            f
+        })
+    }
+
+    fn run_real(&self, call: Call, why: &str) -> Res<()> {
+        let (lib, c) = self
+            .real_comm()
+            .ok_or_else(|| no_real(&format!("{} ({why})", call.op.name())))?;
+        enter_real_group(lib)?;
+        let (s, r, cnt, dt, rop, root, st) = (
+            call.send,
+            call.recv,
+            call.count,
+            call.dtype,
+            call.redop,
+            call.root,
+            call.stream,
+        );
+        // SAFETY: the caller's arguments, as given, to the same function of the real NCCL with
+        // its own communicator.
+        let rc = unsafe {
+            match call.op {
+                Op::AllReduce => {
+                    lib.need(lib.all_reduce, "ncclAllReduce")?(s, r, cnt, dt, rop, c, st)
+                }
+                Op::AllGather => lib.need(lib.all_gather, "ncclAllGather")?(s, r, cnt, dt, c, st),
+                Op::ReduceScatter => {
+                    lib.need(lib.reduce_scatter, "ncclReduceScatter")?(s, r, cnt, dt, rop, c, st)
+                }
+                Op::Broadcast => {
+                    lib.need(lib.broadcast, "ncclBroadcast")?(s, r, cnt, dt, root, c, st)
+                }
+                Op::Reduce => lib.need(lib.reduce, "ncclReduce")?(s, r, cnt, dt, rop, root, c, st),
+                Op::AllToAll => lib.need(lib.all_to_all, "ncclAlltoAll")?(s, r, cnt, dt, c, st),
+                Op::Send => lib.need(lib.send, "ncclSend")?(s, cnt, dt, root, c, st),
+                Op::Recv => lib.need(lib.recv, "ncclRecv")?(r, cnt, dt, root, c, st),
+            }
+        };
+        lib.check(call.op.name(), rc)
+    }
+
+    /// Frees the real communicator (destroy or abort).
+    pub fn release_real(&self, abort: bool) -> Res<()> {
+        let taken = self.real.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(rc) = taken {
+            let (f, name) = if abort {
+                (rc.lib.comm_abort, "ncclCommAbort")
+            } else {
+                (rc.lib.comm_destroy, "ncclCommDestroy")
+            };
+            let f = rc.lib.need(f, name)?;
+            // SAFETY: the real communicator, released once (taken out of the slot).
+            rc.lib.check(name, unsafe { f(rc.comm) })?;
+        }
+        Ok(())
+    }
+
+    /// `ncclCommFinalize`: waits for the native work on the internal stream and finalizes the
+    /// real communicator.
+    pub fn finalize(&self) -> Res<()> {
+        if let Some(n) = &self.native {
+            if n.comm.device().info().backend == BackendKind::Host {
+                n.internal.synchronize()?;
+            }
+        }
+        if let Some((lib, c)) = self.real_comm() {
+            if let Some(f) = lib.comm_finalize {
+                // SAFETY: live real communicator.
+                lib.check("ncclCommFinalize", unsafe { f(c) })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The real communicator for an operation that only the real NCCL serves.
+    pub fn require_real(&self, what: &str) -> Res<(&'static RealNccl, NcclComm)> {
+        self.real_comm().ok_or_else(|| no_real(what))
+    }
+}

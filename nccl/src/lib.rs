@@ -1,0 +1,1059 @@
+//! # mscclpp-nccl — an NCCL-compatible C library over mscclpp-rs
+//!
+//! `libmscclpp_nccl.so` exports NCCL 2.x's C API (every one of the 38 symbols PyTorch 2.11
+//! imports from `libnccl.so.2`, plus `ncclCommCuDevice`), so that a program built against NCCL
+//! runs on mscclpp with `LD_PRELOAD=libmscclpp_nccl.so`.
+//!
+//! ## What is served how
+//! - **Native** (mscclpp's collectives, enqueued on the caller's stream): `ncclAllReduce`,
+//!   `ncclReduceScatter` (f32, f16, bf16, i32, u32; sum, prod, min, max, avg), `ncclAllGather`,
+//!   `ncclBroadcast`/`ncclBcast`, `ncclAlltoAll` (any type: pure data movement, moved as 32- or
+//!   16-bit words), for 1 to 8 ranks on one host.
+//! - **Fallback** to the real NCCL named by `MSCCLPP_NCCL_LIB_PATH` (every rank then also holds
+//!   a real communicator, created at `ncclCommInitRank` with an id rank 0 makes and our
+//!   bootstrap carries): other types or operators (PreMulSum), `ncclReduce`, `ncclSend` /
+//!   `ncclRecv`, communicators over several hosts or more than 8 ranks, and every operation
+//!   `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` (`all` or e.g. `allreduce,send`) names; also
+//!   `ncclCommSplit`, `ncclCommShrink`, `ncclCommInitAll`, `ncclRedOpCreatePreMulSum`,
+//!   `ncclDevCommCreate`, `ncclGroupSimulateEnd`. Without a real NCCL these return
+//!   `ncclInvalidUsage` and `ncclGetLastError` says to set `MSCCLPP_NCCL_LIB_PATH`.
+//! - **Accepted as no-ops**: `ncclCommRegister`/`Deregister` and the window variants return a
+//!   handle and register nothing (the collectives move data through their own scratch).
+//!
+//! ## Groups
+//! `ncclGroupStart`/`ncclGroupEnd` nest (depth per thread). Inside a group, native operations
+//! are enqueued at once (they are stream-ordered); operations that fall back are forwarded
+//! inside a real `ncclGroupStart`/`ncclGroupEnd` pair opened at the first of them and closed at
+//! the outermost `ncclGroupEnd`. So within one group, fallback operations run after the native
+//! ones on a stream, whatever the call order (NCCL itself gives no order inside a group).
+//!
+//! ## Streams on the host backend
+//! The host backend (`MSCCLPP_BACKEND=host`, or no GPU) has no native streams: `stream` must be
+//! NULL, the operation runs on the communicator's own stream and the call returns once it has
+//! run. Memory comes from `ncclMemAlloc` (host-backend device memory is host memory).
+//!
+//! ## Errors
+//! No panic crosses the ABI (each export runs under `catch_unwind`: a panic is
+//! `ncclInternalError`); pointers are checked (NULL → `ncclInvalidArgument`); communicator
+//! handles are looked up in a registry of live ones. `ncclGetLastError` returns the message of
+//! the last failing call on the calling thread. Logging: `MSCCLPP_LOG_LEVEL` / `MSCCLPP_DEBUG`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(non_snake_case)]
+
+pub mod abi;
+pub mod comm;
+pub mod error;
+pub mod real;
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use mscclpp::hal::{Device, DeviceBuffer, MemoryKind};
+
+use abi::*;
+use comm::{Call, Comm, Op, from_real, lookup, register, unregister};
+use error::{Failure, Res, guard};
+use real::{no_real, real};
+
+/// The names of every export, in the order of GPU.md's list (PyTorch 2.11's 38 imports), then
+/// the extra ones.
+pub const EXPORTS: &[&str] = &[
+    "ncclAllGather",
+    "ncclAllReduce",
+    "ncclAlltoAll",
+    "ncclBcast",
+    "ncclBroadcast",
+    "ncclCommAbort",
+    "ncclCommCount",
+    "ncclCommDeregister",
+    "ncclCommDestroy",
+    "ncclCommFinalize",
+    "ncclCommGetAsyncError",
+    "ncclCommInitAll",
+    "ncclCommInitRank",
+    "ncclCommInitRankConfig",
+    "ncclCommInitRankScalable",
+    "ncclCommRegister",
+    "ncclCommShrink",
+    "ncclCommSplit",
+    "ncclCommUserRank",
+    "ncclCommWindowDeregister",
+    "ncclCommWindowRegister",
+    "ncclDevCommCreate",
+    "ncclDevCommDestroy",
+    "ncclGetErrorString",
+    "ncclGetLastError",
+    "ncclGetUniqueId",
+    "ncclGetVersion",
+    "ncclGroupEnd",
+    "ncclGroupSimulateEnd",
+    "ncclGroupStart",
+    "ncclMemAlloc",
+    "ncclMemFree",
+    "ncclRecv",
+    "ncclRedOpCreatePreMulSum",
+    "ncclRedOpDestroy",
+    "ncclReduce",
+    "ncclReduceScatter",
+    "ncclSend",
+    // beyond PyTorch 2.11's list
+    "ncclCommCuDevice",
+];
+
+/// Writes `v` through an out-pointer, or fails naming it when it is NULL.
+///
+/// # Safety
+/// `p` must be NULL or valid for a write of `T`.
+unsafe fn out<T>(p: *mut T, name: &str, v: T) -> Res<()> {
+    if p.is_null() {
+        return Err(Failure::argument(format!("{name} is NULL")));
+    }
+    // SAFETY: non-null, and valid for writes by the caller's contract.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version, errors, ids
+
+/// `ncclResult_t ncclGetVersion(int* version)`: reports [`NCCL_VERSION_CODE`].
+///
+/// # Safety
+/// `version` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> NcclResult {
+    // SAFETY: forwarded contract.
+    guard("ncclGetVersion", || unsafe {
+        out(version, "version", NCCL_VERSION_CODE)
+    })
+}
+
+/// `const char* ncclGetErrorString(ncclResult_t result)`: a static string.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGetErrorString(result: NcclResult) -> *const c_char {
+    error::error_string(result).as_ptr()
+}
+
+/// `const char* ncclGetLastError(ncclComm_t comm)`: the last failure's message on the calling
+/// thread (`comm` is ignored), valid until the next failing call on this thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGetLastError(_comm: NcclComm) -> *const c_char {
+    error::last_error_ptr()
+}
+
+/// `ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId)`: an mscclpp bootstrap id (root
+/// address and secret); the root's listener is bound now and run by the first
+/// `ncclCommInitRank` of this process with the id.
+///
+/// # Safety
+/// `uniqueId` must be NULL or valid for a write of 128 bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetUniqueId(uniqueId: *mut NcclUniqueId) -> NcclResult {
+    guard("ncclGetUniqueId", || {
+        if uniqueId.is_null() {
+            return Err(Failure::argument("uniqueId is NULL"));
+        }
+        let id = mscclpp::comm::UniqueId::new()?;
+        let bytes = id.to_bytes();
+        // SAFETY: non-null, valid for a 128-byte write (caller's contract).
+        unsafe { out(uniqueId, "uniqueId", NcclUniqueId { internal: bytes }) }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Communicators
+
+/// Reads the header of an `ncclConfig_t` defensively (size, magic, version; the rest ignored).
+///
+/// # Safety
+/// `config` must be NULL or point to an `ncclConfig_t`.
+unsafe fn check_config(config: *const c_void) -> Res<()> {
+    if config.is_null() {
+        return Ok(());
+    }
+    // SAFETY: every ncclConfig_t starts with this header (size_t, unsigned, unsigned).
+    let h = unsafe { config.cast::<NcclConfigHeader>().read_unaligned() };
+    if h.magic != NCCL_CONFIG_MAGIC {
+        return Err(Failure::argument(format!(
+            "ncclConfig_t has magic {:#x}, expected {NCCL_CONFIG_MAGIC:#x}: initialise it with NCCL_CONFIG_INITIALIZER",
+            h.magic
+        )));
+    }
+    tracing::debug!(
+        size = h.size,
+        version = h.version,
+        "ncclConfig_t accepted (fields beyond the header are ignored)"
+    );
+    Ok(())
+}
+
+fn init_into(comm: *mut NcclComm, nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Res<()> {
+    if comm.is_null() {
+        return Err(Failure::argument("comm (the output pointer) is NULL"));
+    }
+    let c = comm::init_rank(nranks, id, rank)?;
+    let h = register(c);
+    // SAFETY: non-null; the caller's out-pointer.
+    unsafe { comm.write(h) };
+    Ok(())
+}
+
+/// `ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank)`.
+///
+/// # Safety
+/// `comm` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut NcclComm,
+    nranks: c_int,
+    commId: NcclUniqueId,
+    rank: c_int,
+) -> NcclResult {
+    guard("ncclCommInitRank", || {
+        init_into(comm, nranks, &commId, rank)
+    })
+}
+
+/// `ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int
+/// rank, ncclConfig_t* config)`: as `ncclCommInitRank`; of `config` only the header is read
+/// (a non-blocking request completes before returning, which NCCL allows).
+///
+/// # Safety
+/// `comm` must be NULL or valid for a write; `config` NULL or an `ncclConfig_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    comm: *mut NcclComm,
+    nranks: c_int,
+    commId: NcclUniqueId,
+    rank: c_int,
+    config: *mut c_void,
+) -> NcclResult {
+    guard("ncclCommInitRankConfig", || {
+        // SAFETY: forwarded contract.
+        unsafe { check_config(config)? };
+        init_into(comm, nranks, &commId, rank)
+    })
+}
+
+/// `ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+/// ncclUniqueId* commIds, ncclConfig_t* config)`: every rank passes the same ids; the first
+/// names our bootstrap (the others only spread NCCL's own bootstrap load).
+///
+/// # Safety
+/// `newcomm` must be NULL or valid for a write; `commIds` NULL or `nId` ids.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRankScalable(
+    newcomm: *mut NcclComm,
+    nranks: c_int,
+    myrank: c_int,
+    nId: c_int,
+    commIds: *mut NcclUniqueId,
+    config: *mut c_void,
+) -> NcclResult {
+    guard("ncclCommInitRankScalable", || {
+        if commIds.is_null() || nId < 1 {
+            return Err(Failure::argument(format!(
+                "commIds {commIds:p} with nId {nId}: at least one id is needed"
+            )));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { check_config(config)? };
+        // SAFETY: non-null and holds nId >= 1 ids (caller's contract).
+        let id = unsafe { commIds.read() };
+        init_into(newcomm, nranks, &id, myrank)
+    })
+}
+
+/// `ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist)`: one process
+/// driving several GPUs — served by the real NCCL only.
+///
+/// # Safety
+/// `comm` must be NULL or valid for `ndev` writes; `devlist` NULL or `ndev` ints.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitAll(
+    comm: *mut NcclComm,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> NcclResult {
+    guard("ncclCommInitAll", || {
+        let n = usize::try_from(ndev)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| Failure::argument(format!("ndev {ndev}: must be at least 1")))?;
+        if comm.is_null() {
+            return Err(Failure::argument("comm is NULL"));
+        }
+        let lib = real()?
+            .ok_or_else(|| no_real("ncclCommInitAll (several GPUs driven by one process)"))?;
+        let f = lib.need(lib.comm_init_all, "ncclCommInitAll")?;
+        let mut raw = vec![std::ptr::null_mut(); n];
+        // SAFETY: `raw` holds ndev slots; devlist is the caller's (NULL allowed by NCCL).
+        lib.check("ncclCommInitAll", unsafe {
+            f(raw.as_mut_ptr(), ndev, devlist)
+        })?;
+        for (i, c) in raw.into_iter().enumerate() {
+            // SAFETY: a communicator the real ncclCommInitAll just made.
+            let h = register(unsafe { from_real(lib, c)? });
+            // SAFETY: the caller's array of ndev handles.
+            unsafe { comm.add(i).write(h) };
+        }
+        Ok(())
+    })
+}
+
+/// `ncclResult_t ncclCommFinalize(ncclComm_t comm)`: waits for outstanding work (host backend)
+/// and finalizes the real communicator.
+///
+/// # Safety
+/// `comm` is a handle (checked against the live ones).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommFinalize(comm: NcclComm) -> NcclResult {
+    guard("ncclCommFinalize", || lookup(comm)?.finalize())
+}
+
+/// `ncclResult_t ncclCommDestroy(ncclComm_t comm)`: frees the communicator (and the real one).
+///
+/// # Safety
+/// `comm` is a handle (checked against the live ones).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommDestroy(comm: NcclComm) -> NcclResult {
+    guard("ncclCommDestroy", || {
+        let c = unregister(comm)?;
+        if let Some(n) = &c.native {
+            if n.comm_backend_is_host() {
+                n.sync_internal()?;
+            }
+        }
+        c.release_real(false)
+    })
+}
+
+/// `ncclResult_t ncclCommAbort(ncclComm_t comm)`: frees the communicator without waiting.
+///
+/// # Safety
+/// `comm` is a handle (checked against the live ones).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommAbort(comm: NcclComm) -> NcclResult {
+    guard("ncclCommAbort", || unregister(comm)?.release_real(true))
+}
+
+fn wrap_real_child(
+    lib: &'static real::RealNccl,
+    child: NcclComm,
+    newcomm: *mut NcclComm,
+) -> Res<()> {
+    let h = if child.is_null() {
+        std::ptr::null_mut()
+    } else {
+        // SAFETY: a communicator the real NCCL just made (split or shrink).
+        register(unsafe { from_real(lib, child)? })
+    };
+    // SAFETY: checked non-null by the caller of this helper.
+    unsafe { newcomm.write(h) };
+    Ok(())
+}
+
+/// `ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+/// ncclConfig_t* config)`: through the real NCCL (the child is a fallback-only communicator).
+///
+/// # Safety
+/// `newcomm` must be NULL or valid for a write; `config` NULL or an `ncclConfig_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommSplit(
+    comm: NcclComm,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut NcclComm,
+    config: *mut c_void,
+) -> NcclResult {
+    guard("ncclCommSplit", || {
+        let c = lookup(comm)?;
+        if newcomm.is_null() {
+            return Err(Failure::argument("newcomm is NULL"));
+        }
+        let (lib, rc) = c.require_real("ncclCommSplit")?;
+        let f = lib.need(lib.comm_split, "ncclCommSplit")?;
+        let mut child: NcclComm = std::ptr::null_mut();
+        // SAFETY: the real parent, a valid out-pointer and the caller's config.
+        lib.check("ncclCommSplit", unsafe {
+            f(rc, color, key, &mut child, config)
+        })?;
+        wrap_real_child(lib, child, newcomm)
+    })
+}
+
+/// `ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+/// ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags)`: through the real NCCL.
+///
+/// # Safety
+/// As NCCL's: `excludeRanksList` holds `excludeRanksCount` ints; `newcomm` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommShrink(
+    comm: NcclComm,
+    excludeRanksList: *mut c_int,
+    excludeRanksCount: c_int,
+    newcomm: *mut NcclComm,
+    config: *mut c_void,
+    shrinkFlags: c_int,
+) -> NcclResult {
+    guard("ncclCommShrink", || {
+        let c = lookup(comm)?;
+        if newcomm.is_null() {
+            return Err(Failure::argument("newcomm is NULL"));
+        }
+        if excludeRanksList.is_null() && excludeRanksCount > 0 {
+            return Err(Failure::argument("excludeRanksList is NULL"));
+        }
+        let (lib, rc) = c.require_real("ncclCommShrink")?;
+        let f = lib.need(lib.comm_shrink, "ncclCommShrink")?;
+        let mut child: NcclComm = std::ptr::null_mut();
+        // SAFETY: the real parent and the caller's arguments.
+        lib.check("ncclCommShrink", unsafe {
+            f(
+                rc,
+                excludeRanksList,
+                excludeRanksCount,
+                &mut child,
+                config,
+                shrinkFlags,
+            )
+        })?;
+        wrap_real_child(lib, child, newcomm)
+    })
+}
+
+/// `ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError)`: a stored
+/// native error, else the real communicator's, else `ncclSuccess`.
+///
+/// # Safety
+/// `asyncError` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommGetAsyncError(
+    comm: NcclComm,
+    asyncError: *mut NcclResult,
+) -> NcclResult {
+    guard("ncclCommGetAsyncError", || {
+        let c = lookup(comm)?;
+        let mut e = c.async_error.load(Ordering::Relaxed);
+        if e == NCCL_SUCCESS {
+            if let Ok((lib, rc)) = c.require_real("") {
+                if let Some(f) = lib.comm_get_async_error {
+                    let mut re = NCCL_SUCCESS;
+                    // SAFETY: live real communicator, valid out-pointer.
+                    lib.check("ncclCommGetAsyncError", unsafe { f(rc, &mut re) })?;
+                    e = re;
+                }
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { out(asyncError, "asyncError", e) }
+    })
+}
+
+/// `ncclResult_t ncclCommCount(const ncclComm_t comm, int* count)`.
+///
+/// # Safety
+/// `count` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommCount(comm: NcclComm, count: *mut c_int) -> NcclResult {
+    guard("ncclCommCount", || {
+        let n = lookup(comm)?.nranks as c_int;
+        // SAFETY: forwarded contract.
+        unsafe { out(count, "count", n) }
+    })
+}
+
+/// `ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank)`.
+///
+/// # Safety
+/// `rank` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommUserRank(comm: NcclComm, rank: *mut c_int) -> NcclResult {
+    guard("ncclCommUserRank", || {
+        let r = lookup(comm)?.rank as c_int;
+        // SAFETY: forwarded contract.
+        unsafe { out(rank, "rank", r) }
+    })
+}
+
+/// `ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device)`.
+///
+/// # Safety
+/// `device` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommCuDevice(comm: NcclComm, device: *mut c_int) -> NcclResult {
+    guard("ncclCommCuDevice", || {
+        let d = lookup(comm)?.device;
+        // SAFETY: forwarded contract.
+        unsafe { out(device, "device", d) }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration (accepted; nothing to register: the collectives use their own scratch)
+
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x1000);
+
+fn handles() -> &'static Mutex<HashMap<usize, (usize, usize)>> {
+    static H: OnceLock<Mutex<HashMap<usize, (usize, usize)>>> = OnceLock::new();
+    H.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn new_handle(buff: *mut c_void, size: usize) -> *mut c_void {
+    let h = NEXT_HANDLE.fetch_add(16, Ordering::Relaxed) as usize;
+    handles()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(h, (buff as usize, size));
+    h as *mut c_void
+}
+
+fn drop_handle(h: *mut c_void, what: &str) -> Res<()> {
+    handles()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(h as usize))
+        .map(|_| ())
+        .ok_or_else(|| Failure::argument(format!("{what} {h:p} was not returned by this library")))
+}
+
+/// `ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void**
+/// handle)`: returns a handle; registers nothing.
+///
+/// # Safety
+/// `handle` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommRegister(
+    comm: NcclComm,
+    buff: *mut c_void,
+    size: usize,
+    handle: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclCommRegister", || {
+        lookup(comm)?;
+        if buff.is_null() {
+            return Err(Failure::argument("buff is NULL"));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { out(handle, "handle", new_handle(buff, size)) }
+    })
+}
+
+/// `ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle)`.
+///
+/// # Safety
+/// `comm` is a handle (checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommDeregister(comm: NcclComm, handle: *mut c_void) -> NcclResult {
+    guard("ncclCommDeregister", || {
+        lookup(comm)?;
+        drop_handle(handle, "handle")
+    })
+}
+
+/// `ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t*
+/// win, int winFlags)`: returns a window handle; registers nothing.
+///
+/// # Safety
+/// `win` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommWindowRegister(
+    comm: NcclComm,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut NcclWindow,
+    _winFlags: c_int,
+) -> NcclResult {
+    guard("ncclCommWindowRegister", || {
+        lookup(comm)?;
+        if buff.is_null() {
+            return Err(Failure::argument("buff is NULL"));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { out(win, "win", new_handle(buff, size)) }
+    })
+}
+
+/// `ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)`.
+///
+/// # Safety
+/// `comm` is a handle (checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommWindowDeregister(comm: NcclComm, win: NcclWindow) -> NcclResult {
+    guard("ncclCommWindowDeregister", || {
+        lookup(comm)?;
+        drop_handle(win, "win")
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+/// Buffers handed out by `ncclMemAlloc`, by address.
+fn mem_map() -> &'static Mutex<HashMap<usize, DeviceBuffer>> {
+    static M: OnceLock<Mutex<HashMap<usize, DeviceBuffer>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The device `ncclMemAlloc` allocates on: the caller's current one (CUDA), else device 0.
+fn mem_device() -> Res<Arc<dyn Device>> {
+    type Devices = Mutex<HashMap<usize, Arc<dyn Device>>>;
+    static BACKEND: OnceLock<Result<Arc<dyn mscclpp::hal::Backend>, Failure>> = OnceLock::new();
+    static DEVICES: OnceLock<Devices> = OnceLock::new();
+    let backend = BACKEND
+        .get_or_init(|| mscclpp::registry::select().map_err(Failure::from))
+        .as_ref()
+        .map_err(Clone::clone)?;
+    let ordinal = backend.current_device()?.unwrap_or(0);
+    let mut devs = DEVICES
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = devs.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let d = backend.open_device(ordinal)?;
+    devs.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+/// `ncclResult_t ncclMemAlloc(void** ptr, size_t size)`: device memory of the current device
+/// through the HAL (host backend: shared host memory).
+///
+/// # Safety
+/// `ptr` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> NcclResult {
+    guard("ncclMemAlloc", || {
+        if ptr.is_null() {
+            return Err(Failure::argument("ptr is NULL"));
+        }
+        if size == 0 {
+            return Err(Failure::argument("size is 0"));
+        }
+        let buf = mem_device()?.alloc(size, MemoryKind::Device)?;
+        let p = buf.ptr().0 as usize;
+        mem_map()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p, buf);
+        // SAFETY: forwarded contract.
+        unsafe { out(ptr, "ptr", p as *mut c_void) }
+    })
+}
+
+/// `ncclResult_t ncclMemFree(void* ptr)`: frees what `ncclMemAlloc` returned.
+///
+/// # Safety
+/// No outstanding work may use the memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
+    guard("ncclMemFree", || {
+        if ptr.is_null() {
+            return Err(Failure::argument("ptr is NULL"));
+        }
+        mem_map()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(ptr as usize))
+            .map(drop)
+            .ok_or_else(|| Failure::argument(format!("{ptr:p} was not allocated by ncclMemAlloc")))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives and point-to-point
+
+fn run(op: Op, comm: NcclComm, call: impl FnOnce(Op) -> Call) -> Res<()> {
+    lookup(comm)?.run(call(op))
+}
+
+/// `ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+/// ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)`.
+///
+/// # Safety
+/// NCCL's contract: device buffers of the sizes the operation needs; a live stream.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclAllReduce", || {
+        run(Op::AllReduce, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: op,
+            root: 0,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+/// ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)`.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclAllGather", || {
+        run(Op::AllGather, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count: sendcount,
+            dtype: datatype,
+            redop: 0,
+            root: 0,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+/// ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)`.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclReduceScatter", || {
+        run(Op::ReduceScatter, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count: recvcount,
+            dtype: datatype,
+            redop: op,
+            root: 0,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+/// ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)`.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclBroadcast", || {
+        run(Op::Broadcast, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: 0,
+            root,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+/// ncclComm_t comm, cudaStream_t stream)`: in-place broadcast (forwarded as
+/// `ncclBroadcast(buff, buff, ...)` when it falls back).
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclBcast", || {
+        run(Op::Broadcast, comm, |o| Call {
+            op: o,
+            send: buff,
+            recv: buff,
+            count,
+            dtype: datatype,
+            redop: 0,
+            root,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+/// ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)`: `count` elements per peer.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclAlltoAll", || {
+        run(Op::AllToAll, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: 0,
+            root: 0,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t
+/// datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)`: fallback.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclReduce", || {
+        run(Op::Reduce, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: op,
+            root,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int
+/// peer, ncclComm_t comm, cudaStream_t stream)`: fallback.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclSend", || {
+        run(Op::Send, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: std::ptr::null_mut(),
+            count,
+            dtype: datatype,
+            redop: 0,
+            root: peer,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+/// ncclComm_t comm, cudaStream_t stream)`: fallback.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclRecv", || {
+        run(Op::Recv, comm, |o| Call {
+            op: o,
+            send: std::ptr::null(),
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: 0,
+            root: peer,
+            stream,
+        })
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Groups
+
+/// `ncclResult_t ncclGroupStart(void)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGroupStart() -> NcclResult {
+    guard("ncclGroupStart", comm::group_start)
+}
+
+/// `ncclResult_t ncclGroupEnd(void)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGroupEnd() -> NcclResult {
+    guard("ncclGroupEnd", comm::group_end)
+}
+
+/// `ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo)`: native operations have been
+/// enqueued already, so this library cannot simulate them: `ncclInvalidUsage` (the group is
+/// closed all the same, and a real group opened for fallback operations is ended normally).
+///
+/// # Safety
+/// `simInfo` is only passed on.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGroupSimulateEnd(_simInfo: *mut c_void) -> NcclResult {
+    guard("ncclGroupSimulateEnd", || {
+        comm::group_end()?;
+        Err(Failure::usage(
+            "mscclpp enqueues operations as they are called and cannot simulate a group; the group was ended normally",
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// User-defined operators and device communicators: the real NCCL's
+
+/// `ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t
+/// datatype, ncclScalarResidence_t residence, ncclComm_t comm)`: through the real NCCL (the
+/// operator then makes every reduction that uses it fall back).
+///
+/// # Safety
+/// As NCCL's: `op` valid for a write; `scalar` a host or device scalar per `residence`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
+    op: *mut c_int,
+    scalar: *mut c_void,
+    datatype: c_int,
+    residence: c_int,
+    comm: NcclComm,
+) -> NcclResult {
+    guard("ncclRedOpCreatePreMulSum", || {
+        let c = lookup(comm)?;
+        if op.is_null() || scalar.is_null() {
+            return Err(Failure::argument("op or scalar is NULL"));
+        }
+        comm::dtype_info(datatype)?;
+        let (lib, rc) = c.require_real("ncclRedOpCreatePreMulSum")?;
+        let f = lib.need(lib.red_op_create_pre_mul_sum, "ncclRedOpCreatePreMulSum")?;
+        // SAFETY: the caller's arguments with the real communicator.
+        lib.check("ncclRedOpCreatePreMulSum", unsafe {
+            f(op, scalar, datatype, residence, rc)
+        })
+    })
+}
+
+/// `ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)`.
+///
+/// # Safety
+/// `comm` is a handle (checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclRedOpDestroy(op: c_int, comm: NcclComm) -> NcclResult {
+    guard("ncclRedOpDestroy", || {
+        let c = lookup(comm)?;
+        if op < abi::redop::NUM_OPS {
+            return Err(Failure::argument(format!(
+                "operator {op} is built in, not one made by ncclRedOpCreatePreMulSum"
+            )));
+        }
+        let (lib, rc) = c.require_real("ncclRedOpDestroy")?;
+        let f = lib.need(lib.red_op_destroy, "ncclRedOpDestroy")?;
+        // SAFETY: an operator the real NCCL made for this communicator.
+        lib.check("ncclRedOpDestroy", unsafe { f(op, rc) })
+    })
+}
+
+/// `ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* reqs,
+/// ncclDevComm_t* outDevComm)` (NCCL 2.28 device API): through the real NCCL.
+///
+/// # Safety
+/// As NCCL's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclDevCommCreate(
+    comm: NcclComm,
+    reqs: *const c_void,
+    outDevComm: *mut c_void,
+) -> NcclResult {
+    guard("ncclDevCommCreate", || {
+        let c = lookup(comm)?;
+        if reqs.is_null() || outDevComm.is_null() {
+            return Err(Failure::argument("reqs or outDevComm is NULL"));
+        }
+        let (lib, rc) = c.require_real("ncclDevCommCreate (NCCL's device API)")?;
+        let f = lib.need(lib.dev_comm_create, "ncclDevCommCreate")?;
+        // SAFETY: the caller's arguments with the real communicator.
+        lib.check("ncclDevCommCreate", unsafe { f(rc, reqs, outDevComm) })
+    })
+}
+
+/// `ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const* devComm)`.
+///
+/// # Safety
+/// As NCCL's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclDevCommDestroy(comm: NcclComm, devComm: *const c_void) -> NcclResult {
+    guard("ncclDevCommDestroy", || {
+        let c = lookup(comm)?;
+        if devComm.is_null() {
+            return Err(Failure::argument("devComm is NULL"));
+        }
+        let (lib, rc) = c.require_real("ncclDevCommDestroy (NCCL's device API)")?;
+        let f = lib.need(lib.dev_comm_destroy, "ncclDevCommDestroy")?;
+        // SAFETY: a device communicator the real NCCL made for this communicator.
+        lib.check("ncclDevCommDestroy", unsafe { f(rc, devComm) })
+    })
+}
+
+#[allow(dead_code)]
+fn _assert_comm_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Comm>();
+}

@@ -1,0 +1,648 @@
+//! The C ABI of `libmscclpp_nccl.so`, exercised through `dlopen` as a C program would: every
+//! export resolves, version and error strings, and two ranks (child processes of this test, host
+//! backend) running every native collective against a CPU reference, plus the error paths.
+//! Runs with `cargo test -p mscclpp-nccl --test abi`.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Failed, Trial};
+use mscclpp_nccl::EXPORTS;
+use mscclpp_nccl::abi::NcclUniqueId;
+
+const ROLE_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_RANK";
+const DIR_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_DIR";
+
+type Comm = *mut c_void;
+
+/// The cdylib cargo built for this package's tests: beside the test executable (`deps/`, where
+/// `cargo test` leaves it) or one level up (where `cargo build` puts it).
+fn lib_path() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let deps = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
+    let candidates = [Some(deps), deps.parent()];
+    candidates
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("libmscclpp_nccl.so"))
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            format!(
+                "libmscclpp_nccl.so not found in {} or its parent: cargo builds the cdylib with this package's tests",
+                deps.display()
+            )
+        })
+}
+
+fn open() -> Result<libloading::Library, String> {
+    let p = lib_path()?;
+    // SAFETY: our own library; its initialisers are Rust statics only.
+    unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen {}: {e}", p.display()))
+}
+
+macro_rules! sym {
+    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
+        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
+        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
+            .map_err(|e| format!("{}: {e}", $name))?
+    }};
+}
+
+fn symbols_resolve() -> Result<(), Failed> {
+    let lib = open()?;
+    let missing: Vec<&str> = EXPORTS
+        .iter()
+        .copied()
+        // SAFETY: only the address is looked up.
+        .filter(|n| unsafe { lib.get::<*const c_void>(format!("{n}\0").as_bytes()) }.is_err())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!("unresolved exports: {missing:?}").into());
+    }
+    // GPU.md's list of PyTorch 2.11's imports: all 38 are in EXPORTS.
+    let torch = "ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCommAbort ncclCommCount \
+        ncclCommDeregister ncclCommDestroy ncclCommFinalize ncclCommGetAsyncError ncclCommInitAll \
+        ncclCommInitRank ncclCommInitRankConfig ncclCommInitRankScalable ncclCommRegister \
+        ncclCommShrink ncclCommSplit ncclCommUserRank ncclCommWindowDeregister ncclCommWindowRegister \
+        ncclDevCommCreate ncclDevCommDestroy ncclGetErrorString ncclGetLastError ncclGetUniqueId \
+        ncclGetVersion ncclGroupEnd ncclGroupSimulateEnd ncclGroupStart ncclMemAlloc ncclMemFree \
+        ncclRecv ncclRedOpCreatePreMulSum ncclRedOpDestroy ncclReduce ncclReduceScatter ncclSend";
+    let names: Vec<&str> = torch.split_whitespace().collect();
+    if names.len() != 38 {
+        return Err(format!("expected 38 names, found {}", names.len()).into());
+    }
+    for n in names {
+        if !EXPORTS.contains(&n) {
+            return Err(format!("{n} is not exported").into());
+        }
+    }
+    Ok(())
+}
+
+fn version_and_strings() -> Result<(), Failed> {
+    let lib = open()?;
+    let get_version = sym!(lib, "ncclGetVersion", fn(*mut c_int) -> c_int);
+    let err_str = sym!(lib, "ncclGetErrorString", fn(c_int) -> *const c_char);
+    let mut v = 0;
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { get_version(&mut v) }, 0);
+    if v != 22803 {
+        return Err(format!("version {v}").into());
+    }
+    // SAFETY: NULL is checked by the export.
+    assert_eq!(unsafe { get_version(std::ptr::null_mut()) }, 4);
+    for (code, word) in [
+        (0, "no error"),
+        (4, "invalid argument"),
+        (5, "invalid usage"),
+        (6, "remote"),
+        (99, "unknown"),
+    ] {
+        // SAFETY: a static NUL-terminated string.
+        let s = unsafe { CStr::from_ptr(err_str(code)) }
+            .to_string_lossy()
+            .into_owned();
+        if !s.contains(word) {
+            return Err(format!("ncclGetErrorString({code}) = {s:?}, expected {word:?}").into());
+        }
+    }
+    Ok(())
+}
+
+/// xorshift: the same stream on every rank for a (seed, rank) pair.
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64, rank: usize, salt: u64) -> Self {
+        Rng((seed ^ (rank as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ salt) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn small(&mut self) -> i32 {
+        (self.next() % 201) as i32 - 100
+    }
+}
+
+fn data_f32(seed: u64, rank: usize, salt: u64, n: usize) -> Vec<f32> {
+    let mut r = Rng::new(seed, rank, salt);
+    (0..n).map(|_| r.small() as f32).collect()
+}
+
+fn data_i32(seed: u64, rank: usize, salt: u64, n: usize) -> Vec<i32> {
+    let mut r = Rng::new(seed, rank, salt);
+    (0..n).map(|_| r.small()).collect()
+}
+
+fn check<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) -> Result<(), String> {
+    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+        return Err(format!(
+            "{what}: element {i}: got {:?}, expected {:?}",
+            got[i], want[i]
+        ));
+    }
+    Ok(())
+}
+
+/// One rank's body (a child process).
+fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
+    const N: usize = 1000;
+    let nranks = 2usize;
+    let lib = open()?;
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRank",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
+    );
+    let count_f = sym!(lib, "ncclCommCount", fn(Comm, *mut c_int) -> c_int);
+    let rank_f = sym!(lib, "ncclCommUserRank", fn(Comm, *mut c_int) -> c_int);
+    let async_f = sym!(lib, "ncclCommGetAsyncError", fn(Comm, *mut c_int) -> c_int);
+    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
+    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
+    let mem_free = sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int);
+    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    type Red = unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm,
+        *mut c_void,
+    ) -> c_int;
+    type Mov =
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int;
+    let all_reduce: Red = sym!(
+        lib,
+        "ncclAllReduce",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let reduce_scatter: Red = sym!(
+        lib,
+        "ncclReduceScatter",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let all_gather: Mov = sym!(
+        lib,
+        "ncclAllGather",
+        fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int
+    );
+    let all_to_all: Mov = sym!(
+        lib,
+        "ncclAlltoAll",
+        fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int
+    );
+    let broadcast = sym!(
+        lib,
+        "ncclBroadcast",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let bcast = sym!(
+        lib,
+        "ncclBcast",
+        fn(*mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let send = sym!(
+        lib,
+        "ncclSend",
+        fn(*const c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let reduce = sym!(
+        lib,
+        "ncclReduce",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let group_start = sym!(lib, "ncclGroupStart", fn() -> c_int);
+    let group_end = sym!(lib, "ncclGroupEnd", fn() -> c_int);
+    let split = sym!(
+        lib,
+        "ncclCommSplit",
+        fn(Comm, c_int, c_int, *mut Comm, *mut c_void) -> c_int
+    );
+    let register = sym!(
+        lib,
+        "ncclCommRegister",
+        fn(Comm, *mut c_void, usize, *mut *mut c_void) -> c_int
+    );
+    let deregister = sym!(lib, "ncclCommDeregister", fn(Comm, *mut c_void) -> c_int);
+    let last = || {
+        // SAFETY: the library's thread-local NUL-terminated message.
+        unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let expect = |what: &str, got: c_int, want: c_int| -> Result<(), String> {
+        if got != want {
+            return Err(format!(
+                "{what}: returned {got}, expected {want} (last error: {})",
+                last()
+            ));
+        }
+        Ok(())
+    };
+
+    // The id: rank 0 makes it (and runs the root); rank 1 reads it from a file.
+    let id_file = dir.join("id");
+    let (id, seed) = if rank == 0 {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        // SAFETY: valid out-pointer.
+        expect("ncclGetUniqueId", unsafe { get_id(&mut id) }, 0)?;
+        let mut seed = [0u8; 8];
+        getrandom::fill(&mut seed).map_err(|e| e.to_string())?;
+        let mut bytes = id.internal.to_vec();
+        bytes.extend_from_slice(&seed);
+        let tmp = dir.join("id.tmp");
+        std::fs::write(&tmp, &bytes).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, &id_file).map_err(|e| e.to_string())?;
+        (id, u64::from_le_bytes(seed))
+    } else {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(b) = std::fs::read(&id_file) {
+                if b.len() == 136 {
+                    let mut id = NcclUniqueId { internal: [0; 128] };
+                    id.internal.copy_from_slice(&b[..128]);
+                    let mut s = [0u8; 8];
+                    s.copy_from_slice(&b[128..]);
+                    break (id, u64::from_le_bytes(s));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err("rank 0 never wrote the unique id".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut comm: Comm = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    expect(
+        "ncclCommInitRank",
+        // SAFETY: valid out-pointer.
+        unsafe { init(&mut comm, 2, id, rank as c_int) },
+        0,
+    )?;
+    let (mut c, mut r, mut ae) = (0, 0, -1);
+    // SAFETY: valid out-pointers, live comm.
+    unsafe {
+        expect("ncclCommCount", count_f(comm, &mut c), 0)?;
+        expect("ncclCommUserRank", rank_f(comm, &mut r), 0)?;
+        expect("ncclCommGetAsyncError", async_f(comm, &mut ae), 0)?;
+    }
+    if (c, r, ae) != (2, rank as c_int, 0) {
+        return Err(format!("count/rank/async error = {c}/{r}/{ae}"));
+    }
+
+    let alloc = |bytes: usize| -> Result<*mut c_void, String> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        expect("ncclMemAlloc", unsafe { mem_alloc(&mut p, bytes) }, 0)?;
+        Ok(p)
+    };
+    let send_buf = alloc(nranks * N * 4)?;
+    let recv_buf = alloc(nranks * N * 4)?;
+    let null = std::ptr::null_mut::<c_void>();
+    // Host-backend device memory is this process's memory.
+    let put_f32 = |p: *mut c_void, v: &[f32]| {
+        // SAFETY: `p` has room for nranks * N elements of 4 bytes.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p.cast::<f32>(), v.len()) }
+    };
+    let get_f32 = |p: *mut c_void, n: usize| -> Vec<f32> {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(p.cast::<f32>(), n) }.to_vec()
+    };
+    let poison = |p: *mut c_void| put_f32(p, &vec![f32::NAN; nranks * N]);
+
+    // all-reduce f32 sum
+    put_f32(send_buf, &data_f32(seed, rank, 1, N));
+    poison(recv_buf);
+    // SAFETY: buffers of N f32; NULL stream = the communicator's own (host backend).
+    expect(
+        "ncclAllReduce",
+        // SAFETY: buffers of N f32; NULL stream = the communicator's own (host backend).
+        unsafe { all_reduce(send_buf, recv_buf, N, 7, 0, comm, null) },
+        0,
+    )?;
+    let want: Vec<f32> = (0..N)
+        .map(|i| (0..nranks).map(|q| data_f32(seed, q, 1, N)[i]).sum())
+        .collect();
+    check("allreduce f32 sum", &get_f32(recv_buf, N), &want)?;
+
+    // all-reduce i32 min, in place
+    let mine = data_i32(seed, rank, 2, N);
+    // SAFETY: room for N i32.
+    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), recv_buf.cast::<i32>(), N) };
+    // SAFETY: as above.
+    expect(
+        "ncclAllReduce in place",
+        // SAFETY: as above.
+        unsafe { all_reduce(recv_buf, recv_buf, N, 2, 3, comm, null) },
+        0,
+    )?;
+    let want: Vec<i32> = (0..N)
+        .map(|i| {
+            (0..nranks)
+                .map(|q| data_i32(seed, q, 2, N)[i])
+                .min()
+                .unwrap_or(0)
+        })
+        .collect();
+    // SAFETY: N i32 just written by the collective.
+    let got = unsafe { std::slice::from_raw_parts(recv_buf.cast::<i32>(), N) }.to_vec();
+    check("allreduce i32 min in place", &got, &want)?;
+
+    // all-gather f32
+    put_f32(send_buf, &data_f32(seed, rank, 3, N));
+    poison(recv_buf);
+    // SAFETY: N in, 2N out.
+    expect(
+        "ncclAllGather",
+        // SAFETY: N in, 2N out.
+        unsafe { all_gather(send_buf, recv_buf, N, 7, comm, null) },
+        0,
+    )?;
+    let want: Vec<f32> = (0..nranks).flat_map(|q| data_f32(seed, q, 3, N)).collect();
+    check("allgather f32", &get_f32(recv_buf, nranks * N), &want)?;
+
+    // all-gather of 6 uint8 per rank (moved as 16-bit words)
+    let bytes: Vec<u8> = (0..6).map(|i| (rank * 10 + i) as u8).collect();
+    // SAFETY: room for 6 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), send_buf.cast::<u8>(), 6) };
+    // SAFETY: 6 bytes in, 12 out.
+    expect(
+        "ncclAllGather uint8",
+        // SAFETY: 6 bytes in, 12 out.
+        unsafe { all_gather(send_buf, recv_buf, 6, 1, comm, null) },
+        0,
+    )?;
+    // SAFETY: 12 bytes written by the collective.
+    let got = unsafe { std::slice::from_raw_parts(recv_buf.cast::<u8>(), 12) }.to_vec();
+    let want: Vec<u8> = (0..nranks)
+        .flat_map(|q| (0..6).map(move |i| (q * 10 + i) as u8))
+        .collect();
+    check("allgather uint8", &got, &want)?;
+
+    // reduce-scatter f32 sum
+    put_f32(send_buf, &data_f32(seed, rank, 4, nranks * N));
+    poison(recv_buf);
+    // SAFETY: 2N in, N out.
+    expect(
+        "ncclReduceScatter",
+        // SAFETY: 2N in, N out.
+        unsafe { reduce_scatter(send_buf, recv_buf, N, 7, 0, comm, null) },
+        0,
+    )?;
+    let want: Vec<f32> = (0..N)
+        .map(|i| {
+            (0..nranks)
+                .map(|q| data_f32(seed, q, 4, nranks * N)[rank * N + i])
+                .sum()
+        })
+        .collect();
+    check("reducescatter f32 sum", &get_f32(recv_buf, N), &want)?;
+
+    // broadcast from rank 1, then ncclBcast from rank 0 in place
+    put_f32(send_buf, &data_f32(seed, rank, 5, N));
+    poison(recv_buf);
+    // SAFETY: N in, N out.
+    expect(
+        "ncclBroadcast",
+        // SAFETY: N in, N out.
+        unsafe { broadcast(send_buf, recv_buf, N, 7, 1, comm, null) },
+        0,
+    )?;
+    check(
+        "broadcast root 1",
+        &get_f32(recv_buf, N),
+        &data_f32(seed, 1, 5, N),
+    )?;
+    put_f32(recv_buf, &data_f32(seed, rank, 6, N));
+    // SAFETY: N in place.
+    expect(
+        "ncclBcast",
+        // SAFETY: N in place.
+        unsafe { bcast(recv_buf, N, 7, 0, comm, null) },
+        0,
+    )?;
+    check(
+        "bcast root 0",
+        &get_f32(recv_buf, N),
+        &data_f32(seed, 0, 6, N),
+    )?;
+
+    // all-to-all f32
+    put_f32(send_buf, &data_f32(seed, rank, 7, nranks * N));
+    poison(recv_buf);
+    // SAFETY: 2N in, 2N out.
+    expect(
+        "ncclAlltoAll",
+        // SAFETY: 2N in, 2N out.
+        unsafe { all_to_all(send_buf, recv_buf, N, 7, comm, null) },
+        0,
+    )?;
+    let want: Vec<f32> = (0..nranks)
+        .flat_map(|q| data_f32(seed, q, 7, nranks * N)[rank * N..(rank + 1) * N].to_vec())
+        .collect();
+    check("alltoall f32", &get_f32(recv_buf, nranks * N), &want)?;
+
+    // a group of native operations
+    put_f32(send_buf, &data_f32(seed, rank, 8, N));
+    // SAFETY: as for the all-reduce above.
+    unsafe {
+        expect("ncclGroupStart", group_start(), 0)?;
+        expect("ncclGroupStart (nested)", group_start(), 0)?;
+        expect(
+            "ncclAllReduce in group",
+            all_reduce(send_buf, recv_buf, N, 7, 0, comm, null),
+            0,
+        )?;
+        expect("ncclGroupEnd (inner)", group_end(), 0)?;
+        expect("ncclGroupEnd (outer)", group_end(), 0)?;
+        expect("ncclGroupEnd without start", group_end(), 5)?;
+    }
+    let want: Vec<f32> = (0..N)
+        .map(|i| (0..nranks).map(|q| data_f32(seed, q, 8, N)[i]).sum())
+        .collect();
+    check("allreduce in a group", &get_f32(recv_buf, N), &want)?;
+
+    // error paths: none of these may reach the other rank, so both ranks make the same calls
+    // SAFETY: each export checks its arguments before using them.
+    unsafe {
+        expect(
+            "ncclAllReduce NULL sendbuff",
+            all_reduce(null, recv_buf, N, 7, 0, comm, null),
+            4,
+        )?;
+        expect(
+            "ncclAllReduce NULL recvbuff",
+            all_reduce(send_buf, null, N, 7, 0, comm, null),
+            4,
+        )?;
+        expect(
+            "ncclAllReduce NULL comm",
+            all_reduce(send_buf, recv_buf, N, 7, 0, null, null),
+            4,
+        )?;
+        expect(
+            "ncclAllReduce bogus comm",
+            all_reduce(send_buf, recv_buf, N, 7, 0, 0x1234 as Comm, null),
+            4,
+        )?;
+        expect(
+            "ncclAllReduce dtype 42",
+            all_reduce(send_buf, recv_buf, N, 42, 0, comm, null),
+            4,
+        )?;
+        let msg = last();
+        if !(msg.contains("42") && msg.contains("ncclDataType_t")) {
+            return Err(format!("last error after an unknown dtype: {msg:?}"));
+        }
+        expect(
+            "ncclAllReduce op -1",
+            all_reduce(send_buf, recv_buf, N, 7, -1, comm, null),
+            4,
+        )?;
+        expect(
+            "ncclAllReduce with a stream on host",
+            all_reduce(send_buf, recv_buf, N, 7, 0, comm, 0x10 as *mut c_void),
+            4,
+        )?;
+        expect(
+            "ncclSend without fallback",
+            send(send_buf, N, 7, 1 - rank as c_int, comm, null),
+            5,
+        )?;
+        let msg = last();
+        if !msg.contains("MSCCLPP_NCCL_LIB_PATH") {
+            return Err(format!("last error after ncclSend: {msg:?}"));
+        }
+        expect("ncclSend bad peer", send(send_buf, N, 7, 7, comm, null), 4)?;
+        expect(
+            "ncclReduce without fallback",
+            reduce(send_buf, recv_buf, N, 7, 0, 0, comm, null),
+            5,
+        )?;
+        expect(
+            "ncclAllReduce int64 without fallback",
+            all_reduce(send_buf, recv_buf, N, 4, 0, comm, null),
+            5,
+        )?;
+        let mut child: Comm = std::ptr::null_mut();
+        expect(
+            "ncclCommSplit without fallback",
+            split(comm, 0, rank as c_int, &mut child, null),
+            5,
+        )?;
+        let mut h: *mut c_void = std::ptr::null_mut();
+        expect("ncclCommRegister", register(comm, send_buf, N, &mut h), 0)?;
+        expect("ncclCommDeregister", deregister(comm, h), 0)?;
+        expect("ncclCommDeregister twice", deregister(comm, h), 4)?;
+        expect("ncclMemFree unknown", mem_free(0x4321 as *mut c_void), 4)?;
+    }
+    // a zero-count call is a no-op
+    // SAFETY: nothing is touched.
+    expect(
+        "ncclAllReduce count 0",
+        // SAFETY: nothing is touched.
+        unsafe { all_reduce(send_buf, recv_buf, 0, 7, 0, comm, null) },
+        0,
+    )?;
+
+    // SAFETY: live comm, then the same handle again (now stale).
+    unsafe {
+        expect("ncclCommDestroy", destroy(comm), 0)?;
+        expect("ncclCommDestroy twice", destroy(comm), 4)?;
+        expect("ncclMemFree", mem_free(send_buf), 0)?;
+        expect("ncclMemFree", mem_free(recv_buf), 0)?;
+    }
+    std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn two_ranks_host() -> Result<(), Failed> {
+    lib_path()?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-abi-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut children = Vec::new();
+    for rank in 0..2 {
+        let child = Command::new(&exe)
+            .env(ROLE_VAR, rank.to_string())
+            .env(DIR_VAR, &dir)
+            .env("MSCCLPP_BACKEND", "host")
+            .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
+            .env_remove("MSCCLPP_NCCL_LIB_PATH")
+            .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawning rank {rank}: {e}"))?;
+        children.push(child);
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut failures = Vec::new();
+    for (rank, mut child) in children.into_iter().enumerate() {
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    break;
+                }
+            }
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            failures.push(format!(
+                "rank {rank}: {}\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    for rank in 0..2 {
+        if failures.is_empty() && !dir.join(format!("done-{rank}")).exists() {
+            failures.push(format!(
+                "rank {rank} exited successfully without finishing its checks"
+            ));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
+fn main() {
+    if let Ok(rank) = std::env::var(ROLE_VAR) {
+        let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
+        let rank: usize = rank.parse().unwrap_or(usize::MAX);
+        match rank_main(rank, &dir) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("rank {rank} failed: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let args = libtest_mimic::Arguments::from_args();
+    let trials = vec![
+        Trial::test("abi::symbols_resolve", symbols_resolve),
+        Trial::test("abi::version_and_error_strings", version_and_strings),
+        Trial::test("abi::host::2_ranks_collectives_and_errors", two_ranks_host),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
