@@ -1,14 +1,15 @@
 //! The real NCCL, opened at run time from `MSCCLPP_NCCL_LIB_PATH` for the operations this
 //! library does not serve itself.
 //!
-//! It is opened with `RTLD_LAZY | RTLD_LOCAL` (spelled out, though it is also libloading's
-//! default on Linux): its symbols stay out of the global scope, so the process keeps resolving
-//! `ncclAllReduce` & co. to this library. The reverse is not guaranteed: where the real
-//! library calls one of its *own* exported functions through the PLT, the dynamic linker
-//! resolves it to the preloaded one (ours) first. NCCL's `ncclBcast` does exactly that
-//! (`return ncclBroadcast(buff, buff, ...)`), so this library never forwards `ncclBcast`: it
-//! forwards `ncclBroadcast(buff, buff, ...)` instead. Every export checks that a communicator
-//! handle is one of ours, so such a call with a real handle fails cleanly instead of crashing.
+//! It is opened with `RTLD_LAZY | RTLD_LOCAL | RTLD_DEEPBIND`: its symbols stay out of the
+//! global scope, so the process keeps resolving `ncclAllReduce` & co. to this library, and
+//! (`RTLD_DEEPBIND`) the real library's calls to its *own* exported functions resolve inside
+//! itself rather than to the preloaded ones (ours). Without it, the first run under PyTorch
+//! (2 x H200, NCCL 2.28) failed every forwarded `ncclSend` and `ncclCommFinalize` with
+//! "invalid argument": the real NCCL's internal `ncclGroupStart`/`End` and friends landed here.
+//! This library still never forwards `ncclBcast` (it forwards `ncclBroadcast(buff, buff, ...)`),
+//! and every export checks that a communicator handle is one of ours, so a stray call with a
+//! real handle fails cleanly instead of crashing.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
@@ -17,6 +18,11 @@ use crate::abi::*;
 use crate::error::{Failure, Res};
 
 type Comm = NcclComm;
+
+/// glibc's `RTLD_DEEPBIND` (not exported by libloading): the opened library resolves its own
+/// symbols before the global scope.
+#[cfg(unix)]
+const RTLD_DEEPBIND: std::ffi::c_int = 0x8;
 
 macro_rules! real_api {
     ($( $field:ident : $sym:literal => fn($($arg:ty),*) -> $ret:ty ;)*) => {
@@ -38,7 +44,9 @@ macro_rules! real_api {
                 let lib: libloading::Library = unsafe {
                     libloading::os::unix::Library::open(
                         Some(path),
-                        libloading::os::unix::RTLD_LAZY | libloading::os::unix::RTLD_LOCAL,
+                        libloading::os::unix::RTLD_LAZY
+                            | libloading::os::unix::RTLD_LOCAL
+                            | RTLD_DEEPBIND,
                     )
                 }
                 .map(Into::into)
