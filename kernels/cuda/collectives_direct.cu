@@ -10,6 +10,7 @@
 #include "mscclpp/core.cuh"
 #include "mscclpp/memory_channel.cuh"  // Bytes16
 #include "mscclpp/numeric.cuh"
+#include "mscclpp/word.cuh"
 #include "mscclpp/test_args.cuh"
 
 namespace mscclpp {
@@ -18,44 +19,6 @@ namespace mscclpp {
 constexpr uint32_t kDirectAllReduce = 0;
 constexpr uint32_t kDirectAllGather = 1;
 constexpr uint32_t kDirectReduceScatter = 2;
-
-// ---- unaligned and partial words (a step's last unit, or a buffer not 16-byte aligned) ------
-
-// Out of line, so that the inlined fast paths stay small.
-__device__ __noinline__ uint64_t directLoadWordSlow(const char* p, uint32_t n) {
-  uint64_t w = 0;
-  if ((((uint64_t)p | n) & 3) == 0) {
-#pragma unroll 1
-    for (uint32_t b = 0; b < n; b += 4) w |= (uint64_t)(*(const uint32_t*)(p + b)) << (8 * b);
-  } else {
-#pragma unroll 1
-    for (uint32_t b = 0; b < n; b += 2) w |= (uint64_t)(*(const uint16_t*)(p + b)) << (8 * b);
-  }
-  return w;
-}
-__device__ __noinline__ void directStoreWordSlow(char* p, uint64_t w, uint32_t n) {
-  if ((((uint64_t)p | n) & 3) == 0) {
-#pragma unroll 1
-    for (uint32_t b = 0; b < n; b += 4) *(uint32_t*)(p + b) = (uint32_t)(w >> (8 * b));
-  } else {
-#pragma unroll 1
-    for (uint32_t b = 0; b < n; b += 2) *(uint16_t*)(p + b) = (uint16_t)(w >> (8 * b));
-  }
-}
-
-// The `n` (1..8, a multiple of the element size) bytes at `p` (aligned to the element size) as
-// the low bytes of a word, zero-padded.
-MSCCLPP_DEVICE_INLINE uint64_t directLoadWord(const char* p, uint32_t n) {
-  if (n == 8 && ((uint64_t)p & 7) == 0) return *(const uint64_t*)p;
-  return directLoadWordSlow(p, n);
-}
-MSCCLPP_DEVICE_INLINE void directStoreWord(char* p, uint64_t w, uint32_t n) {
-  if (n == 8 && ((uint64_t)p & 7) == 0) {
-    *(uint64_t*)p = w;
-  } else {
-    directStoreWordSlow(p, w, n);
-  }
-}
 
 // 16 bytes as two words (the lower address in `lo`).
 struct Unit {
@@ -85,8 +48,8 @@ MSCCLPP_DEVICE_INLINE void storeUnitAligned(char* p, const Unit& u) {
 MSCCLPP_DEVICE_INLINE Unit loadUnit(const char* p, uint32_t nb) {
   if (nb == 16 && ((uint64_t)p & 15) == 0) return loadUnitAligned(p);
   Unit u;
-  u.lo = directLoadWord(p, nb < 8 ? nb : 8);
-  u.hi = nb > 8 ? directLoadWord(p + 8, nb - 8) : 0;
+  u.lo = loadWord(p, nb < 8 ? nb : 8);
+  u.hi = nb > 8 ? loadWord(p + 8, nb - 8) : 0;
   return u;
 }
 MSCCLPP_DEVICE_INLINE void storeUnit(char* p, const Unit& u, uint32_t nb) {
@@ -94,8 +57,8 @@ MSCCLPP_DEVICE_INLINE void storeUnit(char* p, const Unit& u, uint32_t nb) {
     storeUnitAligned(p, u);
     return;
   }
-  directStoreWord(p, u.lo, nb < 8 ? nb : 8);
-  if (nb > 8) directStoreWord(p + 8, u.hi, nb - 8);
+  storeWord(p, u.lo, nb < 8 ? nb : 8);
+  if (nb > 8) storeWord(p + 8, u.hi, nb - 8);
 }
 
 // Valid bytes of unit `i` of a piece of `bytes`.

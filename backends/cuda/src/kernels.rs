@@ -29,6 +29,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     header!("semaphore.cuh"),
     header!("switch_channel.cuh"),
     header!("test_args.cuh"),
+    header!("word.cuh"),
 ];
 
 /// One compilation unit of `kernels/cuda` and the kernels it defines.

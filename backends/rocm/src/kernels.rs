@@ -37,6 +37,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     header!("semaphore.cuh"),
     header!("switch_channel.cuh"),
     header!("test_args.cuh"),
+    header!("word.cuh"),
 ];
 
 /// The one vendor-specific header (from `kernels/hip`); every other one is the CUDA text.
