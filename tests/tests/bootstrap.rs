@@ -230,6 +230,7 @@ fn killed_rank_fails_the_others_within_the_deadline() -> Result<(), Failed> {
     let killed_at = unix_us();
     let deadline = Instant::now() + Duration::from_secs(DEADLINE_S * 3);
     let mut worst = Duration::ZERO;
+    let mut naming_victim = 0;
     for (r, c) in children.into_iter().enumerate() {
         let o = multiproc::wait(c, deadline);
         if r == VICTIM {
@@ -243,8 +244,14 @@ fn killed_rank_fails_the_others_within_the_deadline() -> Result<(), Failed> {
             .into());
         }
         let err = o.reports().get("error").cloned().unwrap_or_default();
-        if !err.contains(&format!("rank {VICTIM}")) {
-            return Err(format!("rank {r}'s error does not name rank {VICTIM}: {err}").into());
+        // A survivor whose barrier had already received the victim's message fails on the next
+        // peer still missing — possibly another survivor that failed first and left. Every error
+        // must be a lost connection; at least one must name the victim (checked below).
+        if !err.contains("connection lost") {
+            return Err(format!("rank {r}'s error is not a lost connection: {err}").into());
+        }
+        if err.contains(&format!("rank {VICTIM}")) {
+            naming_victim += 1;
         }
         let failed_at: u128 = o
             .reports()
@@ -256,8 +263,11 @@ fn killed_rank_fails_the_others_within_the_deadline() -> Result<(), Failed> {
         worst = worst.max(noticed);
     }
     let _ = std::fs::remove_dir_all(&dir);
+    if naming_victim == 0 {
+        return Err(format!("no survivor's error names rank {VICTIM}").into());
+    }
     eprintln!(
-        "    all {} survivors failed within {worst:?} of the kill (deadline {DEADLINE_S} s)",
+        "    all {} survivors failed within {worst:?} of the kill (deadline {DEADLINE_S} s); {naming_victim} name rank {VICTIM}",
         N - 1
     );
     if worst >= Duration::from_secs(DEADLINE_S) {

@@ -133,6 +133,9 @@ struct State {
     queues: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
     /// Why each peer's connection ended, if it did.
     dead: Vec<Option<String>>,
+    /// Dead peers in the order their connections ended: a collective names the first, which is
+    /// the cause when the others only followed it.
+    dead_order: Vec<usize>,
 }
 
 impl Shared {
@@ -147,6 +150,7 @@ impl Shared {
             && slot.is_none()
         {
             *slot = Some(reason);
+            st.dead_order.push(peer);
         }
         drop(st);
         self.cv.notify_all();
@@ -380,6 +384,7 @@ impl Bootstrap {
             state: Mutex::new(State {
                 queues: HashMap::new(),
                 dead: vec![None; nranks],
+                dead_order: Vec::new(),
             }),
             cv: Condvar::new(),
             writers,
@@ -577,7 +582,7 @@ impl Bootstrap {
     }
 
     /// Waits for one message under `tag` from each of `peers`; returns them in that order.
-    /// Fails as soon as any peer still owing a message is dead.
+    /// Fails as soon as a peer still owing a message is dead, naming the first to have died.
     fn wait_all(&self, peers: &[usize], tag: u64, op: &str) -> Result<Vec<Vec<u8>>> {
         let deadline = Instant::now() + self.cfg.timeout;
         let mut got: Vec<Option<Vec<u8>>> = vec![None; peers.len()];
@@ -602,10 +607,11 @@ impl Bootstrap {
             if missing.is_empty() {
                 return Ok(got.into_iter().flatten().collect());
             }
-            if let Some((p, reason)) = missing
-                .iter()
-                .find_map(|&p| st.dead[p].as_ref().map(|r| (p, r)))
-            {
+            // Only peers still owing a message count: one that finished the collective and left
+            // (a clean exit after the last barrier) is not an error. Among those, name the one
+            // that died first, the cause when others only followed it.
+            if let Some(&p) = st.dead_order.iter().find(|p| missing.contains(p)) {
+                let reason = st.dead[p].clone().unwrap_or_default();
                 return Err(lost(p, &format!("{reason} (during {op})")));
             }
             let now = Instant::now();
