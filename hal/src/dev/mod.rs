@@ -2,9 +2,10 @@
 //!
 //! Every struct a kernel reads or writes — semaphore and channel handles, FIFO triggers, LL
 //! packets — is defined here once, `#[repr(C)]`, with addresses as `u64` device pointers. The
-//! CUDA and HIP device headers (`kernels/cuda/include/mscclpp/`, `kernels/hip/include/mscclpp/`)
-//! mirror these definitions; [`layout_table`] lists every size and field offset so that a
-//! generated header can `static_assert` them, and CI compiles that header for each vendor.
+//! device headers (`kernels/cuda/include/mscclpp/`, compiled for CUDA and, with HIP's own
+//! `core.cuh`, for HIP) mirror these definitions; [`layout_table`] lists every size and field
+//! offset so that a generated header can `static_assert` them, and CI compiles that header for
+//! each vendor.
 //!
 //! The methods on the handles are the **device-side operations for host-backend kernels**: the
 //! same semantics as the `.cuh` functions, carried out with Rust atomics on shared memory. They
