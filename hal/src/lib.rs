@@ -32,6 +32,7 @@ pub mod env;
 pub mod error;
 pub mod ipc;
 pub mod kernel;
+pub mod kernel_cache;
 pub mod memory;
 pub mod multicast;
 pub mod net;

@@ -1,21 +1,18 @@
 //! Kernel modules of the CUDA backend: compiled from the embedded sources with NVRTC for the
 //! device's `sm_XY` on first use, cached on disk, loaded once per device.
 //!
-//! **Cache.** Under `<MSCCLPP_CACHE_DIR>/cuda/`, one file per (module, arch, key), where the key
-//! is a 128-bit FNV-1a hash of the module's source, every embedded header (names and contents),
-//! the architecture, the NVRTC version and the compile options. A file holds a small header
-//! (magic, version, key, image kind, length, checksum) and the image (cubin, or PTX where NVRTC
-//! gives no cubin). Files are written to a temporary name and renamed into place, so readers
-//! never see half a file; a corrupt or unreadable entry is recompiled and rewritten, never fatal.
+//! **Cache.** Under `<MSCCLPP_CACHE_DIR>/cuda/`, through `mscclpp_hal::kernel_cache` (keys,
+//! entry format, atomic writes): the image is a cubin, or PTX where NVRTC gives no cubin.
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_int};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cudarc::driver::sys;
+use mscclpp_hal::kernel_cache::{self, CacheCounters, EntryFormat};
+pub use mscclpp_hal::kernel_cache::{CacheStats, Fnv128, cache_path};
 use mscclpp_hal::{Error, Kernel, KernelId, Result};
 
 use crate::device::{Context, Features};
@@ -23,12 +20,12 @@ use crate::driver::check;
 use crate::kernels::{self, HEADERS, Module};
 use crate::nvrtc;
 
-const CACHE_MAGIC: [u8; 4] = *b"MSKC";
-const CACHE_VERSION: u16 = 1;
-/// Header bytes: magic 4, version 2, kind 1, pad 1, key 16, length 8, checksum 8.
-const CACHE_HEADER: usize = 40;
-/// Largest image accepted from the cache (a bound on what a corrupt file can make us read).
-const MAX_IMAGE: u64 = 256 << 20;
+/// This backend's cache entries (a code object of another backend never matches).
+const FORMAT: EntryFormat = EntryFormat {
+    magic: *b"MSKC",
+    version: 1,
+};
+static COUNTERS: CacheCounters = CacheCounters::new();
 
 /// What kind of image a module was loaded from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,65 +52,9 @@ impl ImageKind {
     }
 }
 
-/// Counters of kernel-module loads in this process.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    /// Modules compiled by NVRTC (cache misses).
-    pub compiles: u64,
-    /// Modules read from the disk cache.
-    pub disk_hits: u64,
-    /// Total time spent in NVRTC.
-    pub compile_time: Duration,
-    /// Cache entries that were present but unusable (corrupt, wrong key) and were recompiled.
-    pub corrupt_entries: u64,
-}
-
-static COMPILES: AtomicU64 = AtomicU64::new(0);
-static DISK_HITS: AtomicU64 = AtomicU64::new(0);
-static COMPILE_NANOS: AtomicU64 = AtomicU64::new(0);
-static CORRUPT: AtomicU64 = AtomicU64::new(0);
-
 /// How this process's kernel modules were obtained so far: "compiled in X s" versus "cache hit".
 pub fn cache_stats() -> CacheStats {
-    CacheStats {
-        compiles: COMPILES.load(Ordering::Relaxed),
-        disk_hits: DISK_HITS.load(Ordering::Relaxed),
-        compile_time: Duration::from_nanos(COMPILE_NANOS.load(Ordering::Relaxed)),
-        corrupt_entries: CORRUPT.load(Ordering::Relaxed),
-    }
-}
-
-/// 128-bit FNV-1a: stable across builds and platforms (unlike `std`'s hasher).
-#[derive(Debug, Clone, Copy)]
-pub struct Fnv128(u128);
-
-impl Default for Fnv128 {
-    fn default() -> Self {
-        Fnv128(0x6c62_272e_07bb_0142_62b8_2175_6295_c58d)
-    }
-}
-
-impl Fnv128 {
-    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013B;
-
-    /// Mixes in raw bytes.
-    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
-        for &x in b {
-            self.0 ^= u128::from(x);
-            self.0 = self.0.wrapping_mul(Self::PRIME);
-        }
-        self
-    }
-
-    /// Mixes in a length-prefixed field (so that field boundaries matter).
-    pub fn field(&mut self, b: &[u8]) -> &mut Self {
-        self.bytes(&(b.len() as u64).to_le_bytes()).bytes(b)
-    }
-
-    /// The hash.
-    pub fn finish(&self) -> u128 {
-        self.0
-    }
+    COUNTERS.stats()
 }
 
 /// The options every module is compiled with (besides the architecture); part of the key.
@@ -127,145 +68,39 @@ pub fn cache_key(
     arch: &str,
     nvrtc_version: (i32, i32),
 ) -> u128 {
-    let mut h = Fnv128::default();
-    h.field(b"mscclpp-cuda kernel cache v1")
-        .field(name.as_bytes())
-        .field(source.as_bytes());
-    for (n, c) in headers {
-        h.field(n.as_bytes()).field(c.as_bytes());
-    }
-    h.field(arch.as_bytes())
-        .field(&nvrtc_version.0.to_le_bytes())
-        .field(&nvrtc_version.1.to_le_bytes())
-        .field(COMPILE_OPTIONS.as_bytes());
-    h.finish()
-}
-
-fn checksum(data: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in data {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01B3);
-    }
-    h
-}
-
-/// The file that holds the entry for (module, arch, key) under `dir`.
-pub fn cache_path(dir: &Path, module: &str, arch: &str, key: u128) -> PathBuf {
-    let stem: String = module
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let arch: String = arch
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    dir.join(format!("{stem}-{arch}-{key:032x}.bin"))
+    kernel_cache::cache_key(
+        "mscclpp-cuda kernel cache v1",
+        name,
+        source,
+        headers,
+        arch,
+        nvrtc_version,
+        COMPILE_OPTIONS,
+    )
 }
 
 /// Encodes a cache entry.
 pub fn encode_entry(key: u128, kind: ImageKind, image: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(CACHE_HEADER + image.len());
-    out.extend_from_slice(&CACHE_MAGIC);
-    out.extend_from_slice(&CACHE_VERSION.to_le_bytes());
-    out.push(kind.code());
-    out.push(0);
-    out.extend_from_slice(&key.to_le_bytes());
-    out.extend_from_slice(&(image.len() as u64).to_le_bytes());
-    out.extend_from_slice(&checksum(image).to_le_bytes());
-    out.extend_from_slice(image);
-    out
+    FORMAT.encode(key, kind.code(), image)
 }
 
-/// Decodes a cache entry, checking magic, version, key, length and checksum; `Err` says why
-/// the entry is unusable.
+/// Decodes a cache entry; `Err` says why the entry is unusable.
 pub fn decode_entry(bytes: &[u8], key: u128) -> std::result::Result<(ImageKind, Vec<u8>), String> {
-    let header = bytes
-        .get(..CACHE_HEADER)
-        .ok_or_else(|| format!("truncated header ({} bytes)", bytes.len()))?;
-    if header[..4] != CACHE_MAGIC {
-        return Err("bad magic".into());
-    }
-    let version = u16::from_le_bytes([header[4], header[5]]);
-    if version != CACHE_VERSION {
-        return Err(format!("version {version}, expected {CACHE_VERSION}"));
-    }
-    let kind = ImageKind::from_code(header[6]).ok_or("unknown image kind")?;
-    let mut k = [0u8; 16];
-    k.copy_from_slice(&header[8..24]);
-    if u128::from_le_bytes(k) != key {
-        return Err("key mismatch".into());
-    }
-    let mut l = [0u8; 8];
-    l.copy_from_slice(&header[24..32]);
-    let len = u64::from_le_bytes(l);
-    let mut c = [0u8; 8];
-    c.copy_from_slice(&header[32..40]);
-    let sum = u64::from_le_bytes(c);
-    let image = &bytes[CACHE_HEADER..];
-    if len > MAX_IMAGE || image.len() as u64 != len {
-        return Err(format!(
-            "length {len} disagrees with the {} bytes present",
-            image.len()
-        ));
-    }
-    if checksum(image) != sum {
-        return Err("checksum mismatch".into());
-    }
-    Ok((kind, image.to_vec()))
+    let (kind, image) = FORMAT.decode(bytes, key)?;
+    Ok((
+        ImageKind::from_code(kind).ok_or("unknown image kind")?,
+        image,
+    ))
 }
 
 /// Reads a usable entry, or `None` (missing, unreadable or corrupt — logged, never fatal).
 pub fn read_cache(path: &Path, key: u128) -> Option<(ImageKind, Vec<u8>)> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), "kernel cache entry unreadable, recompiling: {e}");
-            CORRUPT.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-    };
-    match decode_entry(&bytes, key) {
-        Ok(v) => Some(v),
-        Err(why) => {
-            tracing::warn!(path = %path.display(), "kernel cache entry unusable ({why}), recompiling");
-            CORRUPT.fetch_add(1, Ordering::Relaxed);
-            None
-        }
-    }
+    kernel_cache::read_cache(path, &COUNTERS, |b| decode_entry(b, key))
 }
 
-/// Writes an entry atomically (temporary file in the same directory, then rename).
+/// Writes an entry atomically.
 pub fn write_cache(path: &Path, key: u128, kind: ImageKind, image: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| Error::Internal(format!("cache path {} has no parent", path.display())))?;
-    std::fs::create_dir_all(dir).map_err(|e| {
-        Error::io(
-            format!("creating kernel cache directory {}", dir.display()),
-            e,
-        )
-    })?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let tmp = path.with_extension(format!("tmp.{}.{nanos}", std::process::id()));
-    let data = encode_entry(key, kind, image);
-    if let Err(e) = std::fs::write(&tmp, &data) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(
-            format!("writing kernel cache entry {}", tmp.display()),
-            e,
-        ));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(
-            format!("renaming kernel cache entry into {}", path.display()),
-            e,
-        )
-    })
+    kernel_cache::write_atomic(path, &encode_entry(key, kind, image))
 }
 
 /// Gets the image of `module` for `arch`: from the cache under `dir`, else compiled (and
@@ -280,15 +115,14 @@ pub fn image_for(
     let key = cache_key(module.name, module.source, HEADERS, arch, nvrtc_version);
     let path = cache_path(dir, module.name, arch, key);
     if let Some(hit) = read_cache(&path, key) {
-        DISK_HITS.fetch_add(1, Ordering::Relaxed);
+        COUNTERS.hit();
         tracing::info!(module = module.name, arch, path = %path.display(), "kernel cache hit");
         return Ok(hit);
     }
     let start = Instant::now();
     let compiled = compile()?;
     let took = start.elapsed();
-    COMPILES.fetch_add(1, Ordering::Relaxed);
-    COMPILE_NANOS.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    COUNTERS.compiled(took);
     tracing::info!(
         module = module.name,
         arch,
@@ -509,6 +343,8 @@ pub fn load_kernel(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+    use std::time::Duration;
 
     fn temp_dir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!(
