@@ -281,8 +281,14 @@ impl Bootstrap {
             }
             (Ok(b), None) => Ok(b),
             (Err(e), Some(root)) => {
-                root.stop();
-                // The root's own error names the missing ranks; prefer it to ours.
+                // The root's own error names the missing ranks; prefer it to ours. When we timed
+                // out, the root (started just before us, with the same deadline) is at its own
+                // deadline too: let it finish, so that its error says who is missing, instead of
+                // stopping it first (which races with that deadline). Any other failure of ours
+                // stops it at once.
+                if !matches!(e, Error::Timeout { .. }) {
+                    root.stop();
+                }
                 match root.wait() {
                     Err(re @ Error::Timeout { .. }) => Err(re),
                     _ => Err(e),
