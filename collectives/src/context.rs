@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::collective::{DirectCollectiveArgs, MAX_RANKS};
+use mscclpp_hal::collective::{DirectCollectiveArgs, LL_STATE_BYTES, MAX_RANKS};
 use mscclpp_hal::{
     BufferSlice, CollectiveKind, DataType, DeviceBuffer, Error, Kernel, KernelArgs, KernelId,
     LaunchConfig, LlCollectiveArgs, MemoryKind, ReduceOp, Result, Stream,
@@ -90,6 +90,8 @@ pub struct Collectives {
     direct: Option<Direct>,
     choices: [Choice; 5],
     ll_threads: u32,
+    /// `MSCCLPP_LL_THREADS` was given: the grid keeps that block size.
+    ll_threads_forced: bool,
     ll_packets_per_block: u64,
 }
 
@@ -152,7 +154,7 @@ impl Collectives {
         let bytes = usize::try_from(LlCollectiveArgs::scratch_bytes(slot_bytes))
             .map_err(|_| Error::invalid("scratch does not fit this host"))?;
         let (scratch, peers, peer_scratch) = exchange_scratch(&comm, bytes)?;
-        let flag = device.alloc(8, MemoryKind::Device)?;
+        let flag = device.alloc(LL_STATE_BYTES, MemoryKind::Device)?;
         let stream = device.create_stream()?;
         stream.fill(&flag.full(), 0)?;
         stream.synchronize()?;
@@ -162,6 +164,8 @@ impl Collectives {
         }
         let direct = Self::setup_direct(&comm)?;
         let kernel = device.load_kernel(KernelId::COLLECTIVE_LL)?;
+        let ll_threads: Option<u32> =
+            mscclpp_hal::env::parse("MSCCLPP_LL_THREADS", "threads per block")?;
         // Nobody writes into a peer's scratch before that peer has zeroed it.
         comm.bootstrap().barrier()?;
         tracing::debug!(rank, nranks = n, slot_bytes, "collectives ready");
@@ -175,14 +179,13 @@ impl Collectives {
             kernel,
             direct,
             choices,
-            ll_threads: mscclpp_hal::env::parse("MSCCLPP_LL_THREADS", "threads per block")?
-                .unwrap_or(512)
-                .clamp(32, 1024),
+            ll_threads: ll_threads.unwrap_or(512).clamp(32, 1024),
+            ll_threads_forced: ll_threads.is_some(),
             ll_packets_per_block: mscclpp_hal::env::parse(
                 "MSCCLPP_LL_PACKETS_PER_BLOCK",
                 "a packet count",
             )?
-            .unwrap_or(2048u64)
+            .unwrap_or(512u64)
             .max(1),
         })
     }
@@ -493,13 +496,22 @@ impl Collectives {
         if info.warp_size == 1 {
             return LaunchConfig::linear(1, 1);
         }
-        // Small messages want few blocks (every extra block joins the end-of-call grid barrier);
-        // larger ones one block per `ll_packets_per_block` packets, up to one block per SM.
-        let threads = self.ll_threads.min(info.max_threads_per_block);
+        // One block per `ll_packets_per_block` packets of a round, up to one block per SM (the
+        // blocks of a multi-round call meet at grid barriers, so all must be resident); when that
+        // leaves a thread more than one packet, larger blocks (up to the device's limit), since a
+        // thread's packets are sent and awaited one after the other.
+        let max_threads = info.max_threads_per_block.clamp(32, 1024);
+        let threads = self.ll_threads.min(max_threads);
         let packets = bytes.div_ceil(8).min(self.slot_bytes / 16);
         let blocks = packets
             .div_ceil(self.ll_packets_per_block)
             .clamp(1, u64::from(info.multiprocessors.max(1)));
+        let per_block = packets.div_ceil(blocks).next_multiple_of(32);
+        let threads = if self.ll_threads_forced {
+            threads
+        } else {
+            threads.max(per_block.min(u64::from(max_threads)) as u32)
+        };
         LaunchConfig::linear(blocks as u32, threads)
     }
 }

@@ -8,7 +8,8 @@
 //! rounds of at most `slot_bytes / 2` data bytes per peer (LL16: 8 data bytes per 16-byte
 //! packet). In round `k` of a call the flag is `base + 1 + k`, where `base` is the 64-bit counter
 //! at `flag` (device memory), and the round uses half `flag % 2`; the kernel advances the counter
-//! by the number of rounds when it ends. Flags are never reset, so a call can be replayed (CUDA
+//! by the number of rounds when it ends (on GPUs the last block to finish does, so that no block
+//! waits for the others at the end). Flags are never reset, so a call can be replayed (CUDA
 //! graphs) and stale packets never match. Writing round `k + 2` into the half of round `k` is
 //! safe: a rank finishes reading round `k + 1` only after every peer has written it, which each
 //! peer does only after it finished reading round `k`.
@@ -169,6 +170,9 @@ impl CollectiveKind {
     }
 }
 
+/// Bytes of the per-communicator LL state that [`LlCollectiveArgs::flag`] points at.
+pub const LL_STATE_BYTES: usize = 64;
+
 /// Arguments of `mscclpp_collective_ll` ([`crate::KernelId::COLLECTIVE_LL`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,7 +183,10 @@ pub struct LlCollectiveArgs {
     pub output: u64,
     /// Element count (per rank block; see the module table).
     pub count: u64,
-    /// Address of the 64-bit flag counter (device memory, zero at creation, never reset).
+    /// Address of the communicator's LL state: [`LL_STATE_BYTES`] of device memory, zero at
+    /// creation, never reset. Its first 8 bytes are the 64-bit flag counter; the GPU kernels keep
+    /// their arrival counts and grid barrier after it (one state per communicator, so that two
+    /// communicators on one device never share them).
     pub flag: u64,
     /// This rank's scratch buffer.
     pub scratch: u64,

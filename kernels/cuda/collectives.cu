@@ -18,8 +18,14 @@
 // round k + 1 only after all its threads have read round k, which is what makes round k + 2
 // reusing the half of round k safe whatever the grid shapes of the ranks. Broadcast's root,
 // which reads nothing, waits instead for an acknowledgement packet of each round from every other
-// rank (in that rank's slot of the root's scratch, the round's half and flag). After the last round
-// the grid synchronises and one thread advances the flag counter by the number of rounds.
+// rank (in that rank's slot of the root's scratch, the round's half and flag), which the last of
+// that rank's blocks to finish reading the round writes. After its last round each block counts
+// itself in and the last one advances the flag counter by the number of rounds: no block waits
+// for the others at the end (the next call on the stream starts after every block has ended).
+//
+// The per-communicator state at `flag` (hal: LL_STATE_BYTES, zeroed at creation, never reset)
+// holds the counter, the arrival counts and the grid barrier, so that communicators sharing a
+// device never share them.
 #include "mscclpp/core.cuh"
 #include "mscclpp/device_syncer.cuh"
 #include "mscclpp/memory_channel.cuh"  // Bytes16
@@ -30,8 +36,14 @@
 
 namespace mscclpp {
 
-// One grid barrier per module; zero-initialised at load, never reset (replays stay consistent).
-__device__ DeviceSyncer collectiveSyncer;
+// The per-communicator state the `flag` argument points at.
+struct LlState {
+  uint64_t counter;     // flag of the previous call's last round
+  uint32_t arrived;     // blocks done with the call (wraps to 0 with the last)
+  uint32_t ackArrived;  // broadcast, non-root: blocks done reading the round (wraps likewise)
+  DeviceSyncer syncer;  // between rounds
+};
+static_assert(sizeof(LlState) <= 64, "LlState must fit hal::collective::LL_STATE_BYTES");
 
 // CollectiveKind codes (hal/src/collective.rs).
 constexpr uint32_t kCollAllReduce = 0;
@@ -176,8 +188,8 @@ MSCCLPP_DEVICE_INLINE void reducePacket(const LlCall& c, const LlRound& r, const
   storeWord(outPiece + 8 * (uint64_t)i, acc.finish(c.nranks), n);
 }
 
-MSCCLPP_DEVICE_INLINE void betweenRounds(const LlCall& c, uint64_t k) {
-  if (k + 1 < c.rounds) collectiveSyncer.sync(gridDim.x);
+MSCCLPP_DEVICE_INLINE void betweenRounds(LlState* st, const LlCall& c, uint64_t k) {
+  if (k + 1 < c.rounds) st->syncer.sync(gridDim.x);
 }
 
 // Round `r`'s reduction into the output: one item per packet.
@@ -200,7 +212,7 @@ MSCCLPP_DEVICE_INLINE void reduceRoundOp(uint32_t op, const LlCall& c, const LlR
 }
 
 // All-reduce (block = the whole buffer) and reduce-scatter (peer j gets block j of the input).
-MSCCLPP_DEVICE_INLINE void llReduce(const LlCollectiveArgs& a, const LlCall& c, bool scatter) {
+MSCCLPP_DEVICE_INLINE void llReduce(const LlCollectiveArgs& a, LlState* st, const LlCall& c, bool scatter) {
   const char* ownBlock = c.input + (scatter ? c.rank * c.blockBytes : 0);
   for (uint64_t k = 0; k < c.rounds; ++k) {
     const LlRound r = llRound(c, k);
@@ -226,13 +238,13 @@ MSCCLPP_DEVICE_INLINE void llReduce(const LlCollectiveArgs& a, const LlCall& c, 
       case kDataTypeI32: reduceRoundOp<kDataTypeI32>(a.op, c, r, ownPiece, outPiece); break;
       default: reduceRoundOp<kDataTypeU32>(a.op, c, r, ownPiece, outPiece); break;
     }
-    betweenRounds(c, k);
+    betweenRounds(st, c, k);
   }
 }
 
 // All-gather (everyone's block to everyone, into output block `source`), all-to-all (input block
 // j to peer j, into output block `source`) and broadcast (the root's buffer to everyone).
-MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, const LlCall& c, uint32_t kind) {
+MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const LlCall& c, uint32_t kind) {
   const bool toBlocks = kind != kCollBroadcast;  // received data goes to output block `source`
   const bool isRoot = c.rank == a.root;
   for (uint64_t k = 0; k < c.rounds; ++k) {
@@ -278,11 +290,14 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, const LlCall& c, ui
       // The root receives nothing, so nothing else would stop it from running two rounds (or
       // calls) ahead and overwriting a half that a peer still reads: every other rank
       // acknowledges each round once all its threads have read it (an empty packet with the
-      // round's flag in its own slot of the root's scratch), and the root waits for them.
+      // round's flag in its own slot of the root's scratch, written by the last of its blocks to
+      // finish reading), and the root waits for them.
       const uint64_t ackOff = r.half;
       if (!isRoot) {
-        collectiveSyncer.sync(gridDim.x);
-        if (c.tid == 0) ((LL16Packet*)(a.peer_scratch[a.root] + ackOff + c.rank * c.slotBytes))->write(0, r.flag);
+        __syncthreads();
+        if (threadIdx.x == 0 && fetchIncWrapAcqRelDevice(&st->ackArrived, gridDim.x - 1) == gridDim.x - 1) {
+          ((LL16Packet*)(a.peer_scratch[a.root] + ackOff + c.rank * c.slotBytes))->write(0, r.flag);
+        }
       } else if (c.tid == 0) {
 #pragma unroll 1
         for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
@@ -291,7 +306,7 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, const LlCall& c, ui
         }
       }
     }
-    betweenRounds(c, k);
+    betweenRounds(st, c, k);
   }
 }
 
@@ -302,7 +317,8 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, const LlCall& c, ui
 // count, dtype, op, root and slot_bytes on every rank.
 extern "C" __global__ void mscclpp_collective_ll(mscclpp::LlCollectiveArgs a) {
   mscclpp::LlCall c;
-  c.base = *(const mscclpp::uint64_t*)a.flag;
+  mscclpp::LlState* st = (mscclpp::LlState*)a.flag;
+  c.base = st->counter;
   c.esize = mscclpp::dataTypeSize(a.dtype);
   if (c.esize == 0 || a.nranks < 2 || a.nranks > mscclpp::kCollectiveMaxRanks || a.rank >= a.nranks ||
       a.kind > mscclpp::kCollAllToAll || (a.kind == mscclpp::kCollBroadcast && a.root >= a.nranks)) {
@@ -327,12 +343,16 @@ extern "C" __global__ void mscclpp_collective_ll(mscclpp::LlCollectiveArgs a) {
   }
 
   if (a.kind == mscclpp::kCollAllReduce || a.kind == mscclpp::kCollReduceScatter) {
-    mscclpp::llReduce(a, c, a.kind == mscclpp::kCollReduceScatter);
+    mscclpp::llReduce(a, st, c, a.kind == mscclpp::kCollReduceScatter);
   } else {
-    mscclpp::llCopy(a, c, a.kind);
+    mscclpp::llCopy(a, st, c, a.kind);
   }
 
-  // Every thread has read the counter and finished its last round: advance the counter.
-  mscclpp::collectiveSyncer.sync(gridDim.x);
-  if (c.tid == 0) *(mscclpp::uint64_t*)a.flag = c.base + c.rounds;
+  // Every thread of this block has read the counter and finished its last round; the last block
+  // to count itself in (every other block has read the counter by then) advances it.
+  __syncthreads();
+  if (threadIdx.x == 0 &&
+      mscclpp::fetchIncWrapAcqRelDevice(&st->arrived, gridDim.x - 1) == gridDim.x - 1) {
+    st->counter = c.base + c.rounds;
+  }
 }

@@ -60,6 +60,14 @@ pub fn cache_stats() -> CacheStats {
 /// The options every module is compiled with (besides the architecture); part of the key.
 pub const COMPILE_OPTIONS: &str = "-std=c++17";
 
+/// Extra NVRTC options from `MSCCLPP_NVRTC_OPTIONS` (whitespace-separated; for developers, e.g.
+/// `--ptxas-options=-v` to see register and stack use in the compile log); part of the key.
+pub fn extra_compile_options() -> Vec<String> {
+    std::env::var("MSCCLPP_NVRTC_OPTIONS")
+        .map(|v| v.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
 /// The cache key of `module` compiled for `arch` by NVRTC `nvrtc_version`.
 pub fn cache_key(
     name: &str,
@@ -75,7 +83,11 @@ pub fn cache_key(
         headers,
         arch,
         nvrtc_version,
-        COMPILE_OPTIONS,
+        &[COMPILE_OPTIONS.to_owned()]
+            .into_iter()
+            .chain(extra_compile_options())
+            .collect::<Vec<_>>()
+            .join(" "),
     )
 }
 

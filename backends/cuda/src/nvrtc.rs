@@ -260,10 +260,13 @@ pub fn compile(
     api.check("nvrtcCreateProgram", code, &context)?;
     let guard = ProgramGuard { api, prog };
 
-    let options = [
+    let mut options = vec![
         c_string("architecture", &format!("--gpu-architecture={arch}"))?,
-        c_string("option", "-std=c++17")?,
+        c_string("option", crate::module::COMPILE_OPTIONS)?,
     ];
+    for extra in crate::module::extra_compile_options() {
+        options.push(c_string("option from MSCCLPP_NVRTC_OPTIONS", &extra)?);
+    }
     let option_ptrs: Vec<*const c_char> = options.iter().map(|c| c.as_ptr()).collect();
     let start = Instant::now();
     // SAFETY: `guard.prog` is live; `option_ptrs` holds `options.len()` NUL-terminated strings.
