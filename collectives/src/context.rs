@@ -20,8 +20,8 @@ pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
 pub enum Algorithm {
     /// LL packets through scratch (every collective, best for small messages).
     Ll,
-    /// Plain stores into the peers' scratch, pipelined (all-reduce, all-gather, reduce-scatter;
-    /// best for large messages).
+    /// Plain stores into the peers' scratch, pipelined (every collective; best for large
+    /// messages).
     Direct,
 }
 
@@ -35,11 +35,11 @@ enum Choice {
 /// Rank-block bytes from which the direct algorithm serves each collective when not forced
 /// (measured on 2 x H200, graph-timed: LL 11.0 µs vs direct 12.2 µs for a 1 MiB all-reduce;
 /// direct wins from 4 MiB on; all-gather/reduce-scatter switch where LL stopped beating NCCL).
-fn direct_threshold(kind: CollectiveKind) -> Option<u64> {
+fn direct_threshold(kind: CollectiveKind) -> u64 {
     match kind {
-        CollectiveKind::AllReduce => Some(2 << 20),
-        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => Some(2 << 20),
-        CollectiveKind::Broadcast | CollectiveKind::AllToAll => None,
+        CollectiveKind::AllReduce => 2 << 20,
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => 2 << 20,
+        CollectiveKind::Broadcast | CollectiveKind::AllToAll => 2 << 20,
     }
 }
 
@@ -56,12 +56,6 @@ fn env_choice(kind: CollectiveKind) -> Result<Choice> {
             )));
         }
     };
-    if choice == Choice::Forced(Algorithm::Direct) && direct_threshold(kind).is_none() {
-        return Err(Error::invalid(format!(
-            "{var}=direct: the direct algorithm serves allreduce, allgather and reducescatter, not {}",
-            kind.name()
-        )));
-    }
     Ok(choice)
 }
 
@@ -223,10 +217,11 @@ impl Collectives {
                     "MSCCLPP_DIRECT_SLOT_BYTES={b}: expected a multiple of 16 from 4096 to 16 MiB"
                 )));
             }
-            // 256 KiB slots (1 GiB on 2 x H200, graph-timed: all-reduce 358 GB/s busbw,
-            // all-gather 335, reduce-scatter 286, against 352/309/257 with 64 KiB); above 4 ranks
-            // 64 KiB keeps the scratch at 256 MiB.
+            // 256 KiB slots for 2 ranks (1 GiB on 2 x H200, graph-timed: all-reduce 358 GB/s
+            // busbw, all-gather 335, reduce-scatter 286, against 352/309/257 with 64 KiB); smaller
+            // ones for more ranks keep the scratch (6 slots per rank and block) at 384 MiB.
             None if n > 4 => 64 << 10,
+            None if n > 2 => 128 << 10,
             None => 256 << 10,
         };
         let bytes = usize::try_from(DirectCollectiveArgs::scratch_bytes(
@@ -250,10 +245,8 @@ impl Collectives {
         match (self.choices[kind as usize], &self.direct) {
             (Choice::Forced(a), Some(_)) => a,
             (Choice::Forced(_), None) | (Choice::Auto, None) => Algorithm::Ll,
-            (Choice::Auto, Some(_)) => match direct_threshold(kind) {
-                Some(t) if block_bytes >= t => Algorithm::Direct,
-                _ => Algorithm::Ll,
-            },
+            (Choice::Auto, Some(_)) if block_bytes >= direct_threshold(kind) => Algorithm::Direct,
+            (Choice::Auto, Some(_)) => Algorithm::Ll,
         }
     }
 
@@ -459,7 +452,7 @@ impl Collectives {
                 op: op as u32,
                 rank: rank as u32,
                 nranks: n as u32,
-                root: 0,
+                root: root as u32,
                 max_blocks: d.max_blocks,
                 _pad: 0,
             };

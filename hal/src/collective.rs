@@ -22,10 +22,11 @@
 //! | broadcast | `count` (root) | `count` | root: piece `k`; others: an acknowledgement | from the root (the root: acknowledgements) |
 //! | all-to-all | `nranks * count` | `nranks * count` | piece `k` of input block `j` | into output block `p` |
 //!
-//! Broadcast is the one collective where data flows one way, so each non-root also writes one
-//! *acknowledgement* packet (value 0, the round's flag) into word 0 of its slot in the root's
-//! scratch after it has read the round, and the root reads those acknowledgements after sending
-//! the round. That keeps the invariant the slot reuse rests on — in every round every rank writes
+//! Broadcast is the one collective where data flows one way, so each non-root also writes
+//! *acknowledgement* packets (value 0, the round's flag) into its slot in the root's scratch after
+//! it has read the round — packet `b` for block `b` of its grid (one block, packet 0, on the host;
+//! every rank launches the same grid, of at most one block per packet of a slot) — and the root
+//! reads those acknowledgements after sending the round. That keeps the invariant the slot reuse rests on — in every round every rank writes
 //! to and reads from every peer it exchanges with — so neither the root's next round nor the
 //! next call can overwrite a half a peer is still reading.
 //!
@@ -34,9 +35,8 @@
 //!
 //! ## The direct algorithm (`mscclpp_collective_direct`)
 //! A bandwidth path for large messages: plain 16-byte stores of data into the peers' scratch,
-//! pipelined in *steps*, with a 64-bit flag word per (phase, half, block, source rank) that the
-//! writer stores (system-scope release) after its data. Kinds: all-reduce, all-gather and
-//! reduce-scatter (broadcast and all-to-all are not implemented: the kernels reject them).
+//! pipelined in *steps*, with a 64-bit flag word per (phase, buffer, block, source rank) that the
+//! writer stores (system-scope release) after its data. Every kind.
 //!
 //! **Scratch layout** (every rank's alike; `MB` = `max_blocks`, `S` = `slot_bytes`, `n` =
 //! `nranks`; see [`DirectCollectiveArgs::scratch_bytes`]):
@@ -44,17 +44,17 @@
 //! | offset | what |
 //! | --- | --- |
 //! | `0` | `seq[MB]`: one u64 sequence counter per block index, touched only by the owner |
-//! | `F = roundup(8 MB, 128)` | `flag[2 phase][2 half][MB block][MAX_RANKS src]`: u64 words written by the peers |
-//! | `D = F + 256 MB` | `slot[MB block][2 phase][2 half][n src]`: `S` data bytes each |
+//! | `F = roundup(8 MB, 128)` | `flag[2 phase][3 buffer][MB block][MAX_RANKS src]`: u64 words written by the peers |
+//! | `D = F + 384 MB` | `slot[MB block][2 phase][3 buffer][n src]`: `S` data bytes each |
 //!
 //! Everything is zero at set-up (before any peer can write into it) and never reset.
 //!
 //! **Sequences.** Block `b` (of a grid of `G <= MB` blocks, the same `G` on every rank) reads
-//! `base = seq[b]` at start; its `c`-th iteration uses sequence `q = base + 1 + c` and half
-//! `q % 2`; at the end it stores `seq[b] = base + iterations`. Since every rank makes the same
+//! `base = seq[b]` at start; its `c`-th iteration uses sequence `q = base + 1 + c` and buffer
+//! `q % 3`; at the end it stores `seq[b] = base + iterations`. Since every rank makes the same
 //! calls with the same grid, `seq[b]` agrees on all ranks; the counters only grow (CUDA-graph
 //! replays stay consistent; there is no grid-wide synchronisation and no separate flag counter).
-//! A *signal* (phase `f`, half `h`, sequence `q`) is: every thread of the block finishes its
+//! A *signal* (phase `f`, buffer `h`, sequence `q`) is: every thread of the block finishes its
 //! stores, then one thread fences (system scope) and stores `q` into `flag[f][h][b][rank]` of
 //! every peer. A *wait* is: one thread per peer polls its own `flag[f][h][b][p]` until it is
 //! `>= q` (acquire), then the block synchronises.
@@ -62,9 +62,10 @@
 //! **Steps.** `B = count * size_of(dtype)`, `C = chunk_bytes` (a multiple of 16, at most `S`).
 //! All-reduce: step `s` covers buffer bytes `[s n C, s n C + L)`, `L = min(n C, B - s n C)`,
 //! split into `n` pieces of `P = min(C, roundup(ceil(L / n), 16))` bytes (piece `j` is
-//! `[j P, min((j + 1) P, L))`, possibly empty). All-gather and reduce-scatter: step `s` covers
-//! bytes `[s C, s C + L)` of each rank block, `L = min(C, B - s C)`. Block `b` takes the steps
-//! `b, b + G, b + 2 G, ...` (its `c`-th iteration is step `b + c G`).
+//! `[j P, min((j + 1) P, L))`, possibly empty). The other kinds: step `s` covers bytes
+//! `[s C, s C + L)` of each rank block (of the root's buffer for broadcast),
+//! `L = min(C, B - s C)`. Block `b` takes the steps `b, b + G, b + 2 G, ...` (its `c`-th
+//! iteration is step `b + c G`).
 //!
 //! **All-reduce** (phase 0 = reduce-scatter slots, phase 1 = all-gather slots), iteration `c`:
 //! 1. (`c = 0` only) push: piece `j` of the step's input into `slot[b][0][h][rank]` of peer `j`;
@@ -72,28 +73,42 @@
 //! 2. wait (0, h, q); reduce piece `rank`: the combination, in rank order, of every rank's piece
 //!    (own from the input, the others from the own phase-0 slots); store it into the output and
 //!    into `slot[b][1][h][rank]` of every peer; signal (1, h, q).
-//! 3. if there is a next iteration: its push (step 1 with `q + 1`, the other half) and signal —
+//! 3. if there is a next iteration: its push (step 1 with `q + 1`, the next buffer) and signal —
 //!    the look-ahead that overlaps the next step's transfer with this step's last handshake.
 //! 4. wait (1, h, q); copy the peers' pieces from the own phase-1 slots into the output.
 //!
-//! **All-gather**, iteration `c`: push the step of the input into `slot[b][0][h][rank]` of every
-//! peer (and into output block `rank`); signal (0, h, q); wait (0, h, q); copy every peer's slot
-//! into its output block. **Reduce-scatter**: push step `s` of input block `j` into peer `j`'s
-//! `slot[b][0][h][rank]`; signal; wait; reduce (rank order, own block from the input) into the
-//! output.
+//! **The one-phase kinds** (phase 0 only), iteration `c` with step `s`, sequence `q`, buffer
+//! `h = q % 3`:
+//! 1. (`c = 0` only) push step `s` with `q` (below) and signal (0, h, q);
+//! 2. wait (0, h, q);
+//! 3. if there is a next iteration: push step `s + G` with `q + 1` into buffer `(q + 1) % 3` and
+//!    signal (0, (q + 1) % 3, q + 1) — the look-ahead that keeps the links busy while this
+//!    iteration consumes;
+//! 4. consume step `s` from the own buffer-`h` slots.
 //!
-//! **Why two halves suffice.** A rank writes a half of a peer's slot (or its flag) for sequence
-//! `q + 2` only after it saw a signal that the peer gave after reading that half for sequence
-//! `q`: all-reduce — the phase-0 write of `q + 2` follows the wait (1, q + 1) and the peer signals
-//! (1, q + 1) after reducing `q + 1` (and `q`); the phase-1 write of `q + 2` follows the wait
-//! (0, q + 2), which the peer signals after copying `q + 1`'s and `q`'s phase-1 slots. All-gather
-//! and reduce-scatter — the write of `q + 2` follows the wait (0, q + 1), which the peer signals
-//! after consuming `q`. The same holds across calls of any of the three kinds, since the
-//! sequences of a block continue from call to call.
+//! | kind | push (into `slot[b][0][h][rank]` of peer `j`) | consume |
+//! | --- | --- | --- |
+//! | all-gather | the step of the input (also into output block `rank`) | slot of `p` into output block `p` |
+//! | reduce-scatter | the step of input block `j` | reduce (rank order, own block from the input) into the output |
+//! | broadcast | root: the step of its input (also into its output); others: nothing | non-roots: the root's slot into the output |
+//! | all-to-all | the step of input block `j` (and input block `rank` into output block `rank`) | slot of `p` into output block `p` |
+//!
+//! Every rank signals in step 1/3 even when it pushed nothing (broadcast's non-roots): the
+//! signal also tells the peer that the sender consumed everything up to sequence `q - 2`.
+//!
+//! **Why three buffers suffice.** A rank writes buffer `h` of a peer's slot (or its flag) for
+//! sequence `q + 3` only after it saw a signal that the peer gave after consuming sequence `q`
+//! from that buffer: one-phase kinds — the write of `q + 3` follows the wait (0, q + 2), which the
+//! peer signals (its step 3 of iteration `q + 1`, or step 1) after its step 4 of `q`; all-reduce —
+//! the phase-0 write of `q + 1` follows the wait (0, q), given after the peer reduced `q - 1`;
+//! the phase-1 write of `q` follows the wait (0, q), given after the peer copied `q - 2`'s
+//! phase-1 slots. The same holds across calls of any kinds, since the sequences of a block
+//! continue from call to call and every kind keeps these orders.
 //!
 //! **In place.** All-reduce (`input == output`): a piece's input is read (push, or the reduction
 //! of the own piece by the same thread) before its output is written. All-gather (`input ==`
-//! output block `rank`) and reduce-scatter (`output ==` input block `rank`) likewise.
+//! output block `rank`) and reduce-scatter (`output ==` input block `rank`) likewise; broadcast's
+//! non-roots never read their input; all-to-all is never in place.
 //!
 //! **Rounding.** The GPU kernels accumulate 16-bit floats in f32 and round once per element; the
 //! host kernel rounds after every combination (as the LL host kernel does): results agree
@@ -280,6 +295,9 @@ impl DirectCollectiveArgs {
     /// Smallest chunk [`DirectCollectiveArgs::plan`] picks (unless `slot_bytes` is smaller).
     pub const MIN_CHUNK_BYTES: u64 = 4096;
 
+    /// Slot and flag buffers per (phase, block): sequence `q` uses buffer `q % 3`.
+    pub const BUFFERS: u64 = 3;
+
     /// Offset of the flag words in a scratch laid out for `max_blocks`.
     pub fn flags_offset(max_blocks: u32) -> u64 {
         (8 * u64::from(max_blocks)).div_ceil(128) * 128
@@ -287,27 +305,35 @@ impl DirectCollectiveArgs {
 
     /// Offset of the data slots in a scratch laid out for `max_blocks`.
     pub fn data_offset(max_blocks: u32) -> u64 {
-        Self::flags_offset(max_blocks) + 256 * u64::from(max_blocks)
+        Self::flags_offset(max_blocks)
+            + 2 * Self::BUFFERS * MAX_RANKS as u64 * 8 * u64::from(max_blocks)
     }
 
-    /// Scratch bytes a rank needs: `roundup(8 MB, 128) + 256 MB + 4 MB n S`.
+    /// Scratch bytes a rank needs: `roundup(8 MB, 128) + 384 MB + 6 MB n S`.
     pub fn scratch_bytes(slot_bytes: u64, nranks: u32, max_blocks: u32) -> u64 {
-        Self::data_offset(max_blocks) + 4 * u64::from(max_blocks) * u64::from(nranks) * slot_bytes
+        Self::data_offset(max_blocks)
+            + 2 * Self::BUFFERS * u64::from(max_blocks) * u64::from(nranks) * slot_bytes
     }
 
-    /// Offset, in any rank's scratch, of the flag word (`phase` 0/1, `half` 0/1) that `src`
+    /// The buffer (0..3) of sequence `seq`.
+    pub fn buffer_of(seq: u64) -> u64 {
+        seq % Self::BUFFERS
+    }
+
+    /// Offset, in any rank's scratch, of the flag word (`phase` 0/1, `buffer` 0..3) that `src`
     /// writes for block `block`.
-    pub fn flag_offset(&self, phase: u64, half: u64, block: u64, src: u64) -> u64 {
+    pub fn flag_offset(&self, phase: u64, buffer: u64, block: u64, src: u64) -> u64 {
         let mb = u64::from(self.max_blocks);
         Self::flags_offset(self.max_blocks)
-            + (((phase * 2 + half) * mb + block) * MAX_RANKS as u64 + src) * 8
+            + (((phase * Self::BUFFERS + buffer) * mb + block) * MAX_RANKS as u64 + src) * 8
     }
 
-    /// Offset, in any rank's scratch, of the data slot (`phase`, `half`) that `src` writes for
+    /// Offset, in any rank's scratch, of the data slot (`phase`, `buffer`) that `src` writes for
     /// block `block`.
-    pub fn slot_offset(&self, phase: u64, half: u64, block: u64, src: u64) -> u64 {
+    pub fn slot_offset(&self, phase: u64, buffer: u64, block: u64, src: u64) -> u64 {
         Self::data_offset(self.max_blocks)
-            + (((block * 2 + phase) * 2 + half) * u64::from(self.nranks) + src) * self.slot_bytes
+            + (((block * 2 + phase) * Self::BUFFERS + buffer) * u64::from(self.nranks) + src)
+                * self.slot_bytes
     }
 
     /// Grid blocks and chunk bytes for a call that moves `block_bytes` per rank block

@@ -18,14 +18,18 @@
 // round k + 1 only after all its threads have read round k, which is what makes round k + 2
 // reusing the half of round k safe whatever the grid shapes of the ranks. Broadcast's root,
 // which reads nothing, waits instead for an acknowledgement packet of each round from every other
-// rank (in that rank's slot of the root's scratch, the round's half and flag), which the last of
-// that rank's blocks to finish reading the round writes. After its last round each block counts
-// itself in and the last one advances the flag counter by the number of rounds: no block waits
-// for the others at the end (the next call on the stream starts after every block has ended).
+// rank: block b of that rank writes packet b of that rank's slot in the root's scratch (the
+// round's half and flag) once all its threads have read the round (ranks launch the same grid).
+//
+// The flag counter: each block reads it once at its start; every block but block 0 then counts
+// itself in (a fire-and-forget add); block 0 waits for that count (while its first packets travel)
+// and, once it has finished, stores the counter advanced by the number of rounds. No block waits
+// for the others at the end, and no round trip to memory sits on the last block's path (the next
+// call on the stream starts after every block has ended).
 //
 // The per-communicator state at `flag` (hal: LL_STATE_BYTES, zeroed at creation, never reset)
-// holds the counter, the arrival counts and the grid barrier, so that communicators sharing a
-// device never share them.
+// holds the counter, the start count and the grid barrier, so that communicators sharing a device
+// never share them.
 #include "mscclpp/core.cuh"
 #include "mscclpp/device_syncer.cuh"
 #include "mscclpp/memory_channel.cuh"  // Bytes16
@@ -39,8 +43,8 @@ namespace mscclpp {
 // The per-communicator state the `flag` argument points at.
 struct LlState {
   uint64_t counter;     // flag of the previous call's last round
-  uint32_t arrived;     // blocks done with the call (wraps to 0 with the last)
-  uint32_t ackArrived;  // broadcast, non-root: blocks done reading the round (wraps likewise)
+  uint32_t started;     // blocks other than block 0 that have read the counter (block 0 resets it)
+  uint32_t unused;
   DeviceSyncer syncer;  // between rounds
 };
 static_assert(sizeof(LlState) <= 64, "LlState must fit hal::collective::LL_STATE_BYTES");
@@ -124,6 +128,14 @@ MSCCLPP_DEVICE_INLINE LlRound llRound(const LlCall& c, uint64_t k) {
   r.pieceBytes = (uint32_t)(left < c.roundBytes ? left : c.roundBytes);
   r.npackets = (r.pieceBytes + 7) / 8;
   return r;
+}
+
+// Block 0, once per call after its first sends: waits until every other block has read the counter
+// (so that block 0 may advance it when it ends) and resets the count for the next call.
+MSCCLPP_DEVICE_INLINE void awaitStarts(LlState* st, uint64_t k) {
+  if (k != 0 || blockIdx.x != 0 || threadIdx.x != 0 || gridDim.x == 1) return;
+  spinUntil([&] { return loadRelaxedDevice(&st->started) == gridDim.x - 1; });
+  storeRelaxedDevice(&st->started, 0u);
 }
 
 // The `q`-th peer (q < nranks - 1) of `rank`, staggered so that ranks start on different peers.
@@ -229,6 +241,7 @@ MSCCLPP_DEVICE_INLINE void llReduce(const LlCollectiveArgs& a, LlState* st, cons
       // before the same thread overwrites it (there).
       for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) sendSame(a, c, r, c.input + r.pieceOff, i);
     }
+    awaitStarts(st, k);
     const char* ownPiece = ownBlock + r.pieceOff;
     char* outPiece = c.output + r.pieceOff;
     switch (a.dtype) {
@@ -261,6 +274,7 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const 
     } else if (kind == kCollAllGather || isRoot) {
       for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) sendSame(a, c, r, c.input + r.pieceOff, i);
     }
+    awaitStarts(st, k);
     // The own contribution, once, while the first packets travel.
     if (k == 0) {
       if (kind == kCollAllGather) {
@@ -289,20 +303,20 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const 
     if (kind == kCollBroadcast) {
       // The root receives nothing, so nothing else would stop it from running two rounds (or
       // calls) ahead and overwriting a half that a peer still reads: every other rank
-      // acknowledges each round once all its threads have read it (an empty packet with the
-      // round's flag in its own slot of the root's scratch, written by the last of its blocks to
-      // finish reading), and the root waits for them.
+      // acknowledges each round once all its threads have read it: block b writes an empty packet
+      // with the round's flag as packet b of its own slot in the root's scratch (the grid has at
+      // most one block per packet of a slot), and the root's threads wait for all of them.
       const uint64_t ackOff = r.half;
       if (!isRoot) {
         __syncthreads();
-        if (threadIdx.x == 0 && fetchIncWrapAcqRelDevice(&st->ackArrived, gridDim.x - 1) == gridDim.x - 1) {
-          ((LL16Packet*)(a.peer_scratch[a.root] + ackOff + c.rank * c.slotBytes))->write(0, r.flag);
+        if (threadIdx.x == 0) {
+          ((LL16Packet*)(a.peer_scratch[a.root] + ackOff + c.rank * c.slotBytes + 16 * (uint64_t)blockIdx.x))
+              ->write(0, r.flag);
         }
-      } else if (c.tid == 0) {
-#pragma unroll 1
-        for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
-          const uint32_t p = peerOf(c.rank, c.nranks, q);
-          ((const LL16Packet*)(c.scratch + ackOff + p * c.slotBytes))->read(r.flag);
+      } else {
+        for (uint32_t j = c.tid; j < (c.nranks - 1) * gridDim.x; j += c.nthreads) {
+          const uint32_t p = peerOf(c.rank, c.nranks, j / gridDim.x);
+          ((const LL16Packet*)(c.scratch + ackOff + p * c.slotBytes + 16 * (uint64_t)(j % gridDim.x)))->read(r.flag);
         }
       }
     }
@@ -318,7 +332,11 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const 
 extern "C" __global__ void mscclpp_collective_ll(mscclpp::LlCollectiveArgs a) {
   mscclpp::LlCall c;
   mscclpp::LlState* st = (mscclpp::LlState*)a.flag;
-  c.base = st->counter;
+  __shared__ mscclpp::uint64_t base;
+  if (threadIdx.x == 0) base = st->counter;
+  __syncthreads();
+  c.base = base;
+  if (threadIdx.x == 0 && blockIdx.x != 0) mscclpp::addRelaxedDevice(&st->started, 1u);
   c.esize = mscclpp::dataTypeSize(a.dtype);
   if (c.esize == 0 || a.nranks < 2 || a.nranks > mscclpp::kCollectiveMaxRanks || a.rank >= a.nranks ||
       a.kind > mscclpp::kCollAllToAll || (a.kind == mscclpp::kCollBroadcast && a.root >= a.nranks)) {
@@ -348,11 +366,11 @@ extern "C" __global__ void mscclpp_collective_ll(mscclpp::LlCollectiveArgs a) {
     mscclpp::llCopy(a, st, c, a.kind);
   }
 
-  // Every thread of this block has read the counter and finished its last round; the last block
-  // to count itself in (every other block has read the counter by then) advances it.
-  __syncthreads();
-  if (threadIdx.x == 0 &&
-      mscclpp::fetchIncWrapAcqRelDevice(&st->arrived, gridDim.x - 1) == gridDim.x - 1) {
-    st->counter = c.base + c.rounds;
+  // Every block has read the counter (awaitStarts) and every thread of block 0 has finished its
+  // last round: advance the counter.
+  if (blockIdx.x == 0) {
+    if (c.rounds == 0) mscclpp::awaitStarts(st, 0);
+    __syncthreads();
+    if (threadIdx.x == 0) st->counter = c.base + c.rounds;
   }
 }

@@ -1,6 +1,5 @@
-// The direct algorithm of all-reduce, all-gather and reduce-scatter (hal/src/collective.rs is the
-// specification: the argument struct, the scratch layout, the sequences, the steps and why two
-// halves suffice). Vendor-neutral: the same text is compiled by NVRTC and (as
+// The direct algorithm of every collective (hal/src/collective.rs is the specification: the
+// argument struct, the scratch layout, the sequences, the steps and why three buffers suffice). Vendor-neutral: the same text is compiled by NVRTC and (as
 // kernels/hip/collectives_direct.hip) by hipRTC.
 //
 // Data moves in 16-byte units with plain stores into the peers' scratch; the threads of a block
@@ -19,6 +18,12 @@ namespace mscclpp {
 constexpr uint32_t kDirectAllReduce = 0;
 constexpr uint32_t kDirectAllGather = 1;
 constexpr uint32_t kDirectReduceScatter = 2;
+constexpr uint32_t kDirectBroadcast = 3;
+constexpr uint32_t kDirectAllToAll = 4;
+
+// Slot and flag buffers per (phase, block): sequence q uses buffer q % 3.
+constexpr uint32_t kDirectBuffers = 3;
+MSCCLPP_DEVICE_INLINE uint32_t bufferOf(uint64_t seq) { return (uint32_t)(seq % kDirectBuffers); }
 
 // 16 bytes as two words (the lower address in `lo`).
 struct Unit {
@@ -90,10 +95,10 @@ struct DirectCall {
 };
 
 MSCCLPP_DEVICE_INLINE uint64_t flagOffset(const DirectCall& c, uint32_t phase, uint32_t half, uint32_t src) {
-  return c.flagsOff + ((((uint64_t)phase * 2 + half) * c.maxBlocks + c.block) * kCollectiveMaxRanks + src) * 8;
+  return c.flagsOff + ((((uint64_t)phase * kDirectBuffers + half) * c.maxBlocks + c.block) * kCollectiveMaxRanks + src) * 8;
 }
 MSCCLPP_DEVICE_INLINE uint64_t slotOffset(const DirectCall& c, uint32_t phase, uint32_t half, uint32_t src) {
-  return c.dataOff + ((((uint64_t)c.block * 2 + phase) * 2 + half) * c.nranks + src) * c.slotBytes;
+  return c.dataOff + ((((uint64_t)c.block * 2 + phase) * kDirectBuffers + half) * c.nranks + src) * c.slotBytes;
 }
 
 // Every thread's stores of the block are done; one thread publishes `seq` to every peer.
@@ -235,7 +240,7 @@ MSCCLPP_DEVICE_INLINE uint64_t pieceBytes(const ArStep& t, uint32_t j) {
 // All-reduce phase 0 of step `s`: piece j of the input to peer j; then the signal.
 MSCCLPP_DEVICE_INLINE void arPush(const DirectCollectiveArgs& a, const DirectCall& c, uint64_t s, uint64_t seq) {
   const ArStep t = arStep(c, s);
-  const uint32_t h = (uint32_t)(seq & 1);
+  const uint32_t h = bufferOf(seq);
   const uint64_t slotOff = slotOffset(c, 0, h, c.rank);
 #pragma unroll 1
   for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
@@ -251,7 +256,7 @@ MSCCLPP_DEVICE_INLINE void allReduce(const DirectCollectiveArgs& a, const Direct
   for (uint64_t k = 0; k < iters; ++k) {
     const uint64_t s = c.block + k * G;
     const uint64_t seq = base + 1 + k;
-    const uint32_t h = (uint32_t)(seq & 1);
+    const uint32_t h = bufferOf(seq);
     const ArStep t = arStep(c, s);
     if (k == 0) arPush(a, c, s, seq);
     directWait(c, 0, h, seq);
@@ -271,20 +276,26 @@ MSCCLPP_DEVICE_INLINE void allReduce(const DirectCollectiveArgs& a, const Direct
   }
 }
 
-MSCCLPP_DEVICE_INLINE void allGather(const DirectCollectiveArgs& a, const DirectCall& c, uint64_t base,
-                                     uint64_t iters) {
-  const uint64_t G = gridDim.x;
-  char* ownOut = c.output + c.rank * c.blockBytes;
-  const bool inPlace = ownOut == c.input;
-  for (uint64_t k = 0; k < iters; ++k) {
-    const uint64_t s = c.block + k * G;
-    const uint64_t seq = base + 1 + k;
-    const uint32_t h = (uint32_t)(seq & 1);
-    const uint64_t off = s * c.chunk;
-    const uint64_t left = c.blockBytes - off;
-    const uint64_t len = left < c.chunk ? left : c.chunk;
-    // The same data to every peer, and into the own output block.
-    const uint64_t slotOff = slotOffset(c, 0, h, c.rank);
+// Bytes of step `s` of a rank block (all-gather, reduce-scatter, broadcast, all-to-all).
+MSCCLPP_DEVICE_INLINE uint64_t stepLen(const DirectCall& c, uint64_t s) {
+  const uint64_t off = s * c.chunk;
+  const uint64_t left = c.blockBytes - off;
+  return left < c.chunk ? left : c.chunk;
+}
+
+// Phase 0 of step `s` with sequence `seq` for the one-phase kinds: this rank's data into the
+// peers' slots (and its own part of the output), then the signal (every rank signals, even one
+// that sent nothing: the signal also says "I have consumed what you sent two sequences ago").
+MSCCLPP_DEVICE_INLINE void onePhasePush(const DirectCollectiveArgs& a, const DirectCall& c, uint32_t kind, uint64_t s,
+                                        uint64_t seq) {
+  const uint32_t h = bufferOf(seq);
+  const uint64_t off = s * c.chunk;
+  const uint64_t len = stepLen(c, s);
+  const uint64_t slotOff = slotOffset(c, 0, h, c.rank);
+  if (kind == kDirectAllGather || (kind == kDirectBroadcast && c.rank == a.root)) {
+    // The same data to every peer, and into the own output.
+    char* ownOut = kind == kDirectAllGather ? c.output + c.rank * c.blockBytes : c.output;
+    const bool inPlace = ownOut == c.input;
     const uint64_t units = (len + 15) / 16;
     for (uint64_t i = threadIdx.x; i < units; i += blockDim.x) {
       const uint32_t nb = unitBytes(len, i);
@@ -296,42 +307,58 @@ MSCCLPP_DEVICE_INLINE void allGather(const DirectCollectiveArgs& a, const Direct
       }
       if (!inPlace) storeUnit(ownOut + off + 16 * i, v, nb);
     }
-    directSignal(a, c, 0, h, seq);
-    directWait(c, 0, h, seq);
-#pragma unroll 1
-    for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
-      const uint32_t p = directPeerOf(c.rank, c.nranks, q);
-      pullPiece(c, slotOffset(c, 0, h, p), c.output + p * c.blockBytes + off, len);
-    }
-  }
-}
-
-MSCCLPP_DEVICE_INLINE void reduceScatter(const DirectCollectiveArgs& a, const DirectCall& c, uint64_t base,
-                                         uint64_t iters) {
-  const uint64_t G = gridDim.x;
-  for (uint64_t k = 0; k < iters; ++k) {
-    const uint64_t s = c.block + k * G;
-    const uint64_t seq = base + 1 + k;
-    const uint32_t h = (uint32_t)(seq & 1);
-    const uint64_t off = s * c.chunk;
-    const uint64_t left = c.blockBytes - off;
-    const uint64_t len = left < c.chunk ? left : c.chunk;
-    const uint64_t slotOff = slotOffset(c, 0, h, c.rank);
+  } else if (kind == kDirectReduceScatter || kind == kDirectAllToAll) {
+    // Block p of the input to peer p.
 #pragma unroll 1
     for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
       const uint32_t p = directPeerOf(c.rank, c.nranks, q);
       pushPiece(a, p, slotOff, c.input + p * c.blockBytes + off, len);
     }
-    directSignal(a, c, 0, h, seq);
+    if (kind == kDirectAllToAll) {
+      const char* src = c.input + c.rank * c.blockBytes + off;
+      char* dst = c.output + c.rank * c.blockBytes + off;
+      const uint64_t units = (len + 15) / 16;
+      for (uint64_t i = threadIdx.x; i < units; i += blockDim.x) {
+        const uint32_t nb = unitBytes(len, i);
+        storeUnit(dst + 16 * i, loadUnit(src + 16 * i, nb), nb);
+      }
+    }
+  }
+  directSignal(a, c, 0, h, seq);
+}
+
+// All-gather, reduce-scatter, broadcast and all-to-all: iteration k pushes step k + 1 ahead (into
+// the third buffer) before consuming step k, so that the links stay busy while it consumes.
+MSCCLPP_DEVICE_INLINE void onePhase(const DirectCollectiveArgs& a, const DirectCall& c, uint32_t kind, uint64_t base,
+                                    uint64_t iters) {
+  const uint64_t G = gridDim.x;
+  for (uint64_t k = 0; k < iters; ++k) {
+    const uint64_t s = c.block + k * G;
+    const uint64_t seq = base + 1 + k;
+    const uint32_t h = bufferOf(seq);
+    if (k == 0) onePhasePush(a, c, kind, s, seq);
     directWait(c, 0, h, seq);
-    reducePieceAny(a, c, c.input + c.rank * c.blockBytes + off, c.scratch + slotOffset(c, 0, h, 0), c.output + off,
-                   ~(uint64_t)0, len);
+    if (k + 1 < iters) onePhasePush(a, c, kind, s + G, seq + 1);
+    const uint64_t off = s * c.chunk;
+    const uint64_t len = stepLen(c, s);
+    if (kind == kDirectReduceScatter) {
+      reducePieceAny(a, c, c.input + c.rank * c.blockBytes + off, c.scratch + slotOffset(c, 0, h, 0), c.output + off,
+                     ~(uint64_t)0, len);
+    } else if (kind == kDirectBroadcast) {
+      if (c.rank != a.root) pullPiece(c, slotOffset(c, 0, h, a.root), c.output + off, len);
+    } else {
+#pragma unroll 1
+      for (uint32_t q = 0; q + 1 < c.nranks; ++q) {
+        const uint32_t p = directPeerOf(c.rank, c.nranks, q);
+        pullPiece(c, slotOffset(c, 0, h, p), c.output + p * c.blockBytes + off, len);
+      }
+    }
   }
 }
 
 }  // namespace mscclpp
 
-// All-reduce, all-gather and reduce-scatter by the direct algorithm (hal/src/collective.rs).
+// Every collective by the direct algorithm (hal/src/collective.rs).
 // Launch with a one-dimensional grid of at most `max_blocks` blocks, all resident at once (block
 // b waits for block b of the peers: a block left unscheduled on one rank could stall the others),
 // at least `nranks` threads per block, and the same grid, kind, count, dtype, op, chunk_bytes,
@@ -340,7 +367,8 @@ extern "C" __global__ void mscclpp_collective_direct(mscclpp::DirectCollectiveAr
   mscclpp::DirectCall c;
   const mscclpp::uint32_t esize = mscclpp::dataTypeSize(a.dtype);
   if (esize == 0 || a.nranks < 2 || a.nranks > mscclpp::kCollectiveMaxRanks || a.rank >= a.nranks ||
-      a.kind > mscclpp::kDirectReduceScatter || gridDim.x > a.max_blocks || a.chunk_bytes == 0 ||
+      a.kind > mscclpp::kDirectAllToAll || (a.kind == mscclpp::kDirectBroadcast && a.root >= a.nranks) ||
+      gridDim.x > a.max_blocks || a.chunk_bytes == 0 ||
       (a.chunk_bytes & 15) != 0 || (a.slot_bytes & 15) != 0 || a.chunk_bytes > a.slot_bytes ||
       blockDim.x < a.nranks) {
     mscclpp::deviceTrap();
@@ -350,7 +378,7 @@ extern "C" __global__ void mscclpp_collective_direct(mscclpp::DirectCollectiveAr
   c.blockBytes = a.count * esize;
   c.chunk = a.chunk_bytes;
   c.flagsOff = (8ull * a.max_blocks + 127) / 128 * 128;
-  c.dataOff = c.flagsOff + 256ull * a.max_blocks;
+  c.dataOff = c.flagsOff + 2ull * mscclpp::kDirectBuffers * mscclpp::kCollectiveMaxRanks * 8 * a.max_blocks;
   c.slotBytes = a.slot_bytes;
   c.scratch = a.scratch;
   c.maxBlocks = a.max_blocks;
@@ -367,10 +395,8 @@ extern "C" __global__ void mscclpp_collective_direct(mscclpp::DirectCollectiveAr
 
   if (a.kind == mscclpp::kDirectAllReduce) {
     mscclpp::allReduce(a, c, base, iters);
-  } else if (a.kind == mscclpp::kDirectAllGather) {
-    mscclpp::allGather(a, c, base, iters);
   } else {
-    mscclpp::reduceScatter(a, c, base, iters);
+    mscclpp::onePhase(a, c, a.kind, base, iters);
   }
 
   // Every thread of the block has read the counter: advance it.

@@ -221,11 +221,13 @@ fn run(n: usize, slot: u64, counts: &str) -> Result<(), Failed> {
     run_env(n, slot, counts, &[])
 }
 
-/// Forces the direct algorithm wherever it serves.
+/// Forces the direct algorithm for every collective.
 const DIRECT: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_ALLREDUCE", "direct"),
     ("MSCCLPP_ALGO_ALLGATHER", "direct"),
     ("MSCCLPP_ALGO_REDUCESCATTER", "direct"),
+    ("MSCCLPP_ALGO_BROADCAST", "direct"),
+    ("MSCCLPP_ALGO_ALLTOALL", "direct"),
 ];
 
 fn run_env(n: usize, slot: u64, counts: &str, extra: &[(&str, &str)]) -> Result<(), Failed> {

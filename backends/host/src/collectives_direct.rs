@@ -1,5 +1,5 @@
-//! The host backend's `mscclpp_collective_direct`: all-reduce, all-gather and reduce-scatter by
-//! plain copies into the peers' scratch and per-block flag words, exactly as `hal::collective`
+//! The host backend's `mscclpp_collective_direct`: every collective by plain copies into the
+//! peers' scratch and per-block flag words, exactly as `hal::collective`
 //! specifies (and as `kernels/{cuda,hip}/collectives_direct.*` do).
 //!
 //! One worker does everything: it runs the grid's blocks one after the other (blocks are
@@ -19,16 +19,13 @@ fn check(a: &DirectCollectiveArgs, blocks: u64) -> Result<(CollectiveKind, DataT
     let kind = CollectiveKind::from_code(a.kind)?;
     let dtype = DataType::from_code(a.dtype)?;
     let op = ReduceOp::from_code(a.op)?;
-    if !matches!(
-        kind,
-        CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter
-    ) {
+    let n = a.nranks as usize;
+    if kind == CollectiveKind::Broadcast && a.root >= a.nranks {
         return Err(Error::invalid(format!(
-            "the direct collective algorithm has no {}",
-            kind.name()
+            "broadcast from root {} of {} ranks",
+            a.root, a.nranks
         )));
     }
-    let n = a.nranks as usize;
     if !(2..=MAX_RANKS).contains(&n) || a.rank >= a.nranks {
         return Err(Error::invalid(format!(
             "collective with rank {} of {} ranks (2..={MAX_RANKS} ranks supported)",
@@ -143,18 +140,18 @@ impl Call<'_> {
         (1..self.n).map(move |q| (self.rank + q) % self.n)
     }
 
-    fn signal(&self, phase: u64, half: u64, seq: u64) {
+    fn signal(&self, phase: u64, buffer: u64, seq: u64) {
         let off = self
             .a
-            .flag_offset(phase, half, self.block, self.rank as u64);
+            .flag_offset(phase, buffer, self.block, self.rank as u64);
         for p in self.peers() {
             word(self.a.peer_scratch[p], off).store(seq, Ordering::Release);
         }
     }
 
-    fn wait(&self, phase: u64, half: u64, seq: u64) -> Result<()> {
+    fn wait(&self, phase: u64, buffer: u64, seq: u64) -> Result<()> {
         for p in self.peers() {
-            let off = self.a.flag_offset(phase, half, self.block, p as u64);
+            let off = self.a.flag_offset(phase, buffer, self.block, p as u64);
             wait_ge(word(self.a.scratch, off), seq, || {
                 format!(
                     "direct collective: rank {}'s signal {seq} (phase {phase}, block {}) on rank {}",
@@ -166,12 +163,12 @@ impl Call<'_> {
     }
 
     /// The reduction, in rank order, of `len` bytes: own data at `own`, the others' in this
-    /// rank's phase-0 slots of `half`; into `out` and, when `fwd` is given, into that
+    /// rank's phase-0 slots of `buffer`; into `out` and, when `fwd` is given, into that
     /// slot offset of every peer.
     ///
     /// # Safety
     /// `own` and `out` must be valid for `len` bytes (the same address or disjoint).
-    unsafe fn reduce(&self, own: u64, half: u64, out: u64, fwd: Option<u64>, len: u64) {
+    unsafe fn reduce(&self, own: u64, buffer: u64, out: u64, fwd: Option<u64>, len: u64) {
         for w in 0..len.div_ceil(8) {
             let nb = (len - 8 * w).min(8);
             let mut acc = 0u64;
@@ -180,7 +177,7 @@ impl Call<'_> {
                     // SAFETY: within the own data (caller's contract).
                     unsafe { load(own + 8 * w, nb) }
                 } else {
-                    let slot = self.a.scratch + self.a.slot_offset(0, half, self.block, p as u64);
+                    let slot = self.a.scratch + self.a.slot_offset(0, buffer, self.block, p as u64);
                     // SAFETY: within the slot (`len <= chunk <= slot_bytes`).
                     unsafe { load(slot + 8 * w, nb) }
                 };
@@ -224,7 +221,7 @@ impl Call<'_> {
 
     fn ar_push(&self, s: u64, seq: u64) {
         let (off, len, piece) = self.ar_step(s);
-        let h = seq % 2;
+        let h = DirectCollectiveArgs::buffer_of(seq);
         let slot = self.a.slot_offset(0, h, self.block, self.rank as u64);
         for p in self.peers() {
             let b = Self::piece_bytes(len, piece, p);
@@ -244,7 +241,7 @@ impl Call<'_> {
         for k in 0..iters {
             let s = self.block + k * self.blocks;
             let seq = base + 1 + k;
-            let h = seq % 2;
+            let h = DirectCollectiveArgs::buffer_of(seq);
             let (off, len, piece) = self.ar_step(s);
             if k == 0 {
                 self.ar_push(s, seq);
@@ -275,46 +272,84 @@ impl Call<'_> {
         (off, self.a.chunk_bytes.min(self.bytes - off))
     }
 
-    fn all_gather(&self, base: u64, iters: u64) -> Result<()> {
-        let own_out = self.a.output + self.rank as u64 * self.bytes;
-        for k in 0..iters {
-            let seq = base + 1 + k;
-            let h = seq % 2;
-            let (off, len) = self.step(k);
-            let slot = self.a.slot_offset(0, h, self.block, self.rank as u64);
-            for p in self.peers() {
-                // SAFETY: the step of the input; the peer's slot holds `chunk`.
-                unsafe { copy(self.a.peer_scratch[p] + slot, self.a.input + off, len) };
+    /// Step `k` of the one-phase kinds: its push (and the own part of the output), then the
+    /// signal — which every rank gives, even one that sent nothing (see `hal::collective`).
+    fn one_phase_push(&self, kind: CollectiveKind, k: u64, seq: u64) {
+        let h = DirectCollectiveArgs::buffer_of(seq);
+        let (off, len) = self.step(k);
+        let slot = self.a.slot_offset(0, h, self.block, self.rank as u64);
+        let root = self.rank as u32 == self.a.root;
+        match kind {
+            CollectiveKind::AllGather | CollectiveKind::Broadcast
+                if kind == CollectiveKind::AllGather || root =>
+            {
+                for p in self.peers() {
+                    // SAFETY: the step of the input; the peer's slot holds `chunk`.
+                    unsafe { copy(self.a.peer_scratch[p] + slot, self.a.input + off, len) };
+                }
+                let own_out = if kind == CollectiveKind::AllGather {
+                    self.a.output + self.rank as u64 * self.bytes
+                } else {
+                    self.a.output
+                };
+                // SAFETY: the own output block (the input itself in place: then no copy).
+                unsafe { copy(own_out + off, self.a.input + off, len) };
             }
-            // SAFETY: output block `rank` (the input itself in place: then no copy).
-            unsafe { copy(own_out + off, self.a.input + off, len) };
-            self.signal(0, h, seq);
-            self.wait(0, h, seq)?;
-            for p in self.peers() {
-                let src = self.a.scratch + self.a.slot_offset(0, h, self.block, p as u64);
-                // SAFETY: output block `p`; this rank's slot of `p`.
-                unsafe { copy(self.a.output + p as u64 * self.bytes + off, src, len) };
+            CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
+                for p in self.peers() {
+                    let src = self.a.input + p as u64 * self.bytes + off;
+                    // SAFETY: the step of input block `p`; the peer's slot holds `chunk`.
+                    unsafe { copy(self.a.peer_scratch[p] + slot, src, len) };
+                }
+                if kind == CollectiveKind::AllToAll {
+                    let own = self.rank as u64 * self.bytes + off;
+                    // SAFETY: the step of input and output block `rank` (never overlapping).
+                    unsafe { copy(self.a.output + own, self.a.input + own, len) };
+                }
             }
+            _ => {}
         }
-        Ok(())
+        self.signal(0, h, seq);
     }
 
-    fn reduce_scatter(&self, base: u64, iters: u64) -> Result<()> {
+    /// All-gather, reduce-scatter, broadcast and all-to-all: the next step is pushed before this
+    /// one is consumed (three buffers make that safe).
+    fn one_phase(&self, kind: CollectiveKind, base: u64, iters: u64) -> Result<()> {
         for k in 0..iters {
             let seq = base + 1 + k;
-            let h = seq % 2;
-            let (off, len) = self.step(k);
-            let slot = self.a.slot_offset(0, h, self.block, self.rank as u64);
-            for p in self.peers() {
-                let src = self.a.input + p as u64 * self.bytes + off;
-                // SAFETY: the step of input block `p`; the peer's slot holds `chunk`.
-                unsafe { copy(self.a.peer_scratch[p] + slot, src, len) };
+            let h = DirectCollectiveArgs::buffer_of(seq);
+            if k == 0 {
+                self.one_phase_push(kind, k, seq);
             }
-            self.signal(0, h, seq);
             self.wait(0, h, seq)?;
-            let own = self.a.input + self.rank as u64 * self.bytes + off;
-            // SAFETY: the step of input block `rank` and of the output (equal in place).
-            unsafe { self.reduce(own, h, self.a.output + off, None, len) };
+            if k + 1 < iters {
+                self.one_phase_push(kind, k + 1, seq + 1);
+            }
+            let (off, len) = self.step(k);
+            let slot_of =
+                |p: usize| self.a.scratch + self.a.slot_offset(0, h, self.block, p as u64);
+            match kind {
+                CollectiveKind::ReduceScatter => {
+                    let own = self.a.input + self.rank as u64 * self.bytes + off;
+                    // SAFETY: the step of input block `rank` and of the output (equal in place).
+                    unsafe { self.reduce(own, h, self.a.output + off, None, len) };
+                }
+                CollectiveKind::Broadcast => {
+                    if self.rank as u32 != self.a.root {
+                        let src = slot_of(self.a.root as usize);
+                        // SAFETY: the step of the output; this rank's slot of the root.
+                        unsafe { copy(self.a.output + off, src, len) };
+                    }
+                }
+                _ => {
+                    for p in self.peers() {
+                        // SAFETY: output block `p`; this rank's slot of `p`.
+                        unsafe {
+                            copy(self.a.output + p as u64 * self.bytes + off, slot_of(p), len)
+                        };
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -348,8 +383,7 @@ pub fn collective_direct(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         };
         match kind {
             CollectiveKind::AllReduce => call.all_reduce(base, iters)?,
-            CollectiveKind::AllGather => call.all_gather(base, iters)?,
-            _ => call.reduce_scatter(base, iters)?,
+            _ => call.one_phase(kind, base, iters)?,
         }
         seq.store(base + iters, Ordering::Release);
     }
@@ -378,6 +412,8 @@ mod tests {
         in_place: bool,
         /// Byte offset of the user buffers (a multiple of the element size).
         offset: usize,
+        /// Broadcast's root.
+        root: u32,
     }
 
     fn splitmix(mut x: u64) -> u64 {
@@ -458,7 +494,12 @@ mod tests {
                     let parts: Vec<&[u8]> = inputs.iter().map(|v| &v[r * b..(r + 1) * b]).collect();
                     reduce_ref(&parts, c.dtype, c.op)
                 }
-                _ => inputs.concat(),
+                CollectiveKind::Broadcast => inputs[c.root as usize].clone(),
+                CollectiveKind::AllToAll => inputs
+                    .iter()
+                    .flat_map(|v| v[r * b..(r + 1) * b].to_vec())
+                    .collect(),
+                CollectiveKind::AllGather => inputs.concat(),
             })
             .collect();
         (0..n)
@@ -469,11 +510,13 @@ mod tests {
                 let total = c.offset + GUARD + ilen + out_len + GUARD;
                 let mut buf = vec![0u128; total.div_ceil(16) + 1];
                 bytes_of(&mut buf).fill(POISON);
-                let (i0, o0) = if !c.in_place {
+                let (i0, o0) = if !c.in_place || c.kind == CollectiveKind::AllToAll {
                     (c.offset, c.offset + ilen + GUARD)
                 } else {
                     match c.kind {
-                        CollectiveKind::AllReduce => (c.offset, c.offset),
+                        CollectiveKind::AllReduce | CollectiveKind::Broadcast => {
+                            (c.offset, c.offset)
+                        }
                         CollectiveKind::AllGather => (c.offset + r * b, c.offset),
                         _ => (c.offset, c.offset + r * b),
                     }
@@ -504,7 +547,7 @@ mod tests {
                 "{c:?} rank {r} of {n}: bytes past the output written"
             );
         }
-        if !c.in_place {
+        if !c.in_place || c.kind == CollectiveKind::AllToAll {
             assert!(
                 bytes[o0 - GUARD..o0].iter().all(|&x| x == POISON),
                 "{c:?} rank {r} of {n}: bytes before the output written"
@@ -558,7 +601,7 @@ mod tests {
                             op: c.op as u32,
                             rank: r as u32,
                             nranks: n as u32,
-                            root: 0,
+                            root: c.root,
                             max_blocks: MAX_BLOCKS,
                             _pad: 0,
                         };
@@ -610,11 +653,7 @@ mod tests {
         ];
         let mut cases = Vec::new();
         let mut i = 0usize;
-        for kind in [
-            CollectiveKind::AllReduce,
-            CollectiveKind::AllGather,
-            CollectiveKind::ReduceScatter,
-        ] {
+        for kind in CollectiveKind::ALL {
             for dtype in dtypes {
                 for op in ops {
                     if !kind.reduces() && op != ReduceOp::Sum {
@@ -633,6 +672,7 @@ mod tests {
                             blocks,
                             in_place,
                             offset: off * dtype.size(),
+                            root: (i % n) as u32,
                         });
                     }
                 }
@@ -653,17 +693,11 @@ mod tests {
     }
 
     #[test]
-    fn eight_ranks_all_reduce_many_steps() {
+    fn eight_ranks_every_kind_many_steps() {
         let cases: Vec<Case> = [DataType::BF16, DataType::F32, DataType::I32]
             .into_iter()
             .flat_map(|dtype| {
-                [
-                    CollectiveKind::AllReduce,
-                    CollectiveKind::AllGather,
-                    CollectiveKind::ReduceScatter,
-                ]
-                .into_iter()
-                .map(move |kind| Case {
+                CollectiveKind::ALL.into_iter().map(move |kind| Case {
                     kind,
                     dtype,
                     op: ReduceOp::Sum,
@@ -672,6 +706,7 @@ mod tests {
                     blocks: 3,
                     in_place: false,
                     offset: 0,
+                    root: 5,
                 })
             })
             .collect();
@@ -693,7 +728,7 @@ mod tests {
     }
 
     #[test]
-    fn rejects_unimplemented_kinds_and_bad_grids() {
+    fn rejects_bad_roots_and_grids() {
         let a = DirectCollectiveArgs {
             input: 0,
             output: 0,
@@ -707,7 +742,7 @@ mod tests {
             op: 0,
             rank: 0,
             nranks: 2,
-            root: 0,
+            root: 2,
             max_blocks: 2,
             _pad: 0,
         };

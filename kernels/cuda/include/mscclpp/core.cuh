@@ -88,6 +88,9 @@ MSCCLPP_DEVICE_INLINE uint32_t loadRelaxedDevice(const uint32_t* p) {
 MSCCLPP_DEVICE_INLINE void storeReleaseDevice(uint32_t* p, uint32_t v) {
   asm volatile("st.release.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+MSCCLPP_DEVICE_INLINE void storeRelaxedDevice(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 // ---- read-modify-write --------------------------------------------------------------------
 
@@ -103,6 +106,11 @@ MSCCLPP_DEVICE_INLINE uint64_t fetchAddAcqRelSystem(uint64_t* p, uint64_t v) {
   uint64_t old;
   asm volatile("atom.acq_rel.sys.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
   return old;
+}
+// Adds without waiting for the result (a reduction: the thread goes on at once). Relaxed, device
+// scope.
+MSCCLPP_DEVICE_INLINE void addRelaxedDevice(uint32_t* p, uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 // `old >= limit ? 0 : old + 1`, returning `old`; acquire-release, device scope.
 MSCCLPP_DEVICE_INLINE uint32_t fetchIncWrapAcqRelDevice(uint32_t* p, uint32_t limit) {

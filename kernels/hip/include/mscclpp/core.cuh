@@ -85,6 +85,9 @@ MSCCLPP_DEVICE_INLINE uint32_t loadRelaxedDevice(const uint32_t* p) {
 MSCCLPP_DEVICE_INLINE void storeReleaseDevice(uint32_t* p, uint32_t v) {
   __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 }
+MSCCLPP_DEVICE_INLINE void storeRelaxedDevice(uint32_t* p, uint32_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 
 // ---- read-modify-write --------------------------------------------------------------------
 
@@ -95,6 +98,10 @@ MSCCLPP_DEVICE_INLINE uint64_t fetchAddRelaxedDevice(uint64_t* p, uint64_t v) {
 // Returns the old value. Acquire-release, system scope.
 MSCCLPP_DEVICE_INLINE uint64_t fetchAddAcqRelSystem(uint64_t* p, uint64_t v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+// Adds without using the result. Relaxed, device scope.
+MSCCLPP_DEVICE_INLINE void addRelaxedDevice(uint32_t* p, uint32_t v) {
+  (void)__hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
 // `old >= limit ? 0 : old + 1`, returning `old`; acquire-release, device scope.
 MSCCLPP_DEVICE_INLINE uint32_t fetchIncWrapAcqRelDevice(uint32_t* p, uint32_t limit) {
