@@ -21,9 +21,10 @@
 // rank: block b of that rank writes packet b of that rank's slot in the root's scratch (the
 // round's half and flag) once all its threads have read the round (ranks launch the same grid).
 //
-// The flag counter: each block reads it once at its start; every block but block 0 then counts
-// itself in (a fire-and-forget add); block 0 waits for that count (while its first packets travel)
-// and, once it has finished, stores the counter advanced by the number of rounds. No block waits
+// The flag counter: every thread reads it at its start (alongside its first input loads); after
+// its first sends every block but block 0 counts itself in (a fire-and-forget add); block 0 waits
+// for that count (while its first packets travel) and, once it has finished, stores the counter
+// advanced by the number of rounds. No block waits
 // for the others at the end, and no round trip to memory sits on the last block's path (the next
 // call on the stream starts after every block has ended).
 //
@@ -130,12 +131,19 @@ MSCCLPP_DEVICE_INLINE LlRound llRound(const LlCall& c, uint64_t k) {
   return r;
 }
 
-// Block 0, once per call after its first sends: waits until every other block has read the counter
-// (so that block 0 may advance it when it ends) and resets the count for the next call.
-MSCCLPP_DEVICE_INLINE void awaitStarts(LlState* st, uint64_t k) {
-  if (k != 0 || blockIdx.x != 0 || threadIdx.x != 0 || gridDim.x == 1) return;
-  spinUntil([&] { return loadRelaxedDevice(&st->started) == gridDim.x - 1; });
-  storeRelaxedDevice(&st->started, 0u);
+// Once per call, after the first sends (every thread of the block has used, so read, the counter
+// by then): a block other than block 0 counts itself in; block 0 waits until every other block has
+// (so that it may advance the counter when it ends) and resets the count for the next call.
+MSCCLPP_DEVICE_INLINE void countStarts(LlState* st, uint64_t k) {
+  if (k != 0 || gridDim.x == 1) return;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (blockIdx.x != 0) {
+    addRelaxedDevice(&st->started, 1u);
+  } else {
+    spinUntil([&] { return loadRelaxedDevice(&st->started) == gridDim.x - 1; });
+    storeRelaxedDevice(&st->started, 0u);
+  }
 }
 
 // The `q`-th peer (q < nranks - 1) of `rank`, staggered so that ranks start on different peers.
@@ -241,7 +249,7 @@ MSCCLPP_DEVICE_INLINE void llReduce(const LlCollectiveArgs& a, LlState* st, cons
       // before the same thread overwrites it (there).
       for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) sendSame(a, c, r, c.input + r.pieceOff, i);
     }
-    awaitStarts(st, k);
+    countStarts(st, k);
     const char* ownPiece = ownBlock + r.pieceOff;
     char* outPiece = c.output + r.pieceOff;
     switch (a.dtype) {
@@ -274,7 +282,7 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const 
     } else if (kind == kCollAllGather || isRoot) {
       for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) sendSame(a, c, r, c.input + r.pieceOff, i);
     }
-    awaitStarts(st, k);
+    countStarts(st, k);
     // The own contribution, once, while the first packets travel.
     if (k == 0) {
       if (kind == kCollAllGather) {
@@ -332,11 +340,7 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const 
 extern "C" __global__ void mscclpp_collective_ll(mscclpp::LlCollectiveArgs a) {
   mscclpp::LlCall c;
   mscclpp::LlState* st = (mscclpp::LlState*)a.flag;
-  __shared__ mscclpp::uint64_t base;
-  if (threadIdx.x == 0) base = st->counter;
-  __syncthreads();
-  c.base = base;
-  if (threadIdx.x == 0 && blockIdx.x != 0) mscclpp::addRelaxedDevice(&st->started, 1u);
+  c.base = st->counter;
   c.esize = mscclpp::dataTypeSize(a.dtype);
   if (c.esize == 0 || a.nranks < 2 || a.nranks > mscclpp::kCollectiveMaxRanks || a.rank >= a.nranks ||
       a.kind > mscclpp::kCollAllToAll || (a.kind == mscclpp::kCollBroadcast && a.root >= a.nranks)) {
@@ -368,8 +372,8 @@ extern "C" __global__ void mscclpp_collective_ll(mscclpp::LlCollectiveArgs a) {
 
   // Every block has read the counter (awaitStarts) and every thread of block 0 has finished its
   // last round: advance the counter.
+  if (c.rounds == 0) mscclpp::countStarts(st, 0);
   if (blockIdx.x == 0) {
-    if (c.rounds == 0) mscclpp::awaitStarts(st, 0);
     __syncthreads();
     if (threadIdx.x == 0) st->counter = c.base + c.rounds;
   }
