@@ -198,18 +198,25 @@ impl Collectives {
                 return Ok(None);
             }
         };
-        // GPUs: one block per SM at most (all resident), 640 threads (2 x H200, 1 GiB: reduce-scatter
-        // 335 GB/s busbw against 316 with 512, all-gather 354 against 352); the host: one worker.
-        let threads: u32 = mscclpp_hal::env::parse("MSCCLPP_DIRECT_THREADS", "threads per block")?
-            .unwrap_or(640u32)
-            .clamp(32, 1024);
+        // GPUs: one block per SM at most (all resident), 896 threads or as many as the kernel's
+        // register use allows (2 x H200, 1 GiB, busbw GB/s with 512 / 640 / 896 threads:
+        // reduce-scatter 316 / 335 / 344, all-to-all - / - / 345, all-gather 352 / 354 / 356);
+        // a count given in MSCCLPP_DIRECT_THREADS is taken as it is (a launch beyond the kernel's
+        // limit fails and says so). The host: one worker.
+        let forced: Option<u32> =
+            mscclpp_hal::env::parse("MSCCLPP_DIRECT_THREADS", "threads per block")?;
+        let kernel_limit = kernel
+            .max_threads_per_block()
+            .unwrap_or(info.max_threads_per_block)
+            .min(info.max_threads_per_block);
+        let threads = match forced {
+            Some(t) => t.clamp(32, 1024),
+            None => 896u32.min(kernel_limit / 32 * 32).max(32),
+        };
         let (max_blocks, threads) = if info.warp_size == 1 {
             (1, 1)
         } else {
-            (
-                info.multiprocessors.clamp(1, 128),
-                threads.min(info.max_threads_per_block),
-            )
+            (info.multiprocessors.clamp(1, 128), threads)
         };
         let slot_bytes: u64 = match mscclpp_hal::env::parse::<u64>(
             "MSCCLPP_DIRECT_SLOT_BYTES",

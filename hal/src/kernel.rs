@@ -179,6 +179,11 @@ pub trait Kernel: Send + Sync + fmt::Debug {
     fn id(&self) -> KernelId;
     /// Backend-specific access for downcasting by the stream that launches it.
     fn as_any(&self) -> &dyn std::any::Any;
+    /// The most threads per block this kernel can be launched with (its register use limits
+    /// it), where the backend knows; `None`: the device's limit applies.
+    fn max_threads_per_block(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// Arguments of [`KernelId::BENCH_MEMORY_CHANNEL_PUT`].

@@ -233,6 +233,9 @@ impl Kernel for CudaKernel {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn max_threads_per_block(&self) -> Option<u32> {
+        Some(CudaKernel::max_threads_per_block(self))
+    }
 }
 
 /// The argument struct size of the kernels whose struct the HAL defines.

@@ -198,6 +198,9 @@ impl Kernel for RocmKernel {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn max_threads_per_block(&self) -> Option<u32> {
+        Some(RocmKernel::max_threads_per_block(self))
+    }
 }
 
 /// The argument struct size of the kernels whose struct the HAL defines.
