@@ -15,8 +15,9 @@
 //!   signalling): every collective at every size, in rounds when a message exceeds a slot; chosen
 //!   for small messages.
 //! - **Direct**: plain 16-byte stores into the peers' scratch, pipelined in chunks with per-block
-//!   flags; all-reduce (reduce-scatter then all-gather), all-gather and reduce-scatter; chosen
-//!   from 2 MiB per rank block.
+//!   flags, the next chunk pushed while this one is consumed; every collective (all-reduce as
+//!   reduce-scatter then all-gather); chosen from 2 MiB per rank block (broadcast 512 KiB,
+//!   all-to-all 1 MiB).
 //!
 //! `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (e.g. `MSCCLPP_ALGO_ALLREDUCE=ll`) overrides the
 //! choice per collective. No user buffer is registered: both algorithms move data through the
