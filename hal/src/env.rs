@@ -126,6 +126,40 @@ pub fn multicast_disabled() -> Result<bool> {
     Ok(forced || nccl_off)
 }
 
+/// Checks, before a real NCCL is loaded into this process (the C library's fallback, the
+/// benchmark's baseline), that it cannot create NVLink multicast objects where this process has
+/// them disabled. NCCL reads only `NCCL_NVLS_ENABLE`, so when `MSCCLPP_FORCE_DISABLE_NVLS` or
+/// `MSCCLPP_DISABLE_NVLS` disables multicast (or a variable is malformed), `NCCL_NVLS_ENABLE`
+/// must be 0 too; the error says so, naming `what` is about to load NCCL.
+pub fn check_nccl_nvls(what: &str) -> Result<()> {
+    nccl_nvls_verdict(what, multicast_disabled(), flag("NCCL_NVLS_ENABLE"))
+}
+
+fn nccl_nvls_verdict(
+    what: &str,
+    disabled: Result<bool>,
+    nccl_nvls_enable: Result<Option<bool>>,
+) -> Result<()> {
+    match nccl_nvls_enable {
+        Err(e) => Err(Error::invalid(format!(
+            "{what}: NCCL would load with an unreadable NVLS setting: {e}"
+        ))),
+        Ok(Some(false)) => Ok(()),
+        Ok(_) => match disabled {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(Error::invalid(format!(
+                "{what}: NVLink multicast is disabled here (MSCCLPP_FORCE_DISABLE_NVLS or \
+                 MSCCLPP_DISABLE_NVLS) but NCCL_NVLS_ENABLE is not 0, so the real NCCL could create \
+                 multicast objects: set NCCL_NVLS_ENABLE=0"
+            ))),
+            Err(e) => Err(Error::invalid(format!(
+                "{what}: NVLink multicast counts as disabled ({e}) but NCCL_NVLS_ENABLE is not 0, \
+                 so the real NCCL could create multicast objects: set NCCL_NVLS_ENABLE=0"
+            ))),
+        },
+    }
+}
+
 /// The kernel cache directory: `MSCCLPP_CACHE_DIR`, else `~/.cache/mscclpp`, else a temp dir.
 pub fn cache_dir() -> PathBuf {
     if let Some(d) = get("MSCCLPP_CACHE_DIR") {
@@ -185,6 +219,35 @@ mod tests {
     use super::*;
 
     // Each test uses its own variable names, so they can run in parallel.
+    #[test]
+    fn real_nccl_loads_only_with_its_nvls_off_where_ours_is_off() {
+        let bad = || {
+            Err(Error::invalid(
+                "MSCCLPP_FORCE_DISABLE_NVLS=\"maybe\" is malformed",
+            ))
+        };
+        assert!(nccl_nvls_verdict("x", Ok(false), Ok(None)).is_ok());
+        assert!(nccl_nvls_verdict("x", Ok(true), Ok(Some(false))).is_ok());
+        assert!(nccl_nvls_verdict("x", bad(), Ok(Some(false))).is_ok());
+        for nccl in [None, Some(true)] {
+            let e = nccl_nvls_verdict("NCCL baseline", Ok(true), Ok(nccl)).unwrap_err();
+            let m = e.to_string();
+            assert!(
+                m.contains("NCCL baseline") && m.contains("NCCL_NVLS_ENABLE=0"),
+                "{m}"
+            );
+            let e = nccl_nvls_verdict("x", bad(), Ok(nccl)).unwrap_err();
+            assert!(e.to_string().contains("malformed"), "{e}");
+        }
+        let e = nccl_nvls_verdict(
+            "x",
+            Ok(false),
+            Err(Error::invalid("NCCL_NVLS_ENABLE=\"?\"")),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("NCCL_NVLS_ENABLE"), "{e}");
+    }
+
     #[test]
     fn malformed_values_name_the_variable() {
         // SAFETY: the variable is unique to this test; no other thread reads it.

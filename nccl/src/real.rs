@@ -39,6 +39,8 @@ macro_rules! real_api {
 
         impl RealNccl {
             fn load(path: &str) -> Res<RealNccl> {
+                mscclpp::hal::env::check_nccl_nvls(&format!("MSCCLPP_NCCL_LIB_PATH={path}"))
+                    .map_err(Failure::from)?;
                 #[cfg(unix)]
                 // SAFETY: loading NCCL runs its initialisers, as linking it would.
                 let lib: libloading::Library = unsafe {

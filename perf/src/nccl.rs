@@ -92,6 +92,7 @@ impl Nccl {
     ) -> Result<Nccl> {
         let path = mscclpp::hal::env::get("MSCCLPP_NCCL_LIB_PATH")
             .unwrap_or_else(|| "libnccl.so.2".into());
+        mscclpp::hal::env::check_nccl_nvls("NCCL baseline")?;
         // SAFETY: loading NCCL runs its initialisers, as any program linking it does.
         let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| {
             Error::unavailable(
