@@ -192,6 +192,17 @@ MSCCLPP_DEVICE_INLINE void sendSame(const LlCollectiveArgs& a, const LlCall& c, 
   }
 }
 
+// Sends piece `r` of input block `p` to every peer `p` (reduce-scatter, all-to-all).
+MSCCLPP_DEVICE_INLINE void sendBlocks(const LlCollectiveArgs& a, const LlCall& c, const LlRound& r) {
+  const uint64_t slotOff = r.half + c.rank * c.slotBytes;
+  forPeerPackets(c.nranks - 1, r.npackets, c.tid, c.nthreads, [&](uint32_t q, uint32_t i) {
+    const uint32_t p = peerOf(c.rank, c.nranks, q);
+    const uint32_t n = packetBytes(r.pieceBytes, i);
+    const uint64_t w = loadWord(c.input + p * c.blockBytes + r.pieceOff + 8 * (uint64_t)i, n);
+    ((LL16Packet*)(a.peer_scratch[p] + slotOff + 16 * (uint64_t)i))->write(w, r.flag);
+  });
+}
+
 // The reduction of packet `i` of round `r`: every rank's piece of block `ownBlock`.
 template <uint32_t DTYPE, uint32_t OP>
 MSCCLPP_DEVICE_INLINE void reducePacket(const LlCall& c, const LlRound& r, const char* ownPiece, char* outPiece,
@@ -237,13 +248,7 @@ MSCCLPP_DEVICE_INLINE void llReduce(const LlCollectiveArgs& a, LlState* st, cons
   for (uint64_t k = 0; k < c.rounds; ++k) {
     const LlRound r = llRound(c, k);
     if (scatter) {
-      const uint64_t slotOff = r.half + c.rank * c.slotBytes;
-      forPeerPackets(c.nranks - 1, r.npackets, c.tid, c.nthreads, [&](uint32_t q, uint32_t i) {
-        const uint32_t p = peerOf(c.rank, c.nranks, q);
-        const uint32_t n = packetBytes(r.pieceBytes, i);
-        const uint64_t w = loadWord(c.input + p * c.blockBytes + r.pieceOff + 8 * (uint64_t)i, n);
-        ((LL16Packet*)(a.peer_scratch[p] + slotOff + 16 * (uint64_t)i))->write(w, r.flag);
-      });
+      sendBlocks(a, c, r);
     } else {
       // The same stride as the reduction below: in place, packet i's input word is read (here)
       // before the same thread overwrites it (there).
@@ -272,13 +277,7 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const 
     const LlRound r = llRound(c, k);
     // Sends.
     if (kind == kCollAllToAll) {
-      const uint64_t slotOff = r.half + c.rank * c.slotBytes;
-      forPeerPackets(c.nranks - 1, r.npackets, c.tid, c.nthreads, [&](uint32_t q, uint32_t i) {
-        const uint32_t p = peerOf(c.rank, c.nranks, q);
-        const uint32_t n = packetBytes(r.pieceBytes, i);
-        const uint64_t w = loadWord(c.input + p * c.blockBytes + r.pieceOff + 8 * (uint64_t)i, n);
-        ((LL16Packet*)(a.peer_scratch[p] + slotOff + 16 * (uint64_t)i))->write(w, r.flag);
-      });
+      sendBlocks(a, c, r);
     } else if (kind == kCollAllGather || isRoot) {
       for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) sendSame(a, c, r, c.input + r.pieceOff, i);
     }
