@@ -37,8 +37,9 @@ enum Choice {
 /// direct wins from 4 MiB on; all-gather/reduce-scatter switch where LL stopped beating NCCL).
 fn direct_threshold(kind: CollectiveKind) -> u64 {
     match kind {
-        CollectiveKind::AllReduce => 2 << 20,
-        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => 2 << 20,
+        CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
+            2 << 20
+        }
         // Measured: broadcast direct 7.8 µs vs LL 10.3 at 1 MiB, 6.6 vs 7.1 at 512 KiB, LL ahead
         // at 256 KiB; all-to-all (2 ranks) direct ahead from 1 MiB blocks (8.4 vs 10.0 µs).
         CollectiveKind::Broadcast => 512 << 10,
@@ -86,9 +87,8 @@ pub struct Collectives {
     kernel: Arc<dyn Kernel>,
     direct: Option<Direct>,
     choices: [Choice; 5],
-    ll_threads: u32,
-    /// `MSCCLPP_LL_THREADS` was given: the grid keeps that block size.
-    ll_threads_forced: bool,
+    /// `MSCCLPP_LL_THREADS`, when given: the grid keeps that block size.
+    ll_threads: Option<u32>,
     ll_packets_per_block: u64,
 }
 
@@ -161,8 +161,6 @@ impl Collectives {
         }
         let direct = Self::setup_direct(&comm)?;
         let kernel = device.load_kernel(KernelId::COLLECTIVE_LL)?;
-        let ll_threads: Option<u32> =
-            mscclpp_hal::env::parse("MSCCLPP_LL_THREADS", "threads per block")?;
         // Nobody writes into a peer's scratch before that peer has zeroed it.
         comm.bootstrap().barrier()?;
         tracing::debug!(rank, nranks = n, slot_bytes, "collectives ready");
@@ -176,8 +174,8 @@ impl Collectives {
             kernel,
             direct,
             choices,
-            ll_threads: ll_threads.unwrap_or(512).clamp(32, 1024),
-            ll_threads_forced: ll_threads.is_some(),
+            ll_threads: mscclpp_hal::env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
+                .map(|t| t.clamp(32, 1024)),
             ll_packets_per_block: mscclpp_hal::env::parse(
                 "MSCCLPP_LL_PACKETS_PER_BLOCK",
                 "a packet count",
@@ -505,16 +503,18 @@ impl Collectives {
         // leaves a thread more than one packet, larger blocks (up to the device's limit), since a
         // thread's packets are sent and awaited one after the other.
         let max_threads = info.max_threads_per_block.clamp(32, 1024);
-        let threads = self.ll_threads.min(max_threads);
         let packets = bytes.div_ceil(8).min(self.slot_bytes / 16);
         let blocks = packets
             .div_ceil(self.ll_packets_per_block)
             .clamp(1, u64::from(info.multiprocessors.max(1)));
-        let per_block = packets.div_ceil(blocks).next_multiple_of(32);
-        let threads = if self.ll_threads_forced {
-            threads
-        } else {
-            threads.max(per_block.min(u64::from(max_threads)) as u32)
+        let threads = match self.ll_threads {
+            Some(t) => t.min(max_threads),
+            None => {
+                let per_block = packets.div_ceil(blocks).next_multiple_of(32);
+                512u32
+                    .max(per_block.min(u64::from(max_threads)) as u32)
+                    .min(max_threads)
+            }
         };
         LaunchConfig::linear(blocks as u32, threads)
     }
