@@ -57,6 +57,30 @@ impl DataType {
             .find(|d| *d as u32 == code)
             .ok_or_else(|| Error::invalid(format!("unknown data type code {code}")))
     }
+
+    /// The element at the start of `b` (little-endian, at least [`DataType::size`] bytes) as an
+    /// `f64` (exact for every type).
+    pub fn decode_f64(self, b: &[u8]) -> f64 {
+        match self {
+            DataType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DataType::F16 => f64::from(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            DataType::BF16 => f64::from(half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            DataType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DataType::U32 => f64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        }
+    }
+
+    /// Appends `v` as one little-endian element (rounded to nearest for the float types,
+    /// truncated and saturated for the integer types).
+    pub fn encode_f64(self, v: f64, out: &mut Vec<u8>) {
+        match self {
+            DataType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+            DataType::F16 => out.extend_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+            DataType::BF16 => out.extend_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+            DataType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+            DataType::U32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
+        }
+    }
 }
 
 impl fmt::Display for DataType {
@@ -144,5 +168,28 @@ impl FromStr for ReduceOp {
                     "unknown reduction operator {s:?}: expected sum, prod, min, max or avg"
                 ))
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elements_round_trip_through_f64() {
+        for dtype in DataType::ALL {
+            for v in [0.0, 1.0, 3.0, 100.0, 2048.0] {
+                let mut b = Vec::new();
+                dtype.encode_f64(v, &mut b);
+                assert_eq!(b.len(), dtype.size(), "{dtype}");
+                assert_eq!(dtype.decode_f64(&b), v, "{dtype} {v}");
+            }
+        }
+        let mut b = Vec::new();
+        DataType::BF16.encode_f64(1.0 + 1.0 / 512.0, &mut b);
+        assert_eq!(DataType::BF16.decode_f64(&b), 1.0, "bf16 keeps 8 significant bits");
+        b.clear();
+        DataType::I32.encode_f64(-7.0, &mut b);
+        assert_eq!(b, (-7i32).to_le_bytes());
     }
 }

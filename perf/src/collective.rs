@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use half::{bf16, f16};
 use mscclpp::collectives::Collectives;
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{
@@ -34,26 +33,6 @@ fn value(spec: &Spec, r: usize, i: usize) -> u32 {
         1 + ((i + r) % 2) as u32
     } else {
         ((i * 7 + r * 3 + 1) % 16) as u32
-    }
-}
-
-fn encode(dtype: DataType, v: f64, out: &mut Vec<u8>) {
-    match dtype {
-        DataType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-        DataType::F16 => out.extend_from_slice(&f16::from_f64(v).to_le_bytes()),
-        DataType::BF16 => out.extend_from_slice(&bf16::from_f64(v).to_le_bytes()),
-        DataType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
-        DataType::U32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
-    }
-}
-
-fn decode(dtype: DataType, b: &[u8]) -> f64 {
-    match dtype {
-        DataType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        DataType::F16 => f64::from(f16::from_le_bytes([b[0], b[1]]).to_f32()),
-        DataType::BF16 => f64::from(bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-        DataType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        DataType::U32 => f64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
     }
 }
 
@@ -100,7 +79,7 @@ fn check(spec: &Spec, n: usize, rank: usize, count: usize, got: &[u8]) -> u64 {
     got.chunks_exact(s)
         .enumerate()
         .filter(|(j, b)| {
-            let (g, w) = (decode(spec.dtype, b), expected(spec, n, rank, count, *j));
+            let (g, w) = (spec.dtype.decode_f64(b), expected(spec, n, rank, count, *j));
             (g - w).abs() > tol * w.abs()
         })
         .count() as u64
@@ -254,7 +233,8 @@ impl Bench {
         let (input, output) = self.slices(in_b, out_b)?;
         let mut data = Vec::with_capacity(in_b);
         for i in 0..in_e as usize {
-            encode(spec.dtype, f64::from(value(spec, rank, i)), &mut data);
+            spec.dtype
+                .encode_f64(f64::from(value(spec, rank, i)), &mut data);
         }
         self.stream.write_from_host(&input, &data)?;
         drop(data);

@@ -1,20 +1,9 @@
 //! CPU reference of the collectives, on raw little-endian bytes, and the comparison with
 //! tolerances per type (floats are reduced in a different order by the kernels).
 
-use half::{bf16, f16};
 use mscclpp::hal::{CollectiveKind, DataType, ReduceOp};
 
 use crate::rng::Rng;
-
-fn to_f64(dtype: DataType, b: &[u8]) -> f64 {
-    match dtype {
-        DataType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        DataType::F16 => f64::from(f16::from_le_bytes([b[0], b[1]]).to_f32()),
-        DataType::BF16 => f64::from(bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-        DataType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        DataType::U32 => f64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-    }
-}
 
 /// Random elements that keep every reduction of up to 8 ranks finite and exact enough: floats in
 /// [0.5, 1.5) (products stay small), integers in [-50, 50) (u32: [0, 100)).
@@ -24,9 +13,7 @@ pub fn random_input(dtype: DataType, elems: usize, rng: &mut Rng) -> Vec<u8> {
         let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         let x = 0.5 + u;
         match dtype {
-            DataType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
-            DataType::F16 => out.extend_from_slice(&f16::from_f64(x).to_le_bytes()),
-            DataType::BF16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
+            DataType::F32 | DataType::F16 | DataType::BF16 => dtype.encode_f64(x, &mut out),
             DataType::I32 => out.extend_from_slice(&((rng.below(100) as i32) - 50).to_le_bytes()),
             DataType::U32 => out.extend_from_slice(&(rng.below(100) as u32).to_le_bytes()),
         }
@@ -66,7 +53,7 @@ fn reduce_elem(dtype: DataType, op: ReduceOp, elems: &[&[u8]]) -> Vec<u8> {
             r.to_le_bytes().to_vec()
         }
         _ => {
-            let vals: Vec<f64> = elems.iter().map(|b| to_f64(dtype, b)).collect();
+            let vals: Vec<f64> = elems.iter().map(|b| dtype.decode_f64(b)).collect();
             let r = match op {
                 ReduceOp::Sum => vals.iter().sum(),
                 ReduceOp::Avg => vals.iter().sum::<f64>() / n as f64,
@@ -74,11 +61,9 @@ fn reduce_elem(dtype: DataType, op: ReduceOp, elems: &[&[u8]]) -> Vec<u8> {
                 ReduceOp::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
                 ReduceOp::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             };
-            match dtype {
-                DataType::F32 => (r as f32).to_le_bytes().to_vec(),
-                DataType::F16 => f16::from_f64(r).to_le_bytes().to_vec(),
-                _ => bf16::from_f64(r).to_le_bytes().to_vec(),
-            }
+            let mut out = Vec::with_capacity(dtype.size());
+            dtype.encode_f64(r, &mut out);
+            out
         }
     }
 }
@@ -134,7 +119,7 @@ pub fn count_wrong(dtype: DataType, op: ReduceOp, got: &[u8], want: &[u8]) -> us
             if tol == 0.0 {
                 g != w
             } else {
-                let (a, b) = (to_f64(dtype, g), to_f64(dtype, w));
+                let (a, b) = (dtype.decode_f64(g), dtype.decode_f64(w));
                 // NaN (incomparable) counts as wrong.
                 let limit = tol * b.abs().max(1e-3);
                 (a - b)
