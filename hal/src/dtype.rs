@@ -187,7 +187,11 @@ mod tests {
         }
         let mut b = Vec::new();
         DataType::BF16.encode_f64(1.0 + 1.0 / 512.0, &mut b);
-        assert_eq!(DataType::BF16.decode_f64(&b), 1.0, "bf16 keeps 8 significant bits");
+        assert_eq!(
+            DataType::BF16.decode_f64(&b),
+            1.0,
+            "bf16 keeps 8 significant bits"
+        );
         b.clear();
         DataType::I32.encode_f64(-7.0, &mut b);
         assert_eq!(b, (-7i32).to_le_bytes());

@@ -26,19 +26,7 @@ impl Host2DeviceSemaphoreDeviceHandle {
     /// waits on a semaphore at a time.
     pub unsafe fn poll(&self) -> bool {
         // SAFETY: caller's contract.
-        let (inbound, expected) = unsafe {
-            (
-                atomic_u64(self.inbound_token),
-                atomic_u64(self.expected_inbound_token),
-            )
-        };
-        let next = expected.load(Ordering::Relaxed) + 1;
-        if inbound.load(Ordering::Acquire) >= next {
-            expected.store(next, Ordering::Relaxed);
-            true
-        } else {
-            false
-        }
+        unsafe { poll_inbound(self.inbound_token, self.expected_inbound_token) }
     }
 
     /// Waits for the next signal, at most `timeout`.
@@ -47,24 +35,15 @@ impl Host2DeviceSemaphoreDeviceHandle {
     /// As for [`Self::poll`].
     pub unsafe fn wait(&self, timeout: Duration) -> Result<()> {
         // SAFETY: caller's contract.
-        let (inbound, expected) = unsafe {
-            (
-                atomic_u64(self.inbound_token),
-                atomic_u64(self.expected_inbound_token),
+        unsafe {
+            wait_inbound(
+                self.inbound_token,
+                self.expected_inbound_token,
+                Ordering::Acquire,
+                timeout,
+                "host-to-device",
             )
-        };
-        let next = expected.load(Ordering::Relaxed) + 1;
-        expected.store(next, Ordering::Relaxed);
-        spin_until(
-            timeout,
-            || {
-                format!(
-                    "host-to-device semaphore to reach {next} (it is at {})",
-                    inbound.load(Ordering::Relaxed)
-                )
-            },
-            || inbound.load(Ordering::Acquire) >= next,
-        )
+        }
     }
 }
 
@@ -125,19 +104,7 @@ impl MemoryDevice2DeviceSemaphoreDeviceHandle {
     /// As for [`Self::signal`].
     pub unsafe fn poll(&self) -> bool {
         // SAFETY: caller's contract.
-        let (inbound, expected) = unsafe {
-            (
-                atomic_u64(self.inbound_token),
-                atomic_u64(self.expected_inbound_token),
-            )
-        };
-        let next = expected.load(Ordering::Relaxed) + 1;
-        if inbound.load(Ordering::Acquire) >= next {
-            expected.store(next, Ordering::Relaxed);
-            true
-        } else {
-            false
-        }
+        unsafe { poll_inbound(self.inbound_token, self.expected_inbound_token) }
     }
 
     /// Waits for the next signal (acquire: the peer's writes before it are visible after).
@@ -160,23 +127,60 @@ impl MemoryDevice2DeviceSemaphoreDeviceHandle {
 
     unsafe fn wait_with(&self, order: Ordering, timeout: Duration) -> Result<()> {
         // SAFETY: caller's contract.
-        let (inbound, expected) = unsafe {
-            (
-                atomic_u64(self.inbound_token),
-                atomic_u64(self.expected_inbound_token),
+        unsafe {
+            wait_inbound(
+                self.inbound_token,
+                self.expected_inbound_token,
+                order,
+                timeout,
+                "device-to-device",
             )
-        };
-        let next = expected.load(Ordering::Relaxed) + 1;
-        expected.store(next, Ordering::Relaxed);
-        spin_until(
-            timeout,
-            || {
-                format!(
-                    "device-to-device semaphore to reach {next} (it is at {})",
-                    inbound.load(Ordering::Relaxed)
-                )
-            },
-            || inbound.load(order) >= next,
-        )
+        }
     }
+}
+
+/// The waiting side every semaphore shares: an inbound token the signaller advances and the
+/// count of waits completed so far. Consumes one signal if it has arrived.
+///
+/// # Safety
+/// Both addresses must be live, 8-byte aligned and only accessed atomically; one thread waits on
+/// a semaphore at a time.
+unsafe fn poll_inbound(inbound: u64, expected: u64) -> bool {
+    // SAFETY: caller's contract.
+    let (inbound, expected) = unsafe { (atomic_u64(inbound), atomic_u64(expected)) };
+    let next = expected.load(Ordering::Relaxed) + 1;
+    if inbound.load(Ordering::Acquire) >= next {
+        expected.store(next, Ordering::Relaxed);
+        true
+    } else {
+        false
+    }
+}
+
+/// Waits (at most `timeout`) for the next signal of the pair of [`poll_inbound`], loading the
+/// token with `order`; `kind` names the semaphore in the timeout error.
+///
+/// # Safety
+/// As for [`poll_inbound`].
+unsafe fn wait_inbound(
+    inbound: u64,
+    expected: u64,
+    order: Ordering,
+    timeout: Duration,
+    kind: &str,
+) -> Result<()> {
+    // SAFETY: caller's contract.
+    let (inbound, expected) = unsafe { (atomic_u64(inbound), atomic_u64(expected)) };
+    let next = expected.load(Ordering::Relaxed) + 1;
+    expected.store(next, Ordering::Relaxed);
+    spin_until(
+        timeout,
+        || {
+            format!(
+                "{kind} semaphore to reach {next} (it is at {})",
+                inbound.load(Ordering::Relaxed)
+            )
+        },
+        || inbound.load(order) >= next,
+    )
 }
