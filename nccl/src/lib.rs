@@ -531,13 +531,9 @@ pub unsafe extern "C" fn ncclCommRegister(
     size: usize,
     handle: *mut *mut c_void,
 ) -> NcclResult {
-    guard("ncclCommRegister", || {
-        lookup(comm)?;
-        if buff.is_null() {
-            return Err(Failure::argument("buff is NULL"));
-        }
-        // SAFETY: forwarded contract.
-        unsafe { out(handle, "handle", new_handle(buff, size)) }
+    // SAFETY: forwarded contract.
+    guard("ncclCommRegister", || unsafe {
+        register_handle(comm, buff, size, handle, "handle")
     })
 }
 
@@ -566,14 +562,30 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
     win: *mut NcclWindow,
     _winFlags: c_int,
 ) -> NcclResult {
-    guard("ncclCommWindowRegister", || {
-        lookup(comm)?;
-        if buff.is_null() {
-            return Err(Failure::argument("buff is NULL"));
-        }
-        // SAFETY: forwarded contract.
-        unsafe { out(win, "win", new_handle(buff, size)) }
+    // SAFETY: forwarded contract.
+    guard("ncclCommWindowRegister", || unsafe {
+        register_handle(comm, buff, size, win, "win")
     })
+}
+
+/// The registration both registration calls make: a handle standing for `buff` (nothing is
+/// registered: the collectives go through the communicator's scratch), written to `*dst`.
+///
+/// # Safety
+/// `dst` must be NULL or valid for a write.
+unsafe fn register_handle(
+    comm: NcclComm,
+    buff: *mut c_void,
+    size: usize,
+    dst: *mut *mut c_void,
+    what: &str,
+) -> Res<()> {
+    lookup(comm)?;
+    if buff.is_null() {
+        return Err(Failure::argument("buff is NULL"));
+    }
+    // SAFETY: caller's contract.
+    unsafe { out(dst, what, new_handle(buff, size)) }
 }
 
 /// `ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)`.
