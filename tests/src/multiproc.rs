@@ -23,6 +23,19 @@ pub fn role() -> Option<String> {
     std::env::var(ROLE_VAR).ok().filter(|r| !r.is_empty())
 }
 
+/// The start of every multi-process test binary's `main`: in a child, runs `run` with its role
+/// and exits (status 1 with the error on standard error, naming the rank; else 0). Returns in
+/// the parent.
+pub fn run_child(run: impl FnOnce(&str) -> Result<(), String>) {
+    if let Some(role) = role() {
+        if let Err(e) = run(&role) {
+            eprintln!("rank {}: {e}", rank_and_size().0);
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+}
+
 /// This child's rank and the number of ranks.
 pub fn rank_and_size() -> (usize, usize) {
     let get = |v: &str| {

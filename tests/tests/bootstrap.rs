@@ -306,19 +306,12 @@ fn hung_rank_times_out_the_others() -> Result<(), Failed> {
 }
 
 fn main() {
-    if let Some(role) = multiproc::role() {
-        let r = match role.as_str() {
-            "boot-collectives" => role_collectives(),
-            "boot-impostor" => role_impostor(),
-            "boot-barrier-loop" => role_barrier_loop(),
-            other => Err(format!("unknown role {other}")),
-        };
-        if let Err(e) = r {
-            eprintln!("rank {}: {e}", multiproc::rank_and_size().0);
-            std::process::exit(1);
-        }
-        std::process::exit(0);
-    }
+    multiproc::run_child(|role| match role {
+        "boot-collectives" => role_collectives(),
+        "boot-impostor" => role_impostor(),
+        "boot-barrier-loop" => role_barrier_loop(),
+        other => Err(format!("unknown role {other}")),
+    });
     let args = libtest_mimic::Arguments::from_args();
     let trials = vec![
         Trial::test(

@@ -733,24 +733,17 @@ fn dead_peer_port_channel() -> Result<(), Failed> {
 }
 
 fn main() {
-    if let Some(role) = multiproc::role() {
-        let r = match role.as_str() {
-            "ping-pong" => role_ping_pong(),
-            "put-get-read-write" => role_put_get_read_write(),
-            "packets" => role_packets(),
-            "switch" => role_switch(),
-            "port-channel" => role_port_channel(),
-            "host-semaphore" => role_host_semaphore(),
-            "custom-proxy" => role_custom_proxy(),
-            "dead-peer-port-channel" => role_dead_peer_port_channel(),
-            other => Err(format!("unknown role {other}")),
-        };
-        if let Err(msg) = r {
-            eprintln!("rank {}: {msg}", multiproc::rank_and_size().0);
-            std::process::exit(1);
-        }
-        std::process::exit(0);
-    }
+    multiproc::run_child(|role| match role {
+        "ping-pong" => role_ping_pong(),
+        "put-get-read-write" => role_put_get_read_write(),
+        "packets" => role_packets(),
+        "switch" => role_switch(),
+        "port-channel" => role_port_channel(),
+        "host-semaphore" => role_host_semaphore(),
+        "custom-proxy" => role_custom_proxy(),
+        "dead-peer-port-channel" => role_dead_peer_port_channel(),
+        other => Err(format!("unknown role {other}")),
+    });
     let args = libtest_mimic::Arguments::from_args();
     let mut trials = vec![
         Trial::test("channels::base_memory_channel_ping_pong", || {

@@ -274,17 +274,10 @@ fn run_env(n: usize, slot: u64, counts: &str, extra: &[(&str, &str)]) -> Result<
 }
 
 fn main() {
-    if let Some(role) = multiproc::role() {
-        let r = match role.as_str() {
-            "matrix" => role_matrix(),
-            other => Err(format!("unknown role {other}")),
-        };
-        if let Err(msg) = r {
-            eprintln!("rank {}: {msg}", multiproc::rank_and_size().0);
-            std::process::exit(1);
-        }
-        std::process::exit(0);
-    }
+    multiproc::run_child(|role| match role {
+        "matrix" => role_matrix(),
+        other => Err(format!("unknown role {other}")),
+    });
     let args = libtest_mimic::Arguments::from_args();
     // Small slots force many rounds: 256-byte slots carry 128 data bytes per peer per round.
     let trials = vec![

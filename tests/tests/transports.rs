@@ -643,13 +643,7 @@ fn ethernet_across_namespaces() -> Result<Completion, Failed> {
 }
 
 fn main() {
-    if let Some(role) = multiproc::role() {
-        if let Err(e) = run_role(&role) {
-            eprintln!("rank {}: {e}", multiproc::rank_and_size().0);
-            std::process::exit(1);
-        }
-        std::process::exit(0);
-    }
+    multiproc::run_child(run_role);
     let args = libtest_mimic::Arguments::from_args();
     let mut trials = Vec::new();
     for t in [Transport::CudaIpc, Transport::Ethernet] {
