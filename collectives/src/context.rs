@@ -84,7 +84,9 @@ pub struct Collectives {
     _peers: Vec<RegisteredMemory>,
     peer_scratch: [u64; MAX_RANKS],
     slot_bytes: u64,
-    kernel: Arc<dyn Kernel>,
+    /// The LL kernels: copying collectives, and reducing ones by `dtype * 5 + op`.
+    ll_copy: Arc<dyn Kernel>,
+    ll_reduce: Vec<Arc<dyn Kernel>>,
     direct: Option<Direct>,
     choices: [Choice; 5],
     /// `MSCCLPP_LL_THREADS`, when given: the grid keeps that block size.
@@ -160,7 +162,12 @@ impl Collectives {
             choices[kind as usize] = env_choice(kind)?;
         }
         let direct = Self::setup_direct(&comm)?;
-        let kernel = device.load_kernel(KernelId::COLLECTIVE_LL)?;
+        let ll_copy = device.load_kernel(KernelId::COLLECTIVE_LL_COPY)?;
+        let ll_reduce = KernelId::COLLECTIVE_LL_REDUCE
+            .iter()
+            .flatten()
+            .map(|&id| device.load_kernel(id))
+            .collect::<Result<Vec<_>>>()?;
         // Nobody writes into a peer's scratch before that peer has zeroed it.
         comm.bootstrap().barrier()?;
         tracing::debug!(rank, nranks = n, slot_bytes, "collectives ready");
@@ -171,7 +178,8 @@ impl Collectives {
             _peers: peers,
             peer_scratch,
             slot_bytes,
-            kernel,
+            ll_copy,
+            ll_reduce,
             direct,
             choices,
             ll_threads: mscclpp_hal::env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
@@ -487,10 +495,15 @@ impl Collectives {
         };
         let cfg = self.grid(in_bytes.max(out_bytes));
         tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, "launch");
+        let kernel = if kind.reduces() {
+            &self.ll_reduce[dtype as usize * ReduceOp::ALL.len() + op as usize]
+        } else {
+            &self.ll_copy
+        };
         // SAFETY: the addresses are the caller's checked slices (kept alive by the caller until
         // the stream passes the call, as for every stream operation), this communicator's scratch
         // and flag, and the peers' scratch mappings held in `self`.
-        unsafe { stream.launch_raw(&*self.kernel, cfg, args.as_bytes()) }
+        unsafe { stream.launch_raw(&**kernel, cfg, args.as_bytes()) }
     }
 
     fn grid(&self, bytes: u64) -> LaunchConfig {

@@ -2,7 +2,7 @@
 //! LL-packet algorithm, shared by every backend's implementation (host: Rust; CUDA/HIP:
 //! `kernels/{cuda,hip}/collectives.*`).
 //!
-//! ## The LL-packet algorithm (`mscclpp_collective_ll`)
+//! ## The LL-packet algorithm (`mscclpp_collective_ll_*`)
 //! Every rank owns a scratch buffer that every peer maps. It holds two halves; each half holds
 //! one slot of `slot_bytes` packet bytes per source rank (at most [`MAX_RANKS`]). Data moves in
 //! rounds of at most `slot_bytes / 2` data bytes per peer (LL16: 8 data bytes per 16-byte
@@ -188,7 +188,8 @@ impl CollectiveKind {
 /// Bytes of the per-communicator LL state that [`LlCollectiveArgs::flag`] points at.
 pub const LL_STATE_BYTES: usize = 64;
 
-/// Arguments of `mscclpp_collective_ll` ([`crate::KernelId::COLLECTIVE_LL`]).
+/// Arguments of the LL kernels (`mscclpp_collective_ll_copy` and
+/// `mscclpp_collective_ll_reduce_<type>_<op>`; see [`crate::KernelId::collective_ll`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LlCollectiveArgs {

@@ -32,13 +32,80 @@ impl KernelId {
     /// the initiator signalling first (args: [`PingPongArgs`]).
     pub const EXAMPLE_PING_PONG: KernelId = KernelId("mscclpp_example_ping_pong");
 
-    /// The LL-packet algorithm of every collective (args: [`crate::LlCollectiveArgs`]; see
-    /// [`crate::collective`]).
-    pub const COLLECTIVE_LL: KernelId = KernelId("mscclpp_collective_ll");
+    /// The LL-packet algorithm of the copying collectives — all-gather, broadcast, all-to-all
+    /// (args: [`crate::LlCollectiveArgs`]; see [`crate::collective`]).
+    pub const COLLECTIVE_LL_COPY: KernelId = KernelId("mscclpp_collective_ll_copy");
 
-    /// The direct (bandwidth) algorithm of all-reduce, all-gather and reduce-scatter: plain
-    /// stores into the peers' scratch, pipelined in steps (args:
-    /// [`crate::collective::DirectCollectiveArgs`]; see [`crate::collective`]).
+    /// The LL-packet algorithm of the reducing collectives — all-reduce, reduce-scatter — one
+    /// kernel per element type and operator, indexed by their codes (args:
+    /// [`crate::LlCollectiveArgs`]). Separate kernels, each compiled for its one case, keep a
+    /// small message's path short (2 x H200: 0.15-0.3 µs less per all-reduce than one kernel
+    /// for every case).
+    pub const COLLECTIVE_LL_REDUCE: [[KernelId; 5]; 5] = [
+        [
+            KernelId("mscclpp_collective_ll_reduce_f32_sum"),
+            KernelId("mscclpp_collective_ll_reduce_f32_prod"),
+            KernelId("mscclpp_collective_ll_reduce_f32_min"),
+            KernelId("mscclpp_collective_ll_reduce_f32_max"),
+            KernelId("mscclpp_collective_ll_reduce_f32_avg"),
+        ],
+        [
+            KernelId("mscclpp_collective_ll_reduce_f16_sum"),
+            KernelId("mscclpp_collective_ll_reduce_f16_prod"),
+            KernelId("mscclpp_collective_ll_reduce_f16_min"),
+            KernelId("mscclpp_collective_ll_reduce_f16_max"),
+            KernelId("mscclpp_collective_ll_reduce_f16_avg"),
+        ],
+        [
+            KernelId("mscclpp_collective_ll_reduce_bf16_sum"),
+            KernelId("mscclpp_collective_ll_reduce_bf16_prod"),
+            KernelId("mscclpp_collective_ll_reduce_bf16_min"),
+            KernelId("mscclpp_collective_ll_reduce_bf16_max"),
+            KernelId("mscclpp_collective_ll_reduce_bf16_avg"),
+        ],
+        [
+            KernelId("mscclpp_collective_ll_reduce_i32_sum"),
+            KernelId("mscclpp_collective_ll_reduce_i32_prod"),
+            KernelId("mscclpp_collective_ll_reduce_i32_min"),
+            KernelId("mscclpp_collective_ll_reduce_i32_max"),
+            KernelId("mscclpp_collective_ll_reduce_i32_avg"),
+        ],
+        [
+            KernelId("mscclpp_collective_ll_reduce_u32_sum"),
+            KernelId("mscclpp_collective_ll_reduce_u32_prod"),
+            KernelId("mscclpp_collective_ll_reduce_u32_min"),
+            KernelId("mscclpp_collective_ll_reduce_u32_max"),
+            KernelId("mscclpp_collective_ll_reduce_u32_avg"),
+        ],
+    ];
+
+    /// The LL kernel that serves `kind` for `dtype` and `op`.
+    pub fn collective_ll(
+        kind: crate::CollectiveKind,
+        dtype: crate::DataType,
+        op: crate::ReduceOp,
+    ) -> KernelId {
+        if kind.reduces() {
+            Self::COLLECTIVE_LL_REDUCE[dtype as usize][op as usize]
+        } else {
+            Self::COLLECTIVE_LL_COPY
+        }
+    }
+
+    /// Every LL kernel (one implementation serves them all on the host).
+    pub const COLLECTIVE_LL_ALL: [KernelId; 26] = {
+        let mut all = [Self::COLLECTIVE_LL_COPY; 26];
+        let mut i = 0;
+        while i < 25 {
+            all[i + 1] = Self::COLLECTIVE_LL_REDUCE[i / 5][i % 5];
+            i += 1;
+        }
+        all
+    };
+
+    /// The direct (bandwidth) algorithm of every collective: plain stores into the peers'
+    /// scratch, pipelined in steps (args: [`crate::collective::DirectCollectiveArgs`]; see
+    /// [`crate::collective`]).
     pub const COLLECTIVE_DIRECT: KernelId = KernelId("mscclpp_collective_direct");
 
     /// The kernel's name.

@@ -1,5 +1,7 @@
 // The LL-packet algorithm of every collective (hal/src/collective.rs is the specification: the
-// argument struct, the scratch layout, the flags and the rounds). Vendor-neutral: the same text
+// argument struct, the scratch layout, the flags and the rounds). Entry points: one per element
+// type and operator for the reducing collectives (mscclpp_collective_ll_reduce_<type>_<op>), one
+// for the copying ones (mscclpp_collective_ll_copy), so that each compiles only its own case. Vendor-neutral: the same text
 // is compiled by NVRTC and (as kernels/hip/collectives.hip) by hipRTC.
 //
 // Work split, per round (flag f = base + 1 + k, half f % 2, piece k = bytes [k R, k R + R) of a
@@ -229,20 +231,8 @@ MSCCLPP_DEVICE_INLINE void reduceRound(const LlCall& c, const LlRound& r, const 
   for (uint32_t i = c.tid; i < r.npackets; i += c.nthreads) reducePacket<DTYPE, OP>(c, r, ownPiece, outPiece, i);
 }
 
-template <uint32_t DTYPE>
-MSCCLPP_DEVICE_INLINE void reduceRoundOp(uint32_t op, const LlCall& c, const LlRound& r, const char* ownPiece,
-                                         char* outPiece) {
-  switch (op) {
-    case kReduceSum: reduceRound<DTYPE, kReduceSum>(c, r, ownPiece, outPiece); break;
-    case kReduceProd: reduceRound<DTYPE, kReduceProd>(c, r, ownPiece, outPiece); break;
-    case kReduceMin: reduceRound<DTYPE, kReduceMin>(c, r, ownPiece, outPiece); break;
-    case kReduceMax: reduceRound<DTYPE, kReduceMax>(c, r, ownPiece, outPiece); break;
-    case kReduceAvg: reduceRound<DTYPE, kReduceAvg>(c, r, ownPiece, outPiece); break;
-    default: deviceTrap();
-  }
-}
-
 // All-reduce (block = the whole buffer) and reduce-scatter (peer j gets block j of the input).
+template <uint32_t DTYPE, uint32_t OP>
 MSCCLPP_DEVICE_INLINE void llReduce(const LlCollectiveArgs& a, LlState* st, const LlCall& c, bool scatter) {
   const char* ownBlock = c.input + (scatter ? c.rank * c.blockBytes : 0);
   for (uint64_t k = 0; k < c.rounds; ++k) {
@@ -257,13 +247,7 @@ MSCCLPP_DEVICE_INLINE void llReduce(const LlCollectiveArgs& a, LlState* st, cons
     countStarts(st, k);
     const char* ownPiece = ownBlock + r.pieceOff;
     char* outPiece = c.output + r.pieceOff;
-    switch (a.dtype) {
-      case kDataTypeF32: reduceRoundOp<kDataTypeF32>(a.op, c, r, ownPiece, outPiece); break;
-      case kDataTypeF16: reduceRoundOp<kDataTypeF16>(a.op, c, r, ownPiece, outPiece); break;
-      case kDataTypeBF16: reduceRoundOp<kDataTypeBF16>(a.op, c, r, ownPiece, outPiece); break;
-      case kDataTypeI32: reduceRoundOp<kDataTypeI32>(a.op, c, r, ownPiece, outPiece); break;
-      default: reduceRoundOp<kDataTypeU32>(a.op, c, r, ownPiece, outPiece); break;
-    }
+    reduceRound<DTYPE, OP>(c, r, ownPiece, outPiece);
     betweenRounds(st, c, k);
   }
 }
@@ -331,26 +315,28 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const 
   }
 }
 
-}  // namespace mscclpp
-
-// Every collective kind, data type and operator of hal/src/collective.rs through LL16 packets.
-// Launch with a one-dimensional grid whose blocks are all resident, the same arguments' kind,
-// count, dtype, op, root and slot_bytes on every rank.
-extern "C" __global__ void mscclpp_collective_ll(mscclpp::LlCollectiveArgs a) {
-  mscclpp::LlCall c;
-  mscclpp::LlState* st = (mscclpp::LlState*)a.flag;
+// The body of every entry point: a reducing collective of DTYPE and OP (REDUCE), or a copying
+// one. Launch with a one-dimensional grid whose blocks are all resident, the same arguments'
+// kind, count, dtype, op, root and slot_bytes on every rank; a launch of the wrong entry point
+// for its arguments traps.
+template <bool REDUCE, uint32_t DTYPE, uint32_t OP>
+MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
+  LlCall c;
+  LlState* st = (LlState*)a.flag;
   c.base = st->counter;
-  c.esize = mscclpp::dataTypeSize(a.dtype);
-  if (c.esize == 0 || a.nranks < 2 || a.nranks > mscclpp::kCollectiveMaxRanks || a.rank >= a.nranks ||
-      a.kind > mscclpp::kCollAllToAll || (a.kind == mscclpp::kCollBroadcast && a.root >= a.nranks)) {
-    mscclpp::deviceTrap();
+  c.esize = dataTypeSize(a.dtype);
+  const bool reduces = a.kind == kCollAllReduce || a.kind == kCollReduceScatter;
+  if (c.esize == 0 || a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks ||
+      a.kind > kCollAllToAll || (a.kind == kCollBroadcast && a.root >= a.nranks) || reduces != REDUCE ||
+      (REDUCE && (a.dtype != DTYPE || a.op != OP))) {
+    deviceTrap();
   }
   c.input = (const char*)a.input;
   c.output = (char*)a.output;
   c.blockBytes = a.count * c.esize;
   c.slotBytes = a.slot_bytes;
   c.roundBytes = a.slot_bytes / 8 * 8 / 2;
-  c.halfBytes = mscclpp::kCollectiveMaxRanks * a.slot_bytes;
+  c.halfBytes = kCollectiveMaxRanks * a.slot_bytes;
   c.scratch = a.scratch;
   c.rank = a.rank;
   c.nranks = a.nranks;
@@ -359,21 +345,106 @@ extern "C" __global__ void mscclpp_collective_ll(mscclpp::LlCollectiveArgs a) {
   if (c.blockBytes == 0) {
     c.rounds = 0;
   } else {
-    if (c.roundBytes == 0) mscclpp::deviceTrap();
+    if (c.roundBytes == 0) deviceTrap();
     c.rounds = (c.blockBytes + c.roundBytes - 1) / c.roundBytes;
   }
 
-  if (a.kind == mscclpp::kCollAllReduce || a.kind == mscclpp::kCollReduceScatter) {
-    mscclpp::llReduce(a, st, c, a.kind == mscclpp::kCollReduceScatter);
+  if (REDUCE) {
+    llReduce<DTYPE, OP>(a, st, c, a.kind == kCollReduceScatter);
   } else {
-    mscclpp::llCopy(a, st, c, a.kind);
+    llCopy(a, st, c, a.kind);
   }
 
-  // Every block has read the counter (awaitStarts) and every thread of block 0 has finished its
+  // Every block has read the counter (countStarts) and every thread of block 0 has finished its
   // last round: advance the counter.
-  if (c.rounds == 0) mscclpp::countStarts(st, 0);
+  if (c.rounds == 0) countStarts(st, 0);
   if (blockIdx.x == 0) {
     __syncthreads();
     if (threadIdx.x == 0) st->counter = c.base + c.rounds;
   }
+}
+
+}  // namespace mscclpp
+
+// All-gather, broadcast and all-to-all.
+extern "C" __global__ void mscclpp_collective_ll_copy(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<false, 0, 0>(a);
+}
+
+// All-reduce and reduce-scatter, one entry point per element type and operator (written out, not
+// generated by a macro, so that the backends find each definition in this text).
+extern "C" __global__ void mscclpp_collective_ll_reduce_f32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF32, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f16_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF16, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f16_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF16, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f16_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF16, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f16_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF16, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f16_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF16, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_bf16_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeBF16, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_bf16_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeBF16, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_bf16_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeBF16, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_bf16_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeBF16, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_bf16_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeBF16, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI32, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
 }

@@ -57,7 +57,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "collectives.cu",
         source: include_str!("../../../kernels/cuda/collectives.cu"),
-        kernels: &[KernelId::COLLECTIVE_LL],
+        kernels: &KernelId::COLLECTIVE_LL_ALL,
     },
     Module {
         name: "collectives_direct.cu",

@@ -1,5 +1,6 @@
-//! The host backend's `mscclpp_collective_ll`: every collective through LL packets in the ranks'
-//! scratch buffers, exactly as `hal::collective` specifies (and as the CUDA/HIP kernels do).
+//! The host backend's LL kernels (`mscclpp_collective_ll_*`, one implementation for all of
+//! them): every collective through LL packets in the ranks' scratch buffers, exactly as
+//! `hal::collective` specifies (and as the CUDA/HIP kernels do).
 //!
 //! One worker does everything on the host: the rounds are a sequence of packet writes into the
 //! peers' slots and spinning packet reads from this rank's own slots.

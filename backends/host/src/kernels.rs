@@ -41,7 +41,6 @@ pub const KERNELS: &[(KernelId, HostKernelFn)] = &[
     (KernelId::BENCH_MEMORY_CHANNEL_PUT, bench_memory_channel_put),
     (KernelId::BENCH_PORT_CHANNEL_PUT, bench_port_channel_put),
     (KernelId::EXAMPLE_PING_PONG, example_ping_pong),
-    (KernelId::COLLECTIVE_LL, crate::collectives::collective_ll),
     (
         KernelId::COLLECTIVE_DIRECT,
         crate::collectives_direct::collective_direct,
@@ -53,10 +52,19 @@ fn user_kernels() -> &'static RwLock<HashMap<KernelId, HostKernelFn>> {
     USER.get_or_init(|| RwLock::new(HashMap::new()))
 }
 
+/// The built-in kernel `id`: [`KERNELS`], or one of the LL collective kernels (all served by one
+/// implementation, which reads the kind, type and operator from its arguments).
+fn builtin(id: KernelId) -> Option<HostKernelFn> {
+    if KernelId::COLLECTIVE_LL_ALL.contains(&id) {
+        return Some(crate::collectives::collective_ll);
+    }
+    KERNELS.iter().find(|(k, _)| *k == id).map(|(_, f)| *f)
+}
+
 /// Registers a host kernel under `id`, for users' own kernels (the host counterpart of
 /// compiling a `.cu` file that includes the device API). Built-in ids cannot be replaced.
 pub fn register(id: KernelId, func: HostKernelFn) -> Result<()> {
-    if KERNELS.iter().any(|(k, _)| *k == id) {
+    if builtin(id).is_some() {
         return Err(Error::invalid(format!(
             "kernel {id} is built into the host backend and cannot be replaced"
         )));
@@ -77,10 +85,7 @@ pub fn lookup(id: KernelId) -> Result<HostKernel> {
             .get(&id)
             .copied()
     };
-    KERNELS
-        .iter()
-        .find(|(k, _)| *k == id)
-        .map(|&(_, f)| f)
+    builtin(id)
         .or_else(user)
         .map(|func| HostKernel { id, func })
         .ok_or_else(|| {

@@ -68,7 +68,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "cuda/collectives.cu",
         source: include_str!("../../../kernels/cuda/collectives.cu"),
-        kernels: &[KernelId::COLLECTIVE_LL],
+        kernels: &KernelId::COLLECTIVE_LL_ALL,
     },
     Module {
         name: "cuda/collectives_direct.cu",

@@ -44,7 +44,7 @@ struct PingPongArgs {
   uint32_t relaxed;
 };
 
-// mscclpp_collective_ll: every collective through LL packets in scratch buffers
+// mscclpp_collective_ll_*: every collective through LL packets in scratch buffers
 // (hal/src/collective.rs documents the algorithm and the scratch layout).
 constexpr uint32_t kCollectiveMaxRanks = 8;
 struct LlCollectiveArgs {
