@@ -31,6 +31,8 @@ pub mod dtype;
 pub mod env;
 pub mod error;
 pub mod ipc;
+pub mod ipc_payload;
+pub mod ipc_registry;
 pub mod kernel;
 pub mod kernel_cache;
 pub mod memory;

@@ -2,36 +2,30 @@
 //! (`cuMemHostAlloc`), and IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`).
 //!
 //! **Same-process IPC.** CUDA refuses to open an IPC handle in the process that exported it, yet
-//! the HAL allows an import anywhere on the host. A process-wide registry maps every allocation
-//! this process exported (by a process-unique allocation id carried in the handle) to a weak
-//! reference; an import in the exporting process returns a buffer that *aliases* the original
-//! (and keeps it alive), and a handle of memory freed since fails cleanly. A second registry
-//! reuses live mappings when another process's handle is imported twice into one device.
+//! the HAL allows an import anywhere on the host: an import in the exporting process aliases
+//! the original through [`mscclpp_hal::ipc_registry`], which also reuses live mappings when
+//! another process's handle is imported twice into one device. The payload and its encoding are
+//! [`mscclpp_hal::ipc_payload`]'s, in this backend's [`FORMAT`].
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::driver::sys;
-use mscclpp_hal::wire::{Reader, Writer};
+use mscclpp_hal::ipc_payload::{FieldOrder, MemoryIpcPayload, PayloadFormat};
+use mscclpp_hal::ipc_registry::IpcRegistry;
 use mscclpp_hal::{
-    Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, IpcHandle, IpcHandleKind, MemoryKind,
-    Result,
+    Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, IpcHandle, MemoryKind, Result,
 };
 
 use crate::device::Context;
 use crate::driver::check;
 
+pub use mscclpp_hal::ipc_payload::{MAX_ALLOCATION, MAX_HOST_ID, PAYLOAD_VERSION};
+
 /// Payload magic of a CUDA memory handle.
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"MSCU";
-/// Payload version.
-pub const PAYLOAD_VERSION: u16 = 1;
 /// Bytes of a `CUipcMemHandle`.
 pub const CU_IPC_HANDLE_SIZE: usize = 64;
-/// Largest allocation a handle may describe (1 TiB): a bound on what a hostile handle claims.
-pub const MAX_ALLOCATION: usize = 1 << 40;
-/// Longest host id accepted in a handle.
-pub const MAX_HOST_ID: usize = 256;
 
 /// What owns the memory behind a [`CudaAllocation`].
 #[derive(Debug)]
@@ -222,82 +216,37 @@ pub fn cuda_allocation(buf: &DeviceBuffer) -> Result<&CudaAllocation> {
         })
 }
 
-/// The decoded payload of a CUDA memory IPC handle.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpcPayload {
-    /// [`mscclpp_hal::env::host_id`] of the exporter.
-    pub host_id: String,
-    /// Process id of the exporter.
-    pub pid: u32,
-    /// Device ordinal of the exporter (in the exporter's numbering).
-    pub device: u32,
-    /// The exporter's process-unique allocation id.
-    pub alloc_id: u64,
-    /// Bytes of the allocation.
-    pub len: u64,
-    /// The `CUipcMemHandle`.
-    pub handle: [u8; CU_IPC_HANDLE_SIZE],
-}
+/// The decoded payload of a CUDA memory IPC handle (the handle is a `CUipcMemHandle`).
+pub type IpcPayload = MemoryIpcPayload<CU_IPC_HANDLE_SIZE>;
 
-impl IpcPayload {
+/// The wire format of this backend's memory payloads (allocation id before length).
+pub const FORMAT: PayloadFormat = PayloadFormat {
+    backend: BackendKind::Cuda,
+    magic: PAYLOAD_MAGIC,
+    what: "cuda IPC handle",
+    mechanism: "CUDA IPC",
+    order: FieldOrder::AllocIdThenLen,
+};
+
+/// [`IpcPayload`] in this backend's [`FORMAT`].
+pub trait PayloadCodec: Sized {
     /// Encodes the payload.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new(PAYLOAD_MAGIC, PAYLOAD_VERSION);
-        w.str(&self.host_id)
-            .u32(self.pid)
-            .u32(self.device)
-            .u64(self.alloc_id)
-            .u64(self.len)
-            .raw(&self.handle);
-        w.finish()
-    }
-
+    fn encode(&self) -> Vec<u8>;
     /// Decodes and validates a payload; never panics on garbage.
-    pub fn decode(bytes: &[u8]) -> Result<Self> {
-        const WHAT: &str = "cuda IPC handle";
-        let mut r = Reader::open(WHAT, bytes, PAYLOAD_MAGIC, PAYLOAD_VERSION, PAYLOAD_VERSION)?;
-        let host_id = r.str("host id", MAX_HOST_ID)?.to_owned();
-        let pid = r.u32()?;
-        let device = r.u32()?;
-        let alloc_id = r.u64()?;
-        let len = r.usize_at_most("length", MAX_ALLOCATION)? as u64;
-        let handle = r.array::<CU_IPC_HANDLE_SIZE>()?;
-        r.finish()?;
-        if len == 0 {
-            return Err(Error::malformed(WHAT, "zero length"));
-        }
-        if pid == 0 {
-            return Err(Error::malformed(WHAT, "process id 0"));
-        }
-        Ok(IpcPayload {
-            host_id,
-            pid,
-            device,
-            alloc_id,
-            len,
-            handle,
-        })
+    fn decode(bytes: &[u8]) -> Result<Self>;
+}
+
+impl PayloadCodec for IpcPayload {
+    fn encode(&self) -> Vec<u8> {
+        self.encode_as(&FORMAT)
+    }
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        IpcPayload::decode_as(&FORMAT, bytes)
     }
 }
 
-type Registry = Mutex<HashMap<u64, Weak<dyn Allocation>>>;
-
-/// Allocations this process exported, by allocation id.
-fn exported() -> &'static Registry {
-    static R: OnceLock<Registry> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// Live mappings of other processes' memory: (exporter pid, allocation id, importing device).
-type ImportKey = (String, u32, u64, usize);
-fn imported() -> &'static Mutex<HashMap<ImportKey, Weak<dyn Allocation>>> {
-    static R: OnceLock<Mutex<HashMap<ImportKey, Weak<dyn Allocation>>>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn this_pid() -> u32 {
-    std::process::id()
-}
+/// Allocations this process exported and mappings it imported.
+static REGISTRY: IpcRegistry = IpcRegistry::new();
 
 /// Exports `buf` (a Device or Uncached allocation made by the device of `ctx`).
 pub fn export(ctx: &Arc<Context>, buf: &DeviceBuffer) -> Result<IpcHandle> {
@@ -331,25 +280,8 @@ pub fn export(ctx: &Arc<Context>, buf: &DeviceBuffer) -> Result<IpcHandle> {
     for (d, s) in handle.iter_mut().zip(h.reserved.iter()) {
         *d = *s as u8;
     }
-    {
-        let mut reg = exported().lock().unwrap_or_else(|p| p.into_inner());
-        reg.retain(|_, w| w.strong_count() > 0);
-        reg.insert(a.id, Arc::downgrade(buf.allocation()));
-    }
-    let payload = IpcPayload {
-        host_id: mscclpp_hal::env::host_id(),
-        pid: this_pid(),
-        device: ctx.ordinal() as u32,
-        alloc_id: a.id,
-        len: a.len as u64,
-        handle,
-    };
-    Ok(IpcHandle {
-        backend: BackendKind::Cuda,
-        kind: IpcHandleKind::Memory,
-        len: a.len as u64,
-        payload: payload.encode(),
-    })
+    REGISTRY.record_export(a.id, buf.allocation());
+    Ok(IpcPayload::this_process(ctx.ordinal(), a.id, a.len, handle).to_handle(&FORMAT))
 }
 
 fn alias(ctx: &Arc<Context>, original: Arc<dyn Allocation>) -> DeviceBuffer {
@@ -366,52 +298,20 @@ fn alias(ctx: &Arc<Context>, original: Arc<dyn Allocation>) -> DeviceBuffer {
 
 /// Maps memory exported by [`export`] in this process or another of the same host.
 pub fn import(ctx: &Arc<Context>, handle: &IpcHandle) -> Result<DeviceBuffer> {
-    let p = IpcPayload::decode(&handle.payload)?;
-    if p.len != handle.len {
-        return Err(Error::malformed(
-            "cuda IPC handle",
-            format!(
-                "outer length {} disagrees with the payload's {}",
-                handle.len, p.len
-            ),
-        ));
-    }
-    let here = mscclpp_hal::env::host_id();
-    if p.host_id != here {
-        return Err(Error::invalid(format!(
-            "IPC handle was made on host {:?}, this is host {here:?}: CUDA IPC works only within one host",
-            p.host_id
-        )));
-    }
-    if p.pid == this_pid() {
-        // CUDA refuses cuIpcOpenMemHandle in the exporting process: alias the original.
-        let original = exported()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&p.alloc_id)
-            .and_then(Weak::upgrade);
-        return match original {
-            Some(o) if o.len() as u64 == p.len => Ok(alias(ctx, o)),
-            Some(o) => Err(Error::malformed(
-                "cuda IPC handle",
-                format!(
-                    "handle claims {} bytes but the exported allocation has {}",
-                    p.len,
-                    o.len()
-                ),
-            )),
-            None => Err(Error::invalid(format!(
-                "stale IPC handle: allocation {} of this process (device {}) was freed or never exported",
-                p.alloc_id, p.device
-            ))),
-        };
-    }
-    let key = (p.host_id.clone(), p.pid, p.alloc_id, ctx.ordinal());
-    let mut reg = imported().lock().unwrap_or_else(|e| e.into_inner());
-    reg.retain(|_, w| w.strong_count() > 0);
-    if let Some(existing) = reg.get(&key).and_then(Weak::upgrade) {
-        return Ok(alias(ctx, existing));
-    }
+    let p = IpcPayload::from_handle(&FORMAT, handle)?;
+    // CUDA refuses cuIpcOpenMemHandle in the exporting process: the registry aliases the
+    // original there.
+    REGISTRY.import(
+        &FORMAT,
+        &p,
+        ctx.ordinal(),
+        |o| alias(ctx, o),
+        || open(ctx, &p),
+    )
+}
+
+/// Opens another process's memory with `cuIpcOpenMemHandle` and checks its size.
+fn open(ctx: &Arc<Context>, p: &IpcPayload) -> Result<Arc<dyn Allocation>> {
     ctx.bind()?;
     // SAFETY: an all-zero CUipcMemHandle is a valid value; we then fill its bytes.
     let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
@@ -458,9 +358,7 @@ pub fn import(ctx: &Arc<Context>, handle: &IpcHandle) -> Result<DeviceBuffer> {
             ),
         });
     }
-    let a: Arc<dyn Allocation> = Arc::new(a);
-    reg.insert(key, Arc::downgrade(&a));
-    Ok(DeviceBuffer::new(a))
+    Ok(Arc::new(a))
 }
 
 #[cfg(test)]
@@ -493,6 +391,19 @@ mod tests {
         p.len = (MAX_ALLOCATION as u64) + 1;
         let e = IpcPayload::decode(&p.encode()).unwrap_err().to_string();
         assert!(e.contains("exceeds"), "{e}");
+    }
+
+    #[test]
+    fn payload_bytes_are_the_wire_layout_of_version_1() {
+        let p = sample();
+        let mut w = mscclpp_hal::wire::Writer::new(*b"MSCU", 1);
+        w.str(&p.host_id)
+            .u32(p.pid)
+            .u32(p.device)
+            .u64(p.alloc_id)
+            .u64(p.len)
+            .raw(&p.handle);
+        assert_eq!(p.encode(), w.finish());
     }
 
     proptest! {

@@ -10,33 +10,28 @@
 //! (coherent across devices, the pre-5.3 way) and say so in the log.
 //!
 //! **Same-process IPC.** As on CUDA, an import in the exporting process aliases the original
-//! allocation through a process-wide registry (by a process-unique allocation id carried in the
-//! handle) instead of asking the runtime to open its own handle; a handle of memory freed since
-//! fails cleanly. A second registry reuses live mappings when another process's handle is
-//! imported twice into one device.
+//! allocation through [`mscclpp_hal::ipc_registry`] (by a process-unique allocation id carried
+//! in the handle) instead of asking the runtime to open its own handle; a handle of memory freed
+//! since fails cleanly, and a mapping imported twice into one device is reused. The payload and
+//! its encoding are [`mscclpp_hal::ipc_payload`]'s, in this backend's [`FORMAT`].
 
-use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use mscclpp_hal::wire::{Reader, Writer};
+use mscclpp_hal::ipc_payload::{FieldOrder, MemoryIpcPayload, PayloadFormat};
+use mscclpp_hal::ipc_registry::IpcRegistry;
 use mscclpp_hal::{
-    Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, IpcHandle, IpcHandleKind, MemoryKind,
-    Result,
+    Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, IpcHandle, MemoryKind, Result,
 };
 
 use crate::device::DeviceCtx;
 use crate::ffi::{self, IPC_HANDLE_SIZE, IpcMemHandle};
 
+pub use mscclpp_hal::ipc_payload::{MAX_ALLOCATION, MAX_HOST_ID, PAYLOAD_VERSION};
+
 /// Payload magic of a ROCm memory handle.
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"MSRO";
-/// Payload version.
-pub const PAYLOAD_VERSION: u16 = 1;
-/// Largest allocation a handle may describe (1 TiB): a bound on what a hostile handle claims.
-pub const MAX_ALLOCATION: usize = 1 << 40;
-/// Longest host id accepted in a handle.
-pub const MAX_HOST_ID: usize = 256;
 
 /// What owns the memory behind a [`RocmAllocation`].
 #[derive(Debug)]
@@ -238,80 +233,38 @@ pub fn rocm_allocation(buf: &DeviceBuffer) -> Result<&RocmAllocation> {
         })
 }
 
-/// The decoded payload of a ROCm memory IPC handle.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpcPayload {
-    /// [`mscclpp_hal::env::host_id`] of the exporter.
-    pub host_id: String,
-    /// Process id of the exporter.
-    pub pid: u32,
-    /// Device ordinal of the exporter (in the exporter's numbering).
-    pub device: u32,
-    /// Bytes of the allocation.
-    pub len: u64,
-    /// The exporter's process-unique allocation id.
-    pub alloc_id: u64,
-    /// The `hipIpcMemHandle_t`.
-    pub handle: [u8; IPC_HANDLE_SIZE],
-}
+/// The decoded payload of a ROCm memory IPC handle (the handle is a `hipIpcMemHandle_t`).
+pub type IpcPayload = MemoryIpcPayload<IPC_HANDLE_SIZE>;
 
-impl IpcPayload {
-    /// Encodes the payload: magic "MSRO", version, host id, pid, device, length, allocation id,
-    /// the 64-byte handle.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new(PAYLOAD_MAGIC, PAYLOAD_VERSION);
-        w.str(&self.host_id)
-            .u32(self.pid)
-            .u32(self.device)
-            .u64(self.len)
-            .u64(self.alloc_id)
-            .raw(&self.handle);
-        w.finish()
-    }
+/// The wire format of this backend's memory payloads: magic "MSRO", version, host id, pid,
+/// device, length, allocation id, the 64-byte handle.
+pub const FORMAT: PayloadFormat = PayloadFormat {
+    backend: BackendKind::Rocm,
+    magic: PAYLOAD_MAGIC,
+    what: "rocm IPC handle",
+    mechanism: "HIP IPC",
+    order: FieldOrder::LenThenAllocId,
+};
 
+/// [`IpcPayload`] in this backend's [`FORMAT`].
+pub trait PayloadCodec: Sized {
+    /// Encodes the payload.
+    fn encode(&self) -> Vec<u8>;
     /// Decodes and validates a payload; never panics on garbage.
-    pub fn decode(bytes: &[u8]) -> Result<Self> {
-        const WHAT: &str = "rocm IPC handle";
-        let mut r = Reader::open(WHAT, bytes, PAYLOAD_MAGIC, PAYLOAD_VERSION, PAYLOAD_VERSION)?;
-        let host_id = r.str("host id", MAX_HOST_ID)?.to_owned();
-        let pid = r.u32()?;
-        let device = r.u32()?;
-        let len = r.usize_at_most("length", MAX_ALLOCATION)? as u64;
-        let alloc_id = r.u64()?;
-        let handle = r.array::<IPC_HANDLE_SIZE>()?;
-        r.finish()?;
-        if len == 0 {
-            return Err(Error::malformed(WHAT, "zero length"));
-        }
-        if pid == 0 {
-            return Err(Error::malformed(WHAT, "process id 0"));
-        }
-        Ok(IpcPayload {
-            host_id,
-            pid,
-            device,
-            len,
-            alloc_id,
-            handle,
-        })
+    fn decode(bytes: &[u8]) -> Result<Self>;
+}
+
+impl PayloadCodec for IpcPayload {
+    fn encode(&self) -> Vec<u8> {
+        self.encode_as(&FORMAT)
+    }
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        IpcPayload::decode_as(&FORMAT, bytes)
     }
 }
 
-type Registry = Mutex<HashMap<u64, Weak<dyn Allocation>>>;
-
-/// Allocations this process exported, by allocation id.
-fn exported() -> &'static Registry {
-    static R: OnceLock<Registry> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// Live mappings of other processes' memory: (host, exporter pid, allocation id, importing
-/// device).
-type ImportKey = (String, u32, u64, usize);
-fn imported() -> &'static Mutex<HashMap<ImportKey, Weak<dyn Allocation>>> {
-    static R: OnceLock<Mutex<HashMap<ImportKey, Weak<dyn Allocation>>>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(HashMap::new()))
-}
+/// Allocations this process exported and mappings it imported.
+static REGISTRY: IpcRegistry = IpcRegistry::new();
 
 /// Exports `buf` (a Device or Uncached allocation made by the device of `ctx`).
 pub fn export(ctx: &Arc<DeviceCtx>, buf: &DeviceBuffer) -> Result<IpcHandle> {
@@ -343,25 +296,8 @@ pub fn export(ctx: &Arc<DeviceCtx>, buf: &DeviceBuffer) -> Result<IpcHandle> {
     api.check("hipIpcGetMemHandle", unsafe {
         (api.ipc_get_mem_handle)(&mut h, a.ptr as *mut c_void)
     })?;
-    {
-        let mut reg = exported().lock().unwrap_or_else(|p| p.into_inner());
-        reg.retain(|_, w| w.strong_count() > 0);
-        reg.insert(a.id, Arc::downgrade(buf.allocation()));
-    }
-    let payload = IpcPayload {
-        host_id: mscclpp_hal::env::host_id(),
-        pid: std::process::id(),
-        device: ctx.ordinal() as u32,
-        len: a.len as u64,
-        alloc_id: a.id,
-        handle: h.reserved,
-    };
-    Ok(IpcHandle {
-        backend: BackendKind::Rocm,
-        kind: IpcHandleKind::Memory,
-        len: a.len as u64,
-        payload: payload.encode(),
-    })
+    REGISTRY.record_export(a.id, buf.allocation());
+    Ok(IpcPayload::this_process(ctx.ordinal(), a.id, a.len, h.reserved).to_handle(&FORMAT))
 }
 
 fn alias(ctx: &Arc<DeviceCtx>, original: Arc<dyn Allocation>) -> DeviceBuffer {
@@ -394,54 +330,21 @@ pub fn ipc_open_flags(runtime_major: i32) -> [u32; 2] {
 
 /// Maps memory exported by [`export`] in this process or another of the same host.
 pub fn import(ctx: &Arc<DeviceCtx>, handle: &IpcHandle) -> Result<DeviceBuffer> {
-    const WHAT: &str = "rocm IPC handle";
-    let p = IpcPayload::decode(&handle.payload)?;
-    if p.len != handle.len {
-        return Err(Error::malformed(
-            WHAT,
-            format!(
-                "outer length {} disagrees with the payload's {}",
-                handle.len, p.len
-            ),
-        ));
-    }
-    let here = mscclpp_hal::env::host_id();
-    if p.host_id != here {
-        return Err(Error::invalid(format!(
-            "IPC handle was made on host {:?}, this is host {here:?}: HIP IPC works only within one host",
-            p.host_id
-        )));
-    }
-    if p.pid == std::process::id() {
-        // Alias the original rather than open our own handle (CUDA refuses that, and HIP's
-        // behaviour for it is undocumented; aliasing also keeps the original alive).
-        let original = exported()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&p.alloc_id)
-            .and_then(Weak::upgrade);
-        return match original {
-            Some(o) if o.len() as u64 == p.len => Ok(alias(ctx, o)),
-            Some(o) => Err(Error::malformed(
-                WHAT,
-                format!(
-                    "handle claims {} bytes but the exported allocation has {}",
-                    p.len,
-                    o.len()
-                ),
-            )),
-            None => Err(Error::invalid(format!(
-                "stale IPC handle: allocation {} of this process (device {}) was freed or never exported",
-                p.alloc_id, p.device
-            ))),
-        };
-    }
-    let key = (p.host_id.clone(), p.pid, p.alloc_id, ctx.ordinal());
-    let mut reg = imported().lock().unwrap_or_else(|e| e.into_inner());
-    reg.retain(|_, w| w.strong_count() > 0);
-    if let Some(existing) = reg.get(&key).and_then(Weak::upgrade) {
-        return Ok(alias(ctx, existing));
-    }
+    let p = IpcPayload::from_handle(&FORMAT, handle)?;
+    // In the exporting process the registry aliases the original rather than open our own
+    // handle (CUDA refuses that, and HIP's behaviour for it is undocumented; aliasing also keeps
+    // the original alive).
+    REGISTRY.import(
+        &FORMAT,
+        &p,
+        ctx.ordinal(),
+        |o| alias(ctx, o),
+        || open(ctx, &p),
+    )
+}
+
+/// Opens another process's memory with `hipIpcOpenMemHandle` and checks its size.
+fn open(ctx: &Arc<DeviceCtx>, p: &IpcPayload) -> Result<Arc<dyn Allocation>> {
     ctx.bind()?;
     let api = ctx.api();
     let h = IpcMemHandle { reserved: p.handle };
@@ -488,9 +391,7 @@ pub fn import(ctx: &Arc<DeviceCtx>, handle: &IpcHandle) -> Result<DeviceBuffer> 
             ),
         });
     }
-    let a: Arc<dyn Allocation> = Arc::new(a);
-    reg.insert(key, Arc::downgrade(&a));
-    Ok(DeviceBuffer::new(a))
+    Ok(Arc::new(a))
 }
 
 #[cfg(test)]
@@ -539,6 +440,19 @@ mod tests {
         assert_eq!(ipc_open_flags(5), [0, 1]);
         assert_eq!(ipc_open_flags(6), [1, 0]);
         assert_eq!(ipc_open_flags(7), [1, 0]);
+    }
+
+    #[test]
+    fn payload_bytes_are_the_wire_layout_of_version_1() {
+        let p = sample();
+        let mut w = mscclpp_hal::wire::Writer::new(*b"MSRO", 1);
+        w.str(&p.host_id)
+            .u32(p.pid)
+            .u32(p.device)
+            .u64(p.len)
+            .u64(p.alloc_id)
+            .raw(&p.handle);
+        assert_eq!(p.encode(), w.finish());
     }
 
     proptest! {

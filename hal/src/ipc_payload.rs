@@ -1,0 +1,205 @@
+//! The payload of a GPU memory IPC handle, shared by the CUDA and ROCm backends: who exported
+//! the memory (host, process, device, allocation id), how large it is, and the vendor's opaque
+//! IPC handle bytes.
+//!
+//! Both backends encode the same fields through [`wire`](crate::wire); a [`PayloadFormat`] holds
+//! what differs between them (magic, names in messages, the order of two fields on the wire), so
+//! that each backend's bytes stay exactly as they were. Decoding is bounded and never panics on
+//! garbage: a handle comes from another process.
+
+use crate::caps::BackendKind;
+use crate::error::{Error, Result};
+use crate::ipc::{IpcHandle, IpcHandleKind};
+use crate::wire::{Reader, Writer};
+
+/// Payload version.
+pub const PAYLOAD_VERSION: u16 = 1;
+/// Largest allocation a handle may describe (1 TiB): a bound on what a hostile handle claims.
+pub const MAX_ALLOCATION: usize = 1 << 40;
+/// Longest host id accepted in a handle.
+pub const MAX_HOST_ID: usize = 256;
+
+/// Where the length and the allocation id stand on the wire (each backend keeps its own order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldOrder {
+    /// Allocation id, then length.
+    AllocIdThenLen,
+    /// Length, then allocation id.
+    LenThenAllocId,
+}
+
+/// What distinguishes one backend's memory payload from another's.
+#[derive(Debug, Clone, Copy)]
+pub struct PayloadFormat {
+    /// The backend whose handles these are.
+    pub backend: BackendKind,
+    /// Payload magic.
+    pub magic: [u8; 4],
+    /// What a malformed payload is called in errors (`"cuda IPC handle"`).
+    pub what: &'static str,
+    /// The vendor's IPC mechanism in messages (`"CUDA IPC"`).
+    pub mechanism: &'static str,
+    /// The order of the length and the allocation id.
+    pub order: FieldOrder,
+}
+
+/// The decoded payload of a memory IPC handle whose vendor handle has `N` bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryIpcPayload<const N: usize> {
+    /// [`crate::env::host_id`] of the exporter.
+    pub host_id: String,
+    /// Process id of the exporter.
+    pub pid: u32,
+    /// Device ordinal of the exporter (in the exporter's numbering).
+    pub device: u32,
+    /// The exporter's process-unique allocation id.
+    pub alloc_id: u64,
+    /// Bytes of the allocation.
+    pub len: u64,
+    /// The vendor's IPC handle.
+    pub handle: [u8; N],
+}
+
+impl<const N: usize> MemoryIpcPayload<N> {
+    /// The payload of an allocation this process exports now (this host, this process).
+    pub fn this_process(device: usize, alloc_id: u64, len: usize, handle: [u8; N]) -> Self {
+        MemoryIpcPayload {
+            host_id: crate::env::host_id(),
+            pid: std::process::id(),
+            device: device as u32,
+            alloc_id,
+            len: len as u64,
+            handle,
+        }
+    }
+
+    /// Encodes the payload in `fmt`.
+    pub fn encode_as(&self, fmt: &PayloadFormat) -> Vec<u8> {
+        let mut w = Writer::new(fmt.magic, PAYLOAD_VERSION);
+        w.str(&self.host_id).u32(self.pid).u32(self.device);
+        match fmt.order {
+            FieldOrder::AllocIdThenLen => w.u64(self.alloc_id).u64(self.len),
+            FieldOrder::LenThenAllocId => w.u64(self.len).u64(self.alloc_id),
+        };
+        w.raw(&self.handle);
+        w.finish()
+    }
+
+    /// Decodes and validates a payload of `fmt`; never panics on garbage.
+    pub fn decode_as(fmt: &PayloadFormat, bytes: &[u8]) -> Result<Self> {
+        let what = fmt.what;
+        let mut r = Reader::open(what, bytes, fmt.magic, PAYLOAD_VERSION, PAYLOAD_VERSION)?;
+        let host_id = r.str("host id", MAX_HOST_ID)?.to_owned();
+        let pid = r.u32()?;
+        let device = r.u32()?;
+        let (alloc_id, len) = match fmt.order {
+            FieldOrder::AllocIdThenLen => {
+                let alloc_id = r.u64()?;
+                (alloc_id, r.usize_at_most("length", MAX_ALLOCATION)? as u64)
+            }
+            FieldOrder::LenThenAllocId => {
+                let len = r.usize_at_most("length", MAX_ALLOCATION)? as u64;
+                (r.u64()?, len)
+            }
+        };
+        let handle = r.array::<N>()?;
+        r.finish()?;
+        if len == 0 {
+            return Err(Error::malformed(what, "zero length"));
+        }
+        if pid == 0 {
+            return Err(Error::malformed(what, "process id 0"));
+        }
+        Ok(MemoryIpcPayload {
+            host_id,
+            pid,
+            device,
+            alloc_id,
+            len,
+            handle,
+        })
+    }
+
+    /// The outer handle that carries this payload.
+    pub fn to_handle(&self, fmt: &PayloadFormat) -> IpcHandle {
+        IpcHandle {
+            backend: fmt.backend,
+            kind: IpcHandleKind::Memory,
+            len: self.len,
+            payload: self.encode_as(fmt),
+        }
+    }
+
+    /// Decodes the payload of `handle` and checks it against the outer handle and this host.
+    pub fn from_handle(fmt: &PayloadFormat, handle: &IpcHandle) -> Result<Self> {
+        let p = Self::decode_as(fmt, &handle.payload)?;
+        if p.len != handle.len {
+            return Err(Error::malformed(
+                fmt.what,
+                format!(
+                    "outer length {} disagrees with the payload's {}",
+                    handle.len, p.len
+                ),
+            ));
+        }
+        let here = crate::env::host_id();
+        if p.host_id != here {
+            return Err(Error::invalid(format!(
+                "IPC handle was made on host {:?}, this is host {here:?}: {} works only within one host",
+                p.host_id, fmt.mechanism
+            )));
+        }
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: PayloadFormat = PayloadFormat {
+        backend: BackendKind::Cuda,
+        magic: *b"TSTA",
+        what: "test IPC handle",
+        mechanism: "TEST IPC",
+        order: FieldOrder::AllocIdThenLen,
+    };
+    const B: PayloadFormat = PayloadFormat {
+        order: FieldOrder::LenThenAllocId,
+        ..A
+    };
+
+    fn sample() -> MemoryIpcPayload<4> {
+        MemoryIpcPayload {
+            host_id: "h".into(),
+            pid: 9,
+            device: 2,
+            alloc_id: 0x0102,
+            len: 0x0304,
+            handle: [1, 2, 3, 4],
+        }
+    }
+
+    #[test]
+    fn field_order_decides_the_bytes_and_both_round_trip() {
+        let p = sample();
+        let (a, b) = (p.encode_as(&A), p.encode_as(&B));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), b.len());
+        assert_eq!(MemoryIpcPayload::<4>::decode_as(&A, &a).unwrap(), p);
+        assert_eq!(MemoryIpcPayload::<4>::decode_as(&B, &b).unwrap(), p);
+    }
+
+    #[test]
+    fn outer_handle_must_agree_and_come_from_this_host() {
+        let mut p = MemoryIpcPayload::this_process(0, 1, 64, [0u8; 4]);
+        let mut h = p.to_handle(&A);
+        assert_eq!(h.kind, IpcHandleKind::Memory);
+        assert_eq!(MemoryIpcPayload::from_handle(&A, &h).unwrap(), p);
+        h.len += 1;
+        assert!(MemoryIpcPayload::<4>::from_handle(&A, &h).is_err());
+        p.host_id.push_str("-elsewhere");
+        let e = MemoryIpcPayload::<4>::from_handle(&A, &p.to_handle(&A)).unwrap_err();
+        assert!(e.to_string().contains("TEST IPC"), "{e}");
+    }
+}

@@ -1,0 +1,95 @@
+//! Same-process aliasing of exported allocations, shared by the GPU backends.
+//!
+//! A GPU runtime refuses (CUDA) or leaves undefined (HIP) opening an IPC handle in the process
+//! that exported it, yet the HAL allows an import anywhere on the host. An [`IpcRegistry`] maps
+//! every allocation a backend exported (by a process-unique allocation id carried in the handle)
+//! to a weak reference; an import in the exporting process gets a buffer that *aliases* the
+//! original (and keeps it alive), and a handle of memory freed since fails cleanly. A second map
+//! reuses live mappings when another process's handle is imported twice into one device.
+//!
+//! Each backend keeps its own registry (a `static`): allocation ids are unique per backend only.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use crate::error::{Error, Result};
+use crate::ipc_payload::{MemoryIpcPayload, PayloadFormat};
+use crate::memory::{Allocation, DeviceBuffer};
+
+/// Live mappings of other processes' memory: (host, exporter pid, allocation id, importing
+/// device).
+type ImportKey = (String, u32, u64, usize);
+type Map<K> = Mutex<HashMap<K, Weak<dyn Allocation>>>;
+
+/// A backend's exported allocations and imported mappings.
+#[derive(Debug, Default)]
+pub struct IpcRegistry {
+    exported: OnceLock<Map<u64>>,
+    imported: OnceLock<Map<ImportKey>>,
+}
+
+fn lock<K>(m: &OnceLock<Map<K>>) -> MutexGuard<'_, HashMap<K, Weak<dyn Allocation>>> {
+    m.get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+impl IpcRegistry {
+    /// An empty registry (for a `static`).
+    pub const fn new() -> Self {
+        IpcRegistry {
+            exported: OnceLock::new(),
+            imported: OnceLock::new(),
+        }
+    }
+
+    /// Records that `allocation` was exported under `alloc_id` (dropping entries of freed ones).
+    pub fn record_export(&self, alloc_id: u64, allocation: &Arc<dyn Allocation>) {
+        let mut reg = lock(&self.exported);
+        reg.retain(|_, w| w.strong_count() > 0);
+        reg.insert(alloc_id, Arc::downgrade(allocation));
+    }
+
+    /// Maps the memory of payload `p` (already checked by [`MemoryIpcPayload::from_handle`])
+    /// into the device `device`: in the exporting process, an alias of the original
+    /// (`alias`); a mapping of this device already open, another alias of it; else a new
+    /// mapping from `open` (the vendor call), remembered for later imports.
+    pub fn import<const N: usize>(
+        &self,
+        fmt: &PayloadFormat,
+        p: &MemoryIpcPayload<N>,
+        device: usize,
+        alias: impl FnOnce(Arc<dyn Allocation>) -> DeviceBuffer,
+        open: impl FnOnce() -> Result<Arc<dyn Allocation>>,
+    ) -> Result<DeviceBuffer> {
+        if p.pid == std::process::id() {
+            let original = lock(&self.exported)
+                .get(&p.alloc_id)
+                .and_then(Weak::upgrade);
+            return match original {
+                Some(o) if o.len() as u64 == p.len => Ok(alias(o)),
+                Some(o) => Err(Error::malformed(
+                    fmt.what,
+                    format!(
+                        "handle claims {} bytes but the exported allocation has {}",
+                        p.len,
+                        o.len()
+                    ),
+                )),
+                None => Err(Error::invalid(format!(
+                    "stale IPC handle: allocation {} of this process (device {}) was freed or never exported",
+                    p.alloc_id, p.device
+                ))),
+            };
+        }
+        let key = (p.host_id.clone(), p.pid, p.alloc_id, device);
+        let mut reg = lock(&self.imported);
+        reg.retain(|_, w| w.strong_count() > 0);
+        if let Some(existing) = reg.get(&key).and_then(Weak::upgrade) {
+            return Ok(alias(existing));
+        }
+        let a = open()?;
+        reg.insert(key, Arc::downgrade(&a));
+        Ok(DeviceBuffer::new(a))
+    }
+}
