@@ -33,6 +33,7 @@ pub mod error;
 pub mod ipc;
 pub mod ipc_payload;
 pub mod ipc_registry;
+pub mod keep_alive;
 pub mod kernel;
 pub mod kernel_cache;
 pub mod memory;

@@ -1,6 +1,6 @@
 //! Streams and events of the CUDA backend.
 //!
-//! **Buffer lifetime on streams.** Every operation that names a [`BufferSlice`] keeps a clone of
+//! **Buffer lifetime on streams** ([`mscclpp_hal::keep_alive`]). Every operation that names a [`BufferSlice`] keeps a clone of
 //! it in the stream's keep-alive list, tagged with the operation's sequence number; a successful
 //! wait (synchronize, a host copy, or a stream query that finds the stream idle) releases the
 //! entries it covers. So a buffer dropped by its user while a copy is queued is freed only after
@@ -11,11 +11,11 @@
 //! `cuEventQuery` (yielding, then sleeping with a growing interval) until it is reached or the
 //! deadline passes. Sticky errors (a faulting kernel) come back from those queries.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::sys;
+use mscclpp_hal::keep_alive::{KeepAlive, poll_until};
 use mscclpp_hal::{
     BackendKind, BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream,
 };
@@ -28,8 +28,6 @@ use crate::module::{CudaKernel, LoadedModule};
 pub const HOST_COPY_DEADLINE: Duration = Duration::from_secs(3600);
 /// How long dropping a busy stream waits before leaking the buffers its work still uses.
 pub const DROP_WAIT: Duration = Duration::from_secs(5);
-/// Keep-alive entries beyond which an enqueue checks whether the stream has gone idle.
-const KEEP_CHECK_THRESHOLD: usize = 512;
 
 /// Something an enqueued operation needs until it has run.
 #[derive(Debug)]
@@ -42,41 +40,10 @@ enum Keep {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Sequence number of the last enqueued operation.
-    seq: u64,
-    /// What enqueued operations still need, by sequence number (ascending).
-    keep: VecDeque<(u64, Keep)>,
+    /// Sequence numbers of enqueued operations and what they still need.
+    keep: KeepAlive<Keep>,
     /// While capturing: the sequence number the capture started after.
     capture_from: Option<u64>,
-}
-
-/// Polls `done` until it returns true or `timeout` passes.
-pub(crate) fn poll_until(
-    timeout: Duration,
-    what: impl Fn() -> String,
-    mut done: impl FnMut() -> Result<bool>,
-) -> Result<()> {
-    let start = Instant::now();
-    let mut spins = 0u32;
-    let mut nap = Duration::from_micros(10);
-    loop {
-        if done()? {
-            return Ok(());
-        }
-        if start.elapsed() >= timeout {
-            return Err(Error::Timeout {
-                waiting_for: what(),
-                after: timeout,
-            });
-        }
-        if spins < 200 {
-            spins += 1;
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_millis(1));
-        }
-    }
 }
 
 /// `cuEventQuery` as reached / not yet / sticky error.
@@ -219,28 +186,22 @@ impl CudaStream {
         self.ctx.bind()?;
         let mut st = self.lock();
         op(self.raw)?;
-        st.seq += 1;
         if self.borrowed {
+            st.keep.enqueued_untracked();
             return Ok(());
         }
-        let seq = st.seq;
-        st.keep.extend(keep.into_iter().map(|k| (seq, k)));
-        if st.keep.len() > KEEP_CHECK_THRESHOLD {
+        st.keep.enqueued(keep, || {
             // SAFETY: live stream of the current context. Everything enqueued so far was
             // enqueued under this lock, so an idle stream has run all of it.
-            if unsafe { sys::cuStreamQuery(self.raw) } == sys::CUresult::CUDA_SUCCESS {
-                st.keep.clear();
-            }
-        }
+            let r = unsafe { sys::cuStreamQuery(self.raw) };
+            r == sys::CUresult::CUDA_SUCCESS
+        });
         Ok(())
     }
 
     /// Releases keep-alive entries of operations up to `seq` (which have run).
     fn release(&self, seq: u64) {
-        let mut st = self.lock();
-        while st.keep.front().is_some_and(|(s, _)| *s <= seq) {
-            st.keep.pop_front();
-        }
+        self.lock().keep.release(seq);
     }
 
     /// Waits until everything enqueued so far has run; releases what it kept alive.
@@ -260,7 +221,7 @@ impl CudaStream {
             check("cuEventRecord", unsafe {
                 sys::cuEventRecord(ev.raw, self.raw)
             })?;
-            st.seq
+            st.keep.seq()
         };
         poll_until(
             timeout,
@@ -282,7 +243,7 @@ impl Drop for CudaStream {
         }
         if self.ctx.bind().is_err() {
             tracing::warn!("cannot make the context current to destroy a CUDA stream; leaking it");
-            std::mem::forget(std::mem::take(&mut self.lock().keep));
+            std::mem::forget(self.lock().keep.take());
             return;
         }
         let busy = !self.lock().keep.is_empty();
@@ -291,7 +252,7 @@ impl Drop for CudaStream {
                 // The work may still be running and using these buffers: leaking them is the
                 // only safe choice (freeing memory under the GPU would corrupt whatever is
                 // allocated there next).
-                let kept = std::mem::take(&mut self.lock().keep);
+                let kept = self.lock().keep.take();
                 tracing::warn!(
                     entries = kept.len(),
                     "dropping a CUDA stream whose work has not finished ({e}); leaking the buffers it uses"
@@ -573,7 +534,7 @@ impl Stream for CudaStream {
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
             )
         })?;
-        st.capture_from = Some(st.seq);
+        st.capture_from = Some(st.keep.seq());
         Ok(())
     }
 
@@ -590,14 +551,7 @@ impl Stream for CudaStream {
             sys::cuStreamEndCapture(self.raw, &mut graph)
         })?;
         // The captured operations never ran: what they use now belongs to the graph.
-        let keep: Vec<Keep> = {
-            let split = st
-                .keep
-                .iter()
-                .position(|(s, _)| *s > from)
-                .unwrap_or(st.keep.len());
-            st.keep.drain(split..).map(|(_, k)| k).collect()
-        };
+        let keep: Vec<Keep> = st.keep.take_after(from);
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: `graph` was just produced by the capture; valid out-pointer.
         let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };

@@ -1,6 +1,6 @@
 //! Streams and events of the ROCm backend.
 //!
-//! **Buffer lifetime on streams** (as on CUDA). Every operation that names a [`BufferSlice`]
+//! **Buffer lifetime on streams** (as on CUDA, through [`mscclpp_hal::keep_alive`]). Every operation that names a [`BufferSlice`]
 //! keeps a clone of it in the stream's keep-alive list, tagged with the operation's sequence
 //! number; a successful wait (synchronize, a host copy, or a stream query that finds the stream
 //! idle) releases the entries it covers. So a buffer dropped by its user while a copy is queued
@@ -14,11 +14,11 @@
 //! Copies of every direction go through `hipMemcpyAsync` with `hipMemcpyDefault`: HIP's unified
 //! addressing finds each pointer's kind and device (peer-mapped IPC memory included).
 
-use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use mscclpp_hal::keep_alive::{KeepAlive, poll_until};
 use mscclpp_hal::{BackendKind, BufferSlice, Error, Event, Kernel, LaunchConfig, Result, Stream};
 
 use crate::device::DeviceCtx;
@@ -29,8 +29,6 @@ use crate::module::{LoadedModule, RocmKernel};
 pub const HOST_COPY_DEADLINE: Duration = Duration::from_secs(3600);
 /// How long dropping a busy stream waits before leaking the buffers its work still uses.
 pub const DROP_WAIT: Duration = Duration::from_secs(5);
-/// Keep-alive entries beyond which an enqueue checks whether the stream has gone idle.
-const KEEP_CHECK_THRESHOLD: usize = 512;
 
 /// Something an enqueued operation needs until it has run.
 #[derive(Debug)]
@@ -40,42 +38,8 @@ enum Keep {
     Module(Arc<LoadedModule>),
 }
 
-#[derive(Debug, Default)]
-struct State {
-    /// Sequence number of the last enqueued operation.
-    seq: u64,
-    /// What enqueued operations still need, by sequence number (ascending).
-    keep: VecDeque<(u64, Keep)>,
-}
-
-/// Polls `done` until it returns true or `timeout` passes.
-pub(crate) fn poll_until(
-    timeout: Duration,
-    what: impl Fn() -> String,
-    mut done: impl FnMut() -> Result<bool>,
-) -> Result<()> {
-    let start = Instant::now();
-    let mut spins = 0u32;
-    let mut nap = Duration::from_micros(10);
-    loop {
-        if done()? {
-            return Ok(());
-        }
-        if start.elapsed() >= timeout {
-            return Err(Error::Timeout {
-                waiting_for: what(),
-                after: timeout,
-            });
-        }
-        if spins < 200 {
-            spins += 1;
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_millis(1));
-        }
-    }
-}
+/// Sequence numbers of enqueued operations and what they still need.
+type State = KeepAlive<Keep>;
 
 /// `hipEventQuery` as reached / not yet / sticky error.
 fn event_done(ctx: &DeviceCtx, ev: HipEvent) -> Result<bool> {
@@ -192,25 +156,18 @@ impl RocmStream {
         let api = self.ctx.api();
         let mut st = self.lock();
         op(api, self.raw)?;
-        st.seq += 1;
-        let seq = st.seq;
-        st.keep.extend(keep.into_iter().map(|k| (seq, k)));
-        if st.keep.len() > KEEP_CHECK_THRESHOLD {
+        st.enqueued(keep, || {
             // SAFETY: live stream of the current device. Everything enqueued so far was
             // enqueued under this lock, so an idle stream has run all of it.
-            if unsafe { (api.stream_query)(self.raw) } == ffi::code::SUCCESS {
-                st.keep.clear();
-            }
-        }
+            let r = unsafe { (api.stream_query)(self.raw) };
+            r == ffi::code::SUCCESS
+        });
         Ok(())
     }
 
     /// Releases keep-alive entries of operations up to `seq` (which have run).
     fn release(&self, seq: u64) {
-        let mut st = self.lock();
-        while st.keep.front().is_some_and(|(s, _)| *s <= seq) {
-            st.keep.pop_front();
-        }
+        self.lock().release(seq);
     }
 
     /// Waits until everything enqueued so far has run; releases what it kept alive.
@@ -223,7 +180,7 @@ impl RocmStream {
             api.check("hipEventRecord", unsafe {
                 (api.event_record)(ev.raw, self.raw)
             })?;
-            st.seq
+            st.seq()
         };
         poll_until(
             timeout,
@@ -242,16 +199,16 @@ impl Drop for RocmStream {
     fn drop(&mut self) {
         if self.ctx.bind().is_err() {
             tracing::warn!("cannot make the device current to destroy a HIP stream; leaking it");
-            std::mem::forget(std::mem::take(&mut self.lock().keep));
+            std::mem::forget(self.lock().take());
             return;
         }
-        let busy = !self.lock().keep.is_empty();
+        let busy = !self.lock().is_empty();
         if busy {
             if let Err(e) = self.wait_all(DROP_WAIT, "dropping the stream") {
                 // The work may still be running and using these buffers: leaking them is the
                 // only safe choice (freeing memory under the GPU would corrupt whatever is
                 // allocated there next).
-                let kept = std::mem::take(&mut self.lock().keep);
+                let kept = self.lock().take();
                 tracing::warn!(
                     entries = kept.len(),
                     "dropping a HIP stream whose work has not finished ({e}); leaking the buffers it uses"

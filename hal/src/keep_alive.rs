@@ -1,0 +1,156 @@
+//! What a GPU stream keeps alive for its enqueued work, and deadline-polled waits: shared by the
+//! CUDA and ROCm backends.
+//!
+//! **Buffer lifetime on streams.** Every operation that names a buffer keeps a clone of it in
+//! the stream's [`KeepAlive`] list, tagged with the operation's sequence number; a successful
+//! wait releases the entries it covers ([`KeepAlive::release`]), and once the list grows past
+//! [`KEEP_CHECK_THRESHOLD`] an enqueue asks the backend whether the stream has gone idle (then
+//! everything is released). So a buffer dropped by its user while a copy is queued is freed
+//! only after the copy ran.
+//!
+//! **Waits with deadlines.** GPU runtimes have no timed wait: [`poll_until`] polls a query
+//! (yielding, then sleeping with a growing interval) until it is reached or the deadline passes.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// Keep-alive entries beyond which an enqueue checks whether the stream has gone idle.
+pub const KEEP_CHECK_THRESHOLD: usize = 512;
+
+/// The sequence numbers of a stream's operations and what each still needs until it has run.
+#[derive(Debug)]
+pub struct KeepAlive<K> {
+    /// Sequence number of the last enqueued operation.
+    seq: u64,
+    /// What enqueued operations still need, by sequence number (ascending).
+    keep: VecDeque<(u64, K)>,
+}
+
+impl<K> Default for KeepAlive<K> {
+    fn default() -> Self {
+        KeepAlive {
+            seq: 0,
+            keep: VecDeque::new(),
+        }
+    }
+}
+
+impl<K> KeepAlive<K> {
+    /// Sequence number of the last enqueued operation (0 before the first).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Counts one enqueued operation that needs `items` until it has run. Past
+    /// [`KEEP_CHECK_THRESHOLD`] entries, `is_idle` is asked whether the stream has run all of
+    /// its work (the caller enqueues under the same lock, so an idle stream has run every
+    /// operation counted here); if so, every entry is released.
+    pub fn enqueued(&mut self, items: impl IntoIterator<Item = K>, is_idle: impl FnOnce() -> bool) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.keep.extend(items.into_iter().map(|k| (seq, k)));
+        if self.keep.len() > KEEP_CHECK_THRESHOLD && is_idle() {
+            self.keep.clear();
+        }
+    }
+
+    /// Counts one enqueued operation whose needs the caller looks after itself.
+    pub fn enqueued_untracked(&mut self) {
+        self.seq += 1;
+    }
+
+    /// Releases the entries of operations up to `seq` (which have run).
+    pub fn release(&mut self, seq: u64) {
+        while self.keep.front().is_some_and(|(s, _)| *s <= seq) {
+            self.keep.pop_front();
+        }
+    }
+
+    /// Whether nothing is kept alive.
+    pub fn is_empty(&self) -> bool {
+        self.keep.is_empty()
+    }
+
+    /// Takes every entry out (to be leaked when the work may still be running).
+    pub fn take(&mut self) -> VecDeque<(u64, K)> {
+        std::mem::take(&mut self.keep)
+    }
+
+    /// Takes out what the operations after `seq` need (work captured into a graph, which never
+    /// ran on the stream and now belongs to the graph).
+    pub fn take_after(&mut self, seq: u64) -> Vec<K> {
+        let split = self
+            .keep
+            .iter()
+            .position(|(s, _)| *s > seq)
+            .unwrap_or(self.keep.len());
+        self.keep.drain(split..).map(|(_, k)| k).collect()
+    }
+}
+
+/// Polls `done` until it returns true or `timeout` passes (an [`Error::Timeout`] naming
+/// `what()`); an error of `done` ends the wait.
+pub fn poll_until(
+    timeout: Duration,
+    what: impl Fn() -> String,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    let mut nap = Duration::from_micros(10);
+    loop {
+        if done()? {
+            return Ok(());
+        }
+        if start.elapsed() >= timeout {
+            return Err(Error::Timeout {
+                waiting_for: what(),
+                after: timeout,
+            });
+        }
+        if spins < 200 {
+            spins += 1;
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_released_up_to_a_sequence_number() {
+        let mut k = KeepAlive::default();
+        k.enqueued(["a", "b"], || unreachable!());
+        k.enqueued([], || unreachable!());
+        k.enqueued(["c"], || unreachable!());
+        assert_eq!(k.seq(), 3);
+        k.release(2);
+        assert!(!k.is_empty());
+        k.enqueued_untracked();
+        assert_eq!(k.seq(), 4);
+        assert_eq!(k.take_after(2), vec!["c"]);
+        assert!(k.is_empty());
+    }
+
+    #[test]
+    fn an_idle_stream_past_the_threshold_releases_everything() {
+        let mut k = KeepAlive::default();
+        for i in 0..KEEP_CHECK_THRESHOLD {
+            k.enqueued([i], || unreachable!());
+        }
+        k.enqueued([0], || false);
+        assert_eq!(k.take().len(), KEEP_CHECK_THRESHOLD + 1);
+        for i in 0..=KEEP_CHECK_THRESHOLD {
+            k.enqueued([i], || true);
+        }
+        assert!(k.is_empty());
+        assert_eq!(k.seq(), 2 * KEEP_CHECK_THRESHOLD as u64 + 2);
+    }
+}
