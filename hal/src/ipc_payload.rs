@@ -10,6 +10,7 @@
 use crate::caps::BackendKind;
 use crate::error::{Error, Result};
 use crate::ipc::{IpcHandle, IpcHandleKind};
+use crate::memory::{Allocation, MemoryKind};
 use crate::wire::{Reader, Writer};
 
 /// Payload version.
@@ -39,8 +40,37 @@ pub struct PayloadFormat {
     pub what: &'static str,
     /// The vendor's IPC mechanism in messages (`"CUDA IPC"`).
     pub mechanism: &'static str,
+    /// The vendor call that exports memory, in messages (`"cuIpcGetMemHandle"`).
+    pub export_call: &'static str,
     /// The order of the length and the allocation id.
     pub order: FieldOrder,
+}
+
+impl PayloadFormat {
+    /// Checks that `a` may be exported through the device with ordinal `device`: memory this
+    /// process allocated, not host-mapped, of that device.
+    pub fn check_exportable(&self, a: &dyn Allocation, device: usize) -> Result<()> {
+        if a.is_imported() {
+            return Err(Error::invalid(
+                "cannot export an imported mapping: export it from the process that allocated it",
+            ));
+        }
+        if a.kind() == MemoryKind::HostMapped {
+            return Err(Error::invalid(format!(
+                "cannot export host-mapped memory over {}: {} only exports device memory \
+                 (allocate MemoryKind::Device or Uncached)",
+                self.mechanism, self.export_call
+            )));
+        }
+        if a.device_ordinal() != device {
+            return Err(Error::invalid(format!(
+                "buffer of {} device {} exported through device {device}",
+                self.backend,
+                a.device_ordinal()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The decoded payload of a memory IPC handle whose vendor handle has `N` bytes.
@@ -162,6 +192,7 @@ mod tests {
         magic: *b"TSTA",
         what: "test IPC handle",
         mechanism: "TEST IPC",
+        export_call: "testExport",
         order: FieldOrder::AllocIdThenLen,
     };
     const B: PayloadFormat = PayloadFormat {

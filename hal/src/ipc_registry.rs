@@ -93,3 +93,122 @@ impl IpcRegistry {
         Ok(DeviceBuffer::new(a))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::caps::BackendKind;
+    use crate::ipc_payload::FieldOrder;
+    use crate::memory::{DevicePtr, MemoryKind};
+
+    const FMT: PayloadFormat = PayloadFormat {
+        backend: BackendKind::Host,
+        magic: *b"TEST",
+        what: "test IPC handle",
+        mechanism: "TEST IPC",
+        export_call: "testExport",
+        order: FieldOrder::AllocIdThenLen,
+    };
+
+    #[derive(Debug)]
+    struct Fake {
+        len: usize,
+        kind: MemoryKind,
+        imported: bool,
+    }
+
+    impl Allocation for Fake {
+        fn backend(&self) -> BackendKind {
+            BackendKind::Host
+        }
+        fn device_ordinal(&self) -> usize {
+            0
+        }
+        fn device_ptr(&self) -> DevicePtr {
+            DevicePtr(0x1000)
+        }
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn kind(&self) -> MemoryKind {
+            self.kind
+        }
+        fn host_ptr(&self) -> Option<*mut u8> {
+            None
+        }
+        fn is_imported(&self) -> bool {
+            self.imported
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    fn fake(len: usize) -> Arc<dyn Allocation> {
+        Arc::new(Fake {
+            len,
+            kind: MemoryKind::Device,
+            imported: false,
+        })
+    }
+
+    #[test]
+    fn same_process_imports_alias_the_original_until_it_is_freed() {
+        let reg = IpcRegistry::new();
+        let a = fake(64);
+        FMT.check_exportable(a.as_ref(), 0).unwrap();
+        reg.record_export(7, &a);
+        let p = MemoryIpcPayload::this_process(0, 7, 64, [0u8; 4]);
+        let never = || -> Result<Arc<dyn Allocation>> { panic!("opened in the exporting process") };
+        let b = reg.import(&FMT, &p, 0, DeviceBuffer::new, never).unwrap();
+        assert!(Arc::ptr_eq(b.allocation(), &a));
+        let mut wrong = p.clone();
+        wrong.len = 32;
+        let e = reg.import(&FMT, &wrong, 0, DeviceBuffer::new, never);
+        assert!(e.unwrap_err().to_string().contains("claims 32 bytes"));
+        drop((a, b));
+        let e = reg.import(&FMT, &p, 0, DeviceBuffer::new, never);
+        assert!(e.unwrap_err().to_string().contains("stale IPC handle"));
+    }
+
+    #[test]
+    fn other_process_mappings_are_opened_once_per_device() {
+        let reg = IpcRegistry::new();
+        let mut p = MemoryIpcPayload::this_process(0, 7, 64, [0u8; 4]);
+        p.pid = p.pid.wrapping_add(1).max(1);
+        let first = reg.import(&FMT, &p, 0, DeviceBuffer::new, || Ok(fake(64)));
+        let first = first.unwrap();
+        let again = reg.import(&FMT, &p, 0, DeviceBuffer::new, || panic!("opened twice"));
+        assert!(Arc::ptr_eq(again.unwrap().allocation(), first.allocation()));
+        let other = reg.import(&FMT, &p, 1, DeviceBuffer::new, || Ok(fake(64)));
+        assert!(!Arc::ptr_eq(
+            other.unwrap().allocation(),
+            first.allocation()
+        ));
+    }
+
+    #[test]
+    fn only_own_device_memory_is_exportable() {
+        let mapped = Fake {
+            len: 8,
+            kind: MemoryKind::HostMapped,
+            imported: false,
+        };
+        let e = FMT.check_exportable(&mapped, 0).unwrap_err().to_string();
+        assert!(
+            e.contains("over TEST IPC: testExport only exports device memory"),
+            "{e}"
+        );
+        let imported = Fake {
+            len: 8,
+            kind: MemoryKind::Device,
+            imported: true,
+        };
+        assert!(FMT.check_exportable(&imported, 0).is_err());
+        let e = FMT.check_exportable(fake(8).as_ref(), 1).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("buffer of host device 0 exported through device 1")
+        );
+    }
+}

@@ -225,6 +225,7 @@ pub const FORMAT: PayloadFormat = PayloadFormat {
     magic: PAYLOAD_MAGIC,
     what: "cuda IPC handle",
     mechanism: "CUDA IPC",
+    export_call: "cuIpcGetMemHandle",
     order: FieldOrder::AllocIdThenLen,
 };
 
@@ -251,24 +252,7 @@ static REGISTRY: IpcRegistry = IpcRegistry::new();
 /// Exports `buf` (a Device or Uncached allocation made by the device of `ctx`).
 pub fn export(ctx: &Arc<Context>, buf: &DeviceBuffer) -> Result<IpcHandle> {
     let a = cuda_allocation(buf)?;
-    if a.is_imported() {
-        return Err(Error::invalid(
-            "cannot export an imported mapping: export it from the process that allocated it",
-        ));
-    }
-    if a.kind == MemoryKind::HostMapped {
-        return Err(Error::invalid(
-            "cannot export host-mapped memory over CUDA IPC: cuIpcGetMemHandle only exports device \
-             memory (allocate MemoryKind::Device or Uncached)",
-        ));
-    }
-    if a.ctx.ordinal() != ctx.ordinal() {
-        return Err(Error::invalid(format!(
-            "buffer of cuda device {} exported through device {}",
-            a.ctx.ordinal(),
-            ctx.ordinal()
-        )));
-    }
+    FORMAT.check_exportable(a, ctx.ordinal())?;
     a.ctx.bind()?;
     // SAFETY: an all-zero CUipcMemHandle is a valid value of this plain byte array struct.
     let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };

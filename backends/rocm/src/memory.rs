@@ -243,6 +243,7 @@ pub const FORMAT: PayloadFormat = PayloadFormat {
     magic: PAYLOAD_MAGIC,
     what: "rocm IPC handle",
     mechanism: "HIP IPC",
+    export_call: "hipIpcGetMemHandle",
     order: FieldOrder::LenThenAllocId,
 };
 
@@ -269,24 +270,7 @@ static REGISTRY: IpcRegistry = IpcRegistry::new();
 /// Exports `buf` (a Device or Uncached allocation made by the device of `ctx`).
 pub fn export(ctx: &Arc<DeviceCtx>, buf: &DeviceBuffer) -> Result<IpcHandle> {
     let a = rocm_allocation(buf)?;
-    if a.is_imported() {
-        return Err(Error::invalid(
-            "cannot export an imported mapping: export it from the process that allocated it",
-        ));
-    }
-    if a.kind == MemoryKind::HostMapped {
-        return Err(Error::invalid(
-            "cannot export host-mapped memory over HIP IPC: hipIpcGetMemHandle only exports device \
-             memory (allocate MemoryKind::Device or Uncached)",
-        ));
-    }
-    if a.ctx.ordinal() != ctx.ordinal() {
-        return Err(Error::invalid(format!(
-            "buffer of rocm device {} exported through device {}",
-            a.ctx.ordinal(),
-            ctx.ordinal()
-        )));
-    }
+    FORMAT.check_exportable(a, ctx.ordinal())?;
     a.ctx.bind()?;
     let api = ctx.api();
     let mut h = IpcMemHandle {
