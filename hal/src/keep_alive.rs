@@ -120,6 +120,69 @@ pub fn poll_until(
     }
 }
 
+/// Checks that a copy (`what`: "copy", "host write", "host read") of `src` bytes has a
+/// destination of the same length.
+pub fn check_copy_len(what: &str, src: usize, dst: usize) -> Result<()> {
+    if dst != src {
+        return Err(Error::invalid(format!(
+            "{what} of {src} bytes into a destination of {dst} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// A blocking host-to-device copy of `src` on a GPU stream: `wait(what)` waits for the stream
+/// (with the deadline of host copies), `enqueue(ptr, len)` enqueues the vendor's asynchronous
+/// copy from `len` bytes at `ptr`.
+///
+/// Earlier work is waited for first (a copy from pageable memory could otherwise block inside
+/// the runtime, without a deadline, until the stream is idle), and the copy reads an owned
+/// staging copy, leaked if the wait fails, so that a timed-out wait never leaves the GPU
+/// reading the caller's slice (or freed memory) after we have returned.
+pub fn staged_host_write(
+    src: &[u8],
+    wait: impl Fn(&str) -> Result<()>,
+    enqueue: impl FnOnce(*const u8, usize) -> Result<()>,
+) -> Result<()> {
+    wait("earlier work before a host write")?;
+    let staging = src.to_vec();
+    enqueue(staging.as_ptr(), staging.len())?;
+    match wait("a host write") {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // The copy may still be running and reading `staging`: leak it rather than free it
+            // under the GPU.
+            std::mem::forget(staging);
+            Err(e)
+        }
+    }
+}
+
+/// A blocking device-to-host copy into `dst` on a GPU stream, as [`staged_host_write`]:
+/// `enqueue(ptr, len)` enqueues the vendor's asynchronous copy into `len` bytes at `ptr` (an
+/// owned staging buffer, leaked if the wait fails, copied into `dst` once the copy ran).
+pub fn staged_host_read(
+    dst: &mut [u8],
+    wait: impl Fn(&str) -> Result<()>,
+    enqueue: impl FnOnce(*mut u8, usize) -> Result<()>,
+) -> Result<()> {
+    wait("earlier work before a host read")?;
+    let mut staging = vec![0u8; dst.len()];
+    let len = staging.len();
+    enqueue(staging.as_mut_ptr(), len)?;
+    match wait("a host read") {
+        Ok(()) => {
+            dst.copy_from_slice(&staging);
+            Ok(())
+        }
+        Err(e) => {
+            // The copy may still be writing into `staging`: leak it.
+            std::mem::forget(staging);
+            Err(e)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +215,37 @@ mod tests {
         }
         assert!(k.is_empty());
         assert_eq!(k.seq(), 2 * KEEP_CHECK_THRESHOLD as u64 + 2);
+    }
+
+    #[test]
+    fn staged_copies_wait_before_and_after_and_copy_back() {
+        let waits = std::cell::RefCell::new(Vec::new());
+        let wait = |what: &str| {
+            waits.borrow_mut().push(what.to_owned());
+            Ok(())
+        };
+        staged_host_write(b"abc", wait, |ptr, len| {
+            assert_eq!(len, 3);
+            assert_ne!(ptr, b"abc".as_ptr());
+            Ok(())
+        })
+        .unwrap();
+        let mut out = [0u8; 2];
+        staged_host_read(&mut out, wait, |ptr, len| {
+            // SAFETY: the staging buffer has `len` writable bytes.
+            unsafe { std::ptr::write_bytes(ptr, 7, len) };
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(out, [7, 7]);
+        assert_eq!(waits.borrow().len(), 4);
+        let e = staged_host_read(&mut out, |_| Ok(()), |_, _| Err(Error::invalid("x")));
+        assert!(e.is_err());
+        assert!(check_copy_len("host read", 3, 3).is_ok());
+        let e = check_copy_len("copy", 3, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("copy of 3 bytes into a destination of 2 bytes"),
+            "{e}"
+        );
     }
 }

@@ -175,6 +175,53 @@ impl LaunchConfig {
     }
 }
 
+/// Checks a launch of kernel `id` on a GPU backend before the vendor call: the shape against
+/// `max_threads_per_block`, and the argument bytes against the kernel's argument struct size
+/// where it is known (`param_size`).
+pub fn check_launch(
+    id: KernelId,
+    cfg: &LaunchConfig,
+    max_threads_per_block: u32,
+    param_size: Option<usize>,
+    args: &[u8],
+) -> Result<()> {
+    cfg.validate(max_threads_per_block)?;
+    if let Some(expected) = param_size {
+        if expected != args.len() {
+            return Err(Error::invalid(format!(
+                "kernel {id} takes a {expected}-byte argument struct; {} bytes were given",
+                args.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The argument bytes in 8-byte aligned words (at least one word, zero-padded): a copy with
+/// the layout a kernel expects of its one struct parameter, whatever the caller's alignment.
+pub fn aligned_args(args: &[u8]) -> Vec<u64> {
+    let mut words = vec![0u64; args.len().div_ceil(8).max(1)];
+    for (word, chunk) in words.iter_mut().zip(args.chunks(8)) {
+        let mut bytes = [0u8; 8];
+        bytes[..chunk.len()].copy_from_slice(chunk);
+        *word = u64::from_ne_bytes(bytes);
+    }
+    words
+}
+
+/// The argument struct size of the kernels whose struct the HAL defines (for backends that
+/// cannot ask the compiled kernel).
+pub fn known_param_size(id: KernelId) -> Option<usize> {
+    use std::mem::size_of;
+    match id {
+        KernelId::FILL_U32 => Some(size_of::<FillU32Args>()),
+        KernelId::ATOMIC_ADD_U64 => Some(size_of::<AtomicAddU64Args>()),
+        KernelId::BENCH_MEMORY_CHANNEL_PUT => Some(size_of::<MemoryChannelPutArgs>()),
+        KernelId::BENCH_PORT_CHANNEL_PUT => Some(size_of::<PortChannelPutArgs>()),
+        _ => None,
+    }
+}
+
 /// A `#[repr(C)]` kernel argument struct that is plain old data.
 ///
 /// # Safety
@@ -299,3 +346,31 @@ pub struct PingPongArgs {
 
 // SAFETY: as above.
 unsafe impl KernelArgs for PingPongArgs {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_args_keep_the_bytes_in_order_and_pad_with_zeros() {
+        let words = aligned_args(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(words.len(), 2);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert_eq!(&bytes[..9], &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert!(bytes[9..].iter().all(|&b| b == 0));
+        assert_eq!(aligned_args(&[]), vec![0]);
+    }
+
+    #[test]
+    fn launches_are_checked_against_the_limit_and_the_struct_size() {
+        let cfg = LaunchConfig::linear(1, 64);
+        let id = KernelId::FILL_U32;
+        assert!(check_launch(id, &cfg, 64, Some(3), &[0; 3]).is_ok());
+        assert!(check_launch(id, &cfg, 64, None, &[0; 5]).is_ok());
+        assert!(check_launch(id, &cfg, 32, None, &[]).is_err());
+        let e = check_launch(id, &cfg, 64, Some(24), &[0; 8]).unwrap_err();
+        assert!(e.to_string().contains("24-byte argument struct"), "{e}");
+        assert_eq!(known_param_size(KernelId::FILL_U32), Some(24));
+        assert_eq!(known_param_size(KernelId("no_such_kernel")), None);
+    }
+}

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::sys;
+use mscclpp_hal::kernel::known_param_size;
 use mscclpp_hal::kernel_cache::{self, CacheCounters, EntryFormat};
 pub use mscclpp_hal::kernel_cache::{CacheStats, Fnv128, cache_path};
 use mscclpp_hal::{Error, Kernel, KernelId, Result};
@@ -235,21 +236,6 @@ impl Kernel for CudaKernel {
     }
     fn max_threads_per_block(&self) -> Option<u32> {
         Some(CudaKernel::max_threads_per_block(self))
-    }
-}
-
-/// The argument struct size of the kernels whose struct the HAL defines.
-fn known_param_size(id: KernelId) -> Option<usize> {
-    use mscclpp_hal::kernel::{
-        AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PortChannelPutArgs,
-    };
-    use std::mem::size_of;
-    match id {
-        KernelId::FILL_U32 => Some(size_of::<FillU32Args>()),
-        KernelId::ATOMIC_ADD_U64 => Some(size_of::<AtomicAddU64Args>()),
-        KernelId::BENCH_MEMORY_CHANNEL_PUT => Some(size_of::<MemoryChannelPutArgs>()),
-        KernelId::BENCH_PORT_CHANNEL_PUT => Some(size_of::<PortChannelPutArgs>()),
-        _ => None,
     }
 }
 

@@ -15,7 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use cudarc::driver::sys;
-use mscclpp_hal::keep_alive::{KeepAlive, poll_until};
+use mscclpp_hal::keep_alive::{
+    KeepAlive, check_copy_len, poll_until, staged_host_read, staged_host_write,
+};
+use mscclpp_hal::kernel::{aligned_args, check_launch};
 use mscclpp_hal::{
     BackendKind, BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream,
 };
@@ -271,13 +274,7 @@ impl Drop for CudaStream {
 
 impl Stream for CudaStream {
     fn copy(&self, dst: &BufferSlice, src: &BufferSlice) -> Result<()> {
-        if dst.len() != src.len() {
-            return Err(Error::invalid(format!(
-                "copy of {} bytes into a destination of {} bytes",
-                src.len(),
-                dst.len()
-            )));
-        }
+        check_copy_len("copy", src.len(), dst.len())?;
         let (d, s) = (cuda_slice(dst, "destination")?, cuda_slice(src, "source")?);
         if dst.is_empty() {
             return Ok(());
@@ -333,76 +330,41 @@ impl Stream for CudaStream {
     }
 
     fn write_from_host(&self, dst: &BufferSlice, src: &[u8]) -> Result<()> {
-        if dst.len() != src.len() {
-            return Err(Error::invalid(format!(
-                "host write of {} bytes into a destination of {} bytes",
-                src.len(),
-                dst.len()
-            )));
-        }
+        check_copy_len("host write", src.len(), dst.len())?;
         let d = cuda_slice(dst, "destination")?;
         if src.is_empty() {
             return Ok(());
         }
-        // Let earlier work finish first (with the deadline): a copy from pageable memory would
-        // otherwise block inside the driver, without a deadline, until the stream is idle.
-        self.wait_all(HOST_COPY_DEADLINE, "earlier work before a host write")?;
-        // Staged through an owned copy so that a timed-out wait never leaves the GPU reading the
-        // caller's slice after we have returned.
-        let staging = src.to_vec();
-        let ptr = staging.as_ptr();
-        self.enqueue([Keep::Slice(dst.clone())], |stream| {
-            // SAFETY: `staging` holds `len` bytes and outlives the copy (leaked below if the wait
-            // fails); the destination range is bounds-checked and kept alive.
-            check("cuMemcpyHtoDAsync", unsafe {
-                sys::cuMemcpyHtoDAsync_v2(d, ptr.cast(), staging.len(), stream)
+        // Through `staged_host_write`: earlier work is waited for first (a copy from pageable
+        // memory would otherwise block inside the driver, without a deadline).
+        let wait = |what: &str| self.wait_all(HOST_COPY_DEADLINE, what);
+        staged_host_write(src, wait, |ptr, len| {
+            self.enqueue([Keep::Slice(dst.clone())], |stream| {
+                // SAFETY: the staging copy holds `len` bytes and outlives the copy (leaked if the
+                // wait fails); the destination range is bounds-checked and kept alive.
+                check("cuMemcpyHtoDAsync", unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(d, ptr.cast(), len, stream)
+                })
             })
-        })?;
-        match self.wait_all(HOST_COPY_DEADLINE, "a host write") {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // The copy may still be running and reading `staging`: leak it rather than free
-                // it under the GPU.
-                std::mem::forget(staging);
-                Err(e)
-            }
-        }
+        })
     }
 
     fn read_to_host(&self, dst: &mut [u8], src: &BufferSlice) -> Result<()> {
-        if dst.len() != src.len() {
-            return Err(Error::invalid(format!(
-                "host read of {} bytes into a destination of {} bytes",
-                src.len(),
-                dst.len()
-            )));
-        }
+        check_copy_len("host read", src.len(), dst.len())?;
         let s = cuda_slice(src, "source")?;
         if dst.is_empty() {
             return Ok(());
         }
-        self.wait_all(HOST_COPY_DEADLINE, "earlier work before a host read")?;
-        let mut staging = vec![0u8; dst.len()];
-        let ptr = staging.as_mut_ptr();
-        let len = staging.len();
-        self.enqueue([Keep::Slice(src.clone())], |stream| {
-            // SAFETY: `staging` holds `len` writable bytes and outlives the copy (leaked below if
-            // the wait fails); the source range is bounds-checked and kept alive.
-            check("cuMemcpyDtoHAsync", unsafe {
-                sys::cuMemcpyDtoHAsync_v2(ptr.cast(), s, len, stream)
+        let wait = |what: &str| self.wait_all(HOST_COPY_DEADLINE, what);
+        staged_host_read(dst, wait, |ptr, len| {
+            self.enqueue([Keep::Slice(src.clone())], |stream| {
+                // SAFETY: the staging buffer holds `len` writable bytes and outlives the copy
+                // (leaked if the wait fails); the source range is bounds-checked and kept alive.
+                check("cuMemcpyDtoHAsync", unsafe {
+                    sys::cuMemcpyDtoHAsync_v2(ptr.cast(), s, len, stream)
+                })
             })
-        })?;
-        match self.wait_all(HOST_COPY_DEADLINE, "a host read") {
-            Ok(()) => {
-                dst.copy_from_slice(&staging);
-                Ok(())
-            }
-            Err(e) => {
-                // The copy may still be writing into `staging`: leak it.
-                std::mem::forget(staging);
-                Err(e)
-            }
-        }
+        })
     }
 
     unsafe fn launch_raw(&self, kernel: &dyn Kernel, cfg: LaunchConfig, args: &[u8]) -> Result<()> {
@@ -424,27 +386,10 @@ impl Stream for CudaStream {
             )));
         }
         let limit = self.max_threads_per_block.min(k.max_threads_per_block());
-        cfg.validate(limit)?;
-        if let Some(expected) = k.param_size() {
-            if expected != args.len() {
-                return Err(Error::invalid(format!(
-                    "kernel {} takes a {expected}-byte argument struct; {} bytes were given",
-                    k.id(),
-                    args.len()
-                )));
-            }
-        }
+        check_launch(k.id(), &cfg, limit, k.param_size(), args)?;
         // An 8-byte aligned copy of the argument struct: cuLaunchKernel reads the parameter
         // through kernelParams[0] during the call.
-        let mut words = vec![0u64; args.len().div_ceil(8)];
-        // SAFETY: `words` has at least `args.len()` bytes; the regions do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                args.as_ptr(),
-                words.as_mut_ptr().cast::<u8>(),
-                args.len(),
-            )
-        };
+        let mut words = aligned_args(args);
         let mut param: *mut std::ffi::c_void = words.as_mut_ptr().cast();
         let params: *mut *mut std::ffi::c_void = if args.is_empty() {
             std::ptr::null_mut()

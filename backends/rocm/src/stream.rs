@@ -18,7 +18,10 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use mscclpp_hal::keep_alive::{KeepAlive, poll_until};
+use mscclpp_hal::keep_alive::{
+    KeepAlive, check_copy_len, poll_until, staged_host_read, staged_host_write,
+};
+use mscclpp_hal::kernel::{aligned_args, check_launch};
 use mscclpp_hal::{BackendKind, BufferSlice, Error, Event, Kernel, LaunchConfig, Result, Stream};
 
 use crate::device::DeviceCtx;
@@ -228,13 +231,7 @@ impl Drop for RocmStream {
 
 impl Stream for RocmStream {
     fn copy(&self, dst: &BufferSlice, src: &BufferSlice) -> Result<()> {
-        if dst.len() != src.len() {
-            return Err(Error::invalid(format!(
-                "copy of {} bytes into a destination of {} bytes",
-                src.len(),
-                dst.len()
-            )));
-        }
+        check_copy_len("copy", src.len(), dst.len())?;
         let (d, s) = (rocm_slice(dst, "destination")?, rocm_slice(src, "source")?);
         if dst.is_empty() {
             return Ok(());
@@ -286,77 +283,41 @@ impl Stream for RocmStream {
     }
 
     fn write_from_host(&self, dst: &BufferSlice, src: &[u8]) -> Result<()> {
-        if dst.len() != src.len() {
-            return Err(Error::invalid(format!(
-                "host write of {} bytes into a destination of {} bytes",
-                src.len(),
-                dst.len()
-            )));
-        }
+        check_copy_len("host write", src.len(), dst.len())?;
         let d = rocm_slice(dst, "destination")?;
         if src.is_empty() {
             return Ok(());
         }
-        // Let earlier work finish first (with the deadline): a copy from pageable memory may
-        // otherwise block inside the runtime, without a deadline, until the stream is idle.
-        self.wait_all(HOST_COPY_DEADLINE, "earlier work before a host write")?;
-        // Staged through an owned copy so that a timed-out wait never leaves the GPU reading the
-        // caller's slice after we have returned.
-        let staging = src.to_vec();
-        let ptr = staging.as_ptr();
-        let len = staging.len();
-        self.enqueue([Keep::Slice(dst.clone())], |api, stream| {
-            // SAFETY: `staging` holds `len` bytes and outlives the copy (leaked below if the wait
-            // fails); the destination range is bounds-checked and kept alive.
-            api.check("hipMemcpyAsync", unsafe {
-                (api.memcpy_async)(d, ptr.cast(), len, ffi::MEMCPY_DEFAULT, stream)
+        // Through `staged_host_write`: earlier work is waited for first (a copy from pageable
+        // memory may otherwise block inside the runtime, without a deadline).
+        let wait = |what: &str| self.wait_all(HOST_COPY_DEADLINE, what);
+        staged_host_write(src, wait, |ptr, len| {
+            self.enqueue([Keep::Slice(dst.clone())], |api, stream| {
+                // SAFETY: the staging copy holds `len` bytes and outlives the copy (leaked if the
+                // wait fails); the destination range is bounds-checked and kept alive.
+                api.check("hipMemcpyAsync", unsafe {
+                    (api.memcpy_async)(d, ptr.cast(), len, ffi::MEMCPY_DEFAULT, stream)
+                })
             })
-        })?;
-        match self.wait_all(HOST_COPY_DEADLINE, "a host write") {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // The copy may still be running and reading `staging`: leak it rather than free
-                // it under the GPU.
-                std::mem::forget(staging);
-                Err(e)
-            }
-        }
+        })
     }
 
     fn read_to_host(&self, dst: &mut [u8], src: &BufferSlice) -> Result<()> {
-        if dst.len() != src.len() {
-            return Err(Error::invalid(format!(
-                "host read of {} bytes into a destination of {} bytes",
-                src.len(),
-                dst.len()
-            )));
-        }
+        check_copy_len("host read", src.len(), dst.len())?;
         let s = rocm_slice(src, "source")?;
         if dst.is_empty() {
             return Ok(());
         }
-        self.wait_all(HOST_COPY_DEADLINE, "earlier work before a host read")?;
-        let mut staging = vec![0u8; dst.len()];
-        let ptr = staging.as_mut_ptr();
-        let len = staging.len();
-        self.enqueue([Keep::Slice(src.clone())], |api, stream| {
-            // SAFETY: `staging` holds `len` writable bytes and outlives the copy (leaked below
-            // if the wait fails); the source range is bounds-checked and kept alive.
-            api.check("hipMemcpyAsync", unsafe {
-                (api.memcpy_async)(ptr.cast(), s, len, ffi::MEMCPY_DEFAULT, stream)
+        let wait = |what: &str| self.wait_all(HOST_COPY_DEADLINE, what);
+        staged_host_read(dst, wait, |ptr, len| {
+            self.enqueue([Keep::Slice(src.clone())], |api, stream| {
+                // SAFETY: the staging buffer holds `len` writable bytes and outlives the copy
+                // (leaked if the wait fails); the source range is bounds-checked and kept alive.
+                api.check("hipMemcpyAsync", unsafe {
+                    (api.memcpy_async)(ptr.cast(), s, len, ffi::MEMCPY_DEFAULT, stream)
+                })
             })
-        })?;
-        match self.wait_all(HOST_COPY_DEADLINE, "a host read") {
-            Ok(()) => {
-                dst.copy_from_slice(&staging);
-                Ok(())
-            }
-            Err(e) => {
-                // The copy may still be writing into `staging`: leak it.
-                std::mem::forget(staging);
-                Err(e)
-            }
-        }
+        })
     }
 
     unsafe fn launch_raw(&self, kernel: &dyn Kernel, cfg: LaunchConfig, args: &[u8]) -> Result<()> {
@@ -378,29 +339,12 @@ impl Stream for RocmStream {
             )));
         }
         let limit = self.max_threads_per_block.min(k.max_threads_per_block());
-        cfg.validate(limit)?;
-        if let Some(expected) = k.param_size() {
-            if expected != args.len() {
-                return Err(Error::invalid(format!(
-                    "kernel {} takes a {expected}-byte argument struct; {} bytes were given",
-                    k.id(),
-                    args.len()
-                )));
-            }
-        }
+        check_launch(k.id(), &cfg, limit, k.param_size(), args)?;
         // The kernel's argument segment holds the one struct parameter at offset 0; HIP copies
         // the buffer named by HIP_LAUNCH_PARAM_BUFFER_POINTER (of HIP_LAUNCH_PARAM_BUFFER_SIZE
         // bytes) into it during hipModuleLaunchKernel. An 8-byte aligned copy keeps the layout
         // the kernel expects whatever the caller's slice alignment.
-        let mut words = vec![0u64; args.len().div_ceil(8).max(1)];
-        // SAFETY: `words` has at least `args.len()` bytes; the regions do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                args.as_ptr(),
-                words.as_mut_ptr().cast::<u8>(),
-                args.len(),
-            )
-        };
+        let mut words = aligned_args(args);
         let mut size: usize = args.len();
         let mut extra: [*mut c_void; 5] = [
             ffi::LAUNCH_PARAM_BUFFER_POINTER,
