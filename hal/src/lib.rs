@@ -39,6 +39,7 @@ pub mod kernel_cache;
 pub mod memory;
 pub mod multicast;
 pub mod net;
+pub mod rtc;
 pub mod stream;
 pub mod wire;
 

@@ -5,10 +5,11 @@
 //! Headers are handed to `nvrtcCreateProgram` in memory (names and contents), so compiling needs
 //! no include path and no CUDA toolkit — the device API is self-contained.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use mscclpp_hal::rtc::{self, CompileInputs, Diagnostics, GetErrorStringFn, c_string, log_text};
 use mscclpp_hal::{Error, Result};
 
 /// Library names tried, in order.
@@ -18,7 +19,6 @@ type Program = *mut c_void;
 type NvrtcResult = c_int;
 
 type VersionFn = unsafe extern "C" fn(major: *mut c_int, minor: *mut c_int) -> NvrtcResult;
-type GetErrorStringFn = unsafe extern "C" fn(result: NvrtcResult) -> *const c_char;
 type CreateProgramFn = unsafe extern "C" fn(
     prog: *mut Program,
     src: *const c_char,
@@ -33,15 +33,16 @@ type CompileProgramFn = unsafe extern "C" fn(
     num_options: c_int,
     options: *const *const c_char,
 ) -> NvrtcResult;
-type SizeFn = unsafe extern "C" fn(prog: Program, size: *mut usize) -> NvrtcResult;
-type BytesFn = unsafe extern "C" fn(prog: Program, out: *mut c_char) -> NvrtcResult;
+type SizeFn = rtc::SizeFn<Program>;
+type BytesFn = rtc::BytesFn<Program>;
 
 /// The NVRTC entry points we use, resolved from one opened library.
 struct Api {
     /// Which library name opened.
     library: &'static str,
     version: VersionFn,
-    get_error_string: GetErrorStringFn,
+    /// Error strings and checks of the result codes.
+    diag: Diagnostics,
     create_program: CreateProgramFn,
     destroy_program: DestroyProgramFn,
     compile_program: CompileProgramFn,
@@ -96,7 +97,11 @@ fn load() -> std::result::Result<Api, String> {
         let api = Api {
             library: name,
             version: required!(VersionFn, "nvrtcVersion"),
-            get_error_string: required!(GetErrorStringFn, "nvrtcGetErrorString"),
+            diag: Diagnostics {
+                backend: "cuda",
+                compiler: "NVRTC",
+                get_error_string: required!(GetErrorStringFn, "nvrtcGetErrorString"),
+            },
             create_program: required!(CreateProgramFn, "nvrtcCreateProgram"),
             destroy_program: required!(DestroyProgramFn, "nvrtcDestroyProgram"),
             compile_program: required!(CompileProgramFn, "nvrtcCompileProgram"),
@@ -124,63 +129,13 @@ fn api() -> Result<&'static Api> {
         .map_err(|reason| unavailable(reason.clone()))
 }
 
-impl Api {
-    fn error_string(&self, code: NvrtcResult) -> String {
-        // SAFETY: nvrtcGetErrorString accepts any value and returns a pointer to a static,
-        // NUL-terminated string (or null for values it does not know).
-        let p = unsafe { (self.get_error_string)(code) };
-        if p.is_null() {
-            format!("NVRTC error {code}")
-        } else {
-            // SAFETY: non-null, NUL-terminated, static (see above).
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        }
-    }
-
-    fn check(&self, call: &'static str, code: NvrtcResult, context: &str) -> Result<()> {
-        if code == 0 {
-            return Ok(());
-        }
-        Err(Error::Driver {
-            backend: "cuda",
-            call,
-            code: i64::from(code),
-            message: format!("{} ({context})", self.error_string(code)),
-        })
-    }
-
-    /// Reads a size-then-bytes output of `prog`.
-    ///
-    /// # Safety
-    /// `prog` must be a live program of this library for which `size_fn`/`bytes_fn` are valid.
-    unsafe fn read_output(
-        &self,
-        prog: Program,
-        size_fn: SizeFn,
-        bytes_fn: BytesFn,
-        what: (&'static str, &'static str),
-        context: &str,
-    ) -> Result<Vec<u8>> {
-        let mut size = 0usize;
-        // SAFETY: `prog` is live (caller's contract); `size` is a valid out-pointer.
-        self.check(what.0, unsafe { size_fn(prog, &mut size) }, context)?;
-        let mut buf = vec![0u8; size];
-        if size > 0 {
-            // SAFETY: `buf` has exactly the `size` bytes NVRTC said it will write.
-            let code = unsafe { bytes_fn(prog, buf.as_mut_ptr().cast()) };
-            self.check(what.1, code, context)?;
-        }
-        Ok(buf)
-    }
-}
-
 /// The version of the NVRTC library that compiles, e.g. `(13, 0)`.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     let api = api()?;
     let (mut major, mut minor) = (0, 0);
     // SAFETY: valid out-pointers to locals.
     let code = unsafe { (api.version)(&mut major, &mut minor) };
-    api.check("nvrtcVersion", code, "version query")?;
+    api.diag.check("nvrtcVersion", code, "version query")?;
     Ok((major, minor))
 }
 
@@ -216,10 +171,6 @@ impl Drop for ProgramGuard<'_> {
     }
 }
 
-fn c_string(what: &str, s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
-}
-
 /// Compiles `source` (named `source_name` in messages) for `arch` (`"sm_90"`, or a virtual
 /// `"compute_90"`), with `headers` given as `(include name, contents)` pairs that `#include`s
 /// resolve to. A compile error is an [`Error::Driver`] whose message holds NVRTC's log.
@@ -231,18 +182,7 @@ pub fn compile(
 ) -> Result<Compiled> {
     let api = api()?;
     let context = format!("{source_name} for {arch}");
-    let c_source = c_string("kernel source", source)?;
-    let c_name = c_string("kernel source name", source_name)?;
-    let mut c_headers = Vec::with_capacity(headers.len());
-    let mut c_names = Vec::with_capacity(headers.len());
-    for (name, contents) in headers {
-        c_names.push(c_string("header name", name)?);
-        c_headers.push(c_string(&format!("header {name}"), contents)?);
-    }
-    let header_ptrs: Vec<*const c_char> = c_headers.iter().map(|c| c.as_ptr()).collect();
-    let name_ptrs: Vec<*const c_char> = c_names.iter().map(|c| c.as_ptr()).collect();
-    let num_headers = c_int::try_from(headers.len())
-        .map_err(|_| Error::invalid(format!("{} headers is too many", headers.len())))?;
+    let inputs = CompileInputs::new(source_name, source, headers)?;
 
     let mut prog: Program = std::ptr::null_mut();
     // SAFETY: every pointer is to a NUL-terminated string alive for the call; the two arrays
@@ -250,14 +190,14 @@ pub fn compile(
     let code = unsafe {
         (api.create_program)(
             &mut prog,
-            c_source.as_ptr(),
-            c_name.as_ptr(),
-            num_headers,
-            header_ptrs.as_ptr(),
-            name_ptrs.as_ptr(),
+            inputs.source(),
+            inputs.name(),
+            inputs.num_headers(),
+            inputs.headers(),
+            inputs.include_names(),
         )
     };
-    api.check("nvrtcCreateProgram", code, &context)?;
+    api.diag.check("nvrtcCreateProgram", code, &context)?;
     let guard = ProgramGuard { api, prog };
 
     let mut options = vec![
@@ -276,7 +216,7 @@ pub fn compile(
     let elapsed = start.elapsed();
     // SAFETY: `guard.prog` is live; the size/bytes pair is NVRTC's log accessor.
     let log = unsafe {
-        api.read_output(
+        api.diag.read_output(
             guard.prog,
             api.get_program_log_size,
             api.get_program_log,
@@ -284,21 +224,21 @@ pub fn compile(
             &context,
         )
     }?;
-    let log = String::from_utf8_lossy(&log)
-        .trim_end_matches('\0')
-        .trim()
-        .to_owned();
+    let log = log_text(&log);
     if code != 0 {
         return Err(Error::Driver {
             backend: "cuda",
             call: "nvrtcCompileProgram",
             code: i64::from(code),
-            message: format!("{} compiling {context}:\n{log}", api.error_string(code)),
+            message: format!(
+                "{} compiling {context}:\n{log}",
+                api.diag.error_string(code)
+            ),
         });
     }
     // SAFETY: as above, NVRTC's PTX accessor pair.
     let ptx = unsafe {
-        api.read_output(
+        api.diag.read_output(
             guard.prog,
             api.get_ptx_size,
             api.get_ptx,
@@ -310,7 +250,7 @@ pub fn compile(
         (Some(size_fn), Some(bytes_fn), true) => {
             // SAFETY: as above, NVRTC's cubin accessor pair.
             let c = unsafe {
-                api.read_output(
+                api.diag.read_output(
                     guard.prog,
                     size_fn,
                     bytes_fn,
