@@ -2,9 +2,9 @@
 //! the memory (host, process, device, allocation id), how large it is, and the vendor's opaque
 //! IPC handle bytes.
 //!
-//! Both backends encode the same fields through [`wire`](crate::wire); a [`PayloadFormat`] holds
-//! what differs between them (magic, names in messages, the order of two fields on the wire), so
-//! that each backend's bytes stay exactly as they were. Decoding is bounded and never panics on
+//! Both backends encode the same fields through [`wire`](crate::wire); a backend's
+//! [`IpcFormat`] holds what differs between them (the handle's size, magic, names in messages,
+//! the order of two fields on the wire), so that each backend's bytes stay exactly as they were. Decoding is bounded and never panics on
 //! garbage: a handle comes from another process.
 
 use crate::caps::BackendKind;
@@ -12,6 +12,31 @@ use crate::error::{Error, Result};
 use crate::ipc::{IpcHandle, IpcHandleKind};
 use crate::memory::{Allocation, MemoryKind};
 use crate::wire::{Reader, Writer};
+
+/// A backend's memory payload: the type of its vendor IPC handle and its [`PayloadFormat`].
+pub trait IpcFormat {
+    /// The vendor's IPC handle, as bytes.
+    type Handle: HandleBytes;
+    /// The magic, names and field order of the backend's payloads.
+    const FORMAT: PayloadFormat;
+}
+
+/// A vendor IPC handle carried as raw bytes (a byte array of the handle's size).
+pub trait HandleBytes: Copy + std::fmt::Debug + Eq + Send + Sync + 'static {
+    /// The handle's bytes.
+    fn bytes(&self) -> &[u8];
+    /// Reads a handle from `r`.
+    fn read(r: &mut Reader<'_>) -> Result<Self>;
+}
+
+impl<const N: usize> HandleBytes for [u8; N] {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn read(r: &mut Reader<'_>) -> Result<Self> {
+        r.array::<N>()
+    }
+}
 
 /// Payload version.
 pub const PAYLOAD_VERSION: u16 = 1;
@@ -73,9 +98,9 @@ impl PayloadFormat {
     }
 }
 
-/// The decoded payload of a memory IPC handle whose vendor handle has `N` bytes.
+/// The decoded payload of a memory IPC handle of the backend whose format is `F`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemoryIpcPayload<const N: usize> {
+pub struct MemoryIpcPayload<F: IpcFormat> {
     /// [`crate::env::host_id`] of the exporter.
     pub host_id: String,
     /// Process id of the exporter.
@@ -87,12 +112,12 @@ pub struct MemoryIpcPayload<const N: usize> {
     /// Bytes of the allocation.
     pub len: u64,
     /// The vendor's IPC handle.
-    pub handle: [u8; N],
+    pub handle: F::Handle,
 }
 
-impl<const N: usize> MemoryIpcPayload<N> {
+impl<F: IpcFormat> MemoryIpcPayload<F> {
     /// The payload of an allocation this process exports now (this host, this process).
-    pub fn this_process(device: usize, alloc_id: u64, len: usize, handle: [u8; N]) -> Self {
+    pub fn this_process(device: usize, alloc_id: u64, len: usize, handle: F::Handle) -> Self {
         MemoryIpcPayload {
             host_id: crate::env::host_id(),
             pid: std::process::id(),
@@ -103,20 +128,22 @@ impl<const N: usize> MemoryIpcPayload<N> {
         }
     }
 
-    /// Encodes the payload in `fmt`.
-    pub fn encode_as(&self, fmt: &PayloadFormat) -> Vec<u8> {
+    /// Encodes the payload.
+    pub fn encode(&self) -> Vec<u8> {
+        let fmt = &F::FORMAT;
         let mut w = Writer::new(fmt.magic, PAYLOAD_VERSION);
         w.str(&self.host_id).u32(self.pid).u32(self.device);
         match fmt.order {
             FieldOrder::AllocIdThenLen => w.u64(self.alloc_id).u64(self.len),
             FieldOrder::LenThenAllocId => w.u64(self.len).u64(self.alloc_id),
         };
-        w.raw(&self.handle);
+        w.raw(self.handle.bytes());
         w.finish()
     }
 
-    /// Decodes and validates a payload of `fmt`; never panics on garbage.
-    pub fn decode_as(fmt: &PayloadFormat, bytes: &[u8]) -> Result<Self> {
+    /// Decodes and validates a payload; never panics on garbage.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let fmt = &F::FORMAT;
         let what = fmt.what;
         let mut r = Reader::open(what, bytes, fmt.magic, PAYLOAD_VERSION, PAYLOAD_VERSION)?;
         let host_id = r.str("host id", MAX_HOST_ID)?.to_owned();
@@ -132,7 +159,7 @@ impl<const N: usize> MemoryIpcPayload<N> {
                 (r.u64()?, len)
             }
         };
-        let handle = r.array::<N>()?;
+        let handle = F::Handle::read(&mut r)?;
         r.finish()?;
         if len == 0 {
             return Err(Error::malformed(what, "zero length"));
@@ -151,18 +178,19 @@ impl<const N: usize> MemoryIpcPayload<N> {
     }
 
     /// The outer handle that carries this payload.
-    pub fn to_handle(&self, fmt: &PayloadFormat) -> IpcHandle {
+    pub fn to_handle(&self) -> IpcHandle {
         IpcHandle {
-            backend: fmt.backend,
+            backend: F::FORMAT.backend,
             kind: IpcHandleKind::Memory,
             len: self.len,
-            payload: self.encode_as(fmt),
+            payload: self.encode(),
         }
     }
 
     /// Decodes the payload of `handle` and checks it against the outer handle and this host.
-    pub fn from_handle(fmt: &PayloadFormat, handle: &IpcHandle) -> Result<Self> {
-        let p = Self::decode_as(fmt, &handle.payload)?;
+    pub fn from_handle(handle: &IpcHandle) -> Result<Self> {
+        let fmt = &F::FORMAT;
+        let p = Self::decode(&handle.payload)?;
         if p.len != handle.len {
             return Err(Error::malformed(
                 fmt.what,
@@ -187,20 +215,30 @@ impl<const N: usize> MemoryIpcPayload<N> {
 mod tests {
     use super::*;
 
-    const A: PayloadFormat = PayloadFormat {
-        backend: BackendKind::Cuda,
-        magic: *b"TSTA",
-        what: "test IPC handle",
-        mechanism: "TEST IPC",
-        export_call: "testExport",
-        order: FieldOrder::AllocIdThenLen,
-    };
-    const B: PayloadFormat = PayloadFormat {
-        order: FieldOrder::LenThenAllocId,
-        ..A
-    };
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct A;
+    impl IpcFormat for A {
+        type Handle = [u8; 4];
+        const FORMAT: PayloadFormat = PayloadFormat {
+            backend: BackendKind::Cuda,
+            magic: *b"TSTA",
+            what: "test IPC handle",
+            mechanism: "TEST IPC",
+            export_call: "testExport",
+            order: FieldOrder::AllocIdThenLen,
+        };
+    }
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct B;
+    impl IpcFormat for B {
+        type Handle = [u8; 4];
+        const FORMAT: PayloadFormat = PayloadFormat {
+            order: FieldOrder::LenThenAllocId,
+            ..A::FORMAT
+        };
+    }
 
-    fn sample() -> MemoryIpcPayload<4> {
+    fn sample<F: IpcFormat<Handle = [u8; 4]>>() -> MemoryIpcPayload<F> {
         MemoryIpcPayload {
             host_id: "h".into(),
             pid: 9,
@@ -213,24 +251,23 @@ mod tests {
 
     #[test]
     fn field_order_decides_the_bytes_and_both_round_trip() {
-        let p = sample();
-        let (a, b) = (p.encode_as(&A), p.encode_as(&B));
+        let (a, b) = (sample::<A>().encode(), sample::<B>().encode());
         assert_ne!(a, b);
         assert_eq!(a.len(), b.len());
-        assert_eq!(MemoryIpcPayload::<4>::decode_as(&A, &a).unwrap(), p);
-        assert_eq!(MemoryIpcPayload::<4>::decode_as(&B, &b).unwrap(), p);
+        assert_eq!(MemoryIpcPayload::<A>::decode(&a).unwrap(), sample());
+        assert_eq!(MemoryIpcPayload::<B>::decode(&b).unwrap(), sample());
     }
 
     #[test]
     fn outer_handle_must_agree_and_come_from_this_host() {
-        let mut p = MemoryIpcPayload::this_process(0, 1, 64, [0u8; 4]);
-        let mut h = p.to_handle(&A);
+        let mut p = MemoryIpcPayload::<A>::this_process(0, 1, 64, [0u8; 4]);
+        let mut h = p.to_handle();
         assert_eq!(h.kind, IpcHandleKind::Memory);
-        assert_eq!(MemoryIpcPayload::from_handle(&A, &h).unwrap(), p);
+        assert_eq!(MemoryIpcPayload::from_handle(&h).unwrap(), p);
         h.len += 1;
-        assert!(MemoryIpcPayload::<4>::from_handle(&A, &h).is_err());
+        assert!(MemoryIpcPayload::<A>::from_handle(&h).is_err());
         p.host_id.push_str("-elsewhere");
-        let e = MemoryIpcPayload::<4>::from_handle(&A, &p.to_handle(&A)).unwrap_err();
+        let e = MemoryIpcPayload::<A>::from_handle(&p.to_handle()).unwrap_err();
         assert!(e.to_string().contains("TEST IPC"), "{e}");
     }
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use crate::error::{Error, Result};
-use crate::ipc_payload::{MemoryIpcPayload, PayloadFormat};
+use crate::ipc_payload::{IpcFormat, MemoryIpcPayload};
 use crate::memory::{Allocation, DeviceBuffer};
 
 /// Live mappings of other processes' memory: (host, exporter pid, allocation id, importing
@@ -54,10 +54,9 @@ impl IpcRegistry {
     /// into the device `device`: in the exporting process, an alias of the original
     /// (`alias`); a mapping of this device already open, another alias of it; else a new
     /// mapping from `open` (the vendor call), remembered for later imports.
-    pub fn import<const N: usize>(
+    pub fn import<F: IpcFormat>(
         &self,
-        fmt: &PayloadFormat,
-        p: &MemoryIpcPayload<N>,
+        p: &MemoryIpcPayload<F>,
         device: usize,
         alias: impl FnOnce(Arc<dyn Allocation>) -> DeviceBuffer,
         open: impl FnOnce() -> Result<Arc<dyn Allocation>>,
@@ -69,7 +68,7 @@ impl IpcRegistry {
             return match original {
                 Some(o) if o.len() as u64 == p.len => Ok(alias(o)),
                 Some(o) => Err(Error::malformed(
-                    fmt.what,
+                    F::FORMAT.what,
                     format!(
                         "handle claims {} bytes but the exported allocation has {}",
                         p.len,
@@ -98,17 +97,23 @@ impl IpcRegistry {
 mod tests {
     use super::*;
     use crate::caps::BackendKind;
-    use crate::ipc_payload::FieldOrder;
+    use crate::ipc_payload::{FieldOrder, PayloadFormat};
     use crate::memory::{DevicePtr, MemoryKind};
 
-    const FMT: PayloadFormat = PayloadFormat {
-        backend: BackendKind::Host,
-        magic: *b"TEST",
-        what: "test IPC handle",
-        mechanism: "TEST IPC",
-        export_call: "testExport",
-        order: FieldOrder::AllocIdThenLen,
-    };
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct T;
+    impl IpcFormat for T {
+        type Handle = [u8; 4];
+        const FORMAT: PayloadFormat = PayloadFormat {
+            backend: BackendKind::Host,
+            magic: *b"TEST",
+            what: "test IPC handle",
+            mechanism: "TEST IPC",
+            export_call: "testExport",
+            order: FieldOrder::AllocIdThenLen,
+        };
+    }
+    const FMT: PayloadFormat = T::FORMAT;
 
     #[derive(Debug)]
     struct Fake {
@@ -158,29 +163,29 @@ mod tests {
         let a = fake(64);
         FMT.check_exportable(a.as_ref(), 0).unwrap();
         reg.record_export(7, &a);
-        let p = MemoryIpcPayload::this_process(0, 7, 64, [0u8; 4]);
+        let p = MemoryIpcPayload::<T>::this_process(0, 7, 64, [0u8; 4]);
         let never = || -> Result<Arc<dyn Allocation>> { panic!("opened in the exporting process") };
-        let b = reg.import(&FMT, &p, 0, DeviceBuffer::new, never).unwrap();
+        let b = reg.import(&p, 0, DeviceBuffer::new, never).unwrap();
         assert!(Arc::ptr_eq(b.allocation(), &a));
         let mut wrong = p.clone();
         wrong.len = 32;
-        let e = reg.import(&FMT, &wrong, 0, DeviceBuffer::new, never);
+        let e = reg.import(&wrong, 0, DeviceBuffer::new, never);
         assert!(e.unwrap_err().to_string().contains("claims 32 bytes"));
         drop((a, b));
-        let e = reg.import(&FMT, &p, 0, DeviceBuffer::new, never);
+        let e = reg.import(&p, 0, DeviceBuffer::new, never);
         assert!(e.unwrap_err().to_string().contains("stale IPC handle"));
     }
 
     #[test]
     fn other_process_mappings_are_opened_once_per_device() {
         let reg = IpcRegistry::new();
-        let mut p = MemoryIpcPayload::this_process(0, 7, 64, [0u8; 4]);
+        let mut p = MemoryIpcPayload::<T>::this_process(0, 7, 64, [0u8; 4]);
         p.pid = p.pid.wrapping_add(1).max(1);
-        let first = reg.import(&FMT, &p, 0, DeviceBuffer::new, || Ok(fake(64)));
+        let first = reg.import(&p, 0, DeviceBuffer::new, || Ok(fake(64)));
         let first = first.unwrap();
-        let again = reg.import(&FMT, &p, 0, DeviceBuffer::new, || panic!("opened twice"));
+        let again = reg.import(&p, 0, DeviceBuffer::new, || panic!("opened twice"));
         assert!(Arc::ptr_eq(again.unwrap().allocation(), first.allocation()));
-        let other = reg.import(&FMT, &p, 1, DeviceBuffer::new, || Ok(fake(64)));
+        let other = reg.import(&p, 1, DeviceBuffer::new, || Ok(fake(64)));
         assert!(!Arc::ptr_eq(
             other.unwrap().allocation(),
             first.allocation()

@@ -5,13 +5,13 @@
 //! the HAL allows an import anywhere on the host: an import in the exporting process aliases
 //! the original through [`mscclpp_hal::ipc_registry`], which also reuses live mappings when
 //! another process's handle is imported twice into one device. The payload and its encoding are
-//! [`mscclpp_hal::ipc_payload`]'s, in this backend's [`FORMAT`].
+//! [`mscclpp_hal::ipc_payload`]'s, in this backend's format ([`CudaIpc`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::sys;
-use mscclpp_hal::ipc_payload::{FieldOrder, MemoryIpcPayload, PayloadFormat};
+use mscclpp_hal::ipc_payload::{FieldOrder, IpcFormat, MemoryIpcPayload, PayloadFormat};
 use mscclpp_hal::ipc_registry::IpcRegistry;
 use mscclpp_hal::{
     Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, IpcHandle, MemoryKind, Result,
@@ -216,35 +216,25 @@ pub fn cuda_allocation(buf: &DeviceBuffer) -> Result<&CudaAllocation> {
         })
 }
 
-/// The decoded payload of a CUDA memory IPC handle (the handle is a `CUipcMemHandle`).
-pub type IpcPayload = MemoryIpcPayload<CU_IPC_HANDLE_SIZE>;
+/// The format of this backend's memory payloads: magic "MSCU", version, host id, pid, device,
+/// allocation id, length, the 64-byte `CUipcMemHandle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaIpc;
 
-/// The wire format of this backend's memory payloads (allocation id before length).
-pub const FORMAT: PayloadFormat = PayloadFormat {
-    backend: BackendKind::Cuda,
-    magic: PAYLOAD_MAGIC,
-    what: "cuda IPC handle",
-    mechanism: "CUDA IPC",
-    export_call: "cuIpcGetMemHandle",
-    order: FieldOrder::AllocIdThenLen,
-};
-
-/// [`IpcPayload`] in this backend's [`FORMAT`].
-pub trait PayloadCodec: Sized {
-    /// Encodes the payload.
-    fn encode(&self) -> Vec<u8>;
-    /// Decodes and validates a payload; never panics on garbage.
-    fn decode(bytes: &[u8]) -> Result<Self>;
+impl IpcFormat for CudaIpc {
+    type Handle = [u8; CU_IPC_HANDLE_SIZE];
+    const FORMAT: PayloadFormat = PayloadFormat {
+        backend: BackendKind::Cuda,
+        magic: PAYLOAD_MAGIC,
+        what: "cuda IPC handle",
+        mechanism: "CUDA IPC",
+        export_call: "cuIpcGetMemHandle",
+        order: FieldOrder::AllocIdThenLen,
+    };
 }
 
-impl PayloadCodec for IpcPayload {
-    fn encode(&self) -> Vec<u8> {
-        self.encode_as(&FORMAT)
-    }
-    fn decode(bytes: &[u8]) -> Result<Self> {
-        IpcPayload::decode_as(&FORMAT, bytes)
-    }
-}
+/// The decoded payload of a CUDA memory IPC handle.
+pub type IpcPayload = MemoryIpcPayload<CudaIpc>;
 
 /// Allocations this process exported and mappings it imported.
 static REGISTRY: IpcRegistry = IpcRegistry::new();
@@ -252,7 +242,7 @@ static REGISTRY: IpcRegistry = IpcRegistry::new();
 /// Exports `buf` (a Device or Uncached allocation made by the device of `ctx`).
 pub fn export(ctx: &Arc<Context>, buf: &DeviceBuffer) -> Result<IpcHandle> {
     let a = cuda_allocation(buf)?;
-    FORMAT.check_exportable(a, ctx.ordinal())?;
+    CudaIpc::FORMAT.check_exportable(a, ctx.ordinal())?;
     a.ctx.bind()?;
     // SAFETY: an all-zero CUipcMemHandle is a valid value of this plain byte array struct.
     let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
@@ -265,7 +255,7 @@ pub fn export(ctx: &Arc<Context>, buf: &DeviceBuffer) -> Result<IpcHandle> {
         *d = *s as u8;
     }
     REGISTRY.record_export(a.id, buf.allocation());
-    Ok(IpcPayload::this_process(ctx.ordinal(), a.id, a.len, handle).to_handle(&FORMAT))
+    Ok(IpcPayload::this_process(ctx.ordinal(), a.id, a.len, handle).to_handle())
 }
 
 fn alias(ctx: &Arc<Context>, original: Arc<dyn Allocation>) -> DeviceBuffer {
@@ -282,16 +272,10 @@ fn alias(ctx: &Arc<Context>, original: Arc<dyn Allocation>) -> DeviceBuffer {
 
 /// Maps memory exported by [`export`] in this process or another of the same host.
 pub fn import(ctx: &Arc<Context>, handle: &IpcHandle) -> Result<DeviceBuffer> {
-    let p = IpcPayload::from_handle(&FORMAT, handle)?;
+    let p = IpcPayload::from_handle(handle)?;
     // CUDA refuses cuIpcOpenMemHandle in the exporting process: the registry aliases the
     // original there.
-    REGISTRY.import(
-        &FORMAT,
-        &p,
-        ctx.ordinal(),
-        |o| alias(ctx, o),
-        || open(ctx, &p),
-    )
+    REGISTRY.import(&p, ctx.ordinal(), |o| alias(ctx, o), || open(ctx, &p))
 }
 
 /// Opens another process's memory with `cuIpcOpenMemHandle` and checks its size.

@@ -13,13 +13,13 @@
 //! allocation through [`mscclpp_hal::ipc_registry`] (by a process-unique allocation id carried
 //! in the handle) instead of asking the runtime to open its own handle; a handle of memory freed
 //! since fails cleanly, and a mapping imported twice into one device is reused. The payload and
-//! its encoding are [`mscclpp_hal::ipc_payload`]'s, in this backend's [`FORMAT`].
+//! its encoding are [`mscclpp_hal::ipc_payload`]'s, in this backend's format ([`RocmIpc`]).
 
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mscclpp_hal::ipc_payload::{FieldOrder, MemoryIpcPayload, PayloadFormat};
+use mscclpp_hal::ipc_payload::{FieldOrder, IpcFormat, MemoryIpcPayload, PayloadFormat};
 use mscclpp_hal::ipc_registry::IpcRegistry;
 use mscclpp_hal::{
     Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, IpcHandle, MemoryKind, Result,
@@ -233,36 +233,25 @@ pub fn rocm_allocation(buf: &DeviceBuffer) -> Result<&RocmAllocation> {
         })
 }
 
-/// The decoded payload of a ROCm memory IPC handle (the handle is a `hipIpcMemHandle_t`).
-pub type IpcPayload = MemoryIpcPayload<IPC_HANDLE_SIZE>;
+/// The format of this backend's memory payloads: magic "MSRO", version, host id, pid, device,
+/// length, allocation id, the 64-byte `hipIpcMemHandle_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RocmIpc;
 
-/// The wire format of this backend's memory payloads: magic "MSRO", version, host id, pid,
-/// device, length, allocation id, the 64-byte handle.
-pub const FORMAT: PayloadFormat = PayloadFormat {
-    backend: BackendKind::Rocm,
-    magic: PAYLOAD_MAGIC,
-    what: "rocm IPC handle",
-    mechanism: "HIP IPC",
-    export_call: "hipIpcGetMemHandle",
-    order: FieldOrder::LenThenAllocId,
-};
-
-/// [`IpcPayload`] in this backend's [`FORMAT`].
-pub trait PayloadCodec: Sized {
-    /// Encodes the payload.
-    fn encode(&self) -> Vec<u8>;
-    /// Decodes and validates a payload; never panics on garbage.
-    fn decode(bytes: &[u8]) -> Result<Self>;
+impl IpcFormat for RocmIpc {
+    type Handle = [u8; IPC_HANDLE_SIZE];
+    const FORMAT: PayloadFormat = PayloadFormat {
+        backend: BackendKind::Rocm,
+        magic: PAYLOAD_MAGIC,
+        what: "rocm IPC handle",
+        mechanism: "HIP IPC",
+        export_call: "hipIpcGetMemHandle",
+        order: FieldOrder::LenThenAllocId,
+    };
 }
 
-impl PayloadCodec for IpcPayload {
-    fn encode(&self) -> Vec<u8> {
-        self.encode_as(&FORMAT)
-    }
-    fn decode(bytes: &[u8]) -> Result<Self> {
-        IpcPayload::decode_as(&FORMAT, bytes)
-    }
-}
+/// The decoded payload of a ROCm memory IPC handle.
+pub type IpcPayload = MemoryIpcPayload<RocmIpc>;
 
 /// Allocations this process exported and mappings it imported.
 static REGISTRY: IpcRegistry = IpcRegistry::new();
@@ -270,7 +259,7 @@ static REGISTRY: IpcRegistry = IpcRegistry::new();
 /// Exports `buf` (a Device or Uncached allocation made by the device of `ctx`).
 pub fn export(ctx: &Arc<DeviceCtx>, buf: &DeviceBuffer) -> Result<IpcHandle> {
     let a = rocm_allocation(buf)?;
-    FORMAT.check_exportable(a, ctx.ordinal())?;
+    RocmIpc::FORMAT.check_exportable(a, ctx.ordinal())?;
     a.ctx.bind()?;
     let api = ctx.api();
     let mut h = IpcMemHandle {
@@ -281,7 +270,7 @@ pub fn export(ctx: &Arc<DeviceCtx>, buf: &DeviceBuffer) -> Result<IpcHandle> {
         (api.ipc_get_mem_handle)(&mut h, a.ptr as *mut c_void)
     })?;
     REGISTRY.record_export(a.id, buf.allocation());
-    Ok(IpcPayload::this_process(ctx.ordinal(), a.id, a.len, h.reserved).to_handle(&FORMAT))
+    Ok(IpcPayload::this_process(ctx.ordinal(), a.id, a.len, h.reserved).to_handle())
 }
 
 fn alias(ctx: &Arc<DeviceCtx>, original: Arc<dyn Allocation>) -> DeviceBuffer {
@@ -314,17 +303,11 @@ pub fn ipc_open_flags(runtime_major: i32) -> [u32; 2] {
 
 /// Maps memory exported by [`export`] in this process or another of the same host.
 pub fn import(ctx: &Arc<DeviceCtx>, handle: &IpcHandle) -> Result<DeviceBuffer> {
-    let p = IpcPayload::from_handle(&FORMAT, handle)?;
+    let p = IpcPayload::from_handle(handle)?;
     // In the exporting process the registry aliases the original rather than open our own
     // handle (CUDA refuses that, and HIP's behaviour for it is undocumented; aliasing also keeps
     // the original alive).
-    REGISTRY.import(
-        &FORMAT,
-        &p,
-        ctx.ordinal(),
-        |o| alias(ctx, o),
-        || open(ctx, &p),
-    )
+    REGISTRY.import(&p, ctx.ordinal(), |o| alias(ctx, o), || open(ctx, &p))
 }
 
 /// Opens another process's memory with `hipIpcOpenMemHandle` and checks its size.
