@@ -140,6 +140,21 @@ impl PeerMatrix {
         PeerMatrix { n, access }
     }
 
+    /// Builds a matrix from a fallible query of (from, to) for `from != to` (a device always
+    /// accesses its own memory); the first error ends the build.
+    pub fn try_from_peers(
+        n: usize,
+        mut can_access_peer: impl FnMut(usize, usize) -> crate::error::Result<bool>,
+    ) -> crate::error::Result<Self> {
+        let mut access = vec![false; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                access[i * n + j] = i == j || can_access_peer(i, j)?;
+            }
+        }
+        Ok(PeerMatrix { n, access })
+    }
+
     /// Number of devices.
     pub fn len(&self) -> usize {
         self.n
@@ -153,5 +168,25 @@ impl PeerMatrix {
     /// Whether device `from` can access memory of device `to`; `false` out of range.
     pub fn can_access(&self, from: usize, to: usize) -> bool {
         from < self.n && to < self.n && self.access[from * self.n + to]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_asked_only_off_the_diagonal_and_errors_end_the_build() {
+        let mut asked = Vec::new();
+        let m = PeerMatrix::try_from_peers(2, |i, j| {
+            asked.push((i, j));
+            Ok(i == 0)
+        })
+        .unwrap();
+        assert_eq!(asked, vec![(0, 1), (1, 0)]);
+        assert!(m.can_access(0, 0) && m.can_access(1, 1) && m.can_access(0, 1));
+        assert!(!m.can_access(1, 0));
+        let e = PeerMatrix::try_from_peers(2, |_, _| Err(crate::Error::invalid("x")));
+        assert!(e.is_err());
     }
 }

@@ -298,23 +298,14 @@ impl Backend for CudaBackend {
     }
 
     fn peer_access(&self) -> Result<PeerMatrix> {
-        let n = self.devices.len();
-        let mut access = vec![false; n * n];
-        for i in 0..n {
-            for j in 0..n {
-                if i == j {
-                    access[i * n + j] = true;
-                    continue;
-                }
-                let mut can: c_int = 0;
-                // SAFETY: valid out-pointer and device handles.
-                check("cuDeviceCanAccessPeer", unsafe {
-                    sys::cuDeviceCanAccessPeer(&mut can, self.devices[i], self.devices[j])
-                })?;
-                access[i * n + j] = can != 0;
-            }
-        }
-        Ok(PeerMatrix::from_fn(n, |i, j| access[i * n + j]))
+        PeerMatrix::try_from_peers(self.devices.len(), |i, j| {
+            let mut can: c_int = 0;
+            // SAFETY: valid out-pointer and device handles.
+            check("cuDeviceCanAccessPeer", unsafe {
+                sys::cuDeviceCanAccessPeer(&mut can, self.devices[i], self.devices[j])
+            })?;
+            Ok(can != 0)
+        })
     }
 }
 

@@ -277,23 +277,14 @@ impl Backend for RocmBackend {
     }
 
     fn peer_access(&self) -> Result<PeerMatrix> {
-        let n = self.infos.len();
-        let mut access = vec![false; n * n];
-        for i in 0..n {
-            for j in 0..n {
-                if i == j {
-                    access[i * n + j] = true;
-                    continue;
-                }
-                let mut can: c_int = 0;
-                // SAFETY: valid out-pointer; both ordinals are below the device count.
-                self.api.check("hipDeviceCanAccessPeer", unsafe {
-                    (self.api.device_can_access_peer)(&mut can, i as c_int, j as c_int)
-                })?;
-                access[i * n + j] = can != 0;
-            }
-        }
-        Ok(PeerMatrix::from_fn(n, |i, j| access[i * n + j]))
+        PeerMatrix::try_from_peers(self.infos.len(), |i, j| {
+            let mut can: c_int = 0;
+            // SAFETY: valid out-pointer; both ordinals are below the device count.
+            self.api.check("hipDeviceCanAccessPeer", unsafe {
+                (self.api.device_can_access_peer)(&mut can, i as c_int, j as c_int)
+            })?;
+            Ok(can != 0)
+        })
     }
 }
 
