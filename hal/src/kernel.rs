@@ -218,6 +218,10 @@ pub fn known_param_size(id: KernelId) -> Option<usize> {
         KernelId::ATOMIC_ADD_U64 => Some(size_of::<AtomicAddU64Args>()),
         KernelId::BENCH_MEMORY_CHANNEL_PUT => Some(size_of::<MemoryChannelPutArgs>()),
         KernelId::BENCH_PORT_CHANNEL_PUT => Some(size_of::<PortChannelPutArgs>()),
+        KernelId::COLLECTIVE_DIRECT => Some(size_of::<crate::collective::DirectCollectiveArgs>()),
+        id if KernelId::COLLECTIVE_LL_ALL.contains(&id) => {
+            Some(size_of::<crate::collective::LlCollectiveArgs>())
+        }
         _ => None,
     }
 }
