@@ -9,7 +9,7 @@ use mscclpp::hal::{
 };
 
 use crate::ensure;
-use crate::harness::{CaseFn, Context, Fixture, hex, unhex};
+use crate::harness::{CaseFn, Context, Fixture, hex, skipped, unhex};
 use crate::multiproc;
 use crate::rng::Rng;
 
@@ -435,7 +435,7 @@ fn stream_waits_for_event_of_another(f: &Fixture) -> Result<(), String> {
 
 fn ipc_export_import_in_process(f: &Fixture) -> Result<(), String> {
     if !f.device.info().caps.ipc {
-        return Ok(());
+        return Err(skipped("the device has no IPC"));
     }
     let s = f.device.create_stream().ctx("create_stream")?;
     let buf = f.device.alloc(1 << 16, MemoryKind::Device).ctx("alloc")?;
@@ -718,7 +718,9 @@ fn graph_capture_replays_work(f: &Fixture) -> Result<(), String> {
     s.fill(&counter.full(), 0).ctx("fill")?;
     s.synchronize_timeout(SYNC).ctx("synchronize")?;
     match s.begin_capture() {
-        Err(e) if e.class() == ErrorClass::Unavailable => return Ok(()),
+        Err(e) if e.class() == ErrorClass::Unavailable => {
+            return Err(skipped(format!("no graph capture here: {e}")));
+        }
         Err(e) => return Err(format!("begin_capture: {e}")),
         Ok(()) => {}
     }
@@ -836,7 +838,9 @@ fn multicast_group_binds_and_maps(f: &Fixture) -> Result<(), String> {
 
 fn multicast_rejects_bad_binds(f: &Fixture) -> Result<(), String> {
     let granularity = match &f.device.info().caps.multicast {
-        MulticastSupport::Unsupported(_) => return Ok(()),
+        MulticastSupport::Unsupported(reason) => {
+            return Err(skipped(format!("multicast unsupported: {reason}")));
+        }
         MulticastSupport::Hardware { granularity } | MulticastSupport::Emulated { granularity } => {
             *granularity
         }

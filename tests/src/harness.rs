@@ -18,8 +18,16 @@ pub struct Fixture {
     pub device: Arc<dyn Device>,
 }
 
-/// A conformance case: `Ok(())` passes, `Err(message)` fails.
+/// A conformance case: `Ok(())` passes, `Err(message)` fails, `Err(skipped(reason))` is
+/// reported as ignored with the reason (a capability this backend or device lacks).
 pub type CaseFn = fn(&Fixture) -> Result<(), String>;
+
+const SKIP_MARKER: &str = "\u{0}skipped: ";
+
+/// The error of a case that cannot run here, with the reason (see [`CaseFn`]).
+pub fn skipped(reason: impl std::fmt::Display) -> String {
+    format!("{SKIP_MARKER}{reason}")
+}
 
 /// Fails a case with a formatted message unless the condition holds.
 #[macro_export]
@@ -68,8 +76,13 @@ pub fn stamp(suite: &str, cases: &[(&'static str, CaseFn)]) -> Vec<Trial> {
                 let device = backend
                     .open_device(0)
                     .map_err(|e| Failed::from(format!("opening device 0: {e}")))?;
-                case(&Fixture { backend, device }).map_err(Failed::from)?;
-                Ok(Completion::Completed)
+                match case(&Fixture { backend, device }) {
+                    Ok(()) => Ok(Completion::Completed),
+                    Err(e) => match e.strip_prefix(SKIP_MARKER) {
+                        Some(reason) => Ok(Completion::ignored_with(reason.to_owned())),
+                        None => Err(Failed::from(e)),
+                    },
+                }
             }));
         }
     }
