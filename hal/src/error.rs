@@ -107,6 +107,25 @@ impl Error {
         }
     }
 
+    /// Appends `context` (what was being done) to the message of a driver error; other errors
+    /// pass through unchanged.
+    pub fn with_context(self, context: impl FnOnce() -> String) -> Self {
+        match self {
+            Error::Driver {
+                backend,
+                call,
+                code,
+                message,
+            } => Error::Driver {
+                backend,
+                call,
+                code,
+                message: format!("{message} ({})", context()),
+            },
+            other => other,
+        }
+    }
+
     /// Shorthand for [`Error::InvalidUsage`].
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidUsage(msg.into())
@@ -159,4 +178,26 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_is_appended_to_driver_errors_only() {
+        let e = Error::Driver {
+            backend: "cuda",
+            call: "cuMemAlloc_v2",
+            code: 2,
+            message: "out of memory".into(),
+        }
+        .with_context(|| "allocating 64 bytes".into());
+        assert_eq!(
+            e.to_string(),
+            "cuda call cuMemAlloc_v2 failed with code 2: out of memory (allocating 64 bytes)"
+        );
+        let e = Error::invalid("bad").with_context(|| unreachable!("not asked for"));
+        assert_eq!(e.to_string(), Error::invalid("bad").to_string());
+    }
 }

@@ -103,20 +103,7 @@ fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute, name: &'static str) -> R
     check("cuDeviceGetAttribute", unsafe {
         sys::cuDeviceGetAttribute(&mut v, a, dev)
     })
-    .map_err(|e| match e {
-        Error::Driver {
-            backend,
-            call,
-            code,
-            message,
-        } => Error::Driver {
-            backend,
-            call,
-            code,
-            message: format!("{message} (attribute {name})"),
-        },
-        other => other,
-    })?;
+    .map_err(|e| e.with_context(|| format!("attribute {name}")))?;
     Ok(v)
 }
 

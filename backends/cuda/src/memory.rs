@@ -119,20 +119,7 @@ impl CudaAllocation {
 }
 
 fn with_size(e: Error, len: usize) -> Error {
-    match e {
-        Error::Driver {
-            backend,
-            call,
-            code,
-            message,
-        } => Error::Driver {
-            backend,
-            call,
-            code,
-            message: format!("{message} (allocating {len} bytes)"),
-        },
-        other => other,
-    }
+    e.with_context(|| format!("allocating {len} bytes"))
 }
 
 impl Drop for CudaAllocation {

@@ -255,20 +255,8 @@ fn load_module(
     let mut raw: sys::CUmodule = std::ptr::null_mut();
     // SAFETY: `image` is a complete cubin, or NUL-terminated PTX; the context is current.
     let r = unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr().cast()) };
-    check("cuModuleLoadData", r).map_err(|e| match e {
-        Error::Driver {
-            backend,
-            call,
-            code,
-            message,
-        } => Error::Driver {
-            backend,
-            call,
-            code,
-            message: format!("{message} (module {}, {kind:?} for {arch})", module.name),
-        },
-        other => other,
-    })?;
+    check("cuModuleLoadData", r)
+        .map_err(|e| e.with_context(|| format!("module {}, {kind:?} for {arch}", module.name)))?;
     Ok(Arc::new(LoadedModule {
         ctx: ctx.clone(),
         raw,

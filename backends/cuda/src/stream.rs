@@ -416,20 +416,7 @@ impl Stream for CudaStream {
                     std::ptr::null_mut(),
                 )
             })
-            .map_err(|e| match e {
-                Error::Driver {
-                    backend,
-                    call,
-                    code,
-                    message,
-                } => Error::Driver {
-                    backend,
-                    call,
-                    code,
-                    message: format!("{message} (kernel {}, {cfg:?})", k.id()),
-                },
-                other => other,
-            })
+            .map_err(|e| e.with_context(|| format!("kernel {}, {cfg:?}", k.id())))
         })
     }
 

@@ -72,7 +72,7 @@ fn attribute(api: &Api, ordinal: c_int, a: c_int, name: &'static str) -> Result<
     api.check("hipDeviceGetAttribute", unsafe {
         (api.device_get_attribute)(&mut v, a, ordinal)
     })
-    .map_err(|e| ffi::with_context(e, || format!("attribute {name}")))?;
+    .map_err(|e| e.with_context(|| format!("attribute {name}")))?;
     Ok(v)
 }
 

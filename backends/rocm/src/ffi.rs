@@ -610,24 +610,6 @@ pub fn api() -> Result<&'static Api> {
         .map_err(|reason| Error::unavailable("rocm backend", reason.clone()))
 }
 
-/// Appends `context` to the message of a driver error (other errors pass through).
-pub fn with_context(e: Error, context: impl FnOnce() -> String) -> Error {
-    match e {
-        Error::Driver {
-            backend,
-            call,
-            code,
-            message,
-        } => Error::Driver {
-            backend,
-            call,
-            code,
-            message: format!("{message} ({})", context()),
-        },
-        other => other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

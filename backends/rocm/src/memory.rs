@@ -71,7 +71,7 @@ fn next_id() -> u64 {
 }
 
 fn with_size(e: Error, len: usize) -> Error {
-    ffi::with_context(e, || format!("allocating {len} bytes"))
+    e.with_context(|| format!("allocating {len} bytes"))
 }
 
 impl RocmAllocation {

@@ -221,7 +221,7 @@ fn load_module(
     // one); valid out-pointer; the device is current.
     let r = unsafe { (api.module_load_data)(&mut raw, image.as_ptr().cast()) };
     api.check("hipModuleLoadData", r).map_err(|e| {
-        ffi::with_context(e, || {
+        e.with_context(|| {
             format!(
                 "module {}, code object for {target} on a {arch} device",
                 module.name

@@ -379,7 +379,7 @@ impl Stream for RocmStream {
                     extra_ptr,
                 )
             })
-            .map_err(|e| ffi::with_context(e, || format!("kernel {}, {cfg:?}", k.id())))
+            .map_err(|e| e.with_context(|| format!("kernel {}, {cfg:?}", k.id())))
         })
     }
 
