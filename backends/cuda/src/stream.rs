@@ -1,6 +1,6 @@
 //! Streams and events of the CUDA backend.
 //!
-//! **Buffer lifetime on streams** ([`mscclpp_hal::keep_alive`]). Every operation that names a [`BufferSlice`] keeps a clone of
+//! **Buffer lifetime on streams** ([`mscclpp_hal::gpu_stream`]). Every operation that names a [`BufferSlice`] keeps a clone of
 //! it in the stream's keep-alive list, tagged with the operation's sequence number; a successful
 //! wait (synchronize, a host copy, or a stream query that finds the stream idle) releases the
 //! entries it covers. So a buffer dropped by its user while a copy is queued is freed only after
@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use cudarc::driver::sys;
-use mscclpp_hal::keep_alive::{
+use mscclpp_hal::gpu_stream::{
     KeepAlive, check_copy_len, poll_until, staged_host_read, staged_host_write,
 };
 use mscclpp_hal::kernel::{aligned_args, check_launch};

@@ -1,5 +1,5 @@
-//! What a GPU stream keeps alive for its enqueued work, and deadline-polled waits: shared by the
-//! CUDA and ROCm backends.
+//! What the CUDA and ROCm streams share: the list of what a stream keeps alive for its enqueued
+//! work, deadline-polled waits, and staged host copies.
 //!
 //! **Buffer lifetime on streams.** Every operation that names a buffer keeps a clone of it in
 //! the stream's [`KeepAlive`] list, tagged with the operation's sequence number; a successful
