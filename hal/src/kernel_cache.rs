@@ -218,6 +218,41 @@ impl CacheCounters {
     }
 }
 
+/// The flow both GPU backends run for a module: the cached image when `cached` finds a usable
+/// entry (a hit, counted and logged), else `compile` — timed, counted and logged with the
+/// compiler's own log — whose image `store` writes back (a failed write is only a warning: the
+/// kernel still loads). `module`, `target` and `compiler` (e.g. `"NVRTC 13.0"`) name it in logs.
+pub fn cached_or_compiled<T>(
+    counters: &CacheCounters,
+    (module, target, compiler): (&str, &str, &str),
+    cached: impl FnOnce() -> Option<T>,
+    compile: impl FnOnce() -> Result<(T, String)>,
+    store: impl FnOnce(&T) -> Result<()>,
+) -> Result<T> {
+    if let Some(hit) = cached() {
+        counters.hit();
+        tracing::info!(module, target, "kernel cache hit");
+        return Ok(hit);
+    }
+    let start = std::time::Instant::now();
+    let (image, log) = compile()?;
+    let took = start.elapsed();
+    counters.compiled(took);
+    tracing::info!(
+        module,
+        target,
+        "compiled in {:.3} s ({compiler})",
+        took.as_secs_f64()
+    );
+    if !log.is_empty() {
+        tracing::debug!(module, target, "{compiler} log:\n{log}");
+    }
+    if let Err(e) = store(&image) {
+        tracing::warn!("kernel cache not written (the kernel still loads): {e}");
+    }
+    Ok(image)
+}
+
 /// Reads and decodes the entry at `path`; `None` when missing, unreadable or unusable (logged and
 /// counted, never fatal).
 pub fn read_cache<T>(

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_int};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use cudarc::driver::sys;
 use mscclpp_hal::kernel::known_param_size;
@@ -127,40 +126,27 @@ pub fn image_for(
 ) -> Result<(ImageKind, Vec<u8>)> {
     let key = cache_key(module.name, module.source, HEADERS, arch, nvrtc_version);
     let path = cache_path(dir, module.name, arch, key);
-    if let Some(hit) = read_cache(&path, key) {
-        COUNTERS.hit();
-        tracing::info!(module = module.name, arch, path = %path.display(), "kernel cache hit");
-        return Ok(hit);
-    }
-    let start = Instant::now();
-    let compiled = compile()?;
-    let took = start.elapsed();
-    COUNTERS.compiled(took);
-    tracing::info!(
-        module = module.name,
-        arch,
-        "compiled in {:.3} s (NVRTC {}.{})",
-        took.as_secs_f64(),
-        nvrtc_version.0,
-        nvrtc_version.1
-    );
-    if !compiled.log.is_empty() {
-        tracing::debug!(module = module.name, arch, "NVRTC log:\n{}", compiled.log);
-    }
-    let (kind, image) = match compiled.cubin {
-        Some(c) => (ImageKind::Cubin, c),
-        None => {
-            let mut ptx = compiled.ptx;
-            if ptx.last() != Some(&0) {
-                ptx.push(0);
-            }
-            (ImageKind::Ptx, ptx)
-        }
-    };
-    if let Err(e) = write_cache(&path, key, kind, &image) {
-        tracing::warn!("kernel cache not written (the kernel still loads): {e}");
-    }
-    Ok((kind, image))
+    let compiler = format!("NVRTC {}.{}", nvrtc_version.0, nvrtc_version.1);
+    kernel_cache::cached_or_compiled(
+        &COUNTERS,
+        (module.name, arch, &compiler),
+        || read_cache(&path, key),
+        || {
+            let compiled = compile()?;
+            let image = match compiled.cubin {
+                Some(c) => (ImageKind::Cubin, c),
+                None => {
+                    let mut ptx = compiled.ptx;
+                    if ptx.last() != Some(&0) {
+                        ptx.push(0);
+                    }
+                    (ImageKind::Ptx, ptx)
+                }
+            };
+            Ok((image, compiled.log))
+        },
+        |(kind, image)| write_cache(&path, key, *kind, image),
+    )
 }
 
 /// A module loaded into one device's context; unloaded on drop.

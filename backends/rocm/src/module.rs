@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_int};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use mscclpp_hal::kernel::known_param_size;
 use mscclpp_hal::kernel_cache::{self, CacheCounters, EntryFormat};
@@ -95,35 +94,14 @@ pub fn image_for(
 ) -> Result<Vec<u8>> {
     let key = cache_key(module.name, module.source, HEADERS, target, version);
     let path = cache_path(dir, module.name, target, key);
-    if let Some(hit) = read_cache(&path, key) {
-        COUNTERS.hit();
-        tracing::info!(module = module.name, target, path = %path.display(), "kernel cache hit");
-        return Ok(hit);
-    }
-    let start = Instant::now();
-    let compiled = compile()?;
-    let took = start.elapsed();
-    COUNTERS.compiled(took);
-    tracing::info!(
-        module = module.name,
-        target,
-        "compiled in {:.3} s (hipRTC {}.{})",
-        took.as_secs_f64(),
-        version.0,
-        version.1
-    );
-    if !compiled.log.is_empty() {
-        tracing::debug!(
-            module = module.name,
-            target,
-            "hipRTC log:\n{}",
-            compiled.log
-        );
-    }
-    if let Err(e) = write_cache(&path, key, &compiled.code) {
-        tracing::warn!("kernel cache not written (the kernel still loads): {e}");
-    }
-    Ok(compiled.code)
+    let compiler = format!("hipRTC {}.{}", version.0, version.1);
+    kernel_cache::cached_or_compiled(
+        &COUNTERS,
+        (module.name, target, &compiler),
+        || read_cache(&path, key),
+        || compile().map(|c| (c.code, c.log)),
+        |code| write_cache(&path, key, code),
+    )
 }
 
 /// A module loaded on one device; unloaded on drop.
