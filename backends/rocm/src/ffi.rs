@@ -207,101 +207,113 @@ pub struct IpcMemHandle {
     pub reserved: [u8; IPC_HANDLE_SIZE],
 }
 
-/// Every HIP runtime entry point this backend calls, resolved from one opened library.
-#[derive(Debug)]
-pub struct Api {
-    /// The library name or path that opened.
-    pub library: String,
-    pub(crate) init: Init,
-    pub(crate) driver_get_version: GetInt,
-    pub(crate) runtime_get_version: GetInt,
-    pub(crate) get_device_count: GetInt,
-    pub(crate) get_device_properties: GetDeviceProperties,
-    /// `hipGetDevicePropertiesR0600` (ROCm 6+), where present.
-    pub(crate) get_device_properties_r0600: Option<GetDeviceProperties>,
-    pub(crate) device_get_attribute: DeviceGetAttribute,
-    pub(crate) device_total_mem: DeviceTotalMem,
-    pub(crate) device_get_pci_bus_id: DeviceGetString,
-    pub(crate) device_get_name: DeviceGetString,
-    pub(crate) set_device: SetDevice,
-    pub(crate) malloc: Malloc,
-    pub(crate) ext_malloc_with_flags: MallocFlags,
-    pub(crate) host_malloc: MallocFlags,
-    pub(crate) host_get_device_pointer: HostGetDevicePointer,
-    pub(crate) free: Free,
-    pub(crate) host_free: Free,
-    pub(crate) stream_create_with_flags: StreamCreateWithFlags,
-    pub(crate) stream_destroy: StreamFn,
-    pub(crate) stream_query: StreamFn,
-    pub(crate) stream_wait_event: StreamWaitEvent,
-    pub(crate) memcpy_async: MemcpyAsync,
-    pub(crate) memset_d8_async: MemsetD8Async,
-    pub(crate) stream_write_value64: StreamWriteValue64,
-    pub(crate) event_create_with_flags: EventCreateWithFlags,
-    pub(crate) event_record: EventRecord,
-    pub(crate) event_query: EventFn,
-    pub(crate) event_elapsed_time: EventElapsedTime,
-    pub(crate) event_destroy: EventFn,
-    pub(crate) ipc_get_mem_handle: IpcGetMemHandle,
-    pub(crate) ipc_open_mem_handle: IpcOpenMemHandle,
-    pub(crate) ipc_close_mem_handle: Free,
-    pub(crate) device_can_access_peer: DeviceCanAccessPeer,
-    pub(crate) mem_get_address_range: MemGetAddressRange,
-    pub(crate) module_load_data: ModuleLoadData,
-    pub(crate) module_get_function: ModuleGetFunction,
-    pub(crate) module_launch_kernel: ModuleLaunchKernel,
-    pub(crate) module_unload: ModuleUnload,
-    pub(crate) func_get_attribute: FuncGetAttribute,
-    pub(crate) get_error_name: ErrorText,
-    pub(crate) get_error_string: ErrorText,
-    /// Keeps every pointer above valid. Never unloaded: the HIP runtime does not support being
-    /// unloaded while the process runs.
-    _lib: libloading::Library,
+/// Declares [`Api`] (one field per entry point), [`REQUIRED_SYMBOLS`] and the resolution of an
+/// opened library, from one table: field, C signature (from hip_runtime_api.h), symbol.
+macro_rules! hip_api {
+    ($($field:ident: $t:ty = $name:literal;)*) => {
+        /// Every HIP runtime entry point this backend calls, resolved from one opened library.
+        #[derive(Debug)]
+        pub struct Api {
+            /// The library name or path that opened.
+            pub library: String,
+            $(pub(crate) $field: $t,)*
+            /// `hipGetDevicePropertiesR0600` (ROCm 6+), where present.
+            pub(crate) get_device_properties_r0600: Option<GetDeviceProperties>,
+            /// Keeps every pointer above valid. Never unloaded: the HIP runtime does not support
+            /// being unloaded while the process runs.
+            _lib: libloading::Library,
+        }
+
+        /// Every symbol [`Api`] requires, in declaration order (for reports and tests).
+        pub const REQUIRED_SYMBOLS: &[&str] = &[$($name,)*];
+
+        impl Api {
+            /// Resolves every symbol of `lib` (opened from `library`); the error lists all the
+            /// missing ones.
+            fn resolve(
+                lib: libloading::Library,
+                library: &str,
+            ) -> std::result::Result<Api, OpenError> {
+                let mut missing: Vec<&'static str> = Vec::new();
+                $(
+                    // SAFETY: `$t` is the exact C signature of this function in
+                    // hip_runtime_api.h (hipError_t is a C enum = int; handles are pointers;
+                    // hipDevice_t is int). The pointer is stored next to `lib` in `Api`, which
+                    // keeps the library loaded for as long as the pointer can be used.
+                    let $field = match unsafe { lib.get::<$t>(concat!($name, "\0").as_bytes()) } {
+                        Ok(f) => Some(*f),
+                        Err(_) => {
+                            missing.push($name);
+                            None
+                        }
+                    };
+                )*
+                // This one is optional, so its absence is not recorded.
+                let get_device_properties_r0600 =
+                    // SAFETY: as above (the signature of hipGetDevicePropertiesR0600).
+                    unsafe { lib.get::<GetDeviceProperties>(b"hipGetDevicePropertiesR0600\0") }
+                        .ok()
+                        .map(|f| *f);
+                if !missing.is_empty() {
+                    return Err(OpenError::MissingSymbols(missing));
+                }
+                Ok(Api {
+                    library: library.to_owned(),
+                    $($field: match $field {
+                        Some(f) => f,
+                        // Unreachable: every `None` above recorded its name.
+                        None => return Err(OpenError::MissingSymbols(vec![$name])),
+                    },)*
+                    get_device_properties_r0600,
+                    _lib: lib,
+                })
+            }
+        }
+    };
 }
 
-/// Every symbol [`Api`] requires, in declaration order (for reports and tests).
-pub const REQUIRED_SYMBOLS: &[&str] = &[
-    "hipInit",
-    "hipDriverGetVersion",
-    "hipRuntimeGetVersion",
-    "hipGetDeviceCount",
-    "hipGetDeviceProperties",
-    "hipDeviceGetAttribute",
-    "hipDeviceTotalMem",
-    "hipDeviceGetPCIBusId",
-    "hipDeviceGetName",
-    "hipSetDevice",
-    "hipMalloc",
-    "hipExtMallocWithFlags",
-    "hipHostMalloc",
-    "hipHostGetDevicePointer",
-    "hipFree",
-    "hipHostFree",
-    "hipStreamCreateWithFlags",
-    "hipStreamDestroy",
-    "hipStreamQuery",
-    "hipStreamWaitEvent",
-    "hipMemcpyAsync",
-    "hipMemsetD8Async",
-    "hipStreamWriteValue64",
-    "hipEventCreateWithFlags",
-    "hipEventRecord",
-    "hipEventQuery",
-    "hipEventElapsedTime",
-    "hipEventDestroy",
-    "hipIpcGetMemHandle",
-    "hipIpcOpenMemHandle",
-    "hipIpcCloseMemHandle",
-    "hipDeviceCanAccessPeer",
-    "hipMemGetAddressRange",
-    "hipModuleLoadData",
-    "hipModuleGetFunction",
-    "hipModuleLaunchKernel",
-    "hipModuleUnload",
-    "hipFuncGetAttribute",
-    "hipGetErrorName",
-    "hipGetErrorString",
-];
+hip_api! {
+    init: Init = "hipInit";
+    driver_get_version: GetInt = "hipDriverGetVersion";
+    runtime_get_version: GetInt = "hipRuntimeGetVersion";
+    get_device_count: GetInt = "hipGetDeviceCount";
+    get_device_properties: GetDeviceProperties = "hipGetDeviceProperties";
+    device_get_attribute: DeviceGetAttribute = "hipDeviceGetAttribute";
+    device_total_mem: DeviceTotalMem = "hipDeviceTotalMem";
+    device_get_pci_bus_id: DeviceGetString = "hipDeviceGetPCIBusId";
+    device_get_name: DeviceGetString = "hipDeviceGetName";
+    set_device: SetDevice = "hipSetDevice";
+    malloc: Malloc = "hipMalloc";
+    ext_malloc_with_flags: MallocFlags = "hipExtMallocWithFlags";
+    host_malloc: MallocFlags = "hipHostMalloc";
+    host_get_device_pointer: HostGetDevicePointer = "hipHostGetDevicePointer";
+    free: Free = "hipFree";
+    host_free: Free = "hipHostFree";
+    stream_create_with_flags: StreamCreateWithFlags = "hipStreamCreateWithFlags";
+    stream_destroy: StreamFn = "hipStreamDestroy";
+    stream_query: StreamFn = "hipStreamQuery";
+    stream_wait_event: StreamWaitEvent = "hipStreamWaitEvent";
+    memcpy_async: MemcpyAsync = "hipMemcpyAsync";
+    memset_d8_async: MemsetD8Async = "hipMemsetD8Async";
+    stream_write_value64: StreamWriteValue64 = "hipStreamWriteValue64";
+    event_create_with_flags: EventCreateWithFlags = "hipEventCreateWithFlags";
+    event_record: EventRecord = "hipEventRecord";
+    event_query: EventFn = "hipEventQuery";
+    event_elapsed_time: EventElapsedTime = "hipEventElapsedTime";
+    event_destroy: EventFn = "hipEventDestroy";
+    ipc_get_mem_handle: IpcGetMemHandle = "hipIpcGetMemHandle";
+    ipc_open_mem_handle: IpcOpenMemHandle = "hipIpcOpenMemHandle";
+    ipc_close_mem_handle: Free = "hipIpcCloseMemHandle";
+    device_can_access_peer: DeviceCanAccessPeer = "hipDeviceCanAccessPeer";
+    mem_get_address_range: MemGetAddressRange = "hipMemGetAddressRange";
+    module_load_data: ModuleLoadData = "hipModuleLoadData";
+    module_get_function: ModuleGetFunction = "hipModuleGetFunction";
+    module_launch_kernel: ModuleLaunchKernel = "hipModuleLaunchKernel";
+    module_unload: ModuleUnload = "hipModuleUnload";
+    func_get_attribute: FuncGetAttribute = "hipFuncGetAttribute";
+    get_error_name: ErrorText = "hipGetErrorName";
+    get_error_string: ErrorText = "hipGetErrorString";
+}
 
 /// Symbols used when present.
 pub const OPTIONAL_SYMBOLS: &[&str] = &["hipGetDevicePropertiesR0600"];
@@ -346,199 +358,7 @@ impl Api {
         // what every HIP program does, and the tests only point this at system libraries.
         let lib = unsafe { libloading::Library::new(library) }
             .map_err(|e| OpenError::NotLoadable(mscclpp_hal::error::chain(&e)))?;
-        let mut missing: Vec<&'static str> = Vec::new();
-        macro_rules! sym {
-            ($t:ty, $name:literal) => {{
-                // SAFETY: `$t` is the exact C signature of this function in hip_runtime_api.h
-                // (hipError_t is a C enum = int; handles are pointers; hipDevice_t is int). The
-                // pointer is stored next to `lib` in `Api`, which keeps the library loaded for
-                // as long as the pointer can be used.
-                match unsafe { lib.get::<$t>(concat!($name, "\0").as_bytes()) } {
-                    Ok(f) => Some(*f),
-                    Err(_) => {
-                        missing.push($name);
-                        None
-                    }
-                }
-            }};
-        }
-        let init = sym!(Init, "hipInit");
-        let driver_get_version = sym!(GetInt, "hipDriverGetVersion");
-        let runtime_get_version = sym!(GetInt, "hipRuntimeGetVersion");
-        let get_device_count = sym!(GetInt, "hipGetDeviceCount");
-        let get_device_properties = sym!(GetDeviceProperties, "hipGetDeviceProperties");
-        let device_get_attribute = sym!(DeviceGetAttribute, "hipDeviceGetAttribute");
-        let device_total_mem = sym!(DeviceTotalMem, "hipDeviceTotalMem");
-        let device_get_pci_bus_id = sym!(DeviceGetString, "hipDeviceGetPCIBusId");
-        let device_get_name = sym!(DeviceGetString, "hipDeviceGetName");
-        let set_device = sym!(SetDevice, "hipSetDevice");
-        let malloc = sym!(Malloc, "hipMalloc");
-        let ext_malloc_with_flags = sym!(MallocFlags, "hipExtMallocWithFlags");
-        let host_malloc = sym!(MallocFlags, "hipHostMalloc");
-        let host_get_device_pointer = sym!(HostGetDevicePointer, "hipHostGetDevicePointer");
-        let free = sym!(Free, "hipFree");
-        let host_free = sym!(Free, "hipHostFree");
-        let stream_create_with_flags = sym!(StreamCreateWithFlags, "hipStreamCreateWithFlags");
-        let stream_destroy = sym!(StreamFn, "hipStreamDestroy");
-        let stream_query = sym!(StreamFn, "hipStreamQuery");
-        let stream_wait_event = sym!(StreamWaitEvent, "hipStreamWaitEvent");
-        let memcpy_async = sym!(MemcpyAsync, "hipMemcpyAsync");
-        let memset_d8_async = sym!(MemsetD8Async, "hipMemsetD8Async");
-        let stream_write_value64 = sym!(StreamWriteValue64, "hipStreamWriteValue64");
-        let event_create_with_flags = sym!(EventCreateWithFlags, "hipEventCreateWithFlags");
-        let event_record = sym!(EventRecord, "hipEventRecord");
-        let event_query = sym!(EventFn, "hipEventQuery");
-        let event_elapsed_time = sym!(EventElapsedTime, "hipEventElapsedTime");
-        let event_destroy = sym!(EventFn, "hipEventDestroy");
-        let ipc_get_mem_handle = sym!(IpcGetMemHandle, "hipIpcGetMemHandle");
-        let ipc_open_mem_handle = sym!(IpcOpenMemHandle, "hipIpcOpenMemHandle");
-        let ipc_close_mem_handle = sym!(Free, "hipIpcCloseMemHandle");
-        let device_can_access_peer = sym!(DeviceCanAccessPeer, "hipDeviceCanAccessPeer");
-        let mem_get_address_range = sym!(MemGetAddressRange, "hipMemGetAddressRange");
-        let module_load_data = sym!(ModuleLoadData, "hipModuleLoadData");
-        let module_get_function = sym!(ModuleGetFunction, "hipModuleGetFunction");
-        let module_launch_kernel = sym!(ModuleLaunchKernel, "hipModuleLaunchKernel");
-        let module_unload = sym!(ModuleUnload, "hipModuleUnload");
-        let func_get_attribute = sym!(FuncGetAttribute, "hipFuncGetAttribute");
-        let get_error_name = sym!(ErrorText, "hipGetErrorName");
-        let get_error_string = sym!(ErrorText, "hipGetErrorString");
-        // SAFETY: as in `sym!`; this one is optional, so its absence is not recorded.
-        let get_device_properties_r0600 =
-            unsafe { lib.get::<GetDeviceProperties>(b"hipGetDevicePropertiesR0600\0") }
-                .ok()
-                .map(|f| *f);
-        // Every `None` above pushed its name, so `missing` is empty exactly when all are `Some`.
-        let (
-            Some(init),
-            Some(driver_get_version),
-            Some(runtime_get_version),
-            Some(get_device_count),
-            Some(get_device_properties),
-            Some(device_get_attribute),
-            Some(device_total_mem),
-            Some(device_get_pci_bus_id),
-            Some(device_get_name),
-            Some(set_device),
-            Some(malloc),
-            Some(ext_malloc_with_flags),
-            Some(host_malloc),
-            Some(host_get_device_pointer),
-            Some(free),
-            Some(host_free),
-            Some(stream_create_with_flags),
-            Some(stream_destroy),
-            Some(stream_query),
-            Some(stream_wait_event),
-            Some(memcpy_async),
-            Some(memset_d8_async),
-            Some(stream_write_value64),
-            Some(event_create_with_flags),
-            Some(event_record),
-            Some(event_query),
-            Some(event_elapsed_time),
-            Some(event_destroy),
-            Some(ipc_get_mem_handle),
-            Some(ipc_open_mem_handle),
-            Some(ipc_close_mem_handle),
-            Some(device_can_access_peer),
-            Some(mem_get_address_range),
-            Some(module_load_data),
-            Some(module_get_function),
-            Some(module_launch_kernel),
-            Some(module_unload),
-            Some(func_get_attribute),
-            Some(get_error_name),
-            Some(get_error_string),
-        ) = (
-            init,
-            driver_get_version,
-            runtime_get_version,
-            get_device_count,
-            get_device_properties,
-            device_get_attribute,
-            device_total_mem,
-            device_get_pci_bus_id,
-            device_get_name,
-            set_device,
-            malloc,
-            ext_malloc_with_flags,
-            host_malloc,
-            host_get_device_pointer,
-            free,
-            host_free,
-            stream_create_with_flags,
-            stream_destroy,
-            stream_query,
-            stream_wait_event,
-            memcpy_async,
-            memset_d8_async,
-            stream_write_value64,
-            event_create_with_flags,
-            event_record,
-            event_query,
-            event_elapsed_time,
-            event_destroy,
-            ipc_get_mem_handle,
-            ipc_open_mem_handle,
-            ipc_close_mem_handle,
-            device_can_access_peer,
-            mem_get_address_range,
-            module_load_data,
-            module_get_function,
-            module_launch_kernel,
-            module_unload,
-            func_get_attribute,
-            get_error_name,
-            get_error_string,
-        )
-        else {
-            return Err(OpenError::MissingSymbols(missing));
-        };
-        Ok(Api {
-            library: library.to_owned(),
-            init,
-            driver_get_version,
-            runtime_get_version,
-            get_device_count,
-            get_device_properties,
-            get_device_properties_r0600,
-            device_get_attribute,
-            device_total_mem,
-            device_get_pci_bus_id,
-            device_get_name,
-            set_device,
-            malloc,
-            ext_malloc_with_flags,
-            host_malloc,
-            host_get_device_pointer,
-            free,
-            host_free,
-            stream_create_with_flags,
-            stream_destroy,
-            stream_query,
-            stream_wait_event,
-            memcpy_async,
-            memset_d8_async,
-            stream_write_value64,
-            event_create_with_flags,
-            event_record,
-            event_query,
-            event_elapsed_time,
-            event_destroy,
-            ipc_get_mem_handle,
-            ipc_open_mem_handle,
-            ipc_close_mem_handle,
-            device_can_access_peer,
-            mem_get_address_range,
-            module_load_data,
-            module_get_function,
-            module_launch_kernel,
-            module_unload,
-            func_get_attribute,
-            get_error_name,
-            get_error_string,
-            _lib: lib,
-        })
+        Api::resolve(lib, library)
     }
 
     /// Tries each of `names` in order; the first library with every symbol wins. The error
