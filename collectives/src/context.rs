@@ -1,10 +1,13 @@
 //! A communicator's collectives: scratch buffers mapped by every peer, the flag counter, the
 //! kernel, and argument checking.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::collective::{DirectCollectiveArgs, LL_STATE_BYTES, MAX_RANKS};
+use mscclpp_hal::collective::{
+    DirectCollectiveArgs, LL_STATE_BYTES, MAX_RANKS, MAX_WINDOWS, ReadCollectiveArgs,
+    WINDOW_TABLE_BYTES, read_key,
+};
 use mscclpp_hal::{
     BufferSlice, CollectiveKind, DataType, DeviceBuffer, Error, Kernel, KernelArgs, KernelId,
     LaunchConfig, LlCollectiveArgs, MemoryKind, ReduceOp, Result, Stream,
@@ -23,6 +26,9 @@ pub enum Algorithm {
     /// Plain stores into the peers' scratch, pipelined (every collective; best for large
     /// messages).
     Direct,
+    /// Every rank reads the peers' inputs where they lie — registered windows, or a staging
+    /// copy — and reduces locally (all-reduce; mid-size messages).
+    Read,
 }
 
 /// Per-collective choice: a forced algorithm, or by size.
@@ -47,6 +53,22 @@ fn direct_threshold(kind: CollectiveKind) -> u64 {
     }
 }
 
+/// All-reduce bytes the read algorithm serves when not forced, by rank count: from where LL
+/// packets (twice the data on the links) lose to one plain read of every peer's input, to where
+/// the pipelined direct algorithm catches up. More ranks read more peers one after the other.
+fn read_range(nranks: usize) -> std::ops::Range<u64> {
+    if nranks <= 4 {
+        (512 << 10)..(4 << 20)
+    } else {
+        0..0
+    }
+}
+
+/// `words` as native-endian bytes (what a device reads back as `u64`s).
+fn words_bytes(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+}
+
 fn env_choice(kind: CollectiveKind) -> Result<Choice> {
     let var = format!("MSCCLPP_ALGO_{}", kind.name().to_ascii_uppercase());
     let choice = match mscclpp_hal::env::get(&var).map(|v| v.to_ascii_lowercase()) {
@@ -54,9 +76,17 @@ fn env_choice(kind: CollectiveKind) -> Result<Choice> {
         Some(v) if v == "auto" => Choice::Auto,
         Some(v) if v == "ll" => Choice::Forced(Algorithm::Ll),
         Some(v) if v == "direct" => Choice::Forced(Algorithm::Direct),
+        Some(v) if v == "read" && kind == CollectiveKind::AllReduce => {
+            Choice::Forced(Algorithm::Read)
+        }
         Some(v) => {
             return Err(Error::invalid(format!(
-                "environment variable {var}={v:?} is malformed: expected auto, ll or direct"
+                "environment variable {var}={v:?} is malformed: expected auto, ll or direct{}",
+                if kind == CollectiveKind::AllReduce {
+                    " (or read)"
+                } else {
+                    ""
+                }
             )));
         }
     };
@@ -75,6 +105,41 @@ struct Direct {
     kernel: Arc<dyn Kernel>,
 }
 
+/// A buffer registered with every rank's collectives (see [`Collectives::register`]): its index
+/// in the window tables, the same on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Window(usize);
+
+impl Window {
+    /// The index in the window tables (1 or more; 0 is the staging area).
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// A registered buffer: kept alive, with the peers' buffers mapped here, until deregistered.
+#[derive(Debug)]
+struct WindowEntry {
+    slice: BufferSlice,
+    _peers: Vec<RegisteredMemory>,
+}
+
+/// The read algorithm's scratch, window table and registered windows.
+#[derive(Debug)]
+struct Read {
+    _scratch: DeviceBuffer,
+    _peers: Vec<RegisteredMemory>,
+    peer_scratch: [u64; MAX_RANKS],
+    table: DeviceBuffer,
+    staging_bytes: u64,
+    max_blocks: u32,
+    threads: u32,
+    /// Bytes a call may have: what the staging area and the grid hold.
+    capacity: u64,
+    kernel: Arc<dyn Kernel>,
+    windows: Mutex<Vec<Option<WindowEntry>>>,
+}
+
 /// The collectives of one communicator (all ranks create it together).
 #[derive(Debug)]
 pub struct Collectives {
@@ -88,6 +153,7 @@ pub struct Collectives {
     ll_copy: Arc<dyn Kernel>,
     ll_reduce: Vec<Arc<dyn Kernel>>,
     direct: Option<Direct>,
+    read: Option<Read>,
     choices: [Choice; 5],
     /// `MSCCLPP_LL_THREADS`, when given: the grid keeps that block size.
     ll_threads: Option<u32>,
@@ -162,6 +228,7 @@ impl Collectives {
             choices[kind as usize] = env_choice(kind)?;
         }
         let direct = Self::setup_direct(&comm)?;
+        let read = Self::setup_read(&comm)?;
         let ll_copy = device.load_kernel(KernelId::COLLECTIVE_LL_COPY)?;
         let ll_reduce = KernelId::COLLECTIVE_LL_REDUCE
             .iter()
@@ -181,6 +248,7 @@ impl Collectives {
             ll_copy,
             ll_reduce,
             direct,
+            read,
             choices,
             ll_threads: mscclpp_hal::env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
                 .map(|t| t.clamp(32, 1024)),
@@ -257,14 +325,217 @@ impl Collectives {
         }))
     }
 
+    /// The read algorithm's scratch, window table and kernel (`None` where the backend lacks
+    /// the kernel).
+    fn setup_read(comm: &Communicator) -> Result<Option<Read>> {
+        let info = comm.device().info().clone();
+        let kernel = match comm.device().load_kernel(KernelId::COLLECTIVE_READ_ALLREDUCE) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::info!("read collective algorithm unavailable: {e}");
+                return Ok(None);
+            }
+        };
+        let forced: Option<u32> =
+            mscclpp_hal::env::parse("MSCCLPP_READ_THREADS", "threads per block")?;
+        let kernel_limit = kernel
+            .max_threads_per_block()
+            .unwrap_or(info.max_threads_per_block)
+            .min(info.max_threads_per_block);
+        // 512 threads: a 1 MiB all-reduce is one 16-byte unit per thread on 128 blocks.
+        let threads = forced
+            .unwrap_or(512)
+            .clamp(32, 1024)
+            .min(kernel_limit / 32 * 32)
+            .max(32);
+        let (max_blocks, threads) = if info.warp_size == 1 {
+            (1, 1)
+        } else {
+            (info.multiprocessors.clamp(1, 128), threads)
+        };
+        let staging_bytes: u64 = 4 << 20;
+        let capacity = if info.warp_size == 1 {
+            staging_bytes
+        } else {
+            (u64::from(max_blocks)
+                * u64::from(threads)
+                * 16
+                * ReadCollectiveArgs::MAX_UNITS_PER_THREAD)
+                .min(staging_bytes)
+        };
+        let bytes = usize::try_from(ReadCollectiveArgs::scratch_bytes(staging_bytes, max_blocks))
+            .map_err(|_| Error::invalid("read scratch does not fit this host"))?;
+        let (scratch, peers, peer_scratch) = exchange_scratch(comm, bytes)?;
+        // Window 0 of the table: every rank's staging area.
+        let table = comm.device().alloc(WINDOW_TABLE_BYTES, MemoryKind::Device)?;
+        let staging = ReadCollectiveArgs::staging_offset(max_blocks);
+        let row: Vec<u64> = (0..MAX_RANKS)
+            .map(|p| {
+                if p < comm.nranks() {
+                    peer_scratch[p] + staging
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let stream = comm.device().create_stream()?;
+        stream.fill(&table.full(), 0)?;
+        stream.write_from_host(&table.slice(..8 * MAX_RANKS)?, &words_bytes(&row))?;
+        stream.synchronize()?;
+        Ok(Some(Read {
+            _scratch: scratch,
+            _peers: peers,
+            peer_scratch,
+            table,
+            staging_bytes,
+            max_blocks,
+            threads,
+            capacity,
+            kernel,
+            windows: Mutex::new(Vec::new()),
+        }))
+    }
+
     /// The algorithm that serves `kind` for rank blocks of `block_bytes`.
     pub fn algorithm(&self, kind: CollectiveKind, block_bytes: u64) -> Algorithm {
+        let read_fits = kind == CollectiveKind::AllReduce
+            && self.read.as_ref().is_some_and(|r| block_bytes <= r.capacity);
         match (self.choices[kind as usize], &self.direct) {
+            (Choice::Forced(Algorithm::Read), _) if read_fits => Algorithm::Read,
+            // Beyond what the read algorithm holds, the bandwidth path.
+            (Choice::Forced(Algorithm::Read), Some(_)) => Algorithm::Direct,
+            (Choice::Forced(Algorithm::Read), None) => Algorithm::Ll,
             (Choice::Forced(a), Some(_)) => a,
             (Choice::Forced(_), None) | (Choice::Auto, None) => Algorithm::Ll,
+            (Choice::Auto, Some(_)) if read_fits && read_range(self.comm.nranks()).contains(&block_bytes) => {
+                Algorithm::Read
+            }
             (Choice::Auto, Some(_)) if block_bytes >= direct_threshold(kind) => Algorithm::Direct,
             (Choice::Auto, Some(_)) => Algorithm::Ll,
         }
+    }
+
+    /// Registers `slice` with every rank's collectives (a collective call: every rank registers
+    /// one buffer of its own, in the same order on every rank). All-reduces whose input lies in a
+    /// registered buffer let the peers read it where it is instead of a copy; the IPC mappings
+    /// are made here, once. The buffer stays alive until [`Collectives::deregister`].
+    pub fn register(&self, slice: &BufferSlice) -> Result<Window> {
+        let read = self.read.as_ref().ok_or_else(|| {
+            Error::unavailable(
+                "registering a buffer with the collectives",
+                format!(
+                    "the {} backend has no read all-reduce kernel",
+                    self.comm.device().info().backend
+                ),
+            )
+        })?;
+        let (rank, n) = (self.comm.rank(), self.comm.nranks());
+        if slice.buffer().backend() != self.comm.device().info().backend {
+            return Err(Error::invalid(format!(
+                "register: the buffer belongs to the {} backend, the communicator to {}",
+                slice.buffer().backend(),
+                self.comm.device().info().backend
+            )));
+        }
+        let mut windows = read.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let index = match windows.iter().position(Option::is_none) {
+            Some(i) => i + 1,
+            None => windows.len() + 1,
+        };
+        if index >= MAX_WINDOWS {
+            return Err(Error::invalid(format!(
+                "register: {} buffers are registered already, the most a communicator holds",
+                MAX_WINDOWS - 1
+            )));
+        }
+        let mine = self
+            .comm
+            .register_memory(slice, TransportFlags::single(Transport::CudaIpc))?;
+        let mut row = vec![0u64; MAX_RANKS];
+        row[rank] = slice.ptr().0;
+        let mut peers = Vec::with_capacity(n - 1);
+        for p in (0..n).filter(|&p| p != rank) {
+            // Both ranks must be registering the same window: a rank that skipped a
+            // registration (or deregistered another) would otherwise read the wrong buffer.
+            let theirs = self.comm.exchange(p, &(index as u64).to_le_bytes())?;
+            if theirs != (index as u64).to_le_bytes() {
+                return Err(Error::Remote {
+                    rank: p,
+                    message: format!(
+                        "registers a buffer as window {:?} while rank {rank} registers window {index}: every rank must register and deregister in the same order",
+                        theirs.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                    ),
+                });
+            }
+            let mapped = self.comm.exchange_memory(&mine, p)?;
+            row[p] = mapped
+                .mapped_slice()
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "rank {p}'s registered buffer is not mapped on rank {rank}: registration needs every rank on one host (CudaIpc)"
+                    ))
+                })?
+                .ptr()
+                .0;
+            peers.push(mapped);
+        }
+        let stream = self.comm.device().create_stream()?;
+        let at = index * MAX_RANKS * 8;
+        stream.write_from_host(&read.table.slice(at..at + 8 * MAX_RANKS)?, &words_bytes(&row))?;
+        stream.synchronize()?;
+        let entry = WindowEntry {
+            slice: slice.clone(),
+            _peers: peers,
+        };
+        if index > windows.len() {
+            windows.push(Some(entry));
+        } else {
+            windows[index - 1] = Some(entry);
+        }
+        tracing::debug!(rank, index, bytes = slice.len(), "buffer registered");
+        Ok(Window(index))
+    }
+
+    /// Deregisters a window (a collective call, in the same order on every rank). Every call
+    /// that used it must have finished on its stream, on every rank.
+    pub fn deregister(&self, window: Window) -> Result<()> {
+        let read = self
+            .read
+            .as_ref()
+            .ok_or_else(|| Error::invalid("deregister: no buffer was ever registered here"))?;
+        let mut windows = read.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let i = window.0;
+        if i == 0 || windows.get(i - 1).is_none_or(Option::is_none) {
+            return Err(Error::invalid(format!(
+                "deregister: window {i} is not registered with this communicator"
+            )));
+        }
+        let stream = self.comm.device().create_stream()?;
+        let at = i * MAX_RANKS * 8;
+        stream.fill(&read.table.slice(at..at + 8 * MAX_RANKS)?, 0)?;
+        stream.synchronize()?;
+        // No peer unmaps this buffer while another rank could still name it.
+        self.comm.bootstrap().barrier()?;
+        windows[i - 1] = None;
+        Ok(())
+    }
+
+    /// Where `slice`'s bytes `[ptr, ptr + bytes)` are, as a read key: in a registered window,
+    /// or the staging area (window 0).
+    fn read_key_of(read: &Read, ptr: u64, bytes: u64) -> u64 {
+        let windows = read.windows.lock().unwrap_or_else(|p| p.into_inner());
+        windows
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| w.as_ref().map(|w| (i + 1, w)))
+            .find_map(|(i, w)| {
+                let start = w.slice.ptr().0;
+                let end = start + w.slice.len() as u64;
+                (ptr >= start && ptr + bytes <= end)
+                    .then(|| read_key(i, ptr - start))
+                    .flatten()
+            })
+            .unwrap_or(0)
     }
 
     /// The communicator.
@@ -453,7 +724,42 @@ impl Collectives {
             }
         }
         let block_bytes = count as u64 * dtype.size() as u64;
-        if let (Algorithm::Direct, Some(d)) = (self.algorithm(kind, block_bytes), &self.direct) {
+        let algorithm = self.algorithm(kind, block_bytes);
+        if let (Algorithm::Read, Some(r)) = (algorithm, &self.read) {
+            let blocks = if r.threads == 1 {
+                Some(1)
+            } else {
+                ReadCollectiveArgs::grid(block_bytes, r.threads, r.max_blocks)
+            };
+            let blocks = blocks.ok_or_else(|| {
+                Error::invalid(format!(
+                    "allreduce: {block_bytes} bytes exceed what the read algorithm holds"
+                ))
+            })?;
+            let args = ReadCollectiveArgs {
+                input: i0,
+                output: o0,
+                count: count as u64,
+                scratch: r.peer_scratch[rank],
+                table: r.table.ptr().0,
+                in_key: Self::read_key_of(r, i0, in_bytes),
+                staging_bytes: r.staging_bytes,
+                peer_scratch: r.peer_scratch,
+                dtype: dtype as u32,
+                op: op as u32,
+                rank: rank as u32,
+                nranks: n as u32,
+                max_blocks: r.max_blocks,
+                _pad: 0,
+            };
+            let cfg = LaunchConfig::linear(blocks, r.threads);
+            tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, key = args.in_key, "launch read");
+            // SAFETY: as for the LL launch below, with the read scratch, table and window
+            // mappings held in `self` (a window stays mapped until deregistered, which the caller
+            // does only after its calls have finished).
+            return unsafe { stream.launch_raw(&*r.kernel, cfg, args.as_bytes()) };
+        }
+        if let (Algorithm::Direct, Some(d)) = (algorithm, &self.direct) {
             let (blocks, chunk) =
                 DirectCollectiveArgs::plan(kind, block_bytes, n as u32, d.slot_bytes, d.max_blocks);
             let args = DirectCollectiveArgs {

@@ -25,5 +25,5 @@
 
 mod context;
 
-pub use context::{Algorithm, Collectives, DEFAULT_SLOT_BYTES};
+pub use context::{Algorithm, Collectives, DEFAULT_SLOT_BYTES, Window};
 pub use mscclpp_hal::{CollectiveKind, DataType, KernelId, ReduceOp};

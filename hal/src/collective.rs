@@ -113,6 +113,60 @@
 //! **Rounding.** The GPU kernels accumulate 16-bit floats in f32 and round once per element; the
 //! host kernel rounds after every combination (as the LL host kernel does): results agree
 //! exactly for two ranks and in the last bit otherwise (and for `Avg`).
+//!
+//! ## The read algorithm (`mscclpp_collective_read_allreduce`)
+//! A one-shot all-reduce for mid-size messages in which every rank *reads* every peer's input
+//! where it lies and reduces it locally: the data crosses each link once, as plain 16-byte
+//! loads, with no packet overhead and no fence on the data path. A rank's input is read in place
+//! when it lies in a *window* registered with the communicator (user-buffer registration: the
+//! IPC mapping is made once, when the window is registered); otherwise the rank first copies it
+//! into the *staging area* of its read scratch, and the peers read that. Ranks may differ in
+//! this: each one tells the others, in the call, where its input is.
+//!
+//! **Windows.** Every rank holds a *window table* in its device memory: `u64
+//! table[MAX_WINDOWS][MAX_RANKS]`, entry `[w][p]` = the address, mapped in this rank, where
+//! rank `p`'s window `w` starts. Window 0 is each rank's staging area; windows `1..` are
+//! registered by collective calls (every rank registers its own buffer for the same index). An
+//! input is named by a *key*: `w << 48 | offset` ([`read_key`]).
+//!
+//! **Scratch layout** (every rank's alike; `MB` = `max_blocks`, `S` = `staging_bytes`):
+//!
+//! | offset | what |
+//! | --- | --- |
+//! | `0` | `seq[MB]`: one u64 sequence counter per block index, touched only by the owner |
+//! | `P = roundup(8 MB, 128)` | `start[MB block][MAX_RANKS src]`: LL16 packets written by the peers |
+//! | `P + 16 MB MAX_RANKS` | `done[MB block][MAX_RANKS src]`: LL16 packets written by the peers |
+//! | `D = P + 32 MB MAX_RANKS` | the staging area: `S` bytes |
+//!
+//! **Work split.** `B = count * size_of(dtype)` bytes, `U = ceil(B / 16)` units of 16 bytes
+//! (the last one possibly partial). The grid has `G <= MB` blocks of `T` threads, the same on
+//! every rank ([`ReadCollectiveArgs::grid`]); block `b` owns units `[b W, min((b + 1) W, U))`,
+//! `W = ceil(U / G)`, and its thread `t` units `b W + t + j T` for `j < ceil(W / T)`, at most
+//! [`ReadCollectiveArgs::MAX_UNITS_PER_THREAD`] (the GPU kernels keep a thread's results in
+//! registers). Block `b` of every rank owns the same units, so block `b` only ever waits for block
+//! `b` of the peers.
+//!
+//! **A call**, block `b`, sequence `q = seq[b] + 1`, flag `q` (truncated to 32 bits in packets):
+//! 1. If the input is not in a window: copy the block's units into the staging area (same byte
+//!    offsets), then fence (system scope) — the peers read them after step 2.
+//! 2. Write the *start* packet `{key, q}` into `start[b][rank]` of every peer.
+//! 3. Wait for `start[b][p]` of every peer `p` to carry `q`; rank `p`'s input is at
+//!    `table[w][p] + offset` for its key.
+//! 4. Reduce the owned units: every rank's data in rank order (this rank's from its input, the
+//!    peers' read from where they are), kept (registers / a buffer) — not yet stored.
+//! 5. Write the *done* packet `{0, q}` into `done[b][rank]` of every peer, then wait for
+//!    `done[b][p]` of every peer: from then on no peer reads this rank's input any more.
+//! 6. Store the results into the output; `seq[b] = q`.
+//!
+//! Storing only after step 5 is what makes the call safe in place (a peer may still be reading
+//! the input the output overwrites) and what lets the caller reuse the input as soon as the call
+//! has ended on its stream. **Reuse.** A peer writes `start[b][src]` for `q + 1` only after it
+//! passed its step 5 of `q`, which needs this rank's done packet of `q`, sent after this rank
+//! read the start packet of `q`; it writes `done[b][src]` for `q + 1` only after reading this
+//! rank's start packet of `q + 1`, sent after this rank finished `q`; this rank overwrites its
+//! staging area for `q + 1` only after every peer's done packet of `q`. Counters only grow, so
+//! graph replays stay consistent and a stale packet never matches. Calls of the other algorithms
+//! in between touch none of this memory.
 
 use crate::dev::LL16Packet;
 use crate::error::{Error, Result};
@@ -362,5 +416,109 @@ impl DirectCollectiveArgs {
             .div_ceil(chunk)
             .clamp(1, u64::from(max_blocks.max(1)));
         (blocks as u32, chunk)
+    }
+}
+
+/// Windows a read-algorithm window table holds (window 0 is the staging area).
+pub const MAX_WINDOWS: usize = 256;
+
+/// Bytes of a window table: `u64 [MAX_WINDOWS][MAX_RANKS]`.
+pub const WINDOW_TABLE_BYTES: usize = 8 * MAX_WINDOWS * MAX_RANKS;
+
+/// Bits of a key that hold the offset inside a window.
+pub const READ_KEY_OFFSET_BITS: u32 = 48;
+
+/// The key naming byte `offset` of window `window` (see the read algorithm); `None` when
+/// either does not fit.
+pub fn read_key(window: usize, offset: u64) -> Option<u64> {
+    (window < MAX_WINDOWS && offset < 1 << READ_KEY_OFFSET_BITS)
+        .then(|| (window as u64) << READ_KEY_OFFSET_BITS | offset)
+}
+
+/// The window and offset of a key.
+pub fn split_read_key(key: u64) -> (usize, u64) {
+    (
+        (key >> READ_KEY_OFFSET_BITS) as usize,
+        key & ((1 << READ_KEY_OFFSET_BITS) - 1),
+    )
+}
+
+/// Arguments of `mscclpp_collective_read_allreduce` ([`crate::KernelId::COLLECTIVE_READ_ALLREDUCE`];
+/// see the module documentation for the protocol and the scratch layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadCollectiveArgs {
+    /// Device address of the input (`count` elements).
+    pub input: u64,
+    /// Device address of the output (`count` elements; may equal `input`).
+    pub output: u64,
+    /// Element count.
+    pub count: u64,
+    /// This rank's read scratch (`peer_scratch[rank]`), 128-aligned.
+    pub scratch: u64,
+    /// This rank's window table ([`WINDOW_TABLE_BYTES`] of device memory).
+    pub table: u64,
+    /// Where this rank's input is, for the peers: [`read_key`] of a registered window, or of
+    /// window 0 offset 0 (the staging area, which the kernel fills first).
+    pub in_key: u64,
+    /// Bytes of the staging area (the layout's `S`); a staged input must fit.
+    pub staging_bytes: u64,
+    /// Every rank's read scratch mapped here (this rank's own at index `rank`).
+    pub peer_scratch: [u64; MAX_RANKS],
+    /// [`crate::DataType`] code.
+    pub dtype: u32,
+    /// [`crate::ReduceOp`] code.
+    pub op: u32,
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks (2..=[`MAX_RANKS`]).
+    pub nranks: u32,
+    /// Blocks the scratch was laid out for (the layout's `MB`); the grid must not exceed it.
+    pub max_blocks: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+// SAFETY: repr(C), integers only, no implicit padding (seven u64, an array of u64, six u32);
+// every bit pattern is valid.
+unsafe impl KernelArgs for ReadCollectiveArgs {}
+
+impl ReadCollectiveArgs {
+    /// Units (16 bytes) one thread reduces at most in a call.
+    pub const MAX_UNITS_PER_THREAD: u64 = 4;
+
+    /// Offset of the start packets in a scratch laid out for `max_blocks`.
+    pub fn packets_offset(max_blocks: u32) -> u64 {
+        (8 * u64::from(max_blocks)).div_ceil(128) * 128
+    }
+
+    /// Offset of the start packet `src` writes for block `block`.
+    pub fn start_offset(max_blocks: u32, block: u64, src: u64) -> u64 {
+        Self::packets_offset(max_blocks) + (block * MAX_RANKS as u64 + src) * 16
+    }
+
+    /// Offset of the done packet `src` writes for block `block`.
+    pub fn done_offset(max_blocks: u32, block: u64, src: u64) -> u64 {
+        Self::start_offset(max_blocks, block, src) + 16 * MAX_RANKS as u64 * u64::from(max_blocks)
+    }
+
+    /// Offset of the staging area.
+    pub fn staging_offset(max_blocks: u32) -> u64 {
+        Self::packets_offset(max_blocks) + 32 * MAX_RANKS as u64 * u64::from(max_blocks)
+    }
+
+    /// Scratch bytes a rank needs.
+    pub fn scratch_bytes(staging_bytes: u64, max_blocks: u32) -> u64 {
+        Self::staging_offset(max_blocks) + staging_bytes
+    }
+
+    /// The grid (blocks) for `bytes` with `threads` per block, at most `max_blocks`, or `None`
+    /// when a thread would have more than [`Self::MAX_UNITS_PER_THREAD`] units.
+    pub fn grid(bytes: u64, threads: u32, max_blocks: u32) -> Option<u32> {
+        let units = bytes.div_ceil(16);
+        let t = u64::from(threads.max(1));
+        let blocks = units.div_ceil(t).clamp(1, u64::from(max_blocks.max(1)));
+        let per_thread = units.div_ceil(blocks).div_ceil(t);
+        (per_thread <= Self::MAX_UNITS_PER_THREAD).then_some(blocks as u32)
     }
 }

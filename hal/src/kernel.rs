@@ -108,6 +108,11 @@ impl KernelId {
     /// [`crate::collective`]).
     pub const COLLECTIVE_DIRECT: KernelId = KernelId("mscclpp_collective_direct");
 
+    /// The read algorithm of all-reduce: every rank reads the peers' inputs where they lie
+    /// (registered windows, or a staging copy) and reduces locally (args:
+    /// [`crate::collective::ReadCollectiveArgs`]; see [`crate::collective`]).
+    pub const COLLECTIVE_READ_ALLREDUCE: KernelId = KernelId("mscclpp_collective_read_allreduce");
+
     /// The kernel's name.
     pub fn name(self) -> &'static str {
         self.0
@@ -219,6 +224,9 @@ pub fn known_param_size(id: KernelId) -> Option<usize> {
         KernelId::BENCH_MEMORY_CHANNEL_PUT => Some(size_of::<MemoryChannelPutArgs>()),
         KernelId::BENCH_PORT_CHANNEL_PUT => Some(size_of::<PortChannelPutArgs>()),
         KernelId::COLLECTIVE_DIRECT => Some(size_of::<crate::collective::DirectCollectiveArgs>()),
+        KernelId::COLLECTIVE_READ_ALLREDUCE => {
+            Some(size_of::<crate::collective::ReadCollectiveArgs>())
+        }
         id if KernelId::COLLECTIVE_LL_ALL.contains(&id) => {
             Some(size_of::<crate::collective::LlCollectiveArgs>())
         }

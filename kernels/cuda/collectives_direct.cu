@@ -1,4 +1,5 @@
-// The direct algorithm of every collective (hal/src/collective.rs is the specification: the
+// The direct algorithm of every collective, and the read algorithm of all-reduce (at the end of the
+// file). hal/src/collective.rs is the specification: the
 // argument struct, the scratch layout, the sequences, the steps and why three buffers suffice). Vendor-neutral: the same text is compiled by NVRTC and (as
 // kernels/hip/collectives_direct.hip) by hipRTC.
 //
@@ -9,6 +10,7 @@
 #include "mscclpp/core.cuh"
 #include "mscclpp/memory_channel.cuh"  // Bytes16
 #include "mscclpp/numeric.cuh"
+#include "mscclpp/packet.cuh"
 #include "mscclpp/word.cuh"
 #include "mscclpp/test_args.cuh"
 
@@ -402,4 +404,180 @@ extern "C" __global__ void mscclpp_collective_direct(mscclpp::DirectCollectiveAr
   // Every thread of the block has read the counter: advance it.
   __syncthreads();
   if (threadIdx.x == 0) *seq = base + iters;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The read algorithm of all-reduce (hal/src/collective.rs, "The read algorithm"): every rank reads
+// the peers' inputs where they lie (a registered window, or the peer's staging area) and reduces
+// locally. A thread keeps its results in registers until every peer has said it finished reading
+// this rank's input, then stores them: that makes in-place calls safe and lets the caller reuse
+// the input as soon as the call ends. Block b only ever waits for block b of the peers.
+
+namespace mscclpp {
+
+constexpr uint32_t kReadMaxUnits = 4;  // hal: ReadCollectiveArgs::MAX_UNITS_PER_THREAD
+constexpr uint32_t kReadKeyOffsetBits = 48;
+constexpr uint64_t kReadMaxWindows = 256;
+
+struct ReadCall {
+  uint64_t bytes;      // B
+  uint64_t first;      // first unit of this block
+  uint64_t units;      // units of this block
+  uint32_t perThread;  // units per thread, <= kReadMaxUnits
+  uint32_t nranks;
+};
+
+// Where rank `p`'s input is, in this rank's address space, for the key it sent.
+MSCCLPP_DEVICE_INLINE uint64_t readSource(const ReadCollectiveArgs& a, uint32_t p, uint64_t key) {
+  const uint64_t w = key >> kReadKeyOffsetBits;
+  const uint64_t off = key & ((1ull << kReadKeyOffsetBits) - 1);
+  if (w >= kReadMaxWindows) deviceTrap();
+  const uint64_t base = ((const uint64_t*)a.table)[w * kCollectiveMaxRanks + p];
+  if (base == 0) deviceTrap();
+  return base + off;
+}
+
+// Loads this thread's units of the input at `src` (units past the block's end read as zero).
+MSCCLPP_DEVICE_INLINE void readUnits(const ReadCall& c, const char* src, Unit (&v)[kReadMaxUnits]) {
+#pragma unroll
+  for (uint32_t j = 0; j < kReadMaxUnits; ++j) {
+    const uint64_t u = threadIdx.x + (uint64_t)j * blockDim.x;
+    v[j].lo = 0;
+    v[j].hi = 0;
+    if (j < c.perThread && u < c.units) {
+      const uint64_t g = c.first + u;
+      v[j] = loadUnit(src + 16 * g, unitBytes(c.bytes, g));
+    }
+  }
+}
+
+// The reduction, in rank order, of this thread's units of every rank's input (`srcs`); the loads
+// of rank p + 1 are issued before rank p's are combined, so that two ranks' loads are in flight.
+template <uint32_t DTYPE, uint32_t OP>
+MSCCLPP_DEVICE_INLINE void readReduce(const ReadCall& c, const uint64_t* srcs, Unit (&res)[kReadMaxUnits]) {
+  Reducer<DTYPE, OP> lo[kReadMaxUnits], hi[kReadMaxUnits];
+  Unit v[kReadMaxUnits];
+  readUnits(c, (const char*)srcs[0], v);
+#pragma unroll
+  for (uint32_t j = 0; j < kReadMaxUnits; ++j) {
+    lo[j].load(v[j].lo);
+    hi[j].load(v[j].hi);
+  }
+#pragma unroll 1
+  for (uint32_t p = 1; p < c.nranks; ++p) {
+    readUnits(c, (const char*)srcs[p], v);
+#pragma unroll
+    for (uint32_t j = 0; j < kReadMaxUnits; ++j) {
+      lo[j].add(v[j].lo);
+      hi[j].add(v[j].hi);
+    }
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < kReadMaxUnits; ++j) {
+    res[j].lo = lo[j].finish(c.nranks);
+    res[j].hi = hi[j].finish(c.nranks);
+  }
+}
+
+template <uint32_t DTYPE>
+MSCCLPP_DEVICE_INLINE void readReduceOp(uint32_t op, const ReadCall& c, const uint64_t* srcs,
+                                        Unit (&res)[kReadMaxUnits]) {
+  switch (op) {
+    case kReduceSum: readReduce<DTYPE, kReduceSum>(c, srcs, res); break;
+    case kReduceProd: readReduce<DTYPE, kReduceProd>(c, srcs, res); break;
+    case kReduceMin: readReduce<DTYPE, kReduceMin>(c, srcs, res); break;
+    case kReduceMax: readReduce<DTYPE, kReduceMax>(c, srcs, res); break;
+    case kReduceAvg: readReduce<DTYPE, kReduceAvg>(c, srcs, res); break;
+    default: deviceTrap();
+  }
+}
+
+}  // namespace mscclpp
+
+// All-reduce by the read algorithm (hal/src/collective.rs). Launch with the grid of
+// ReadCollectiveArgs::grid (the same on every rank, at most `max_blocks` blocks, all resident), at
+// least `nranks` threads per block, and the same count, dtype and op on every rank.
+extern "C" __global__ void mscclpp_collective_read_allreduce(mscclpp::ReadCollectiveArgs a) {
+  using namespace mscclpp;
+  const uint32_t esize = dataTypeSize(a.dtype);
+  if (esize == 0 || a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks ||
+      gridDim.x > a.max_blocks || blockDim.x < a.nranks || (a.scratch & 127) != 0) {
+    deviceTrap();
+  }
+  ReadCall c;
+  c.bytes = a.count * esize;
+  c.nranks = a.nranks;
+  const uint64_t allUnits = (c.bytes + 15) / 16;
+  const uint64_t per = (allUnits + gridDim.x - 1) / gridDim.x;
+  c.first = blockIdx.x * per;
+  c.units = c.first < allUnits ? (allUnits - c.first < per ? allUnits - c.first : per) : 0;
+  c.perThread = (uint32_t)((per + blockDim.x - 1) / blockDim.x);
+  if (c.perThread > kReadMaxUnits) deviceTrap();
+  const uint64_t packetsOff = (8ull * a.max_blocks + 127) / 128 * 128;
+  const uint64_t doneOff = packetsOff + 16ull * kCollectiveMaxRanks * a.max_blocks;
+  const uint64_t stagingOff = packetsOff + 32ull * kCollectiveMaxRanks * a.max_blocks;
+  const uint64_t slot = 16ull * ((uint64_t)blockIdx.x * kCollectiveMaxRanks + a.rank);
+  uint64_t* seq = (uint64_t*)(a.scratch + 8ull * blockIdx.x);
+  const uint64_t q = *seq + 1;
+  const uint32_t flag = (uint32_t)q;
+  const char* input = (const char*)a.input;
+
+  // 1. A staged input: this block's units into the staging area, visible before the start packet.
+  if ((a.in_key >> kReadKeyOffsetBits) == 0) {
+    if (c.bytes > a.staging_bytes || (a.in_key & ((1ull << kReadKeyOffsetBits) - 1)) != 0) deviceTrap();
+    char* staging = (char*)(a.scratch + stagingOff);
+    for (uint64_t u = threadIdx.x; u < c.units; u += blockDim.x) {
+      const uint64_t g = c.first + u;
+      const uint32_t nb = unitBytes(c.bytes, g);
+      storeUnit(staging + 16 * g, loadUnit(input + 16 * g, nb), nb);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) fenceSystem();
+    __syncthreads();
+  }
+  // 2-3. Start packets out, the peers' in: where each rank's input is.
+  __shared__ uint64_t srcs[kCollectiveMaxRanks];
+  if (threadIdx.x + 1 < a.nranks) {
+    const uint32_t p = directPeerOf(a.rank, a.nranks, threadIdx.x);
+    ((LL16Packet*)(a.peer_scratch[p] + packetsOff + slot))->write(a.in_key, flag);
+    const uint64_t key =
+        ((const LL16Packet*)(a.scratch + packetsOff + 16ull * ((uint64_t)blockIdx.x * kCollectiveMaxRanks + p)))
+            ->read(flag);
+    srcs[p] = readSource(a, p, key);
+  }
+  if (threadIdx.x == 0) srcs[a.rank] = a.input;
+  __syncthreads();
+
+  // 4. Reduce into registers.
+  Unit res[kReadMaxUnits];
+  switch (a.dtype) {
+    case kDataTypeF32: readReduceOp<kDataTypeF32>(a.op, c, srcs, res); break;
+    case kDataTypeF16: readReduceOp<kDataTypeF16>(a.op, c, srcs, res); break;
+    case kDataTypeBF16: readReduceOp<kDataTypeBF16>(a.op, c, srcs, res); break;
+    case kDataTypeI32: readReduceOp<kDataTypeI32>(a.op, c, srcs, res); break;
+    default: readReduceOp<kDataTypeU32>(a.op, c, srcs, res); break;
+  }
+
+  // 5. Every load of the block is done: tell the peers, and wait until they have said the same.
+  __syncthreads();
+  if (threadIdx.x == 0) fenceSystem();
+  __syncthreads();
+  if (threadIdx.x + 1 < a.nranks) {
+    const uint32_t p = directPeerOf(a.rank, a.nranks, threadIdx.x);
+    ((LL16Packet*)(a.peer_scratch[p] + doneOff + slot))->write(0, flag);
+    ((const LL16Packet*)(a.scratch + doneOff + 16ull * ((uint64_t)blockIdx.x * kCollectiveMaxRanks + p)))->read(flag);
+  }
+  __syncthreads();
+
+  // 6. The results, then the counter (every thread has read it by now).
+  char* output = (char*)a.output;
+#pragma unroll
+  for (uint32_t j = 0; j < kReadMaxUnits; ++j) {
+    const uint64_t u = threadIdx.x + (uint64_t)j * blockDim.x;
+    if (j < c.perThread && u < c.units) {
+      const uint64_t g = c.first + u;
+      storeUnit(output + 16 * g, res[j], unitBytes(c.bytes, g));
+    }
+  }
+  if (threadIdx.x == 0) *seq = q;
 }

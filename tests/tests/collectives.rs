@@ -59,10 +59,34 @@ fn role_matrix() -> R<()> {
         .alloc(max_elems * 4 + GUARD, MemoryKind::Device)
         .map_err(e)?;
 
+    // Registered buffers (MSCCLPP_TEST_REGISTER=1): every rank registers its output buffer, so
+    // that in-place all-reduces read the peers' inputs where they are; even ranks also register
+    // their input buffer (odd ranks a spare one in the same step), so that out-of-place calls
+    // mix read-in-place ranks with staging ones.
+    let spare = device.alloc(4096, MemoryKind::Device).map_err(e)?;
+    let windows = if std::env::var("MSCCLPP_TEST_REGISTER").is_ok_and(|v| v == "1") {
+        let w_out = coll.register(&outbuf.full()).map_err(e)?;
+        let second = if rank % 2 == 0 { &inbuf } else { &spare };
+        let w_in = coll.register(&second.full()).map_err(e)?;
+        if w_out == w_in {
+            return Err(format!("two registrations got one window {w_out:?}"));
+        }
+        vec![w_out, w_in]
+    } else {
+        Vec::new()
+    };
+    let kinds: Vec<CollectiveKind> = match std::env::var("MSCCLPP_TEST_KINDS") {
+        Ok(v) => CollectiveKind::ALL
+            .into_iter()
+            .filter(|k| v.split(',').any(|n| n == k.name()))
+            .collect(),
+        Err(_) => CollectiveKind::ALL.to_vec(),
+    };
+
     let mut case = 0usize;
     let (mut calls, mut wrong_total) = (0usize, 0usize);
     let t = Instant::now();
-    for kind in CollectiveKind::ALL {
+    for kind in kinds {
         for dtype in DataType::ALL {
             let ops: &[ReduceOp] = if kind.reduces() {
                 &ReduceOp::ALL
@@ -210,6 +234,12 @@ fn role_matrix() -> R<()> {
     {
         return Err("overflowing count accepted".into());
     }
+    for w in windows {
+        coll.deregister(w).map_err(e)?;
+        if coll.deregister(w).is_ok() {
+            return Err(format!("window {w:?} deregistered twice"));
+        }
+    }
     multiproc::report("calls", calls);
     multiproc::report("wrong", wrong_total);
     multiproc::report("seconds", format!("{:.1}", t.elapsed().as_secs_f64()));
@@ -228,6 +258,20 @@ const DIRECT: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_REDUCESCATTER", "direct"),
     ("MSCCLPP_ALGO_BROADCAST", "direct"),
     ("MSCCLPP_ALGO_ALLTOALL", "direct"),
+];
+
+/// Forces the read algorithm for all-reduce (the one collective it serves) and registers
+/// buffers: every rank's in-place input is registered, out of place only the even ranks'.
+const READ_REGISTERED: &[(&str, &str)] = &[
+    ("MSCCLPP_ALGO_ALLREDUCE", "read"),
+    ("MSCCLPP_TEST_KINDS", "allreduce"),
+    ("MSCCLPP_TEST_REGISTER", "1"),
+];
+
+/// The read algorithm with nothing registered: every input is staged.
+const READ_STAGED: &[(&str, &str)] = &[
+    ("MSCCLPP_ALGO_ALLREDUCE", "read"),
+    ("MSCCLPP_TEST_KINDS", "allreduce"),
 ];
 
 fn run_env(n: usize, slot: u64, counts: &str, extra: &[(&str, &str)]) -> Result<(), Failed> {
@@ -295,6 +339,19 @@ fn main() {
         }),
         Trial::test("collectives::host::direct::4_ranks", || {
             run_env(4, 1024, "1,7,2100", DIRECT)
+        }),
+        // The read all-reduce, with registered (read in place), staged and mixed inputs.
+        Trial::test("collectives::host::read::2_ranks", || {
+            run_env(2, 256, "1,3,37,5001", READ_REGISTERED)
+        }),
+        Trial::test("collectives::host::read::3_ranks", || {
+            run_env(3, 256, "1,5,3333", READ_REGISTERED)
+        }),
+        Trial::test("collectives::host::read::4_ranks_staged", || {
+            run_env(4, 256, "1,7,2100", READ_STAGED)
+        }),
+        Trial::test("collectives::host::read::8_ranks", || {
+            run_env(8, 4096, "1,129", READ_REGISTERED)
         }),
     ];
     libtest_mimic::run(&args, trials).exit();

@@ -60,7 +60,7 @@ fn check(a: &DirectCollectiveArgs, blocks: u64) -> Result<(CollectiveKind, DataT
 }
 
 /// The atomic word at `scratch + off`.
-fn word<'a>(scratch: u64, off: u64) -> &'a AtomicU64 {
+pub(crate) fn word<'a>(scratch: u64, off: u64) -> &'a AtomicU64 {
     // SAFETY: every flag/counter offset of the layout is 8-aligned inside a scratch buffer that
     // the launcher vouched for (`scratch_bytes`), and those words are only accessed atomically.
     unsafe { mscclpp_hal::dev::atomic_u64_at(scratch + off) }
@@ -91,7 +91,7 @@ fn wait_ge(w: &AtomicU64, seq: u64, what: impl Fn() -> String) -> Result<()> {
 ///
 /// # Safety
 /// Both ranges must be valid for `len` bytes.
-unsafe fn copy(dst: u64, src: u64, len: u64) {
+pub(crate) unsafe fn copy(dst: u64, src: u64, len: u64) {
     if dst != src && len > 0 {
         // SAFETY: caller's contract; distinct ranges of distinct buffers (user buffer vs scratch,
         // or the disjoint pieces of the protocol).
@@ -103,7 +103,7 @@ unsafe fn copy(dst: u64, src: u64, len: u64) {
 ///
 /// # Safety
 /// `addr..addr + len` must be readable.
-unsafe fn load(addr: u64, len: u64) -> u64 {
+pub(crate) unsafe fn load(addr: u64, len: u64) -> u64 {
     let mut w = [0u8; 8];
     // SAFETY: caller's contract; at most 8 bytes.
     unsafe {
@@ -116,7 +116,7 @@ unsafe fn load(addr: u64, len: u64) -> u64 {
 ///
 /// # Safety
 /// `addr..addr + len` must be writable.
-unsafe fn store(addr: u64, w: u64, len: u64) {
+pub(crate) unsafe fn store(addr: u64, w: u64, len: u64) {
     let b = w.to_le_bytes();
     // SAFETY: caller's contract; at most 8 bytes.
     unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), addr as *mut u8, len.min(8) as usize) };

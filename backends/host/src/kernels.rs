@@ -45,6 +45,10 @@ pub const KERNELS: &[(KernelId, HostKernelFn)] = &[
         KernelId::COLLECTIVE_DIRECT,
         crate::collectives_direct::collective_direct,
     ),
+    (
+        KernelId::COLLECTIVE_READ_ALLREDUCE,
+        crate::collectives_read::collective_read_allreduce,
+    ),
 ];
 
 fn user_kernels() -> &'static RwLock<HashMap<KernelId, HostKernelFn>> {

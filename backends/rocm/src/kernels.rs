@@ -73,7 +73,10 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "cuda/collectives_direct.cu",
         source: include_str!("../../../kernels/cuda/collectives_direct.cu"),
-        kernels: &[KernelId::COLLECTIVE_DIRECT],
+        kernels: &[
+            KernelId::COLLECTIVE_DIRECT,
+            KernelId::COLLECTIVE_READ_ALLREDUCE,
+        ],
     },
     Module {
         name: "hip/test_kernels.hip",

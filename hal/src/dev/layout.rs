@@ -4,7 +4,7 @@
 use std::mem::{align_of, offset_of, size_of};
 
 use super::*;
-use crate::collective::{DirectCollectiveArgs, LlCollectiveArgs};
+use crate::collective::{DirectCollectiveArgs, LlCollectiveArgs, ReadCollectiveArgs};
 use crate::kernel::{
     AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PingPongArgs, PortChannelPutArgs,
 };
@@ -128,6 +128,22 @@ pub fn layout_table() -> Vec<LayoutEntry> {
             rank,
             nranks,
             root,
+            max_blocks,
+            _pad,
+        }),
+        entry!(ReadCollectiveArgs {
+            input,
+            output,
+            count,
+            scratch,
+            table,
+            in_key,
+            staging_bytes,
+            peer_scratch,
+            dtype,
+            op,
+            rank,
+            nranks,
             max_blocks,
             _pad,
         }),

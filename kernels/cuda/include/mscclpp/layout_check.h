@@ -140,4 +140,21 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, root) == 13
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, max_blocks) == 136, "offset of DirectCollectiveArgs::max_blocks");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, _pad) == 140, "offset of DirectCollectiveArgs::_pad");
 
+static_assert(sizeof(mscclpp::ReadCollectiveArgs) == 144, "size of ReadCollectiveArgs");
+static_assert(alignof(mscclpp::ReadCollectiveArgs) == 8, "alignment of ReadCollectiveArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, input) == 0, "offset of ReadCollectiveArgs::input");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, output) == 8, "offset of ReadCollectiveArgs::output");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, count) == 16, "offset of ReadCollectiveArgs::count");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, scratch) == 24, "offset of ReadCollectiveArgs::scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, table) == 32, "offset of ReadCollectiveArgs::table");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, in_key) == 40, "offset of ReadCollectiveArgs::in_key");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, staging_bytes) == 48, "offset of ReadCollectiveArgs::staging_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, peer_scratch) == 56, "offset of ReadCollectiveArgs::peer_scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, dtype) == 120, "offset of ReadCollectiveArgs::dtype");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, op) == 124, "offset of ReadCollectiveArgs::op");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, rank) == 128, "offset of ReadCollectiveArgs::rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, nranks) == 132, "offset of ReadCollectiveArgs::nranks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, max_blocks) == 136, "offset of ReadCollectiveArgs::max_blocks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, _pad) == 140, "offset of ReadCollectiveArgs::_pad");
+
 #undef MSCCLPP_LAYOUT_OFFSETOF

@@ -84,4 +84,24 @@ struct DirectCollectiveArgs {
   uint32_t _pad;
 };
 
+// Arguments of mscclpp_collective_read_allreduce: every rank reads the peers' inputs where they
+// lie and reduces locally (hal/src/collective.rs documents the protocol, the windows and the
+// scratch layout).
+struct ReadCollectiveArgs {
+  uint64_t input;
+  uint64_t output;
+  uint64_t count;
+  uint64_t scratch;
+  uint64_t table;
+  uint64_t in_key;
+  uint64_t staging_bytes;
+  uint64_t peer_scratch[kCollectiveMaxRanks];
+  uint32_t dtype;
+  uint32_t op;
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t max_blocks;
+  uint32_t _pad;
+};
+
 }  // namespace mscclpp

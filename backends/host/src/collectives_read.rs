@@ -1,0 +1,165 @@
+//! The host backend's `mscclpp_collective_read_allreduce`: all-reduce by reading every peer's
+//! input where it lies (a registered window or the peer's staging area), exactly as
+//! `hal::collective` specifies (and as `kernels/{cuda,hip}/collectives_direct.*` do).
+//!
+//! One worker runs the grid's blocks one after the other (block `b` synchronises only with block
+//! `b` of the peers, which run their blocks in the same order). The host has no registers to
+//! run out of, so a block may own any number of units; a block's results wait in a buffer until
+//! every peer has finished reading, as the GPU threads' wait in registers.
+
+use std::sync::atomic::{Ordering, fence};
+
+use mscclpp_hal::collective::{
+    MAX_RANKS, MAX_WINDOWS, ReadCollectiveArgs, WINDOW_TABLE_BYTES, split_read_key,
+};
+use mscclpp_hal::dev::{DEFAULT_WAIT, LL16Packet};
+use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, ReduceOp, Result};
+
+use crate::collectives::{combine_word, divide_word};
+use crate::collectives_direct::{copy, load, store, word};
+
+fn check(a: &ReadCollectiveArgs, blocks: u64) -> Result<(DataType, ReduceOp)> {
+    let dtype = DataType::from_code(a.dtype)?;
+    let op = ReduceOp::from_code(a.op)?;
+    let n = a.nranks as usize;
+    if !(2..=MAX_RANKS).contains(&n) || a.rank >= a.nranks {
+        return Err(Error::invalid(format!(
+            "read all-reduce with rank {} of {} ranks (2..={MAX_RANKS} ranks supported)",
+            a.rank, a.nranks
+        )));
+    }
+    if blocks == 0 || blocks > u64::from(a.max_blocks) {
+        return Err(Error::invalid(format!(
+            "read all-reduce grid of {blocks} blocks for a scratch laid out for {}",
+            a.max_blocks
+        )));
+    }
+    if a.peer_scratch[..n].contains(&0)
+        || a.scratch != a.peer_scratch[a.rank as usize]
+        || a.scratch % 128 != 0
+        || a.table == 0
+        || a.table % 8 != 0
+    {
+        return Err(Error::invalid(
+            "read all-reduce without (128-aligned) scratch memory or window table",
+        ));
+    }
+    let bytes = a.count.checked_mul(dtype.size() as u64);
+    let (window, offset) = split_read_key(a.in_key);
+    if window == 0 && (offset != 0 || bytes.is_none_or(|b| b > a.staging_bytes)) {
+        return Err(Error::invalid(format!(
+            "read all-reduce of {} {dtype} elements staged in {} bytes at offset {offset}",
+            a.count, a.staging_bytes
+        )));
+    }
+    Ok((dtype, op))
+}
+
+/// Rank `p`'s input as mapped here, for the key it sent.
+fn source(a: &ReadCollectiveArgs, p: usize, key: u64) -> Result<u64> {
+    let (window, offset) = split_read_key(key);
+    if window >= MAX_WINDOWS {
+        return Err(Error::Remote {
+            rank: p,
+            message: format!("sent read key {key:#x}: window {window} is out of range"),
+        });
+    }
+    let entry = (window * MAX_RANKS + p) as u64 * 8;
+    debug_assert!(entry < WINDOW_TABLE_BYTES as u64);
+    let base = word(a.table, entry).load(Ordering::Acquire);
+    if base == 0 {
+        return Err(Error::Remote {
+            rank: p,
+            message: format!("named window {window}, which is not registered here"),
+        });
+    }
+    Ok(base + offset)
+}
+
+/// The host kernel.
+pub fn collective_read_allreduce(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = ReadCollectiveArgs::from_bytes(args)?;
+    let blocks = cfg.num_blocks();
+    let (dtype, op) = check(&a, blocks)?;
+    let (rank, n) = (a.rank as usize, a.nranks as usize);
+    let peers = || (1..n).map(move |q| (rank + q) % n);
+    let bytes = a.count * dtype.size() as u64;
+    let units = bytes.div_ceil(16);
+    let per = units.div_ceil(blocks);
+    let staging = a.scratch + ReadCollectiveArgs::staging_offset(a.max_blocks);
+    let staged = split_read_key(a.in_key).0 == 0;
+    let mut results = Vec::new();
+    for b in 0..blocks {
+        let seq = word(a.scratch, 8 * b);
+        let q = seq.load(Ordering::Acquire) + 1;
+        let flag = q as u32;
+        // This block's bytes.
+        let lo = (b * per * 16).min(bytes);
+        let hi = ((b + 1) * per * 16).min(bytes);
+        if staged {
+            // SAFETY: `lo..hi` lies inside the input (`count` elements, the launcher's contract)
+            // and inside the staging area (checked: `bytes <= staging_bytes`).
+            unsafe { copy(staging + lo, a.input + lo, hi - lo) };
+            fence(Ordering::SeqCst);
+        }
+        let start = |dst: u64, src: usize| {
+            dst + ReadCollectiveArgs::start_offset(a.max_blocks, b, src as u64)
+        };
+        let done = |dst: u64, src: usize| {
+            dst + ReadCollectiveArgs::done_offset(a.max_blocks, b, src as u64)
+        };
+        let mut srcs = [0u64; MAX_RANKS];
+        srcs[rank] = a.input;
+        for p in peers() {
+            // SAFETY: packet slots of the peers' scratch (laid out for `max_blocks`, `b` below it).
+            unsafe { LL16Packet::write(start(a.peer_scratch[p], rank), a.in_key, flag) };
+        }
+        for p in peers() {
+            // SAFETY: a packet slot of the own scratch.
+            let key = unsafe { LL16Packet::read(start(a.scratch, p), flag, DEFAULT_WAIT)? };
+            srcs[p] = source(&a, p, key)?;
+        }
+        fence(Ordering::SeqCst);
+        // The reduction, in rank order, 8 bytes at a time.
+        results.clear();
+        let mut at = lo;
+        while at < hi {
+            let nb = (hi - at).min(8);
+            let mut acc = 0u64;
+            for (p, &src) in srcs.iter().enumerate().take(n) {
+                // SAFETY: `at..at + nb` lies inside every rank's input (the same count on every
+                // rank, the launcher's contract) as mapped here.
+                let v = unsafe { load(src + at, nb) };
+                acc = if p == 0 {
+                    v
+                } else {
+                    combine_word(acc, v, dtype, op)
+                };
+            }
+            if op == ReduceOp::Avg {
+                acc = divide_word(acc, dtype, a.nranks);
+            }
+            results.extend_from_slice(&acc.to_le_bytes()[..nb as usize]);
+            at += nb;
+        }
+        // Every read of this rank's input is over once every peer says so.
+        fence(Ordering::SeqCst);
+        for p in peers() {
+            // SAFETY: as for the start packets.
+            unsafe { LL16Packet::write(done(a.peer_scratch[p], rank), 0, flag) };
+        }
+        for p in peers() {
+            // SAFETY: as for the start packets.
+            unsafe { LL16Packet::read(done(a.scratch, p), flag, DEFAULT_WAIT)? };
+        }
+        fence(Ordering::SeqCst);
+        for (i, chunk) in results.chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            // SAFETY: inside the output (`count` elements, the launcher's contract).
+            unsafe { store(a.output + lo + 8 * i as u64, u64::from_le_bytes(w), chunk.len() as u64) };
+        }
+        seq.store(q, Ordering::Release);
+    }
+    Ok(())
+}
