@@ -59,6 +59,11 @@ pub struct Args {
     #[arg(long, global = true)]
     pub baseline: Option<String>,
 
+    /// Register the input and output buffers with our collectives (`Collectives::register`), so
+    /// that all-reduces read the peers' inputs in place; the NCCL baseline is not told.
+    #[arg(long, global = true)]
+    pub register: bool,
+
     /// Time calls replayed from a graph of this many captured calls (0: eager launches); the
     /// NCCL baseline is captured the same way.
     #[arg(short = 'G', long = "cudagraph", default_value_t = 0, global = true)]

@@ -112,12 +112,21 @@ pub struct Bench {
 
 impl Bench {
     /// Sets up buffers of `max` bytes, the collectives and (optionally) NCCL.
-    pub fn new(comm: Arc<Communicator>, max: usize, baseline: bool) -> Result<Bench> {
+    pub fn new(
+        comm: Arc<Communicator>,
+        max: usize,
+        baseline: bool,
+        register: bool,
+    ) -> Result<Bench> {
         let device = comm.device().clone();
         let coll = Collectives::new(comm.clone())?;
         let stream = device.create_stream()?;
         let input = device.alloc(max.max(1), MemoryKind::Device)?;
         let output = device.alloc(max.max(1), MemoryKind::Device)?;
+        if register {
+            coll.register(&input.full())?;
+            coll.register(&output.full())?;
+        }
         let nccl = if baseline {
             if stream.native_handle().is_none() {
                 return Err(Error::unavailable(

@@ -124,7 +124,8 @@ fn run_collective(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) ->
     }
     let sizes = args.sizes();
     let max = sizes.last().copied().unwrap_or(0);
-    let bench = collective::Bench::new(comm.clone(), max, args.baseline.is_some())?;
+    let bench =
+        collective::Bench::new(comm.clone(), max, args.baseline.is_some(), args.register)?;
     let spec = collective::Spec {
         kind,
         dtype,
@@ -137,7 +138,7 @@ fn run_collective(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) ->
     let factor = collective::bus_factor(kind, nranks);
     if lead && !args.json {
         println!(
-            "# mscclpp-perf {}: {nranks} ranks on the {} backend ({}), {dtype}, op {op}, root {}, {}, {} iterations after {} warm-up{}",
+            "# mscclpp-perf {}: {nranks} ranks on the {} backend ({}), {dtype}, op {op}, root {}, {}, {} iterations after {} warm-up{}{}",
             kind.name(),
             info.backend,
             info.name,
@@ -149,6 +150,11 @@ fn run_collective(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) ->
             },
             args.iters,
             args.warmup,
+            if args.register {
+                "; our buffers registered"
+            } else {
+                ""
+            },
             bench.nccl_version().map_or(String::new(), |v| format!(
                 "; baseline NCCL {v} on the same buffers and stream"
             ))

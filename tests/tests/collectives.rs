@@ -7,8 +7,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Failed, Trial};
-use mscclpp::collectives::Collectives;
+use libtest_mimic::{Completion, Failed, Trial};
+use mscclpp::collectives::{Collectives, DEFAULT_SLOT_BYTES};
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
 use mscclpp::hal::{BackendKind, CollectiveKind, DataType, ErrorClass, MemoryKind, ReduceOp};
@@ -17,6 +17,7 @@ use mscclpp_conformance::reference::{count_wrong, expected, random_input};
 use mscclpp_conformance::rng::Rng;
 
 const UID_VAR: &str = "MSCCLPP_TEST_UID";
+const BACKEND_VAR: &str = "MSCCLPP_TEST_BACKEND";
 const GUARD: usize = 64;
 const POISON: u8 = 0xA5;
 
@@ -37,8 +38,17 @@ fn role_matrix() -> R<()> {
     let boot = Arc::new(
         Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e)?).map_err(e)?,
     );
-    let backend = mscclpp::registry::probe(BackendKind::Host).map_err(e)?;
-    let device = backend.open_device(rank).map_err(e)?;
+    let kind: BackendKind = std::env::var(BACKEND_VAR)
+        .map_err(e)?
+        .parse()
+        .map_err(e)?;
+    let backend = mscclpp::registry::probe(kind).map_err(e)?;
+    // GPUs: ranks share the devices there are (4 ranks on 2 GPUs, 2 per GPU).
+    let ordinal = match kind {
+        BackendKind::Host => rank,
+        _ => rank % backend.device_count().max(1),
+    };
+    let device = backend.open_device(ordinal).map_err(e)?;
     let comm = Arc::new(Communicator::new(boot, device.clone()));
     let slot: u64 = std::env::var("MSCCLPP_TEST_SLOT")
         .ok()
@@ -251,6 +261,26 @@ fn run(n: usize, slot: u64, counts: &str) -> Result<(), Failed> {
     run_env(n, slot, counts, &[])
 }
 
+fn run_env(n: usize, slot: u64, counts: &str, extra: &[(&str, &str)]) -> Result<(), Failed> {
+    run_on(BackendKind::Host, n, slot, counts, extra)
+}
+
+/// A GPU trial: ignored, with the reason, where the backend cannot be probed here.
+fn gpu_trial(
+    kind: BackendKind,
+    name: &str,
+    n: usize,
+    counts: &'static str,
+    extra: &'static [(&'static str, &'static str)],
+) -> Trial {
+    Trial::ignorable_test(format!("collectives::{kind}::{name}"), move || {
+        if let Err(reason) = mscclpp::registry::probe(kind) {
+            return Ok(Completion::ignored_with(reason.to_string()));
+        }
+        run_on(kind, n, DEFAULT_SLOT_BYTES, counts, extra).map(|()| Completion::Completed)
+    })
+}
+
 /// Forces the direct algorithm for every collective.
 const DIRECT: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_ALLREDUCE", "direct"),
@@ -268,13 +298,23 @@ const READ_REGISTERED: &[(&str, &str)] = &[
     ("MSCCLPP_TEST_REGISTER", "1"),
 ];
 
+/// GPU element counts: odd ones from 1 to past the read algorithm's 4 MiB (bf16), so that the
+/// default choice crosses every algorithm.
+const GPU_COUNTS: &str = "1,7,1001,65537,262147,1048573,2097155";
+
 /// The read algorithm with nothing registered: every input is staged.
 const READ_STAGED: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_ALLREDUCE", "read"),
     ("MSCCLPP_TEST_KINDS", "allreduce"),
 ];
 
-fn run_env(n: usize, slot: u64, counts: &str, extra: &[(&str, &str)]) -> Result<(), Failed> {
+fn run_on(
+    kind: BackendKind,
+    n: usize,
+    slot: u64,
+    counts: &str,
+    extra: &[(&str, &str)],
+) -> Result<(), Failed> {
     let cfg = BootstrapConfig {
         timeout: Duration::from_secs(60),
         ..BootstrapConfig::default()
@@ -285,6 +325,7 @@ fn run_env(n: usize, slot: u64, counts: &str, extra: &[(&str, &str)]) -> Result<
         ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "120".to_string()),
         ("MSCCLPP_TEST_SLOT".to_string(), slot.to_string()),
         ("MSCCLPP_TEST_COUNTS".to_string(), counts.to_string()),
+        (BACKEND_VAR.to_string(), kind.to_string()),
     ];
     let mut env = env;
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
@@ -354,5 +395,13 @@ fn main() {
             run_env(8, 4096, "1,129", READ_REGISTERED)
         }),
     ];
+    // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one).
+    let mut trials = trials;
+    for kind in [BackendKind::Cuda, BackendKind::Rocm] {
+        trials.push(gpu_trial(kind, "read::2_ranks", 2, GPU_COUNTS, READ_REGISTERED));
+        trials.push(gpu_trial(kind, "read::2_ranks_staged", 2, GPU_COUNTS, READ_STAGED));
+        trials.push(gpu_trial(kind, "read::4_ranks", 4, GPU_COUNTS, READ_REGISTERED));
+        trials.push(gpu_trial(kind, "default::2_ranks", 2, GPU_COUNTS, &[]));
+    }
     libtest_mimic::run(&args, trials).exit();
 }
