@@ -53,17 +53,6 @@ fn direct_threshold(kind: CollectiveKind) -> u64 {
     }
 }
 
-/// All-reduce bytes the read algorithm serves when not forced, by rank count: from where LL
-/// packets (twice the data on the links) lose to one plain read of every peer's input, to where
-/// the pipelined direct algorithm catches up. More ranks read more peers one after the other.
-fn read_range(nranks: usize) -> std::ops::Range<u64> {
-    if nranks <= 4 {
-        (512 << 10)..(4 << 20)
-    } else {
-        0..0
-    }
-}
-
 /// `words` as native-endian bytes (what a device reads back as `u64`s).
 fn words_bytes(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_ne_bytes()).collect()
@@ -329,7 +318,10 @@ impl Collectives {
     /// the kernel).
     fn setup_read(comm: &Communicator) -> Result<Option<Read>> {
         let info = comm.device().info().clone();
-        let kernel = match comm.device().load_kernel(KernelId::COLLECTIVE_READ_ALLREDUCE) {
+        let kernel = match comm
+            .device()
+            .load_kernel(KernelId::COLLECTIVE_READ_ALLREDUCE)
+        {
             Ok(k) => k,
             Err(e) => {
                 tracing::info!("read collective algorithm unavailable: {e}");
@@ -367,7 +359,9 @@ impl Collectives {
             .map_err(|_| Error::invalid("read scratch does not fit this host"))?;
         let (scratch, peers, peer_scratch) = exchange_scratch(comm, bytes)?;
         // Window 0 of the table: every rank's staging area.
-        let table = comm.device().alloc(WINDOW_TABLE_BYTES, MemoryKind::Device)?;
+        let table = comm
+            .device()
+            .alloc(WINDOW_TABLE_BYTES, MemoryKind::Device)?;
         let staging = ReadCollectiveArgs::staging_offset(max_blocks);
         let row: Vec<u64> = (0..MAX_RANKS)
             .map(|p| {
@@ -397,9 +391,18 @@ impl Collectives {
     }
 
     /// The algorithm that serves `kind` for rank blocks of `block_bytes`.
+    ///
+    /// The read algorithm is never chosen by size: on 2 x H200 (graph-timed, bf16) it never beat
+    /// both others even with registered inputs — 64 KiB 7.5 µs (LL 3.1), 1 MiB 10.9 (LL 8.8),
+    /// 2 MiB 14.4 (direct 14.5), 4 MiB 20.6 (direct 20.8): its two handshakes and the remote-read
+    /// round trip cost more than LL's doubled bytes below 2 MiB, and above it both read and
+    /// direct run at the same ~300 GB/s. It serves when forced (`MSCCLPP_ALGO_ALLREDUCE=read`).
     pub fn algorithm(&self, kind: CollectiveKind, block_bytes: u64) -> Algorithm {
         let read_fits = kind == CollectiveKind::AllReduce
-            && self.read.as_ref().is_some_and(|r| block_bytes <= r.capacity);
+            && self
+                .read
+                .as_ref()
+                .is_some_and(|r| block_bytes <= r.capacity);
         match (self.choices[kind as usize], &self.direct) {
             (Choice::Forced(Algorithm::Read), _) if read_fits => Algorithm::Read,
             // Beyond what the read algorithm holds, the bandwidth path.
@@ -407,9 +410,6 @@ impl Collectives {
             (Choice::Forced(Algorithm::Read), None) => Algorithm::Ll,
             (Choice::Forced(a), Some(_)) => a,
             (Choice::Forced(_), None) | (Choice::Auto, None) => Algorithm::Ll,
-            (Choice::Auto, Some(_)) if read_fits && read_range(self.comm.nranks()).contains(&block_bytes) => {
-                Algorithm::Read
-            }
             (Choice::Auto, Some(_)) if block_bytes >= direct_threshold(kind) => Algorithm::Direct,
             (Choice::Auto, Some(_)) => Algorithm::Ll,
         }
@@ -463,7 +463,9 @@ impl Collectives {
                     rank: p,
                     message: format!(
                         "registers a buffer as window {:?} while rank {rank} registers window {index}: every rank must register and deregister in the same order",
-                        theirs.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                        theirs
+                            .get(..8)
+                            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
                     ),
                 });
             }
@@ -481,7 +483,10 @@ impl Collectives {
         }
         let stream = self.comm.device().create_stream()?;
         let at = index * MAX_RANKS * 8;
-        stream.write_from_host(&read.table.slice(at..at + 8 * MAX_RANKS)?, &words_bytes(&row))?;
+        stream.write_from_host(
+            &read.table.slice(at..at + 8 * MAX_RANKS)?,
+            &words_bytes(&row),
+        )?;
         stream.synchronize()?;
         let entry = WindowEntry {
             slice: slice.clone(),

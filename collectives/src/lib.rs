@@ -19,9 +19,16 @@
 //!   reduce-scatter then all-gather); chosen from 2 MiB per rank block (broadcast 512 KiB,
 //!   all-to-all 1 MiB).
 //!
-//! `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (e.g. `MSCCLPP_ALGO_ALLREDUCE=ll`) overrides the
-//! choice per collective. No user buffer is registered: both algorithms move data through the
-//! communicator's own scratch, so calls may use any buffers, different on every call.
+//! - **Read** (all-reduce only): every rank reads the peers' inputs where they lie and reduces
+//!   locally — in place in buffers registered with [`Collectives::register`] (the IPC mappings
+//!   are made once, at registration), else from a staging copy. Ranks may differ in whether
+//!   their input is registered: each tells the others in the call. Served only when forced
+//!   (`MSCCLPP_ALGO_ALLREDUCE=read`): on 2 x H200 it did not beat LL or direct at any size.
+//!
+//! `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and `read` for all-reduce; e.g.
+//! `MSCCLPP_ALGO_ALLREDUCE=ll`) overrides the choice per collective. Registration is optional:
+//! LL and direct move data through the communicator's own scratch, so calls may use any
+//! buffers, different on every call.
 
 mod context;
 

@@ -124,8 +124,7 @@ fn run_collective(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) ->
     }
     let sizes = args.sizes();
     let max = sizes.last().copied().unwrap_or(0);
-    let bench =
-        collective::Bench::new(comm.clone(), max, args.baseline.is_some(), args.register)?;
+    let bench = collective::Bench::new(comm.clone(), max, args.baseline.is_some(), args.register)?;
     let spec = collective::Spec {
         kind,
         dtype,

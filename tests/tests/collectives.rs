@@ -38,10 +38,7 @@ fn role_matrix() -> R<()> {
     let boot = Arc::new(
         Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e)?).map_err(e)?,
     );
-    let kind: BackendKind = std::env::var(BACKEND_VAR)
-        .map_err(e)?
-        .parse()
-        .map_err(e)?;
+    let kind: BackendKind = std::env::var(BACKEND_VAR).map_err(e)?.parse().map_err(e)?;
     let backend = mscclpp::registry::probe(kind).map_err(e)?;
     // GPUs: ranks share the devices there are (4 ranks on 2 GPUs, 2 per GPU).
     let ordinal = match kind {
@@ -398,9 +395,27 @@ fn main() {
     // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one).
     let mut trials = trials;
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
-        trials.push(gpu_trial(kind, "read::2_ranks", 2, GPU_COUNTS, READ_REGISTERED));
-        trials.push(gpu_trial(kind, "read::2_ranks_staged", 2, GPU_COUNTS, READ_STAGED));
-        trials.push(gpu_trial(kind, "read::4_ranks", 4, GPU_COUNTS, READ_REGISTERED));
+        trials.push(gpu_trial(
+            kind,
+            "read::2_ranks",
+            2,
+            GPU_COUNTS,
+            READ_REGISTERED,
+        ));
+        trials.push(gpu_trial(
+            kind,
+            "read::2_ranks_staged",
+            2,
+            GPU_COUNTS,
+            READ_STAGED,
+        ));
+        trials.push(gpu_trial(
+            kind,
+            "read::4_ranks",
+            4,
+            GPU_COUNTS,
+            READ_REGISTERED,
+        ));
         trials.push(gpu_trial(kind, "default::2_ranks", 2, GPU_COUNTS, &[]));
     }
     libtest_mimic::run(&args, trials).exit();

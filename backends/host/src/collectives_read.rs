@@ -157,7 +157,13 @@ pub fn collective_read_allreduce(cfg: &LaunchConfig, args: &[u8]) -> Result<()> 
             let mut w = [0u8; 8];
             w[..chunk.len()].copy_from_slice(chunk);
             // SAFETY: inside the output (`count` elements, the launcher's contract).
-            unsafe { store(a.output + lo + 8 * i as u64, u64::from_le_bytes(w), chunk.len() as u64) };
+            unsafe {
+                store(
+                    a.output + lo + 8 * i as u64,
+                    u64::from_le_bytes(w),
+                    chunk.len() as u64,
+                )
+            };
         }
         seq.store(q, Ordering::Release);
     }
