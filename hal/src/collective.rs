@@ -432,7 +432,7 @@ pub const READ_KEY_OFFSET_BITS: u32 = 48;
 /// either does not fit.
 pub fn read_key(window: usize, offset: u64) -> Option<u64> {
     (window < MAX_WINDOWS && offset < 1 << READ_KEY_OFFSET_BITS)
-        .then(|| (window as u64) << READ_KEY_OFFSET_BITS | offset)
+        .then_some(((window as u64) << READ_KEY_OFFSET_BITS) | offset)
 }
 
 /// The window and offset of a key.
