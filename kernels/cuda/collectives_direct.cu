@@ -492,13 +492,8 @@ MSCCLPP_DEVICE_INLINE void readReduceOp(uint32_t op, const ReadCall& c, const ui
   }
 }
 
-}  // namespace mscclpp
-
-// All-reduce by the read algorithm (hal/src/collective.rs). Launch with the grid of
-// ReadCollectiveArgs::grid (the same on every rank, at most `max_blocks` blocks, all resident), at
-// least `nranks` threads per block, and the same count, dtype and op on every rank.
-extern "C" __global__ void mscclpp_collective_read_allreduce(mscclpp::ReadCollectiveArgs a) {
-  using namespace mscclpp;
+// One block's call.
+MSCCLPP_DEVICE_INLINE void readAllReduce(const ReadCollectiveArgs& a) {
   const uint32_t esize = dataTypeSize(a.dtype);
   if (esize == 0 || a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks ||
       gridDim.x > a.max_blocks || blockDim.x < a.nranks || (a.scratch & 127) != 0) {
@@ -580,4 +575,13 @@ extern "C" __global__ void mscclpp_collective_read_allreduce(mscclpp::ReadCollec
     }
   }
   if (threadIdx.x == 0) *seq = q;
+}
+
+}  // namespace mscclpp
+
+// All-reduce by the read algorithm (hal/src/collective.rs). Launch with the grid of
+// ReadCollectiveArgs::grid (the same on every rank, at most `max_blocks` blocks, all resident), at
+// least `nranks` threads per block, and the same count, dtype and op on every rank.
+extern "C" __global__ void mscclpp_collective_read_allreduce(mscclpp::ReadCollectiveArgs a) {
+  mscclpp::readAllReduce(a);
 }
