@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::collective::{
-    DirectCollectiveArgs, LL_STATE_BYTES, MAX_RANKS, MAX_WINDOWS, ReadCollectiveArgs,
+    DirectCollectiveArgs, LL_STATE_BYTES, LL128_LINE_BYTES, LL128_LINE_DATA_BYTES, MAX_RANKS, MAX_WINDOWS, ReadCollectiveArgs,
     WINDOW_TABLE_BYTES, read_key,
 };
 use mscclpp_hal::{
@@ -23,6 +23,9 @@ pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
 pub enum Algorithm {
     /// LL packets through scratch (every collective, best for small messages).
     Ll,
+    /// LL128 lines through the same scratch: 120 data bytes per 128 instead of 8 per 16
+    /// (all-reduce of one round, on devices with `Capabilities::ll128`).
+    Ll128,
     /// Plain stores into the peers' scratch, pipelined (every collective; best for large
     /// messages).
     Direct,
@@ -53,6 +56,11 @@ fn direct_threshold(kind: CollectiveKind) -> u64 {
     }
 }
 
+/// All-reduce bytes LL128 lines serve when not forced (where the device can; one round at most).
+fn ll128_range() -> std::ops::Range<u64> {
+    (64 << 10)..(2 << 20)
+}
+
 /// `words` as native-endian bytes (what a device reads back as `u64`s).
 fn words_bytes(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_ne_bytes()).collect()
@@ -68,11 +76,14 @@ fn env_choice(kind: CollectiveKind) -> Result<Choice> {
         Some(v) if v == "read" && kind == CollectiveKind::AllReduce => {
             Choice::Forced(Algorithm::Read)
         }
+        Some(v) if v == "ll128" && kind == CollectiveKind::AllReduce => {
+            Choice::Forced(Algorithm::Ll128)
+        }
         Some(v) => {
             return Err(Error::invalid(format!(
                 "environment variable {var}={v:?} is malformed: expected auto, ll or direct{}",
                 if kind == CollectiveKind::AllReduce {
-                    " (or read)"
+                    " (or ll128, read)"
                 } else {
                     ""
                 }
@@ -141,6 +152,8 @@ pub struct Collectives {
     /// The LL kernels: copying collectives, and reducing ones by `dtype * 5 + op`.
     ll_copy: Arc<dyn Kernel>,
     ll_reduce: Vec<Arc<dyn Kernel>>,
+    /// The LL128 all-reduce, where the device has `Capabilities::ll128` and the kernel.
+    ll128: Option<Arc<dyn Kernel>>,
     direct: Option<Direct>,
     read: Option<Read>,
     choices: [Choice; 5],
@@ -224,6 +237,17 @@ impl Collectives {
             .flatten()
             .map(|&id| device.load_kernel(id))
             .collect::<Result<Vec<_>>>()?;
+        let ll128 = if device.info().caps.ll128 {
+            match device.load_kernel(KernelId::COLLECTIVE_LL128_ALLREDUCE) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    tracing::info!("LL128 all-reduce unavailable: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         // Nobody writes into a peer's scratch before that peer has zeroed it.
         comm.bootstrap().barrier()?;
         tracing::debug!(rank, nranks = n, slot_bytes, "collectives ready");
@@ -236,6 +260,7 @@ impl Collectives {
             slot_bytes,
             ll_copy,
             ll_reduce,
+            ll128,
             direct,
             read,
             choices,
@@ -403,7 +428,20 @@ impl Collectives {
                 .read
                 .as_ref()
                 .is_some_and(|r| block_bytes <= r.capacity);
+        let ll128_fits = kind == CollectiveKind::AllReduce
+            && self.ll128.is_some()
+            && self.slot_bytes % LL128_LINE_BYTES == 0
+            && block_bytes <= self.slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES;
         match (self.choices[kind as usize], &self.direct) {
+            (Choice::Forced(Algorithm::Ll128), _) if ll128_fits => Algorithm::Ll128,
+            // Beyond one round (or without the capability): what `auto` would pick.
+            (Choice::Forced(Algorithm::Ll128), Some(_)) if block_bytes >= direct_threshold(kind) => {
+                Algorithm::Direct
+            }
+            (Choice::Forced(Algorithm::Ll128), _) => Algorithm::Ll,
+            (Choice::Auto, _) if ll128_fits && ll128_range().contains(&block_bytes) => {
+                Algorithm::Ll128
+            }
             (Choice::Forced(Algorithm::Read), _) if read_fits => Algorithm::Read,
             // Beyond what the read algorithm holds, the bandwidth path.
             (Choice::Forced(Algorithm::Read), Some(_)) => Algorithm::Direct,
@@ -804,6 +842,12 @@ impl Collectives {
             nranks: n as u32,
             root: root as u32,
         };
+        if let (Algorithm::Ll128, Some(k)) = (algorithm, &self.ll128) {
+            let cfg = self.ll128_grid(block_bytes);
+            tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, "launch ll128");
+            // SAFETY: as for the LL launch below (the same arguments, scratch and flag).
+            return unsafe { stream.launch_raw(&**k, cfg, args.as_bytes()) };
+        }
         let cfg = self.grid(in_bytes.max(out_bytes));
         tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, "launch");
         let kernel = if kind.reduces() {
@@ -815,6 +859,21 @@ impl Collectives {
         // the stream passes the call, as for every stream operation), this communicator's scratch
         // and flag, and the peers' scratch mappings held in `self`.
         unsafe { stream.launch_raw(&**kernel, cfg, args.as_bytes()) }
+    }
+
+    /// LL128: a group of eight threads per line, 512 threads per block (or as forced by
+    /// `MSCCLPP_LL_THREADS`), up to one block per SM, threads looping over lines beyond that.
+    fn ll128_grid(&self, bytes: u64) -> LaunchConfig {
+        let info = self.comm.device().info();
+        if info.warp_size == 1 {
+            return LaunchConfig::linear(1, 1);
+        }
+        let threads = (self.ll_threads.unwrap_or(512).min(info.max_threads_per_block) / 32 * 32).max(32);
+        let lines = bytes.div_ceil(LL128_LINE_DATA_BYTES);
+        let blocks = (lines * 8)
+            .div_ceil(u64::from(threads))
+            .clamp(1, u64::from(info.multiprocessors.max(1)));
+        LaunchConfig::linear(blocks as u32, threads)
     }
 
     fn grid(&self, bytes: u64) -> LaunchConfig {

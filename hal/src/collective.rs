@@ -33,6 +33,21 @@
 //! A rank's own contribution goes straight from its input to its output. `Avg` is a sum divided
 //! by `nranks` at the end (integer division for integer types).
 //!
+//! ## LL128 lines (`mscclpp_collective_ll128_allreduce`)
+//! All-reduce of a message that fits one round, in 128-byte *lines* that carry 120 data bytes and
+//! an 8-byte flag word (the flag in both 32-bit halves) — LL16 packets carry 8 of 16. Everything
+//! else is the LL algorithm's: the scratch, halves, slots and flag counter; a call is one round,
+//! flag `base + 1` in half `flag % 2`, and the counter advances by one; so LL and LL128 calls may
+//! follow each other in any order. Line `i` of the slot `src` writes in a peer's scratch carries
+//! data bytes `[120 i, 120 i + 120)` of `src`'s input: bytes `16 j .. 16 j + 16` of the line are
+//! data for `j < 7`, bytes `112..120` the last 8 data bytes and `120..128` the flag word. A
+//! call fits when `count * size <= ` [`LlCollectiveArgs::ll128_round_bytes`]. Used only where
+//! [`crate::Capabilities::ll128`] holds: a GPU kernel writes a line with one instruction of eight
+//! neighbouring threads (16 bytes each) and reads it the same way, accepting it once the flag
+//! word carries the flag; the host kernel stores the flag word after the data (release) and loads
+//! it before the data (acquire). Each rank reduces in rank order, its own input in place of a
+//! line at its own rank, as LL does.
+//!
 //! ## The direct algorithm (`mscclpp_collective_direct`)
 //! A bandwidth path for large messages: plain 16-byte stores of data into the peers' scratch,
 //! pipelined in *steps*, with a 64-bit flag word per (phase, buffer, block, source rank) that the
@@ -239,6 +254,12 @@ impl CollectiveKind {
     }
 }
 
+/// Bytes of an LL128 line.
+pub const LL128_LINE_BYTES: u64 = 128;
+
+/// Data bytes of an LL128 line (the rest is the flag word).
+pub const LL128_LINE_DATA_BYTES: u64 = 120;
+
 /// Bytes of the per-communicator LL state that [`LlCollectiveArgs::flag`] points at.
 pub const LL_STATE_BYTES: usize = 64;
 
@@ -286,6 +307,11 @@ impl LlCollectiveArgs {
     /// Data bytes one round moves per peer.
     pub fn round_bytes(&self) -> u64 {
         self.slot_bytes / LL16Packet::DATA_BYTES as u64 * (LL16Packet::DATA_BYTES as u64) / 2
+    }
+
+    /// Data bytes an LL128 call may carry per rank (one round: 120 per 128-byte line of a slot).
+    pub fn ll128_round_bytes(&self) -> u64 {
+        self.slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES
     }
 
     /// Scratch bytes a rank needs for `slot_bytes` per slot.

@@ -108,6 +108,10 @@ impl KernelId {
     /// [`crate::collective`]).
     pub const COLLECTIVE_DIRECT: KernelId = KernelId("mscclpp_collective_direct");
 
+    /// All-reduce by LL128 lines (one round; args: [`crate::collective::LlCollectiveArgs`]; see
+    /// [`crate::collective`]).
+    pub const COLLECTIVE_LL128_ALLREDUCE: KernelId = KernelId("mscclpp_collective_ll128_allreduce");
+
     /// The read algorithm of all-reduce: every rank reads the peers' inputs where they lie
     /// (registered windows, or a staging copy) and reduces locally (args:
     /// [`crate::collective::ReadCollectiveArgs`]; see [`crate::collective`]).
@@ -227,7 +231,9 @@ pub fn known_param_size(id: KernelId) -> Option<usize> {
         KernelId::COLLECTIVE_READ_ALLREDUCE => {
             Some(size_of::<crate::collective::ReadCollectiveArgs>())
         }
-        id if KernelId::COLLECTIVE_LL_ALL.contains(&id) => {
+        id if KernelId::COLLECTIVE_LL_ALL.contains(&id)
+            || id == KernelId::COLLECTIVE_LL128_ALLREDUCE =>
+        {
             Some(size_of::<crate::collective::LlCollectiveArgs>())
         }
         _ => None,

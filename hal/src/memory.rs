@@ -320,6 +320,7 @@ mod tests {
                 device_memory_host_accessible: host_accessible,
                 kernels: false,
                 multicast: MulticastSupport::Unsupported("test".into()),
+                ll128: false,
             },
         }
     }

@@ -364,6 +364,126 @@ MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
   }
 }
 
+// ---- LL128 lines (hal/src/collective.rs): all-reduce of one round --------------------------
+// Eight neighbouring threads (a group) own one 128-byte line: thread j < 7 of the group the data
+// bytes [16 j, 16 j + 16) of the line's 120, thread 7 the last 8 and the flag word. A group writes
+// a line with one 16-byte store per thread (one instruction) and reads it the same way, retrying
+// until thread 7 sees the flag; the group agrees through a shuffle.
+
+constexpr uint64_t kLl128LineBytes = 128;
+constexpr uint64_t kLl128LineData = 120;
+
+template <uint32_t DTYPE, uint32_t OP>
+MSCCLPP_DEVICE_INLINE void ll128AllReduce(const LlCollectiveArgs& a, LlState* st, uint64_t base, uint64_t bytes) {
+  const uint32_t flag = (uint32_t)(base + 1);
+  const uint64_t half = ((base + 1) & 1) * kCollectiveMaxRanks * a.slot_bytes;
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t lane = threadIdx.x & 7;
+  const uint64_t groups = (uint64_t)gridDim.x * blockDim.x / 8;
+  const uint64_t lines = (bytes + kLl128LineData - 1) / kLl128LineData;
+  const char* input = (const char*)a.input;
+  char* output = (char*)a.output;
+  // This thread's piece of line L: data offset and valid bytes (0 past the end).
+  auto piece = [&](uint64_t L, uint64_t& off) -> uint32_t {
+    off = L * kLl128LineData + 16 * lane;
+    const uint64_t cap = lane == 7 ? 8 : 16;
+    if (off >= bytes) return 0;
+    return (uint32_t)(bytes - off < cap ? bytes - off : cap);
+  };
+  // Sends: every line of this group, to every peer.
+  for (uint64_t L = tid / 8; L < lines; L += groups) {
+    uint64_t off;
+    const uint32_t nb = piece(L, off);
+    const uint64_t lo = nb ? loadWord(input + off, nb < 8 ? nb : 8) : 0;
+    const uint64_t hi = nb > 8 ? loadWord(input + off + 8, nb - 8) : 0;
+    const uint64_t dst = half + a.rank * a.slot_bytes + L * kLl128LineBytes + 16 * lane;
+#pragma unroll 1
+    for (uint32_t q = 0; q + 1 < a.nranks; ++q) {
+      const uint32_t p = peerOf(a.rank, a.nranks, q);
+      if (lane == 7) {
+        storeVolatile16((void*)(a.peer_scratch[p] + dst), (uint32_t)lo, (uint32_t)(lo >> 32), flag, flag);
+      } else {
+        storeVolatile16((void*)(a.peer_scratch[p] + dst), (uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi,
+                        (uint32_t)(hi >> 32));
+      }
+    }
+  }
+  countStarts(st, 0);
+  // Receives: the lines of every rank, reduced in rank order (the own input in place of a line).
+  for (uint64_t L = tid / 8; L < lines; L += groups) {
+    uint64_t off;
+    const uint32_t nb = piece(L, off);
+    const uint64_t line = half + L * kLl128LineBytes + 16 * lane;
+    Reducer<DTYPE, OP> rlo, rhi;
+#pragma unroll 1
+    for (uint32_t r = 0; r < a.nranks; ++r) {
+      uint64_t lo, hi;
+      if (r == a.rank) {
+        lo = nb ? loadWord(input + off, nb < 8 ? nb : 8) : 0;
+        hi = nb > 8 ? loadWord(input + off + 8, nb - 8) : 0;
+      } else {
+        const void* src = (const void*)(a.scratch + line + r * a.slot_bytes);
+        uint32_t x, y, z, w;
+        spinUntil([&] {
+          loadVolatile16(src, x, y, z, w);
+          const uint32_t mine = lane != 7 || (z == flag && w == flag);
+          return shuffleInGroupOf8(mine, 7) != 0;
+        });
+        lo = (uint64_t)x | ((uint64_t)y << 32);
+        hi = lane == 7 ? 0 : ((uint64_t)z | ((uint64_t)w << 32));
+      }
+      if (r == 0) {
+        rlo.load(lo);
+        rhi.load(hi);
+      } else {
+        rlo.add(lo);
+        rhi.add(hi);
+      }
+    }
+    if (nb) storeWord(output + off, rlo.finish(a.nranks), nb < 8 ? nb : 8);
+    if (nb > 8) storeWord(output + off + 8, rhi.finish(a.nranks), nb - 8);
+  }
+}
+
+template <uint32_t DTYPE>
+MSCCLPP_DEVICE_INLINE void ll128AllReduceOp(const LlCollectiveArgs& a, LlState* st, uint64_t base, uint64_t bytes) {
+  switch (a.op) {
+    case kReduceSum: ll128AllReduce<DTYPE, kReduceSum>(a, st, base, bytes); break;
+    case kReduceProd: ll128AllReduce<DTYPE, kReduceProd>(a, st, base, bytes); break;
+    case kReduceMin: ll128AllReduce<DTYPE, kReduceMin>(a, st, base, bytes); break;
+    case kReduceMax: ll128AllReduce<DTYPE, kReduceMax>(a, st, base, bytes); break;
+    case kReduceAvg: ll128AllReduce<DTYPE, kReduceAvg>(a, st, base, bytes); break;
+    default: deviceTrap();
+  }
+}
+
+MSCCLPP_DEVICE_INLINE void ll128Entry(const LlCollectiveArgs& a) {
+  LlState* st = (LlState*)a.flag;
+  const uint64_t base = st->counter;
+  const uint32_t esize = dataTypeSize(a.dtype);
+  const uint64_t bytes = a.count * esize;
+  if (esize == 0 || a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks ||
+      a.kind != kCollAllReduce || bytes > a.slot_bytes / kLl128LineBytes * kLl128LineData || (blockDim.x & 7) != 0) {
+    deviceTrap();
+  }
+  if (bytes == 0) {
+    countStarts(st, 0);
+    return;
+  }
+  switch (a.dtype) {
+    case kDataTypeF32: ll128AllReduceOp<kDataTypeF32>(a, st, base, bytes); break;
+    case kDataTypeF16: ll128AllReduceOp<kDataTypeF16>(a, st, base, bytes); break;
+    case kDataTypeBF16: ll128AllReduceOp<kDataTypeBF16>(a, st, base, bytes); break;
+    case kDataTypeI32: ll128AllReduceOp<kDataTypeI32>(a, st, base, bytes); break;
+    default: ll128AllReduceOp<kDataTypeU32>(a, st, base, bytes); break;
+  }
+  // Every block has read the counter (countStarts) and every thread of block 0 is done: advance.
+  if (blockIdx.x == 0) {
+    __syncthreads();
+    if (threadIdx.x == 0) st->counter = base + 1;
+  }
+}
+
 }  // namespace mscclpp
 
 // All-gather, broadcast and all-to-all.
@@ -448,3 +568,8 @@ extern "C" __global__ void mscclpp_collective_ll_reduce_u32_max(mscclpp::LlColle
 extern "C" __global__ void mscclpp_collective_ll_reduce_u32_avg(mscclpp::LlCollectiveArgs a) {
   mscclpp::llEntry<true, mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
 }
+
+// All-reduce by LL128 lines (one round; Capabilities::ll128 devices only). Launch with a
+// one-dimensional grid, a multiple of 8 threads per block, and the same count, dtype and op on
+// every rank.
+extern "C" __global__ void mscclpp_collective_ll128_allreduce(mscclpp::LlCollectiveArgs a) { mscclpp::ll128Entry(a); }

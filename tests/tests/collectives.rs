@@ -295,6 +295,12 @@ const READ_REGISTERED: &[(&str, &str)] = &[
     ("MSCCLPP_TEST_REGISTER", "1"),
 ];
 
+/// LL128 lines forced for all-reduce (counts beyond one round fall back to LL or direct).
+const LL128: &[(&str, &str)] = &[
+    ("MSCCLPP_ALGO_ALLREDUCE", "ll128"),
+    ("MSCCLPP_TEST_KINDS", "allreduce"),
+];
+
 /// GPU element counts: odd ones from 1 to past the read algorithm's 4 MiB (bf16), so that the
 /// default choice crosses every algorithm.
 const GPU_COUNTS: &str = "1,7,1001,65537,262147,1048573,2097155";
@@ -378,6 +384,13 @@ fn main() {
         Trial::test("collectives::host::direct::4_ranks", || {
             run_env(4, 1024, "1,7,2100", DIRECT)
         }),
+        // LL128 lines: 64 KiB slots carry 61 440 data bytes per round.
+        Trial::test("collectives::host::ll128::2_ranks", || {
+            run_env(2, 65536, "1,3,37,5001,15359,15361", LL128)
+        }),
+        Trial::test("collectives::host::ll128::3_ranks", || {
+            run_env(3, 65536, "1,5,333,7681", LL128)
+        }),
         // The read all-reduce, with registered (read in place), staged and mixed inputs.
         Trial::test("collectives::host::read::2_ranks", || {
             run_env(2, 256, "1,3,37,5001", READ_REGISTERED)
@@ -416,6 +429,8 @@ fn main() {
             GPU_COUNTS,
             READ_REGISTERED,
         ));
+        trials.push(gpu_trial(kind, "ll128::2_ranks", 2, GPU_COUNTS, LL128));
+        trials.push(gpu_trial(kind, "ll128::4_ranks", 4, GPU_COUNTS, LL128));
         trials.push(gpu_trial(kind, "default::2_ranks", 2, GPU_COUNTS, &[]));
     }
     libtest_mimic::run(&args, trials).exit();

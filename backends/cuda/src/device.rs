@@ -184,6 +184,7 @@ fn query_info(ordinal: usize, dev: sys::CUdevice, features: &Features) -> Result
             device_memory_host_accessible: false,
             kernels: true,
             multicast,
+            ll128: major >= 7,
         },
     })
 }

@@ -55,6 +55,7 @@ impl HostBackend {
                     multicast: MulticastSupport::Emulated {
                         granularity: GRANULARITY,
                     },
+                    ll128: true,
                 },
             })
             .collect();

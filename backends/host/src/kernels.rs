@@ -46,6 +46,10 @@ pub const KERNELS: &[(KernelId, HostKernelFn)] = &[
         crate::collectives_direct::collective_direct,
     ),
     (
+        KernelId::COLLECTIVE_LL128_ALLREDUCE,
+        crate::collectives_ll128::collective_ll128_allreduce,
+    ),
+    (
         KernelId::COLLECTIVE_READ_ALLREDUCE,
         crate::collectives_read::collective_read_allreduce,
     ),

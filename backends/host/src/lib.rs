@@ -18,6 +18,7 @@
 
 pub mod collectives;
 pub mod collectives_direct;
+pub mod collectives_ll128;
 pub mod collectives_read;
 pub mod device;
 pub mod kernels;

@@ -203,6 +203,8 @@ fn query_info(api: &Api, ordinal: usize) -> Result<DeviceInfo> {
             device_memory_host_accessible: false,
             kernels: true,
             multicast: multicast::support(),
+            // Not established for AMD fabrics: LL128 lines are never used there.
+            ll128: false,
         },
     })
 }

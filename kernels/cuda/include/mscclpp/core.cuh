@@ -119,6 +119,15 @@ MSCCLPP_DEVICE_INLINE uint32_t fetchIncWrapAcqRelDevice(uint32_t* p, uint32_t li
   return old;
 }
 
+// ---- shuffles ------------------------------------------------------------------------------
+
+// `v` of thread `src` (0..8) of the calling thread's aligned group of eight lanes; every thread of
+// the group must make the call together (LL128 lines).
+MSCCLPP_DEVICE_INLINE uint32_t shuffleInGroupOf8(uint32_t v, uint32_t src) {
+  const uint32_t lane = threadIdx.x & 31;
+  return __shfl_sync(0xffu << (lane & ~7u), v, (int)src, 8);
+}
+
 // ---- volatile vector accesses (LL packets: one store or load of the whole packet) ---------
 
 MSCCLPP_DEVICE_INLINE void storeVolatile16(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {

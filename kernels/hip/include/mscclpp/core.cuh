@@ -134,6 +134,12 @@ MSCCLPP_DEVICE_INLINE void loadVolatile8(const void* p, uint32_t& a, uint32_t& b
   b = v.y;
 }
 
+// ---- shuffles ------------------------------------------------------------------------------
+
+// `v` of thread `src` (0..8) of the calling thread's aligned group of eight lanes; every thread of
+// the group must make the call together (LL128 lines).
+MSCCLPP_DEVICE_INLINE uint32_t shuffleInGroupOf8(uint32_t v, uint32_t src) { return __shfl(v, (int)src, 8); }
+
 // ---- spinning -----------------------------------------------------------------------------
 
 // Aborts the kernel.

@@ -1,0 +1,135 @@
+//! The host backend's `mscclpp_collective_ll128_allreduce`: all-reduce of one round in LL128
+//! lines (120 data bytes and a flag word per 128), exactly as `hal::collective` specifies (and
+//! as `kernels/{cuda,hip}/collectives.cu` does). The flag word is stored after the line's data
+//! with release order and loaded before it with acquire order, which is what makes a line whole
+//! here; the GPU kernels get the same from one 128-byte store and load per line.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use mscclpp_hal::collective::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES, MAX_RANKS};
+use mscclpp_hal::dev::DEFAULT_WAIT;
+use mscclpp_hal::{
+    CollectiveKind, DataType, Error, KernelArgs, LaunchConfig, LlCollectiveArgs, ReduceOp, Result,
+};
+
+use crate::collectives::{combine_word, divide_word};
+use crate::collectives_direct::{copy, load, store, word};
+
+/// The flag word of flag `f`: its low 32 bits in both halves.
+fn flag_word(f: u64) -> u64 {
+    let f = f & 0xffff_ffff;
+    f | (f << 32)
+}
+
+/// The host kernel.
+pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = LlCollectiveArgs::from_bytes(args)?;
+    let dtype = DataType::from_code(a.dtype)?;
+    let op = ReduceOp::from_code(a.op)?;
+    let (rank, n) = (a.rank as usize, a.nranks as usize);
+    if a.kind != CollectiveKind::AllReduce as u32 {
+        return Err(Error::invalid(format!(
+            "LL128 lines serve all-reduce only, not collective code {}",
+            a.kind
+        )));
+    }
+    if !(2..=MAX_RANKS).contains(&n) || a.rank >= a.nranks {
+        return Err(Error::invalid(format!(
+            "LL128 all-reduce with rank {} of {} ranks (2..={MAX_RANKS} ranks supported)",
+            a.rank, a.nranks
+        )));
+    }
+    let bytes = a
+        .count
+        .checked_mul(dtype.size() as u64)
+        .filter(|b| *b <= a.ll128_round_bytes())
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "LL128 all-reduce of {} {dtype} elements: more than one round of {} bytes",
+                a.count,
+                a.ll128_round_bytes()
+            ))
+        })?;
+    if a.peer_scratch[..n].contains(&0) || a.flag == 0 || a.flag % 8 != 0 || a.slot_bytes % 128 != 0
+    {
+        return Err(Error::invalid(
+            "LL128 all-reduce without scratch or flag memory, or with a slot that is not whole lines",
+        ));
+    }
+    let counter = word(a.flag, 0);
+    let base = counter.load(Ordering::Acquire);
+    if bytes == 0 {
+        return Ok(());
+    }
+    let f = base + 1;
+    let half = (f % 2) * MAX_RANKS as u64 * a.slot_bytes;
+    let lines = bytes.div_ceil(LL128_LINE_DATA_BYTES);
+    let line_of = |dst_scratch: u64, src: usize, line: u64| {
+        dst_scratch + half + src as u64 * a.slot_bytes + line * LL128_LINE_BYTES
+    };
+    // Sends: the data of every line, then its flag word.
+    for p in (1..n).map(|q| (rank + q) % n) {
+        for l in 0..lines {
+            let off = l * LL128_LINE_DATA_BYTES;
+            let len = LL128_LINE_DATA_BYTES.min(bytes - off);
+            let dst = line_of(a.peer_scratch[p], rank, l);
+            // SAFETY: `len` bytes of the input (the launcher's contract) into the data part of a
+            // line of the peer's slot (one round fits the slot: checked).
+            unsafe { copy(dst, a.input + off, len) };
+            word(dst, LL128_LINE_DATA_BYTES).store(flag_word(f), Ordering::Release);
+        }
+    }
+    // Receives, reduced in rank order with the own input in place of a line.
+    let start = Instant::now();
+    let mut out = Vec::with_capacity(bytes as usize);
+    for l in 0..lines {
+        let off = l * LL128_LINE_DATA_BYTES;
+        let len = LL128_LINE_DATA_BYTES.min(bytes - off);
+        for p in (0..n).filter(|&p| p != rank) {
+            let w = word(line_of(a.scratch, p, l), LL128_LINE_DATA_BYTES);
+            while w.load(Ordering::Acquire) != flag_word(f) {
+                if start.elapsed() >= DEFAULT_WAIT {
+                    return Err(Error::Timeout {
+                        waiting_for: format!("LL128 line {l} of rank {p} (flag {f}) on rank {rank}"),
+                        after: DEFAULT_WAIT,
+                    });
+                }
+                std::thread::yield_now();
+            }
+        }
+        let mut at = 0;
+        while at < len {
+            let nb = (len - at).min(8);
+            let mut acc = 0u64;
+            for p in 0..n {
+                let src = if p == rank {
+                    a.input + off
+                } else {
+                    line_of(a.scratch, p, l)
+                };
+                // SAFETY: within the input or within a line's data part.
+                let v = unsafe { load(src + at, nb) };
+                acc = if p == 0 {
+                    v
+                } else {
+                    combine_word(acc, v, dtype, op)
+                };
+            }
+            if op == ReduceOp::Avg {
+                acc = divide_word(acc, dtype, a.nranks);
+            }
+            out.extend_from_slice(&acc.to_le_bytes()[..nb as usize]);
+            at += nb;
+        }
+    }
+    // The output last: in place, the input is read until every line is reduced.
+    for (i, chunk) in out.chunks(8).enumerate() {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        // SAFETY: inside the output (`count` elements, the launcher's contract).
+        unsafe { store(a.output + 8 * i as u64, u64::from_le_bytes(w), chunk.len() as u64) };
+    }
+    counter.store(base + 1, Ordering::Release);
+    Ok(())
+}
