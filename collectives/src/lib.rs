@@ -19,13 +19,17 @@
 //!   reduce-scatter then all-gather); chosen from 2 MiB per rank block (broadcast 512 KiB,
 //!   all-to-all 1 MiB).
 //!
+//! - **LL128 lines** (all-reduce of one round): the LL scheme with 120 data bytes and one flag
+//!   word per 128-byte line, written and read by eight threads at once; chosen for 256 KiB to
+//!   1.875 MiB on devices whose `Capabilities::ll128` says such lines arrive whole (NVIDIA
+//!   over NVLink; the host).
 //! - **Read** (all-reduce only): every rank reads the peers' inputs where they lie and reduces
 //!   locally — in place in buffers registered with [`Collectives::register`] (the IPC mappings
 //!   are made once, at registration), else from a staging copy. Ranks may differ in whether
 //!   their input is registered: each tells the others in the call. Served only when forced
 //!   (`MSCCLPP_ALGO_ALLREDUCE=read`): on 2 x H200 it did not beat LL or direct at any size.
 //!
-//! `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and `read` for all-reduce; e.g.
+//! `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and `ll128`, `read` for all-reduce; e.g.
 //! `MSCCLPP_ALGO_ALLREDUCE=ll`) overrides the choice per collective. Registration is optional:
 //! LL and direct move data through the communicator's own scratch, so calls may use any
 //! buffers, different on every call.

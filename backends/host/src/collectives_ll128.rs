@@ -91,7 +91,9 @@ pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()
             while w.load(Ordering::Acquire) != flag_word(f) {
                 if start.elapsed() >= DEFAULT_WAIT {
                     return Err(Error::Timeout {
-                        waiting_for: format!("LL128 line {l} of rank {p} (flag {f}) on rank {rank}"),
+                        waiting_for: format!(
+                            "LL128 line {l} of rank {p} (flag {f}) on rank {rank}"
+                        ),
                         after: DEFAULT_WAIT,
                     });
                 }
@@ -128,7 +130,13 @@ pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()
         let mut w = [0u8; 8];
         w[..chunk.len()].copy_from_slice(chunk);
         // SAFETY: inside the output (`count` elements, the launcher's contract).
-        unsafe { store(a.output + 8 * i as u64, u64::from_le_bytes(w), chunk.len() as u64) };
+        unsafe {
+            store(
+                a.output + 8 * i as u64,
+                u64::from_le_bytes(w),
+                chunk.len() as u64,
+            )
+        };
     }
     counter.store(base + 1, Ordering::Release);
     Ok(())
