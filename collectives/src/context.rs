@@ -893,7 +893,9 @@ impl Collectives {
         // One block per `ll_packets_per_block` packets of a round, up to one block per SM (the
         // blocks of a multi-round call meet at grid barriers, so all must be resident); when that
         // leaves a thread more than one packet, larger blocks (up to the device's limit), since a
-        // thread's packets are sent and awaited one after the other.
+        // thread's packets are sent and awaited one after the other. A block has as many threads
+        // as packets (whole warps): padding a 1 KiB all-reduce's 128 packets to 512 threads cost
+        // 0.1 µs on 2 x H200 (2.43 vs 2.51-2.59, run26).
         let max_threads = info.max_threads_per_block.clamp(32, 1024);
         let packets = bytes.div_ceil(8).min(self.slot_bytes / 16);
         let blocks = packets
@@ -903,9 +905,7 @@ impl Collectives {
             Some(t) => t.min(max_threads),
             None => {
                 let per_block = packets.div_ceil(blocks).next_multiple_of(32);
-                512u32
-                    .max(per_block.min(u64::from(max_threads)) as u32)
-                    .min(max_threads)
+                per_block.clamp(32, u64::from(max_threads)) as u32
             }
         };
         LaunchConfig::linear(blocks as u32, threads)
