@@ -240,7 +240,26 @@ impl Collectives {
             .flatten()
             .map(|&id| device.load_kernel(id))
             .collect::<Result<Vec<_>>>()?;
-        let ll128 = if device.info().caps.ll128 {
+        // LL128 lines only between ranks of their own devices, two of them: the configuration
+        // measured correct (2 x H200 over NVLink, thousands of calls). With 4 ranks on 2 GPUs (two
+        // processes per GPU, three peers each) one run of 350 calls had 7 wrong elements (run27):
+        // a line was seen with its flag but not all of its data. Every rank gathers the same
+        // identities, so every rank decides alike. The host kernel orders each line's flag after
+        // its data, so it serves any rank count.
+        let identity = {
+            let info = device.info();
+            format!(
+                "{}:{}",
+                info.backend,
+                info.pci_bus_id
+                    .clone()
+                    .unwrap_or_else(|| info.ordinal.to_string())
+            )
+        };
+        let identities = comm.bootstrap().all_gather(identity.as_bytes())?;
+        let own_devices = (1..identities.len()).all(|i| !identities[..i].contains(&identities[i]));
+        let line_safe = device.info().warp_size == 1 || (n == 2 && own_devices);
+        let ll128 = if device.info().caps.ll128 && line_safe {
             match device.load_kernel(KernelId::COLLECTIVE_LL128_ALLREDUCE) {
                 Ok(k) => Some(k),
                 Err(e) => {

@@ -22,7 +22,8 @@
 //! - **LL128 lines** (all-reduce of one round): the LL scheme with 120 data bytes and one flag
 //!   word per 128-byte line, written and read by eight threads at once; chosen for 256 KiB to
 //!   1.875 MiB on devices whose `Capabilities::ll128` says such lines arrive whole (NVIDIA
-//!   over NVLink; the host).
+//!   over NVLink; the host), and on GPUs only for two ranks on their own devices (the measured
+//!   case; 4 ranks on 2 GPUs once saw a torn line).
 //! - **Read** (all-reduce only): every rank reads the peers' inputs where they lie and reduces
 //!   locally — in place in buffers registered with [`Collectives::register`] (the IPC mappings
 //!   are made once, at registration), else from a staging copy. Ranks may differ in whether

@@ -430,6 +430,7 @@ fn main() {
             READ_REGISTERED,
         ));
         trials.push(gpu_trial(kind, "ll128::2_ranks", 2, GPU_COUNTS, LL128));
+        // 4 ranks on 2 GPUs: LL128 is refused there (two ranks share a device), LL serves.
         trials.push(gpu_trial(kind, "ll128::4_ranks", 4, GPU_COUNTS, LL128));
         trials.push(gpu_trial(kind, "default::2_ranks", 2, GPU_COUNTS, &[]));
     }
