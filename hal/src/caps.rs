@@ -101,9 +101,9 @@ pub struct Capabilities {
     pub multicast: MulticastSupport,
     /// The 16-byte stores of eight neighbouring threads of one instruction into one 128-byte
     /// aligned line of a peer's memory are seen whole by a reader that loads the line the same
-    /// way (what LL128 lines rely on: one flag per 120 data bytes). NVIDIA GPUs over NVLink from
-    /// Volta on (NCCL's LL128 protocol rests on it too); the host by construction (its kernel
-    /// orders the flag after the data).
+    /// way (what LL128 lines rely on: one flag per 120 data bytes). NVIDIA GPUs from Volta on
+    /// with a peer reached over NVLink (native peer atomics; NCCL's LL128 protocol rests on the
+    /// same property); the host by construction (its kernel orders the flag after the data).
     pub ll128: bool,
 }
 

@@ -370,6 +370,7 @@ MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
 // a line with one 16-byte store per thread (one instruction) and reads it the same way, retrying
 // until thread 7 sees the flag; the group agrees through a shuffle.
 
+#if MSCCLPP_HAS_LL128
 constexpr uint64_t kLl128LineBytes = 128;
 constexpr uint64_t kLl128LineData = 120;
 
@@ -483,6 +484,9 @@ MSCCLPP_DEVICE_INLINE void ll128Entry(const LlCollectiveArgs& a) {
     if (threadIdx.x == 0) st->counter = base + 1;
   }
 }
+#else
+MSCCLPP_DEVICE_INLINE void ll128Entry(const LlCollectiveArgs&) { deviceTrap(); }
+#endif
 
 }  // namespace mscclpp
 

@@ -129,6 +129,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDeviceGetPCIBusId",
     "cuDeviceTotalMem_v2",
     "cuDeviceCanAccessPeer",
+    "cuDeviceGetP2PAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",

@@ -128,6 +128,9 @@ MSCCLPP_DEVICE_INLINE uint32_t shuffleInGroupOf8(uint32_t v, uint32_t src) {
   return __shfl_sync(0xffu << (lane & ~7u), v, (int)src, 8);
 }
 
+// LL128 lines (NVIDIA: 128-byte lines of one warp instruction arrive whole over NVLink).
+#define MSCCLPP_HAS_LL128 1
+
 // ---- volatile vector accesses (LL packets: one store or load of the whole packet) ---------
 
 MSCCLPP_DEVICE_INLINE void storeVolatile16(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {

@@ -137,8 +137,13 @@ MSCCLPP_DEVICE_INLINE void loadVolatile8(const void* p, uint32_t& a, uint32_t& b
 // ---- shuffles ------------------------------------------------------------------------------
 
 // `v` of thread `src` (0..8) of the calling thread's aligned group of eight lanes; every thread of
-// the group must make the call together (LL128 lines).
+// the group must make the call together.
 MSCCLPP_DEVICE_INLINE uint32_t shuffleInGroupOf8(uint32_t v, uint32_t src) { return __shfl(v, (int)src, 8); }
+
+// LL128 lines are not established on AMD fabrics (Capabilities::ll128 is false there), and
+// hipRTC 5.2's structurizer aborts ("failed to annotate CFG") on their polling loop: the LL128
+// kernel traps on HIP.
+#define MSCCLPP_HAS_LL128 0
 
 // ---- spinning -----------------------------------------------------------------------------
 
