@@ -122,6 +122,40 @@ pub(crate) unsafe fn store(addr: u64, w: u64, len: u64) {
     unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), addr as *mut u8, len.min(8) as usize) };
 }
 
+/// Appends to `out` the reduction, in rank order, of `len` bytes of each of `n` ranks (rank
+/// `p`'s at `src(p)`), 8 bytes at a time, `Avg` divided at the end.
+///
+/// # Safety
+/// `src(p)..src(p) + len` must be readable for every `p < n`.
+pub(crate) unsafe fn reduce_ranks(
+    out: &mut Vec<u8>,
+    n: usize,
+    len: u64,
+    dtype: DataType,
+    op: ReduceOp,
+    src: impl Fn(usize) -> u64,
+) {
+    let mut at = 0;
+    while at < len {
+        let nb = (len - at).min(8);
+        let mut acc = 0u64;
+        for p in 0..n {
+            // SAFETY: `at + nb <= len` (caller's contract).
+            let v = unsafe { load(src(p) + at, nb) };
+            acc = if p == 0 {
+                v
+            } else {
+                combine_word(acc, v, dtype, op)
+            };
+        }
+        if op == ReduceOp::Avg {
+            acc = divide_word(acc, dtype, n as u32);
+        }
+        out.extend_from_slice(&acc.to_le_bytes()[..nb as usize]);
+        at += nb;
+    }
+}
+
 /// One block's view of a call.
 struct Call<'a> {
     a: &'a DirectCollectiveArgs,

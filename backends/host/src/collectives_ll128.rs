@@ -13,8 +13,7 @@ use mscclpp_hal::{
     CollectiveKind, DataType, Error, KernelArgs, LaunchConfig, LlCollectiveArgs, ReduceOp, Result,
 };
 
-use crate::collectives::{combine_word, divide_word};
-use crate::collectives_direct::{copy, load, store, word};
+use crate::collectives_direct::{copy, reduce_ranks, word};
 
 /// The flag word of flag `f`: its low 32 bits in both halves.
 fn flag_word(f: u64) -> u64 {
@@ -100,44 +99,20 @@ pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()
                 std::thread::yield_now();
             }
         }
-        let mut at = 0;
-        while at < len {
-            let nb = (len - at).min(8);
-            let mut acc = 0u64;
-            for p in 0..n {
-                let src = if p == rank {
+        // SAFETY: `len` bytes of the input at `off`, or of a line's data part.
+        unsafe {
+            reduce_ranks(&mut out, n, len, dtype, op, |p| {
+                if p == rank {
                     a.input + off
                 } else {
                     line_of(a.scratch, p, l)
-                };
-                // SAFETY: within the input or within a line's data part.
-                let v = unsafe { load(src + at, nb) };
-                acc = if p == 0 {
-                    v
-                } else {
-                    combine_word(acc, v, dtype, op)
-                };
-            }
-            if op == ReduceOp::Avg {
-                acc = divide_word(acc, dtype, a.nranks);
-            }
-            out.extend_from_slice(&acc.to_le_bytes()[..nb as usize]);
-            at += nb;
-        }
-    }
-    // The output last: in place, the input is read until every line is reduced.
-    for (i, chunk) in out.chunks(8).enumerate() {
-        let mut w = [0u8; 8];
-        w[..chunk.len()].copy_from_slice(chunk);
-        // SAFETY: inside the output (`count` elements, the launcher's contract).
-        unsafe {
-            store(
-                a.output + 8 * i as u64,
-                u64::from_le_bytes(w),
-                chunk.len() as u64,
-            )
+                }
+            })
         };
     }
+    // The output last: in place, the input is read until every line is reduced.
+    // SAFETY: `bytes` of the output (`count` elements, the launcher's contract).
+    unsafe { copy(a.output, out.as_ptr() as u64, bytes) };
     counter.store(base + 1, Ordering::Release);
     Ok(())
 }

@@ -15,8 +15,7 @@ use mscclpp_hal::collective::{
 use mscclpp_hal::dev::{DEFAULT_WAIT, LL16Packet};
 use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, ReduceOp, Result};
 
-use crate::collectives::{combine_word, divide_word};
-use crate::collectives_direct::{copy, load, store, word};
+use crate::collectives_direct::{copy, reduce_ranks, word};
 
 fn check(a: &ReadCollectiveArgs, blocks: u64) -> Result<(DataType, ReduceOp)> {
     let dtype = DataType::from_code(a.dtype)?;
@@ -120,28 +119,11 @@ pub fn collective_read_allreduce(cfg: &LaunchConfig, args: &[u8]) -> Result<()> 
             srcs[p] = source(&a, p, key)?;
         }
         fence(Ordering::SeqCst);
-        // The reduction, in rank order, 8 bytes at a time.
+        // The reduction, in rank order.
         results.clear();
-        let mut at = lo;
-        while at < hi {
-            let nb = (hi - at).min(8);
-            let mut acc = 0u64;
-            for (p, &src) in srcs.iter().enumerate().take(n) {
-                // SAFETY: `at..at + nb` lies inside every rank's input (the same count on every
-                // rank, the launcher's contract) as mapped here.
-                let v = unsafe { load(src + at, nb) };
-                acc = if p == 0 {
-                    v
-                } else {
-                    combine_word(acc, v, dtype, op)
-                };
-            }
-            if op == ReduceOp::Avg {
-                acc = divide_word(acc, dtype, a.nranks);
-            }
-            results.extend_from_slice(&acc.to_le_bytes()[..nb as usize]);
-            at += nb;
-        }
+        // SAFETY: `lo..hi` lies inside every rank's input (the same count on every rank, the
+        // launcher's contract) as mapped here.
+        unsafe { reduce_ranks(&mut results, n, hi - lo, dtype, op, |p| srcs[p] + lo) };
         // Every read of this rank's input is over once every peer says so.
         fence(Ordering::SeqCst);
         for p in peers() {
@@ -153,18 +135,8 @@ pub fn collective_read_allreduce(cfg: &LaunchConfig, args: &[u8]) -> Result<()> 
             unsafe { LL16Packet::read(done(a.scratch, p), flag, DEFAULT_WAIT)? };
         }
         fence(Ordering::SeqCst);
-        for (i, chunk) in results.chunks(8).enumerate() {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            // SAFETY: inside the output (`count` elements, the launcher's contract).
-            unsafe {
-                store(
-                    a.output + lo + 8 * i as u64,
-                    u64::from_le_bytes(w),
-                    chunk.len() as u64,
-                )
-            };
-        }
+        // SAFETY: `lo..hi` of the output (`count` elements, the launcher's contract).
+        unsafe { copy(a.output + lo, results.as_ptr() as u64, hi - lo) };
         seq.store(q, Ordering::Release);
     }
     Ok(())
