@@ -64,6 +64,21 @@ fn ll128_range() -> std::ops::Range<u64> {
     (256 << 10)..(2 << 20)
 }
 
+/// Writes window `w`'s row of a window table: every rank's address and length.
+fn write_window_row(
+    stream: &dyn Stream,
+    table: &DeviceBuffer,
+    w: usize,
+    bases: &[u64; MAX_RANKS],
+    lens: &[u64; MAX_RANKS],
+) -> Result<()> {
+    let row = 8 * MAX_RANKS;
+    for (at, words) in [(w * row, bases), ((MAX_WINDOWS + w) * row, lens)] {
+        stream.write_from_host(&table.slice(at..at + row)?, &words_bytes(words))?;
+    }
+    Ok(())
+}
+
 /// `words` as native-endian bytes (what a device reads back as `u64`s).
 fn words_bytes(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_ne_bytes()).collect()
@@ -165,6 +180,21 @@ pub struct Collectives {
     ll_packets_per_block: u64,
 }
 
+/// Checks that every rank has the same `value` of `what`: kernels whose blocks wait for the
+/// peers' blocks need the same algorithms and grids everywhere, and a difference would hang them.
+/// Every rank gets the error, which names a rank that differs.
+fn agree(comm: &Communicator, what: &str, value: String) -> Result<()> {
+    let all = comm.bootstrap().all_gather(value.as_bytes())?;
+    match all.iter().position(|v| v.as_slice() != value.as_bytes()) {
+        None => Ok(()),
+        Some(p) => Err(Error::invalid(format!(
+            "{what} differ between ranks: rank {} has {value}, rank {p} has {}; every rank must run with the same environment and the same GPU model",
+            comm.rank(),
+            String::from_utf8_lossy(&all[p])
+        ))),
+    }
+}
+
 /// Allocates, zeroes and registers a scratch buffer and maps every peer's.
 fn exchange_scratch(
     comm: &Communicator,
@@ -221,6 +251,23 @@ impl Collectives {
             )));
         }
         let device = comm.device().clone();
+        let mut choices = [Choice::Auto; 5];
+        for kind in CollectiveKind::ALL {
+            choices[kind as usize] = env_choice(kind)?;
+        }
+        let ll_threads = mscclpp_hal::env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
+            .map(|t| t.clamp(32, 1024));
+        let ll_packets_per_block =
+            mscclpp_hal::env::parse::<u64>("MSCCLPP_LL_PACKETS_PER_BLOCK", "a packet count")?
+                .unwrap_or(512)
+                .max(1);
+        agree(
+            &comm,
+            "collective settings",
+            format!(
+                "slot {slot_bytes} B, algorithms {choices:?}, LL threads {ll_threads:?}, LL packets per block {ll_packets_per_block}"
+            ),
+        )?;
         let bytes = usize::try_from(LlCollectiveArgs::scratch_bytes(slot_bytes))
             .map_err(|_| Error::invalid("scratch does not fit this host"))?;
         let (scratch, peers, peer_scratch) = exchange_scratch(&comm, bytes)?;
@@ -228,10 +275,6 @@ impl Collectives {
         let stream = device.create_stream()?;
         stream.fill(&flag.full(), 0)?;
         stream.synchronize()?;
-        let mut choices = [Choice::Auto; 5];
-        for kind in CollectiveKind::ALL {
-            choices[kind as usize] = env_choice(kind)?;
-        }
         let direct = Self::setup_direct(&comm)?;
         let read = Self::setup_read(&comm)?;
         let ll_copy = device.load_kernel(KernelId::COLLECTIVE_LL_COPY)?;
@@ -270,6 +313,14 @@ impl Collectives {
         } else {
             None
         };
+        // Every rank must agree (a rank that sends lines to one expecting packets would hang it):
+        // LL128 serves only where it serves every rank.
+        let everywhere = comm
+            .bootstrap()
+            .all_gather(&[u8::from(ll128.is_some())])?
+            .iter()
+            .all(|v| v.as_slice() == [1]);
+        let ll128 = ll128.filter(|_| everywhere);
         // Nobody writes into a peer's scratch before that peer has zeroed it.
         comm.bootstrap().barrier()?;
         tracing::debug!(rank, nranks = n, slot_bytes, "collectives ready");
@@ -286,14 +337,8 @@ impl Collectives {
             direct,
             read,
             choices,
-            ll_threads: mscclpp_hal::env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
-                .map(|t| t.clamp(32, 1024)),
-            ll_packets_per_block: mscclpp_hal::env::parse(
-                "MSCCLPP_LL_PACKETS_PER_BLOCK",
-                "a packet count",
-            )?
-            .unwrap_or(512u64)
-            .max(1),
+            ll_threads,
+            ll_packets_per_block,
         })
     }
 
@@ -305,6 +350,7 @@ impl Collectives {
             Ok(k) => k,
             Err(e) => {
                 tracing::info!("direct collective algorithm unavailable: {e}");
+                agree(comm, "direct algorithm settings", "unavailable".into())?;
                 return Ok(None);
             }
         };
@@ -345,6 +391,11 @@ impl Collectives {
             None if n > 2 => 128 << 10,
             None => 256 << 10,
         };
+        agree(
+            comm,
+            "direct algorithm settings",
+            format!("{max_blocks} blocks of {threads} threads, {slot_bytes} B slots"),
+        )?;
         let bytes = usize::try_from(DirectCollectiveArgs::scratch_bytes(
             slot_bytes, n, max_blocks,
         ))
@@ -372,6 +423,7 @@ impl Collectives {
             Ok(k) => k,
             Err(e) => {
                 tracing::info!("read collective algorithm unavailable: {e}");
+                agree(comm, "read algorithm settings", "unavailable".into())?;
                 return Ok(None);
             }
         };
@@ -402,6 +454,11 @@ impl Collectives {
                 * ReadCollectiveArgs::MAX_UNITS_PER_THREAD)
                 .min(staging_bytes)
         };
+        agree(
+            comm,
+            "read algorithm settings",
+            format!("{max_blocks} blocks of {threads} threads, {staging_bytes} B staging"),
+        )?;
         let bytes = usize::try_from(ReadCollectiveArgs::scratch_bytes(staging_bytes, max_blocks))
             .map_err(|_| Error::invalid("read scratch does not fit this host"))?;
         let (scratch, peers, peer_scratch) = exchange_scratch(comm, bytes)?;
@@ -410,18 +467,15 @@ impl Collectives {
             .device()
             .alloc(WINDOW_TABLE_BYTES, MemoryKind::Device)?;
         let staging = ReadCollectiveArgs::staging_offset(max_blocks);
-        let row: Vec<u64> = (0..MAX_RANKS)
-            .map(|p| {
-                if p < comm.nranks() {
-                    peer_scratch[p] + staging
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let mut bases = [0u64; MAX_RANKS];
+        let mut lens = [0u64; MAX_RANKS];
+        for p in 0..comm.nranks() {
+            bases[p] = peer_scratch[p] + staging;
+            lens[p] = staging_bytes;
+        }
         let stream = comm.device().create_stream()?;
         stream.fill(&table.full(), 0)?;
-        stream.write_from_host(&table.slice(..8 * MAX_RANKS)?, &words_bytes(&row))?;
+        write_window_row(&*stream, &table, 0, &bases, &lens)?;
         stream.synchronize()?;
         Ok(Some(Read {
             _scratch: scratch,
@@ -513,8 +567,10 @@ impl Collectives {
         let mine = self
             .comm
             .register_memory(slice, TransportFlags::single(Transport::CudaIpc))?;
-        let mut row = vec![0u64; MAX_RANKS];
-        row[rank] = slice.ptr().0;
+        let mut bases = [0u64; MAX_RANKS];
+        let mut lens = [0u64; MAX_RANKS];
+        bases[rank] = slice.ptr().0;
+        lens[rank] = slice.len() as u64;
         let mut peers = Vec::with_capacity(n - 1);
         for p in (0..n).filter(|&p| p != rank) {
             // Both ranks must be registering the same window: a rank that skipped a
@@ -524,31 +580,25 @@ impl Collectives {
                 return Err(Error::Remote {
                     rank: p,
                     message: format!(
-                        "registers a buffer as window {:?} while rank {rank} registers window {index}: every rank must register and deregister in the same order",
+                        "registers a buffer as window {} while rank {rank} registers window {index}: every rank must register and deregister in the same order",
                         theirs
                             .get(..8)
-                            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
                     ),
                 });
             }
             let mapped = self.comm.exchange_memory(&mine, p)?;
-            row[p] = mapped
-                .mapped_slice()
-                .ok_or_else(|| {
-                    Error::invalid(format!(
-                        "rank {p}'s registered buffer is not mapped on rank {rank}: registration needs every rank on one host (CudaIpc)"
-                    ))
-                })?
-                .ptr()
-                .0;
+            let view = mapped.mapped_slice().ok_or_else(|| {
+                Error::invalid(format!(
+                    "rank {p}'s registered buffer is not mapped on rank {rank}: registration needs every rank on one host (CudaIpc)"
+                ))
+            })?;
+            bases[p] = view.ptr().0;
+            lens[p] = view.len() as u64;
             peers.push(mapped);
         }
         let stream = self.comm.device().create_stream()?;
-        let at = index * MAX_RANKS * 8;
-        stream.write_from_host(
-            &read.table.slice(at..at + 8 * MAX_RANKS)?,
-            &words_bytes(&row),
-        )?;
+        write_window_row(&*stream, &read.table, index, &bases, &lens)?;
         stream.synchronize()?;
         let entry = WindowEntry {
             slice: slice.clone(),
@@ -572,14 +622,29 @@ impl Collectives {
             .ok_or_else(|| Error::invalid("deregister: no buffer was ever registered here"))?;
         let mut windows = read.windows.lock().unwrap_or_else(|p| p.into_inner());
         let i = window.0;
-        if i == 0 || windows.get(i - 1).is_none_or(Option::is_none) {
-            return Err(Error::invalid(format!(
-                "deregister: window {i} is not registered with this communicator"
-            )));
-        }
+        let known = i != 0 && windows.get(i - 1).is_some_and(Option::is_some);
+        // Every rank must deregister the same registered window; all of them fail otherwise
+        // (none is left waiting for the others).
+        agree(
+            &self.comm,
+            "deregistered windows",
+            if known {
+                format!("window {i}")
+            } else {
+                format!("window {i}, which is not registered")
+            },
+        )
+        .and_then(|()| {
+            if known {
+                Ok(())
+            } else {
+                Err(Error::invalid(format!(
+                    "deregister: window {i} is not registered with this communicator"
+                )))
+            }
+        })?;
         let stream = self.comm.device().create_stream()?;
-        let at = i * MAX_RANKS * 8;
-        stream.fill(&read.table.slice(at..at + 8 * MAX_RANKS)?, 0)?;
+        write_window_row(&*stream, &read.table, i, &[0; MAX_RANKS], &[0; MAX_RANKS])?;
         stream.synchronize()?;
         // No peer unmaps this buffer while another rank could still name it.
         self.comm.bootstrap().barrier()?;

@@ -35,10 +35,13 @@
 //!
 //! ## LL128 lines (`mscclpp_collective_ll128_allreduce`)
 //! All-reduce of a message that fits one round, in 128-byte *lines* that carry 120 data bytes and
-//! an 8-byte flag word (the flag in both 32-bit halves) — LL16 packets carry 8 of 16. Everything
-//! else is the LL algorithm's: the scratch, halves, slots and flag counter; a call is one round,
-//! flag `base + 1` in half `flag % 2`, and the counter advances by one; so LL and LL128 calls may
-//! follow each other in any order. Line `i` of the slot `src` writes in a peer's scratch carries
+//! an 8-byte flag word (the flag in both 32-bit halves) — LL16 packets carry 8 of 16. They share
+//! the LL flag counter and slot size, but have halves of their own, after the two LL halves
+//! (LL128 half `h` at `(2 + h) * MAX_RANKS * slot_bytes`): an LL reader polling where a line's
+//! data lay could take two data words equal to its flag for a packet. A call is one round, flag
+//! `base + 1` in LL128 half `flag % 2`, and the counter advances by one (a call of no bytes
+//! leaves it); LL and LL128 calls may follow each other in any order, since any two calls with
+//! consecutive flags exchange with every peer. Line `i` of the slot `src` writes in a peer's scratch carries
 //! data bytes `[120 i, 120 i + 120)` of `src`'s input: bytes `16 j .. 16 j + 16` of the line are
 //! data for `j < 7`, bytes `112..120` the last 8 data bytes and `120..128` the flag word. A
 //! call fits when `count * size <= ` [`LlCollectiveArgs::ll128_round_bytes`]. Used only where
@@ -139,8 +142,9 @@
 //! this: each one tells the others, in the call, where its input is.
 //!
 //! **Windows.** Every rank holds a *window table* in its device memory: `u64
-//! table[MAX_WINDOWS][MAX_RANKS]`, entry `[w][p]` = the address, mapped in this rank, where
-//! rank `p`'s window `w` starts. Window 0 is each rank's staging area; windows `1..` are
+//! table[2][MAX_WINDOWS][MAX_RANKS]`, entry `[0][w][p]` = the address, mapped in this rank, where
+//! rank `p`'s window `w` starts, and `[1][w][p]` its length in bytes; a key whose offset plus
+//! the call's bytes runs past the window is refused (the GPU kernel traps, the host errs). Window 0 is each rank's staging area; windows `1..` are
 //! registered by collective calls (every rank registers its own buffer for the same index). An
 //! input is named by a *key*: `w << 48 | offset` ([`read_key`]).
 //!
@@ -314,9 +318,9 @@ impl LlCollectiveArgs {
         self.slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES
     }
 
-    /// Scratch bytes a rank needs for `slot_bytes` per slot.
+    /// Scratch bytes a rank needs for `slot_bytes` per slot: two LL halves and two LL128 halves.
     pub fn scratch_bytes(slot_bytes: u64) -> u64 {
-        2 * MAX_RANKS as u64 * slot_bytes
+        4 * MAX_RANKS as u64 * slot_bytes
     }
 
     /// Address of the slot, in `dst_rank`'s scratch as mapped here, that `src_rank` writes in
@@ -448,8 +452,8 @@ impl DirectCollectiveArgs {
 /// Windows a read-algorithm window table holds (window 0 is the staging area).
 pub const MAX_WINDOWS: usize = 256;
 
-/// Bytes of a window table: `u64 [MAX_WINDOWS][MAX_RANKS]`.
-pub const WINDOW_TABLE_BYTES: usize = 8 * MAX_WINDOWS * MAX_RANKS;
+/// Bytes of a window table: `u64 [2][MAX_WINDOWS][MAX_RANKS]` (addresses, then lengths).
+pub const WINDOW_TABLE_BYTES: usize = 2 * 8 * MAX_WINDOWS * MAX_RANKS;
 
 /// Bits of a key that hold the offset inside a window.
 pub const READ_KEY_OFFSET_BITS: u32 = 48;

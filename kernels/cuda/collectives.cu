@@ -377,7 +377,9 @@ constexpr uint64_t kLl128LineData = 120;
 template <uint32_t DTYPE, uint32_t OP>
 MSCCLPP_DEVICE_INLINE void ll128AllReduce(const LlCollectiveArgs& a, LlState* st, uint64_t base, uint64_t bytes) {
   const uint32_t flag = (uint32_t)(base + 1);
-  const uint64_t half = ((base + 1) & 1) * kCollectiveMaxRanks * a.slot_bytes;
+  // The LL128 halves follow the two LL halves: LL packets never lie where a line's data did (an
+  // LL reader would take data words equal to its flag for a packet).
+  const uint64_t half = (2 + ((base + 1) & 1)) * kCollectiveMaxRanks * a.slot_bytes;
   const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t lane = threadIdx.x & 7;
   const uint64_t groups = (uint64_t)gridDim.x * blockDim.x / 8;
@@ -398,15 +400,13 @@ MSCCLPP_DEVICE_INLINE void ll128AllReduce(const LlCollectiveArgs& a, LlState* st
     const uint64_t lo = nb ? loadWord(input + off, nb < 8 ? nb : 8) : 0;
     const uint64_t hi = nb > 8 ? loadWord(input + off + 8, nb - 8) : 0;
     const uint64_t dst = half + a.rank * a.slot_bytes + L * kLl128LineBytes + 16 * lane;
+    // One store instruction for the whole group: lane 7's upper half is the flag word.
+    const uint32_t z = lane == 7 ? flag : (uint32_t)hi;
+    const uint32_t w = lane == 7 ? flag : (uint32_t)(hi >> 32);
 #pragma unroll 1
     for (uint32_t q = 0; q + 1 < a.nranks; ++q) {
       const uint32_t p = peerOf(a.rank, a.nranks, q);
-      if (lane == 7) {
-        storeVolatile16((void*)(a.peer_scratch[p] + dst), (uint32_t)lo, (uint32_t)(lo >> 32), flag, flag);
-      } else {
-        storeVolatile16((void*)(a.peer_scratch[p] + dst), (uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi,
-                        (uint32_t)(hi >> 32));
-      }
+      storeVolatile16((void*)(a.peer_scratch[p] + dst), (uint32_t)lo, (uint32_t)(lo >> 32), z, w);
     }
   }
   countStarts(st, 0);
@@ -464,7 +464,8 @@ MSCCLPP_DEVICE_INLINE void ll128Entry(const LlCollectiveArgs& a) {
   const uint32_t esize = dataTypeSize(a.dtype);
   const uint64_t bytes = a.count * esize;
   if (esize == 0 || a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks ||
-      a.kind != kCollAllReduce || bytes > a.slot_bytes / kLl128LineBytes * kLl128LineData || (blockDim.x & 7) != 0) {
+      a.kind != kCollAllReduce || bytes > a.slot_bytes / kLl128LineBytes * kLl128LineData || (blockDim.x & 7) != 0 ||
+      (a.slot_bytes % kLl128LineBytes) != 0 || (a.scratch % kLl128LineBytes) != 0) {
     deviceTrap();
   }
   if (bytes == 0) {

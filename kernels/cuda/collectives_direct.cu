@@ -427,13 +427,16 @@ struct ReadCall {
   uint32_t nranks;
 };
 
-// Where rank `p`'s input is, in this rank's address space, for the key it sent.
-MSCCLPP_DEVICE_INLINE uint64_t readSource(const ReadCollectiveArgs& a, uint32_t p, uint64_t key) {
+// Where rank `p`'s input (`bytes`) is, in this rank's address space, for the key it sent; traps
+// when the key names no window or runs past it (ranks called with different counts).
+MSCCLPP_DEVICE_INLINE uint64_t readSource(const ReadCollectiveArgs& a, uint32_t p, uint64_t key, uint64_t bytes) {
   const uint64_t w = key >> kReadKeyOffsetBits;
   const uint64_t off = key & ((1ull << kReadKeyOffsetBits) - 1);
   if (w >= kReadMaxWindows) deviceTrap();
-  const uint64_t base = ((const uint64_t*)a.table)[w * kCollectiveMaxRanks + p];
-  if (base == 0) deviceTrap();
+  const uint64_t* table = (const uint64_t*)a.table;
+  const uint64_t base = table[w * kCollectiveMaxRanks + p];
+  const uint64_t len = table[(kReadMaxWindows + w) * kCollectiveMaxRanks + p];
+  if (base == 0 || off > len || bytes > len - off) deviceTrap();
   return base + off;
 }
 
@@ -538,7 +541,7 @@ MSCCLPP_DEVICE_INLINE void readAllReduce(const ReadCollectiveArgs& a) {
     const uint64_t key =
         ((const LL16Packet*)(a.scratch + packetsOff + 16ull * ((uint64_t)blockIdx.x * kCollectiveMaxRanks + p)))
             ->read(flag);
-    srcs[p] = readSource(a, p, key);
+    srcs[p] = readSource(a, p, key, c.bytes);
   }
   if (threadIdx.x == 0) srcs[a.rank] = a.input;
   __syncthreads();

@@ -213,23 +213,25 @@ impl CudaBackend {
             infos.push(query_info(ordinal, dev, &features)?);
             devices.push(dev);
         }
-        // LL128 lines are only known to arrive whole over NVLink: a device qualifies when another
-        // device of the node reaches it with native atomics (NVLink peers have them, PCIe peers
-        // do not). A process that sees one device only never uses them.
+        // LL128 lines are only known to arrive whole over NVLink: a device qualifies when every
+        // other device of the node reaches it with native atomics (NVLink peers have them, PCIe
+        // peers do not), so that whichever of them a peer rank runs on, the link is NVLink. A
+        // process that sees one device only never uses them.
         for (i, info) in infos.iter_mut().enumerate() {
-            let linked = (0..devices.len()).filter(|&j| j != i).any(|j| {
-                let mut v: c_int = 0;
-                // SAFETY: valid out-pointer and device handles of this driver.
-                let r = unsafe {
-                    sys::cuDeviceGetP2PAttribute(
+            let linked = devices.len() > 1
+                && (0..devices.len()).filter(|&j| j != i).all(|j| {
+                    let mut v: c_int = 0;
+                    // SAFETY: valid out-pointer and device handles of this driver.
+                    let r = unsafe {
+                        sys::cuDeviceGetP2PAttribute(
                         &mut v,
                         sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
                         devices[j],
                         devices[i],
                     )
-                };
-                r == sys::CUresult::CUDA_SUCCESS && v != 0
-            });
+                    };
+                    r == sys::CUresult::CUDA_SUCCESS && v != 0
+                });
             info.caps.ll128 &= linked;
         }
         Ok(CudaBackend {

@@ -62,7 +62,8 @@ pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()
         return Ok(());
     }
     let f = base + 1;
-    let half = (f % 2) * MAX_RANKS as u64 * a.slot_bytes;
+    // The LL128 halves follow the two LL halves (see `hal::collective`).
+    let half = (2 + f % 2) * MAX_RANKS as u64 * a.slot_bytes;
     let lines = bytes.div_ceil(LL128_LINE_DATA_BYTES);
     let line_of = |dst_scratch: u64, src: usize, line: u64| {
         dst_scratch + half + src as u64 * a.slot_bytes + line * LL128_LINE_BYTES

@@ -44,6 +44,12 @@ fn check(a: &ReadCollectiveArgs, blocks: u64) -> Result<(DataType, ReduceOp)> {
         ));
     }
     let bytes = a.count.checked_mul(dtype.size() as u64);
+    if bytes.is_none_or(|b| b > isize::MAX as u64) {
+        return Err(Error::invalid(format!(
+            "read all-reduce of {} {dtype} elements overflows",
+            a.count
+        )));
+    }
     let (window, offset) = split_read_key(a.in_key);
     if window == 0 && (offset != 0 || bytes.is_none_or(|b| b > a.staging_bytes)) {
         return Err(Error::invalid(format!(
@@ -54,8 +60,8 @@ fn check(a: &ReadCollectiveArgs, blocks: u64) -> Result<(DataType, ReduceOp)> {
     Ok((dtype, op))
 }
 
-/// Rank `p`'s input as mapped here, for the key it sent.
-fn source(a: &ReadCollectiveArgs, p: usize, key: u64) -> Result<u64> {
+/// Rank `p`'s input (`bytes`) as mapped here, for the key it sent.
+fn source(a: &ReadCollectiveArgs, p: usize, key: u64, bytes: u64) -> Result<u64> {
     let (window, offset) = split_read_key(key);
     if window >= MAX_WINDOWS {
         return Err(Error::Remote {
@@ -72,6 +78,16 @@ fn source(a: &ReadCollectiveArgs, p: usize, key: u64) -> Result<u64> {
             message: format!("named window {window}, which is not registered here"),
         });
     }
+    let len =
+        word(a.table, ((MAX_WINDOWS + window) * MAX_RANKS + p) as u64 * 8).load(Ordering::Acquire);
+    if offset > len || bytes > len - offset {
+        return Err(Error::Remote {
+            rank: p,
+            message: format!(
+                "named {bytes} bytes at offset {offset} of window {window}, which has {len}: do the ranks pass the same count?"
+            ),
+        });
+    }
     Ok(base + offset)
 }
 
@@ -82,7 +98,8 @@ pub fn collective_read_allreduce(cfg: &LaunchConfig, args: &[u8]) -> Result<()> 
     let (dtype, op) = check(&a, blocks)?;
     let (rank, n) = (a.rank as usize, a.nranks as usize);
     let peers = || (1..n).map(move |q| (rank + q) % n);
-    let bytes = a.count * dtype.size() as u64;
+    // Checked in `check`.
+    let bytes = a.count.saturating_mul(dtype.size() as u64);
     let units = bytes.div_ceil(16);
     let per = units.div_ceil(blocks);
     let staging = a.scratch + ReadCollectiveArgs::staging_offset(a.max_blocks);
@@ -116,7 +133,7 @@ pub fn collective_read_allreduce(cfg: &LaunchConfig, args: &[u8]) -> Result<()> 
         for p in peers() {
             // SAFETY: a packet slot of the own scratch.
             let key = unsafe { LL16Packet::read(start(a.scratch, p), flag, DEFAULT_WAIT)? };
-            srcs[p] = source(&a, p, key)?;
+            srcs[p] = source(&a, p, key, bytes)?;
         }
         fence(Ordering::SeqCst);
         // The reduction, in rank order.
