@@ -23,12 +23,14 @@
 //! | all-to-all | `nranks * count` | `nranks * count` | piece `k` of input block `j` | into output block `p` |
 //!
 //! Broadcast is the one collective where data flows one way, so each non-root also writes
-//! *acknowledgement* packets (value 0, the round's flag) into its slot in the root's scratch after
-//! it has read the round — packet `b` for block `b` of its grid (one block, packet 0, on the host;
-//! every rank launches the same grid, of at most one block per packet of a slot) — and the root
-//! reads those acknowledgements after sending the round. That keeps the invariant the slot reuse rests on — in every round every rank writes
-//! to and reads from every peer it exchanges with — so neither the root's next round nor the
-//! next call can overwrite a half a peer is still reading.
+//! *acknowledgement* packets (value 0, the round's flag) into its slot in **every** peer's
+//! scratch after it has read the round — packet `b` for block `b` of its grid (one block, packet
+//! 0, on the host; every rank launches the same grid, of at most one block per packet of a slot
+//! and at least one thread per peer) — and every rank reads the acknowledgements of every other
+//! non-root after the round (the root: of all). That keeps the invariant the slot reuse rests on
+//! — in every round every rank writes to and reads from every peer — so neither the next round
+//! nor the next call of any rank can overwrite a half a peer is still reading (acknowledging to
+//! the root alone left two non-roots unsynchronised with 3 ranks or more).
 //!
 //! A rank's own contribution goes straight from its input to its output. `Avg` is a sum divided
 //! by `nranks` at the end (integer division for integer types).

@@ -292,23 +292,25 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const 
       }
     }
     if (kind == kCollBroadcast) {
-      // The root receives nothing, so nothing else would stop it from running two rounds (or
-      // calls) ahead and overwriting a half that a peer still reads: every other rank
-      // acknowledges each round once all its threads have read it: block b writes an empty packet
-      // with the round's flag as packet b of its own slot in the root's scratch (the grid has at
-      // most one block per packet of a slot), and the root's threads wait for all of them.
+      // Data flows only from the root, so nothing else would stop a rank from running two rounds
+      // (or calls) ahead and overwriting a half that a peer still reads: every non-root
+      // acknowledges each round to every peer once all its threads have read it (block b writes
+      // an empty packet with the round's flag as packet b of its own slot in each peer's scratch;
+      // the grid has at most one block per packet of a slot and at least one thread per peer),
+      // and every rank waits for the acknowledgements of every other non-root.
       const uint64_t ackOff = r.half;
       if (!isRoot) {
         __syncthreads();
-        if (threadIdx.x == 0) {
-          ((LL16Packet*)(a.peer_scratch[a.root] + ackOff + c.rank * c.slotBytes + 16 * (uint64_t)blockIdx.x))
+        if (threadIdx.x + 1 < c.nranks) {
+          const uint32_t p = peerOf(c.rank, c.nranks, threadIdx.x);
+          ((LL16Packet*)(a.peer_scratch[p] + ackOff + c.rank * c.slotBytes + 16 * (uint64_t)blockIdx.x))
               ->write(0, r.flag);
         }
-      } else {
-        for (uint32_t j = c.tid; j < (c.nranks - 1) * gridDim.x; j += c.nthreads) {
-          const uint32_t p = peerOf(c.rank, c.nranks, j / gridDim.x);
-          ((const LL16Packet*)(c.scratch + ackOff + p * c.slotBytes + 16 * (uint64_t)(j % gridDim.x)))->read(r.flag);
-        }
+      }
+      for (uint32_t j = c.tid; j < (c.nranks - 1) * gridDim.x; j += c.nthreads) {
+        const uint32_t p = peerOf(c.rank, c.nranks, j / gridDim.x);
+        if (p == a.root) continue;
+        ((const LL16Packet*)(c.scratch + ackOff + p * c.slotBytes + 16 * (uint64_t)(j % gridDim.x)))->read(r.flag);
       }
     }
     betweenRounds(st, c, k);

@@ -279,9 +279,16 @@ pub fn collective_ll(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
                     }
                 }
                 if kind == CollectiveKind::Broadcast {
-                    let root = a.root as usize;
-                    // SAFETY: word 0 of this rank's slot in the root's scratch, 16-aligned.
-                    unsafe { LL16Packet::write(a.slot(root, rank, f), 0, f as u32) };
+                    // Acknowledgements to every peer, then those of every other non-root (see
+                    // hal::collective).
+                    for p in (0..n).filter(|&p| p != rank) {
+                        // SAFETY: word 0 of this rank's slot in `p`'s scratch, 16-aligned.
+                        unsafe { LL16Packet::write(a.slot(p, rank, f), 0, f as u32) };
+                    }
+                    for p in (0..n).filter(|&p| p != rank && p != a.root as usize) {
+                        // SAFETY: this rank's own slot for `p`, 16-aligned, inside the scratch.
+                        unsafe { LL16Packet::read(a.slot(rank, p, f), f as u32, timeout)? };
+                    }
                 }
             }
         }
