@@ -9,8 +9,8 @@ use mscclpp_hal::collective::{
     MAX_WINDOWS, ReadCollectiveArgs, WINDOW_TABLE_BYTES, read_key,
 };
 use mscclpp_hal::{
-    BufferSlice, CollectiveKind, DataType, DeviceBuffer, Error, Kernel, KernelArgs, KernelId,
-    LaunchConfig, LlCollectiveArgs, MemoryKind, ReduceOp, Result, Stream,
+    BufferSlice, CollectiveKind, DataType, DeviceBuffer, DeviceInfo, Error, Kernel, KernelArgs,
+    KernelId, LaunchConfig, LlCollectiveArgs, MemoryKind, ReduceOp, Result, Stream,
 };
 use mscclpp_transports::{RegisteredMemory, Transport, TransportFlags};
 
@@ -170,14 +170,35 @@ pub struct Collectives {
     /// The LL kernels: copying collectives, and reducing ones by `dtype * 5 + op`.
     ll_copy: Arc<dyn Kernel>,
     ll_reduce: Vec<Arc<dyn Kernel>>,
-    /// The LL128 all-reduce, where the device has `Capabilities::ll128` and the kernel.
-    ll128: Option<Arc<dyn Kernel>>,
+    /// The LL128 all-reduce and its block size, where every rank can use it.
+    ll128: Option<(Arc<dyn Kernel>, u32)>,
+    /// Bytes an LL128 call carries at most (one round).
+    ll128_round_bytes: u64,
     direct: Option<Direct>,
     read: Option<Read>,
     choices: [Choice; 5],
     /// `MSCCLPP_LL_THREADS`, when given: the grid keeps that block size.
     ll_threads: Option<u32>,
     ll_packets_per_block: u64,
+}
+
+/// The most threads (whole warps) a block of `kernel` may have on this device.
+fn thread_limit(info: &DeviceInfo, kernel: &dyn Kernel) -> u32 {
+    let limit = kernel
+        .max_threads_per_block()
+        .unwrap_or(info.max_threads_per_block)
+        .min(info.max_threads_per_block);
+    (limit / 32 * 32).max(32)
+}
+
+/// Blocks and threads of a grid whose blocks wait for the peers' blocks: GPUs at most one block
+/// per SM (128 at most; all resident) of `threads`; the host one worker.
+fn resident_grid(info: &DeviceInfo, threads: u32) -> (u32, u32) {
+    if info.warp_size == 1 {
+        (1, 1)
+    } else {
+        (info.multiprocessors.clamp(1, 128), threads)
+    }
 }
 
 /// Checks that every rank has the same `value` of `what`: kernels whose blocks wait for the
@@ -302,9 +323,15 @@ impl Collectives {
         let identities = comm.bootstrap().all_gather(identity.as_bytes())?;
         let own_devices = (1..identities.len()).all(|i| !identities[..i].contains(&identities[i]));
         let line_safe = device.info().warp_size == 1 || (n == 2 && own_devices);
-        let ll128 = if device.info().caps.ll128 && line_safe {
+        let ll128 = if device.info().caps.ll128 && line_safe && slot_bytes % LL128_LINE_BYTES == 0 {
             match device.load_kernel(KernelId::COLLECTIVE_LL128_ALLREDUCE) {
-                Ok(k) => Some(k),
+                // 512 threads (or MSCCLPP_LL_THREADS), within the kernel's limit.
+                Ok(k) => {
+                    let threads = ll_threads
+                        .unwrap_or(512)
+                        .min(thread_limit(device.info(), &*k));
+                    Some((k, threads))
+                }
                 Err(e) => {
                     tracing::info!("LL128 all-reduce unavailable: {e}");
                     None
@@ -334,6 +361,7 @@ impl Collectives {
             ll_copy,
             ll_reduce,
             ll128,
+            ll128_round_bytes: slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES,
             direct,
             read,
             choices,
@@ -361,19 +389,11 @@ impl Collectives {
         // limit fails and says so). The host: one worker.
         let forced: Option<u32> =
             mscclpp_hal::env::parse("MSCCLPP_DIRECT_THREADS", "threads per block")?;
-        let kernel_limit = kernel
-            .max_threads_per_block()
-            .unwrap_or(info.max_threads_per_block)
-            .min(info.max_threads_per_block);
         let threads = match forced {
             Some(t) => t.clamp(32, 1024),
-            None => 896u32.min(kernel_limit / 32 * 32).max(32),
+            None => 896u32.min(thread_limit(&info, &*kernel)),
         };
-        let (max_blocks, threads) = if info.warp_size == 1 {
-            (1, 1)
-        } else {
-            (info.multiprocessors.clamp(1, 128), threads)
-        };
+        let (max_blocks, threads) = resident_grid(&info, threads);
         let slot_bytes: u64 = match mscclpp_hal::env::parse::<u64>(
             "MSCCLPP_DIRECT_SLOT_BYTES",
             "a byte count",
@@ -429,21 +449,12 @@ impl Collectives {
         };
         let forced: Option<u32> =
             mscclpp_hal::env::parse("MSCCLPP_READ_THREADS", "threads per block")?;
-        let kernel_limit = kernel
-            .max_threads_per_block()
-            .unwrap_or(info.max_threads_per_block)
-            .min(info.max_threads_per_block);
         // 512 threads: a 1 MiB all-reduce is one 16-byte unit per thread on 128 blocks.
         let threads = forced
             .unwrap_or(512)
             .clamp(32, 1024)
-            .min(kernel_limit / 32 * 32)
-            .max(32);
-        let (max_blocks, threads) = if info.warp_size == 1 {
-            (1, 1)
-        } else {
-            (info.multiprocessors.clamp(1, 128), threads)
-        };
+            .min(thread_limit(&info, &*kernel));
+        let (max_blocks, threads) = resident_grid(&info, threads);
         let staging_bytes: u64 = 4 << 20;
         let capacity = if info.warp_size == 1 {
             staging_bytes
@@ -506,24 +517,19 @@ impl Collectives {
                 .is_some_and(|r| block_bytes <= r.capacity);
         let ll128_fits = kind == CollectiveKind::AllReduce
             && self.ll128.is_some()
-            && self.slot_bytes % LL128_LINE_BYTES == 0
-            && block_bytes <= self.slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES;
-        match (self.choices[kind as usize], &self.direct) {
-            (Choice::Forced(Algorithm::Ll128), _) if ll128_fits => Algorithm::Ll128,
-            // Beyond one round (or without the capability): what `auto` would pick.
-            (Choice::Forced(Algorithm::Ll128), Some(_))
-                if block_bytes >= direct_threshold(kind) =>
-            {
-                Algorithm::Direct
-            }
-            (Choice::Forced(Algorithm::Ll128), _) => Algorithm::Ll,
+            && block_bytes <= self.ll128_round_bytes;
+        // A forced algorithm that cannot serve this call (too large, or not here): what `auto`
+        // picks.
+        let choice = match self.choices[kind as usize] {
+            Choice::Forced(Algorithm::Ll128) if !ll128_fits => Choice::Auto,
+            Choice::Forced(Algorithm::Read) if !read_fits => Choice::Auto,
+            c => c,
+        };
+        match (choice, &self.direct) {
+            (Choice::Forced(a @ (Algorithm::Ll128 | Algorithm::Read)), _) => a,
             (Choice::Auto, _) if ll128_fits && ll128_range().contains(&block_bytes) => {
                 Algorithm::Ll128
             }
-            (Choice::Forced(Algorithm::Read), _) if read_fits => Algorithm::Read,
-            // Beyond what the read algorithm holds, the bandwidth path.
-            (Choice::Forced(Algorithm::Read), Some(_)) => Algorithm::Direct,
-            (Choice::Forced(Algorithm::Read), None) => Algorithm::Ll,
             (Choice::Forced(a), Some(_)) => a,
             (Choice::Forced(_), None) | (Choice::Auto, None) => Algorithm::Ll,
             (Choice::Auto, Some(_)) if block_bytes >= direct_threshold(kind) => Algorithm::Direct,
@@ -931,8 +937,8 @@ impl Collectives {
             nranks: n as u32,
             root: root as u32,
         };
-        if let (Algorithm::Ll128, Some(k)) = (algorithm, &self.ll128) {
-            let cfg = self.ll128_grid(&**k, block_bytes);
+        if let (Algorithm::Ll128, Some((k, threads))) = (algorithm, &self.ll128) {
+            let cfg = self.ll128_grid(*threads, block_bytes);
             tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, "launch ll128");
             // SAFETY: as for the LL launch below (the same arguments, scratch and flag).
             return unsafe { stream.launch_raw(&**k, cfg, args.as_bytes()) };
@@ -952,16 +958,11 @@ impl Collectives {
 
     /// LL128: a group of eight threads per line, 512 threads per block (or as forced by
     /// `MSCCLPP_LL_THREADS`), up to one block per SM, threads looping over lines beyond that.
-    fn ll128_grid(&self, kernel: &dyn Kernel, bytes: u64) -> LaunchConfig {
+    fn ll128_grid(&self, threads: u32, bytes: u64) -> LaunchConfig {
         let info = self.comm.device().info();
         if info.warp_size == 1 {
             return LaunchConfig::linear(1, 1);
         }
-        let limit = kernel
-            .max_threads_per_block()
-            .unwrap_or(info.max_threads_per_block)
-            .min(info.max_threads_per_block);
-        let threads = (self.ll_threads.unwrap_or(512).min(limit) / 32 * 32).max(32);
         let lines = bytes.div_ceil(LL128_LINE_DATA_BYTES);
         let blocks = (lines * 8)
             .div_ceil(u64::from(threads))

@@ -254,10 +254,6 @@ fn role_matrix() -> R<()> {
     Ok(())
 }
 
-fn run(n: usize, slot: u64, counts: &str) -> Result<(), Failed> {
-    run_env(n, slot, counts, &[])
-}
-
 fn run_env(n: usize, slot: u64, counts: &str, extra: &[(&str, &str)]) -> Result<(), Failed> {
     run_on(BackendKind::Host, n, slot, counts, extra)
 }
@@ -368,71 +364,50 @@ fn main() {
     });
     let args = libtest_mimic::Arguments::from_args();
     // Small slots force many rounds: 256-byte slots carry 128 data bytes per peer per round.
-    let trials = vec![
-        Trial::test("collectives::host::2_ranks", || run(2, 256, "1,3,37,1001")),
-        Trial::test("collectives::host::3_ranks", || run(3, 512, "1,5,333")),
-        Trial::test("collectives::host::4_ranks", || run(4, 1024, "1,7,300")),
-        Trial::test("collectives::host::8_ranks", || run(8, 4096, "1,129")),
+    type Env = &'static [(&'static str, &'static str)];
+    // Host trials: (name, ranks, slot bytes, counts, environment). Small slots force many
+    // rounds: 256-byte slots carry 128 data bytes per peer per round.
+    let host: [(&str, usize, u64, &'static str, Env); 13] = [
+        ("2_ranks", 2, 256, "1,3,37,1001", &[]),
+        ("3_ranks", 3, 512, "1,5,333", &[]),
+        ("4_ranks", 4, 1024, "1,7,300", &[]),
+        ("8_ranks", 8, 4096, "1,129", &[]),
         // The direct algorithm, forced at every size: chunks of 4 KiB per step make the larger
         // counts take several steps.
-        Trial::test("collectives::host::direct::2_ranks", || {
-            run_env(2, 256, "1,3,37,5001", DIRECT)
-        }),
-        Trial::test("collectives::host::direct::3_ranks", || {
-            run_env(3, 512, "1,5,3333", DIRECT)
-        }),
-        Trial::test("collectives::host::direct::4_ranks", || {
-            run_env(4, 1024, "1,7,2100", DIRECT)
-        }),
+        ("direct::2_ranks", 2, 256, "1,3,37,5001", DIRECT),
+        ("direct::3_ranks", 3, 512, "1,5,3333", DIRECT),
+        ("direct::4_ranks", 4, 1024, "1,7,2100", DIRECT),
         // LL128 lines: 64 KiB slots carry 61 440 data bytes per round.
-        Trial::test("collectives::host::ll128::2_ranks", || {
-            run_env(2, 65536, "1,3,37,5001,15359,15361", LL128)
-        }),
-        Trial::test("collectives::host::ll128::3_ranks", || {
-            run_env(3, 65536, "1,5,333,7681", LL128)
-        }),
+        ("ll128::2_ranks", 2, 65536, "1,3,37,5001,15359,15361", LL128),
+        ("ll128::3_ranks", 3, 65536, "1,5,333,7681", LL128),
         // The read all-reduce, with registered (read in place), staged and mixed inputs.
-        Trial::test("collectives::host::read::2_ranks", || {
-            run_env(2, 256, "1,3,37,5001", READ_REGISTERED)
-        }),
-        Trial::test("collectives::host::read::3_ranks", || {
-            run_env(3, 256, "1,5,3333", READ_REGISTERED)
-        }),
-        Trial::test("collectives::host::read::4_ranks_staged", || {
-            run_env(4, 256, "1,7,2100", READ_STAGED)
-        }),
-        Trial::test("collectives::host::read::8_ranks", || {
-            run_env(8, 4096, "1,129", READ_REGISTERED)
-        }),
+        ("read::2_ranks", 2, 256, "1,3,37,5001", READ_REGISTERED),
+        ("read::3_ranks", 3, 256, "1,5,3333", READ_REGISTERED),
+        ("read::4_ranks_staged", 4, 256, "1,7,2100", READ_STAGED),
+        ("read::8_ranks", 8, 4096, "1,129", READ_REGISTERED),
     ];
-    // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one).
-    let mut trials = trials;
+    let mut trials: Vec<Trial> = host
+        .into_iter()
+        .map(|(name, n, slot, counts, env)| {
+            Trial::test(format!("collectives::host::{name}"), move || {
+                run_env(n, slot, counts, env)
+            })
+        })
+        .collect();
+    // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one;
+    // 4 ranks: 2 per GPU, where LL128 is refused since two ranks share a device and LL serves).
+    let gpu: [(&str, usize, Env); 6] = [
+        ("read::2_ranks", 2, READ_REGISTERED),
+        ("read::2_ranks_staged", 2, READ_STAGED),
+        ("read::4_ranks", 4, READ_REGISTERED),
+        ("ll128::2_ranks", 2, LL128),
+        ("ll128::4_ranks", 4, LL128),
+        ("default::2_ranks", 2, &[]),
+    ];
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
-        trials.push(gpu_trial(
-            kind,
-            "read::2_ranks",
-            2,
-            GPU_COUNTS,
-            READ_REGISTERED,
-        ));
-        trials.push(gpu_trial(
-            kind,
-            "read::2_ranks_staged",
-            2,
-            GPU_COUNTS,
-            READ_STAGED,
-        ));
-        trials.push(gpu_trial(
-            kind,
-            "read::4_ranks",
-            4,
-            GPU_COUNTS,
-            READ_REGISTERED,
-        ));
-        trials.push(gpu_trial(kind, "ll128::2_ranks", 2, GPU_COUNTS, LL128));
-        // 4 ranks on 2 GPUs: LL128 is refused there (two ranks share a device), LL serves.
-        trials.push(gpu_trial(kind, "ll128::4_ranks", 4, GPU_COUNTS, LL128));
-        trials.push(gpu_trial(kind, "default::2_ranks", 2, GPU_COUNTS, &[]));
+        for (name, n, env) in gpu {
+            trials.push(gpu_trial(kind, name, n, GPU_COUNTS, env));
+        }
     }
     libtest_mimic::run(&args, trials).exit();
 }
