@@ -147,15 +147,27 @@ unsafe fn store(addr: u64, w: u64, len: usize) {
     unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), addr as *mut u8, len.min(8)) };
 }
 
+/// Refuses a rank outside `nranks`, or a rank count outside 2..=[`MAX_RANKS`] (every collective
+/// kernel's first check; `what` names the kernel).
+pub(crate) fn check_ranks(what: &str, rank: u32, nranks: u32) -> Result<()> {
+    if !(2..=MAX_RANKS).contains(&(nranks as usize)) || rank >= nranks {
+        return Err(Error::invalid(format!(
+            "{what} with rank {rank} of {nranks} ranks (2..={MAX_RANKS} ranks supported)"
+        )));
+    }
+    Ok(())
+}
+
 fn check(a: &LlCollectiveArgs) -> Result<(CollectiveKind, DataType, ReduceOp)> {
     let kind = CollectiveKind::from_code(a.kind)?;
     let dtype = DataType::from_code(a.dtype)?;
     let op = ReduceOp::from_code(a.op)?;
     let n = a.nranks as usize;
-    if !(2..=MAX_RANKS).contains(&n) || a.rank >= a.nranks || a.root >= a.nranks {
+    check_ranks("collective", a.rank, a.nranks)?;
+    if a.root >= a.nranks {
         return Err(Error::invalid(format!(
-            "collective with rank {} root {} of {} ranks (2..={MAX_RANKS} ranks supported)",
-            a.rank, a.root, a.nranks
+            "collective with root {} of {} ranks",
+            a.root, a.nranks
         )));
     }
     if a.slot_bytes < 16 || a.slot_bytes % 16 != 0 {

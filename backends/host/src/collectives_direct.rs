@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use mscclpp_hal::collective::{DirectCollectiveArgs, MAX_RANKS};
+use mscclpp_hal::collective::DirectCollectiveArgs;
 use mscclpp_hal::dev::DEFAULT_WAIT;
 use mscclpp_hal::{CollectiveKind, DataType, Error, KernelArgs, LaunchConfig, ReduceOp, Result};
 
@@ -26,12 +26,7 @@ fn check(a: &DirectCollectiveArgs, blocks: u64) -> Result<(CollectiveKind, DataT
             a.root, a.nranks
         )));
     }
-    if !(2..=MAX_RANKS).contains(&n) || a.rank >= a.nranks {
-        return Err(Error::invalid(format!(
-            "collective with rank {} of {} ranks (2..={MAX_RANKS} ranks supported)",
-            a.rank, a.nranks
-        )));
-    }
+    crate::collectives::check_ranks("direct collective", a.rank, a.nranks)?;
     if a.chunk_bytes == 0
         || a.chunk_bytes % 16 != 0
         || a.slot_bytes % 16 != 0
@@ -428,6 +423,7 @@ pub fn collective_direct(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::HostBackend;
+    use mscclpp_hal::collective::MAX_RANKS;
     use mscclpp_hal::{Backend, DeviceBuffer, MemoryKind};
 
     const MAX_BLOCKS: u32 = 4;

@@ -33,12 +33,7 @@ pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()
             a.kind
         )));
     }
-    if !(2..=MAX_RANKS).contains(&n) || a.rank >= a.nranks {
-        return Err(Error::invalid(format!(
-            "LL128 all-reduce with rank {} of {} ranks (2..={MAX_RANKS} ranks supported)",
-            a.rank, a.nranks
-        )));
-    }
+    crate::collectives::check_ranks("LL128 all-reduce", a.rank, a.nranks)?;
     let bytes = a
         .count
         .checked_mul(dtype.size() as u64)

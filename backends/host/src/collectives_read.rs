@@ -21,12 +21,7 @@ fn check(a: &ReadCollectiveArgs, blocks: u64) -> Result<(DataType, ReduceOp)> {
     let dtype = DataType::from_code(a.dtype)?;
     let op = ReduceOp::from_code(a.op)?;
     let n = a.nranks as usize;
-    if !(2..=MAX_RANKS).contains(&n) || a.rank >= a.nranks {
-        return Err(Error::invalid(format!(
-            "read all-reduce with rank {} of {} ranks (2..={MAX_RANKS} ranks supported)",
-            a.rank, a.nranks
-        )));
-    }
+    crate::collectives::check_ranks("read all-reduce", a.rank, a.nranks)?;
     if blocks == 0 || blocks > u64::from(a.max_blocks) {
         return Err(Error::invalid(format!(
             "read all-reduce grid of {blocks} blocks for a scratch laid out for {}",
