@@ -170,6 +170,8 @@ pub struct Collectives {
     /// The LL kernels: copying collectives, and reducing ones by `dtype * 5 + op`.
     ll_copy: Arc<dyn Kernel>,
     ll_reduce: Vec<Arc<dyn Kernel>>,
+    /// The short all-reduce (one round, a thread per packet), indexed as `ll_reduce`.
+    ll_short: Vec<Arc<dyn Kernel>>,
     /// The LL128 all-reduce and its block size, where every rank can use it.
     ll128: Option<(Arc<dyn Kernel>, u32)>,
     /// Bytes an LL128 call carries at most (one round).
@@ -278,9 +280,11 @@ impl Collectives {
         }
         let ll_threads = mscclpp_hal::env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
             .map(|t| t.clamp(32, 1024));
+        // 256 packets (4 KiB of data) per block: on 2 x H200 every LL collective from 4 KiB to
+        // 256 KiB was 0.05-0.5 µs faster than with 512, and none slower beyond noise (run40).
         let ll_packets_per_block =
             mscclpp_hal::env::parse::<u64>("MSCCLPP_LL_PACKETS_PER_BLOCK", "a packet count")?
-                .unwrap_or(512)
+                .unwrap_or(256)
                 .max(1);
         agree(
             &comm,
@@ -299,11 +303,14 @@ impl Collectives {
         let direct = Self::setup_direct(&comm)?;
         let read = Self::setup_read(&comm)?;
         let ll_copy = device.load_kernel(KernelId::COLLECTIVE_LL_COPY)?;
-        let ll_reduce = KernelId::COLLECTIVE_LL_REDUCE
-            .iter()
-            .flatten()
-            .map(|&id| device.load_kernel(id))
-            .collect::<Result<Vec<_>>>()?;
+        let load_all = |ids: &[[KernelId; 5]; 5]| {
+            ids.iter()
+                .flatten()
+                .map(|&id| device.load_kernel(id))
+                .collect::<Result<Vec<_>>>()
+        };
+        let ll_reduce = load_all(&KernelId::COLLECTIVE_LL_REDUCE)?;
+        let ll_short = load_all(&KernelId::COLLECTIVE_LL_SHORT_ALLREDUCE)?;
         // LL128 lines only between ranks of their own devices, two of them: the configuration
         // measured correct (2 x H200 over NVLink, thousands of calls). With 4 ranks on 2 GPUs (two
         // processes per GPU, three peers each) one run of 350 calls had 7 wrong elements (run27):
@@ -360,6 +367,7 @@ impl Collectives {
             slot_bytes,
             ll_copy,
             ll_reduce,
+            ll_short,
             ll128,
             ll128_round_bytes: slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES,
             direct,
@@ -946,7 +954,12 @@ impl Collectives {
         let cfg = self.grid(in_bytes.max(out_bytes));
         tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, "launch");
         let kernel = if kind.reduces() {
-            &self.ll_reduce[dtype as usize * ReduceOp::ALL.len() + op as usize]
+            let index = dtype as usize * ReduceOp::ALL.len() + op as usize;
+            if kind == CollectiveKind::AllReduce && self.short_fits(&args, block_bytes, &cfg) {
+                &self.ll_short[index]
+            } else {
+                &self.ll_reduce[index]
+            }
         } else {
             &self.ll_copy
         };
@@ -954,6 +967,15 @@ impl Collectives {
         // the stream passes the call, as for every stream operation), this communicator's scratch
         // and flag, and the peers' scratch mappings held in `self`.
         unsafe { stream.launch_raw(&**kernel, cfg, args.as_bytes()) }
+    }
+
+    /// Whether the short all-reduce serves `bytes` per rank launched as `cfg`: one round, and a
+    /// thread per packet (the host kernel serves any grid). Ranks need not agree: the short and
+    /// the general kernel run the same protocol.
+    fn short_fits(&self, args: &LlCollectiveArgs, bytes: u64, cfg: &LaunchConfig) -> bool {
+        let threads = u64::from(cfg.grid[0]) * u64::from(cfg.block[0]);
+        let one_round = bytes > 0 && bytes <= args.round_bytes();
+        one_round && (self.comm.device().info().warp_size == 1 || threads * 8 >= bytes)
     }
 
     /// LL128: a group of eight threads per line, 512 threads per block (or as forced by

@@ -35,6 +35,16 @@
 //! A rank's own contribution goes straight from its input to its output. `Avg` is a sum divided
 //! by `nranks` at the end (integer division for integer types).
 //!
+//! ## The short all-reduce (`mscclpp_collective_ll_short_allreduce_*`)
+//! An all-reduce that fits one round (`count * size <=` [`LlCollectiveArgs::round_bytes`]),
+//! launched with at least one thread per packet, may run this kernel instead of the general LL
+//! one. It is the same protocol — the same packets, slots, halves, flag (`base + 1`) and counter
+//! advance — so the two kernels interleave freely, and ranks may even pick differently for the
+//! same call. Thread `i` of the grid sends packet `i` to every peer, then reduces packet `i`
+//! in rank order into the output; nothing loops over packets and no round barrier exists. The
+//! general kernel's path for one round costs about 0.2 µs more on 2 x H200 (1 KiB: 2.4 against
+//! 2.2 µs; `experiments/ll-latency`).
+//!
 //! ## LL128 lines (`mscclpp_collective_ll128_allreduce`)
 //! All-reduce of a message that fits one round, in 128-byte *lines* that carry 120 data bytes and
 //! an 8-byte flag word (the flag in both 32-bit halves) — LL16 packets carry 8 of 16. They share

@@ -366,6 +366,83 @@ MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
   }
 }
 
+// ---- The short all-reduce (hal/src/collective.rs): one round, one packet per thread ----------
+// The general kernel's protocol for rounds == 1, with nothing else on the path: thread i sends
+// packet i and reduces packet i. NRANKS is 2 (one peer, no loops over ranks) or 0 (any).
+// Measured on 2 x H200 (experiments/ll-latency): every instruction before the send is on the
+// latency, so the input word is loaded before anything waits for the counter (the two loads
+// overlap) and, for two ranks, the argument checks follow the send (0.1 µs each at 1 KiB).
+
+// Whether `a` is what the short all-reduce of DTYPE and OP serves with this grid.
+template <uint32_t DTYPE, uint32_t OP>
+MSCCLPP_DEVICE_INLINE bool llShortArgsOk(const LlCollectiveArgs& a, uint64_t bytes) {
+  return a.kind == kCollAllReduce && a.dtype == DTYPE && a.op == OP && a.nranks >= 2 &&
+         a.nranks <= kCollectiveMaxRanks && a.rank < a.nranks && bytes != 0 && bytes <= a.slot_bytes / 8 * 8 / 2 &&
+         bytes >> 32 == 0 && (uint64_t)gridDim.x * blockDim.x * 8 >= bytes;
+}
+
+template <uint32_t DTYPE, uint32_t OP, uint32_t NRANKS>
+MSCCLPP_DEVICE_INLINE void llShortAllReduceBody(const LlCollectiveArgs& a) {
+  const uint32_t nranks = NRANKS ? NRANKS : a.nranks;
+  const uint64_t bytes = a.count * dataTypeSize(DTYPE);
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool mine = i < (bytes + 7) / 8;
+  const uint32_t n = mine ? packetBytes((uint32_t)bytes, i) : 0;
+  const uint64_t own = mine ? loadWord((const char*)a.input + 8 * (uint64_t)i, n) : 0;
+  LlState* st = (LlState*)a.flag;
+  const uint64_t base = st->counter;
+  if (NRANKS != 2 && !llShortArgsOk<DTYPE, OP>(a, bytes)) deviceTrap();
+  const uint32_t flag = (uint32_t)(base + 1);
+  const uint64_t half = ((base + 1) & 1) * kCollectiveMaxRanks * a.slot_bytes;
+  if (mine) {
+    const uint64_t off = half + a.rank * a.slot_bytes + 16 * (uint64_t)i;
+    if (NRANKS == 2) {
+      // Masked: an index inside the argument array whatever the (not yet checked) rank.
+      ((LL16Packet*)(a.peer_scratch[(a.rank ^ 1) & (kCollectiveMaxRanks - 1)] + off))->write(own, flag);
+    } else {
+#pragma unroll 1
+      for (uint32_t q = 0; q + 1 < nranks; ++q) {
+        ((LL16Packet*)(a.peer_scratch[peerOf(a.rank, nranks, q)] + off))->write(own, flag);
+      }
+    }
+  }
+  if (NRANKS == 2 && !llShortArgsOk<DTYPE, OP>(a, bytes)) deviceTrap();
+  countStarts(st, 0);
+  if (mine) {
+    const char* slot0 = (const char*)(a.scratch + half + 16 * (uint64_t)i);
+    Reducer<DTYPE, OP> acc;
+    if (NRANKS == 2) {
+      const uint64_t peer = ((const LL16Packet*)(slot0 + (a.rank ^ 1) * a.slot_bytes))->read(flag);
+      acc.load(a.rank == 0 ? own : peer);
+      acc.add(a.rank == 0 ? peer : own);
+    } else {
+      acc.load(a.rank == 0 ? own : ((const LL16Packet*)slot0)->read(flag));
+#pragma unroll 1
+      for (uint32_t p = 1; p < nranks; ++p) {
+        acc.add(p == a.rank ? own : ((const LL16Packet*)(slot0 + p * a.slot_bytes))->read(flag));
+      }
+    }
+    storeWord((char*)a.output + 8 * (uint64_t)i, acc.finish(nranks), n);
+  }
+  // Every block has read the counter (countStarts): block 0 advances it once all its threads
+  // are done.
+  if (blockIdx.x == 0) {
+    __syncthreads();
+    if (threadIdx.x == 0) st->counter = base + 1;
+  }
+}
+
+// Launch with a one-dimensional grid of resident blocks and at least one thread per packet, for
+// an all-reduce of DTYPE and OP of at most one round; anything else traps.
+template <uint32_t DTYPE, uint32_t OP>
+MSCCLPP_DEVICE_INLINE void llShortAllReduce(const LlCollectiveArgs& a) {
+  if (a.nranks == 2) {
+    llShortAllReduceBody<DTYPE, OP, 2>(a);
+  } else {
+    llShortAllReduceBody<DTYPE, OP, 0>(a);
+  }
+}
+
 // ---- LL128 lines (hal/src/collective.rs): all-reduce of one round --------------------------
 // Eight neighbouring threads (a group) own one 128-byte line: thread j < 7 of the group the data
 // bytes [16 j, 16 j + 16) of the line's 120, thread 7 the last 8 and the flag word. A group writes
@@ -579,4 +656,81 @@ extern "C" __global__ void mscclpp_collective_ll_reduce_u32_avg(mscclpp::LlColle
 // All-reduce by LL128 lines (one round; Capabilities::ll128 devices only). Launch with a
 // one-dimensional grid, a multiple of 8 threads per block, and the same count, dtype and op on
 // every rank.
+// The short all-reduce, one entry point per element type and operator (written out, as above).
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
+}
+
 extern "C" __global__ void mscclpp_collective_ll128_allreduce(mscclpp::LlCollectiveArgs a) { mscclpp::ll128Entry(a); }
