@@ -129,8 +129,9 @@ struct Direct {
 /// Direct calls of at most this many bytes per rank block launch blocks of
 /// [`DIRECT_SMALL_THREADS`] (unless `MSCCLPP_DIRECT_THREADS` says otherwise): on 2 x H200 an
 /// all-reduce with 512 threads took 14.03 / 20.28 / 32.84 µs at 2 / 4 / 8 MiB against 15.06 /
-/// 20.96 / 33.43 with 896 (run41); every collective was as fast or faster with 512 from 1 to 8 MiB (run43), and 896 serve the large sizes (1 GiB busbw). Only the blocks and
-/// chunks must match across ranks, so the threads may differ per call.
+/// 20.96 / 33.43 with 896 (run41), and every collective was as fast or faster with 512 from 1
+/// to 8 MiB (run43); 896 serve the large sizes (1 GiB busbw). Only the blocks and chunks must
+/// match across ranks, so the threads may differ per call.
 const DIRECT_SMALL_BYTES: u64 = 8 << 20;
 const DIRECT_SMALL_THREADS: u32 = 512;
 
