@@ -119,19 +119,21 @@ struct Direct {
     peer_scratch: [u64; MAX_RANKS],
     slot_bytes: u64,
     max_blocks: u32,
-    /// Threads per block of calls above [`DIRECT_SMALL_BYTES`] per rank block.
+    /// Threads per block of calls whose larger buffer exceeds [`DIRECT_SMALL_BYTES`].
     threads: u32,
-    /// Threads per block up to [`DIRECT_SMALL_BYTES`].
+    /// Threads per block up to [`DIRECT_SMALL_BYTES`] (the larger buffer).
     small_threads: u32,
     kernel: Arc<dyn Kernel>,
 }
 
-/// Direct calls of at most this many bytes per rank block launch blocks of
-/// [`DIRECT_SMALL_THREADS`] (unless `MSCCLPP_DIRECT_THREADS` says otherwise): on 2 x H200 an
-/// all-reduce with 512 threads took 14.03 / 20.28 / 32.84 µs at 2 / 4 / 8 MiB against 15.06 /
-/// 20.96 / 33.43 with 896 (run41), and every collective was as fast or faster with 512 from 1
-/// to 8 MiB (run43); 896 serve the large sizes (1 GiB busbw). Only the blocks and chunks must
-/// match across ranks, so the threads may differ per call.
+/// Direct calls whose larger buffer (input or output, per rank) holds at most this many bytes
+/// launch blocks of [`DIRECT_SMALL_THREADS`] (unless `MSCCLPP_DIRECT_THREADS` says otherwise):
+/// on 2 x H200 an all-reduce with 512 threads took 14.03 / 20.28 / 32.84 µs at 2 / 4 / 8 MiB
+/// against 15.06 / 20.96 / 33.43 with 896 (run41), and every collective up to 8 MiB of buffer
+/// was as fast or faster with 512 (run43, run44); 896 were faster for reduce-scatter and
+/// all-to-all of 16 MiB (8 MiB rank blocks: 34.25 against 35.64 µs, 33.87 against 35.83) and
+/// serve the large sizes (1 GiB busbw). Only the blocks and chunks must match across ranks, so
+/// the threads may differ per call.
 const DIRECT_SMALL_BYTES: u64 = 8 << 20;
 const DIRECT_SMALL_THREADS: u32 = 512;
 
@@ -182,8 +184,11 @@ pub struct Collectives {
     /// The LL kernels: copying collectives, and reducing ones by `dtype * 5 + op`.
     ll_copy: Arc<dyn Kernel>,
     ll_reduce: Vec<Arc<dyn Kernel>>,
-    /// The short all-reduce (one round, a thread per packet), indexed as `ll_reduce`.
-    ll_short: Vec<Arc<dyn Kernel>>,
+    /// The short kernels (one round, a thread per packet of a rank block): all-reduce and
+    /// reduce-scatter indexed as `ll_reduce`, and all-gather.
+    ll_short_allreduce: Vec<Arc<dyn Kernel>>,
+    ll_short_reduce_scatter: Vec<Arc<dyn Kernel>>,
+    ll_short_allgather: Arc<dyn Kernel>,
     /// The LL128 all-reduce and its block size, where every rank can use it.
     ll128: Option<(Arc<dyn Kernel>, u32)>,
     /// Bytes an LL128 call carries at most (one round).
@@ -292,8 +297,9 @@ impl Collectives {
         }
         let ll_threads = mscclpp_hal::env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
             .map(|t| t.clamp(32, 1024));
-        // 256 packets (4 KiB of data) per block: on 2 x H200 every LL collective from 4 KiB to
-        // 256 KiB was 0.05-0.5 µs faster than with 512, and none slower beyond noise (run40).
+        // 256 packets (4 KiB of data) per block: on 2 x H200 most LL calls from 4 KiB to 256 KiB
+        // were 0.05-0.5 µs faster than with 512 (all-gather, reduce-scatter, broadcast and
+        // all-to-all at 4-64 KiB), none slower beyond the noise of ~0.1 µs (run40).
         let ll_packets_per_block =
             mscclpp_hal::env::parse::<u64>("MSCCLPP_LL_PACKETS_PER_BLOCK", "a packet count")?
                 .unwrap_or(256)
@@ -322,7 +328,9 @@ impl Collectives {
                 .collect::<Result<Vec<_>>>()
         };
         let ll_reduce = load_all(&KernelId::COLLECTIVE_LL_REDUCE)?;
-        let ll_short = load_all(&KernelId::COLLECTIVE_LL_SHORT_ALLREDUCE)?;
+        let ll_short_allreduce = load_all(&KernelId::COLLECTIVE_LL_SHORT_ALLREDUCE)?;
+        let ll_short_reduce_scatter = load_all(&KernelId::COLLECTIVE_LL_SHORT_REDUCE_SCATTER)?;
+        let ll_short_allgather = device.load_kernel(KernelId::COLLECTIVE_LL_SHORT_ALLGATHER)?;
         // LL128 lines only between ranks of their own devices, two of them: the configuration
         // measured correct (2 x H200 over NVLink, thousands of calls). With 4 ranks on 2 GPUs (two
         // processes per GPU, three peers each) one run of 350 calls had 7 wrong elements (run27):
@@ -379,7 +387,9 @@ impl Collectives {
             slot_bytes,
             ll_copy,
             ll_reduce,
-            ll_short,
+            ll_short_allreduce,
+            ll_short_reduce_scatter,
+            ll_short_allgather,
             ll128,
             ll128_round_bytes: slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES,
             direct,
@@ -439,7 +449,7 @@ impl Collectives {
             comm,
             "direct algorithm settings",
             format!(
-                "{max_blocks} blocks of {threads} threads ({small_threads} up to {DIRECT_SMALL_BYTES} B), {slot_bytes} B slots"
+                "{max_blocks} blocks of {threads} threads ({small_threads} up to {DIRECT_SMALL_BYTES} B of buffer), {slot_bytes} B slots"
             ),
         )?;
         let bytes = usize::try_from(DirectCollectiveArgs::scratch_bytes(
@@ -944,7 +954,7 @@ impl Collectives {
                 max_blocks: d.max_blocks,
                 _pad: 0,
             };
-            let threads = if block_bytes <= DIRECT_SMALL_BYTES {
+            let threads = if in_bytes.max(out_bytes) <= DIRECT_SMALL_BYTES {
                 d.small_threads
             } else {
                 d.threads
@@ -975,27 +985,30 @@ impl Collectives {
             // SAFETY: as for the LL launch below (the same arguments, scratch and flag).
             return unsafe { stream.launch_raw(&**k, cfg, args.as_bytes()) };
         }
-        let cfg = self.grid(in_bytes.max(out_bytes));
-        tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, "launch");
-        let kernel = if kind.reduces() {
-            let index = dtype as usize * ReduceOp::ALL.len() + op as usize;
-            if kind == CollectiveKind::AllReduce && self.short_fits(&args, block_bytes, &cfg) {
-                &self.ll_short[index]
-            } else {
-                &self.ll_reduce[index]
-            }
-        } else {
-            &self.ll_copy
+        let index = dtype as usize * ReduceOp::ALL.len() + op as usize;
+        let short = match kind {
+            CollectiveKind::AllReduce => Some(&self.ll_short_allreduce[index]),
+            CollectiveKind::ReduceScatter => Some(&self.ll_short_reduce_scatter[index]),
+            CollectiveKind::AllGather => Some(&self.ll_short_allgather),
+            CollectiveKind::Broadcast | CollectiveKind::AllToAll => None,
         };
+        // A short kernel's grid covers one rank block (the general kernel's, the larger buffer).
+        let short_cfg = self.grid(block_bytes);
+        let (kernel, cfg) = match short {
+            Some(k) if self.short_fits(&args, block_bytes, &short_cfg) => (k, short_cfg),
+            _ if kind.reduces() => (&self.ll_reduce[index], self.grid(in_bytes.max(out_bytes))),
+            _ => (&self.ll_copy, self.grid(in_bytes.max(out_bytes))),
+        };
+        tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, kernel = %kernel.id(), "launch");
         // SAFETY: the addresses are the caller's checked slices (kept alive by the caller until
         // the stream passes the call, as for every stream operation), this communicator's scratch
         // and flag, and the peers' scratch mappings held in `self`.
         unsafe { stream.launch_raw(&**kernel, cfg, args.as_bytes()) }
     }
 
-    /// Whether the short all-reduce serves `bytes` per rank launched as `cfg`: one round, and a
+    /// Whether a short kernel serves `bytes` per rank block launched as `cfg`: one round, and a
     /// thread per packet (the host kernel serves any grid). Ranks need not agree: the short and
-    /// the general kernel run the same protocol.
+    /// the general kernels run the same protocol.
     fn short_fits(&self, args: &LlCollectiveArgs, bytes: u64, cfg: &LaunchConfig) -> bool {
         let threads = u64::from(cfg.grid[0]) * u64::from(cfg.block[0]);
         let one_round = bytes > 0 && bytes <= args.round_bytes();

@@ -82,7 +82,7 @@ impl KernelId {
     /// The short LL all-reduce: a message that fits one round, one packet per thread of the
     /// grid — the LL all-reduce's packets, halves, flags and counter, in a kernel whose path is
     /// a fraction of the general one's (args: [`crate::LlCollectiveArgs`]; see
-    /// [`crate::collective`], "The short all-reduce"). One per element type and operator.
+    /// [`crate::collective`], "The short kernels"). One per element type and operator.
     pub const COLLECTIVE_LL_SHORT_ALLREDUCE: [[KernelId; 5]; 5] = [
         [
             KernelId("mscclpp_collective_ll_short_allreduce_f32_sum"),
@@ -121,6 +121,51 @@ impl KernelId {
         ],
     ];
 
+    /// The short LL reduce-scatter: as [`Self::COLLECTIVE_LL_SHORT_ALLREDUCE`], for a
+    /// reduce-scatter whose rank block fits one round.
+    pub const COLLECTIVE_LL_SHORT_REDUCE_SCATTER: [[KernelId; 5]; 5] = [
+        [
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_sum"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_prod"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_min"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_max"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_avg"),
+        ],
+        [
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_sum"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_prod"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_min"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_max"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_avg"),
+        ],
+        [
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_sum"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_prod"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_min"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_max"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_avg"),
+        ],
+        [
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_sum"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_prod"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_min"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_max"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_avg"),
+        ],
+        [
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_sum"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_prod"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_min"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_max"),
+            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_avg"),
+        ],
+    ];
+
+    /// The short LL all-gather: as [`Self::COLLECTIVE_LL_SHORT_ALLREDUCE`], for an all-gather
+    /// whose rank block fits one round (any type: it copies bytes).
+    pub const COLLECTIVE_LL_SHORT_ALLGATHER: KernelId =
+        KernelId("mscclpp_collective_ll_short_allgather");
+
     /// The LL kernel that serves `kind` for `dtype` and `op`.
     pub fn collective_ll(
         kind: crate::CollectiveKind,
@@ -134,14 +179,16 @@ impl KernelId {
         }
     }
 
-    /// Every LL kernel, the short all-reduce's included (one implementation serves them all on
-    /// the host).
-    pub const COLLECTIVE_LL_ALL: [KernelId; 51] = {
-        let mut all = [Self::COLLECTIVE_LL_COPY; 51];
+    /// Every LL kernel, the short ones included (one implementation serves them all on the
+    /// host).
+    pub const COLLECTIVE_LL_ALL: [KernelId; 77] = {
+        let mut all = [Self::COLLECTIVE_LL_COPY; 77];
+        all[1] = Self::COLLECTIVE_LL_SHORT_ALLGATHER;
         let mut i = 0;
         while i < 25 {
-            all[i + 1] = Self::COLLECTIVE_LL_REDUCE[i / 5][i % 5];
-            all[i + 26] = Self::COLLECTIVE_LL_SHORT_ALLREDUCE[i / 5][i % 5];
+            all[i + 2] = Self::COLLECTIVE_LL_REDUCE[i / 5][i % 5];
+            all[i + 27] = Self::COLLECTIVE_LL_SHORT_ALLREDUCE[i / 5][i % 5];
+            all[i + 52] = Self::COLLECTIVE_LL_SHORT_REDUCE_SCATTER[i / 5][i % 5];
             i += 1;
         }
         all

@@ -366,63 +366,94 @@ MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
   }
 }
 
-// ---- The short all-reduce (hal/src/collective.rs): one round, one packet per thread ----------
-// The general kernel's protocol for rounds == 1, with nothing else on the path: thread i sends
-// packet i and reduces packet i. NRANKS is 2 (one peer, no loops over ranks) or 0 (any).
-// Measured on 2 x H200 (experiments/ll-latency): every instruction before the send is on the
-// latency, so the input word is loaded before anything waits for the counter (the two loads
-// overlap) and, for two ranks, the argument checks follow the send (0.1 µs each at 1 KiB).
+// ---- The short kernels (hal/src/collective.rs): one round, one packet per thread -------------
+// All-reduce, reduce-scatter and all-gather of one round by the general kernel's protocol, with
+// nothing else on the path: thread i sends packet i (of its input block per peer for
+// reduce-scatter) and receives packet i from every peer. NRANKS is 2 (one peer, no loops over
+// ranks) or 0 (any). Measured on 2 x H200 (experiments/ll-latency): every instruction before the
+// send is on the latency, so the input words are loaded before anything waits for the counter
+// (the loads overlap) and, for two ranks, the argument checks follow the send (0.1 µs each at
+// 1 KiB).
 
-// Whether `a` is what the short all-reduce of DTYPE and OP serves with this grid.
-template <uint32_t DTYPE, uint32_t OP>
+// The data bytes per rank block of a short call of KIND (all-gather: of the call's type).
+template <uint32_t KIND, uint32_t DTYPE>
+MSCCLPP_DEVICE_INLINE uint64_t llShortBytes(const LlCollectiveArgs& a) {
+  return a.count * (KIND == kCollAllGather ? dataTypeSize(a.dtype) : dataTypeSize(DTYPE));
+}
+
+// Whether `a` is what the short kernel of KIND (DTYPE and OP: reducing kinds) serves with this
+// grid.
+template <uint32_t KIND, uint32_t DTYPE, uint32_t OP>
 MSCCLPP_DEVICE_INLINE bool llShortArgsOk(const LlCollectiveArgs& a, uint64_t bytes) {
-  return a.kind == kCollAllReduce && a.dtype == DTYPE && a.op == OP && a.nranks >= 2 &&
+  return a.kind == KIND && (KIND == kCollAllGather || (a.dtype == DTYPE && a.op == OP)) && a.nranks >= 2 &&
          a.nranks <= kCollectiveMaxRanks && a.rank < a.nranks && bytes != 0 && bytes <= a.slot_bytes / 8 * 8 / 2 &&
          bytes >> 32 == 0 && (uint64_t)gridDim.x * blockDim.x * 8 >= bytes;
 }
 
-template <uint32_t DTYPE, uint32_t OP, uint32_t NRANKS>
-MSCCLPP_DEVICE_INLINE void llShortAllReduceBody(const LlCollectiveArgs& a) {
+template <uint32_t KIND, uint32_t DTYPE, uint32_t OP, uint32_t NRANKS>
+MSCCLPP_DEVICE_INLINE void llShortBody(const LlCollectiveArgs& a) {
   const uint32_t nranks = NRANKS ? NRANKS : a.nranks;
-  const uint64_t bytes = a.count * dataTypeSize(DTYPE);
+  const uint64_t bytes = llShortBytes<KIND, DTYPE>(a);
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   const bool mine = i < (bytes + 7) / 8;
   const uint32_t n = mine ? packetBytes((uint32_t)bytes, i) : 0;
-  const uint64_t own = mine ? loadWord((const char*)a.input + 8 * (uint64_t)i, n) : 0;
+  const char* input = (const char*)a.input;
+  char* output = (char*)a.output;
+  // Masked: indexes inside the argument array and the input whatever the (not yet checked) rank.
+  const uint32_t rank = a.rank & (kCollectiveMaxRanks - 1);
+  const uint32_t peer2 = rank ^ 1;  // the peer of two ranks
+  // The own word (reduce-scatter: of the own input block) and, for two ranks of reduce-scatter,
+  // the peer's word: both loads issued before the counter is used.
+  const uint64_t own = mine ? loadWord(input + (KIND == kCollReduceScatter ? rank * bytes : 0) + 8 * (uint64_t)i, n) : 0;
+  const uint64_t toPeer2 =
+      KIND == kCollReduceScatter && NRANKS == 2 && mine ? loadWord(input + peer2 * bytes + 8 * (uint64_t)i, n) : own;
   LlState* st = (LlState*)a.flag;
   const uint64_t base = st->counter;
-  if (NRANKS != 2 && !llShortArgsOk<DTYPE, OP>(a, bytes)) deviceTrap();
+  if (NRANKS != 2 && !llShortArgsOk<KIND, DTYPE, OP>(a, bytes)) deviceTrap();
   const uint32_t flag = (uint32_t)(base + 1);
   const uint64_t half = ((base + 1) & 1) * kCollectiveMaxRanks * a.slot_bytes;
   if (mine) {
-    const uint64_t off = half + a.rank * a.slot_bytes + 16 * (uint64_t)i;
+    const uint64_t off = half + rank * a.slot_bytes + 16 * (uint64_t)i;
     if (NRANKS == 2) {
-      // Masked: an index inside the argument array whatever the (not yet checked) rank.
-      ((LL16Packet*)(a.peer_scratch[(a.rank ^ 1) & (kCollectiveMaxRanks - 1)] + off))->write(own, flag);
+      ((LL16Packet*)(a.peer_scratch[peer2] + off))->write(toPeer2, flag);
     } else {
 #pragma unroll 1
       for (uint32_t q = 0; q + 1 < nranks; ++q) {
-        ((LL16Packet*)(a.peer_scratch[peerOf(a.rank, nranks, q)] + off))->write(own, flag);
+        const uint32_t p = peerOf(rank, nranks, q);
+        const uint64_t w = KIND == kCollReduceScatter ? loadWord(input + p * bytes + 8 * (uint64_t)i, n) : own;
+        ((LL16Packet*)(a.peer_scratch[p] + off))->write(w, flag);
       }
     }
   }
-  if (NRANKS == 2 && !llShortArgsOk<DTYPE, OP>(a, bytes)) deviceTrap();
+  if (NRANKS == 2 && !llShortArgsOk<KIND, DTYPE, OP>(a, bytes)) deviceTrap();
   countStarts(st, 0);
   if (mine) {
     const char* slot0 = (const char*)(a.scratch + half + 16 * (uint64_t)i);
-    Reducer<DTYPE, OP> acc;
-    if (NRANKS == 2) {
-      const uint64_t peer = ((const LL16Packet*)(slot0 + (a.rank ^ 1) * a.slot_bytes))->read(flag);
-      acc.load(a.rank == 0 ? own : peer);
-      acc.add(a.rank == 0 ? peer : own);
-    } else {
-      acc.load(a.rank == 0 ? own : ((const LL16Packet*)slot0)->read(flag));
+    if (KIND == kCollAllGather) {
+      // In place (input = output block rank) this stores the word where it was.
+      storeWord(output + rank * bytes + 8 * (uint64_t)i, own, n);
 #pragma unroll 1
-      for (uint32_t p = 1; p < nranks; ++p) {
-        acc.add(p == a.rank ? own : ((const LL16Packet*)(slot0 + p * a.slot_bytes))->read(flag));
+      for (uint32_t q = 0; q + 1 < nranks; ++q) {
+        const uint32_t p = NRANKS == 2 ? peer2 : peerOf(rank, nranks, q);
+        const uint64_t w = ((const LL16Packet*)(slot0 + p * a.slot_bytes))->read(flag);
+        storeWord(output + p * bytes + 8 * (uint64_t)i, w, n);
       }
+    } else {
+      // In rank order, the own word in place of a packet at the own rank.
+      Reducer<DTYPE, OP> acc;
+      if (NRANKS == 2) {
+        const uint64_t w = ((const LL16Packet*)(slot0 + peer2 * a.slot_bytes))->read(flag);
+        acc.load(rank == 0 ? own : w);
+        acc.add(rank == 0 ? w : own);
+      } else {
+        acc.load(rank == 0 ? own : ((const LL16Packet*)slot0)->read(flag));
+#pragma unroll 1
+        for (uint32_t p = 1; p < nranks; ++p) {
+          acc.add(p == rank ? own : ((const LL16Packet*)(slot0 + p * a.slot_bytes))->read(flag));
+        }
+      }
+      storeWord(output + 8 * (uint64_t)i, acc.finish(nranks), n);
     }
-    storeWord((char*)a.output + 8 * (uint64_t)i, acc.finish(nranks), n);
   }
   // Every block has read the counter (countStarts): block 0 advances it once all its threads
   // are done.
@@ -432,14 +463,15 @@ MSCCLPP_DEVICE_INLINE void llShortAllReduceBody(const LlCollectiveArgs& a) {
   }
 }
 
-// Launch with a one-dimensional grid of resident blocks and at least one thread per packet, for
-// an all-reduce of DTYPE and OP of at most one round; anything else traps.
-template <uint32_t DTYPE, uint32_t OP>
-MSCCLPP_DEVICE_INLINE void llShortAllReduce(const LlCollectiveArgs& a) {
+// Launch with a one-dimensional grid of resident blocks and at least one thread per packet of a
+// rank block, for a call of KIND (DTYPE and OP for the reducing kinds) of at most one round;
+// anything else traps.
+template <uint32_t KIND, uint32_t DTYPE, uint32_t OP>
+MSCCLPP_DEVICE_INLINE void llShort(const LlCollectiveArgs& a) {
   if (a.nranks == 2) {
-    llShortAllReduceBody<DTYPE, OP, 2>(a);
+    llShortBody<KIND, DTYPE, OP, 2>(a);
   } else {
-    llShortAllReduceBody<DTYPE, OP, 0>(a);
+    llShortBody<KIND, DTYPE, OP, 0>(a);
   }
 }
 
@@ -653,84 +685,166 @@ extern "C" __global__ void mscclpp_collective_ll_reduce_u32_avg(mscclpp::LlColle
   mscclpp::llEntry<true, mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
 }
 
+// The short all-reduce, one entry point per element type and operator (written out, as above).
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF32, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF16, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF16, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF16, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF16, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF16, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeBF16, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeBF16, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeBF16, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeBF16, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeBF16, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI32, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
+}
+
+// The short reduce-scatter, one entry point per element type and operator.
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF32, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f16_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF16, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f16_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF16, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f16_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF16, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f16_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF16, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f16_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF16, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_bf16_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeBF16, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_bf16_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeBF16, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_bf16_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeBF16, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_bf16_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeBF16, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_bf16_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeBF16, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI32, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u32_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU32, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u32_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU32, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u32_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU32, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u32_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU32, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u32_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
+}
+
+// The short all-gather (any type: it copies bytes).
+extern "C" __global__ void mscclpp_collective_ll_short_allgather(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllGather, 0, 0>(a);
+}
+
 // All-reduce by LL128 lines (one round; Capabilities::ll128 devices only). Launch with a
 // one-dimensional grid, a multiple of 8 threads per block, and the same count, dtype and op on
 // every rank.
-// The short all-reduce, one entry point per element type and operator (written out, as above).
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_sum(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceSum>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_prod(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceProd>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_min(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceMin>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_max(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceMax>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_avg(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF32, mscclpp::kReduceAvg>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_sum(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceSum>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_prod(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceProd>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_min(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceMin>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_max(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceMax>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f16_avg(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeF16, mscclpp::kReduceAvg>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_sum(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceSum>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_prod(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceProd>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_min(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceMin>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_max(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceMax>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_bf16_avg(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeBF16, mscclpp::kReduceAvg>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_sum(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceSum>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_prod(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceProd>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_min(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceMin>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_max(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceMax>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i32_avg(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeI32, mscclpp::kReduceAvg>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_sum(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceSum>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_prod(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceProd>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_min(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceMin>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_max(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceMax>(a);
-}
-extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_avg(mscclpp::LlCollectiveArgs a) {
-  mscclpp::llShortAllReduce<mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
-}
-
 extern "C" __global__ void mscclpp_collective_ll128_allreduce(mscclpp::LlCollectiveArgs a) { mscclpp::ll128Entry(a); }
