@@ -185,10 +185,11 @@ pub struct Collectives {
     ll_copy: Arc<dyn Kernel>,
     ll_reduce: Vec<Arc<dyn Kernel>>,
     /// The short kernels (one round, a thread per packet of a rank block): all-reduce and
-    /// reduce-scatter indexed as `ll_reduce`, and all-gather.
+    /// reduce-scatter indexed as `ll_reduce`, all-gather and all-to-all.
     ll_short_allreduce: Vec<Arc<dyn Kernel>>,
     ll_short_reduce_scatter: Vec<Arc<dyn Kernel>>,
     ll_short_allgather: Arc<dyn Kernel>,
+    ll_short_alltoall: Arc<dyn Kernel>,
     /// The LL128 all-reduce and its block size, where every rank can use it.
     ll128: Option<(Arc<dyn Kernel>, u32)>,
     /// Bytes an LL128 call carries at most (one round).
@@ -331,6 +332,7 @@ impl Collectives {
         let ll_short_allreduce = load_all(&KernelId::COLLECTIVE_LL_SHORT_ALLREDUCE)?;
         let ll_short_reduce_scatter = load_all(&KernelId::COLLECTIVE_LL_SHORT_REDUCE_SCATTER)?;
         let ll_short_allgather = device.load_kernel(KernelId::COLLECTIVE_LL_SHORT_ALLGATHER)?;
+        let ll_short_alltoall = device.load_kernel(KernelId::COLLECTIVE_LL_SHORT_ALLTOALL)?;
         // LL128 lines only between ranks of their own devices, two of them: the configuration
         // measured correct (2 x H200 over NVLink, thousands of calls). With 4 ranks on 2 GPUs (two
         // processes per GPU, three peers each) one run of 350 calls had 7 wrong elements (run27):
@@ -390,6 +392,7 @@ impl Collectives {
             ll_short_allreduce,
             ll_short_reduce_scatter,
             ll_short_allgather,
+            ll_short_alltoall,
             ll128,
             ll128_round_bytes: slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES,
             direct,
@@ -990,7 +993,9 @@ impl Collectives {
             CollectiveKind::AllReduce => Some(&self.ll_short_allreduce[index]),
             CollectiveKind::ReduceScatter => Some(&self.ll_short_reduce_scatter[index]),
             CollectiveKind::AllGather => Some(&self.ll_short_allgather),
-            CollectiveKind::Broadcast | CollectiveKind::AllToAll => None,
+            CollectiveKind::AllToAll => Some(&self.ll_short_alltoall),
+            // Its acknowledgements stay with the general kernel.
+            CollectiveKind::Broadcast => None,
         };
         // A short kernel's grid covers one rank block (the general kernel's, the larger buffer).
         let short_cfg = self.grid(block_bytes);

@@ -36,15 +36,17 @@
 //! by `nranks` at the end (integer division for integer types).
 //!
 //! ## The short kernels (`mscclpp_collective_ll_short_*`)
-//! An all-reduce, reduce-scatter or all-gather whose rank block fits one round
+//! An all-reduce, reduce-scatter, all-gather or all-to-all whose rank block fits one round
 //! (`count * size <=` [`LlCollectiveArgs::round_bytes`]), launched with at least one thread per
 //! packet of a rank block, may run a short kernel instead of the general LL one. It is the same
 //! protocol — the same packets, slots, halves, flag (`base + 1`) and counter advance — so the
 //! kernels interleave freely, and ranks may even pick differently for the same call. Thread `i`
-//! of the grid sends packet `i` to every peer (reduce-scatter: of the input block of that peer),
+//! of the grid sends packet `i` to every peer (reduce-scatter, all-to-all: of the input block of
+//! that peer),
 //! then receives packet `i` from every peer: reduced in rank order into the output (all-reduce,
 //! reduce-scatter; the own word from the input, of the own block for reduce-scatter) or copied
-//! into output block `p` (all-gather, which also stores its own word into block `rank`). Nothing
+//! into output block `p` (all-gather, all-to-all, which also store their own word into block
+//! `rank`). Broadcast keeps the general kernel (its acknowledgements). Nothing
 //! loops over packets and no round barrier exists. The general kernel's path for one round costs
 //! about 0.2 µs more on 2 x H200 (1 KiB all-reduce: 2.4 against 2.1 µs; `experiments/ll-latency`).
 //!

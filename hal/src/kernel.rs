@@ -166,6 +166,11 @@ impl KernelId {
     pub const COLLECTIVE_LL_SHORT_ALLGATHER: KernelId =
         KernelId("mscclpp_collective_ll_short_allgather");
 
+    /// The short LL all-to-all: as [`Self::COLLECTIVE_LL_SHORT_ALLREDUCE`], for an all-to-all
+    /// whose rank block fits one round (any type).
+    pub const COLLECTIVE_LL_SHORT_ALLTOALL: KernelId =
+        KernelId("mscclpp_collective_ll_short_alltoall");
+
     /// The LL kernel that serves `kind` for `dtype` and `op`.
     pub fn collective_ll(
         kind: crate::CollectiveKind,
@@ -181,14 +186,15 @@ impl KernelId {
 
     /// Every LL kernel, the short ones included (one implementation serves them all on the
     /// host).
-    pub const COLLECTIVE_LL_ALL: [KernelId; 77] = {
-        let mut all = [Self::COLLECTIVE_LL_COPY; 77];
+    pub const COLLECTIVE_LL_ALL: [KernelId; 78] = {
+        let mut all = [Self::COLLECTIVE_LL_COPY; 78];
         all[1] = Self::COLLECTIVE_LL_SHORT_ALLGATHER;
+        all[2] = Self::COLLECTIVE_LL_SHORT_ALLTOALL;
         let mut i = 0;
         while i < 25 {
-            all[i + 2] = Self::COLLECTIVE_LL_REDUCE[i / 5][i % 5];
-            all[i + 27] = Self::COLLECTIVE_LL_SHORT_ALLREDUCE[i / 5][i % 5];
-            all[i + 52] = Self::COLLECTIVE_LL_SHORT_REDUCE_SCATTER[i / 5][i % 5];
+            all[i + 3] = Self::COLLECTIVE_LL_REDUCE[i / 5][i % 5];
+            all[i + 28] = Self::COLLECTIVE_LL_SHORT_ALLREDUCE[i / 5][i % 5];
+            all[i + 53] = Self::COLLECTIVE_LL_SHORT_REDUCE_SCATTER[i / 5][i % 5];
             i += 1;
         }
         all

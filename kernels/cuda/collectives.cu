@@ -367,25 +367,34 @@ MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
 }
 
 // ---- The short kernels (hal/src/collective.rs): one round, one packet per thread -------------
-// All-reduce, reduce-scatter and all-gather of one round by the general kernel's protocol, with
-// nothing else on the path: thread i sends packet i (of its input block per peer for
-// reduce-scatter) and receives packet i from every peer. NRANKS is 2 (one peer, no loops over
+// All-reduce, reduce-scatter, all-gather and all-to-all of one round by the general kernel's
+// protocol, with nothing else on the path: thread i sends packet i (of the input block of each
+// peer for reduce-scatter and all-to-all) and receives packet i from every peer. NRANKS is 2 (one peer, no loops over
 // ranks) or 0 (any). Measured on 2 x H200 (experiments/ll-latency): every instruction before the
 // send is on the latency, so the input words are loaded before anything waits for the counter
 // (the loads overlap) and, for two ranks, the argument checks follow the send (0.1 µs each at
 // 1 KiB).
 
-// The data bytes per rank block of a short call of KIND (all-gather: of the call's type).
+// Whether KIND sends each peer its own input block (reduce-scatter, all-to-all), and whether it
+// copies what it receives (all-gather, all-to-all) rather than reducing it.
+MSCCLPP_HOST_DEVICE_INLINE constexpr bool llShortPerPeer(uint32_t kind) {
+  return kind == kCollReduceScatter || kind == kCollAllToAll;
+}
+MSCCLPP_HOST_DEVICE_INLINE constexpr bool llShortCopies(uint32_t kind) {
+  return kind == kCollAllGather || kind == kCollAllToAll;
+}
+
+// The data bytes per rank block of a short call of KIND (the copying kinds: of the call's type).
 template <uint32_t KIND, uint32_t DTYPE>
 MSCCLPP_DEVICE_INLINE uint64_t llShortBytes(const LlCollectiveArgs& a) {
-  return a.count * (KIND == kCollAllGather ? dataTypeSize(a.dtype) : dataTypeSize(DTYPE));
+  return a.count * (llShortCopies(KIND) ? dataTypeSize(a.dtype) : dataTypeSize(DTYPE));
 }
 
 // Whether `a` is what the short kernel of KIND (DTYPE and OP: reducing kinds) serves with this
 // grid.
 template <uint32_t KIND, uint32_t DTYPE, uint32_t OP>
 MSCCLPP_DEVICE_INLINE bool llShortArgsOk(const LlCollectiveArgs& a, uint64_t bytes) {
-  return a.kind == KIND && (KIND == kCollAllGather || (a.dtype == DTYPE && a.op == OP)) && a.nranks >= 2 &&
+  return a.kind == KIND && (llShortCopies(KIND) || (a.dtype == DTYPE && a.op == OP)) && a.nranks >= 2 &&
          a.nranks <= kCollectiveMaxRanks && a.rank < a.nranks && bytes != 0 && bytes <= a.slot_bytes / 8 * 8 / 2 &&
          bytes >> 32 == 0 && (uint64_t)gridDim.x * blockDim.x * 8 >= bytes;
 }
@@ -402,11 +411,11 @@ MSCCLPP_DEVICE_INLINE void llShortBody(const LlCollectiveArgs& a) {
   // Masked: indexes inside the argument array and the input whatever the (not yet checked) rank.
   const uint32_t rank = a.rank & (kCollectiveMaxRanks - 1);
   const uint32_t peer2 = rank ^ 1;  // the peer of two ranks
-  // The own word (reduce-scatter: of the own input block) and, for two ranks of reduce-scatter,
-  // the peer's word: both loads issued before the counter is used.
-  const uint64_t own = mine ? loadWord(input + (KIND == kCollReduceScatter ? rank * bytes : 0) + 8 * (uint64_t)i, n) : 0;
+  // The own word (per-peer kinds: of the own input block) and, for two ranks of those, the
+  // peer's word: both loads issued before the counter is used.
+  const uint64_t own = mine ? loadWord(input + (llShortPerPeer(KIND) ? rank * bytes : 0) + 8 * (uint64_t)i, n) : 0;
   const uint64_t toPeer2 =
-      KIND == kCollReduceScatter && NRANKS == 2 && mine ? loadWord(input + peer2 * bytes + 8 * (uint64_t)i, n) : own;
+      llShortPerPeer(KIND) && NRANKS == 2 && mine ? loadWord(input + peer2 * bytes + 8 * (uint64_t)i, n) : own;
   LlState* st = (LlState*)a.flag;
   const uint64_t base = st->counter;
   if (NRANKS != 2 && !llShortArgsOk<KIND, DTYPE, OP>(a, bytes)) deviceTrap();
@@ -420,7 +429,7 @@ MSCCLPP_DEVICE_INLINE void llShortBody(const LlCollectiveArgs& a) {
 #pragma unroll 1
       for (uint32_t q = 0; q + 1 < nranks; ++q) {
         const uint32_t p = peerOf(rank, nranks, q);
-        const uint64_t w = KIND == kCollReduceScatter ? loadWord(input + p * bytes + 8 * (uint64_t)i, n) : own;
+        const uint64_t w = llShortPerPeer(KIND) ? loadWord(input + p * bytes + 8 * (uint64_t)i, n) : own;
         ((LL16Packet*)(a.peer_scratch[p] + off))->write(w, flag);
       }
     }
@@ -429,8 +438,8 @@ MSCCLPP_DEVICE_INLINE void llShortBody(const LlCollectiveArgs& a) {
   countStarts(st, 0);
   if (mine) {
     const char* slot0 = (const char*)(a.scratch + half + 16 * (uint64_t)i);
-    if (KIND == kCollAllGather) {
-      // In place (input = output block rank) this stores the word where it was.
+    if (llShortCopies(KIND)) {
+      // All-gather in place (input = output block rank) stores the word where it was.
       storeWord(output + rank * bytes + 8 * (uint64_t)i, own, n);
 #pragma unroll 1
       for (uint32_t q = 0; q + 1 < nranks; ++q) {
@@ -842,6 +851,11 @@ extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u32_avg(ms
 // The short all-gather (any type: it copies bytes).
 extern "C" __global__ void mscclpp_collective_ll_short_allgather(mscclpp::LlCollectiveArgs a) {
   mscclpp::llShort<mscclpp::kCollAllGather, 0, 0>(a);
+}
+
+// The short all-to-all (any type).
+extern "C" __global__ void mscclpp_collective_ll_short_alltoall(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllToAll, 0, 0>(a);
 }
 
 // All-reduce by LL128 lines (one round; Capabilities::ll128 devices only). Launch with a
