@@ -1,6 +1,7 @@
 //! A communicator's collectives: scratch buffers mapped by every peer, the flag counter, the
 //! kernel, and argument checking.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mscclpp_comm::Communicator;
@@ -200,6 +201,9 @@ pub struct Collectives {
     /// `MSCCLPP_LL_THREADS`, when given: the grid keeps that block size.
     ll_threads: Option<u32>,
     ll_packets_per_block: u64,
+    /// Whether one-round calls may take the short kernels (`MSCCLPP_LL_SHORT`,
+    /// [`Collectives::use_short_kernels`]); per rank, ranks may differ.
+    short: AtomicBool,
 }
 
 /// The most threads (whole warps) a block of `kernel` may have on this device.
@@ -305,6 +309,8 @@ impl Collectives {
             mscclpp_hal::env::parse::<u64>("MSCCLPP_LL_PACKETS_PER_BLOCK", "a packet count")?
                 .unwrap_or(256)
                 .max(1);
+        // Not agreed across ranks: the short and general kernels run the same protocol.
+        let short = mscclpp_hal::env::flag("MSCCLPP_LL_SHORT")?.unwrap_or(true);
         agree(
             &comm,
             "collective settings",
@@ -400,6 +406,7 @@ impl Collectives {
             choices,
             ll_threads,
             ll_packets_per_block,
+            short: AtomicBool::new(short),
         })
     }
 
@@ -1000,7 +1007,12 @@ impl Collectives {
         // A short kernel's grid covers one rank block (the general kernel's, the larger buffer).
         let short_cfg = self.grid(block_bytes);
         let (kernel, cfg) = match short {
-            Some(k) if self.short_fits(&args, block_bytes, &short_cfg) => (k, short_cfg),
+            Some(k)
+                if self.short.load(Ordering::Relaxed)
+                    && self.short_fits(&args, block_bytes, &short_cfg) =>
+            {
+                (k, short_cfg)
+            }
             _ if kind.reduces() => (&self.ll_reduce[index], self.grid(in_bytes.max(out_bytes))),
             _ => (&self.ll_copy, self.grid(in_bytes.max(out_bytes))),
         };
@@ -1009,6 +1021,14 @@ impl Collectives {
         // the stream passes the call, as for every stream operation), this communicator's scratch
         // and flag, and the peers' scratch mappings held in `self`.
         unsafe { stream.launch_raw(&**kernel, cfg, args.as_bytes()) }
+    }
+
+    /// Lets one-round all-reduce, reduce-scatter, all-gather and all-to-all calls take the short
+    /// kernels (`true`, the default unless `MSCCLPP_LL_SHORT=0`) or keeps them on the general LL
+    /// kernel. A per-rank choice, for measurements and debugging: ranks may differ, since both
+    /// kernels run the same protocol. Takes effect from the next call.
+    pub fn use_short_kernels(&self, on: bool) {
+        self.short.store(on, Ordering::Relaxed);
     }
 
     /// Whether a short kernel serves `bytes` per rank block launched as `cfg`: one round, and a

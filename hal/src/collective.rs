@@ -9,8 +9,8 @@
 //! packet). In round `k` of a call the flag is `base + 1 + k`, where `base` is the 64-bit counter
 //! at `flag` (device memory), and the round uses half `flag % 2`; the kernel advances the counter
 //! by the number of rounds when it ends (on GPUs block 0 does, once every other block has counted
-//! itself in after reading the counter, so that no block waits for the others at the end). Flags are never reset, so a call can be replayed (CUDA
-//! graphs) and stale packets never match. Writing round `k + 2` into the half of round `k` is
+//! itself in after reading the counter, so that no block waits for the others at the end). Flags
+//! are never reset, so a call can be replayed (CUDA graphs) and stale packets never match. Writing round `k + 2` into the half of round `k` is
 //! safe: a rank finishes reading round `k + 1` only after every peer has written it, which each
 //! peer does only after it finished reading round `k`.
 //!
@@ -40,15 +40,15 @@
 //! (`count * size <=` [`LlCollectiveArgs::round_bytes`]), launched with at least one thread per
 //! packet of a rank block, may run a short kernel instead of the general LL one. It is the same
 //! protocol — the same packets, slots, halves, flag (`base + 1`) and counter advance — so the
-//! kernels interleave freely, and ranks may even pick differently for the same call. Thread `i`
-//! of the grid sends packet `i` to every peer (reduce-scatter, all-to-all: of the input block of
-//! that peer),
-//! then receives packet `i` from every peer: reduced in rank order into the output (all-reduce,
-//! reduce-scatter; the own word from the input, of the own block for reduce-scatter) or copied
-//! into output block `p` (all-gather, all-to-all, which also store their own word into block
-//! `rank`). Broadcast keeps the general kernel (its acknowledgements). Nothing
-//! loops over packets and no round barrier exists. The general kernel's path for one round costs
-//! about 0.2 µs more on 2 x H200 (1 KiB all-reduce: 2.4 against 2.1 µs; `experiments/ll-latency`).
+//! kernels interleave freely, and ranks may even pick differently for the same call
+//! (`MSCCLPP_LL_SHORT`). Thread `i` of the grid sends packet `i` to every peer (reduce-scatter,
+//! all-to-all: of the input block of that peer), then receives packet `i` from every peer:
+//! reduced in rank order into the output (all-reduce, reduce-scatter; the own word from the
+//! input, of the own block for reduce-scatter) or copied into output block `p` (all-gather,
+//! all-to-all, which also store their own word into block `rank`). Broadcast keeps the general
+//! kernel (its acknowledgements). Nothing loops over packets and no round barrier exists. The
+//! general kernel's path for one round costs about 0.2 µs more on 2 x H200 (1 KiB all-reduce:
+//! 2.4 against 2.1 µs; `experiments/ll-latency`).
 //!
 //! ## LL128 lines (`mscclpp_collective_ll128_allreduce`)
 //! All-reduce of a message that fits one round, in 128-byte *lines* that carry 120 data bytes and

@@ -369,8 +369,8 @@ MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
 // ---- The short kernels (hal/src/collective.rs): one round, one packet per thread -------------
 // All-reduce, reduce-scatter, all-gather and all-to-all of one round by the general kernel's
 // protocol, with nothing else on the path: thread i sends packet i (of the input block of each
-// peer for reduce-scatter and all-to-all) and receives packet i from every peer. NRANKS is 2 (one peer, no loops over
-// ranks) or 0 (any). Measured on 2 x H200 (experiments/ll-latency): every instruction before the
+// peer for reduce-scatter and all-to-all) and receives packet i from every peer. NRANKS is 2
+// (one peer, no loops over ranks) or 0 (any). Measured on 2 x H200 (experiments/ll-latency): every instruction before the
 // send is on the latency, so the input words are loaded before anything waits for the counter
 // (the loads overlap) and, for two ranks, the argument checks follow the send (0.1 µs each at
 // 1 KiB).
@@ -408,7 +408,10 @@ MSCCLPP_DEVICE_INLINE void llShortBody(const LlCollectiveArgs& a) {
   const uint32_t n = mine ? packetBytes((uint32_t)bytes, i) : 0;
   const char* input = (const char*)a.input;
   char* output = (char*)a.output;
-  // Masked: indexes inside the argument array and the input whatever the (not yet checked) rank.
+  // Masked, so that the peer index stays inside the argument array whatever the (not yet
+  // checked) rank. Arguments the host never passes (a rank of 2-7 with two ranks, a count past
+  // one round) can still make the loads and the send fault before the checks trap: both end the
+  // context with an error.
   const uint32_t rank = a.rank & (kCollectiveMaxRanks - 1);
   const uint32_t peer2 = rank ^ 1;  // the peer of two ranks
   // The own word (per-peer kinds: of the own input block) and, for two ranks of those, the

@@ -57,6 +57,11 @@ fn role_matrix() -> R<()> {
         .filter_map(|c| c.parse().ok())
         .collect();
     let coll = Collectives::with_slot_bytes(comm.clone(), slot).map_err(e)?;
+    // MSCCLPP_TEST_SHORT_ODD_OFF=1: odd ranks keep one-round calls on the general LL kernel while
+    // even ranks take the short kernels (the two must interoperate).
+    if rank % 2 == 1 && std::env::var("MSCCLPP_TEST_SHORT_ODD_OFF").is_ok_and(|v| v == "1") {
+        coll.use_short_kernels(false);
+    }
     let stream = device.create_stream().map_err(e)?;
     let max_elems = counts.iter().max().copied().unwrap_or(1) * n;
     let inbuf = device
@@ -301,6 +306,9 @@ const LL128: &[(&str, &str)] = &[
 /// default choice crosses every algorithm.
 const GPU_COUNTS: &str = "1,7,1001,65537,262147,1048573,2097155";
 
+/// Odd ranks keep one-round calls on the general LL kernel, even ranks take the short kernels.
+const SHORT_MIXED: &[(&str, &str)] = &[("MSCCLPP_TEST_SHORT_ODD_OFF", "1")];
+
 /// The read algorithm with nothing registered: every input is staged.
 const READ_STAGED: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_ALLREDUCE", "read"),
@@ -367,7 +375,7 @@ fn main() {
     type Env = &'static [(&'static str, &'static str)];
     // Host trials: (name, ranks, slot bytes, counts, environment). Small slots force many
     // rounds: 256-byte slots carry 128 data bytes per peer per round.
-    let host: [(&str, usize, u64, &'static str, Env); 13] = [
+    let host: [(&str, usize, u64, &'static str, Env); 14] = [
         ("2_ranks", 2, 256, "1,3,37,1001", &[]),
         ("3_ranks", 3, 512, "1,5,333", &[]),
         ("4_ranks", 4, 1024, "1,7,300", &[]),
@@ -385,6 +393,8 @@ fn main() {
         ("read::3_ranks", 3, 256, "1,5,3333", READ_REGISTERED),
         ("read::4_ranks_staged", 4, 256, "1,7,2100", READ_STAGED),
         ("read::8_ranks", 8, 4096, "1,129", READ_REGISTERED),
+        // Short and general LL kernels mixed across ranks.
+        ("short_mixed::3_ranks", 3, 512, "1,5,333", SHORT_MIXED),
     ];
     let mut trials: Vec<Trial> = host
         .into_iter()
@@ -396,13 +406,18 @@ fn main() {
         .collect();
     // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one;
     // 4 ranks: 2 per GPU, where LL128 is refused since two ranks share a device and LL serves).
-    let gpu: [(&str, usize, Env); 6] = [
+    let gpu: [(&str, usize, Env); 9] = [
         ("read::2_ranks", 2, READ_REGISTERED),
         ("read::2_ranks_staged", 2, READ_STAGED),
         ("read::4_ranks", 4, READ_REGISTERED),
         ("ll128::2_ranks", 2, LL128),
         ("ll128::4_ranks", 4, LL128),
         ("default::2_ranks", 2, &[]),
+        // Every kind with 4 ranks (the short kernels' any-rank path), and short kernels on some
+        // ranks with the general kernel on the others.
+        ("default::4_ranks", 4, &[]),
+        ("short_mixed::2_ranks", 2, SHORT_MIXED),
+        ("short_mixed::4_ranks", 4, SHORT_MIXED),
     ];
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
         for (name, n, env) in gpu {
