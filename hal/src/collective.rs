@@ -10,9 +10,10 @@
 //! at `flag` (device memory), and the round uses half `flag % 2`; the kernel advances the counter
 //! by the number of rounds when it ends (on GPUs block 0 does, once every other block has counted
 //! itself in after reading the counter, so that no block waits for the others at the end). Flags
-//! are never reset, so a call can be replayed (CUDA graphs) and stale packets never match. Writing round `k + 2` into the half of round `k` is
-//! safe: a rank finishes reading round `k + 1` only after every peer has written it, which each
-//! peer does only after it finished reading round `k`.
+//! are never reset, so a call can be replayed (CUDA graphs) and stale packets never match.
+//! Writing round `k + 2` into the half of round `k` is safe: a rank finishes reading round `k + 1`
+//! only after every peer has written it, which each peer does only after it finished reading
+//! round `k`.
 //!
 //! | collective | input | output | each round sends to peer `j` | and receives from peer `p` |
 //! | --- | --- | --- | --- | --- |
