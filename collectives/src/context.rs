@@ -1035,9 +1035,8 @@ impl Collectives {
     /// thread per packet (the host kernel serves any grid). Ranks need not agree: the short and
     /// the general kernels run the same protocol.
     fn short_fits(&self, args: &LlCollectiveArgs, bytes: u64, cfg: &LaunchConfig) -> bool {
-        let threads = u64::from(cfg.grid[0]) * u64::from(cfg.block[0]);
-        let one_round = bytes > 0 && bytes <= args.round_bytes();
-        one_round && (self.comm.device().info().warp_size == 1 || threads * 8 >= bytes)
+        let any_grid = self.comm.device().info().warp_size == 1;
+        short_fits(bytes, args.round_bytes(), cfg, any_grid)
     }
 
     /// LL128: a group of eight threads per line, 512 threads per block (or as forced by
@@ -1059,24 +1058,107 @@ impl Collectives {
         if info.warp_size == 1 {
             return LaunchConfig::linear(1, 1);
         }
-        // One block per `ll_packets_per_block` packets of a round, up to one block per SM (the
-        // blocks of a multi-round call meet at grid barriers, so all must be resident); when that
-        // leaves a thread more than one packet, larger blocks (up to the device's limit), since a
-        // thread's packets are sent and awaited one after the other. A block has as many threads
-        // as packets (whole warps): padding a 1 KiB all-reduce's 128 packets to 512 threads cost
-        // 0.1 µs on 2 x H200 (2.43 vs 2.51-2.59, run26).
-        let max_threads = info.max_threads_per_block.clamp(32, 1024);
-        let packets = bytes.div_ceil(8).min(self.slot_bytes / 16);
-        let blocks = packets
-            .div_ceil(self.ll_packets_per_block)
-            .clamp(1, u64::from(info.multiprocessors.max(1)));
-        let threads = match self.ll_threads {
-            Some(t) => t.min(max_threads),
-            None => {
-                let per_block = packets.div_ceil(blocks).next_multiple_of(32);
-                per_block.clamp(32, u64::from(max_threads)) as u32
-            }
-        };
-        LaunchConfig::linear(blocks as u32, threads)
+        ll_grid(
+            bytes,
+            self.slot_bytes,
+            self.ll_packets_per_block,
+            self.ll_threads,
+            info.multiprocessors,
+            info.max_threads_per_block,
+        )
+    }
+}
+
+/// The LL grid of a GPU for a call whose larger buffer holds `bytes`: one block per
+/// `packets_per_block` packets of a round, up to one block per SM (the blocks of a multi-round
+/// call meet at grid barriers, so all must be resident); when that leaves a thread more than one
+/// packet, larger blocks (up to the device's limit), since a thread's packets are sent and
+/// awaited one after the other. A block has as many threads as packets (whole warps): padding a
+/// 1 KiB all-reduce's 128 packets to 512 threads cost 0.1 µs on 2 x H200 (2.43 vs 2.51-2.59,
+/// run26). `ll_threads` (`MSCCLPP_LL_THREADS`) forces the block size.
+fn ll_grid(
+    bytes: u64,
+    slot_bytes: u64,
+    packets_per_block: u64,
+    ll_threads: Option<u32>,
+    multiprocessors: u32,
+    max_threads_per_block: u32,
+) -> LaunchConfig {
+    let max_threads = max_threads_per_block.clamp(32, 1024);
+    let packets = bytes.div_ceil(8).min(slot_bytes / 16);
+    let blocks = packets
+        .div_ceil(packets_per_block.max(1))
+        .clamp(1, u64::from(multiprocessors.max(1)));
+    let threads = match ll_threads {
+        Some(t) => t.min(max_threads),
+        None => {
+            let per_block = packets.div_ceil(blocks).next_multiple_of(32);
+            per_block.clamp(32, u64::from(max_threads)) as u32
+        }
+    };
+    LaunchConfig::linear(blocks as u32, threads)
+}
+
+/// Whether a short kernel serves `bytes` per rank block launched as `cfg`: one round of
+/// `round_bytes`, and a thread per packet unless the backend's kernel serves any grid (the host).
+fn short_fits(bytes: u64, round_bytes: u64, cfg: &LaunchConfig, any_grid: bool) -> bool {
+    let threads = u64::from(cfg.grid[0]) * u64::from(cfg.block[0]);
+    bytes > 0 && bytes <= round_bytes && (any_grid || threads * 8 >= bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SLOT: u64 = DEFAULT_SLOT_BYTES;
+    const ROUND: u64 = SLOT / 8 * 8 / 2;
+
+    /// An H200: 132 SMs, 1024 threads per block.
+    fn h200(bytes: u64, ll_threads: Option<u32>) -> LaunchConfig {
+        ll_grid(bytes, SLOT, 256, ll_threads, 132, 1024)
+    }
+
+    #[test]
+    fn every_one_round_call_gets_a_short_grid_with_the_defaults() {
+        // Every size up to one round, odd ones included, for 2-byte and 4-byte elements.
+        let mut bytes = 2;
+        while bytes <= ROUND {
+            let cfg = h200(bytes, None);
+            assert!(short_fits(bytes, ROUND, &cfg, false), "{bytes} B: {cfg:?}");
+            assert!(cfg.grid[0] <= 132 && cfg.block[0] <= 1024 && cfg.block[0] % 32 == 0);
+            bytes = if bytes < 4096 {
+                bytes + 2
+            } else {
+                bytes * 3 / 2 / 4 * 4 + 4
+            };
+        }
+        assert!(short_fits(ROUND, ROUND, &h200(ROUND, None), false));
+    }
+
+    #[test]
+    fn the_general_kernel_serves_what_a_short_one_cannot() {
+        // More than one round, nothing, or a forced block size that leaves threads short.
+        assert!(!short_fits(ROUND + 2, ROUND, &h200(ROUND + 2, None), false));
+        assert!(!short_fits(0, ROUND, &h200(0, None), false));
+        let forced = h200(ROUND, Some(32));
+        assert_eq!(forced.block[0], 32);
+        assert!(!short_fits(ROUND, ROUND, &forced, false));
+        // The host's kernel serves any grid.
+        assert!(short_fits(ROUND, ROUND, &LaunchConfig::linear(1, 1), true));
+        // A device with few SMs cannot give 1 MiB a thread per packet.
+        let small = ll_grid(ROUND, SLOT, 256, None, 8, 1024);
+        assert!(!short_fits(ROUND, ROUND, &small, false));
+        assert!(short_fits(
+            64 << 10,
+            ROUND,
+            &ll_grid(64 << 10, SLOT, 256, None, 8, 1024),
+            false
+        ));
+    }
+
+    #[test]
+    fn the_1_kib_grid_is_one_block_of_its_packets() {
+        assert_eq!(h200(1024, None), LaunchConfig::linear(1, 128));
+        assert_eq!(h200(64 << 10, None), LaunchConfig::linear(32, 256));
     }
 }
