@@ -48,14 +48,17 @@ struct MinimalArgs {
   uint32_t rank;
 };
 
-template <int VARIANT>
+// EARLY (min-early): the input word is loaded before the counter is used.
+template <bool EARLY>
 __global__ void minimal(MinimalArgs a) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  uint64_t w = 0;
+  if (EARLY && i < a.npackets) w = a.input[i];
   const uint64_t f64 = a.flags[blockIdx.x] + 1;
   const uint32_t flag = (uint32_t)f64;
   const uint64_t half = (f64 & 1) * a.halfBytes;
-  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < a.npackets) {
-    const uint64_t w = a.input[i];
+    if (!EARLY) w = a.input[i];
     ((mscclpp::LL16Packet*)(a.peerScratch + half + 16 * (uint64_t)i))->write(w, flag);
     const uint64_t p = ((const mscclpp::LL16Packet*)(a.scratch + half + 16 * (uint64_t)i))->read(flag);
     mscclpp::Reducer<mscclpp::kDataTypeBF16, mscclpp::kReduceSum> acc;
@@ -240,25 +243,6 @@ __global__ void shortVar(mscclpp::LlCollectiveArgs a) {
   }
 }
 
-// minimal with the input loaded before the counter is used.
-__global__ void minimalEarly(MinimalArgs a) {
-  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  uint64_t w = 0;
-  if (i < a.npackets) w = a.input[i];
-  const uint64_t f64 = a.flags[blockIdx.x] + 1;
-  const uint32_t flag = (uint32_t)f64;
-  const uint64_t half = (f64 & 1) * a.halfBytes;
-  if (i < a.npackets) {
-    ((mscclpp::LL16Packet*)(a.peerScratch + half + 16 * (uint64_t)i))->write(w, flag);
-    const uint64_t p = ((const mscclpp::LL16Packet*)(a.scratch + half + 16 * (uint64_t)i))->read(flag);
-    mscclpp::Reducer<mscclpp::kDataTypeBF16, mscclpp::kReduceSum> acc;
-    acc.load(a.rank == 0 ? w : p);
-    acc.add(a.rank == 0 ? p : w);
-    a.output[i] = acc.finish(2);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) a.flags[blockIdx.x] = f64;
-}
 }  // namespace probe
 
 static float bf16f(uint16_t h) {
@@ -352,8 +336,8 @@ int main(int argc, char** argv) {
         for (int k = 0; k < G; ++k) {
           if (v == 0) probe::empty<<<blocks, threads, 0, st[r]>>>(ma);
           if (v == 1) mscclpp_collective_ll_reduce_bf16_sum<<<blocks, threads, 0, st[r]>>>(la);
-          if (v == 2) probe::minimal<0><<<blocks, threads, 0, st[r]>>>(ma);
-          if (v == 3) probe::minimalEarly<<<blocks, threads, 0, st[r]>>>(ma);
+          if (v == 2) probe::minimal<false><<<blocks, threads, 0, st[r]>>>(ma);
+          if (v == 3) probe::minimal<true><<<blocks, threads, 0, st[r]>>>(ma);
           if (v == 4) mscclpp_collective_ll_short_allreduce_bf16_sum<<<blocks, threads, 0, st[r]>>>(la);
           if (v == 5) probe::shortVar<1><<<blocks, threads, 0, st[r]>>>(la);
           if (v == 6) probe::shortVar<2><<<blocks, threads, 0, st[r]>>>(la);
