@@ -115,9 +115,7 @@ fn env_choice(kind: CollectiveKind) -> Result<Choice> {
 /// The direct algorithm's scratch, mapped by every peer.
 #[derive(Debug)]
 struct Direct {
-    _scratch: DeviceBuffer,
-    _peers: Vec<RegisteredMemory>,
-    peer_scratch: [u64; MAX_RANKS],
+    scratch: Scratch,
     slot_bytes: u64,
     max_blocks: u32,
     /// Threads per block of calls whose larger buffer exceeds [`DIRECT_SMALL_BYTES`].
@@ -160,27 +158,35 @@ struct WindowEntry {
 /// The read algorithm's scratch, window table and registered windows.
 #[derive(Debug)]
 struct Read {
-    _scratch: DeviceBuffer,
-    _peers: Vec<RegisteredMemory>,
-    peer_scratch: [u64; MAX_RANKS],
+    scratch: Scratch,
     table: DeviceBuffer,
     staging_bytes: u64,
     max_blocks: u32,
     threads: u32,
-    /// Bytes a call may have: what the staging area and the grid hold.
-    capacity: u64,
     kernel: Arc<dyn Kernel>,
     windows: Mutex<Vec<Option<WindowEntry>>>,
+}
+
+impl Read {
+    /// Blocks of a call of `bytes` per rank, `None` when the staging area or the grid cannot
+    /// hold it (the host's one worker holds what the staging area does).
+    fn blocks(&self, bytes: u64) -> Option<u32> {
+        if bytes > self.staging_bytes {
+            None
+        } else if self.threads == 1 {
+            Some(1)
+        } else {
+            ReadCollectiveArgs::grid(bytes, self.threads, self.max_blocks)
+        }
+    }
 }
 
 /// The collectives of one communicator (all ranks create it together).
 #[derive(Debug)]
 pub struct Collectives {
     comm: Arc<Communicator>,
-    _scratch: DeviceBuffer,
+    scratch: Scratch,
     flag: DeviceBuffer,
-    _peers: Vec<RegisteredMemory>,
-    peer_scratch: [u64; MAX_RANKS],
     slot_bytes: u64,
     /// The LL kernels: copying collectives, and reducing ones by `dtype * 5 + op`.
     ll_copy: Arc<dyn Kernel>,
@@ -240,39 +246,106 @@ fn agree(comm: &Communicator, what: &str, value: String) -> Result<()> {
     }
 }
 
-/// Allocates, zeroes and registers a scratch buffer and maps every peer's.
-fn exchange_scratch(
-    comm: &Communicator,
-    bytes: usize,
-) -> Result<(DeviceBuffer, Vec<RegisteredMemory>, [u64; MAX_RANKS])> {
+/// A buffer of this rank that every peer maps, and the peers' buffers mapped here.
+#[derive(Debug)]
+struct PeerMaps {
+    /// Kept alive: the mappings of the peers' buffers.
+    peers: Vec<RegisteredMemory>,
+    /// Every rank's buffer as seen here (this rank's own at index `rank`), and its length.
+    bases: [u64; MAX_RANKS],
+    lens: [u64; MAX_RANKS],
+}
+
+/// Registers `slice` (this rank's `what`) and maps every peer's (a collective call).
+fn map_peers(comm: &Communicator, slice: &BufferSlice, what: &str) -> Result<PeerMaps> {
     let (rank, n) = (comm.rank(), comm.nranks());
-    let device = comm.device();
-    let scratch = device.alloc(bytes, MemoryKind::Device)?;
-    let stream = device.create_stream()?;
-    // Zeroed before anyone can see it: flags and packets of 0 never match.
-    stream.fill(&scratch.full(), 0)?;
-    stream.synchronize()?;
-    let mine = comm.register_memory(&scratch.full(), TransportFlags::single(Transport::CudaIpc))?;
-    let mut peer_scratch = [0u64; MAX_RANKS];
-    peer_scratch[rank] = scratch.ptr().0;
-    let mut peers = Vec::with_capacity(n - 1);
+    let mine = comm.register_memory(slice, TransportFlags::single(Transport::CudaIpc))?;
+    let mut maps = PeerMaps {
+        peers: Vec::with_capacity(n - 1),
+        bases: [0; MAX_RANKS],
+        lens: [0; MAX_RANKS],
+    };
+    maps.bases[rank] = slice.ptr().0;
+    maps.lens[rank] = slice.len() as u64;
     for p in (0..n).filter(|&p| p != rank) {
         let theirs = comm.exchange_memory(&mine, p)?;
-        let mapped = theirs.mapped_slice().ok_or_else(|| {
+        let view = theirs.mapped_slice().ok_or_else(|| {
             Error::invalid(format!(
-                "rank {p}'s scratch is not mapped on rank {rank}: collectives need every rank on one host (CudaIpc)"
+                "rank {p}'s {what} is not mapped on rank {rank}: collectives need every rank on one host (CudaIpc)"
             ))
         })?;
-        if mapped.len() != bytes {
-            return Err(Error::Remote {
-                rank: p,
-                message: format!("scratch of {} bytes, expected {bytes}", mapped.len()),
-            });
-        }
-        peer_scratch[p] = mapped.ptr().0;
-        peers.push(theirs);
+        maps.bases[p] = view.ptr().0;
+        maps.lens[p] = view.len() as u64;
+        maps.peers.push(theirs);
     }
-    Ok((scratch, peers, peer_scratch))
+    Ok(maps)
+}
+
+/// A scratch buffer of this rank, zeroed, and every rank's scratch mapped here.
+#[derive(Debug)]
+struct Scratch {
+    _buffer: DeviceBuffer,
+    _peers: Vec<RegisteredMemory>,
+    /// Every rank's scratch (this rank's own at index `rank`).
+    addrs: [u64; MAX_RANKS],
+}
+
+/// Allocates, zeroes and registers a scratch buffer of `bytes` and maps every peer's (a
+/// collective call; `bytes` must be the same on every rank).
+fn exchange_scratch(comm: &Communicator, bytes: u64, what: &str) -> Result<Scratch> {
+    let bytes = usize::try_from(bytes)
+        .map_err(|_| Error::invalid(format!("{what} of {bytes} bytes does not fit this host")))?;
+    let device = comm.device();
+    let buffer = device.alloc(bytes, MemoryKind::Device)?;
+    let stream = device.create_stream()?;
+    // Zeroed before anyone can see it: flags and packets of 0 never match.
+    stream.fill(&buffer.full(), 0)?;
+    stream.synchronize()?;
+    let maps = map_peers(comm, &buffer.full(), what)?;
+    if let Some(p) = (0..comm.nranks()).find(|&p| maps.lens[p] != bytes as u64) {
+        return Err(Error::Remote {
+            rank: p,
+            message: format!("{what} of {} bytes, expected {bytes}", maps.lens[p]),
+        });
+    }
+    Ok(Scratch {
+        _buffer: buffer,
+        _peers: maps.peers,
+        addrs: maps.bases,
+    })
+}
+
+/// The kernel `id`, or `None` where the backend lacks it — then every rank must lack it too
+/// (`what` names the settings agreed).
+fn optional_kernel(
+    comm: &Communicator,
+    id: KernelId,
+    what: &str,
+) -> Result<Option<Arc<dyn Kernel>>> {
+    match comm.device().load_kernel(id) {
+        Ok(k) => Ok(Some(k)),
+        Err(e) => {
+            tracing::info!("{id} unavailable: {e}");
+            agree(comm, what, "unavailable".into())?;
+            Ok(None)
+        }
+    }
+}
+
+/// Threads per block: `forced` (from the environment) or `default`, from 32 to 1024 and within
+/// what `kernel` may launch with on this device.
+fn block_threads(info: &DeviceInfo, kernel: &dyn Kernel, forced: Option<u32>, default: u32) -> u32 {
+    let limit = thread_limit(info, kernel);
+    let threads = forced.unwrap_or(default).clamp(32, 1024);
+    if threads > limit {
+        tracing::info!(
+            kernel = %kernel.id(),
+            threads,
+            limit,
+            "fewer threads per block than asked: the kernel's limit on this device"
+        );
+    }
+    threads.min(limit)
 }
 
 impl Collectives {
@@ -318,9 +391,48 @@ impl Collectives {
                 "slot {slot_bytes} B, algorithms {choices:?}, LL threads {ll_threads:?}, LL packets per block {ll_packets_per_block}"
             ),
         )?;
-        let bytes = usize::try_from(LlCollectiveArgs::scratch_bytes(slot_bytes))
-            .map_err(|_| Error::invalid("scratch does not fit this host"))?;
-        let (scratch, peers, peer_scratch) = exchange_scratch(&comm, bytes)?;
+        // LL128 lines only between ranks of their own devices, two of them: the configuration
+        // measured correct (2 x H200 over NVLink, thousands of calls). With 4 ranks on 2 GPUs (two
+        // processes per GPU, three peers each) one run of 350 calls had 7 wrong elements (run27):
+        // a line was seen with its flag but not all of its data. The host kernel orders each
+        // line's flag after its data, so it serves any rank count. Every rank gathers every
+        // rank's device and whether it can run the kernel, so every rank decides alike (a rank
+        // that sends lines to one expecting packets would hang it); the scratch has LL128 halves
+        // only where they are used.
+        let ll128 = if device.info().caps.ll128 && slot_bytes % LL128_LINE_BYTES == 0 {
+            match device.load_kernel(KernelId::COLLECTIVE_LL128_ALLREDUCE) {
+                // 512 threads (or MSCCLPP_LL_THREADS), within the kernel's limit.
+                Ok(k) => {
+                    let threads = block_threads(device.info(), &*k, ll_threads, 512);
+                    Some((k, threads))
+                }
+                Err(e) => {
+                    tracing::info!("LL128 all-reduce unavailable: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let identity = {
+            let info = device.info();
+            let id = info
+                .pci_bus_id
+                .clone()
+                .unwrap_or_else(|| info.ordinal.to_string());
+            format!("{}:{}:{}", u8::from(ll128.is_some()), info.backend, id)
+        };
+        let all = comm.bootstrap().all_gather(identity.as_bytes())?;
+        let everywhere = all.iter().all(|v| v.first() == Some(&b'1'));
+        let devices: Vec<&[u8]> = all.iter().map(|v| v.get(2..).unwrap_or_default()).collect();
+        let own_devices = (1..devices.len()).all(|i| !devices[..i].contains(&devices[i]));
+        let line_safe = device.info().warp_size == 1 || (n == 2 && own_devices);
+        let ll128 = ll128.filter(|_| everywhere && line_safe);
+        let scratch = exchange_scratch(
+            &comm,
+            LlCollectiveArgs::scratch_bytes(slot_bytes, ll128.is_some()),
+            "LL scratch",
+        )?;
         let flag = device.alloc(LL_STATE_BYTES, MemoryKind::Device)?;
         let stream = device.create_stream()?;
         stream.fill(&flag.full(), 0)?;
@@ -339,59 +451,13 @@ impl Collectives {
         let ll_short_reduce_scatter = load_all(&KernelId::COLLECTIVE_LL_SHORT_REDUCE_SCATTER)?;
         let ll_short_allgather = device.load_kernel(KernelId::COLLECTIVE_LL_SHORT_ALLGATHER)?;
         let ll_short_alltoall = device.load_kernel(KernelId::COLLECTIVE_LL_SHORT_ALLTOALL)?;
-        // LL128 lines only between ranks of their own devices, two of them: the configuration
-        // measured correct (2 x H200 over NVLink, thousands of calls). With 4 ranks on 2 GPUs (two
-        // processes per GPU, three peers each) one run of 350 calls had 7 wrong elements (run27):
-        // a line was seen with its flag but not all of its data. Every rank gathers the same
-        // identities, so every rank decides alike. The host kernel orders each line's flag after
-        // its data, so it serves any rank count.
-        let identity = {
-            let info = device.info();
-            format!(
-                "{}:{}",
-                info.backend,
-                info.pci_bus_id
-                    .clone()
-                    .unwrap_or_else(|| info.ordinal.to_string())
-            )
-        };
-        let identities = comm.bootstrap().all_gather(identity.as_bytes())?;
-        let own_devices = (1..identities.len()).all(|i| !identities[..i].contains(&identities[i]));
-        let line_safe = device.info().warp_size == 1 || (n == 2 && own_devices);
-        let ll128 = if device.info().caps.ll128 && line_safe && slot_bytes % LL128_LINE_BYTES == 0 {
-            match device.load_kernel(KernelId::COLLECTIVE_LL128_ALLREDUCE) {
-                // 512 threads (or MSCCLPP_LL_THREADS), within the kernel's limit.
-                Ok(k) => {
-                    let threads = ll_threads
-                        .unwrap_or(512)
-                        .min(thread_limit(device.info(), &*k));
-                    Some((k, threads))
-                }
-                Err(e) => {
-                    tracing::info!("LL128 all-reduce unavailable: {e}");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        // Every rank must agree (a rank that sends lines to one expecting packets would hang it):
-        // LL128 serves only where it serves every rank.
-        let everywhere = comm
-            .bootstrap()
-            .all_gather(&[u8::from(ll128.is_some())])?
-            .iter()
-            .all(|v| v.as_slice() == [1]);
-        let ll128 = ll128.filter(|_| everywhere);
         // Nobody writes into a peer's scratch before that peer has zeroed it.
         comm.bootstrap().barrier()?;
         tracing::debug!(rank, nranks = n, slot_bytes, "collectives ready");
         Ok(Collectives {
             comm,
-            _scratch: scratch,
+            scratch,
             flag,
-            _peers: peers,
-            peer_scratch,
             slot_bytes,
             ll_copy,
             ll_reduce,
@@ -400,7 +466,7 @@ impl Collectives {
             ll_short_allgather,
             ll_short_alltoall,
             ll128,
-            ll128_round_bytes: slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES,
+            ll128_round_bytes: LlCollectiveArgs::ll128_round_bytes_of(slot_bytes),
             direct,
             read,
             choices,
@@ -414,25 +480,17 @@ impl Collectives {
     fn setup_direct(comm: &Communicator) -> Result<Option<Direct>> {
         let info = comm.device().info().clone();
         let n = comm.nranks() as u32;
-        let kernel = match comm.device().load_kernel(KernelId::COLLECTIVE_DIRECT) {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::info!("direct collective algorithm unavailable: {e}");
-                agree(comm, "direct algorithm settings", "unavailable".into())?;
-                return Ok(None);
-            }
+        const SETTINGS: &str = "direct algorithm settings";
+        let Some(kernel) = optional_kernel(comm, KernelId::COLLECTIVE_DIRECT, SETTINGS)? else {
+            return Ok(None);
         };
         // GPUs: one block per SM at most (all resident), 896 threads or as many as the kernel's
         // register use allows (2 x H200, 1 GiB, busbw GB/s with 512 / 640 / 896 threads:
-        // reduce-scatter 316 / 335 / 344, all-to-all - / - / 345, all-gather 352 / 354 / 356);
-        // a count given in MSCCLPP_DIRECT_THREADS is taken as it is (a launch beyond the kernel's
-        // limit fails and says so). The host: one worker.
+        // reduce-scatter 316 / 335 / 344, all-to-all - / - / 345, all-gather 352 / 354 / 356),
+        // or MSCCLPP_DIRECT_THREADS at every size. The host: one worker.
         let forced: Option<u32> =
             mscclpp_hal::env::parse("MSCCLPP_DIRECT_THREADS", "threads per block")?;
-        let threads = match forced {
-            Some(t) => t.clamp(32, 1024),
-            None => 896u32.min(thread_limit(&info, &*kernel)),
-        };
+        let threads = block_threads(&info, &*kernel, forced, 896);
         let (max_blocks, threads) = resident_grid(&info, threads);
         let small_threads = match forced {
             Some(_) => threads,
@@ -457,20 +515,18 @@ impl Collectives {
         };
         agree(
             comm,
-            "direct algorithm settings",
+            SETTINGS,
             format!(
                 "{max_blocks} blocks of {threads} threads ({small_threads} up to {DIRECT_SMALL_BYTES} B of buffer), {slot_bytes} B slots"
             ),
         )?;
-        let bytes = usize::try_from(DirectCollectiveArgs::scratch_bytes(
-            slot_bytes, n, max_blocks,
-        ))
-        .map_err(|_| Error::invalid("direct scratch does not fit this host"))?;
-        let (scratch, peers, peer_scratch) = exchange_scratch(comm, bytes)?;
+        let scratch = exchange_scratch(
+            comm,
+            DirectCollectiveArgs::scratch_bytes(slot_bytes, n, max_blocks),
+            "direct scratch",
+        )?;
         Ok(Some(Direct {
-            _scratch: scratch,
-            _peers: peers,
-            peer_scratch,
+            scratch,
             slot_bytes,
             max_blocks,
             threads,
@@ -483,43 +539,27 @@ impl Collectives {
     /// the kernel).
     fn setup_read(comm: &Communicator) -> Result<Option<Read>> {
         let info = comm.device().info().clone();
-        let kernel = match comm
-            .device()
-            .load_kernel(KernelId::COLLECTIVE_READ_ALLREDUCE)
-        {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::info!("read collective algorithm unavailable: {e}");
-                agree(comm, "read algorithm settings", "unavailable".into())?;
-                return Ok(None);
-            }
+        const SETTINGS: &str = "read algorithm settings";
+        let Some(kernel) = optional_kernel(comm, KernelId::COLLECTIVE_READ_ALLREDUCE, SETTINGS)?
+        else {
+            return Ok(None);
         };
         let forced: Option<u32> =
             mscclpp_hal::env::parse("MSCCLPP_READ_THREADS", "threads per block")?;
         // 512 threads: a 1 MiB all-reduce is one 16-byte unit per thread on 128 blocks.
-        let threads = forced
-            .unwrap_or(512)
-            .clamp(32, 1024)
-            .min(thread_limit(&info, &*kernel));
+        let threads = block_threads(&info, &*kernel, forced, 512);
         let (max_blocks, threads) = resident_grid(&info, threads);
         let staging_bytes: u64 = 4 << 20;
-        let capacity = if info.warp_size == 1 {
-            staging_bytes
-        } else {
-            (u64::from(max_blocks)
-                * u64::from(threads)
-                * 16
-                * ReadCollectiveArgs::MAX_UNITS_PER_THREAD)
-                .min(staging_bytes)
-        };
         agree(
             comm,
-            "read algorithm settings",
+            SETTINGS,
             format!("{max_blocks} blocks of {threads} threads, {staging_bytes} B staging"),
         )?;
-        let bytes = usize::try_from(ReadCollectiveArgs::scratch_bytes(staging_bytes, max_blocks))
-            .map_err(|_| Error::invalid("read scratch does not fit this host"))?;
-        let (scratch, peers, peer_scratch) = exchange_scratch(comm, bytes)?;
+        let scratch = exchange_scratch(
+            comm,
+            ReadCollectiveArgs::scratch_bytes(staging_bytes, max_blocks),
+            "read scratch",
+        )?;
         // Window 0 of the table: every rank's staging area.
         let table = comm
             .device()
@@ -528,7 +568,7 @@ impl Collectives {
         let mut bases = [0u64; MAX_RANKS];
         let mut lens = [0u64; MAX_RANKS];
         for p in 0..comm.nranks() {
-            bases[p] = peer_scratch[p] + staging;
+            bases[p] = scratch.addrs[p] + staging;
             lens[p] = staging_bytes;
         }
         let stream = comm.device().create_stream()?;
@@ -536,14 +576,11 @@ impl Collectives {
         write_window_row(&*stream, &table, 0, &bases, &lens)?;
         stream.synchronize()?;
         Ok(Some(Read {
-            _scratch: scratch,
-            _peers: peers,
-            peer_scratch,
+            scratch,
             table,
             staging_bytes,
             max_blocks,
             threads,
-            capacity,
             kernel,
             windows: Mutex::new(Vec::new()),
         }))
@@ -561,7 +598,7 @@ impl Collectives {
             && self
                 .read
                 .as_ref()
-                .is_some_and(|r| block_bytes <= r.capacity);
+                .is_some_and(|r| r.blocks(block_bytes).is_some());
         let ll128_fits = kind == CollectiveKind::AllReduce
             && self.ll128.is_some()
             && block_bytes <= self.ll128_round_bytes;
@@ -598,7 +635,7 @@ impl Collectives {
                 ),
             )
         })?;
-        let (rank, n) = (self.comm.rank(), self.comm.nranks());
+        let rank = self.comm.rank();
         if slice.buffer().backend() != self.comm.device().info().backend {
             return Err(Error::invalid(format!(
                 "register: the buffer belongs to the {} backend, the communicator to {}",
@@ -611,51 +648,26 @@ impl Collectives {
             Some(i) => i + 1,
             None => windows.len() + 1,
         };
+        // Every rank must register the same window (a rank that skipped a registration, or
+        // deregistered another, would read the wrong buffer); all of them fail otherwise.
+        agree(
+            &self.comm,
+            "registered windows (every rank must register and deregister in the same order)",
+            format!("window {index}"),
+        )?;
         if index >= MAX_WINDOWS {
             return Err(Error::invalid(format!(
                 "register: {} buffers are registered already, the most a communicator holds",
                 MAX_WINDOWS - 1
             )));
         }
-        let mine = self
-            .comm
-            .register_memory(slice, TransportFlags::single(Transport::CudaIpc))?;
-        let mut bases = [0u64; MAX_RANKS];
-        let mut lens = [0u64; MAX_RANKS];
-        bases[rank] = slice.ptr().0;
-        lens[rank] = slice.len() as u64;
-        let mut peers = Vec::with_capacity(n - 1);
-        for p in (0..n).filter(|&p| p != rank) {
-            // Both ranks must be registering the same window: a rank that skipped a
-            // registration (or deregistered another) would otherwise read the wrong buffer.
-            let theirs = self.comm.exchange(p, &(index as u64).to_le_bytes())?;
-            if theirs != (index as u64).to_le_bytes() {
-                return Err(Error::Remote {
-                    rank: p,
-                    message: format!(
-                        "registers a buffer as window {} while rank {rank} registers window {index}: every rank must register and deregister in the same order",
-                        theirs
-                            .get(..8)
-                            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-                    ),
-                });
-            }
-            let mapped = self.comm.exchange_memory(&mine, p)?;
-            let view = mapped.mapped_slice().ok_or_else(|| {
-                Error::invalid(format!(
-                    "rank {p}'s registered buffer is not mapped on rank {rank}: registration needs every rank on one host (CudaIpc)"
-                ))
-            })?;
-            bases[p] = view.ptr().0;
-            lens[p] = view.len() as u64;
-            peers.push(mapped);
-        }
+        let maps = map_peers(&self.comm, slice, "registered buffer")?;
         let stream = self.comm.device().create_stream()?;
-        write_window_row(&*stream, &read.table, index, &bases, &lens)?;
+        write_window_row(&*stream, &read.table, index, &maps.bases, &maps.lens)?;
         stream.synchronize()?;
         let entry = WindowEntry {
             slice: slice.clone(),
-            _peers: peers,
+            _peers: maps.peers,
         };
         if index > windows.len() {
             windows.push(Some(entry));
@@ -911,12 +923,8 @@ impl Collectives {
         let block_bytes = count as u64 * dtype.size() as u64;
         let algorithm = self.algorithm(kind, block_bytes);
         if let (Algorithm::Read, Some(r)) = (algorithm, &self.read) {
-            let blocks = if r.threads == 1 {
-                Some(1)
-            } else {
-                ReadCollectiveArgs::grid(block_bytes, r.threads, r.max_blocks)
-            };
-            let blocks = blocks.ok_or_else(|| {
+            // `algorithm` chose read only where it fits.
+            let blocks = r.blocks(block_bytes).ok_or_else(|| {
                 Error::invalid(format!(
                     "allreduce: {block_bytes} bytes exceed what the read algorithm holds"
                 ))
@@ -925,11 +933,11 @@ impl Collectives {
                 input: i0,
                 output: o0,
                 count: count as u64,
-                scratch: r.peer_scratch[rank],
+                scratch: r.scratch.addrs[rank],
                 table: r.table.ptr().0,
                 in_key: Self::read_key_of(r, i0, in_bytes),
                 staging_bytes: r.staging_bytes,
-                peer_scratch: r.peer_scratch,
+                peer_scratch: r.scratch.addrs,
                 dtype: dtype as u32,
                 op: op as u32,
                 rank: rank as u32,
@@ -951,10 +959,10 @@ impl Collectives {
                 input: i0,
                 output: o0,
                 count: count as u64,
-                scratch: d.peer_scratch[rank],
+                scratch: d.scratch.addrs[rank],
                 slot_bytes: d.slot_bytes,
                 chunk_bytes: chunk,
-                peer_scratch: d.peer_scratch,
+                peer_scratch: d.scratch.addrs,
                 kind: kind as u32,
                 dtype: dtype as u32,
                 op: op as u32,
@@ -979,9 +987,9 @@ impl Collectives {
             output: o0,
             count: count as u64,
             flag: self.flag.ptr().0,
-            scratch: self.peer_scratch[rank],
+            scratch: self.scratch.addrs[rank],
             slot_bytes: self.slot_bytes,
-            peer_scratch: self.peer_scratch,
+            peer_scratch: self.scratch.addrs,
             kind: kind as u32,
             dtype: dtype as u32,
             op: op as u32,
@@ -997,6 +1005,7 @@ impl Collectives {
         }
         let index = dtype as usize * ReduceOp::ALL.len() + op as usize;
         let short = match kind {
+            _ if !self.short.load(Ordering::Relaxed) => None,
             CollectiveKind::AllReduce => Some(&self.ll_short_allreduce[index]),
             CollectiveKind::ReduceScatter => Some(&self.ll_short_reduce_scatter[index]),
             CollectiveKind::AllGather => Some(&self.ll_short_allgather),
@@ -1005,16 +1014,15 @@ impl Collectives {
             CollectiveKind::Broadcast => None,
         };
         // A short kernel's grid covers one rank block (the general kernel's, the larger buffer).
-        let short_cfg = self.grid(block_bytes);
+        let short = short.and_then(|k| {
+            let cfg = self.grid(block_bytes);
+            self.short_fits(&args, block_bytes, &cfg)
+                .then_some((k, cfg))
+        });
         let (kernel, cfg) = match short {
-            Some(k)
-                if self.short.load(Ordering::Relaxed)
-                    && self.short_fits(&args, block_bytes, &short_cfg) =>
-            {
-                (k, short_cfg)
-            }
-            _ if kind.reduces() => (&self.ll_reduce[index], self.grid(in_bytes.max(out_bytes))),
-            _ => (&self.ll_copy, self.grid(in_bytes.max(out_bytes))),
+            Some(short) => short,
+            None if kind.reduces() => (&self.ll_reduce[index], self.grid(in_bytes.max(out_bytes))),
+            None => (&self.ll_copy, self.grid(in_bytes.max(out_bytes))),
         };
         tracing::trace!(collective = kind.name(), count, %dtype, %op, ?cfg, kernel = %kernel.id(), "launch");
         // SAFETY: the addresses are the caller's checked slices (kept alive by the caller until

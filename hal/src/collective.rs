@@ -333,12 +333,18 @@ impl LlCollectiveArgs {
 
     /// Data bytes an LL128 call may carry per rank (one round: 120 per 128-byte line of a slot).
     pub fn ll128_round_bytes(&self) -> u64 {
-        self.slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES
+        Self::ll128_round_bytes_of(self.slot_bytes)
     }
 
-    /// Scratch bytes a rank needs for `slot_bytes` per slot: two LL halves and two LL128 halves.
-    pub fn scratch_bytes(slot_bytes: u64) -> u64 {
-        4 * MAX_RANKS as u64 * slot_bytes
+    /// [`Self::ll128_round_bytes`] for slots of `slot_bytes`.
+    pub fn ll128_round_bytes_of(slot_bytes: u64) -> u64 {
+        slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA_BYTES
+    }
+
+    /// Scratch bytes a rank needs for `slot_bytes` per slot: two LL halves, and two LL128 halves
+    /// after them where LL128 lines are used.
+    pub fn scratch_bytes(slot_bytes: u64, ll128: bool) -> u64 {
+        (if ll128 { 4 } else { 2 }) * MAX_RANKS as u64 * slot_bytes
     }
 
     /// Address of the slot, in `dst_rank`'s scratch as mapped here, that `src_rank` writes in

@@ -59,8 +59,9 @@ pub struct Args {
     #[arg(long, global = true)]
     pub baseline: Option<String>,
 
-    /// Register the input and output buffers with our collectives (`Collectives::register`), so
-    /// that all-reduces read the peers' inputs in place; the NCCL baseline is not told.
+    /// Register the input buffer with our collectives (`Collectives::register`), so that
+    /// all-reduces read the peers' inputs in place (the benchmark never runs in place, so the
+    /// output needs no window); the NCCL baseline is not told.
     #[arg(long, global = true)]
     pub register: bool,
 

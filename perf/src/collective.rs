@@ -125,7 +125,6 @@ impl Bench {
         let output = device.alloc(max.max(1), MemoryKind::Device)?;
         if register {
             coll.register(&input.full())?;
-            coll.register(&output.full())?;
         }
         let nccl = if baseline {
             if stream.native_handle().is_none() {
