@@ -14,6 +14,8 @@ use mscclpp_hal::{
     CollectiveKind, DataType, Error, KernelArgs, LaunchConfig, LlCollectiveArgs, ReduceOp, Result,
 };
 
+use crate::collectives_direct::{load, store};
+
 /// Combines two 8-byte words lane by lane.
 pub fn combine_word(a: u64, b: u64, dtype: DataType, op: ReduceOp) -> u64 {
     macro_rules! lanes {
@@ -126,27 +128,6 @@ pub fn divide_word(a: u64, dtype: DataType, n: u32) -> u64 {
     u64::from_le_bytes(out)
 }
 
-/// Reads up to 8 bytes at `addr` into a zero-padded word.
-///
-/// # Safety
-/// `addr..addr + len` must be readable.
-unsafe fn load(addr: u64, len: usize) -> u64 {
-    let mut w = [0u8; 8];
-    // SAFETY: caller's contract; `len <= 8`.
-    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, w.as_mut_ptr(), len.min(8)) };
-    u64::from_le_bytes(w)
-}
-
-/// Writes the first `len` bytes of `w` to `addr`.
-///
-/// # Safety
-/// `addr..addr + len` must be writable.
-unsafe fn store(addr: u64, w: u64, len: usize) {
-    let b = w.to_le_bytes();
-    // SAFETY: caller's contract; `len <= 8`.
-    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), addr as *mut u8, len.min(8)) };
-}
-
 /// Refuses a rank outside `nranks`, or a rank count outside 2..=[`MAX_RANKS`] (every collective
 /// kernel's first check; `what` names the kernel).
 pub(crate) fn check_ranks(what: &str, rank: u32, nranks: u32) -> Result<()> {
@@ -158,7 +139,36 @@ pub(crate) fn check_ranks(what: &str, rank: u32, nranks: u32) -> Result<()> {
     Ok(())
 }
 
-fn check(a: &LlCollectiveArgs) -> Result<(CollectiveKind, DataType, ReduceOp)> {
+/// Refuses a grid of no blocks or of more blocks than the scratch was laid out for, and a
+/// scratch that is missing, not this rank's own or not 128-aligned (the direct and read kernels;
+/// `what` names the kernel).
+pub(crate) fn check_grid_and_scratch(
+    what: &str,
+    blocks: u64,
+    max_blocks: u32,
+    scratch: u64,
+    peer_scratch: &[u64; MAX_RANKS],
+    rank: u32,
+    nranks: u32,
+) -> Result<()> {
+    if blocks == 0 || blocks > u64::from(max_blocks) {
+        return Err(Error::invalid(format!(
+            "{what} grid of {blocks} blocks for a scratch laid out for {max_blocks}"
+        )));
+    }
+    if peer_scratch[..nranks as usize].contains(&0)
+        || scratch != peer_scratch[rank as usize]
+        || scratch % 128 != 0
+    {
+        return Err(Error::invalid(format!(
+            "{what} without (128-aligned) scratch memory"
+        )));
+    }
+    Ok(())
+}
+
+/// The checks every LL kernel (LL packets and LL128 lines) makes of its arguments.
+pub(crate) fn check(a: &LlCollectiveArgs) -> Result<(CollectiveKind, DataType, ReduceOp)> {
     let kind = CollectiveKind::from_code(a.kind)?;
     let dtype = DataType::from_code(a.dtype)?;
     let op = ReduceOp::from_code(a.op)?;
@@ -233,7 +243,7 @@ pub fn collective_ll(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
             };
             let slot = a.slot(j, rank, f);
             for w in 0..words {
-                let bytes = (len - w * 8).min(8) as usize;
+                let bytes = (len - w * 8).min(8);
                 // SAFETY: within the input block (len bytes from `src`) and the peer's slot
                 // (`words * 16 <= slot_bytes`); slot addresses are 16-aligned.
                 unsafe { LL16Packet::write(slot + w * 16, load(src + w * 8, bytes), f as u32) };
@@ -247,7 +257,7 @@ pub fn collective_ll(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
                     _ => a.input + rank as u64 * block + off,
                 };
                 for w in 0..words {
-                    let bytes = (len - w * 8).min(8) as usize;
+                    let bytes = (len - w * 8).min(8);
                     // SAFETY: within this rank's input block.
                     let mut acc = unsafe { load(mine + w * 8, bytes) };
                     for p in (0..n).filter(|&p| p != rank) {
@@ -281,7 +291,7 @@ pub fn collective_ll(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
                         _ => a.output + p as u64 * block + off,
                     };
                     for w in 0..words {
-                        let bytes = (len - w * 8).min(8) as usize;
+                        let bytes = (len - w * 8).min(8);
                         // SAFETY: as above.
                         let v = unsafe {
                             LL16Packet::read(a.slot(rank, p, f) + w * 16, f as u32, timeout)?

@@ -7,10 +7,9 @@
 //! run their blocks in the same order), each block's iterations as the protocol orders them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use mscclpp_hal::collective::DirectCollectiveArgs;
-use mscclpp_hal::dev::DEFAULT_WAIT;
+use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
 use mscclpp_hal::{CollectiveKind, DataType, Error, KernelArgs, LaunchConfig, ReduceOp, Result};
 
 use crate::collectives::{combine_word, divide_word};
@@ -19,7 +18,6 @@ fn check(a: &DirectCollectiveArgs, blocks: u64) -> Result<(CollectiveKind, DataT
     let kind = CollectiveKind::from_code(a.kind)?;
     let dtype = DataType::from_code(a.dtype)?;
     let op = ReduceOp::from_code(a.op)?;
-    let n = a.nranks as usize;
     if kind == CollectiveKind::Broadcast && a.root >= a.nranks {
         return Err(Error::invalid(format!(
             "broadcast from root {} of {} ranks",
@@ -37,20 +35,15 @@ fn check(a: &DirectCollectiveArgs, blocks: u64) -> Result<(CollectiveKind, DataT
             a.chunk_bytes, a.slot_bytes
         )));
     }
-    if blocks == 0 || blocks > u64::from(a.max_blocks) {
-        return Err(Error::invalid(format!(
-            "direct collective grid of {blocks} blocks for a scratch laid out for {}",
-            a.max_blocks
-        )));
-    }
-    if a.peer_scratch[..n].contains(&0)
-        || a.scratch != a.peer_scratch[a.rank as usize]
-        || a.scratch % 128 != 0
-    {
-        return Err(Error::invalid(
-            "direct collective without (128-aligned) scratch memory",
-        ));
-    }
+    crate::collectives::check_grid_and_scratch(
+        "direct collective",
+        blocks,
+        a.max_blocks,
+        a.scratch,
+        &a.peer_scratch,
+        a.rank,
+        a.nranks,
+    )?;
     Ok((kind, dtype, op))
 }
 
@@ -63,23 +56,7 @@ pub(crate) fn word<'a>(scratch: u64, off: u64) -> &'a AtomicU64 {
 
 /// Waits until the word is at least `seq`.
 fn wait_ge(w: &AtomicU64, seq: u64, what: impl Fn() -> String) -> Result<()> {
-    let start = Instant::now();
-    let mut spins = 0u32;
-    while w.load(Ordering::Acquire) < seq {
-        spins = spins.wrapping_add(1);
-        if spins % 64 == 0 {
-            if start.elapsed() >= DEFAULT_WAIT {
-                return Err(Error::Timeout {
-                    waiting_for: what(),
-                    after: DEFAULT_WAIT,
-                });
-            }
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-    }
-    Ok(())
+    spin_until(DEFAULT_WAIT, what, || w.load(Ordering::Acquire) >= seq)
 }
 
 /// Copies `len` bytes (non-overlapping or identical ranges).
@@ -117,18 +94,19 @@ pub(crate) unsafe fn store(addr: u64, w: u64, len: u64) {
     unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), addr as *mut u8, len.min(8) as usize) };
 }
 
-/// Appends to `out` the reduction, in rank order, of `len` bytes of each of `n` ranks (rank
-/// `p`'s at `src(p)`), 8 bytes at a time, `Avg` divided at the end.
+/// The reduction, in rank order, of `len` bytes of each of `n` ranks (rank `p`'s at `src(p)`),
+/// 8 bytes at a time, `Avg` divided at the end: `sink(at, word, nb)` receives the `nb` bytes at
+/// offset `at` of the result (after every rank's bytes there were read).
 ///
 /// # Safety
 /// `src(p)..src(p) + len` must be readable for every `p < n`.
 pub(crate) unsafe fn reduce_ranks(
-    out: &mut Vec<u8>,
     n: usize,
     len: u64,
     dtype: DataType,
     op: ReduceOp,
     src: impl Fn(usize) -> u64,
+    mut sink: impl FnMut(u64, u64, u64),
 ) {
     let mut at = 0;
     while at < len {
@@ -146,7 +124,7 @@ pub(crate) unsafe fn reduce_ranks(
         if op == ReduceOp::Avg {
             acc = divide_word(acc, dtype, n as u32);
         }
-        out.extend_from_slice(&acc.to_le_bytes()[..nb as usize]);
+        sink(at, acc, nb);
         at += nb;
     }
 }
@@ -198,36 +176,26 @@ impl Call<'_> {
     /// # Safety
     /// `own` and `out` must be valid for `len` bytes (the same address or disjoint).
     unsafe fn reduce(&self, own: u64, buffer: u64, out: u64, fwd: Option<u64>, len: u64) {
-        for w in 0..len.div_ceil(8) {
-            let nb = (len - 8 * w).min(8);
-            let mut acc = 0u64;
-            for p in 0..self.n {
-                let v = if p == self.rank {
-                    // SAFETY: within the own data (caller's contract).
-                    unsafe { load(own + 8 * w, nb) }
-                } else {
-                    let slot = self.a.scratch + self.a.slot_offset(0, buffer, self.block, p as u64);
-                    // SAFETY: within the slot (`len <= chunk <= slot_bytes`).
-                    unsafe { load(slot + 8 * w, nb) }
-                };
-                acc = if p == 0 {
-                    v
-                } else {
-                    combine_word(acc, v, self.dtype, self.op)
-                };
+        let src = |p: usize| {
+            if p == self.rank {
+                own
+            } else {
+                self.a.scratch + self.a.slot_offset(0, buffer, self.block, p as u64)
             }
-            if self.op == ReduceOp::Avg {
-                acc = divide_word(acc, self.dtype, self.a.nranks);
-            }
+        };
+        let sink = |at: u64, acc: u64, nb: u64| {
             // SAFETY: within the output (caller's contract).
-            unsafe { store(out + 8 * w, acc, nb) };
+            unsafe { store(out + at, acc, nb) };
             if let Some(off) = fwd {
                 for p in self.peers() {
                     // SAFETY: within the peer's slot.
-                    unsafe { store(self.a.peer_scratch[p] + off + 8 * w, acc, nb) };
+                    unsafe { store(self.a.peer_scratch[p] + off + at, acc, nb) };
                 }
             }
-        }
+        };
+        // SAFETY: `len` bytes of the own data (caller's contract) and of each slot (`len <= chunk
+        // <= slot_bytes`).
+        unsafe { reduce_ranks(self.n, len, self.dtype, self.op, src, sink) };
     }
 
     /// All-reduce step `s`: offset, bytes, piece size.

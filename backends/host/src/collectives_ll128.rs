@@ -5,15 +5,12 @@
 //! here; the GPU kernels get the same from one 128-byte store and load per line.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use mscclpp_hal::collective::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES, MAX_RANKS};
-use mscclpp_hal::dev::DEFAULT_WAIT;
-use mscclpp_hal::{
-    CollectiveKind, DataType, Error, KernelArgs, LaunchConfig, LlCollectiveArgs, ReduceOp, Result,
-};
+use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
+use mscclpp_hal::{CollectiveKind, Error, KernelArgs, LaunchConfig, LlCollectiveArgs, Result};
 
-use crate::collectives_direct::{copy, reduce_ranks, word};
+use crate::collectives_direct::{copy, reduce_ranks, store, word};
 
 /// The flag word of flag `f`: its low 32 bits in both halves.
 fn flag_word(f: u64) -> u64 {
@@ -24,16 +21,14 @@ fn flag_word(f: u64) -> u64 {
 /// The host kernel.
 pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     let a = LlCollectiveArgs::from_bytes(args)?;
-    let dtype = DataType::from_code(a.dtype)?;
-    let op = ReduceOp::from_code(a.op)?;
+    let (kind, dtype, op) = crate::collectives::check(&a)?;
     let (rank, n) = (a.rank as usize, a.nranks as usize);
-    if a.kind != CollectiveKind::AllReduce as u32 {
+    if kind != CollectiveKind::AllReduce {
         return Err(Error::invalid(format!(
-            "LL128 lines serve all-reduce only, not collective code {}",
-            a.kind
+            "LL128 lines serve all-reduce only, not {}",
+            kind.name()
         )));
     }
-    crate::collectives::check_ranks("LL128 all-reduce", a.rank, a.nranks)?;
     let bytes = a
         .count
         .checked_mul(dtype.size() as u64)
@@ -45,11 +40,11 @@ pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()
                 a.ll128_round_bytes()
             ))
         })?;
-    if a.peer_scratch[..n].contains(&0) || a.flag == 0 || a.flag % 8 != 0 || a.slot_bytes % 128 != 0
-    {
-        return Err(Error::invalid(
-            "LL128 all-reduce without scratch or flag memory, or with a slot that is not whole lines",
-        ));
+    if a.slot_bytes % LL128_LINE_BYTES != 0 {
+        return Err(Error::invalid(format!(
+            "LL128 all-reduce with a slot of {} bytes, not whole lines",
+            a.slot_bytes
+        )));
     }
     let counter = word(a.flag, 0);
     let base = counter.load(Ordering::Acquire);
@@ -57,6 +52,7 @@ pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()
         return Ok(());
     }
     let f = base + 1;
+    let fw = flag_word(f);
     // The LL128 halves follow the two LL halves (see `hal::collective`).
     let half = (2 + f % 2) * MAX_RANKS as u64 * a.slot_bytes;
     let lines = bytes.div_ceil(LL128_LINE_DATA_BYTES);
@@ -72,43 +68,38 @@ pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()
             // SAFETY: `len` bytes of the input (the launcher's contract) into the data part of a
             // line of the peer's slot (one round fits the slot: checked).
             unsafe { copy(dst, a.input + off, len) };
-            word(dst, LL128_LINE_DATA_BYTES).store(flag_word(f), Ordering::Release);
+            word(dst, LL128_LINE_DATA_BYTES).store(fw, Ordering::Release);
         }
     }
-    // Receives, reduced in rank order with the own input in place of a line.
-    let start = Instant::now();
-    let mut out = Vec::with_capacity(bytes as usize);
+    // Receives, reduced in rank order with the own input in place of a line, each word stored
+    // once reduced (in place, every rank's bytes of a word are read before it is written, and
+    // nothing reads them later).
     for l in 0..lines {
         let off = l * LL128_LINE_DATA_BYTES;
         let len = LL128_LINE_DATA_BYTES.min(bytes - off);
         for p in (0..n).filter(|&p| p != rank) {
             let w = word(line_of(a.scratch, p, l), LL128_LINE_DATA_BYTES);
-            while w.load(Ordering::Acquire) != flag_word(f) {
-                if start.elapsed() >= DEFAULT_WAIT {
-                    return Err(Error::Timeout {
-                        waiting_for: format!(
-                            "LL128 line {l} of rank {p} (flag {f}) on rank {rank}"
-                        ),
-                        after: DEFAULT_WAIT,
-                    });
-                }
-                std::thread::yield_now();
-            }
+            spin_until(
+                DEFAULT_WAIT,
+                || format!("LL128 line {l} of rank {p} (flag {f}) on rank {rank}"),
+                || w.load(Ordering::Acquire) == fw,
+            )?;
         }
-        // SAFETY: `len` bytes of the input at `off`, or of a line's data part.
-        unsafe {
-            reduce_ranks(&mut out, n, len, dtype, op, |p| {
-                if p == rank {
-                    a.input + off
-                } else {
-                    line_of(a.scratch, p, l)
-                }
-            })
+        let src = |p: usize| {
+            if p == rank {
+                a.input + off
+            } else {
+                line_of(a.scratch, p, l)
+            }
         };
+        let sink = |at: u64, w: u64, nb: u64| {
+            // SAFETY: within the output's `len` bytes at `off` (`count` elements, the launcher's
+            // contract).
+            unsafe { store(a.output + off + at, w, nb) };
+        };
+        // SAFETY: `len` bytes of the input at `off`, or of a line's data part.
+        unsafe { reduce_ranks(n, len, dtype, op, src, sink) };
     }
-    // The output last: in place, the input is read until every line is reduced.
-    // SAFETY: `bytes` of the output (`count` elements, the launcher's contract).
-    unsafe { copy(a.output, out.as_ptr() as u64, bytes) };
     counter.store(base + 1, Ordering::Release);
     Ok(())
 }

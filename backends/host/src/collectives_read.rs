@@ -20,23 +20,18 @@ use crate::collectives_direct::{copy, reduce_ranks, word};
 fn check(a: &ReadCollectiveArgs, blocks: u64) -> Result<(DataType, ReduceOp)> {
     let dtype = DataType::from_code(a.dtype)?;
     let op = ReduceOp::from_code(a.op)?;
-    let n = a.nranks as usize;
     crate::collectives::check_ranks("read all-reduce", a.rank, a.nranks)?;
-    if blocks == 0 || blocks > u64::from(a.max_blocks) {
-        return Err(Error::invalid(format!(
-            "read all-reduce grid of {blocks} blocks for a scratch laid out for {}",
-            a.max_blocks
-        )));
-    }
-    if a.peer_scratch[..n].contains(&0)
-        || a.scratch != a.peer_scratch[a.rank as usize]
-        || a.scratch % 128 != 0
-        || a.table == 0
-        || a.table % 8 != 0
-    {
-        return Err(Error::invalid(
-            "read all-reduce without (128-aligned) scratch memory or window table",
-        ));
+    crate::collectives::check_grid_and_scratch(
+        "read all-reduce",
+        blocks,
+        a.max_blocks,
+        a.scratch,
+        &a.peer_scratch,
+        a.rank,
+        a.nranks,
+    )?;
+    if a.table == 0 || a.table % 8 != 0 {
+        return Err(Error::invalid("read all-reduce without a window table"));
     }
     let bytes = a.count.checked_mul(dtype.size() as u64);
     if bytes.is_none_or(|b| b > isize::MAX as u64) {
@@ -135,7 +130,18 @@ pub fn collective_read_allreduce(cfg: &LaunchConfig, args: &[u8]) -> Result<()> 
         results.clear();
         // SAFETY: `lo..hi` lies inside every rank's input (the same count on every rank, the
         // launcher's contract) as mapped here.
-        unsafe { reduce_ranks(&mut results, n, hi - lo, dtype, op, |p| srcs[p] + lo) };
+        unsafe {
+            reduce_ranks(
+                n,
+                hi - lo,
+                dtype,
+                op,
+                |p| srcs[p] + lo,
+                |_, w, nb| {
+                    results.extend_from_slice(&w.to_le_bytes()[..nb as usize]);
+                },
+            )
+        };
         // Every read of this rank's input is over once every peer says so.
         fence(Ordering::SeqCst);
         for p in peers() {

@@ -58,8 +58,9 @@ pub unsafe fn atomic_u64_at<'a>(addr: u64) -> &'a AtomicU64 {
     unsafe { atomic_u64(addr) }
 }
 
-/// Spins (then yields) until `done()` holds or `timeout` passes; `what` names the wait.
-pub(crate) fn spin_until(
+/// Spins (then yields) until `done()` holds or `timeout` passes; `what` names the wait (a
+/// [`Error::Timeout`] then). Host-side waits of the backends' reference kernels use it too.
+pub fn spin_until(
     timeout: Duration,
     what: impl Fn() -> String,
     mut done: impl FnMut() -> bool,
