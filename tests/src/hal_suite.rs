@@ -9,7 +9,7 @@ use mscclpp::hal::{
 };
 
 use crate::ensure;
-use crate::harness::{CaseFn, Context, Fixture, hex, skipped, unhex};
+use crate::harness::{CaseError, CaseFn, Context, Fixture, hex, skipped, unhex};
 use crate::multiproc;
 use crate::rng::Rng;
 
@@ -103,7 +103,7 @@ fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
         })
 }
 
-fn devices_enumerate_with_properties(f: &Fixture) -> Result<(), String> {
+fn devices_enumerate_with_properties(f: &Fixture) -> Result<(), CaseError> {
     let n = f.backend.device_count();
     ensure!(n > 0, "backend reports no devices but probed successfully");
     for i in 0..n {
@@ -143,7 +143,7 @@ fn devices_enumerate_with_properties(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn peer_matrix_is_square_and_reflexive(f: &Fixture) -> Result<(), String> {
+fn peer_matrix_is_square_and_reflexive(f: &Fixture) -> Result<(), CaseError> {
     let m = f.backend.peer_access().ctx("peer_access")?;
     ensure!(
         m.len() == f.backend.device_count(),
@@ -158,7 +158,7 @@ fn peer_matrix_is_square_and_reflexive(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn alloc_rejects_zero_bytes(f: &Fixture) -> Result<(), String> {
+fn alloc_rejects_zero_bytes(f: &Fixture) -> Result<(), CaseError> {
     let e = f
         .device
         .alloc(0, MemoryKind::Device)
@@ -168,7 +168,7 @@ fn alloc_rejects_zero_bytes(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn host_round_trip_every_memory_kind(f: &Fixture) -> Result<(), String> {
+fn host_round_trip_every_memory_kind(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let (mut rng, seed) = seeded();
     for kind in [
@@ -195,7 +195,7 @@ fn host_round_trip_every_memory_kind(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn slices_are_bounds_checked(f: &Fixture) -> Result<(), String> {
+fn slices_are_bounds_checked(f: &Fixture) -> Result<(), CaseError> {
     let buf = f.device.alloc(100, MemoryKind::Device).ctx("alloc")?;
     ensure!(
         buf.slice(0..100).is_ok() && buf.slice(100..100).is_ok(),
@@ -228,7 +228,7 @@ fn slices_are_bounds_checked(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn copy_between_buffers_with_offsets(f: &Fixture) -> Result<(), String> {
+fn copy_between_buffers_with_offsets(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let (mut rng, seed) = seeded();
     let (a, b) = (
@@ -257,7 +257,7 @@ fn copy_between_buffers_with_offsets(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn fill_sets_every_byte(f: &Fixture) -> Result<(), String> {
+fn fill_sets_every_byte(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let buf = f.device.alloc(12345, MemoryKind::Device).ctx("alloc")?;
     upload(&*s, &buf.full(), &vec![1; 12345])?;
@@ -279,7 +279,7 @@ fn fill_sets_every_byte(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn write_value64_is_ordered_and_checked(f: &Fixture) -> Result<(), String> {
+fn write_value64_is_ordered_and_checked(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let buf = f.device.alloc(64, MemoryKind::Device).ctx("alloc")?;
     s.fill(&buf.full(), 0).ctx("fill")?;
@@ -311,7 +311,7 @@ fn write_value64_is_ordered_and_checked(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn mismatched_lengths_are_errors(f: &Fixture) -> Result<(), String> {
+fn mismatched_lengths_are_errors(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let (a, b) = (
         f.device.alloc(64, MemoryKind::Device).ctx("alloc")?,
@@ -338,7 +338,7 @@ fn mismatched_lengths_are_errors(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn stream_runs_work_in_order(f: &Fixture) -> Result<(), String> {
+fn stream_runs_work_in_order(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let len = 1 << 20;
     let (a, b) = (
@@ -359,7 +359,7 @@ fn stream_runs_work_in_order(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn buffer_outlives_handle_while_queued(f: &Fixture) -> Result<(), String> {
+fn buffer_outlives_handle_while_queued(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let keep = f.device.alloc(1 << 20, MemoryKind::Device).ctx("alloc")?;
     for _ in 0..8 {
@@ -376,7 +376,7 @@ fn buffer_outlives_handle_while_queued(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn events_record_query_and_time(f: &Fixture) -> Result<(), String> {
+fn events_record_query_and_time(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let (e0, e1) = (
         f.device.create_event().ctx("create_event")?,
@@ -405,7 +405,7 @@ fn events_record_query_and_time(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn stream_waits_for_event_of_another(f: &Fixture) -> Result<(), String> {
+fn stream_waits_for_event_of_another(f: &Fixture) -> Result<(), CaseError> {
     let (s1, s2) = (
         f.device.create_stream().ctx("create_stream")?,
         f.device.create_stream().ctx("create_stream")?,
@@ -433,7 +433,7 @@ fn stream_waits_for_event_of_another(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn ipc_export_import_in_process(f: &Fixture) -> Result<(), String> {
+fn ipc_export_import_in_process(f: &Fixture) -> Result<(), CaseError> {
     if !f.device.info().caps.ipc {
         return Err(skipped("the device has no IPC"));
     }
@@ -464,7 +464,7 @@ fn ipc_export_import_in_process(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn ipc_rejects_foreign_and_malformed_handles(f: &Fixture) -> Result<(), String> {
+fn ipc_rejects_foreign_and_malformed_handles(f: &Fixture) -> Result<(), CaseError> {
     let buf = f.device.alloc(4096, MemoryKind::Device).ctx("alloc")?;
     let mut h = f.device.ipc_export(&buf).ctx("ipc_export")?;
     let mut bytes = h.to_bytes();
@@ -497,7 +497,7 @@ fn ipc_rejects_foreign_and_malformed_handles(f: &Fixture) -> Result<(), String> 
     Ok(())
 }
 
-fn ipc_import_after_free_fails(f: &Fixture) -> Result<(), String> {
+fn ipc_import_after_free_fails(f: &Fixture) -> Result<(), CaseError> {
     let buf = f.device.alloc(8192, MemoryKind::Device).ctx("alloc")?;
     let handle = f.device.ipc_export(&buf).ctx("ipc_export")?;
     drop(buf);
@@ -518,7 +518,7 @@ fn ipc_import_after_free_fails(f: &Fixture) -> Result<(), String> {
 /// Child role of [`ipc_across_processes`].
 pub const IPC_CHILD_ROLE: &str = "hal-ipc-child";
 
-fn ipc_across_processes(f: &Fixture) -> Result<(), String> {
+fn ipc_across_processes(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let len = 4 << 20;
     let buf = f.device.alloc(len, MemoryKind::Device).ctx("alloc")?;
@@ -597,7 +597,7 @@ pub fn ipc_child() -> i32 {
     }
 }
 
-fn kernel_fill_u32(f: &Fixture) -> Result<(), String> {
+fn kernel_fill_u32(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let k = f
         .device
@@ -632,7 +632,7 @@ fn kernel_fill_u32(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn kernel_atomics_from_every_thread(f: &Fixture) -> Result<(), String> {
+fn kernel_atomics_from_every_thread(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let k = f
         .device
@@ -663,7 +663,7 @@ fn kernel_atomics_from_every_thread(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn kernel_unknown_id_and_bad_shape_are_errors(f: &Fixture) -> Result<(), String> {
+fn kernel_unknown_id_and_bad_shape_are_errors(f: &Fixture) -> Result<(), CaseError> {
     let e = f
         .device
         .load_kernel(KernelId("no_such_kernel"))
@@ -707,7 +707,7 @@ fn kernel_unknown_id_and_bad_shape_are_errors(f: &Fixture) -> Result<(), String>
     Ok(())
 }
 
-fn graph_capture_replays_work(f: &Fixture) -> Result<(), String> {
+fn graph_capture_replays_work(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
     let k = f
         .device
@@ -721,7 +721,7 @@ fn graph_capture_replays_work(f: &Fixture) -> Result<(), String> {
         Err(e) if e.class() == ErrorClass::Unavailable => {
             return Err(skipped(format!("no graph capture here: {e}")));
         }
-        Err(e) => return Err(format!("begin_capture: {e}")),
+        Err(e) => return Err(format!("begin_capture: {e}").into()),
         Ok(()) => {}
     }
     let args = AtomicAddU64Args {
@@ -769,7 +769,7 @@ fn graph_capture_replays_work(f: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
-fn multicast_group_binds_and_maps(f: &Fixture) -> Result<(), String> {
+fn multicast_group_binds_and_maps(f: &Fixture) -> Result<(), CaseError> {
     let granularity = match &f.device.info().caps.multicast {
         MulticastSupport::Unsupported(reason) => {
             let e = f
@@ -831,12 +831,12 @@ fn multicast_group_binds_and_maps(f: &Fixture) -> Result<(), String> {
             );
         }
         (MulticastAddress::Hardware(_), MulticastAddress::Hardware(_)) => {}
-        other => return Err(format!("mixed mapping kinds: {other:?}")),
+        other => return Err(format!("mixed mapping kinds: {other:?}").into()),
     }
     Ok(())
 }
 
-fn multicast_rejects_bad_binds(f: &Fixture) -> Result<(), String> {
+fn multicast_rejects_bad_binds(f: &Fixture) -> Result<(), CaseError> {
     let granularity = match &f.device.info().caps.multicast {
         MulticastSupport::Unsupported(reason) => {
             return Err(skipped(format!("multicast unsupported: {reason}")));

@@ -18,15 +18,35 @@ pub struct Fixture {
     pub device: Arc<dyn Device>,
 }
 
-/// A conformance case: `Ok(())` passes, `Err(message)` fails, `Err(skipped(reason))` is
-/// reported as ignored with the reason (a capability this backend or device lacks).
-pub type CaseFn = fn(&Fixture) -> Result<(), String>;
+/// Why a conformance case did not pass.
+#[derive(Debug)]
+pub enum CaseError {
+    /// It failed, with the message.
+    Fail(String),
+    /// It cannot run here (a capability this backend or device lacks), with the reason: reported
+    /// as ignored.
+    Skip(String),
+}
 
-const SKIP_MARKER: &str = "\u{0}skipped: ";
+impl From<String> for CaseError {
+    fn from(message: String) -> Self {
+        CaseError::Fail(message)
+    }
+}
+
+impl From<&str> for CaseError {
+    fn from(message: &str) -> Self {
+        CaseError::Fail(message.to_owned())
+    }
+}
+
+/// A conformance case: `Ok(())` passes, `Err(CaseError::Fail)` fails, `Err(skipped(reason))` is
+/// reported as ignored with the reason. Failures given as `String` convert with `?`.
+pub type CaseFn = fn(&Fixture) -> Result<(), CaseError>;
 
 /// The error of a case that cannot run here, with the reason (see [`CaseFn`]).
-pub fn skipped(reason: impl std::fmt::Display) -> String {
-    format!("{SKIP_MARKER}{reason}")
+pub fn skipped(reason: impl std::fmt::Display) -> CaseError {
+    CaseError::Skip(reason.to_string())
 }
 
 /// Fails a case with a formatted message unless the condition holds.
@@ -34,7 +54,7 @@ pub fn skipped(reason: impl std::fmt::Display) -> String {
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {
         if !$cond {
-            return Err(format!($($fmt)+));
+            return Err(format!($($fmt)+).into());
         }
     };
 }
@@ -78,10 +98,8 @@ pub fn stamp(suite: &str, cases: &[(&'static str, CaseFn)]) -> Vec<Trial> {
                     .map_err(|e| Failed::from(format!("opening device 0: {e}")))?;
                 match case(&Fixture { backend, device }) {
                     Ok(()) => Ok(Completion::Completed),
-                    Err(e) => match e.strip_prefix(SKIP_MARKER) {
-                        Some(reason) => Ok(Completion::ignored_with(reason.to_owned())),
-                        None => Err(Failed::from(e)),
-                    },
+                    Err(CaseError::Skip(reason)) => Ok(Completion::ignored_with(reason)),
+                    Err(CaseError::Fail(message)) => Err(Failed::from(message)),
                 }
             }));
         }
