@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Completion, Failed, Trial};
-use mscclpp::collectives::{Collectives, DEFAULT_SLOT_BYTES};
+use mscclpp::collectives::{CollectiveCall, Collectives, DEFAULT_SLOT_BYTES};
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
 use mscclpp::hal::{BackendKind, CollectiveKind, DataType, ErrorClass, MemoryKind, ReduceOp};
@@ -149,23 +149,10 @@ fn role_matrix() -> R<()> {
                                 (true, _) => (slice(&outbuf, 0..in_b)?, slice(&outbuf, 0..out_b)?),
                             };
                             stream.write_from_host(&input, &inputs[rank]).map_err(e)?;
-                            let r = match kind {
-                                CollectiveKind::AllReduce => {
-                                    coll.all_reduce(&input, &output, count, dtype, op, &*stream)
-                                }
-                                CollectiveKind::AllGather => {
-                                    coll.all_gather(&input, &output, count, dtype, &*stream)
-                                }
-                                CollectiveKind::ReduceScatter => {
-                                    coll.reduce_scatter(&input, &output, count, dtype, op, &*stream)
-                                }
-                                CollectiveKind::Broadcast => {
-                                    coll.broadcast(&input, &output, count, dtype, root, &*stream)
-                                }
-                                CollectiveKind::AllToAll => {
-                                    coll.all_to_all(&input, &output, count, dtype, &*stream)
-                                }
-                            };
+                            let call = CollectiveCall::new(kind, &input, &output, count, dtype)
+                                .op(op)
+                                .root(root);
+                            let r = coll.run(&call, &*stream);
                             r.map_err(|x| {
                                 format!(
                                     "case {case} ({} {dtype} {op} count {count}): {x}",

@@ -1,0 +1,256 @@
+//! LL packets: every rank writes 16-byte packets (8 data bytes and a flag) into its slot of each
+//! peer's scratch, and the peers poll for the flag; no separate signalling. Every collective at
+//! every size, in rounds of one slot. The scratch and flag counter here serve the short LL
+//! kernels and LL128 too.
+
+use std::sync::Arc;
+
+use mscclpp_comm::Communicator;
+use mscclpp_hal::collective::LL_STATE_BYTES;
+use mscclpp_hal::{
+    CollectiveKind, DeviceBuffer, Kernel, KernelArgs, KernelId, LaunchConfig, LlCollectiveArgs,
+    MemoryKind, Result, Stream,
+};
+
+use super::{Algorithm, AlgorithmId, Plan};
+use crate::call::Checked;
+use crate::scratch::Scratch;
+
+/// The LL scratch (slots of every peer, with LL128 halves where LL128 runs), the flag counter
+/// the kernels advance, and the slot size.
+#[derive(Debug)]
+pub(crate) struct LlScratch {
+    scratch: Scratch,
+    flag: DeviceBuffer,
+    slot_bytes: u64,
+    round_bytes: u64,
+}
+
+impl LlScratch {
+    /// Allocates and maps the scratch and zeroes the flag counter (a collective call).
+    pub fn new(comm: &Communicator, slot_bytes: u64, ll128: bool) -> Result<Arc<LlScratch>> {
+        let scratch = Scratch::exchange(
+            comm,
+            LlCollectiveArgs::scratch_bytes(slot_bytes, ll128),
+            "LL scratch",
+        )?;
+        let device = comm.device();
+        let flag = device.alloc(LL_STATE_BYTES, MemoryKind::Device)?;
+        let stream = device.create_stream()?;
+        stream.fill(&flag.full(), 0)?;
+        stream.synchronize()?;
+        let mut shared = LlScratch {
+            scratch,
+            flag,
+            slot_bytes,
+            round_bytes: 0,
+        };
+        shared.round_bytes = shared.template(comm.rank(), comm.nranks()).round_bytes();
+        Ok(Arc::new(shared))
+    }
+
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    /// Data bytes one LL round moves per peer.
+    pub fn round_bytes(&self) -> u64 {
+        self.round_bytes
+    }
+
+    fn template(&self, rank: usize, nranks: usize) -> LlCollectiveArgs {
+        LlCollectiveArgs {
+            input: 0,
+            output: 0,
+            count: 0,
+            flag: self.flag.ptr().0,
+            scratch: self.scratch.addrs[rank],
+            slot_bytes: self.slot_bytes,
+            peer_scratch: self.scratch.addrs,
+            kind: 0,
+            dtype: 0,
+            op: 0,
+            rank: rank as u32,
+            nranks: nranks as u32,
+            root: 0,
+        }
+    }
+
+    /// The arguments of every LL kernel (general, short, LL128) for `call`.
+    pub fn args(&self, call: &Checked) -> LlCollectiveArgs {
+        let c = call.call;
+        LlCollectiveArgs {
+            input: c.input.ptr().0,
+            output: c.output.ptr().0,
+            count: c.count as u64,
+            kind: c.kind as u32,
+            dtype: c.dtype as u32,
+            op: c.op as u32,
+            root: c.root as u32,
+            ..self.template(call.rank, call.nranks)
+        }
+    }
+
+    /// Launches `kernel` with the LL arguments of `call`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Algorithm::launch`]; `kernel` takes [`LlCollectiveArgs`].
+    pub unsafe fn launch(
+        &self,
+        kernel: &dyn Kernel,
+        call: &Checked,
+        cfg: LaunchConfig,
+        stream: &dyn Stream,
+    ) -> Result<()> {
+        let args = self.args(call);
+        let c = call.call;
+        tracing::trace!(collective = c.kind.name(), count = c.count, dtype = %c.dtype, op = %c.op, ?cfg, kernel = %kernel.id(), "launch");
+        // SAFETY: the addresses are the caller's checked slices (kept alive by the caller until
+        // the stream passes the call), this communicator's scratch and flag, and the peers'
+        // scratch mappings, all held in `self`.
+        unsafe { stream.launch_raw(kernel, cfg, args.as_bytes()) }
+    }
+}
+
+/// How LL kernels size their grids on this device.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LlGrid {
+    pub slot_bytes: u64,
+    pub packets_per_block: u64,
+    /// `MSCCLPP_LL_THREADS`, when given: the grid keeps that block size.
+    pub threads: Option<u32>,
+    pub multiprocessors: u32,
+    pub max_threads_per_block: u32,
+    /// The host: one worker runs any grid.
+    pub host: bool,
+}
+
+impl LlGrid {
+    /// The grid for a call whose larger buffer (or rank block, for the short kernels) holds
+    /// `bytes`.
+    pub fn config(&self, bytes: u64) -> LaunchConfig {
+        if self.host {
+            return LaunchConfig::linear(1, 1);
+        }
+        ll_grid(
+            bytes,
+            self.slot_bytes,
+            self.packets_per_block,
+            self.threads,
+            self.multiprocessors,
+            self.max_threads_per_block,
+        )
+    }
+}
+
+/// The LL grid of a GPU for a call whose larger buffer holds `bytes`: one block per
+/// `packets_per_block` packets of a round, up to one block per SM (the blocks of a multi-round
+/// call meet at grid barriers, so all must be resident); when that leaves a thread more than one
+/// packet, larger blocks (up to the device's limit), since a thread's packets are sent and
+/// awaited one after the other. A block has as many threads as packets (whole warps): padding
+/// small calls to a fixed block size costs latency. `ll_threads` (`MSCCLPP_LL_THREADS`) forces
+/// the block size.
+pub(crate) fn ll_grid(
+    bytes: u64,
+    slot_bytes: u64,
+    packets_per_block: u64,
+    ll_threads: Option<u32>,
+    multiprocessors: u32,
+    max_threads_per_block: u32,
+) -> LaunchConfig {
+    let max_threads = max_threads_per_block.clamp(32, 1024);
+    let packets = bytes.div_ceil(8).min(slot_bytes / 16);
+    let blocks = packets
+        .div_ceil(packets_per_block.max(1))
+        .clamp(1, u64::from(multiprocessors.max(1)));
+    let threads = match ll_threads {
+        Some(t) => t.min(max_threads),
+        None => {
+            let per_block = packets.div_ceil(blocks).next_multiple_of(32);
+            per_block.clamp(32, u64::from(max_threads)) as u32
+        }
+    };
+    LaunchConfig::linear(blocks as u32, threads)
+}
+
+/// The general LL kernels: one copying every collective, and one per element type and operator
+/// reducing.
+#[derive(Debug)]
+pub(crate) struct Ll {
+    shared: Arc<LlScratch>,
+    grid: LlGrid,
+    copy: Arc<dyn Kernel>,
+    /// Indexed by `dtype * 5 + op`.
+    reduce: Vec<Arc<dyn Kernel>>,
+}
+
+impl Ll {
+    pub fn new(comm: &Communicator, shared: Arc<LlScratch>, grid: LlGrid) -> Result<Ll> {
+        let device = comm.device();
+        Ok(Ll {
+            copy: device.load_kernel(KernelId::COLLECTIVE_LL_COPY)?,
+            reduce: load_all(comm, &KernelId::COLLECTIVE_LL_REDUCE)?,
+            shared,
+            grid,
+        })
+    }
+}
+
+/// The kernels of a table by element type and operator, in `dtype * 5 + op` order.
+pub(crate) fn load_all(
+    comm: &Communicator,
+    ids: &[[KernelId; 5]; 5],
+) -> Result<Vec<Arc<dyn Kernel>>> {
+    ids.iter()
+        .flatten()
+        .map(|&id| comm.device().load_kernel(id))
+        .collect()
+}
+
+impl Algorithm for Ll {
+    fn id(&self) -> AlgorithmId {
+        AlgorithmId::Ll
+    }
+
+    fn fits(&self, _kind: CollectiveKind, _block_bytes: u64) -> bool {
+        true
+    }
+
+    fn plan(&self, call: &Checked) -> Result<Plan> {
+        Ok(Plan::grid(self.grid.config(call.buffer_bytes())))
+    }
+
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+        let kernel = if call.kind().reduces() {
+            &self.reduce[call.reduce_index()]
+        } else {
+            &self.copy
+        };
+        // SAFETY: the caller's contract; the kernel takes the LL arguments.
+        unsafe { self.shared.launch(&**kernel, call, plan.config, stream) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An H200: 132 SMs, 1024 threads per block.
+    fn h200(bytes: u64) -> LaunchConfig {
+        ll_grid(bytes, crate::DEFAULT_SLOT_BYTES, 256, None, 132, 1024)
+    }
+
+    #[test]
+    fn the_1_kib_grid_is_one_block_of_its_packets() {
+        assert_eq!(h200(1024), LaunchConfig::linear(1, 128));
+        assert_eq!(h200(64 << 10), LaunchConfig::linear(32, 256));
+    }
+
+    #[test]
+    fn a_multi_round_grid_stays_resident() {
+        let cfg = h200(64 << 20);
+        assert_eq!(cfg.grid[0], 132);
+        assert!(cfg.block[0] <= 1024 && cfg.block[0] % 32 == 0);
+    }
+}

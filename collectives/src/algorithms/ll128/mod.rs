@@ -1,0 +1,115 @@
+//! LL128 lines: the LL scheme with 120 data bytes and one flag word per 128-byte line, written
+//! and read by a group of eight threads at once; all-reduce of one round, through the LL scratch
+//! (whose LL128 halves exist only where this runs).
+//!
+//! A line is only safe where the device delivers it whole: `Capabilities::ll128` (NVIDIA over
+//! NVLink; the host, whose kernel orders each line's flag after its data), and on GPUs only for
+//! two ranks on their own devices, the configuration verified correct. With four ranks on two
+//! GPUs a line was once seen with its flag but not all of its data (docs/performance.md).
+
+use std::sync::Arc;
+
+use mscclpp_comm::Communicator;
+use mscclpp_hal::collective::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES};
+use mscclpp_hal::{
+    CollectiveKind, DeviceInfo, Kernel, KernelId, LaunchConfig, LlCollectiveArgs, Result, Stream,
+};
+
+use super::ll::LlScratch;
+use super::{Algorithm, AlgorithmId, Plan, block_threads};
+use crate::call::Checked;
+
+/// The LL128 kernel and its block size, before the LL scratch exists.
+pub(crate) type Candidate = (Arc<dyn Kernel>, u32);
+
+/// The LL128 kernel where every rank can use it, decided alike on every rank (a collective
+/// call: a rank that sends lines to one expecting packets would hang it). `ll_threads` is
+/// `MSCCLPP_LL_THREADS`.
+pub(crate) fn candidate(
+    comm: &Communicator,
+    slot_bytes: u64,
+    ll_threads: Option<u32>,
+) -> Result<Option<Candidate>> {
+    let device = comm.device();
+    let mine = if device.info().caps.ll128 && slot_bytes % LL128_LINE_BYTES == 0 {
+        match device.load_kernel(KernelId::COLLECTIVE_LL128_ALLREDUCE) {
+            Ok(k) => {
+                let threads = block_threads(device.info(), &*k, ll_threads, 512);
+                Some((k, threads))
+            }
+            Err(e) => {
+                tracing::info!("LL128 all-reduce unavailable: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let identity = {
+        let info = device.info();
+        let id = info
+            .pci_bus_id
+            .clone()
+            .unwrap_or_else(|| info.ordinal.to_string());
+        format!("{}:{}:{}", u8::from(mine.is_some()), info.backend, id)
+    };
+    let all = comm.bootstrap().all_gather(identity.as_bytes())?;
+    let everywhere = all.iter().all(|v| v.first() == Some(&b'1'));
+    let devices: Vec<&[u8]> = all.iter().map(|v| v.get(2..).unwrap_or_default()).collect();
+    let own_devices = (1..devices.len()).all(|i| !devices[..i].contains(&devices[i]));
+    let line_safe = device.info().warp_size == 1 || (comm.nranks() == 2 && own_devices);
+    Ok(mine.filter(|_| everywhere && line_safe))
+}
+
+#[derive(Debug)]
+pub(crate) struct Ll128 {
+    shared: Arc<LlScratch>,
+    kernel: Arc<dyn Kernel>,
+    threads: u32,
+    /// Bytes a call carries at most (one round).
+    round_bytes: u64,
+    info: DeviceInfo,
+}
+
+impl Ll128 {
+    pub fn new(comm: &Communicator, shared: Arc<LlScratch>, (kernel, threads): Candidate) -> Ll128 {
+        Ll128 {
+            round_bytes: LlCollectiveArgs::ll128_round_bytes_of(shared.slot_bytes()),
+            info: comm.device().info().clone(),
+            shared,
+            kernel,
+            threads,
+        }
+    }
+}
+
+impl Algorithm for Ll128 {
+    fn id(&self) -> AlgorithmId {
+        AlgorithmId::Ll128
+    }
+
+    fn fits(&self, kind: CollectiveKind, block_bytes: u64) -> bool {
+        kind == CollectiveKind::AllReduce && block_bytes <= self.round_bytes
+    }
+
+    /// A group of eight threads per line, up to one block per SM, threads looping over lines
+    /// beyond that.
+    fn plan(&self, call: &Checked) -> Result<Plan> {
+        if self.info.warp_size == 1 {
+            return Ok(Plan::grid(LaunchConfig::linear(1, 1)));
+        }
+        let lines = call.block_bytes.div_ceil(LL128_LINE_DATA_BYTES);
+        let blocks = (lines * 8)
+            .div_ceil(u64::from(self.threads))
+            .clamp(1, u64::from(self.info.multiprocessors.max(1)));
+        Ok(Plan::grid(LaunchConfig::linear(
+            blocks as u32,
+            self.threads,
+        )))
+    }
+
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+        // SAFETY: the caller's contract; the kernel takes the LL arguments.
+        unsafe { self.shared.launch(&*self.kernel, call, plan.config, stream) }
+    }
+}

@@ -1,0 +1,167 @@
+//! The algorithms, one folder each, behind one [`Algorithm`] trait.
+//!
+//! An algorithm says which calls it serves here ([`Algorithm::fits`]: its collectives, its
+//! sizes, and what it was set up with on this communicator), plans the grid of one call
+//! ([`Algorithm::plan`]) and launches its kernel ([`Algorithm::launch`]). Which of the fitting
+//! ones serves a call is [`crate::policy`]'s choice. Each folder is the home of everything that
+//! belongs to its algorithm: its set-up (scratch, kernels, threads), argument building and
+//! planner; its argument struct and kernels live in `mscclpp_hal::collective` and the backends
+//! for now.
+
+use std::sync::Arc;
+
+use mscclpp_comm::Communicator;
+use mscclpp_hal::{CollectiveKind, DeviceInfo, Kernel, KernelId, LaunchConfig, Result, Stream};
+
+use crate::call::Checked;
+use crate::scratch::agree;
+
+pub(crate) mod direct;
+pub(crate) mod ll;
+pub(crate) mod ll128;
+pub(crate) mod ll_short;
+pub(crate) mod read;
+
+/// Which algorithm serves a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AlgorithmId {
+    /// LL packets through scratch: data and flag written together into the peers' scratch, in
+    /// rounds when a message exceeds a slot (every collective; small messages).
+    Ll,
+    /// The LL protocol in one round with a thread per packet of a rank block (all-reduce,
+    /// reduce-scatter, all-gather, all-to-all): chosen instead of [`AlgorithmId::Ll`] wherever
+    /// it fits, and interoperable with it.
+    LlShort,
+    /// LL128 lines through the same scratch: 120 data bytes per 128 instead of 8 per 16
+    /// (all-reduce of one round, on devices with `Capabilities::ll128`).
+    Ll128,
+    /// Plain stores into the peers' scratch, pipelined (every collective; large messages).
+    Direct,
+    /// Every rank reads the peers' inputs where they lie — registered windows, or a staging
+    /// copy — and reduces locally (all-reduce).
+    Read,
+}
+
+impl AlgorithmId {
+    /// Every algorithm.
+    pub const ALL: [AlgorithmId; 5] = [
+        AlgorithmId::Ll,
+        AlgorithmId::LlShort,
+        AlgorithmId::Ll128,
+        AlgorithmId::Direct,
+        AlgorithmId::Read,
+    ];
+
+    /// Its name (as `MSCCLPP_ALGO_*` spells the ones that can be forced).
+    pub fn name(self) -> &'static str {
+        match self {
+            AlgorithmId::Ll => "ll",
+            AlgorithmId::LlShort => "ll-short",
+            AlgorithmId::Ll128 => "ll128",
+            AlgorithmId::Direct => "direct",
+            AlgorithmId::Read => "read",
+        }
+    }
+}
+
+impl std::fmt::Display for AlgorithmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How one call is launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub config: LaunchConfig,
+    /// Bytes per peer of one pipelined chunk (direct; 0 elsewhere).
+    pub chunk_bytes: u64,
+}
+
+impl Plan {
+    pub fn grid(config: LaunchConfig) -> Plan {
+        Plan {
+            config,
+            chunk_bytes: 0,
+        }
+    }
+}
+
+/// One algorithm, set up on a communicator.
+pub(crate) trait Algorithm: std::fmt::Debug + Send + Sync {
+    fn id(&self) -> AlgorithmId;
+
+    /// Whether it serves `kind` with rank blocks of `block_bytes` here. Must depend on nothing
+    /// a rank could see differently from its peers, except where the algorithm interoperates
+    /// with the one chosen otherwise (the short LL kernels).
+    fn fits(&self, kind: CollectiveKind, block_bytes: u64) -> bool;
+
+    /// The grid of `call`, which it fits; the same on every rank.
+    fn plan(&self, call: &Checked) -> Result<Plan>;
+
+    /// Enqueues the kernel of `call` on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `call` was made by [`crate::call::check`] for this communicator, `plan` by
+    /// [`Algorithm::plan`] of this algorithm for it, and the caller keeps the call's buffers
+    /// alive until the stream has passed it.
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()>;
+}
+
+/// The most threads (whole warps) a block of `kernel` may have on this device.
+fn thread_limit(info: &DeviceInfo, kernel: &dyn Kernel) -> u32 {
+    let limit = kernel
+        .max_threads_per_block()
+        .unwrap_or(info.max_threads_per_block)
+        .min(info.max_threads_per_block);
+    (limit / 32 * 32).max(32)
+}
+
+/// Threads per block: `forced` (from the environment) or `default`, from 32 to 1024 and within
+/// what `kernel` may launch with on this device.
+pub(crate) fn block_threads(
+    info: &DeviceInfo,
+    kernel: &dyn Kernel,
+    forced: Option<u32>,
+    default: u32,
+) -> u32 {
+    let limit = thread_limit(info, kernel);
+    let threads = forced.unwrap_or(default).clamp(32, 1024);
+    if threads > limit {
+        tracing::info!(
+            kernel = %kernel.id(),
+            threads,
+            limit,
+            "fewer threads per block than asked: the kernel's limit on this device"
+        );
+    }
+    threads.min(limit)
+}
+
+/// Blocks and threads of a grid whose blocks wait for the peers' blocks: GPUs at most one block
+/// per SM (128 at most; all resident) of `threads`; the host one worker.
+pub(crate) fn resident_grid(info: &DeviceInfo, threads: u32) -> (u32, u32) {
+    if info.warp_size == 1 {
+        (1, 1)
+    } else {
+        (info.multiprocessors.clamp(1, 128), threads)
+    }
+}
+
+/// The kernel `id`, or `None` where the backend lacks it — then every rank must lack it too
+/// (`what` names the settings agreed).
+pub(crate) fn optional_kernel(
+    comm: &Communicator,
+    id: KernelId,
+    what: &str,
+) -> Result<Option<Arc<dyn Kernel>>> {
+    match comm.device().load_kernel(id) {
+        Ok(k) => Ok(Some(k)),
+        Err(e) => {
+            tracing::info!("{id} unavailable: {e}");
+            agree(comm, what, "unavailable".into())?;
+            Ok(None)
+        }
+    }
+}

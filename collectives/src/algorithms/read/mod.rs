@@ -1,0 +1,141 @@
+//! Read (all-reduce): every rank reads the peers' inputs where they lie and reduces locally — in
+//! place in buffers registered with [`crate::Collectives::register`] (mapped once, at
+//! registration), else from a staging copy. Ranks may differ in whether their input is
+//! registered: each tells the others in the call. Never chosen by size (it did not beat LL or
+//! direct at any size measured, docs/performance.md); it serves when forced.
+
+use std::sync::Arc;
+
+use mscclpp_comm::Communicator;
+use mscclpp_hal::collective::{MAX_RANKS, ReadCollectiveArgs};
+use mscclpp_hal::{
+    BufferSlice, CollectiveKind, Error, Kernel, KernelArgs, KernelId, LaunchConfig, Result, Stream,
+};
+
+use super::{Algorithm, AlgorithmId, Plan, block_threads, optional_kernel, resident_grid};
+use crate::call::Checked;
+use crate::policy::Settings;
+use crate::scratch::{Scratch, agree};
+use crate::window::{Window, Windows};
+
+/// Bytes per rank the staging area holds: the largest call served.
+const STAGING_BYTES: u64 = 4 << 20;
+/// Threads per block: a 1 MiB all-reduce is one 16-byte unit per thread on 128 blocks.
+const THREADS: u32 = 512;
+
+#[derive(Debug)]
+pub(crate) struct Read {
+    scratch: Scratch,
+    windows: Windows,
+    max_blocks: u32,
+    threads: u32,
+    kernel: Arc<dyn Kernel>,
+}
+
+impl Read {
+    /// The scratch, window table and kernel (`None` where the backend lacks the kernel); a
+    /// collective call.
+    pub fn setup(comm: &Communicator, settings: &Settings) -> Result<Option<Read>> {
+        let info = comm.device().info().clone();
+        const SETTINGS: &str = "read algorithm settings";
+        let Some(kernel) = optional_kernel(comm, KernelId::COLLECTIVE_READ_ALLREDUCE, SETTINGS)?
+        else {
+            return Ok(None);
+        };
+        let threads = block_threads(&info, &*kernel, settings.read_threads, THREADS);
+        let (max_blocks, threads) = resident_grid(&info, threads);
+        agree(
+            comm,
+            SETTINGS,
+            format!("{max_blocks} blocks of {threads} threads, {STAGING_BYTES} B staging"),
+        )?;
+        let scratch = Scratch::exchange(
+            comm,
+            ReadCollectiveArgs::scratch_bytes(STAGING_BYTES, max_blocks),
+            "read scratch",
+        )?;
+        // Window 0: every rank's staging area.
+        let staging = ReadCollectiveArgs::staging_offset(max_blocks);
+        let mut bases = [0u64; MAX_RANKS];
+        let mut lens = [0u64; MAX_RANKS];
+        for p in 0..comm.nranks() {
+            bases[p] = scratch.addrs[p] + staging;
+            lens[p] = STAGING_BYTES;
+        }
+        let windows = Windows::new(comm, &bases, &lens)?;
+        Ok(Some(Read {
+            scratch,
+            windows,
+            max_blocks,
+            threads,
+            kernel,
+        }))
+    }
+
+    /// Blocks of a call of `bytes` per rank, `None` when the staging area or the grid cannot
+    /// hold it (the host's one worker holds what the staging area does).
+    fn blocks(&self, bytes: u64) -> Option<u32> {
+        if bytes > STAGING_BYTES {
+            None
+        } else if self.threads == 1 {
+            Some(1)
+        } else {
+            ReadCollectiveArgs::grid(bytes, self.threads, self.max_blocks)
+        }
+    }
+
+    pub fn register(&self, comm: &Communicator, slice: &BufferSlice) -> Result<Window> {
+        self.windows.register(comm, slice)
+    }
+
+    pub fn deregister(&self, comm: &Communicator, window: Window) -> Result<()> {
+        self.windows.deregister(comm, window)
+    }
+}
+
+impl Algorithm for Read {
+    fn id(&self) -> AlgorithmId {
+        AlgorithmId::Read
+    }
+
+    fn fits(&self, kind: CollectiveKind, block_bytes: u64) -> bool {
+        kind == CollectiveKind::AllReduce && self.blocks(block_bytes).is_some()
+    }
+
+    fn plan(&self, call: &Checked) -> Result<Plan> {
+        let blocks = self.blocks(call.block_bytes).ok_or_else(|| {
+            Error::invalid(format!(
+                "allreduce: {} bytes exceed what the read algorithm holds ({STAGING_BYTES})",
+                call.block_bytes
+            ))
+        })?;
+        Ok(Plan::grid(LaunchConfig::linear(blocks, self.threads)))
+    }
+
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+        let c = call.call;
+        let input = c.input.ptr().0;
+        let args = ReadCollectiveArgs {
+            input,
+            output: c.output.ptr().0,
+            count: c.count as u64,
+            scratch: self.scratch.addrs[call.rank],
+            table: self.windows.table(),
+            in_key: self.windows.key_of(input, call.in_bytes),
+            staging_bytes: STAGING_BYTES,
+            peer_scratch: self.scratch.addrs,
+            dtype: c.dtype as u32,
+            op: c.op as u32,
+            rank: call.rank as u32,
+            nranks: call.nranks as u32,
+            max_blocks: self.max_blocks,
+            _pad: 0,
+        };
+        let cfg = plan.config;
+        tracing::trace!(collective = c.kind.name(), count = c.count, dtype = %c.dtype, op = %c.op, ?cfg, key = args.in_key, "launch read");
+        // SAFETY: the caller's checked slices (kept alive until the stream passes the call), the
+        // read scratch, table and window mappings held in `self` (a window stays mapped until
+        // deregistered, which the caller does only after its calls have finished).
+        unsafe { stream.launch_raw(&*self.kernel, cfg, args.as_bytes()) }
+    }
+}

@@ -1,0 +1,241 @@
+//! A communicator's collectives: the algorithms set up on it, the policy choosing among them,
+//! and the one entry point every caller shares.
+
+use std::sync::Arc;
+
+use mscclpp_comm::Communicator;
+use mscclpp_hal::collective::MAX_RANKS;
+use mscclpp_hal::{BufferSlice, CollectiveKind, DataType, Error, ReduceOp, Result, Stream};
+
+use crate::algorithms::direct::Direct;
+use crate::algorithms::ll::{Ll, LlGrid, LlScratch};
+use crate::algorithms::ll_short::LlShort;
+use crate::algorithms::ll128::{self, Ll128};
+use crate::algorithms::read::Read;
+use crate::algorithms::{Algorithm, AlgorithmId};
+use crate::call::{self, CollectiveCall};
+use crate::policy::{Policy, Settings};
+use crate::scratch::agree;
+use crate::window::Window;
+
+/// Packet bytes of one LL scratch slot: 2 MiB of packets carry 1 MiB of data per peer per round
+/// (so an LL all-reduce up to 1 MiB takes one round).
+pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
+
+/// The collectives of one communicator (all ranks create it together).
+#[derive(Debug)]
+pub struct Collectives {
+    comm: Arc<Communicator>,
+    policy: Policy,
+    ll: Ll,
+    ll_short: LlShort,
+    /// Where every rank can use it.
+    ll128: Option<Ll128>,
+    /// Where the backend has the kernels.
+    direct: Option<Direct>,
+    read: Option<Read>,
+}
+
+impl Collectives {
+    /// Sets up the collectives of `comm` (a collective call: every rank makes it).
+    pub fn new(comm: Arc<Communicator>) -> Result<Self> {
+        Self::with_slot_bytes(comm, DEFAULT_SLOT_BYTES)
+    }
+
+    /// As [`Collectives::new`] with a chosen LL slot size (tests use small slots to exercise
+    /// messages that take many rounds).
+    pub fn with_slot_bytes(comm: Arc<Communicator>, slot_bytes: u64) -> Result<Self> {
+        let (rank, n) = (comm.rank(), comm.nranks());
+        if !(2..=MAX_RANKS).contains(&n) {
+            return Err(Error::invalid(format!(
+                "collectives serve 2 to {MAX_RANKS} ranks of one node; this communicator has {n}"
+            )));
+        }
+        if slot_bytes < 16 || slot_bytes % 16 != 0 {
+            return Err(Error::invalid(format!(
+                "slot of {slot_bytes} bytes: a positive multiple of 16 is needed"
+            )));
+        }
+        let settings = Settings::from_env()?;
+        // The short kernels' switch is not agreed: they interoperate with the general ones.
+        agree(
+            &comm,
+            "collective settings",
+            format!(
+                "slot {slot_bytes} B, algorithms {:?}, LL threads {:?}, LL packets per block {}",
+                settings.policy.choices, settings.ll_threads, settings.ll_packets_per_block
+            ),
+        )?;
+        let ll128 = ll128::candidate(&comm, slot_bytes, settings.ll_threads)?;
+        let shared = LlScratch::new(&comm, slot_bytes, ll128.is_some())?;
+        let direct = Direct::setup(&comm, &settings)?;
+        let read = Read::setup(&comm, &settings)?;
+        let info = comm.device().info();
+        let grid = LlGrid {
+            slot_bytes,
+            packets_per_block: settings.ll_packets_per_block,
+            threads: settings.ll_threads,
+            multiprocessors: info.multiprocessors,
+            max_threads_per_block: info.max_threads_per_block,
+            host: info.warp_size == 1,
+        };
+        let ll = Ll::new(&comm, shared.clone(), grid)?;
+        let ll_short = LlShort::new(&comm, shared.clone(), grid, settings.ll_short)?;
+        let ll128 = ll128.map(|c| Ll128::new(&comm, shared, c));
+        // Nobody writes into a peer's scratch before that peer has zeroed it.
+        comm.bootstrap().barrier()?;
+        tracing::debug!(rank, nranks = n, slot_bytes, "collectives ready");
+        Ok(Collectives {
+            comm,
+            policy: settings.policy,
+            ll,
+            ll_short,
+            ll128,
+            direct,
+            read,
+        })
+    }
+
+    /// The communicator.
+    pub fn communicator(&self) -> &Arc<Communicator> {
+        &self.comm
+    }
+
+    fn get(&self, id: AlgorithmId) -> Option<&dyn Algorithm> {
+        match id {
+            AlgorithmId::Ll => Some(&self.ll),
+            AlgorithmId::LlShort => Some(&self.ll_short),
+            AlgorithmId::Ll128 => self.ll128.as_ref().map(|a| a as &dyn Algorithm),
+            AlgorithmId::Direct => self.direct.as_ref().map(|a| a as &dyn Algorithm),
+            AlgorithmId::Read => self.read.as_ref().map(|a| a as &dyn Algorithm),
+        }
+    }
+
+    /// The algorithm that serves `kind` for rank blocks of `block_bytes` on this rank.
+    pub fn algorithm(&self, kind: CollectiveKind, block_bytes: u64) -> AlgorithmId {
+        self.policy.choose(kind, block_bytes, |id| {
+            self.get(id).is_some_and(|a| a.fits(kind, block_bytes))
+        })
+    }
+
+    /// Enqueues `call` on `stream`: checks it, lets the policy pick the algorithm and launches
+    /// that algorithm's kernel. No host synchronisation; the buffers must stay allocated until
+    /// the stream has passed the call.
+    pub fn run(&self, call: &CollectiveCall, stream: &dyn Stream) -> Result<()> {
+        let backend = self.comm.device().info().backend;
+        let checked = call::check(call, self.comm.rank(), self.comm.nranks(), backend)?;
+        let id = self.algorithm(call.kind, checked.block_bytes);
+        let algorithm = self
+            .get(id)
+            .ok_or_else(|| Error::Internal(format!("{id} was chosen but is not set up")))?;
+        debug_assert_eq!(algorithm.id(), id);
+        let plan = algorithm.plan(&checked)?;
+        // SAFETY: `checked` was checked against this communicator just above and `plan` planned
+        // by the same algorithm; the caller keeps the buffers alive (documented above).
+        unsafe { algorithm.launch(&checked, &plan, stream) }
+    }
+
+    /// Lets one-round all-reduce, reduce-scatter, all-gather and all-to-all calls take the short
+    /// kernels (`true`, the default unless `MSCCLPP_LL_SHORT=0`) or keeps them on the general LL
+    /// kernel. A per-rank choice, for measurements and debugging: ranks may differ, since both
+    /// kernels run the same protocol. Takes effect from the next call.
+    pub fn use_short_kernels(&self, on: bool) {
+        self.ll_short.set_enabled(on);
+    }
+
+    /// Registers `slice` with every rank's collectives (a collective call: every rank registers
+    /// one buffer of its own, in the same order on every rank). All-reduces whose input lies in a
+    /// registered buffer let the peers read it where it is instead of a copy; the IPC mappings
+    /// are made here, once. The buffer stays alive until [`Collectives::deregister`].
+    pub fn register(&self, slice: &BufferSlice) -> Result<Window> {
+        let read = self.read.as_ref().ok_or_else(|| {
+            Error::unavailable(
+                "registering a buffer with the collectives",
+                format!(
+                    "the {} backend has no read all-reduce kernel",
+                    self.comm.device().info().backend
+                ),
+            )
+        })?;
+        read.register(&self.comm, slice)
+    }
+
+    /// Deregisters a window (a collective call, in the same order on every rank). Every call
+    /// that used it must have finished on its stream, on every rank.
+    pub fn deregister(&self, window: Window) -> Result<()> {
+        let read = self
+            .read
+            .as_ref()
+            .ok_or_else(|| Error::invalid("deregister: no buffer was ever registered here"))?;
+        read.deregister(&self.comm, window)
+    }
+
+    /// `output = reduce(op, input of every rank)`; `count` elements each. In place when both
+    /// slices are the same memory.
+    pub fn all_reduce(
+        &self,
+        input: &BufferSlice,
+        output: &BufferSlice,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &dyn Stream,
+    ) -> Result<()> {
+        let call = CollectiveCall::new(CollectiveKind::AllReduce, input, output, count, dtype);
+        self.run(&call.op(op), stream)
+    }
+
+    /// `output` (`nranks * count` elements) = every rank's `input` (`count`), by rank.
+    pub fn all_gather(
+        &self,
+        input: &BufferSlice,
+        output: &BufferSlice,
+        count: usize,
+        dtype: DataType,
+        stream: &dyn Stream,
+    ) -> Result<()> {
+        let call = CollectiveCall::new(CollectiveKind::AllGather, input, output, count, dtype);
+        self.run(&call, stream)
+    }
+
+    /// `output` (`count`) = reduction over ranks of block `rank` of `input` (`nranks * count`).
+    pub fn reduce_scatter(
+        &self,
+        input: &BufferSlice,
+        output: &BufferSlice,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &dyn Stream,
+    ) -> Result<()> {
+        let call = CollectiveCall::new(CollectiveKind::ReduceScatter, input, output, count, dtype);
+        self.run(&call.op(op), stream)
+    }
+
+    /// `output` = `input` of `root` (`count` elements; only the root's input is read).
+    pub fn broadcast(
+        &self,
+        input: &BufferSlice,
+        output: &BufferSlice,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &dyn Stream,
+    ) -> Result<()> {
+        let call = CollectiveCall::new(CollectiveKind::Broadcast, input, output, count, dtype);
+        self.run(&call.root(root), stream)
+    }
+
+    /// Block `p` of `output` = block `rank` of rank `p`'s `input` (`nranks * count` each).
+    pub fn all_to_all(
+        &self,
+        input: &BufferSlice,
+        output: &BufferSlice,
+        count: usize,
+        dtype: DataType,
+        stream: &dyn Stream,
+    ) -> Result<()> {
+        let call = CollectiveCall::new(CollectiveKind::AllToAll, input, output, count, dtype);
+        self.run(&call, stream)
+    }
+}

@@ -1,0 +1,294 @@
+//! Which algorithm serves a call, and the settings read from the environment.
+//!
+//! By default: LL128 for all-reduces of 256 KiB up to 2 MiB per rank where it runs; the direct
+//! algorithm from a size per collective on; LL below (its short kernels wherever a call fits
+//! them). The read algorithm only when forced. `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and
+//! `ll128`, `read` for all-reduce) forces one per collective; a forced algorithm that cannot
+//! serve a call (too large, or not set up here) leaves that call to the default choice. The
+//! thresholds are where the measurements in docs/performance.md cross over.
+
+use std::ops::Range;
+
+use mscclpp_hal::{CollectiveKind, Error, Result};
+
+use crate::algorithms::AlgorithmId;
+
+/// Per collective: a forced algorithm, or by size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Choice {
+    Auto,
+    Forced(AlgorithmId),
+}
+
+/// Rank-block bytes from which the direct algorithm serves `kind` when not forced.
+pub(crate) fn direct_threshold(kind: CollectiveKind) -> u64 {
+    match kind {
+        CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
+            2 << 20
+        }
+        CollectiveKind::Broadcast => 512 << 10,
+        CollectiveKind::AllToAll => 1 << 20,
+    }
+}
+
+/// All-reduce rank-block bytes LL128 serves when not forced (where it fits: one round). Below,
+/// its per-line agreement costs more latency than its 94 % payload saves.
+pub(crate) const LL128_RANGE: Range<u64> = (256 << 10)..(2 << 20);
+
+/// The environment variable forcing `kind`'s algorithm.
+fn algo_var(kind: CollectiveKind) -> String {
+    format!("MSCCLPP_ALGO_{}", kind.name().to_ascii_uppercase())
+}
+
+/// `MSCCLPP_ALGO_<KIND>`'s value `value` (unset: `None`).
+pub(crate) fn parse_choice(kind: CollectiveKind, value: Option<&str>) -> Result<Choice> {
+    let Some(v) = value else {
+        return Ok(Choice::Auto);
+    };
+    let all_reduce = kind == CollectiveKind::AllReduce;
+    Ok(match v.to_ascii_lowercase().as_str() {
+        "auto" => Choice::Auto,
+        "ll" => Choice::Forced(AlgorithmId::Ll),
+        "direct" => Choice::Forced(AlgorithmId::Direct),
+        "read" if all_reduce => Choice::Forced(AlgorithmId::Read),
+        "ll128" if all_reduce => Choice::Forced(AlgorithmId::Ll128),
+        _ => {
+            return Err(Error::invalid(format!(
+                "environment variable {}={v:?} is malformed: expected auto, ll or direct{}",
+                algo_var(kind),
+                if all_reduce { " (or ll128, read)" } else { "" }
+            )));
+        }
+    })
+}
+
+/// The choice among the algorithms that fit a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Policy {
+    pub choices: [Choice; 5],
+}
+
+impl Policy {
+    /// The algorithm for `kind` with rank blocks of `block_bytes`; `fits` says which of them
+    /// can serve it here ([`AlgorithmId::Ll`] always can).
+    pub fn choose(
+        &self,
+        kind: CollectiveKind,
+        block_bytes: u64,
+        fits: impl Fn(AlgorithmId) -> bool,
+    ) -> AlgorithmId {
+        let family = match self.choices[kind as usize] {
+            Choice::Forced(a) if fits(a) => a,
+            _ if fits(AlgorithmId::Ll128) && LL128_RANGE.contains(&block_bytes) => {
+                AlgorithmId::Ll128
+            }
+            _ if fits(AlgorithmId::Direct) && block_bytes >= direct_threshold(kind) => {
+                AlgorithmId::Direct
+            }
+            _ => AlgorithmId::Ll,
+        };
+        // The short kernels run LL's protocol: wherever LL serves, they do if they fit.
+        match family {
+            AlgorithmId::Ll | AlgorithmId::LlShort if fits(AlgorithmId::LlShort) => {
+                AlgorithmId::LlShort
+            }
+            AlgorithmId::LlShort => AlgorithmId::Ll,
+            a => a,
+        }
+    }
+}
+
+/// Everything the environment sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Settings {
+    pub policy: Policy,
+    /// `MSCCLPP_LL_THREADS`: LL and LL128 blocks of this many threads.
+    pub ll_threads: Option<u32>,
+    /// `MSCCLPP_LL_PACKETS_PER_BLOCK`: LL blocks per this many packets of a round.
+    pub ll_packets_per_block: u64,
+    /// `MSCCLPP_LL_SHORT`: whether one-round calls may take the short kernels.
+    pub ll_short: bool,
+    /// `MSCCLPP_DIRECT_THREADS`: direct blocks of this many threads at every size.
+    pub direct_threads: Option<u32>,
+    /// `MSCCLPP_DIRECT_SLOT_BYTES`: the direct algorithm's slot size.
+    pub direct_slot_bytes: Option<u64>,
+    /// `MSCCLPP_READ_THREADS`: read blocks of this many threads.
+    pub read_threads: Option<u32>,
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Settings> {
+        use mscclpp_hal::env;
+        let mut choices = [Choice::Auto; 5];
+        for kind in CollectiveKind::ALL {
+            choices[kind as usize] = parse_choice(kind, env::get(&algo_var(kind)).as_deref())?;
+        }
+        let direct_slot_bytes = match env::parse::<u64>(
+            "MSCCLPP_DIRECT_SLOT_BYTES",
+            "a byte count",
+        )? {
+            Some(b) if b >= 4096 && b % 16 == 0 && b <= 16 << 20 => Some(b),
+            Some(b) => {
+                return Err(Error::invalid(format!(
+                    "MSCCLPP_DIRECT_SLOT_BYTES={b}: expected a multiple of 16 from 4096 to 16 MiB"
+                )));
+            }
+            None => None,
+        };
+        Ok(Settings {
+            policy: Policy { choices },
+            ll_threads: env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
+                .map(|t| t.clamp(32, 1024)),
+            // 256 packets (4 KiB of data) per block.
+            ll_packets_per_block: env::parse::<u64>(
+                "MSCCLPP_LL_PACKETS_PER_BLOCK",
+                "a packet count",
+            )?
+            .unwrap_or(256)
+            .max(1),
+            ll_short: env::flag("MSCCLPP_LL_SHORT")?.unwrap_or(true),
+            direct_threads: env::parse("MSCCLPP_DIRECT_THREADS", "threads per block")?,
+            direct_slot_bytes,
+            read_threads: env::parse("MSCCLPP_READ_THREADS", "threads per block")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use AlgorithmId::*;
+    use CollectiveKind::*;
+
+    const KIB: u64 = 1 << 10;
+    const MIB: u64 = 1 << 20;
+
+    fn auto() -> Policy {
+        Policy {
+            choices: [Choice::Auto; 5],
+        }
+    }
+
+    fn forced(kind: CollectiveKind, value: &str) -> Policy {
+        let mut p = auto();
+        p.choices[kind as usize] = parse_choice(kind, Some(value)).unwrap();
+        p
+    }
+
+    /// A GPU like 2 x H200: every algorithm set up, LL128 up to one round (1.875 MiB), read up
+    /// to its staging area, the short kernels up to one LL round (1 MiB).
+    fn h200(kind: CollectiveKind, bytes: u64) -> impl Fn(AlgorithmId) -> bool {
+        move |a| match a {
+            Ll | Direct => true,
+            LlShort => kind != Broadcast && bytes > 0 && bytes <= MIB,
+            Ll128 => kind == AllReduce && bytes <= 1920 * KIB,
+            Read => kind == AllReduce && bytes <= 4 * MIB,
+        }
+    }
+
+    /// A backend with LL only.
+    fn ll_only(a: AlgorithmId) -> bool {
+        a == Ll
+    }
+
+    #[test]
+    fn all_reduce_by_size() {
+        let p = auto();
+        let at = |b| p.choose(AllReduce, b, h200(AllReduce, b));
+        assert_eq!(at(KIB), LlShort);
+        assert_eq!(at(255 * KIB), LlShort);
+        assert_eq!(at(256 * KIB), Ll128);
+        assert_eq!(at(1920 * KIB), Ll128);
+        // Past LL128's round and below direct's threshold: LL in rounds.
+        assert_eq!(at(1920 * KIB + 4), Ll);
+        assert_eq!(at(2 * MIB), Direct);
+        assert_eq!(at(1 << 30), Direct);
+    }
+
+    #[test]
+    fn thresholds_per_collective() {
+        let p = auto();
+        let at = |k, b| p.choose(k, b, h200(k, b));
+        assert_eq!(at(Broadcast, 256 * KIB), Ll);
+        assert_eq!(at(Broadcast, 512 * KIB), Direct);
+        assert_eq!(at(AllToAll, 512 * KIB), LlShort);
+        assert_eq!(at(AllToAll, MIB), Direct);
+        assert_eq!(at(AllGather, MIB), LlShort);
+        assert_eq!(at(AllGather, 2 * MIB - 2), Ll);
+        assert_eq!(at(ReduceScatter, 2 * MIB), Direct);
+        // LL128 serves all-reduce only.
+        assert_eq!(at(AllGather, 512 * KIB), LlShort);
+    }
+
+    #[test]
+    fn without_direct_or_ll128_everything_is_ll() {
+        let p = auto();
+        for kind in CollectiveKind::ALL {
+            for b in [KIB, MIB, 1 << 30] {
+                assert_eq!(p.choose(kind, b, ll_only), Ll, "{kind:?} {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_environment_forces_per_collective() {
+        let ll = forced(AllReduce, "LL");
+        assert_eq!(
+            ll.choose(AllReduce, 64 * MIB, h200(AllReduce, 64 * MIB)),
+            Ll
+        );
+        // Forcing LL still lets one-round calls take the short kernels.
+        assert_eq!(
+            ll.choose(AllReduce, 512 * KIB, h200(AllReduce, 512 * KIB)),
+            LlShort
+        );
+        // Other collectives keep the default.
+        assert_eq!(
+            ll.choose(AllGather, 64 * MIB, h200(AllGather, 64 * MIB)),
+            Direct
+        );
+        let direct = forced(Broadcast, "direct");
+        assert_eq!(direct.choose(Broadcast, KIB, h200(Broadcast, KIB)), Direct);
+        let read = forced(AllReduce, "read");
+        assert_eq!(read.choose(AllReduce, KIB, h200(AllReduce, KIB)), Read);
+        let ll128 = forced(AllReduce, "ll128");
+        assert_eq!(ll128.choose(AllReduce, KIB, h200(AllReduce, KIB)), Ll128);
+    }
+
+    #[test]
+    fn a_forced_algorithm_that_cannot_serve_leaves_the_default() {
+        let read = forced(AllReduce, "read");
+        assert_eq!(
+            read.choose(AllReduce, 8 * MIB, h200(AllReduce, 8 * MIB)),
+            Direct
+        );
+        let ll128 = forced(AllReduce, "ll128");
+        assert_eq!(
+            ll128.choose(AllReduce, 4 * MIB, h200(AllReduce, 4 * MIB)),
+            Direct
+        );
+        assert_eq!(ll128.choose(AllReduce, KIB, ll_only), Ll);
+        let direct = forced(AllGather, "direct");
+        assert_eq!(direct.choose(AllGather, 64 * MIB, ll_only), Ll);
+    }
+
+    #[test]
+    fn malformed_choices_name_the_variable_and_the_accepted_values() {
+        assert_eq!(parse_choice(AllReduce, None).unwrap(), Choice::Auto);
+        assert_eq!(parse_choice(AllGather, Some("Auto")).unwrap(), Choice::Auto);
+        let e = parse_choice(AllGather, Some("ll128"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("MSCCLPP_ALGO_ALLGATHER") && e.contains("auto, ll or direct"),
+            "{e}"
+        );
+        let e = parse_choice(AllReduce, Some("fast"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("MSCCLPP_ALGO_ALLREDUCE") && e.contains("ll128, read"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,94 @@
+//! Scratch buffers that every peer maps, the mapping of peers' buffers, and the agreement of
+//! settings across ranks.
+
+use mscclpp_comm::Communicator;
+use mscclpp_hal::collective::MAX_RANKS;
+use mscclpp_hal::{BufferSlice, DeviceBuffer, Error, MemoryKind, Result};
+use mscclpp_transports::{RegisteredMemory, Transport, TransportFlags};
+
+/// Checks that every rank has the same `value` of `what`: kernels whose blocks wait for the
+/// peers' blocks need the same algorithms and grids everywhere, and a difference would hang them.
+/// Every rank gets the error, which names a rank that differs.
+pub(crate) fn agree(comm: &Communicator, what: &str, value: String) -> Result<()> {
+    let all = comm.bootstrap().all_gather(value.as_bytes())?;
+    match all.iter().position(|v| v.as_slice() != value.as_bytes()) {
+        None => Ok(()),
+        Some(p) => Err(Error::invalid(format!(
+            "{what} differ between ranks: rank {} has {value}, rank {p} has {}; every rank must run with the same environment and the same GPU model",
+            comm.rank(),
+            String::from_utf8_lossy(&all[p])
+        ))),
+    }
+}
+
+/// A buffer of this rank that every peer maps, and the peers' buffers mapped here.
+#[derive(Debug)]
+pub(crate) struct PeerMaps {
+    /// Kept alive: the mappings of the peers' buffers.
+    pub peers: Vec<RegisteredMemory>,
+    /// Every rank's buffer as seen here (this rank's own at index `rank`), and its length.
+    pub bases: [u64; MAX_RANKS],
+    pub lens: [u64; MAX_RANKS],
+}
+
+/// Registers `slice` (this rank's `what`) and maps every peer's (a collective call).
+pub(crate) fn map_peers(comm: &Communicator, slice: &BufferSlice, what: &str) -> Result<PeerMaps> {
+    let (rank, n) = (comm.rank(), comm.nranks());
+    let mine = comm.register_memory(slice, TransportFlags::single(Transport::CudaIpc))?;
+    let mut maps = PeerMaps {
+        peers: Vec::with_capacity(n - 1),
+        bases: [0; MAX_RANKS],
+        lens: [0; MAX_RANKS],
+    };
+    maps.bases[rank] = slice.ptr().0;
+    maps.lens[rank] = slice.len() as u64;
+    for p in (0..n).filter(|&p| p != rank) {
+        let theirs = comm.exchange_memory(&mine, p)?;
+        let view = theirs.mapped_slice().ok_or_else(|| {
+            Error::invalid(format!(
+                "rank {p}'s {what} is not mapped on rank {rank}: collectives need every rank on one host (CudaIpc)"
+            ))
+        })?;
+        maps.bases[p] = view.ptr().0;
+        maps.lens[p] = view.len() as u64;
+        maps.peers.push(theirs);
+    }
+    Ok(maps)
+}
+
+/// A scratch buffer of this rank, zeroed, and every rank's scratch mapped here.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    _buffer: DeviceBuffer,
+    _peers: Vec<RegisteredMemory>,
+    /// Every rank's scratch (this rank's own at index `rank`).
+    pub addrs: [u64; MAX_RANKS],
+}
+
+impl Scratch {
+    /// Allocates, zeroes and registers a scratch buffer of `bytes` and maps every peer's (a
+    /// collective call; `bytes` must be the same on every rank).
+    pub fn exchange(comm: &Communicator, bytes: u64, what: &str) -> Result<Scratch> {
+        let bytes = usize::try_from(bytes).map_err(|_| {
+            Error::invalid(format!("{what} of {bytes} bytes does not fit this host"))
+        })?;
+        let device = comm.device();
+        let buffer = device.alloc(bytes, MemoryKind::Device)?;
+        let stream = device.create_stream()?;
+        // Zeroed before anyone can see it: flags and packets of 0 never match.
+        stream.fill(&buffer.full(), 0)?;
+        stream.synchronize()?;
+        let maps = map_peers(comm, &buffer.full(), what)?;
+        if let Some(p) = (0..comm.nranks()).find(|&p| maps.lens[p] != bytes as u64) {
+            return Err(Error::Remote {
+                rank: p,
+                message: format!("{what} of {} bytes, expected {bytes}", maps.lens[p]),
+            });
+        }
+        Ok(Scratch {
+            _buffer: buffer,
+            _peers: maps.peers,
+            addrs: maps.bases,
+        })
+    }
+}
