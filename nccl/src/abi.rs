@@ -81,19 +81,9 @@ pub mod redop {
     pub const NUM_OPS: c_int = 5;
 }
 
-/// `ncclUniqueId`: 128 opaque bytes, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct NcclUniqueId {
-    /// The bytes.
-    pub internal: [u8; NCCL_UNIQUE_ID_BYTES],
-}
-
-impl std::fmt::Debug for NcclUniqueId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("NcclUniqueId(..)")
-    }
-}
+/// `ncclUniqueId`: 128 opaque bytes, passed by value (the real NCCL's binding's type, so that
+/// ids pass between the two unchanged).
+pub use mscclpp_nccl_real::UniqueId as NcclUniqueId;
 
 /// The header every `ncclConfig_t` starts with (`size_t size; unsigned magic; unsigned
 /// version;`). This library reads only these fields and ignores the rest (blocking, CTA

@@ -6,14 +6,14 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use mscclpp::collectives::Collectives;
+use mscclpp::collectives::{CollectiveCall, Collectives};
 use mscclpp::comm::{Bootstrap, BootstrapConfig, Communicator, UniqueId};
 use mscclpp::hal::collective::MAX_RANKS;
-use mscclpp::hal::{BackendKind, DataType, Device, DevicePtr, ReduceOp, Stream};
+use mscclpp::hal::{BackendKind, CollectiveKind, DataType, Device, DevicePtr, ReduceOp, Stream};
 
 use crate::abi::*;
 use crate::error::{Failure, Res};
-use crate::real::{RealNccl, no_real, real};
+use crate::real::{RealNccl, RealResults, no_real, real};
 
 /// The operations this library dispatches (names as in `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,6 +59,18 @@ impl Op {
             Op::Reduce => "reduce",
             Op::Send => "send",
             Op::Recv => "recv",
+        }
+    }
+
+    /// The collective of mscclpp that serves it, if one does.
+    pub fn collective(self) -> Option<CollectiveKind> {
+        match self {
+            Op::AllReduce => Some(CollectiveKind::AllReduce),
+            Op::AllGather => Some(CollectiveKind::AllGather),
+            Op::ReduceScatter => Some(CollectiveKind::ReduceScatter),
+            Op::Broadcast => Some(CollectiveKind::Broadcast),
+            Op::AllToAll => Some(CollectiveKind::AllToAll),
+            Op::Reduce | Op::Send | Op::Recv => None,
         }
     }
 
@@ -587,12 +599,15 @@ impl Comm {
         let full = block
             .checked_mul(n)
             .ok_or_else(|| Failure::argument("count overflows"))?;
-        let (in_bytes, out_bytes) = match call.op {
-            Op::AllReduce | Op::Broadcast => (block, block),
-            Op::AllGather => (block, full),
-            Op::ReduceScatter => (full, block),
-            Op::AllToAll => (full, full),
-            _ => return Err(Failure::internal("not a native operation")),
+        let kind = call
+            .op
+            .collective()
+            .ok_or_else(|| Failure::internal("not a native operation"))?;
+        let (in_bytes, out_bytes) = match kind {
+            CollectiveKind::AllReduce | CollectiveKind::Broadcast => (block, block),
+            CollectiveKind::AllGather => (block, full),
+            CollectiveKind::ReduceScatter => (full, block),
+            CollectiveKind::AllToAll => (full, full),
         };
         let root = usize::try_from(call.root).unwrap_or(0);
         // Broadcast: only the root's send buffer is read; the others may pass anything.
@@ -641,16 +656,12 @@ impl Comm {
                     Ok(())
                 }
             }
-            Some(c) => match call.op {
-                Op::AllReduce => c.all_reduce(&i, &o, count, dt, op, &*stream),
-                Op::AllGather => c.all_gather(&i, &o, count, dt, &*stream),
-                Op::ReduceScatter => c.reduce_scatter(&i, &o, count, dt, op, &*stream),
-                Op::Broadcast => c.broadcast(&i, &o, count, dt, root, &*stream),
-                Op::AllToAll => c.all_to_all(&i, &o, count, dt, &*stream),
-                _ => Err(mscclpp::hal::Error::Internal(
-                    "not a native operation".into(),
-                )),
-            },
+            Some(c) => c.run(
+                &CollectiveCall::new(kind, &i, &o, count, dt)
+                    .op(op)
+                    .root(root),
+                &*stream,
+            ),
         };
         // The host backend orders work on the communicator's own stream and returns once it
         // ran: callers have no stream of their own to wait on.

@@ -55,7 +55,7 @@ use mscclpp::hal::{Device, DeviceBuffer, MemoryKind};
 use abi::*;
 use comm::{Call, Comm, Op, from_real, lookup, register, unregister};
 use error::{Failure, Res, guard};
-use real::{no_real, real};
+use real::{RealResults, no_real, real};
 
 /// The names of every export, in the order of GPU.md's list (PyTorch 2.11's 38 imports), then
 /// the extra ones.
@@ -100,7 +100,16 @@ pub const EXPORTS: &[&str] = &[
     "ncclSend",
     // beyond PyTorch 2.11's list
     "ncclCommCuDevice",
+    mscclpp_nccl_real::SHIM_MARKER,
 ];
+
+/// `int mscclppNcclShim(void)`: 1. Only this library exports it, so that the binding of the real
+/// NCCL refuses it when `MSCCLPP_NCCL_LIB_PATH` names this library (forwarding to ourselves
+/// would recurse until the stack overflows).
+#[unsafe(no_mangle)]
+pub extern "C" fn mscclppNcclShim() -> c_int {
+    1
+}
 
 /// Writes `v` through an out-pointer, or fails naming it when it is NULL.
 ///

@@ -626,6 +626,25 @@ fn two_ranks_host() -> Result<(), Failed> {
     }
 }
 
+/// `MSCCLPP_NCCL_LIB_PATH` naming this library: the binding of the real NCCL refuses it with
+/// an error naming the path (forwarding to ourselves recursed until the stack overflowed).
+fn refused_as_the_real_nccl() -> Result<(), Failed> {
+    let p = lib_path()?;
+    let path = p.to_string_lossy();
+    let e = match mscclpp_nccl_real::RealNccl::open(&path, "MSCCLPP_NCCL_LIB_PATH") {
+        Ok(real) => return Err(format!("{real:?} was taken for the real NCCL").into()),
+        Err(e) => e,
+    };
+    let text = e.to_string();
+    if e.class() != mscclpp::hal::ErrorClass::InvalidUsage
+        || !text.contains(&*path)
+        || !text.contains("libmscclpp_nccl")
+    {
+        return Err(format!("unexpected error: {text}").into());
+    }
+    Ok(())
+}
+
 fn main() {
     if let Ok(rank) = std::env::var(ROLE_VAR) {
         let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
@@ -643,6 +662,7 @@ fn main() {
         Trial::test("abi::symbols_resolve", symbols_resolve),
         Trial::test("abi::version_and_error_strings", version_and_strings),
         Trial::test("abi::host::2_ranks_collectives_and_errors", two_ranks_host),
+        Trial::test("abi::refused_as_the_real_nccl", refused_as_the_real_nccl),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
