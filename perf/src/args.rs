@@ -1,6 +1,8 @@
 //! Command line, with nccl-tests' flag names where they exist.
 
 use clap::{Parser, Subcommand};
+use mscclpp::hal::collective::MAX_RANKS;
+use mscclpp::hal::{BackendKind, CollectiveKind, DataType};
 
 /// Benchmarks of mscclpp-rs. Runs standalone (spawning one process per rank) or under
 /// mpirun/torchrun/srun (one process per rank, taken from the launcher's environment).
@@ -97,6 +99,32 @@ pub enum Bench {
     },
 }
 
+impl Bench {
+    /// The collective it measures, if it is one.
+    pub fn collective(&self) -> Option<CollectiveKind> {
+        match self {
+            Bench::Allreduce => Some(CollectiveKind::AllReduce),
+            Bench::Allgather => Some(CollectiveKind::AllGather),
+            Bench::Reducescatter => Some(CollectiveKind::ReduceScatter),
+            Bench::Broadcast => Some(CollectiveKind::Broadcast),
+            Bench::Alltoall => Some(CollectiveKind::AllToAll),
+            Bench::P2p | Bench::MemoryChannel | Bench::PortChannel { .. } => None,
+        }
+    }
+
+    /// Its name: the subcommand, and the `bench` of its JSON lines.
+    pub fn name(&self) -> &'static str {
+        match self.collective() {
+            Some(kind) => kind.name(),
+            None => match self {
+                Bench::MemoryChannel => "memory-channel",
+                Bench::PortChannel { .. } => "port-channel",
+                _ => "p2p",
+            },
+        }
+    }
+}
+
 /// Parses `4096`, `64K`, `1M`, `1G` (powers of 1024).
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
@@ -149,6 +177,75 @@ impl Args {
         Ok(())
     }
 
+    /// The benchmark to run.
+    pub fn bench(&self) -> Bench {
+        self.bench.clone().unwrap_or(Bench::Allreduce)
+    }
+
+    /// Checks what depends on the rank count and the backend: run in the launcher before any
+    /// rank starts.
+    pub fn validate_for(&self, nranks: usize, backend: BackendKind) -> Result<(), String> {
+        let bench = self.bench();
+        let Some(kind) = bench.collective() else {
+            for (set, flag) in [
+                (self.baseline.is_some(), "--baseline"),
+                (self.register, "--register"),
+                (self.cudagraph > 0, "-G/--cudagraph"),
+            ] {
+                if set {
+                    return Err(format!(
+                        "{flag} applies to the collective benchmarks, not {}",
+                        bench.name()
+                    ));
+                }
+            }
+            if let Bench::PortChannel { transport } = &bench {
+                transport
+                    .parse::<mscclpp::transports::Transport>()
+                    .map_err(|e| format!("--transport {transport}: {e}"))?;
+            }
+            if matches!(bench, Bench::MemoryChannel | Bench::PortChannel { .. }) && nranks != 2 {
+                return Err(format!(
+                    "{} runs between 2 ranks, not {nranks} (use --ranks 2)",
+                    bench.name()
+                ));
+            }
+            return Ok(());
+        };
+        if nranks > MAX_RANKS {
+            return Err(format!(
+                "{}: collectives serve 2 to {MAX_RANKS} ranks of one node, not {nranks}",
+                kind.name()
+            ));
+        }
+        if self.root >= nranks {
+            return Err(format!(
+                "--root {} is not a rank of {nranks} (ranks 0 to {})",
+                self.root,
+                nranks - 1
+            ));
+        }
+        let dtype: DataType = self.datatype.parse().map_err(|e| format!("{e}"))?;
+        let per = match kind {
+            CollectiveKind::AllReduce | CollectiveKind::Broadcast => 1,
+            _ => nranks,
+        };
+        let smallest = dtype.size() * per;
+        if self.max_bytes < smallest {
+            return Err(format!(
+                "-e {}: {} needs at least {smallest} bytes (one {dtype} per rank block on {nranks} ranks)",
+                self.max_bytes,
+                kind.name()
+            ));
+        }
+        if self.baseline.is_some() && backend == BackendKind::Host {
+            return Err(
+                "--baseline nccl: the host backend has no vendor stream to run NCCL on".into(),
+            );
+        }
+        Ok(())
+    }
+
     /// The sizes to measure.
     pub fn sizes(&self) -> Vec<usize> {
         let mut v = Vec::new();
@@ -178,5 +275,34 @@ mod tests {
         assert_eq!(a.sizes(), vec![1024, 2048, 4096, 8192]);
         let bad = Args::try_parse_from(["mscclpp-perf", "-b", "8K", "-e", "1K"]).unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    fn check(argv: &[&str], nranks: usize, backend: BackendKind) -> Result<(), String> {
+        let mut all = vec!["mscclpp-perf"];
+        all.extend_from_slice(argv);
+        Args::try_parse_from(all)
+            .unwrap()
+            .validate_for(nranks, backend)
+    }
+
+    #[test]
+    fn the_launcher_refuses_what_no_rank_could_run() {
+        use BackendKind::{Cuda, Host};
+        let e = check(&["broadcast", "-r", "5"], 2, Host).unwrap_err();
+        assert!(e.contains("--root 5 is not a rank of 2"), "{e}");
+        assert!(check(&["broadcast", "-r", "1"], 2, Host).is_ok());
+        let e = check(&["allgather", "-b", "1", "-e", "4"], 2, Host).unwrap_err();
+        assert!(e.contains("at least 8 bytes"), "{e}");
+        let e = check(&["allreduce", "--baseline", "nccl"], 2, Host).unwrap_err();
+        assert!(e.contains("host backend"), "{e}");
+        assert!(check(&["allreduce", "--baseline", "nccl"], 2, Cuda).is_ok());
+        let e = check(&["memory-channel"], 3, Host).unwrap_err();
+        assert!(e.contains("2 ranks, not 3"), "{e}");
+        let e = check(&["p2p", "-G", "4"], 2, Host).unwrap_err();
+        assert!(e.contains("collective benchmarks, not p2p"), "{e}");
+        let e = check(&["port-channel", "--transport", "Carrier"], 2, Host).unwrap_err();
+        assert!(e.contains("--transport Carrier"), "{e}");
+        let e = check(&["allreduce"], 9, Cuda).unwrap_err();
+        assert!(e.contains("2 to 8 ranks"), "{e}");
     }
 }

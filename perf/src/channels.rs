@@ -86,12 +86,16 @@ fn measure(
             count: size,
             dtype: "u8",
             op: "put",
+            root: None,
+            nranks: 2,
             time_us: worst,
             algbw_gbps: one_way,
             busbw_gbps: one_way * 2.0,
             wrong: Some(total),
+            baseline: None,
         });
     }
+    table.footer();
     Ok(table.wrong_total())
 }
 
@@ -107,8 +111,8 @@ fn check_two(comm: &Communicator) -> Result<()> {
 
 fn preamble(args: &Args, comm: &Communicator, what: &str) -> Table {
     let info = comm.device().info();
-    let table = Table::new(args.json, comm.rank() == 0);
-    table.preamble(&format!(
+    let table = Table::new(args.json, comm.rank() == 0, false);
+    table.comment(&format!(
         "mscclpp-perf {what}: 2 ranks on the {} backend ({}); both directions at once; algbw = one direction, busbw = both",
         info.backend, info.name
     ));
@@ -162,7 +166,15 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
             )
         }
     };
-    measure(args, comm, &stream, &bufs, "memch", &mut table, &launch)
+    measure(
+        args,
+        comm,
+        &stream,
+        &bufs,
+        "memory-channel",
+        &mut table,
+        &launch,
+    )
 }
 
 /// `port-channel`: the proxy moves the data over a connection of `transport`.
@@ -199,7 +211,15 @@ pub fn run_port_channel(args: &Args, comm: &Communicator, transport: Transport) 
         // SAFETY: the service (FIFO, semaphores, memories) outlives the launch.
         unsafe { stream.launch_raw(&*kernel, LaunchConfig::linear(1, 1), a.as_bytes()) }
     };
-    let wrong = measure(args, comm, &stream, &bufs, "portch", &mut table, &launch);
+    let wrong = measure(
+        args,
+        comm,
+        &stream,
+        &bufs,
+        "port-channel",
+        &mut table,
+        &launch,
+    );
     let stopped = service.stop();
     let wrong = wrong?;
     stopped?;

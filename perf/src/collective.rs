@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mscclpp::collectives::Collectives;
+use mscclpp::collectives::{CollectiveCall, Collectives};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{
     BufferSlice, CollectiveKind, DataType, DeviceBuffer, Error, MemoryKind, ReduceOp, Result,
@@ -12,6 +12,7 @@ use mscclpp::hal::{
 
 use crate::args::Args;
 use crate::nccl::Nccl;
+use crate::report::{Baseline, Row, Table};
 
 /// What one row compares.
 #[derive(Debug, Clone, Copy)]
@@ -173,20 +174,10 @@ impl Bench {
         output: &BufferSlice,
         count: usize,
     ) -> Result<()> {
-        let s = &*self.stream;
-        match spec.kind {
-            CollectiveKind::AllReduce => self
-                .coll
-                .all_reduce(input, output, count, spec.dtype, spec.op, s),
-            CollectiveKind::AllGather => self.coll.all_gather(input, output, count, spec.dtype, s),
-            CollectiveKind::ReduceScatter => self
-                .coll
-                .reduce_scatter(input, output, count, spec.dtype, spec.op, s),
-            CollectiveKind::Broadcast => self
-                .coll
-                .broadcast(input, output, count, spec.dtype, spec.root, s),
-            CollectiveKind::AllToAll => self.coll.all_to_all(input, output, count, spec.dtype, s),
-        }
+        let call = CollectiveCall::new(spec.kind, input, output, count, spec.dtype)
+            .op(spec.op)
+            .root(spec.root);
+        self.coll.run(&call, &*self.stream)
     }
 
     /// Time per call in µs: eager launches, or (`-G N`) replays of a graph of `N` calls.
@@ -323,4 +314,81 @@ pub fn bus_factor(kind: CollectiveKind, n: usize) -> f64 {
         }
         CollectiveKind::Broadcast => 1.0,
     }
+}
+
+/// Runs one collective over the sizes; rank 0 prints. Returns the wrong elements (ours and the
+/// baseline's) over all ranks.
+pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result<u64> {
+    let dtype: DataType = args.datatype.parse()?;
+    let op: ReduceOp = args.op.parse()?;
+    let sizes = args.sizes();
+    let max = sizes.last().copied().unwrap_or(0);
+    let bench = Bench::new(comm.clone(), max, args.baseline.is_some(), args.register)?;
+    let spec = Spec {
+        kind,
+        dtype,
+        op,
+        root: args.root,
+    };
+    let info = comm.device().info();
+    let nranks = comm.nranks();
+    let factor = bus_factor(kind, nranks);
+    let mut table = Table::new(args.json, comm.rank() == 0, bench.nccl.is_some());
+    table.comment(&format!(
+        "mscclpp-perf {}: {nranks} ranks on the {} backend ({}), {dtype}, op {op}, root {}, {}, {} iterations after {} warm-up{}{}",
+        kind.name(),
+        info.backend,
+        info.name,
+        args.root,
+        if args.cudagraph > 0 {
+            format!("graph-timed ({} calls per graph)", args.cudagraph)
+        } else {
+            "eager launches".to_string()
+        },
+        args.iters,
+        args.warmup,
+        if args.register {
+            "; our buffers registered"
+        } else {
+            ""
+        },
+        bench.nccl_version().map_or(String::new(), |v| format!(
+            "; baseline NCCL {v} on the same buffers and stream"
+        ))
+    ));
+    table.header();
+    // One untimed pass over the first size: the first calls of a process pay for module loading,
+    // first-touch mappings and clock ramp-up, which short warm-ups left in the first row.
+    if let Some(&first) = sizes.first() {
+        if let Some(m) = bench.measure(args, &spec, first)? {
+            table.count_wrong(m.wrong + m.nccl.map_or(0, |(_, w)| w));
+        }
+    }
+    for size in sizes {
+        let Some(m) = bench.measure(args, &spec, size)? else {
+            continue;
+        };
+        let alg = |us: f64| m.size as f64 / us / 1e3;
+        table.row(&Row {
+            bench: kind.name(),
+            bytes: m.size,
+            count: m.count,
+            dtype: dtype.name(),
+            op: op.name(),
+            root: Some(args.root),
+            nranks,
+            time_us: m.us,
+            algbw_gbps: alg(m.us),
+            busbw_gbps: alg(m.us) * factor,
+            wrong: (args.check != 0).then_some(m.wrong),
+            baseline: m.nccl.map(|(t, w)| Baseline {
+                time_us: t,
+                algbw_gbps: alg(t),
+                busbw_gbps: alg(t) * factor,
+                wrong: w,
+            }),
+        });
+    }
+    table.footer();
+    Ok(table.wrong_total())
 }

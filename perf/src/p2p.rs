@@ -43,8 +43,8 @@ pub fn run(args: &Args, boot: &Bootstrap, device: Arc<dyn Device>) -> Result<u64
     let prev = (rank + n - 1) % n;
     let peer_dst = device.ipc_import(&IpcHandle::from_bytes(&handles[next])?)?;
 
-    let mut table = Table::new(args.json, rank == 0);
-    table.preamble(&format!(
+    let mut table = Table::new(args.json, rank == 0, false);
+    table.comment(&format!(
         "mscclpp-perf p2p: {n} ranks on the {} backend ({}), each rank copies into rank+1's buffer through an IPC mapping",
         device.info().backend,
         device.info().name
@@ -101,6 +101,8 @@ pub fn run(args: &Args, boot: &Bootstrap, device: Arc<dyn Device>) -> Result<u64
             count: size,
             dtype: "u8",
             op: "copy",
+            root: None,
+            nranks: n,
             time_us: us,
             algbw_gbps: size as f64 / us / 1e3,
             busbw_gbps: size as f64 / us / 1e3,
@@ -109,6 +111,7 @@ pub fn run(args: &Args, boot: &Bootstrap, device: Arc<dyn Device>) -> Result<u64
             } else {
                 None
             },
+            baseline: None,
         });
     }
     table.footer();
@@ -129,7 +132,7 @@ fn bootstrap_latency(boot: &Bootstrap, table: &mut Table) -> Result<()> {
         boot.all_gather(&payload)?;
     }
     let gather_us = t.elapsed().as_secs_f64() * 1e6 / f64::from(REPS);
-    table.preamble(&format!(
+    table.comment(&format!(
         "bootstrap (TCP, {} ranks): barrier {barrier_us:.1} us, all_gather of 4 KiB {gather_us:.1} us",
         boot.nranks()
     ));
