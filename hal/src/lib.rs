@@ -30,16 +30,11 @@ pub mod device;
 pub mod dtype;
 pub mod env;
 pub mod error;
-pub mod gpu_stream;
 pub mod ipc;
-pub mod ipc_payload;
-pub mod ipc_registry;
 pub mod kernel;
-pub mod kernel_cache;
 pub mod memory;
 pub mod multicast;
 pub mod net;
-pub mod rtc;
 pub mod stream;
 pub mod wire;
 

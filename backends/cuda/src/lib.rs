@@ -1,35 +1,44 @@
 //! # mscclpp-cuda — the NVIDIA backend
 //!
-//! The CUDA driver is opened at run time (cudarc with `dynamic-loading`; no CUDA SDK at build
-//! time) and NVRTC through our own `libloading` path ([`nvrtc`]). A machine without NVIDIA
-//! software gets `Unavailable` from [`probe`], never a panic: cudarc panics when the library or
-//! a symbol is missing, so the probe opens the driver itself first ([`driver::probe_driver`]),
-//! refuses drivers older than CUDA 12.0, and checks that every entry point this backend calls
-//! is present ([`driver::REQUIRED_SYMBOLS`]) before anything goes through cudarc.
+//! The CUDA driver as a [`mscclpp_gpu::Runtime`] table ([`runtime`]): everything a GPU backend
+//! does is written once in `mscclpp-gpu`; this crate is the driver's raw calls, the probe that
+//! makes them safe to reach, and NVRTC's names ([`nvrtc`]).
 //!
-//! The file split follows the host backend: [`device`] (backend, devices, primary contexts),
-//! [`memory`] (allocations and IPC), [`stream`] (streams and events), [`module`] (kernel
-//! compilation, cache and loading; sources in [`kernels`]), [`multicast`] (guarded; not
-//! implemented in this build).
+//! The driver is opened at run time (cudarc with `dynamic-loading`; no CUDA SDK at build time).
+//! A machine without NVIDIA software gets `Unavailable` from [`probe`], never a panic: cudarc
+//! panics when the library or a symbol is missing, so the probe opens the driver itself first
+//! ([`driver::probe_driver`]), refuses drivers older than CUDA 12.0, and checks that every entry
+//! point the runtime table calls is present ([`driver::REQUIRED_SYMBOLS`]) before anything goes
+//! through cudarc. Multicast is guarded in `mscclpp-gpu` and never calls the driver.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod device;
 pub mod driver;
-pub mod kernels;
-pub mod memory;
-pub mod module;
-pub mod multicast;
 pub mod nvrtc;
-pub mod stream;
+pub mod runtime;
 
-pub use device::{CudaBackend, CudaDevice, Features};
-pub use memory::CudaAllocation;
-pub use module::{CacheStats, CudaKernel, cache_stats};
-pub use stream::{CudaEvent, CudaStream};
+pub use runtime::{CudaRuntime, DriverFeatures};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use mscclpp_hal::{Backend, Error, Result};
+
+/// The NVIDIA backend.
+pub type CudaBackend = mscclpp_gpu::GpuBackend<CudaRuntime>;
+/// An opened NVIDIA device.
+pub type CudaDevice = mscclpp_gpu::GpuDevice<CudaRuntime>;
+/// A stream of the NVIDIA backend.
+pub type CudaStream = mscclpp_gpu::GpuStream<CudaRuntime>;
+/// An event of the NVIDIA backend.
+pub type CudaEvent = mscclpp_gpu::GpuEvent<CudaRuntime>;
+/// An allocation of the NVIDIA backend.
+pub type CudaAllocation = mscclpp_gpu::GpuAllocation<CudaRuntime>;
+/// A kernel of the NVIDIA backend.
+pub type CudaKernel = mscclpp_gpu::GpuKernel<CudaRuntime>;
+
+/// How this process's CUDA kernel modules were obtained so far.
+pub fn cache_stats() -> mscclpp_gpu::CacheStats {
+    mscclpp_gpu::cache_stats(mscclpp_hal::BackendKind::Cuda)
+}
 
 fn unavailable(reason: String) -> Error {
     Error::unavailable("cuda backend", reason)
@@ -41,8 +50,18 @@ pub fn probe() -> Result<Arc<dyn Backend>> {
     Ok(probe_cuda()?)
 }
 
-/// [`probe`], returning the concrete type.
-pub fn probe_cuda() -> Result<Arc<CudaBackend>> {
+/// The runtime table, made once the driver passed every check of [`probe_cuda`].
+/// A failed probe is not remembered: the next one looks again.
+fn runtime() -> Result<&'static CudaRuntime> {
+    static RUNTIME: OnceLock<CudaRuntime> = OnceLock::new();
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let rt = open_runtime()?;
+    Ok(RUNTIME.get_or_init(|| rt))
+}
+
+fn open_runtime() -> Result<CudaRuntime> {
     let info = driver::probe_driver()?;
     let version = driver::format_version(info.version);
     if info.version < driver::MIN_DRIVER_VERSION {
@@ -63,20 +82,28 @@ pub fn probe_cuda() -> Result<Arc<CudaBackend>> {
             missing.join(", ")
         )));
     }
-    let features = Features {
-        elapsed_time_v2: driver::has_symbol(driver::optional::EVENT_ELAPSED_TIME_V2),
-        elapsed_time_v1: driver::has_symbol(driver::optional::EVENT_ELAPSED_TIME_V1),
-        func_param_info: driver::has_symbol(driver::optional::FUNC_GET_PARAM_INFO),
-        multicast_symbols: driver::missing_symbols(driver::optional::MULTICAST)
-            .is_ok_and(|m| m.is_empty()),
-    };
-    let backend = CudaBackend::open(info.version, features).map_err(|e| {
+    Ok(CudaRuntime {
+        driver_version: info.version,
+        features: DriverFeatures {
+            elapsed_time_v2: driver::has_symbol(driver::optional::EVENT_ELAPSED_TIME_V2),
+            elapsed_time_v1: driver::has_symbol(driver::optional::EVENT_ELAPSED_TIME_V1),
+            func_param_info: driver::has_symbol(driver::optional::FUNC_GET_PARAM_INFO),
+            multicast_symbols: driver::missing_symbols(driver::optional::MULTICAST)
+                .is_ok_and(|m| m.is_empty()),
+        },
+    })
+}
+
+/// [`probe`], returning the concrete type.
+pub fn probe_cuda() -> Result<Arc<CudaBackend>> {
+    let rt = runtime()?;
+    let backend = CudaBackend::open(rt).map_err(|e| {
         unavailable(format!(
-            "CUDA driver {version} with {} device(s) found, but enumerating them failed: {e}",
-            info.devices
+            "CUDA driver {} found, but enumerating its devices failed: {e}",
+            driver::format_version(rt.driver_version)
         ))
     })?;
-    tracing::info!("{}", backend.describe());
+    tracing::info!("{}", mscclpp_hal::Backend::describe(&backend));
     Ok(Arc::new(backend))
 }
 

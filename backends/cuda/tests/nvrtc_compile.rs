@@ -2,9 +2,8 @@
 //! architecture, failing on errors and on warnings. Without NVRTC the test prints
 //! "skipped: <reason>" and returns — unless `MSCCLPP_REQUIRE_NVRTC=1` (CI), where it fails.
 
-use mscclpp_cuda::kernels::{self, Module};
 use mscclpp_cuda::nvrtc;
-use mscclpp_hal::KernelId;
+use mscclpp_gpu::sources::{CUDA_CORE, DEVICE_API_CHECK, MODULES, Module, headers};
 
 /// Writes a line straight to the process's stderr, past the test harness's output capture, so
 /// that "skipped: ..." and the compile summary show in every `cargo test` run (CI logs included).
@@ -17,23 +16,9 @@ macro_rules! report {
 
 const ARCHS: &[&str] = &["sm_80", "sm_90", "sm_100"];
 
-/// Compile-only coverage of every device-API function (never launched, so not embedded in the
-/// library): makes each compile generate, and the assembler check, every inline-asm path.
-const DEVICE_API_CHECK: Module = Module {
-    name: "checks/device_api.cu",
-    source: include_str!("../../../kernels/cuda/checks/device_api.cu"),
-    kernels: &[
-        KernelId("check_core"),
-        KernelId("check_packets"),
-        KernelId("check_semaphores"),
-        KernelId("check_fifo"),
-        KernelId("check_memory_channel"),
-        KernelId("check_port_channel"),
-        KernelId("check_switch_channel"),
-        KernelId("check_device_syncer"),
-        KernelId("check_test_args"),
-    ],
-};
+fn compile(module: &Module, arch: &str) -> mscclpp_hal::Result<nvrtc::Compiled> {
+    nvrtc::compile(module.name, module.source, &headers(CUDA_CORE), arch)
+}
 
 fn required() -> bool {
     std::env::var("MSCCLPP_REQUIRE_NVRTC").is_ok_and(|v| v == "1")
@@ -54,9 +39,9 @@ fn nvrtc_compiles_every_module_for_sm80_sm90_sm100_or_skipped() {
         nvrtc::library_name().unwrap_or("?")
     );
     let mut failures = Vec::new();
-    for module in kernels::MODULES.iter().chain([&DEVICE_API_CHECK]) {
+    for module in MODULES.iter().chain([&DEVICE_API_CHECK]) {
         for arch in ARCHS {
-            match module.compile(arch) {
+            match compile(module, arch) {
                 Ok(c) => {
                     report!(
                         "compiled {} for {arch} in {:.2} s: {} bytes of PTX, {} bytes of cubin{}",

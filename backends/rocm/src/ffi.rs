@@ -36,6 +36,10 @@ pub type HipEvent = *mut c_void;
 pub type HipModule = *mut c_void;
 /// `hipFunction_t`.
 pub type HipFunction = *mut c_void;
+/// `hipGraph_t`.
+pub type HipGraph = *mut c_void;
+/// `hipGraphExec_t`.
+pub type HipGraphExec = *mut c_void;
 /// `hipDevice_t` (an ordinal on AMD).
 pub type HipDevice = c_int;
 
@@ -198,6 +202,43 @@ type ModuleUnload = unsafe extern "C" fn(module: HipModule) -> HipError;
 type FuncGetAttribute =
     unsafe extern "C" fn(value: *mut c_int, attr: c_int, f: HipFunction) -> HipError;
 type ErrorText = unsafe extern "C" fn(code: HipError) -> *const c_char;
+type StreamBeginCapture = unsafe extern "C" fn(stream: HipStream, mode: c_int) -> HipError;
+type StreamEndCapture = unsafe extern "C" fn(stream: HipStream, graph: *mut HipGraph) -> HipError;
+type GraphInstantiate = unsafe extern "C" fn(
+    exec: *mut HipGraphExec,
+    graph: HipGraph,
+    error_node: *mut *mut c_void,
+    log: *mut c_char,
+    log_size: usize,
+) -> HipError;
+type GraphLaunch = unsafe extern "C" fn(exec: HipGraphExec, stream: HipStream) -> HipError;
+type GraphExecDestroy = unsafe extern "C" fn(exec: HipGraphExec) -> HipError;
+type GraphDestroy = unsafe extern "C" fn(graph: HipGraph) -> HipError;
+
+/// The stream-capture and graph entry points, present together or not at all: a runtime
+/// without them opens, without graph capture.
+#[derive(Debug, Clone, Copy)]
+pub struct GraphApi {
+    pub(crate) stream_begin_capture: StreamBeginCapture,
+    pub(crate) stream_end_capture: StreamEndCapture,
+    pub(crate) graph_instantiate: GraphInstantiate,
+    pub(crate) graph_launch: GraphLaunch,
+    pub(crate) graph_exec_destroy: GraphExecDestroy,
+    pub(crate) graph_destroy: GraphDestroy,
+}
+
+/// The symbols of [`GraphApi`].
+pub const GRAPH_SYMBOLS: &[&str] = &[
+    "hipStreamBeginCapture",
+    "hipStreamEndCapture",
+    "hipGraphInstantiate",
+    "hipGraphLaunch",
+    "hipGraphExecDestroy",
+    "hipGraphDestroy",
+];
+
+/// `hipStreamCaptureModeRelaxed`.
+pub const STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 
 /// `hipIpcMemHandle_t`.
 #[repr(C)]
@@ -219,6 +260,8 @@ macro_rules! hip_api {
             $(pub(crate) $field: $t,)*
             /// `hipGetDevicePropertiesR0600` (ROCm 6+), where present.
             pub(crate) get_device_properties_r0600: Option<GetDeviceProperties>,
+            /// Stream capture and graphs, where present.
+            pub(crate) graphs: Option<GraphApi>,
             /// Keeps every pointer above valid. Never unloaded: the HIP runtime does not support
             /// being unloaded while the process runs.
             _lib: libloading::Library,
@@ -254,6 +297,29 @@ macro_rules! hip_api {
                     unsafe { lib.get::<GetDeviceProperties>(b"hipGetDevicePropertiesR0600\0") }
                         .ok()
                         .map(|f| *f);
+                /// Looks up an optional symbol.
+                ///
+                /// # Safety
+                /// `T` is the symbol's exact C signature; the pointer is used only while `lib`
+                /// is loaded.
+                unsafe fn optional<T: Copy>(lib: &libloading::Library, name: &str) -> Option<T> {
+                    // SAFETY: forwarded contract.
+                    unsafe { lib.get::<T>(name.as_bytes()) }.ok().map(|f| *f)
+                }
+                // SAFETY: each type is the C signature of that function in hip_runtime_api.h
+                // (graphs and graph execs are pointers); `Api` keeps `lib` loaded.
+                let graphs = unsafe {
+                    (|| {
+                        Some(GraphApi {
+                            stream_begin_capture: optional(&lib, GRAPH_SYMBOLS[0])?,
+                            stream_end_capture: optional(&lib, GRAPH_SYMBOLS[1])?,
+                            graph_instantiate: optional(&lib, GRAPH_SYMBOLS[2])?,
+                            graph_launch: optional(&lib, GRAPH_SYMBOLS[3])?,
+                            graph_exec_destroy: optional(&lib, GRAPH_SYMBOLS[4])?,
+                            graph_destroy: optional(&lib, GRAPH_SYMBOLS[5])?,
+                        })
+                    })()
+                };
                 if !missing.is_empty() {
                     return Err(OpenError::MissingSymbols(missing));
                 }
@@ -265,6 +331,7 @@ macro_rules! hip_api {
                         None => return Err(OpenError::MissingSymbols(vec![$name])),
                     },)*
                     get_device_properties_r0600,
+                    graphs,
                     _lib: lib,
                 })
             }
@@ -315,7 +382,7 @@ hip_api! {
     get_error_string: ErrorText = "hipGetErrorString";
 }
 
-/// Symbols used when present.
+/// Symbols used when present (with [`GRAPH_SYMBOLS`]).
 pub const OPTIONAL_SYMBOLS: &[&str] = &["hipGetDevicePropertiesR0600"];
 
 /// Library names tried by [`api`], in order.

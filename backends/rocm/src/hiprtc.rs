@@ -1,17 +1,16 @@
-//! Run-time compilation of the embedded HIP sources with hipRTC, opened with `libloading` like
-//! the runtime: a machine without hipRTC gets [`Error::Unavailable`] naming the libraries tried,
-//! never a panic.
+//! hipRTC: its library names and symbols for [`mscclpp_gpu::rtc`], which opens it with
+//! `libloading` like the runtime (a machine without hipRTC gets [`Error::Unavailable`] naming
+//! the libraries tried, never a panic) and runs the compile.
 //!
 //! hipRTC is `libhiprtc.so` from ROCm 5.3 on; up to ROCm 5.2 (Debian 12's packages) its entry
 //! points live in `libamdhip64.so` itself, which is therefore tried after it. Headers are handed
 //! to `hiprtcCreateProgram` in memory, so compiling needs no include path and no ROCm headers:
 //! hipRTC declares the HIP device runtime implicitly and the device API is self-contained.
 
-use std::ffi::{c_char, c_int, c_void};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mscclpp_hal::rtc::{self, CompileInputs, Diagnostics, GetErrorStringFn, c_string, log_text};
+use mscclpp_gpu::rtc::{OutputSymbols, RtcLibrary, RtcSymbols};
 use mscclpp_hal::{Error, Result};
 
 /// Library names tried, in order.
@@ -25,130 +24,53 @@ pub const LIBRARY_NAMES: &[&str] = &[
     "libamdhip64.so",
 ];
 
-type Program = *mut c_void;
-type HiprtcResult = c_int;
+/// The options every module is compiled with (besides the target); part of the key.
+pub const COMPILE_OPTIONS: &str = "-std=c++17";
 
-type VersionFn = unsafe extern "C" fn(major: *mut c_int, minor: *mut c_int) -> HiprtcResult;
-type CreateProgramFn = unsafe extern "C" fn(
-    prog: *mut Program,
-    src: *const c_char,
-    name: *const c_char,
-    num_headers: c_int,
-    headers: *const *const c_char,
-    include_names: *const *const c_char,
-) -> HiprtcResult;
-type DestroyProgramFn = unsafe extern "C" fn(prog: *mut Program) -> HiprtcResult;
-type CompileProgramFn = unsafe extern "C" fn(
-    prog: Program,
-    num_options: c_int,
-    options: *const *const c_char,
-) -> HiprtcResult;
-type SizeFn = rtc::SizeFn<Program>;
-type BytesFn = rtc::BytesFn<Program>;
-
-/// The hipRTC entry points we use, resolved from one opened library.
-struct Api {
-    /// Which library name opened.
-    library: &'static str,
-    version: VersionFn,
-    /// Error strings and checks of the result codes.
-    diag: Diagnostics,
-    create_program: CreateProgramFn,
-    destroy_program: DestroyProgramFn,
-    compile_program: CompileProgramFn,
-    get_program_log_size: SizeFn,
-    get_program_log: BytesFn,
-    get_code_size: SizeFn,
-    get_code: BytesFn,
-    /// Keeps the function pointers above valid; never unloaded.
-    _lib: libloading::Library,
-}
+static SYMBOLS: RtcSymbols = RtcSymbols {
+    backend: "rocm",
+    compiler: "hipRTC",
+    version: "hiprtcVersion",
+    get_error_string: "hiprtcGetErrorString",
+    create_program: "hiprtcCreateProgram",
+    destroy_program: "hiprtcDestroyProgram",
+    compile_program: "hiprtcCompileProgram",
+    log: OutputSymbols {
+        size: "hiprtcGetProgramLogSize",
+        bytes: "hiprtcGetProgramLog",
+        required: true,
+    },
+    outputs: &[OutputSymbols {
+        size: "hiprtcGetCodeSize",
+        bytes: "hiprtcGetCode",
+        required: true,
+    }],
+};
 
 fn unavailable(reason: String) -> Error {
     Error::unavailable("hipRTC", reason)
 }
 
-fn load() -> std::result::Result<Api, String> {
-    let mut tried = Vec::new();
-    for &name in LIBRARY_NAMES {
-        // SAFETY: loading hipRTC (or the HIP runtime that holds it) runs its initialisers, as in
-        // every program that uses it; the name is resolved by the dynamic loader.
-        let lib = match unsafe { libloading::Library::new(name) } {
-            Ok(lib) => lib,
-            Err(e) => {
-                tried.push(format!("{name}: {}", mscclpp_hal::error::chain(&e)));
-                continue;
-            }
-        };
-        macro_rules! sym {
-            ($t:ty, $s:literal) => {
-                // SAFETY: the type matches the C declaration of this hipRTC function in
-                // hiprtc.h (`hiprtcResult` is a C enum, i.e. `int`; `hiprtcProgram` a pointer);
-                // the pointer stays valid while `lib` is loaded, and `Api` keeps `lib` for as
-                // long as it holds the pointer.
-                match unsafe { lib.get::<$t>(concat!($s, "\0").as_bytes()) } {
-                    Ok(f) => Some(*f),
-                    Err(_) => None,
-                }
-            };
-        }
-        macro_rules! required {
-            ($t:ty, $s:literal) => {
-                match sym!($t, $s) {
-                    Some(f) => f,
-                    None => {
-                        tried.push(format!("{name}: opened but lacks {}", $s));
-                        continue;
-                    }
-                }
-            };
-        }
-        let api = Api {
-            library: name,
-            version: required!(VersionFn, "hiprtcVersion"),
-            diag: Diagnostics {
-                backend: "rocm",
-                compiler: "hipRTC",
-                get_error_string: required!(GetErrorStringFn, "hiprtcGetErrorString"),
-            },
-            create_program: required!(CreateProgramFn, "hiprtcCreateProgram"),
-            destroy_program: required!(DestroyProgramFn, "hiprtcDestroyProgram"),
-            compile_program: required!(CompileProgramFn, "hiprtcCompileProgram"),
-            get_program_log_size: required!(SizeFn, "hiprtcGetProgramLogSize"),
-            get_program_log: required!(BytesFn, "hiprtcGetProgramLog"),
-            get_code_size: required!(SizeFn, "hiprtcGetCodeSize"),
-            get_code: required!(BytesFn, "hiprtcGetCode"),
-            _lib: lib,
-        };
-        return Ok(api);
-    }
-    Err(format!(
-        "no library with hipRTC could be opened (tried {}); install ROCm's hipRTC (Debian: \
-         libamdhip64-5 and libhiprtc-builtins5)",
-        tried.join("; ")
-    ))
-}
-
-fn api() -> Result<&'static Api> {
-    static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
-    API.get_or_init(load)
+fn library() -> Result<&'static RtcLibrary> {
+    static LIB: OnceLock<std::result::Result<RtcLibrary, String>> = OnceLock::new();
+    LIB.get_or_init(|| RtcLibrary::open_first(LIBRARY_NAMES, &SYMBOLS))
         .as_ref()
-        .map_err(|reason| unavailable(reason.clone()))
+        .map_err(|tried| {
+            unavailable(format!(
+                "no library with hipRTC could be opened (tried {tried}); install ROCm's hipRTC \
+                 (Debian: libamdhip64-5 and libhiprtc-builtins5)"
+            ))
+        })
 }
 
 /// The version of the hipRTC library that compiles, e.g. `(5, 2)`.
 pub fn hiprtc_version() -> Result<(i32, i32)> {
-    let api = api()?;
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: valid out-pointers to locals.
-    let code = unsafe { (api.version)(&mut major, &mut minor) };
-    api.diag.check("hiprtcVersion", code, "version query")?;
-    Ok((major, minor))
+    library()?.version()
 }
 
-/// Which library file hipRTC was opened from (for logs and cache keys).
+/// Which library file hipRTC was opened from (for logs).
 pub fn library_name() -> Result<&'static str> {
-    Ok(api()?.library)
+    Ok(library()?.library)
 }
 
 /// What a successful compile produced.
@@ -160,20 +82,6 @@ pub struct Compiled {
     pub log: String,
     /// How long `hiprtcCompileProgram` took.
     pub elapsed: Duration,
-}
-
-/// Destroys a program when dropped.
-struct ProgramGuard<'a> {
-    api: &'a Api,
-    prog: Program,
-}
-
-impl Drop for ProgramGuard<'_> {
-    fn drop(&mut self) {
-        // SAFETY: `prog` was created by `hiprtcCreateProgram` of this library and is destroyed
-        // once, here.
-        unsafe { (self.api.destroy_program)(&mut self.prog) };
-    }
 }
 
 /// MI300-family processors (`gfx940`, `gfx941`, `gfx942`).
@@ -204,80 +112,32 @@ pub fn compile(
     headers: &[(&str, &str)],
     arch: &str,
 ) -> Result<Compiled> {
-    let api = api()?;
-    refuse_known_crash(api.library, arch)?;
+    let lib = library()?;
+    refuse_known_crash(lib.library, arch)?;
     let context = format!("{source_name} for {arch}");
-    let inputs = CompileInputs::new(source_name, source, headers)?;
-
-    let mut prog: Program = std::ptr::null_mut();
-    // SAFETY: every pointer is to a NUL-terminated string alive for the call; the two arrays
-    // hold `num_headers` entries each; `prog` is a valid out-pointer. hipRTC copies the strings.
-    let code = unsafe {
-        (api.create_program)(
-            &mut prog,
-            inputs.source(),
-            inputs.name(),
-            inputs.num_headers(),
-            inputs.headers(),
-            inputs.include_names(),
-        )
-    };
-    api.diag.check("hiprtcCreateProgram", code, &context)?;
-    let guard = ProgramGuard { api, prog };
-
-    let options = [
-        c_string("architecture", &format!("--offload-arch={arch}"))?,
-        c_string("option", "-std=c++17")?,
-    ];
-    let option_ptrs: Vec<*const c_char> = options.iter().map(|c| c.as_ptr()).collect();
-    let start = Instant::now();
-    // SAFETY: `guard.prog` is live; `option_ptrs` holds `options.len()` NUL-terminated strings.
-    let code = unsafe {
-        (api.compile_program)(guard.prog, option_ptrs.len() as c_int, option_ptrs.as_ptr())
-    };
-    let elapsed = start.elapsed();
-    // SAFETY: `guard.prog` is live; the size/bytes pair is hipRTC's log accessor.
-    let log = unsafe {
-        api.diag.read_output(
-            guard.prog,
-            api.get_program_log_size,
-            api.get_program_log,
-            ("hiprtcGetProgramLogSize", "hiprtcGetProgramLog"),
-            &context,
-        )
-    }?;
-    let log = log_text(&log);
-    if code != 0 {
-        return Err(Error::Driver {
-            backend: "rocm",
-            call: "hiprtcCompileProgram",
-            code: i64::from(code),
-            message: format!(
-                "{} compiling {context}:\n{log}",
-                api.diag.error_string(code)
-            ),
-        });
-    }
-    // SAFETY: as above, hipRTC's code-object accessor pair.
-    let code = unsafe {
-        api.diag.read_output(
-            guard.prog,
-            api.get_code_size,
-            api.get_code,
-            ("hiprtcGetCodeSize", "hiprtcGetCode"),
-            &context,
-        )
-    }?;
-    drop(guard);
+    let options = [format!("--offload-arch={arch}"), COMPILE_OPTIONS.to_owned()];
+    let mut out = lib.compile((source_name, source), headers, &options, |_| true, &context)?;
+    let code = out
+        .outputs
+        .first_mut()
+        .and_then(Option::take)
+        .unwrap_or_default();
     if code.is_empty() {
         return Err(Error::Driver {
             backend: "rocm",
             call: "hiprtcGetCode",
             code: 0,
-            message: format!("hipRTC returned an empty code object for {context}:\n{log}"),
+            message: format!(
+                "hipRTC returned an empty code object for {context}:\n{}",
+                out.log
+            ),
         });
     }
-    Ok(Compiled { code, log, elapsed })
+    Ok(Compiled {
+        code,
+        log: out.log,
+        elapsed: out.elapsed,
+    })
 }
 
 #[cfg(test)]

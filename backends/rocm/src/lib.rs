@@ -1,39 +1,46 @@
 //! # mscclpp-rocm — the AMD backend
 //!
+//! The HIP runtime as a [`mscclpp_gpu::Runtime`] table ([`runtime`]): everything a GPU backend
+//! does is written once in `mscclpp-gpu`; this crate is the runtime's raw calls, the probe, and
+//! hipRTC's names ([`hiprtc`]).
+//!
 //! The HIP runtime (`libamdhip64`) and hipRTC are opened at run time with `libloading`, never
 //! linked, so a binary built with the `rocm` feature starts on machines without AMD software.
 //! The declarations are our own ([`ffi`]): the `hip-sys` crate is not used because it links
 //! `libamdhip64` at build time and needs the ROCm headers to build, which breaks the one-binary
-//! rule (no vendor SDK at build time). Every entry point is resolved when the runtime is opened;
-//! a missing one, a missing library or the absence of a GPU is an `Unavailable` error from
-//! [`probe`], never a panic.
-//!
-//! The structure mirrors the CUDA backend: [`device`] (backend, devices, the per-thread current
-//! device), [`memory`] (allocations of each kind, IPC with a same-process alias registry),
-//! [`stream`] (streams with kept-alive buffers and deadline-polled waits, events), [`module`]
-//! (hipRTC compilation for the device's gfx processor, the on-disk cache, loading, launching
-//! with one argument struct; sources in [`kernels`], compiler in [`hiprtc`]), [`multicast`]
-//! (always unsupported: AMD GPUs have none).
+//! rule (no vendor SDK at build time). Every required entry point is resolved when the runtime
+//! is opened; a missing one, a missing library or the absence of a GPU is an `Unavailable` error
+//! from [`probe`], never a panic. Stream capture and graphs are optional entry points: a
+//! runtime without them opens, without graph capture. AMD GPUs have no multicast memory.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod device;
 pub mod ffi;
 pub mod hiprtc;
-pub mod kernels;
-pub mod memory;
-pub mod module;
-pub mod multicast;
 pub mod runtime;
-pub mod stream;
 
-pub use device::{DeviceCtx, RocmBackend, RocmDevice};
-pub use memory::RocmAllocation;
-pub use module::{CacheStats, RocmKernel, cache_stats};
-pub use stream::{RocmEvent, RocmStream};
+pub use runtime::{DriverInfo, RocmRuntime};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use mscclpp_hal::{Backend, Error, Result};
+
+/// The AMD backend.
+pub type RocmBackend = mscclpp_gpu::GpuBackend<RocmRuntime>;
+/// An opened AMD GPU.
+pub type RocmDevice = mscclpp_gpu::GpuDevice<RocmRuntime>;
+/// A stream of the AMD backend.
+pub type RocmStream = mscclpp_gpu::GpuStream<RocmRuntime>;
+/// An event of the AMD backend.
+pub type RocmEvent = mscclpp_gpu::GpuEvent<RocmRuntime>;
+/// An allocation of the AMD backend.
+pub type RocmAllocation = mscclpp_gpu::GpuAllocation<RocmRuntime>;
+/// A kernel of the AMD backend.
+pub type RocmKernel = mscclpp_gpu::GpuKernel<RocmRuntime>;
+
+/// How this process's HIP kernel modules were obtained so far.
+pub fn cache_stats() -> mscclpp_gpu::CacheStats {
+    mscclpp_gpu::cache_stats(mscclpp_hal::BackendKind::Rocm)
+}
 
 fn unavailable(reason: String) -> Error {
     Error::unavailable("rocm backend", reason)
@@ -45,21 +52,33 @@ pub fn probe() -> Result<Arc<dyn Backend>> {
     Ok(probe_rocm()?)
 }
 
-/// [`probe`], returning the concrete type.
-pub fn probe_rocm() -> Result<Arc<RocmBackend>> {
+/// The runtime table, made once the runtime passed the probe (a failed probe is not
+/// remembered: the next one looks again).
+fn runtime() -> Result<&'static RocmRuntime> {
+    static RUNTIME: OnceLock<RocmRuntime> = OnceLock::new();
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
     let api = ffi::api()?;
-    let info = runtime::probe_with(api)?;
-    let version = runtime::format_version(info.runtime_version);
-    if info.devices <= 0 {
+    let driver = runtime::probe_with(api)?;
+    if driver.devices <= 0 {
         return Err(unavailable(format!(
-            "HIP runtime {version} ({}) found but it reports no devices",
+            "HIP runtime {} ({}) found but it reports no devices",
+            runtime::format_version(driver.runtime_version),
             api.library
         )));
     }
-    let backend = RocmBackend::open(api, info).map_err(|e| {
+    Ok(RUNTIME.get_or_init(|| RocmRuntime { api, driver }))
+}
+
+/// [`probe`], returning the concrete type.
+pub fn probe_rocm() -> Result<Arc<RocmBackend>> {
+    let rt = runtime()?;
+    let backend = RocmBackend::open(rt).map_err(|e| {
         unavailable(format!(
-            "HIP runtime {version} with {} device(s) found, but enumerating them failed: {e}",
-            info.devices
+            "HIP runtime {} with {} device(s) found, but enumerating them failed: {e}",
+            runtime::format_version(rt.driver.runtime_version),
+            rt.driver.devices
         ))
     })?;
     tracing::info!("{}", backend.describe());

@@ -1,15 +1,39 @@
-//! The probe: opens the HIP runtime ([`crate::ffi::api`]), initialises it and counts devices.
+//! The HIP runtime as a [`Runtime`] table: each method is the matching `hip*` call through the
+//! [`Api`] resolved at open ([`crate::ffi`]), its status mapped by [`Api::check`]; plus the
+//! probe (open the runtime, initialise it, count devices) and the device properties.
 //!
 //! Every missing piece — the library, a symbol, a GPU — is an [`Error::Unavailable`] naming
 //! what was tried and what was found, never a panic. On a machine with ROCm's runtime but no
 //! AMD GPU (this repository's build machines: Debian's ROCm 5.2) `hipInit` fails with
 //! `hipErrorInvalidDevice` (101); ROCm 5.7+ answers `hipErrorNoDevice` (100).
+//!
+//! **Current device.** HIP has no contexts to retain: each thread has a current device
+//! (`hipSetDevice`), which [`Runtime::bind`] sets; the context is the ordinal.
 
-use mscclpp_hal::{Error, Result};
+use std::ffi::{CStr, c_char, c_int, c_void};
 
-use crate::ffi::{self, Api};
+use mscclpp_gpu::runtime::{
+    Compiled, Features, Image, IpcBytes, Runtime, Vendor, events_not_reached,
+};
+use mscclpp_gpu::sources::HIP_CORE;
+use mscclpp_hal::{
+    BackendKind, Capabilities, DeviceInfo, Error, LaunchConfig, MulticastSupport, Result,
+};
+
+use crate::ffi::{
+    self, Api, GraphApi, HipEvent, HipFunction, HipGraph, HipGraphExec, HipModule, HipStream,
+    IpcMemHandle, attr, code, props,
+};
+use crate::hiprtc;
 
 pub use crate::ffi::LIBRARY_NAMES;
+
+/// The one image kind: an AMDGPU code object.
+pub const IMAGE_CODE_OBJECT: u8 = 1;
+
+fn unavailable(reason: String) -> Error {
+    Error::unavailable("rocm backend", reason)
+}
 
 /// What the probe found in a working runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,10 +44,6 @@ pub struct DriverInfo {
     pub runtime_version: i32,
     /// `hipGetDeviceCount`.
     pub devices: i32,
-}
-
-fn unavailable(reason: String) -> Error {
-    Error::unavailable("rocm backend", reason)
 }
 
 /// Opens the runtime, initialises it and counts devices.
@@ -78,9 +98,742 @@ pub fn major(v: i32) -> i32 {
     v / 10_000_000
 }
 
+fn attribute(api: &Api, ordinal: c_int, a: c_int, name: &'static str) -> Result<i32> {
+    let mut v: c_int = 0;
+    // SAFETY: valid out-pointer; the ordinal is below the device count.
+    api.check("hipDeviceGetAttribute", unsafe {
+        (api.device_get_attribute)(&mut v, a, ordinal)
+    })
+    .map_err(|e| e.with_context(|| format!("attribute {name}")))?;
+    Ok(v)
+}
+
+fn c_buf_to_string(buf: &[u8]) -> String {
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Whether `s` looks like an AMD target id: `gfx` + hex digits, optionally `:feature±` parts.
+pub fn is_gfx_target(s: &str) -> bool {
+    let base = s.split(':').next().unwrap_or("");
+    base.len() > 3
+        && base.starts_with("gfx")
+        && base[3..].bytes().all(|b| b.is_ascii_hexdigit())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'+' | b'-' | b'_'))
+}
+
+/// The `gcnArchName` in a `hipDeviceProp_t` buffer: read at the layout's offset when that holds
+/// a target id; otherwise found by scanning the buffer past the `name` field for a
+/// NUL-delimited `gfx...` string (a guard against a layout that moved in a release we have not
+/// seen). `None` when neither finds one.
+pub fn arch_from_props(buf: &[u8], offset: usize) -> Option<String> {
+    if let Some(field) = buf.get(offset..offset + props::GCN_ARCH_NAME_LEN) {
+        let s = c_buf_to_string(field);
+        if is_gfx_target(&s) {
+            return Some(s);
+        }
+    }
+    // Skip the 256-byte `name` at offset 0 (a marketing name may itself mention "gfx").
+    let mut i = 256;
+    while i + 4 <= buf.len() {
+        if &buf[i..i + 3] == b"gfx" && buf[i - 1] == 0 {
+            let end = buf[i..]
+                .iter()
+                .position(|&b| b == 0)
+                .map_or(buf.len(), |p| i + p);
+            let s = String::from_utf8_lossy(&buf[i..end]).into_owned();
+            if is_gfx_target(&s) {
+                return Some(s);
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The compile target for a device's `gcnArchName`: the processor without its feature suffix
+/// (`gfx90a:sramecc+:xnack-` → `gfx90a`). A code object built for the bare processor has every
+/// feature in "any" mode, which the loader accepts on each setting of that processor (LLVM's
+/// AMDGPU target-id rules), so one cache entry serves all of them; the cost is code that must
+/// also be correct with XNACK on.
+pub fn compile_target(gcn_arch_name: &str) -> &str {
+    gcn_arch_name.split(':').next().unwrap_or(gcn_arch_name)
+}
+
+/// `gcnArchName` of device `ordinal`, through the properties call whose layout we know.
+fn gcn_arch_name(api: &Api, ordinal: c_int) -> Result<String> {
+    // 8-byte aligned (the struct holds `size_t`s) and larger than either layout.
+    let mut words = vec![0u64; props::BUFFER / 8];
+    let (call, f, offset) = match api.get_device_properties_r0600 {
+        Some(f) => ("hipGetDevicePropertiesR0600", f, props::R0600_GCN_ARCH_NAME),
+        None => (
+            "hipGetDeviceProperties",
+            api.get_device_properties,
+            props::R0000_GCN_ARCH_NAME,
+        ),
+    };
+    // SAFETY: the buffer holds `props::BUFFER` bytes, more than `hipDeviceProp_tR0600` (1472)
+    // and `hipDeviceProp_tR0000` (792), so the runtime cannot write past it whichever layout
+    // it fills; the ordinal is below the device count.
+    api.check(call, unsafe { f(words.as_mut_ptr().cast(), ordinal) })?;
+    // SAFETY: viewing initialised `u64`s as bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), props::BUFFER) };
+    arch_from_props(bytes, offset).ok_or_else(|| {
+        Error::unavailable(
+            "rocm device architecture",
+            format!(
+                "{call} returned no gfx target name for device {ordinal} (neither at offset \
+                 {offset} nor anywhere in the structure)"
+            ),
+        )
+    })
+}
+
+fn query_info(api: &Api, ordinal: usize) -> Result<DeviceInfo> {
+    let dev = ordinal as c_int;
+    let mut name = [0u8; 256];
+    // SAFETY: the buffer holds `len` bytes; the runtime NUL-terminates within it.
+    api.check("hipDeviceGetName", unsafe {
+        (api.device_get_name)(name.as_mut_ptr().cast::<c_char>(), name.len() as c_int, dev)
+    })?;
+    let mut total = 0usize;
+    // SAFETY: valid out-pointer.
+    api.check("hipDeviceTotalMem", unsafe {
+        (api.device_total_mem)(&mut total, dev)
+    })?;
+    let mut bus = [0u8; 64];
+    // SAFETY: the buffer holds `len` bytes; the runtime NUL-terminates within it.
+    let pci_bus_id = match unsafe {
+        (api.device_get_pci_bus_id)(bus.as_mut_ptr().cast::<c_char>(), bus.len() as c_int, dev)
+    } {
+        ffi::code::SUCCESS => Some(c_buf_to_string(&bus)).filter(|s| !s.is_empty()),
+        _ => None,
+    };
+    let cus = attribute(api, dev, attr::MULTIPROCESSOR_COUNT, "multiprocessor count")?;
+    let max_threads = attribute(
+        api,
+        dev,
+        attr::MAX_THREADS_PER_BLOCK,
+        "max threads per block",
+    )?;
+    let warp = attribute(api, dev, attr::WARP_SIZE, "warp size")?;
+    let arch = gcn_arch_name(api, dev)?;
+    Ok(DeviceInfo {
+        backend: BackendKind::Rocm,
+        ordinal,
+        name: c_buf_to_string(&name),
+        arch,
+        total_memory: total as u64,
+        warp_size: u32::try_from(warp).unwrap_or(64),
+        multiprocessors: u32::try_from(cus).unwrap_or(0),
+        max_threads_per_block: u32::try_from(max_threads).unwrap_or(0),
+        pci_bus_id,
+        caps: Capabilities {
+            ipc: true,
+            host_mapped_memory: true,
+            device_memory_host_accessible: false,
+            kernels: true,
+            // Decided by the generic code (the vendor has none).
+            multicast: MulticastSupport::Unsupported(String::new()),
+            // Not established for AMD fabrics: LL128 lines are never used there.
+            ll128: false,
+        },
+    })
+}
+
+/// The HIP runtime, opened and initialised by the probe.
+#[derive(Debug)]
+pub struct RocmRuntime {
+    /// The resolved entry points.
+    pub api: &'static Api,
+    /// What the probe found.
+    pub driver: DriverInfo,
+}
+
+impl RocmRuntime {
+    fn check(&self, call: &'static str, r: ffi::HipError) -> Result<()> {
+        self.api.check(call, r)
+    }
+
+    fn graphs(&self) -> Result<&GraphApi> {
+        self.api.graphs.as_ref().ok_or_else(|| {
+            Error::unavailable(
+                "graph capture",
+                format!(
+                    "{} lacks {}",
+                    self.api.library,
+                    ffi::GRAPH_SYMBOLS.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// `hipEventQuery` / `hipStreamQuery` as reached / not yet / sticky error.
+    fn ready(&self, call: &'static str, r: ffi::HipError) -> Result<bool> {
+        match r {
+            code::SUCCESS => Ok(true),
+            code::NOT_READY => Ok(false),
+            r => self.check(call, r).map(|_| false),
+        }
+    }
+}
+
+/// The `hipIpcMemLazyEnablePeerAccess` values to try, the runtime's own first: the runtime
+/// rejects any value but its own (0 in ROCm 5.x, 1 from ROCm 6).
+pub fn ipc_open_flags(runtime_major: i32) -> [u32; 2] {
+    if runtime_major >= 6 {
+        [
+            ffi::IPC_LAZY_ENABLE_PEER_ACCESS_V6,
+            ffi::IPC_LAZY_ENABLE_PEER_ACCESS_V5,
+        ]
+    } else {
+        [
+            ffi::IPC_LAZY_ENABLE_PEER_ACCESS_V5,
+            ffi::IPC_LAZY_ENABLE_PEER_ACCESS_V6,
+        ]
+    }
+}
+
+fn ptr(p: u64) -> *mut c_void {
+    p as usize as *mut c_void
+}
+
+impl Runtime for RocmRuntime {
+    type Context = c_int;
+    type Stream = HipStream;
+    type Event = HipEvent;
+    type Module = HipModule;
+    type Function = HipFunction;
+    type Graph = HipGraph;
+    type GraphExec = HipGraphExec;
+
+    const VENDOR: Vendor = Vendor {
+        kind: BackendKind::Rocm,
+        name: "rocm",
+        runtime: "HIP",
+        ipc_magic: *b"MSRO",
+        ipc_what: "rocm IPC handle",
+        ipc_mechanism: "HIP IPC",
+        ipc_export_call: "hipIpcGetMemHandle",
+        cache_magic: *b"MSKR",
+        image_kinds: &[IMAGE_CODE_OBJECT],
+        cache_domain: "mscclpp-rocm kernel cache v1",
+        cache_dir: "rocm",
+        compiler: "hipRTC",
+        core_header: HIP_CORE,
+        no_multicast: Some("AMD GPUs have no multicast memory"),
+    };
+
+    fn features(&self) -> Features {
+        Features {
+            graph_capture: self.api.graphs.is_some(),
+            borrowed_streams: true,
+            multicast_symbols: false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "HIP runtime {} ({} opened at run time)",
+            format_version(self.driver.runtime_version),
+            self.api.library
+        )
+    }
+
+    fn device_infos(&self) -> Result<Vec<DeviceInfo>> {
+        let count = usize::try_from(self.driver.devices).unwrap_or(0);
+        (0..count).map(|o| query_info(self.api, o)).collect()
+    }
+
+    fn can_access_peer(&self, i: usize, j: usize) -> Result<bool> {
+        let mut can: c_int = 0;
+        // SAFETY: valid out-pointer; the runtime checks the ordinals.
+        self.check("hipDeviceCanAccessPeer", unsafe {
+            (self.api.device_can_access_peer)(&mut can, i as c_int, j as c_int)
+        })?;
+        Ok(can != 0)
+    }
+
+    fn current_device(&self) -> Result<Option<usize>> {
+        Ok(None)
+    }
+
+    fn retain_context(&self, ordinal: usize) -> Result<c_int> {
+        c_int::try_from(ordinal)
+            .map_err(|_| Error::invalid(format!("device ordinal {ordinal} is out of range")))
+    }
+
+    unsafe fn release_context(&self, _ordinal: usize, _ctx: c_int) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn bind(&self, ctx: c_int) -> Result<()> {
+        // SAFETY: the ordinal is below the device count (checked when the backend enumerated).
+        self.check("hipSetDevice", unsafe { (self.api.set_device)(ctx) })
+    }
+
+    unsafe fn mem_alloc(&self, len: usize, uncached: bool) -> Result<u64> {
+        let api = self.api;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        if !uncached {
+            // SAFETY: valid out-pointer; the device is current (caller's contract).
+            self.check("hipMalloc", unsafe { (api.malloc)(&mut p, len) })?;
+            return Ok(p as u64);
+        }
+        // AMD GPUs cache device memory in L2 per device (and, on MI300, per XCD): flags written
+        // by a peer or the host are not seen through a stale line, hence uncached memory for
+        // them, as MSCCL++ allocates its semaphores.
+        // SAFETY: valid out-pointer; the device is current (caller's contract).
+        let r = unsafe { (api.ext_malloc_with_flags)(&mut p, len, ffi::DEVICE_MALLOC_UNCACHED) };
+        if r == code::INVALID_VALUE {
+            tracing::info!(
+                "hipDeviceMallocUncached refused (ROCm < 5.3); allocating fine-grained memory for flags"
+            );
+            // SAFETY: as above.
+            let r =
+                unsafe { (api.ext_malloc_with_flags)(&mut p, len, ffi::DEVICE_MALLOC_FINEGRAINED) };
+            self.check("hipExtMallocWithFlags(hipDeviceMallocFinegrained)", r)?;
+        } else {
+            self.check("hipExtMallocWithFlags(hipDeviceMallocUncached)", r)?;
+        }
+        Ok(p as u64)
+    }
+
+    unsafe fn mem_free(&self, p: u64) -> Result<()> {
+        // SAFETY: `p` came from hipMalloc / hipExtMallocWithFlags, freed once (caller's contract).
+        self.check("hipFree", unsafe { (self.api.free)(ptr(p)) })
+    }
+
+    unsafe fn host_alloc_mapped(&self, len: usize) -> Result<*mut u8> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let flags = ffi::HOST_MALLOC_MAPPED | ffi::HOST_MALLOC_PORTABLE;
+        // SAFETY: valid out-pointer; the device is current. Host memory from hipHostMalloc is
+        // coherent by default on ROCm (no hipHostMallocNonCoherent), which the proxy FIFO
+        // relies on.
+        self.check("hipHostMalloc", unsafe {
+            (self.api.host_malloc)(&mut p, len, flags)
+        })?;
+        Ok(p.cast())
+    }
+
+    unsafe fn host_device_pointer(&self, host: *mut u8) -> Result<u64> {
+        let mut d: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `host` was allocated mapped (caller's contract); valid out-pointer; flags 0.
+        self.check("hipHostGetDevicePointer", unsafe {
+            (self.api.host_get_device_pointer)(&mut d, host.cast(), 0)
+        })?;
+        Ok(d as u64)
+    }
+
+    unsafe fn host_free(&self, host: *mut u8) -> Result<()> {
+        // SAFETY: `host` came from hipHostMalloc, freed once (caller's contract).
+        self.check("hipHostFree", unsafe { (self.api.host_free)(host.cast()) })
+    }
+
+    unsafe fn mem_address_range(&self, p: u64) -> Result<(u64, usize)> {
+        let (mut base, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+        // SAFETY: valid out-pointers; the runtime only looks the address up.
+        self.check("hipMemGetAddressRange", unsafe {
+            (self.api.mem_get_address_range)(&mut base, &mut size, ptr(p))
+        })?;
+        Ok((base as u64, size))
+    }
+
+    unsafe fn ipc_get_handle(&self, p: u64) -> Result<IpcBytes> {
+        let mut h = IpcMemHandle {
+            reserved: [0; ffi::IPC_HANDLE_SIZE],
+        };
+        // SAFETY: valid out-pointer to a 64-byte handle; `p` is the base of a live allocation.
+        self.check("hipIpcGetMemHandle", unsafe {
+            (self.api.ipc_get_mem_handle)(&mut h, ptr(p))
+        })?;
+        Ok(h.reserved)
+    }
+
+    unsafe fn ipc_open_handle(&self, handle: &IpcBytes) -> Result<u64> {
+        let h = IpcMemHandle { reserved: *handle };
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let mut r = code::INVALID_VALUE;
+        for flags in ipc_open_flags(major(self.driver.runtime_version)) {
+            // SAFETY: valid out-pointer; the handle is plain bytes the runtime validates
+            // itself; the device is current.
+            r = unsafe { (self.api.ipc_open_mem_handle)(&mut p, h, flags) };
+            if r != code::INVALID_VALUE {
+                break;
+            }
+        }
+        self.check("hipIpcOpenMemHandle", r)?;
+        Ok(p as u64)
+    }
+
+    unsafe fn ipc_close_handle(&self, p: u64) -> Result<()> {
+        // SAFETY: `p` came from hipIpcOpenMemHandle, closed once (caller's contract).
+        self.check("hipIpcCloseMemHandle", unsafe {
+            (self.api.ipc_close_mem_handle)(ptr(p))
+        })
+    }
+
+    unsafe fn stream_create(&self) -> Result<HipStream> {
+        let mut raw: HipStream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the device is current.
+        self.check("hipStreamCreateWithFlags", unsafe {
+            (self.api.stream_create_with_flags)(&mut raw, ffi::STREAM_NON_BLOCKING)
+        })?;
+        Ok(raw)
+    }
+
+    unsafe fn stream_destroy(&self, stream: HipStream) -> Result<()> {
+        // SAFETY: destroyed once (caller's contract); hipStreamDestroy waits for pending work.
+        self.check("hipStreamDestroy", unsafe {
+            (self.api.stream_destroy)(stream)
+        })
+    }
+
+    unsafe fn stream_query(&self, stream: HipStream) -> Result<bool> {
+        // SAFETY: live stream (caller's contract).
+        let r = unsafe { (self.api.stream_query)(stream) };
+        self.ready("hipStreamQuery", r)
+    }
+
+    fn stream_to_native(stream: HipStream) -> u64 {
+        stream as u64
+    }
+
+    fn stream_from_native(native: u64) -> HipStream {
+        ptr(native)
+    }
+
+    unsafe fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, s: HipStream) -> Result<()> {
+        // SAFETY: in-bounds ranges kept alive until the copy ran (caller's contract);
+        // hipMemcpyDefault lets the runtime find each pointer's device.
+        self.check("hipMemcpyAsync", unsafe {
+            (self.api.memcpy_async)(ptr(dst), ptr(src), len, ffi::MEMCPY_DEFAULT, s)
+        })
+    }
+
+    unsafe fn memcpy_htod(&self, dst: u64, src: *const u8, len: usize, s: HipStream) -> Result<()> {
+        // SAFETY: as above.
+        self.check("hipMemcpyAsync", unsafe {
+            (self.api.memcpy_async)(ptr(dst), src.cast(), len, ffi::MEMCPY_DEFAULT, s)
+        })
+    }
+
+    unsafe fn memcpy_dtoh(&self, dst: *mut u8, src: u64, len: usize, s: HipStream) -> Result<()> {
+        // SAFETY: as above.
+        self.check("hipMemcpyAsync", unsafe {
+            (self.api.memcpy_async)(dst.cast(), ptr(src), len, ffi::MEMCPY_DEFAULT, s)
+        })
+    }
+
+    unsafe fn memset_d8(&self, dst: u64, value: u8, len: usize, s: HipStream) -> Result<()> {
+        // SAFETY: as above.
+        self.check("hipMemsetD8Async", unsafe {
+            (self.api.memset_d8_async)(ptr(dst), value, len, s)
+        })
+    }
+
+    unsafe fn write_value64(&self, dst: u64, value: u64, s: HipStream) -> Result<()> {
+        // SAFETY: an aligned live 8-byte location (caller's contract); flags 0 is the plain
+        // ordered write.
+        self.check("hipStreamWriteValue64", unsafe {
+            (self.api.stream_write_value64)(s, ptr(dst), value, 0)
+        })
+    }
+
+    unsafe fn stream_wait_event(&self, stream: HipStream, event: HipEvent) -> Result<()> {
+        // SAFETY: live event and stream (caller's contract).
+        self.check("hipStreamWaitEvent", unsafe {
+            (self.api.stream_wait_event)(stream, event, 0)
+        })
+    }
+
+    unsafe fn event_create(&self, timing: bool) -> Result<HipEvent> {
+        let flags = if timing {
+            ffi::EVENT_DEFAULT
+        } else {
+            ffi::EVENT_DISABLE_TIMING
+        };
+        let mut raw: HipEvent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the device is current.
+        self.check("hipEventCreateWithFlags", unsafe {
+            (self.api.event_create_with_flags)(&mut raw, flags)
+        })?;
+        Ok(raw)
+    }
+
+    unsafe fn event_destroy(&self, event: HipEvent) -> Result<()> {
+        // SAFETY: destroyed once (caller's contract).
+        self.check("hipEventDestroy", unsafe {
+            (self.api.event_destroy)(event)
+        })
+    }
+
+    unsafe fn event_record(&self, event: HipEvent, stream: HipStream) -> Result<()> {
+        // SAFETY: live event and stream of the current device (caller's contract).
+        self.check("hipEventRecord", unsafe {
+            (self.api.event_record)(event, stream)
+        })
+    }
+
+    unsafe fn event_query(&self, event: HipEvent) -> Result<bool> {
+        // SAFETY: live event (caller's contract).
+        let r = unsafe { (self.api.event_query)(event) };
+        self.ready("hipEventQuery", r)
+    }
+
+    unsafe fn event_elapsed_ms(&self, start: HipEvent, end: HipEvent) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer and live events (caller's contract).
+        let r = unsafe { (self.api.event_elapsed_time)(&mut ms, start, end) };
+        match r {
+            code::SUCCESS => Ok(ms),
+            code::NOT_READY | code::INVALID_HANDLE => Err(events_not_reached(self.api.describe(r))),
+            r => self.check("hipEventElapsedTime", r).map(|_| 0.0),
+        }
+    }
+
+    unsafe fn stream_begin_capture(&self, stream: HipStream) -> Result<()> {
+        let g = self.graphs()?;
+        // SAFETY: live stream of the current device (caller's contract). Relaxed mode: other
+        // threads keep making unrelated runtime calls while this one captures.
+        self.check("hipStreamBeginCapture", unsafe {
+            (g.stream_begin_capture)(stream, ffi::STREAM_CAPTURE_MODE_RELAXED)
+        })
+    }
+
+    unsafe fn stream_end_capture(&self, stream: HipStream) -> Result<HipGraph> {
+        let g = self.graphs()?;
+        let mut graph: HipGraph = std::ptr::null_mut();
+        // SAFETY: live capturing stream (caller's contract); valid out-pointer.
+        self.check("hipStreamEndCapture", unsafe {
+            (g.stream_end_capture)(stream, &mut graph)
+        })?;
+        Ok(graph)
+    }
+
+    unsafe fn graph_instantiate(&self, graph: HipGraph) -> Result<HipGraphExec> {
+        let g = self.graphs()?;
+        let mut exec: HipGraphExec = std::ptr::null_mut();
+        // SAFETY: a captured graph (caller's contract); valid out-pointer; no error node or log
+        // buffer is asked for (null with size 0).
+        self.check("hipGraphInstantiate", unsafe {
+            (g.graph_instantiate)(
+                &mut exec,
+                graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        })?;
+        Ok(exec)
+    }
+
+    unsafe fn graph_launch(&self, exec: HipGraphExec, stream: HipStream) -> Result<()> {
+        let g = self.graphs()?;
+        // SAFETY: live graph exec and stream (caller's contract).
+        self.check("hipGraphLaunch", unsafe { (g.graph_launch)(exec, stream) })
+    }
+
+    unsafe fn graph_exec_destroy(&self, exec: HipGraphExec) -> Result<()> {
+        let g = self.graphs()?;
+        // SAFETY: destroyed once, nothing pending (caller's contract).
+        self.check("hipGraphExecDestroy", unsafe {
+            (g.graph_exec_destroy)(exec)
+        })
+    }
+
+    unsafe fn graph_destroy(&self, graph: HipGraph) -> Result<()> {
+        let g = self.graphs()?;
+        // SAFETY: destroyed once (caller's contract).
+        self.check("hipGraphDestroy", unsafe { (g.graph_destroy)(graph) })
+    }
+
+    unsafe fn module_load(&self, image: &[u8]) -> Result<HipModule> {
+        let mut raw: HipModule = std::ptr::null_mut();
+        // SAFETY: `image` is a complete code object (caller's contract); valid out-pointer; the
+        // device is current.
+        self.check("hipModuleLoadData", unsafe {
+            (self.api.module_load_data)(&mut raw, image.as_ptr().cast())
+        })?;
+        Ok(raw)
+    }
+
+    unsafe fn module_unload(&self, module: HipModule) -> Result<()> {
+        // SAFETY: unloaded once, nothing pending (caller's contract).
+        self.check("hipModuleUnload", unsafe {
+            (self.api.module_unload)(module)
+        })
+    }
+
+    unsafe fn module_function(&self, module: HipModule, name: &CStr) -> Result<HipFunction> {
+        let mut func: HipFunction = std::ptr::null_mut();
+        // SAFETY: live module; NUL-terminated name; valid out-pointer.
+        self.check("hipModuleGetFunction", unsafe {
+            (self.api.module_get_function)(&mut func, module, name.as_ptr())
+        })?;
+        Ok(func)
+    }
+
+    unsafe fn function_max_threads(&self, f: HipFunction) -> Result<Option<u32>> {
+        let mut max_threads: c_int = 0;
+        // SAFETY: live function; valid out-pointer.
+        let r = unsafe {
+            (self.api.func_get_attribute)(
+                &mut max_threads,
+                ffi::FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                f,
+            )
+        };
+        // Some runtimes do not answer this for module functions.
+        Ok(match r {
+            code::SUCCESS => u32::try_from(max_threads).ok(),
+            _ => None,
+        })
+    }
+
+    unsafe fn launch(
+        &self,
+        f: HipFunction,
+        cfg: &LaunchConfig,
+        stream: HipStream,
+        args: &mut [u64],
+        len: usize,
+    ) -> Result<()> {
+        // The kernel's argument segment holds the one struct parameter at offset 0; HIP copies
+        // the buffer named by HIP_LAUNCH_PARAM_BUFFER_POINTER (of HIP_LAUNCH_PARAM_BUFFER_SIZE
+        // bytes) into it during hipModuleLaunchKernel.
+        let mut size: usize = len;
+        let mut extra: [*mut c_void; 5] = [
+            ffi::LAUNCH_PARAM_BUFFER_POINTER,
+            args.as_mut_ptr().cast(),
+            ffi::LAUNCH_PARAM_BUFFER_SIZE,
+            (&mut size as *mut usize).cast(),
+            ffi::LAUNCH_PARAM_END,
+        ];
+        let extra_ptr: *mut *mut c_void = if len == 0 {
+            std::ptr::null_mut()
+        } else {
+            extra.as_mut_ptr()
+        };
+        // SAFETY: `f` is live; `extra` is the documented BUFFER_POINTER/BUFFER_SIZE/END triple,
+        // read during the call, pointing to `size` bytes; device addresses inside them are the
+        // caller's contract.
+        self.check("hipModuleLaunchKernel", unsafe {
+            (self.api.module_launch_kernel)(
+                f,
+                cfg.grid[0],
+                cfg.grid[1],
+                cfg.grid[2],
+                cfg.block[0],
+                cfg.block[1],
+                cfg.block[2],
+                cfg.shared_mem_bytes,
+                stream,
+                std::ptr::null_mut(),
+                extra_ptr,
+            )
+        })
+    }
+
+    fn rtc_version(&self) -> Result<(i32, i32)> {
+        hiprtc::hiprtc_version()
+    }
+
+    fn rtc_target(arch: &str) -> &str {
+        compile_target(arch)
+    }
+
+    fn rtc_options(&self) -> String {
+        hiprtc::COMPILE_OPTIONS.to_owned()
+    }
+
+    fn compile(
+        &self,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        target: &str,
+    ) -> Result<Compiled> {
+        let c = hiprtc::compile(name, source, headers, target)?;
+        Ok(Compiled {
+            image: Image {
+                kind: IMAGE_CODE_OBJECT,
+                bytes: c.code,
+            },
+            log: c.log,
+            elapsed: c.elapsed,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipc_flags_try_the_runtimes_own_value_first() {
+        assert_eq!(ipc_open_flags(5), [0, 1]);
+        assert_eq!(ipc_open_flags(6), [1, 0]);
+        assert_eq!(ipc_open_flags(7), [1, 0]);
+    }
+
+    #[test]
+    fn gfx_targets_are_recognised_and_stripped() {
+        for ok in [
+            "gfx90a",
+            "gfx942",
+            "gfx908",
+            "gfx90a:sramecc+:xnack-",
+            "gfx1100",
+        ] {
+            assert!(is_gfx_target(ok), "{ok}");
+        }
+        for bad in ["", "gfx", "AMD Instinct", "gfx90a extra", "gfxzz", "sm_90"] {
+            assert!(!is_gfx_target(bad), "{bad}");
+        }
+        assert_eq!(compile_target("gfx90a:sramecc+:xnack-"), "gfx90a");
+        assert_eq!(compile_target("gfx942"), "gfx942");
+    }
+
+    fn props_with(offset: usize, name: &[u8], arch: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; props::BUFFER];
+        b[..name.len()].copy_from_slice(name);
+        b[offset..offset + arch.len()].copy_from_slice(arch);
+        b
+    }
+
+    #[test]
+    fn arch_is_read_at_the_layout_offset_or_found_by_scanning() {
+        let b = props_with(
+            props::R0000_GCN_ARCH_NAME,
+            b"AMD Instinct MI250X",
+            b"gfx90a:sramecc+:xnack-",
+        );
+        assert_eq!(
+            arch_from_props(&b, props::R0000_GCN_ARCH_NAME).as_deref(),
+            Some("gfx90a:sramecc+:xnack-")
+        );
+        // The R0600 layout read as R0000: found by the scan.
+        let b = props_with(
+            props::R0600_GCN_ARCH_NAME,
+            b"AMD Instinct MI300X",
+            b"gfx942:sramecc+:xnack-",
+        );
+        assert_eq!(
+            arch_from_props(&b, props::R0000_GCN_ARCH_NAME).as_deref(),
+            Some("gfx942:sramecc+:xnack-")
+        );
+        // A name mentioning gfx is not taken for the arch.
+        let b = props_with(props::R0000_GCN_ARCH_NAME, b"gfx90a board", b"");
+        assert_eq!(arch_from_props(&b, props::R0000_GCN_ARCH_NAME), None);
+        // Garbage everywhere: none, and no panic at the buffer's end.
+        let mut b = vec![0xffu8; props::BUFFER];
+        let n = b.len();
+        b[n - 4..].copy_from_slice(b"\0gfx");
+        assert_eq!(arch_from_props(&b, props::R0000_GCN_ARCH_NAME), None);
+        assert_eq!(arch_from_props(&b[..10], props::R0600_GCN_ARCH_NAME), None);
+    }
 
     #[test]
     fn versions_format() {

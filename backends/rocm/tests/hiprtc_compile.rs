@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::process::Command;
 
+use mscclpp_gpu::sources::{self, DEVICE_API_CHECK, HIP_CORE, MODULES, Module, headers};
 use mscclpp_hal::KernelId;
 use mscclpp_rocm::hiprtc;
-use mscclpp_rocm::kernels::{self, Module};
 
 /// Writes a line straight to the process's stderr, past the test harness's output capture, so
 /// that "skipped: ..." and the compile summary show in every `cargo test` run (CI logs included).
@@ -21,30 +21,16 @@ macro_rules! report {
 
 const ARCHS: &[&str] = &["gfx90a", "gfx908"];
 
-/// Compile-only coverage of every device-API function (never launched, so not embedded in the
-/// library): makes each compile generate every builtin and template path.
-const DEVICE_API_CHECK: Module = Module {
-    name: "hip/checks/device_api.hip",
-    source: include_str!("../../../kernels/hip/checks/device_api.hip"),
-    kernels: &[
-        KernelId("check_core"),
-        KernelId("check_packets"),
-        KernelId("check_semaphores"),
-        KernelId("check_fifo"),
-        KernelId("check_memory_channel"),
-        KernelId("check_port_channel"),
-        KernelId("check_switch_channel"),
-        KernelId("check_device_syncer"),
-        KernelId("check_test_args"),
-    ],
-};
+fn compile(module: &Module, arch: &str) -> mscclpp_hal::Result<hiprtc::Compiled> {
+    hiprtc::compile(module.name, module.source, &headers(HIP_CORE), arch)
+}
 
 fn required(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v == "1")
 }
 
 fn modules() -> impl Iterator<Item = &'static Module> {
-    kernels::MODULES.iter().chain([&DEVICE_API_CHECK])
+    MODULES.iter().chain([&DEVICE_API_CHECK])
 }
 
 fn has_warning(log: &str) -> bool {
@@ -68,7 +54,7 @@ fn hiprtc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
     let mut failures = Vec::new();
     for module in modules() {
         for arch in ARCHS {
-            match module.compile(arch) {
+            match compile(module, arch) {
                 Ok(c) => {
                     report!(
                         "compiled {} for {arch} in {:.2} s: {} bytes of code object{}",
@@ -167,7 +153,7 @@ fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
             .arg(kernels.join("hip/include"))
             .arg("-I")
             .arg(kernels.join("cuda/include"))
-            .arg(kernels.join(module.name))
+            .arg(kernels.join("cuda").join(module.name))
             .arg("-o")
             .arg(&object);
         let start = std::time::Instant::now();
@@ -194,7 +180,7 @@ fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
 /// pointer`) for gfx940/gfx942 — checked with a plain C++ caller too — so the backend refuses
 /// those targets with `Unavailable` before calling it; an MI300X machine compiles with its own
 /// ROCm 6 hipRTC at run time. The backend compiles for the bare processor
-/// (`device::compile_target`); a full target id must compile too.
+/// (`runtime::compile_target`); a full target id must compile too.
 #[test]
 fn hiprtc_outcome_for_mi300_targets_and_target_ids_is_reported_or_skipped() {
     let Ok((major, minor)) = hiprtc::hiprtc_version() else {
@@ -202,9 +188,9 @@ fn hiprtc_outcome_for_mi300_targets_and_target_ids_is_reported_or_skipped() {
         return;
     };
     let library = hiprtc::library_name().unwrap_or("?");
-    let module = kernels::module_for(KernelId::FILL_U32).expect("fill kernel is embedded");
+    let module = sources::module_for(KernelId::FILL_U32).expect("fill kernel is embedded");
     for arch in ["gfx90a:sramecc+:xnack-", "gfx940", "gfx942"] {
-        match module.compile(arch) {
+        match compile(module, arch) {
             Ok(c) => {
                 report!(
                     "hipRTC {major}.{minor} ({library}): {} for {arch}: ok, {} bytes",

@@ -1,5 +1,5 @@
-//! What the CUDA and ROCm streams share: the list of what a stream keeps alive for its enqueued
-//! work, deadline-polled waits, and staged host copies.
+//! The bookkeeping of [`crate::GpuStream`]: the list of what a stream keeps alive for its
+//! enqueued work, deadline-polled waits, and staged host copies.
 //!
 //! **Buffer lifetime on streams.** Every operation that names a buffer keeps a clone of it in
 //! the stream's [`KeepAlive`] list, tagged with the operation's sequence number; a successful
@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use mscclpp_hal::{Error, Result};
 
 /// Keep-alive entries beyond which an enqueue checks whether the stream has gone idle.
 pub const KEEP_CHECK_THRESHOLD: usize = 512;
@@ -247,5 +247,29 @@ mod tests {
             e.contains("copy of 3 bytes into a destination of 2 bytes"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn poll_until_times_out_and_propagates_errors() {
+        let e =
+            poll_until(Duration::from_millis(5), || "nothing".into(), || Ok(false)).unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        let mut n = 0;
+        poll_until(
+            Duration::from_secs(5),
+            || "three polls".into(),
+            || {
+                n += 1;
+                Ok(n >= 3)
+            },
+        )
+        .unwrap();
+        let e = poll_until(
+            Duration::from_secs(5),
+            || "x".into(),
+            || Err(Error::Internal("boom".into())),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("boom"));
     }
 }

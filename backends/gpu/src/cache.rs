@@ -1,5 +1,5 @@
-//! The on-disk cache of compiled kernel modules, shared by the GPU backends (NVRTC cubins, hipRTC
-//! code objects): keys, the entry format, atomic writes and counters.
+//! The on-disk cache of compiled kernel modules (NVRTC cubins or PTX, hipRTC code objects):
+//! keys, the entry format, atomic writes and counters.
 //!
 //! One file per (module, target, key), where the key is a 128-bit FNV-1a hash of the module's
 //! source, every embedded header, the target, the compiler version and the options. A file holds
@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use mscclpp_hal::{BackendKind, Error, Result};
+
+use crate::runtime::{Compiled, Image, Vendor};
+use crate::sources::Module;
 
 /// Header bytes: magic 4, version 2, kind 1, pad 1, key 16, length 8, checksum 8.
 pub const ENTRY_HEADER: usize = 40;
@@ -308,4 +311,263 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
             e,
         )
     })
+}
+
+/// The counters of backend `kind` (one set per vendor, for [`cache_stats`]).
+pub fn counters(kind: BackendKind) -> &'static CacheCounters {
+    static CUDA: CacheCounters = CacheCounters::new();
+    static ROCM: CacheCounters = CacheCounters::new();
+    static OTHER: CacheCounters = CacheCounters::new();
+    match kind {
+        BackendKind::Cuda => &CUDA,
+        BackendKind::Rocm => &ROCM,
+        _ => &OTHER,
+    }
+}
+
+/// How backend `kind`'s kernel modules were obtained so far in this process: "compiled in X s"
+/// versus "cache hit".
+pub fn cache_stats(kind: BackendKind) -> CacheStats {
+    counters(kind).stats()
+}
+
+/// What names one compile in the cache: the module, the headers it sees, the target, the
+/// compiler's version and the options.
+#[derive(Debug, Clone, Copy)]
+pub struct CompileKey<'a> {
+    /// The module (name and source).
+    pub module: &'a Module,
+    /// The headers, as `(include name, contents)`.
+    pub headers: &'a [(&'a str, &'a str)],
+    /// The compile target.
+    pub target: &'a str,
+    /// The compiler's version.
+    pub version: (i32, i32),
+    /// The options besides the target.
+    pub options: &'a str,
+}
+
+impl CompileKey<'_> {
+    /// The cache key under `vendor`'s domain.
+    pub fn key(&self, vendor: &Vendor) -> u128 {
+        cache_key(
+            vendor.cache_domain,
+            self.module.name,
+            self.module.source,
+            self.headers,
+            self.target,
+            self.version,
+            self.options,
+        )
+    }
+}
+
+fn entry_format(vendor: &Vendor) -> EntryFormat {
+    EntryFormat {
+        magic: vendor.cache_magic,
+        version: 1,
+    }
+}
+
+/// Decodes a cache entry of `vendor`; `Err` says why the entry is unusable.
+pub fn decode_entry(
+    vendor: &Vendor,
+    bytes: &[u8],
+    key: u128,
+) -> std::result::Result<Image, String> {
+    let (kind, bytes) = entry_format(vendor).decode(bytes, key)?;
+    if !vendor.image_kinds.contains(&kind) {
+        return Err(format!("unknown image kind {kind}"));
+    }
+    Ok(Image { kind, bytes })
+}
+
+/// Encodes a cache entry of `vendor`.
+pub fn encode_entry(vendor: &Vendor, key: u128, image: &Image) -> Vec<u8> {
+    entry_format(vendor).encode(key, image.kind, &image.bytes)
+}
+
+/// Gets the image of `c` for `vendor`: from the cache under `dir`, else compiled by `compile`
+/// (and cached). `compile` is a parameter so that tests can run without a compiler.
+pub fn image_for(
+    vendor: &Vendor,
+    dir: &Path,
+    c: CompileKey<'_>,
+    compile: impl FnOnce() -> Result<Compiled>,
+) -> Result<Image> {
+    let key = c.key(vendor);
+    let path = cache_path(dir, c.module.name, c.target, key);
+    let counters = counters(vendor.kind);
+    let compiler = format!("{} {}.{}", vendor.compiler, c.version.0, c.version.1);
+    cached_or_compiled(
+        counters,
+        (c.module.name, c.target, &compiler),
+        || read_cache(&path, counters, |b| decode_entry(vendor, b, key)),
+        || compile().map(|c| (c.image, c.log)),
+        |image| write_atomic(&path, &encode_entry(vendor, key, image)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::tests::TEST_VENDOR;
+    use crate::sources::{MODULES, Module};
+    use std::path::PathBuf;
+
+    const V: Vendor = TEST_VENDOR;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "mscclpp-gpu-cache-test-{tag}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn compiled(kind: u8, tag: u8) -> Compiled {
+        Compiled {
+            image: Image {
+                kind,
+                bytes: vec![0x7f, b'E', b'L', b'F', tag],
+            },
+            log: String::new(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    fn key<'a>(module: &'a Module, target: &'a str, version: (i32, i32)) -> CompileKey<'a> {
+        CompileKey {
+            module,
+            headers: &[("a.cuh", "x")],
+            target,
+            version,
+            options: "-std=c++17",
+        }
+    }
+
+    #[test]
+    fn key_depends_on_source_headers_target_version_options_and_domain() {
+        let h = [("a.cuh", "x")];
+        let k = |name, source, headers: &[(&str, &str)], target, version, options| {
+            cache_key("d", name, source, headers, target, version, options)
+        };
+        let base = k("m.cu", "src", &h, "sm_90", (13, 0), "o");
+        assert_eq!(base, k("m.cu", "src", &h, "sm_90", (13, 0), "o"));
+        assert_ne!(base, k("m.cu", "src2", &h, "sm_90", (13, 0), "o"));
+        assert_ne!(
+            base,
+            k("m.cu", "src", &[("a.cuh", "y")], "sm_90", (13, 0), "o")
+        );
+        assert_ne!(
+            base,
+            k("m.cu", "src", &[("b.cuh", "x")], "sm_90", (13, 0), "o")
+        );
+        assert_ne!(base, k("m.cu", "src", &h, "sm_80", (13, 0), "o"));
+        assert_ne!(base, k("m.cu", "src", &h, "sm_90", (13, 1), "o"));
+        assert_ne!(base, k("m.cu", "src", &h, "sm_90", (13, 0), "p"));
+        assert_ne!(
+            base,
+            cache_key("e", "m.cu", "src", &h, "sm_90", (13, 0), "o")
+        );
+        // Field boundaries matter.
+        assert_ne!(
+            k("m.cu", "ab", &[("c", "")], "sm_90", (13, 0), "o"),
+            k("m.cu", "a", &[("bc", "")], "sm_90", (13, 0), "o")
+        );
+    }
+
+    #[test]
+    fn entry_round_trips_and_rejects_corruption_and_unknown_kinds() {
+        let image = Image {
+            kind: 2,
+            bytes: b"image bytes".to_vec(),
+        };
+        let e = encode_entry(&V, 42, &image);
+        assert_eq!(&e[..4], &V.cache_magic);
+        assert_eq!(decode_entry(&V, &e, 42).unwrap(), image);
+        assert!(decode_entry(&V, &e, 43).unwrap_err().contains("key"));
+        let mut bad = e.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(decode_entry(&V, &bad, 42).unwrap_err().contains("checksum"));
+        let mut kind = e.clone();
+        kind[6] = 9;
+        assert!(decode_entry(&V, &kind, 42).unwrap_err().contains("kind"));
+        assert!(decode_entry(&V, &e[..e.len() - 1], 42).is_err());
+        assert!(decode_entry(&V, &e[..10], 42).is_err());
+        assert!(decode_entry(&V, b"", 42).is_err());
+    }
+
+    #[test]
+    fn miss_compiles_and_writes_then_hit_reads_and_corruption_recompiles() {
+        let dir = temp_dir("flow");
+        let module = &MODULES[0];
+        let before = cache_stats(V.kind);
+        let image = image_for(&V, &dir, key(module, "sm_90", (13, 0)), || {
+            Ok(compiled(1, 1))
+        });
+        let image = image.unwrap();
+        assert_eq!(image.bytes, vec![0x7f, b'E', b'L', b'F', 1]);
+        // A hit must not call the compiler.
+        let again = image_for(&V, &dir, key(module, "sm_90", (13, 0)), || {
+            panic!("compiled although cached")
+        })
+        .unwrap();
+        assert_eq!(again, image);
+        // Another target and another compiler version are other entries.
+        let other = image_for(&V, &dir, key(module, "sm_80", (13, 0)), || {
+            Ok(compiled(2, 2))
+        });
+        assert_eq!(other.unwrap().bytes[4], 2);
+        let newer = image_for(&V, &dir, key(module, "sm_90", (13, 1)), || {
+            Ok(compiled(1, 4))
+        });
+        assert_eq!(newer.unwrap().bytes[4], 4);
+        // Corrupt the first entry: it is recompiled and rewritten, not fatal.
+        let k = key(module, "sm_90", (13, 0));
+        let path = cache_path(&dir, module.name, "sm_90", k.key(&V));
+        assert!(path.starts_with(&dir));
+        std::fs::write(&path, b"garbage").unwrap();
+        let fixed = image_for(&V, &dir, k, || Ok(compiled(1, 3))).unwrap();
+        assert_eq!(fixed.bytes[4], 3);
+        let counters = counters(V.kind);
+        let read = read_cache(&path, counters, |b| decode_entry(&V, b, k.key(&V)));
+        assert_eq!(read.unwrap().bytes[4], 3);
+        // No temporary files are left behind.
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains("tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        let after = cache_stats(V.kind);
+        assert!(after.compiles >= before.compiles + 4);
+        assert!(after.disk_hits > before.disk_hits);
+        assert!(after.corrupt_entries > before.corrupt_entries);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn unwritable_cache_is_not_fatal_and_compile_errors_propagate() {
+        // A cache "directory" that is a file: writing fails, loading still succeeds.
+        let dir = temp_dir("unwritable");
+        std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+        std::fs::write(&dir, b"not a directory").unwrap();
+        let module = &MODULES[0];
+        let image = image_for(&V, &dir, key(module, "gfx908", (5, 2)), || {
+            Ok(compiled(1, 5))
+        });
+        assert_eq!(image.unwrap().bytes[4], 5);
+        let _ = std::fs::remove_file(&dir);
+
+        let dir = temp_dir("err");
+        let e = image_for(&V, &dir, key(module, "gfx90a", (5, 2)), || {
+            Err(Error::unavailable("TESTRTC", "not installed"))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("TESTRTC"), "{e}");
+        assert!(!dir.exists() || std::fs::read_dir(&dir).unwrap().next().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -1,0 +1,269 @@
+//! The backend and its devices, and the per-device context every runtime call runs in.
+//!
+//! **Context handling.** The HAL is called from many threads (the proxy, tests, stream users),
+//! and the runtimes' "current context" / "current device" is per thread: every call that touches
+//! the runtime first makes the owning context current on the calling thread ([`Context::bind`]:
+//! `cuCtxSetCurrent` of a retained primary context on CUDA, `hipSetDevice` on ROCm; cheap).
+//! Every object that owns runtime resources (allocations, streams, events, modules, graphs)
+//! holds an `Arc<Context>`, so the context outlives them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use mscclpp_hal::{
+    Backend, Device, DeviceBuffer, DeviceInfo, DevicePtr, Error, Event, IpcHandle, Kernel,
+    KernelId, MemoryKind, MulticastGroup, PeerMatrix, Result, Stream,
+};
+
+use crate::memory::{self, GpuAllocation};
+use crate::module::{self, LoadedModule};
+use crate::multicast;
+use crate::runtime::{Features, Runtime};
+use crate::stream::{GpuEvent, GpuStream};
+use crate::{ipc, multicast::support};
+
+/// The context of one device, retained while any resource of it lives.
+#[derive(Debug)]
+pub struct Context<R: Runtime> {
+    rt: &'static R,
+    ordinal: usize,
+    raw: R::Context,
+}
+
+// SAFETY: the raw context is a runtime handle usable from any thread (each thread binds it
+// before use); the value only stores it.
+unsafe impl<R: Runtime> Send for Context<R> {}
+// SAFETY: as above; `&Context` only hands the handle to runtime calls.
+unsafe impl<R: Runtime> Sync for Context<R> {}
+
+impl<R: Runtime> Context<R> {
+    /// Retains the context of device `ordinal`.
+    pub fn retain(rt: &'static R, ordinal: usize) -> Result<Arc<Self>> {
+        let raw = rt.retain_context(ordinal)?;
+        Ok(Arc::new(Context { rt, ordinal, raw }))
+    }
+
+    /// Makes this context current on the calling thread; called before every runtime call
+    /// that needs one.
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: `raw` was retained in `retain` and is released only in Drop.
+        unsafe { self.rt.bind(self.raw) }
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &'static R {
+        self.rt
+    }
+
+    /// The raw context.
+    pub fn raw(&self) -> R::Context {
+        self.raw
+    }
+}
+
+impl<R: Runtime> Drop for Context<R> {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain; every user of the context holds an `Arc<Context>`, so
+        // none is left.
+        if let Err(e) = unsafe { self.rt.release_context(self.ordinal, self.raw) } {
+            tracing::warn!(device = self.ordinal, "{e}");
+        }
+    }
+}
+
+/// A GPU backend over runtime `R`.
+#[derive(Debug)]
+pub struct GpuBackend<R: Runtime> {
+    rt: &'static R,
+    infos: Vec<DeviceInfo>,
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// Enumerates the devices of an opened runtime (the vendor's probe has checked it).
+    pub fn open(rt: &'static R) -> Result<Self> {
+        let features = rt.features();
+        let mut infos = rt.device_infos()?;
+        for info in &mut infos {
+            let ordinal = info.ordinal;
+            info.caps.multicast = support(
+                &R::VENDOR,
+                mscclpp_hal::env::multicast_disabled(),
+                features.multicast_symbols,
+                || rt.multicast_supported(ordinal),
+            );
+        }
+        Ok(GpuBackend { rt, infos })
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &'static R {
+        self.rt
+    }
+
+    /// What the runtime offers beyond the required calls.
+    pub fn features(&self) -> Features {
+        self.rt.features()
+    }
+
+    /// Opens device `ordinal` as its concrete type.
+    pub fn open_gpu_device(&self, ordinal: usize) -> Result<Arc<GpuDevice<R>>> {
+        let info = self.device_info(ordinal)?;
+        let ctx = Context::retain(self.rt, ordinal)?;
+        ctx.bind()?;
+        Ok(Arc::new(GpuDevice {
+            info,
+            ctx,
+            modules: Mutex::new(HashMap::new()),
+        }))
+    }
+}
+
+impl<R: Runtime> Backend for GpuBackend<R> {
+    fn kind(&self) -> mscclpp_hal::BackendKind {
+        R::VENDOR.kind
+    }
+
+    fn describe(&self) -> String {
+        let names: Vec<String> = self
+            .infos
+            .iter()
+            .map(|i| format!("{} ({})", i.name, i.arch))
+            .collect();
+        format!(
+            "{} backend: {}, {} device(s): {}",
+            R::VENDOR.name,
+            self.rt.describe(),
+            self.infos.len(),
+            names.join(", ")
+        )
+    }
+
+    fn device_count(&self) -> usize {
+        self.infos.len()
+    }
+
+    fn device_info(&self, ordinal: usize) -> Result<DeviceInfo> {
+        self.infos.get(ordinal).cloned().ok_or_else(|| {
+            Error::invalid(format!(
+                "device {ordinal} does not exist: the {} backend has {} devices",
+                R::VENDOR.name,
+                self.infos.len()
+            ))
+        })
+    }
+
+    fn open_device(&self, ordinal: usize) -> Result<Arc<dyn Device>> {
+        Ok(self.open_gpu_device(ordinal)?)
+    }
+
+    fn current_device(&self) -> Result<Option<usize>> {
+        self.rt.current_device()
+    }
+
+    fn peer_access(&self) -> Result<PeerMatrix> {
+        PeerMatrix::try_from_peers(self.infos.len(), |i, j| self.rt.can_access_peer(i, j))
+    }
+}
+
+/// One opened device of a GPU backend.
+#[derive(Debug)]
+pub struct GpuDevice<R: Runtime> {
+    info: DeviceInfo,
+    ctx: Arc<Context<R>>,
+    /// Modules loaded into this device's context, by module name; each is loaded once.
+    modules: Mutex<HashMap<&'static str, Arc<LoadedModule<R>>>>,
+}
+
+impl<R: Runtime> GpuDevice<R> {
+    /// The device's context.
+    pub fn context(&self) -> &Arc<Context<R>> {
+        &self.ctx
+    }
+
+    /// Creates a stream as its concrete type.
+    pub fn create_gpu_stream(&self) -> Result<GpuStream<R>> {
+        GpuStream::new(self.ctx.clone(), self.info.max_threads_per_block)
+    }
+}
+
+impl<R: Runtime> Device for GpuDevice<R> {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn make_current(&self) -> Result<()> {
+        self.ctx.bind()
+    }
+
+    fn alloc(&self, bytes: usize, kind: MemoryKind) -> Result<DeviceBuffer> {
+        Ok(DeviceBuffer::new(Arc::new(GpuAllocation::new(
+            self.ctx.clone(),
+            bytes,
+            kind,
+        )?)))
+    }
+
+    fn create_stream(&self) -> Result<Arc<dyn Stream>> {
+        Ok(Arc::new(self.create_gpu_stream()?))
+    }
+
+    fn create_event(&self) -> Result<Arc<dyn Event>> {
+        Ok(Arc::new(GpuEvent::new(self.ctx.clone())?))
+    }
+
+    fn ipc_export(&self, buf: &DeviceBuffer) -> Result<IpcHandle> {
+        ipc::export(&self.ctx, buf)
+    }
+
+    fn ipc_import(&self, handle: &IpcHandle) -> Result<DeviceBuffer> {
+        ipc::import(&self.ctx, handle)
+    }
+
+    fn multicast_create(&self, bytes: usize, members: usize) -> Result<Arc<dyn MulticastGroup>> {
+        multicast::create::<R>(&self.info.caps.multicast, bytes, members)
+    }
+
+    fn multicast_import(&self, handle: &IpcHandle) -> Result<Arc<dyn MulticastGroup>> {
+        multicast::import::<R>(&self.info.caps.multicast, handle)
+    }
+
+    unsafe fn wrap_external(&self, ptr: DevicePtr, len: usize) -> Result<DeviceBuffer> {
+        // SAFETY: forwarded contract.
+        unsafe { memory::wrap_external(&self.ctx, &self.info, ptr, len) }
+    }
+
+    unsafe fn wrap_stream(&self, native: u64) -> Result<Arc<dyn Stream>> {
+        if !self.ctx.runtime().features().borrowed_streams {
+            return Err(Error::unavailable(
+                "wrapping a native stream",
+                format!(
+                    "the {} runtime in use cannot lend its streams",
+                    R::VENDOR.runtime
+                ),
+            ));
+        }
+        // SAFETY: forwarded contract (a live stream of this device that outlives the wrapper).
+        Ok(Arc::new(unsafe {
+            GpuStream::borrowed(
+                self.ctx.clone(),
+                R::stream_from_native(native),
+                self.info.max_threads_per_block,
+            )
+        }))
+    }
+
+    fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>> {
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(Arc::new(module::load_kernel(
+            &self.ctx,
+            &self.info.arch,
+            &mut modules,
+            id,
+        )?))
+    }
+}

@@ -1,0 +1,47 @@
+//! # mscclpp-gpu — the GPU backend, written once
+//!
+//! CUDA and ROCm differ in their raw calls, not in what a stream, an allocation, an IPC import
+//! or a module cache must do. This crate holds all of that logic once, generic over a vendor
+//! [`Runtime`] (the wgpu-hal / UCX-UCT shape): `mscclpp-cuda` and `mscclpp-rocm` are each an FFI
+//! table plus `impl Runtime`, and name their backend `GpuBackend<TheirRuntime>`.
+//!
+//! ## The `Runtime` contract
+//! - It is a table of raw calls on raw handles (associated types: context, stream, event,
+//!   module, function, graph), each returning [`mscclpp_hal::Result`] with errors already mapped
+//!   to [`mscclpp_hal::Error::Driver`] under the vendor's name of the call and the code.
+//! - Calls that take handles or addresses are `unsafe`: the generic code passes live handles
+//!   and in-bounds addresses, and binds the owning [`Context`] on the calling thread first.
+//! - What differs as data is data: [`Vendor`] (names, magics, the vendor's `core.cuh`, whether
+//!   the GPUs have multicast) and [`Features`] (graph capture, borrowed streams, multicast entry
+//!   points), probed when the runtime is opened. A behaviour one vendor lacks is a capability
+//!   the generic code checks, never a second copy of the code.
+//! - Nothing panics: a vendor's probe opens its libraries and checks its symbols before any
+//!   call can reach them, and answers `Unavailable` with the reason.
+//!
+//! ## Layout
+//! [`device`] (backend, devices, contexts), [`memory`] (allocations), [`ipc`] (payloads, the
+//! same-process alias registry, export/import), [`stream`] (streams, events, graphs) over
+//! [`keep`] (keep-alive lists, deadline-polled waits, staged host copies), [`module`] (kernel
+//! loading) over [`cache`] (the on-disk kernel cache), [`rtc`] (NVRTC/hipRTC driven through one
+//! flow) and [`sources`] (the embedded device sources), [`multicast`] (guarded; not implemented
+//! in this build).
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod cache;
+pub mod device;
+pub mod ipc;
+pub mod keep;
+pub mod memory;
+pub mod module;
+pub mod multicast;
+pub mod rtc;
+pub mod runtime;
+pub mod sources;
+pub mod stream;
+
+pub use cache::{CacheStats, cache_stats};
+pub use device::{Context, GpuBackend, GpuDevice};
+pub use memory::GpuAllocation;
+pub use module::{GpuKernel, LoadedModule};
+pub use runtime::{Compiled, Features, IPC_HANDLE_SIZE, Image, IpcBytes, Runtime, Vendor};
+pub use stream::{GpuEvent, GpuGraph, GpuStream};

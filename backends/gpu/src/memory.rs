@@ -1,0 +1,231 @@
+//! Allocations of the GPU backends: device memory, uncached device memory for flags and tokens
+//! (vendors without such memory give ordinary device memory), host-mapped memory, imported IPC
+//! mappings and same-process aliases; and wrapping caller-owned memory after asking the runtime
+//! that it is its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mscclpp_hal::{
+    Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, ExternalAllocation, MemoryKind, Result,
+};
+
+use crate::device::Context;
+use crate::ipc::MAX_ALLOCATION;
+use crate::runtime::Runtime;
+
+/// What owns the memory behind a [`GpuAllocation`].
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// [`Runtime::mem_alloc`]; freed with [`Runtime::mem_free`].
+    Device,
+    /// [`Runtime::host_alloc_mapped`]; freed with [`Runtime::host_free`].
+    HostMapped { host: *mut u8 },
+    /// Another process's memory ([`Runtime::ipc_open_handle`]); closed on drop.
+    Imported,
+    /// Another allocation of this process (same-process import); nothing to free here.
+    Alias(Arc<dyn Allocation>),
+}
+
+/// One allocation or imported mapping of a GPU backend.
+#[derive(Debug)]
+pub struct GpuAllocation<R: Runtime> {
+    pub(crate) ctx: Arc<Context<R>>,
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+    kind: MemoryKind,
+    backing: Backing,
+    /// Process-unique id, carried in IPC handles to find the allocation again.
+    pub(crate) id: u64,
+}
+
+// SAFETY: the value owns a runtime allocation (or a reference to one); addresses are plain
+// numbers valid in every thread, and the host pointer of host-mapped memory is shared memory
+// with device-memory semantics (its users synchronise themselves).
+unsafe impl<R: Runtime> Send for GpuAllocation<R> {}
+// SAFETY: as above; `&GpuAllocation` only hands out addresses.
+unsafe impl<R: Runtime> Sync for GpuAllocation<R> {}
+
+fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn with_size(e: Error, len: usize) -> Error {
+    e.with_context(|| format!("allocating {len} bytes"))
+}
+
+impl<R: Runtime> GpuAllocation<R> {
+    /// Allocates `len` bytes of `kind` on `ctx`'s device.
+    pub fn new(ctx: Arc<Context<R>>, len: usize, kind: MemoryKind) -> Result<Self> {
+        if len == 0 || len > MAX_ALLOCATION {
+            return Err(Error::invalid(format!(
+                "allocation of {len} bytes: the {} backend allocates 1 byte to {MAX_ALLOCATION} bytes",
+                R::VENDOR.name
+            )));
+        }
+        ctx.bind()?;
+        let rt = ctx.runtime();
+        let (ptr, backing) = match kind {
+            MemoryKind::Device | MemoryKind::Uncached => {
+                let uncached = kind == MemoryKind::Uncached;
+                // SAFETY: the context is current.
+                let p = unsafe { rt.mem_alloc(len, uncached) }.map_err(|e| with_size(e, len))?;
+                (p, Backing::Device)
+            }
+            MemoryKind::HostMapped => {
+                // SAFETY: the context is current.
+                let host = unsafe { rt.host_alloc_mapped(len) }.map_err(|e| with_size(e, len))?;
+                // SAFETY: `host` was just allocated mapped; the context is current.
+                match unsafe { rt.host_device_pointer(host) } {
+                    Ok(p) => (p, Backing::HostMapped { host }),
+                    Err(e) => {
+                        // SAFETY: `host` came from host_alloc_mapped and is used nowhere else.
+                        if let Err(free) = unsafe { rt.host_free(host) } {
+                            tracing::warn!("{free}");
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        Ok(Self::from_raw(ctx, ptr, len, kind, backing))
+    }
+
+    pub(crate) fn from_raw(
+        ctx: Arc<Context<R>>,
+        ptr: u64,
+        len: usize,
+        kind: MemoryKind,
+        backing: Backing,
+    ) -> Self {
+        GpuAllocation {
+            ctx,
+            ptr,
+            len,
+            kind,
+            backing,
+            id: next_id(),
+        }
+    }
+
+    /// An alias of `original` (an allocation of this process) seen through `ctx`'s device.
+    pub(crate) fn alias(ctx: &Arc<Context<R>>, original: Arc<dyn Allocation>) -> Self {
+        let (ptr, len, kind) = (original.device_ptr().0, original.len(), original.kind());
+        Self::from_raw(ctx.clone(), ptr, len, kind, Backing::Alias(original))
+    }
+
+    /// The context the allocation belongs to.
+    pub fn context(&self) -> &Arc<Context<R>> {
+        &self.ctx
+    }
+}
+
+impl<R: Runtime> Drop for GpuAllocation<R> {
+    fn drop(&mut self) {
+        if matches!(self.backing, Backing::Alias(_)) {
+            return;
+        }
+        if self.ctx.bind().is_err() {
+            tracing::warn!(
+                ptr = self.ptr,
+                len = self.len,
+                "cannot make the {} device current to free its memory; leaking it",
+                R::VENDOR.name
+            );
+            return;
+        }
+        let rt = self.ctx.runtime();
+        // The memory was obtained by the matching call in `new` / `ipc::open` and is released
+        // once, here; no stream uses it any more, since every enqueued operation keeps a clone
+        // of the buffer until it has run.
+        let r = match &self.backing {
+            Backing::Alias(_) => Ok(()),
+            // SAFETY: see above; `ptr` came from mem_alloc.
+            Backing::Device => unsafe { rt.mem_free(self.ptr) },
+            // SAFETY: see above; `host` came from host_alloc_mapped.
+            Backing::HostMapped { host } => unsafe { rt.host_free(*host) },
+            // SAFETY: see above; `ptr` came from ipc_open_handle.
+            Backing::Imported => unsafe { rt.ipc_close_handle(self.ptr) },
+        };
+        if let Err(e) = r {
+            tracing::warn!(ptr = self.ptr, len = self.len, "{e}");
+        }
+    }
+}
+
+impl<R: Runtime> Allocation for GpuAllocation<R> {
+    fn backend(&self) -> BackendKind {
+        R::VENDOR.kind
+    }
+    fn device_ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+    fn device_ptr(&self) -> DevicePtr {
+        DevicePtr(self.ptr)
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+    fn host_ptr(&self) -> Option<*mut u8> {
+        match &self.backing {
+            Backing::HostMapped { host } => Some(*host),
+            Backing::Alias(a) => a.host_ptr(),
+            _ => None,
+        }
+    }
+    fn is_imported(&self) -> bool {
+        matches!(self.backing, Backing::Imported | Backing::Alias(_))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The allocation of backend `R` behind a buffer, or an error naming the buffer's backend.
+pub fn gpu_allocation<R: Runtime>(buf: &DeviceBuffer) -> Result<&GpuAllocation<R>> {
+    buf.allocation()
+        .as_any()
+        .downcast_ref::<GpuAllocation<R>>()
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "buffer of the {} backend used with the {} backend",
+                buf.backend(),
+                R::VENDOR.name
+            ))
+        })
+}
+
+/// `Device::wrap_external`: checks with [`Runtime::mem_address_range`] that the whole range
+/// lies inside one allocation the runtime knows, then wraps it without taking ownership.
+///
+/// # Safety
+/// As for [`ExternalAllocation::new`].
+pub unsafe fn wrap_external<R: Runtime>(
+    ctx: &Context<R>,
+    info: &mscclpp_hal::DeviceInfo,
+    ptr: DevicePtr,
+    len: usize,
+) -> Result<DeviceBuffer> {
+    ctx.bind()?;
+    // SAFETY: the context is current; the runtime only looks the address up.
+    let (base, size) = unsafe { ctx.runtime().mem_address_range(ptr.0) }.map_err(|e| {
+        Error::invalid(format!(
+            "address {ptr:?} ({len} bytes) is not memory the {} runtime knows on device {} (a host pointer, a freed buffer or memory of another process?): {e}",
+            R::VENDOR.runtime,
+            info.ordinal
+        ))
+    })?;
+    let end = ptr.0.checked_add(len as u64);
+    if ptr.0 < base || end.is_none_or(|end| end > base.saturating_add(size as u64)) {
+        return Err(Error::invalid(format!(
+            "{len} bytes at {ptr:?} run past the end of their allocation ({size} bytes at {base:#x})"
+        )));
+    }
+    // SAFETY: forwarded contract; the range was just checked to be runtime memory.
+    let a = unsafe { ExternalAllocation::new(info, ptr, len)? };
+    Ok(DeviceBuffer::new(Arc::new(a)))
+}
