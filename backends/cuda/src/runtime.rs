@@ -12,7 +12,7 @@ use mscclpp_gpu::runtime::{
     Compiled, Features, Image, IpcBytes, Runtime, Vendor, events_not_reached,
 };
 use mscclpp_gpu::sources::CUDA_CORE;
-use mscclpp_hal::{BackendKind, Capabilities, DeviceInfo, LaunchConfig, MulticastSupport, Result};
+use mscclpp_hal::{BackendKind, DeviceInfo, LaunchConfig, Result};
 
 use crate::driver::{self, check, describe};
 use crate::nvrtc;
@@ -132,15 +132,7 @@ fn query_info(ordinal: usize, dev: sys::CUdevice) -> Result<DeviceInfo> {
         multiprocessors: u32::try_from(sms).unwrap_or(0),
         max_threads_per_block: u32::try_from(max_threads).unwrap_or(0),
         pci_bus_id,
-        caps: Capabilities {
-            ipc: true,
-            host_mapped_memory: true,
-            device_memory_host_accessible: false,
-            kernels: true,
-            // Decided by the generic code (environment first, then `multicast_supported`).
-            multicast: MulticastSupport::Unsupported(String::new()),
-            ll128: major >= 7,
-        },
+        caps: mscclpp_gpu::device::capabilities(major >= 7),
     })
 }
 

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use mscclpp_hal::{
-    Backend, Device, DeviceBuffer, DeviceInfo, DevicePtr, Error, Event, IpcHandle, Kernel,
-    KernelId, MemoryKind, MulticastGroup, PeerMatrix, Result, Stream,
+    Backend, Capabilities, Device, DeviceBuffer, DeviceInfo, DevicePtr, Error, Event, IpcHandle,
+    Kernel, KernelId, MemoryKind, MulticastGroup, MulticastSupport, PeerMatrix, Result, Stream,
 };
 
 use crate::memory::{self, GpuAllocation};
@@ -21,6 +21,19 @@ use crate::multicast;
 use crate::runtime::{Features, Runtime};
 use crate::stream::{GpuEvent, GpuStream};
 use crate::{ipc, multicast::support};
+
+/// What every GPU device offers (IPC, mapped host memory, kernels); `caps.multicast` is decided
+/// by [`GpuBackend::open`], LL128 by the vendor.
+pub fn capabilities(ll128: bool) -> Capabilities {
+    Capabilities {
+        ipc: true,
+        host_mapped_memory: true,
+        device_memory_host_accessible: false,
+        kernels: true,
+        multicast: MulticastSupport::Unsupported(String::new()),
+        ll128,
+    }
+}
 
 /// The context of one device, retained while any resource of it lives.
 #[derive(Debug)]

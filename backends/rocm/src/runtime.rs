@@ -16,9 +16,7 @@ use mscclpp_gpu::runtime::{
     Compiled, Features, Image, IpcBytes, Runtime, Vendor, events_not_reached,
 };
 use mscclpp_gpu::sources::HIP_CORE;
-use mscclpp_hal::{
-    BackendKind, Capabilities, DeviceInfo, Error, LaunchConfig, MulticastSupport, Result,
-};
+use mscclpp_hal::{BackendKind, DeviceInfo, Error, LaunchConfig, Result};
 
 use crate::ffi::{
     self, Api, GraphApi, HipEvent, HipFunction, HipGraph, HipGraphExec, HipModule, HipStream,
@@ -229,16 +227,8 @@ fn query_info(api: &Api, ordinal: usize) -> Result<DeviceInfo> {
         multiprocessors: u32::try_from(cus).unwrap_or(0),
         max_threads_per_block: u32::try_from(max_threads).unwrap_or(0),
         pci_bus_id,
-        caps: Capabilities {
-            ipc: true,
-            host_mapped_memory: true,
-            device_memory_host_accessible: false,
-            kernels: true,
-            // Decided by the generic code (the vendor has none).
-            multicast: MulticastSupport::Unsupported(String::new()),
-            // Not established for AMD fabrics: LL128 lines are never used there.
-            ll128: false,
-        },
+        // LL128 is not established for AMD fabrics: its lines are never used there.
+        caps: mscclpp_gpu::device::capabilities(false),
     })
 }
 
