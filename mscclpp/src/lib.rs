@@ -7,7 +7,8 @@
 //!   kernels);
 //! - backends: [`host`] (always built; the CPU reference), CUDA and ROCm (features `cuda` and
 //!   `rocm`, on by default, opened at run time — no vendor SDK is needed to build);
-//! - [`comm`]: the bootstrap (TCP rendezvous) and, later, connections, semaphores and channels;
+//! - [`comm`]: the bootstrap (TCP rendezvous), the communicator, semaphores, memory, port and
+//!   switch channels, and the host proxy;
 //! - [`transports`] and [`collectives`].
 //!
 //! ```no_run

@@ -4,7 +4,8 @@
 /// (or `MSCCLPP_DEBUG`), else by `RUST_LOG`, else `warn`. Safe to call more than once.
 ///
 /// A malformed level is reported once on standard error and `warn` is used: logging set-up must
-/// not stop a job.
+/// not stop a job. Colour codes are written only when standard error is a terminal (and
+/// `NO_COLOR` is unset): logs of launched ranks go to files and pipes, where they are noise.
 pub fn init_logging() {
     let directive = match mscclpp_hal::env::log_filter() {
         Ok(Some(level)) => level,
@@ -19,5 +20,11 @@ pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(use_colour())
         .try_init();
+}
+
+fn use_colour() -> bool {
+    use std::io::IsTerminal;
+    std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && std::io::stderr().is_terminal()
 }

@@ -53,6 +53,17 @@ pub fn probe_all() -> Vec<ProbeOutcome> {
         .collect()
 }
 
+/// Why each GPU backend is not in use, one line per backend (`cuda backend not available: the
+/// CUDA driver library could not be opened (tried …)`): what a tool prints when it runs on the
+/// host backend, so that a user who expected a GPU learns what was missing instead of guessing.
+pub fn why_no_gpu() -> Vec<String> {
+    BackendKind::ALL
+        .into_iter()
+        .filter(|&kind| kind != BackendKind::Host)
+        .filter_map(|kind| probe(kind).err().map(|e| e.to_string()))
+        .collect()
+}
+
 /// Selects a backend: the one `MSCCLPP_BACKEND` names, else the first that probes successfully.
 pub fn select() -> Result<Arc<dyn Backend>> {
     if let Some(kind) =

@@ -25,6 +25,11 @@ pub fn two_ranks() -> mscclpp::Result<Option<Communicator>> {
             backend.kind(),
             device.info().name
         );
+        if backend.kind() == mscclpp::hal::BackendKind::Host {
+            for reason in mscclpp::registry::why_no_gpu() {
+                println!("#   {reason}");
+            }
+        }
     }
     Ok(Some(Communicator::new(boot, device)))
 }
