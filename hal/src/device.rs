@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::ipc::IpcHandle;
 use crate::kernel::{Kernel, KernelId};
 use crate::memory::{DeviceBuffer, DevicePtr, ExternalAllocation, MemoryKind};
+use crate::module::KernelModule;
 use crate::multicast::MulticastGroup;
 use crate::stream::{Event, Stream};
 
@@ -64,6 +65,13 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Loads (compiling or looking up as the backend needs) the kernel `id`.
     fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>>;
+
+    /// Loads kernel `id` of `module`: GPU backends compile the module's source for the device
+    /// (once per device, cached on disk), the host backend takes the kernel's host function.
+    fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<dyn Kernel>> {
+        module.require(id)?;
+        self.load_kernel(id)
+    }
 
     /// Wraps `len` bytes of caller-owned memory at `ptr` as a buffer of this device without
     /// taking ownership: dropping the buffer frees nothing. The default describes the memory

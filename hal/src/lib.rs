@@ -33,9 +33,11 @@ pub mod error;
 pub mod ipc;
 pub mod kernel;
 pub mod memory;
+pub mod module;
 pub mod multicast;
 pub mod net;
 pub mod stream;
+pub mod typed_kernel;
 pub mod wire;
 
 pub use caps::{BackendKind, Capabilities, DeviceInfo, MulticastSupport, PeerMatrix};
@@ -48,5 +50,7 @@ pub use kernel::{Kernel, KernelArgs, KernelId, LaunchConfig};
 pub use memory::{
     Allocation, BufferSlice, DeviceBuffer, DevicePtr, ExternalAllocation, MemoryKind,
 };
+pub use module::{HostKernelFn, KernelDef, KernelModule};
 pub use multicast::{MulticastAddress, MulticastGroup, MulticastMapping};
 pub use stream::{Event, Graph, Stream};
+pub use typed_kernel::TypedKernel;

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use mscclpp_hal::{
     Backend, BackendKind, Capabilities, Device, DeviceBuffer, DeviceInfo, Error, Event, IpcHandle,
-    IpcHandleKind, Kernel, KernelId, MemoryKind, MulticastGroup, MulticastSupport, PeerMatrix,
-    Result, Stream,
+    IpcHandleKind, Kernel, KernelId, KernelModule, MemoryKind, MulticastGroup, MulticastSupport,
+    PeerMatrix, Result, Stream,
 };
 
 use crate::kernels;
@@ -171,6 +171,17 @@ impl Device for HostDevice {
 
     fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>> {
         Ok(Arc::new(kernels::lookup(id)?))
+    }
+
+    fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<dyn Kernel>> {
+        let def = module.require(id)?;
+        let func = def.host.ok_or_else(|| {
+            Error::unavailable(
+                format!("kernel {id} of module {}", module.name),
+                "the module gives no host implementation of it (it runs on GPUs only)",
+            )
+        })?;
+        Ok(Arc::new(kernels::HostKernel { id, func }))
     }
 
     /// The host backend has no native streams: every handle is refused. Callers with an

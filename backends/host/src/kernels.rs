@@ -15,8 +15,7 @@ use mscclpp_hal::kernel::{
 };
 use mscclpp_hal::{Error, KernelArgs, KernelId, LaunchConfig, Result};
 
-/// The signature of a host kernel.
-pub type HostKernelFn = fn(&LaunchConfig, &[u8]) -> Result<()>;
+pub use mscclpp_hal::HostKernelFn;
 
 /// A kernel loaded on the host backend.
 #[derive(Debug, Clone, Copy)]
