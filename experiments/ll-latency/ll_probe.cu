@@ -2,7 +2,7 @@
 // (rank r on GPU r), bf16 sum, graph-timed as mscclpp-perf times (a graph of 20 calls per GPU,
 // replayed; time per call), every result checked. Variants, each on the same buffers:
 //   empty      an empty kernel with the same grid (the launch floor);
-//   ours       the library's general LL kernel (kernels/cuda/collectives.cu, included below);
+//   ours       the library's general LL kernel (kernels/collectives/ll.cu, included below);
 //   minimal    the floor of ../shared/GPU.md: one packet per thread, poll, add; a flag counter
 //              per block; min-early: the same with the input loaded before the counter is used;
 //   short      the library's short all-reduce (mscclpp_collective_ll_short_allreduce_*);
@@ -12,7 +12,7 @@
 // The grid is the library's: one block per `argv[1]` packets (default 512), a thread per packet.
 //
 // Build (here or on the GPU machine; nvcc 13 and cudart, both in NVIDIA's PyPI wheels):
-//   nvcc -O3 -arch=sm_90 -std=c++17 -I kernels/cuda/include -o ll_probe \
+//   nvcc -O3 -arch=sm_90 -std=c++17 -I kernels/cuda/include -I kernels/include -o ll_probe \
 //        experiments/ll-latency/ll_probe.cu
 // Run: ll_probe [packets-per-block]
 #include <cstdio>
@@ -22,7 +22,7 @@
 #include <string>
 #include <cuda_runtime.h>
 
-#include "../../kernels/cuda/collectives.cu"
+#include "../../kernels/collectives/ll.cu"
 
 #define CK(x)                                                                                   \
   do {                                                                                          \

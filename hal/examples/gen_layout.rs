@@ -5,7 +5,7 @@
 use std::path::Path;
 
 /// Where the header goes, relative to the workspace root.
-const TARGETS: &[&str] = &["kernels/cuda/include/mscclpp/layout_check.h"];
+const TARGETS: &[&str] = &["kernels/include/mscclpp/layout_check.h"];
 
 fn main() -> std::io::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

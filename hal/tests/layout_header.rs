@@ -7,7 +7,7 @@ use std::path::Path;
 fn committed_layout_header_matches_the_rust_layouts() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let expected = mscclpp_hal::dev::layout::generate_header();
-    let target = "kernels/cuda/include/mscclpp/layout_check.h";
+    let target = "kernels/include/mscclpp/layout_check.h";
     let path = root.join(target);
     let found = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));

@@ -1,5 +1,5 @@
 //! The device sources every GPU vendor compiles, embedded in the binary: the vendor-neutral
-//! device API and kernels of `kernels/cuda`, with each vendor's own `mscclpp/core.cuh` (the one
+//! device API (`kernels/include`) and kernels (`kernels/<owner>/*.cu`), with each vendor's own `mscclpp/core.cuh` (the one
 //! header that differs; HIP's lives in `kernels/hip/include/mscclpp`).
 
 use mscclpp_hal::KernelId;
@@ -8,7 +8,7 @@ macro_rules! header {
     ($name:literal) => {
         (
             concat!("mscclpp/", $name),
-            include_str!(concat!("../../../kernels/cuda/include/mscclpp/", $name)),
+            include_str!(concat!("../../../kernels/include/mscclpp/", $name)),
         )
     };
 }
@@ -43,10 +43,10 @@ pub const fn headers(core: &'static str) -> [(&'static str, &'static str); HEADE
     ]
 }
 
-/// One compilation unit of `kernels/cuda` and the kernels it defines.
+/// One compilation unit of `kernels/` and the kernels it defines.
 #[derive(Debug, Clone, Copy)]
 pub struct Module {
-    /// File name under `kernels/cuda` (also the name compilers report errors under).
+    /// Path under `kernels/` (also the name compilers report errors under).
     pub name: &'static str,
     /// The source text.
     pub source: &'static str,
@@ -54,11 +54,11 @@ pub struct Module {
     pub kernels: &'static [KernelId],
 }
 
-/// Every module of `kernels/cuda`.
+/// Every module under `kernels/`.
 pub const MODULES: &[Module] = &[
     Module {
-        name: "bench_kernels.cu",
-        source: include_str!("../../../kernels/cuda/bench_kernels.cu"),
+        name: "bench/bench_kernels.cu",
+        source: include_str!("../../../kernels/bench/bench_kernels.cu"),
         kernels: &[
             KernelId::BENCH_MEMORY_CHANNEL_PUT,
             KernelId::BENCH_PORT_CHANNEL_PUT,
@@ -66,21 +66,21 @@ pub const MODULES: &[Module] = &[
         ],
     },
     Module {
-        name: "collectives.cu",
-        source: include_str!("../../../kernels/cuda/collectives.cu"),
+        name: "collectives/ll.cu",
+        source: include_str!("../../../kernels/collectives/ll.cu"),
         kernels: &KernelId::COLLECTIVE_LL_ALL,
     },
     Module {
-        name: "collectives_direct.cu",
-        source: include_str!("../../../kernels/cuda/collectives_direct.cu"),
+        name: "collectives/direct.cu",
+        source: include_str!("../../../kernels/collectives/direct.cu"),
         kernels: &[
             KernelId::COLLECTIVE_DIRECT,
             KernelId::COLLECTIVE_READ_ALLREDUCE,
         ],
     },
     Module {
-        name: "test_kernels.cu",
-        source: include_str!("../../../kernels/cuda/test_kernels.cu"),
+        name: "tests/test_kernels.cu",
+        source: include_str!("../../../kernels/tests/test_kernels.cu"),
         kernels: &[KernelId::FILL_U32, KernelId::ATOMIC_ADD_U64],
     },
 ];
@@ -89,7 +89,7 @@ pub const MODULES: &[Module] = &[
 /// each compile generates, and the assembler checks, every inline-asm and builtin path.
 pub const DEVICE_API_CHECK: Module = Module {
     name: "checks/device_api.cu",
-    source: include_str!("../../../kernels/cuda/checks/device_api.cu"),
+    source: include_str!("../../../kernels/checks/device_api.cu"),
     kernels: &[
         KernelId("check_core"),
         KernelId("check_packets"),
@@ -138,34 +138,44 @@ mod tests {
 
     #[test]
     fn every_header_on_disk_is_embedded_and_hip_overrides_only_core() {
-        let on_disk: Vec<String> = list(&format!("{ROOT}/cuda/include/mscclpp"), |_| true)
+        let on_disk: Vec<String> = list(&format!("{ROOT}/include/mscclpp"), |_| true)
             .into_iter()
             .map(|n| format!("mscclpp/{n}"))
             .collect();
         let embedded: Vec<String> = headers(HIP_CORE)
             .iter()
             .map(|(n, _)| n.to_string())
+            .filter(|n| n != CORE_HEADER)
             .collect();
         let mut sorted = embedded.clone();
         sorted.sort();
         assert_eq!(
             on_disk, sorted,
-            "kernels/cuda/include/mscclpp and headers() differ"
+            "kernels/include/mscclpp and headers() differ"
         );
         assert_eq!(headers(CUDA_CORE)[0], (CORE_HEADER, CUDA_CORE));
         assert_eq!(headers(HIP_CORE)[0], (CORE_HEADER, HIP_CORE));
-        assert_eq!(
-            list(&format!("{ROOT}/hip/include/mscclpp"), |_| true),
-            vec!["core.cuh"]
-        );
+        for vendor in ["cuda", "hip"] {
+            assert_eq!(
+                list(&format!("{ROOT}/{vendor}/include/mscclpp"), |_| true),
+                vec!["core.cuh"]
+            );
+        }
     }
 
     #[test]
     fn every_module_on_disk_is_embedded() {
-        let on_disk = list(&format!("{ROOT}/cuda"), |n| n.ends_with(".cu"));
+        let on_disk: Vec<String> = ["bench", "collectives", "tests"]
+            .iter()
+            .flat_map(|d| {
+                list(&format!("{ROOT}/{d}"), |n| n.ends_with(".cu"))
+                    .into_iter()
+                    .map(move |n| format!("{d}/{n}"))
+            })
+            .collect();
         let mut embedded: Vec<String> = MODULES.iter().map(|m| m.name.to_string()).collect();
         embedded.sort();
-        assert_eq!(on_disk, embedded, "kernels/cuda/*.cu and MODULES differ");
+        assert_eq!(on_disk, embedded, "kernels/*/*.cu and MODULES differ");
         assert!(module_for(KernelId::FILL_U32).is_some());
         assert!(module_for(KernelId::ATOMIC_ADD_U64).is_some());
         assert!(module_for(KernelId("no_such_kernel")).is_none());

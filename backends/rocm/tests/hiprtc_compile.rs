@@ -152,8 +152,10 @@ fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
         cmd.args(["-std=c++17", "-Wall", "-c", "-x", "hip", "-I"])
             .arg(kernels.join("hip/include"))
             .arg("-I")
-            .arg(kernels.join("cuda/include"))
-            .arg(kernels.join("cuda").join(module.name))
+            .arg(kernels.join("include"))
+            .arg("-I")
+            .arg(&kernels)
+            .arg(kernels.join(module.name))
             .arg("-o")
             .arg(&object);
         let start = std::time::Instant::now();
