@@ -1,5 +1,11 @@
 //! Streams and events of the host backend: one worker thread per stream runs jobs in order.
+//!
+//! A stream's queue is bounded, as a GPU's launch queue is: a producer that runs ahead of the
+//! worker by [`QUEUE_DEPTH`] operations blocks until one finishes, and gives up with
+//! `Error::Timeout` after [`QUEUE_WAIT`]. Without the bound a loop of launches grows memory
+//! without limit whenever the worker falls behind (a slow peer, a dead one).
 
+use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -8,23 +14,49 @@ use mscclpp_hal::{BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result
 
 use crate::kernels::HostKernel;
 
+/// Operations a stream holds before its producer blocks (CUDA's launch queue is about as deep).
+pub const QUEUE_DEPTH: usize = 1024;
+
+/// How long a producer waits for room in a full queue. The worker's own waits (kernels waiting
+/// for a peer, events) end on their deadlines, so a full queue that stays full this long means
+/// a job that never returns.
+pub const QUEUE_WAIT: Duration = Duration::from_secs(3600);
+
 /// One enqueued operation. `Fn` (not `FnOnce`) so that a captured graph can replay it.
 type Job = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
 /// Progress of a stream, shared with its worker.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Progress {
     enqueued: u64,
     completed: u64,
     /// The first error since the last synchronize; later jobs are skipped while it is pending,
     /// since they usually depend on the failed one.
     error: Option<Error>,
+    /// Jobs not yet taken by the worker; at most the stream's depth.
+    queue: VecDeque<Job>,
+    /// Set when the stream is dropped: the worker finishes the queue and exits.
+    closed: bool,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("enqueued", &self.enqueued)
+            .field("completed", &self.completed)
+            .field("error", &self.error)
+            .field("queued", &self.queue.len())
+            .finish()
+    }
 }
 
 #[derive(Debug, Default)]
 struct Shared {
     progress: Mutex<Progress>,
+    /// Signalled when a job completes (room in the queue, synchronize).
     changed: Condvar,
+    /// Signalled when a job is queued or the stream closes (the worker).
+    queued: Condvar,
 }
 
 impl Shared {
@@ -37,10 +69,11 @@ impl Shared {
 
 /// An in-order stream executed by a worker thread.
 pub struct HostStream {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
     shared: Arc<Shared>,
     /// While capturing: the operations recorded so far.
     capture: Mutex<Option<Vec<Job>>>,
+    depth: usize,
+    wait: Duration,
 }
 
 impl std::fmt::Debug for HostStream {
@@ -48,24 +81,36 @@ impl std::fmt::Debug for HostStream {
         f.debug_struct("HostStream")
             .field("progress", &self.shared.progress)
             .field("capturing", &self.capturing())
+            .field("depth", &self.depth)
             .finish()
     }
 }
 
 impl HostStream {
-    /// Starts the worker.
+    /// Starts the worker, with a queue of [`QUEUE_DEPTH`] operations.
     pub fn new() -> Result<Self> {
-        let (tx, rx) = mpsc::channel::<Job>();
+        Self::with_queue(QUEUE_DEPTH, QUEUE_WAIT)
+    }
+
+    /// Starts the worker with a queue of `depth` operations; a producer waits up to `wait` for
+    /// room in it.
+    pub fn with_queue(depth: usize, wait: Duration) -> Result<Self> {
+        if depth == 0 {
+            return Err(Error::invalid(
+                "a host stream queue of depth 0 could never hold an operation; expected at least 1",
+            ));
+        }
         let shared = Arc::new(Shared::default());
         let worker_shared = shared.clone();
         std::thread::Builder::new()
             .name("mscclpp-host-stream".into())
-            .spawn(move || worker(rx, worker_shared))
+            .spawn(move || worker(&worker_shared))
             .map_err(|e| Error::io("spawning a host stream worker", e))?;
         Ok(HostStream {
-            tx: Mutex::new(Some(tx)),
             shared,
             capture: Mutex::new(None),
+            depth,
+            wait,
         })
     }
 
@@ -98,14 +143,39 @@ impl HostStream {
         self.enqueue(job)
     }
 
+    /// Queues a job, waiting (up to the stream's wait) while the queue is full.
     fn enqueue(&self, job: Job) -> Result<()> {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let tx = tx
-            .as_ref()
-            .ok_or_else(|| Error::Internal("host stream used after shutdown".into()))?;
-        self.shared.lock().enqueued += 1;
-        tx.send(job)
-            .map_err(|_| Error::Internal("host stream worker has exited".into()))
+        let mut p = self.shared.lock();
+        if p.queue.len() >= self.depth {
+            let deadline = Instant::now() + self.wait;
+            while p.queue.len() >= self.depth {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Error::Timeout {
+                        waiting_for: format!(
+                            "room in a full host stream queue ({} operations queued, the \
+                             oldest still running or blocked)",
+                            p.queue.len()
+                        ),
+                        after: self.wait,
+                    });
+                }
+                p = self
+                    .shared
+                    .changed
+                    .wait_timeout(p, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        if p.closed {
+            return Err(Error::Internal("host stream used after shutdown".into()));
+        }
+        p.enqueued += 1;
+        p.queue.push_back(job);
+        drop(p);
+        self.shared.queued.notify_one();
+        Ok(())
     }
 
     /// Enqueues a job and waits for its result.
@@ -138,15 +208,27 @@ impl HostStream {
 
 impl Drop for HostStream {
     fn drop(&mut self) {
-        // Closing the channel lets the worker finish what is queued and exit; we do not join,
-        // so that dropping a stream whose work waits on a dead peer cannot hang the caller.
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // The worker finishes what is queued and exits; we do not join, so that dropping a
+        // stream whose work waits on a dead peer cannot hang the caller.
+        self.shared.lock().closed = true;
+        self.shared.queued.notify_all();
     }
 }
 
-fn worker(rx: mpsc::Receiver<Job>, shared: Arc<Shared>) {
-    while let Ok(job) = rx.recv() {
-        let skip = shared.lock().error.is_some();
+fn worker(shared: &Shared) {
+    loop {
+        let mut p = shared.lock();
+        let job = loop {
+            if let Some(job) = p.queue.pop_front() {
+                break job;
+            }
+            if p.closed {
+                return;
+            }
+            p = shared.queued.wait(p).unwrap_or_else(|e| e.into_inner());
+        };
+        let skip = p.error.is_some();
+        drop(p);
         let result = if skip {
             Ok(())
         } else {
@@ -159,6 +241,8 @@ fn worker(rx: mpsc::Receiver<Job>, shared: Arc<Shared>) {
                 Err(Error::Internal(format!("host stream job panicked: {msg}")))
             })
         };
+        // Dropped outside the lock: a job may own the last reference to a large buffer.
+        drop(job);
         let mut p = shared.lock();
         p.completed += 1;
         if let Err(e) = result {
@@ -505,5 +589,144 @@ impl Event for HostEvent {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use mscclpp_hal::{Backend, ErrorClass, MemoryKind, Stream};
+
+    use super::HostStream;
+    use crate::HostBackend;
+
+    #[test]
+    fn a_full_queue_blocks_the_producer_until_its_deadline() {
+        let s = HostStream::with_queue(4, Duration::from_millis(200)).unwrap();
+        let (started_tx, started_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = std::sync::Mutex::new(release_rx);
+        s.submit(std::sync::Arc::new(move || {
+            let _ = started_tx.send(());
+            let _ = release_rx
+                .lock()
+                .map(|r| r.recv_timeout(Duration::from_secs(30)));
+            Ok(())
+        }))
+        .unwrap();
+        started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        for _ in 0..4 {
+            s.submit(std::sync::Arc::new(|| Ok(()))).unwrap();
+        }
+        let t = Instant::now();
+        let e = s.submit(std::sync::Arc::new(|| Ok(()))).unwrap_err();
+        assert_eq!(e.class(), ErrorClass::Timeout, "{e}");
+        assert!(e.to_string().contains("full host stream queue"), "{e}");
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        release_tx.send(()).unwrap();
+        s.synchronize_timeout(Duration::from_secs(10)).unwrap();
+        // Room again: the producer goes on.
+        s.submit(std::sync::Arc::new(|| Ok(()))).unwrap();
+        s.synchronize_timeout(Duration::from_secs(10)).unwrap();
+    }
+
+    const RSS_OPS_VAR: &str = "MSCCLPP_HOST_STREAM_RSS_OPS";
+
+    fn rss_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    /// Runs `rss_probe` in a process of its own (the other tests of this binary allocate in
+    /// parallel and would move the figure), with `ops` operations.
+    fn probe_in_child(ops: u64) {
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "stream::tests::rss_probe",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(RSS_OPS_VAR, ops.to_string())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(
+            text.contains("rss_probe: done"),
+            "the probe did not run:\n{text}"
+        );
+        eprintln!("{text}");
+    }
+
+    #[test]
+    fn a_million_operations_keep_rss_flat() {
+        probe_in_child(1_000_000);
+    }
+
+    #[test]
+    #[ignore = "10^8 operations take minutes; run with --ignored (docs/faults.md)"]
+    fn a_hundred_million_operations_keep_rss_flat() {
+        probe_in_child(100_000_000);
+    }
+
+    /// Enqueues `MSCCLPP_HOST_STREAM_RSS_OPS` one-word fills without waiting and checks that
+    /// the resident set stays within a bound independent of the count.
+    #[test]
+    #[ignore = "run in a process of its own by a_million_operations_keep_rss_flat"]
+    fn rss_probe() {
+        let Some(ops) = std::env::var(RSS_OPS_VAR)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        else {
+            return;
+        };
+        let dev = HostBackend::new().open_device(0).unwrap();
+        let buf = dev.alloc(8, MemoryKind::Device).unwrap();
+        let s = HostStream::new().unwrap();
+        for i in 0..4 * super::QUEUE_DEPTH {
+            s.fill(&buf.full(), i as u8).unwrap();
+        }
+        s.synchronize().unwrap();
+        let base = rss_bytes();
+        // A worker that falls behind (a kernel waiting for a slow peer): without a bound the
+        // producer queues everything it can in the meantime.
+        s.submit(std::sync::Arc::new(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(())
+        }))
+        .unwrap();
+        let mut peak = base;
+        let t = Instant::now();
+        let step = (ops / 10).max(1);
+        for i in 0..ops {
+            s.fill(&buf.full(), i as u8).unwrap();
+            if i % step == step - 1 {
+                let r = rss_bytes();
+                peak = peak.max(r);
+                println!(
+                    "rss_probe: {:>11} ops  {:>7.1} s  rss {:>7} KiB (+{} KiB)",
+                    i + 1,
+                    t.elapsed().as_secs_f64(),
+                    r / 1024,
+                    r.saturating_sub(base) / 1024
+                );
+            }
+        }
+        s.synchronize().unwrap();
+        // The queue holds at most QUEUE_DEPTH small jobs; allocator slack on top of that.
+        const BOUND: u64 = 16 << 20;
+        let growth = peak.saturating_sub(base);
+        assert!(
+            growth < BOUND,
+            "rss grew by {growth} bytes over {ops} operations (bound {BOUND})"
+        );
+        println!("rss_probe: done, {ops} ops, growth {} KiB", growth / 1024);
     }
 }
