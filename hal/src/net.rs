@@ -14,8 +14,16 @@ use crate::error::{Error, Result};
 /// The address to listen on, per `MSCCLPP_SOCKET_IFNAME` (see the module doc).
 pub fn local_ip() -> Result<IpAddr> {
     match crate::env::get("MSCCLPP_SOCKET_IFNAME") {
-        Some(v) => ip_for_ifname(&v)
-            .map_err(|e| Error::invalid(format!("MSCCLPP_SOCKET_IFNAME={v:?}: {e}"))),
+        Some(v) => ip_for_ifname(&v).map_err(|e| {
+            // The inner error's own class prefix would repeat "invalid usage".
+            let why = match e {
+                Error::InvalidUsage(m) => m,
+                other => other.to_string(),
+            };
+            Error::invalid(format!(
+                "environment variable MSCCLPP_SOCKET_IFNAME={v:?} is malformed: {why}"
+            ))
+        }),
         None => Ok(source_ip_towards(SocketAddr::from(([8, 8, 8, 8], 53)))
             .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))),
     }

@@ -39,9 +39,13 @@ pub enum Role {
     Parent,
 }
 
-fn launched_with_several_ranks() -> bool {
+/// Whether a launcher started this process as one of several ranks. A launcher variable that
+/// is present but malformed is an error: falling back to a standalone run would make every
+/// process of a launched job run a job of its own and report success.
+fn launched_with_several_ranks() -> Result<bool> {
     let lookup = |k: &str| mscclpp_hal::env::get(k);
-    matches!(mscclpp_comm::bootstrap::detect_launch(&lookup), Ok(info) if info.world_size > 1)
+    let info = mscclpp_comm::bootstrap::detect_launch_optional(&lookup)?;
+    Ok(info.is_some_and(|i| i.world_size > 1))
 }
 
 fn program_name() -> String {
@@ -65,9 +69,11 @@ pub fn role() -> Result<Role> {
             .ok_or_else(|| Error::invalid(format!("{UID_VAR} is set but {NRANKS_VAR} is not")))?;
         return Ok(Role::Child { uid, rank, nranks });
     }
-    if launched_with_several_ranks() {
+    if launched_with_several_ranks()? {
         return Ok(Role::Launched);
     }
+    // Checked here too (the parent's root listens on loopback and would never look at it).
+    mscclpp_comm::bootstrap::BootstrapConfig::from_env()?;
     Ok(Role::Parent)
 }
 

@@ -67,46 +67,58 @@ const LAUNCHERS: &[Launcher] = &[
 ];
 
 /// Reads the launch description through `lookup` (which returns a variable's value, `None`
-/// when unset). Empty values count as unset.
+/// when unset). Empty values count as unset. No launcher variable at all is an error; see
+/// [`detect_optional`] for programs that also run standalone.
 pub fn detect(lookup: &dyn Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
+    detect_optional(lookup)?.ok_or_else(|| {
+        let names: Vec<String> = LAUNCHERS
+            .iter()
+            .map(|l| format!("{}/{}", l.rank, l.size))
+            .collect();
+        Error::invalid(format!(
+            "no launcher rank found in the environment: set one of {}",
+            names.join(", ")
+        ))
+    })
+}
+
+/// Like [`detect`], but `Ok(None)` when no launcher set a rank or a world size (a standalone
+/// run). Every launcher variable that is present must be well-formed, whichever launcher it
+/// belongs to: a malformed one is an error naming it and its value, never a reason to run
+/// standalone (under a launcher, every process would then run a job of its own).
+pub fn detect_optional(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
     let get = |name: &str| {
         lookup(name)
             .map(|v| v.trim().to_owned())
             .filter(|v| !v.is_empty())
     };
-    let num = |name: &str, v: String| -> Result<usize> {
-        v.parse::<usize>().map_err(|_| {
-            Error::invalid(format!(
-                "environment variable {name}={v:?} is malformed: expected a non-negative integer"
-            ))
-        })
-    };
-    let launcher = LAUNCHERS
+    check_present(&get)?;
+    let Some(launcher) = LAUNCHERS
         .iter()
         .find(|l| get(l.rank).is_some() || get(l.size).is_some())
-        .ok_or_else(|| {
-            let names: Vec<String> = LAUNCHERS
-                .iter()
-                .map(|l| format!("{}/{}", l.rank, l.size))
-                .collect();
-            Error::invalid(format!(
-                "no launcher rank found in the environment: set one of {}",
-                names.join(", ")
-            ))
-        })?;
-    let need = |name: &str| {
-        get(name).ok_or_else(|| {
+    else {
+        return Ok(None);
+    };
+    let need = |name: &str| -> Result<usize> {
+        let v = get(name).ok_or_else(|| {
             Error::invalid(format!(
                 "{} launch detected but environment variable {name} is not set",
                 launcher.source
             ))
-        })
+        })?;
+        num(name, &v)
     };
-    let rank = num(launcher.rank, need(launcher.rank)?)?;
-    let world_size = num(launcher.size, need(launcher.size)?)?;
-    if world_size == 0 {
+    if get(launcher.size).as_deref() == Some("0") {
         return Err(Error::invalid(format!(
             "environment variable {}=0: the world size must be at least 1",
+            launcher.size
+        )));
+    }
+    let world_size = need(launcher.size)?;
+    let rank = need(launcher.rank)?;
+    if world_size == 0 {
+        return Err(Error::invalid(format!(
+            "environment variable {}={world_size}: the world size must be at least 1",
             launcher.size
         )));
     }
@@ -119,27 +131,80 @@ pub fn detect(lookup: &dyn Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
     let mut local_rank = None;
     for name in launcher.local {
         if let Some(v) = get(name) {
-            local_rank = Some(num(name, v)?);
+            local_rank = Some(num(name, &v)?);
             break;
         }
     }
-    Ok(LaunchInfo {
+    Ok(Some(LaunchInfo {
         rank,
         world_size,
         local_rank,
         root: root_address(&get)?,
         source: launcher.source,
+    }))
+}
+
+fn num(name: &str, v: &str) -> Result<usize> {
+    v.parse::<usize>().map_err(|_| {
+        Error::invalid(format!(
+            "environment variable {name}={v:?} is malformed: expected a non-negative integer"
+        ))
     })
 }
 
-fn root_address(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>> {
-    let port_of = |name: &str, v: &str| {
-        v.parse::<u16>().map_err(|_| {
-            Error::invalid(format!(
-                "environment variable {name}={v:?} is malformed: expected a port in 0..=65535"
-            ))
-        })
+fn port_of(name: &str, v: &str) -> Result<u16> {
+    v.parse::<u16>().map_err(|_| {
+        Error::invalid(format!(
+            "environment variable {name}={v:?} is malformed: expected a port in 0..=65535"
+        ))
+    })
+}
+
+/// Checks the form of every launcher variable that is set.
+fn check_present(get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+    for l in LAUNCHERS {
+        for name in [l.rank, l.size].iter().chain(l.local) {
+            if let Some(v) = get(name) {
+                num(name, &v)?;
+            }
+        }
+    }
+    for name in ["MSCCLPP_MASTER_ADDR", "MASTER_ADDR"] {
+        if let Some(v) = get(name) {
+            check_host(name, &v)?;
+        }
+    }
+    let own_port = match get("MSCCLPP_MASTER_PORT") {
+        Some(v) => Some(port_of("MSCCLPP_MASTER_PORT", &v)?),
+        None => None,
     };
+    if let Some(v) = get("MASTER_PORT") {
+        let port = port_of("MASTER_PORT", &v)?;
+        if own_port.is_none() && port == u16::MAX {
+            return Err(Error::invalid(
+                "environment variable MASTER_PORT=\"65535\" leaves no port for the bootstrap root \
+                 (it uses MASTER_PORT+1); set MSCCLPP_MASTER_PORT",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A host name, an IPv4 address or an IPv6 address (bracketed or not, with a zone).
+fn check_host(name: &str, v: &str) -> Result<()> {
+    let ok = v.len() <= 255
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-_:[]%".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "environment variable {name}={v:?} is malformed: expected a host name or an IP address"
+        )))
+    }
+}
+
+fn root_address(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>> {
     let (addr_var, addr) = match (get("MSCCLPP_MASTER_ADDR"), get("MASTER_ADDR")) {
         (Some(a), _) => ("MSCCLPP_MASTER_ADDR", a),
         (None, Some(a)) => ("MASTER_ADDR", a),
@@ -152,7 +217,7 @@ fn root_address(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>> 
         let base = port_of("MASTER_PORT", &p)?;
         base.checked_add(1).ok_or_else(|| {
             Error::invalid(
-                "environment variable MASTER_PORT=65535 leaves no port for the bootstrap root \
+                "environment variable MASTER_PORT=\"65535\" leaves no port for the bootstrap root \
                  (it uses MASTER_PORT+1); set MSCCLPP_MASTER_PORT",
             )
         })?
@@ -311,5 +376,77 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("SLURM_LOCALID"), "{e}");
+    }
+
+    fn optional(vars: &[(&str, &str)]) -> Result<Option<LaunchInfo>> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        detect_optional(&move |k| map.get(k).cloned())
+    }
+
+    /// The issue's cases: each used to fall back to a standalone run.
+    #[test]
+    fn a_malformed_launcher_variable_is_never_a_standalone_run() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[("RANK", "5"), ("WORLD_SIZE", "2")],
+                "RANK=5 and WORLD_SIZE=2",
+            ),
+            (&[("WORLD_SIZE", "0")], "WORLD_SIZE=0"),
+            (&[("RANK", "abc")], "RANK=\"abc\""),
+            (&[("RANK", "-1")], "RANK=\"-1\""),
+            (&[("LOCAL_RANK", "abc")], "LOCAL_RANK=\"abc\""),
+            (&[("MASTER_PORT", "abc")], "MASTER_PORT=\"abc\""),
+            (&[("MASTER_PORT", "65535")], "MASTER_PORT=\"65535\""),
+            (&[("MASTER_PORT", "70000")], "MASTER_PORT=\"70000\""),
+            (&[("MSCCLPP_MASTER_PORT", "x")], "MSCCLPP_MASTER_PORT=\"x\""),
+            (&[("MASTER_ADDR", "a b")], "MASTER_ADDR=\"a b\""),
+            (
+                &[("OMPI_COMM_WORLD_SIZE", "two")],
+                "OMPI_COMM_WORLD_SIZE=\"two\"",
+            ),
+            (&[("PMI_RANK", "1.5")], "PMI_RANK=\"1.5\""),
+            (&[("MPI_LOCALRANKID", "x")], "MPI_LOCALRANKID=\"x\""),
+            (&[("SLURM_NTASKS", "")], ""),
+            // A malformed variable of another launcher counts too.
+            (
+                &[("RANK", "0"), ("WORLD_SIZE", "2"), ("SLURM_PROCID", "n")],
+                "SLURM_PROCID=\"n\"",
+            ),
+        ];
+        for (vars, want) in cases {
+            match optional(vars) {
+                Err(e) if !want.is_empty() => {
+                    let m = e.to_string();
+                    assert!(m.contains(want), "{vars:?}: {m}");
+                    assert_eq!(e.class(), mscclpp_hal::ErrorClass::InvalidUsage);
+                }
+                Ok(None) if want.is_empty() => {}
+                other => panic!("{vars:?}: {other:?}"),
+            }
+        }
+        // Well-formed values without a launcher rank: a standalone run.
+        assert_eq!(
+            optional(&[
+                ("LOCAL_RANK", "0"),
+                ("MASTER_ADDR", "node-1.example"),
+                ("MASTER_PORT", "29500")
+            ])
+            .unwrap(),
+            None
+        );
+        // MSCCLPP_MASTER_PORT frees MASTER_PORT=65535 from the +1.
+        let i = optional(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "65535"),
+            ("MSCCLPP_MASTER_PORT", "7000"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(i.root.as_deref(), Some("h:7000"));
     }
 }
