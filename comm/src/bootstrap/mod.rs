@@ -52,7 +52,9 @@ use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result};
 
-pub use launch_env::{LaunchInfo, detect as detect_launch};
+pub use launch_env::{
+    LaunchInfo, detect as detect_launch, detect_optional as detect_launch_optional,
+};
 pub use root::BootstrapRoot;
 pub use unique_id::{UNIQUE_ID_BYTES, UniqueId, default_root_ip};
 
@@ -89,7 +91,14 @@ impl Default for BootstrapConfig {
 
 impl BootstrapConfig {
     /// The defaults, with `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds) applied when set.
+    ///
+    /// Also checks `MSCCLPP_SOCKET_IFNAME` when it is set, so that a name that does not exist
+    /// fails every process that joins a bootstrap (a launching parent, its ranks, launched
+    /// ranks) rather than only the ones that happen to listen through it.
     pub fn from_env() -> Result<Self> {
+        if mscclpp_hal::env::get("MSCCLPP_SOCKET_IFNAME").is_some() {
+            mscclpp_hal::net::local_ip()?;
+        }
         let mut c = Self::default();
         if let Some(t) = mscclpp_hal::env::seconds("MSCCLPP_BOOTSTRAP_TIMEOUT")? {
             c.timeout = t;
@@ -653,6 +662,9 @@ impl Drop for Bootstrap {
 }
 
 fn reader_loop(shared: &Shared, peer: usize, mut stream: TcpStream, max: usize) {
+    let addr = stream
+        .peer_addr()
+        .map_or_else(|_| "the peer".to_owned(), |a| a.to_string());
     let reason = loop {
         match read_frame(&mut stream, max) {
             Ok((h, payload)) if h.kind == FrameKind::Data => {
@@ -672,9 +684,9 @@ fn reader_loop(shared: &Shared, peer: usize, mut stream: TcpStream, max: usize) 
             }
             Ok((h, _)) => break format!("unexpected {:?} frame after setup", h.kind),
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                break "the peer closed the connection".to_owned();
+                break format!("{addr} {}", protocol::describe_read_error(&e));
             }
-            Err(e) => break from_io(e, "reading from the peer").to_string(),
+            Err(e) => break from_io(e, format!("reading from {addr}")).to_string(),
         }
     };
     let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -768,7 +780,10 @@ fn read_reply(
             },
             std::io::ErrorKind::UnexpectedEof => Error::Remote {
                 rank: usize::MAX,
-                message: format!("{peer} closed the connection while we waited for {what}"),
+                message: format!(
+                    "{peer} {} while we waited for {what}",
+                    protocol::describe_read_error(&e)
+                ),
             },
             _ => from_io(e, format!("reading {what} from {peer}")),
         })?;
@@ -810,6 +825,7 @@ fn form_mesh(
                 nranks,
                 ranks: 0..rank,
                 who: format!("rank {rank}"),
+                hello_limit: root::HELLO_LIMIT,
             };
             let acc = root::accept_ranks(listener, &expect, deadline, cfg.timeout, &stop);
             if let Some(e) = acc.error {

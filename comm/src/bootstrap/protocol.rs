@@ -140,18 +140,96 @@ pub fn check_payload_len(h: &FrameHeader, max: usize) -> Result<usize> {
     }
 }
 
+/// How a connection ended in the middle of (or before) a frame: carried as the inner error of
+/// an `UnexpectedEof` from [`read_frame`], so that callers can say how far the frame got
+/// instead of `std`'s "failed to fill whole buffer".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Truncated {
+    /// Bytes of the frame that arrived (0: the connection ended between frames).
+    pub got: usize,
+    /// Bytes the frame needs: the header's size until the header has arrived.
+    pub want: usize,
+    /// The frame's kind, once its header has arrived.
+    pub kind: Option<FrameKind>,
+}
+
+impl std::fmt::Display for Truncated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.got, self.kind) {
+            (0, _) => write!(f, "closed the connection"),
+            (got, Some(k)) => write!(
+                f,
+                "closed the connection after {got} of {} bytes of a {k:?} frame",
+                self.want
+            ),
+            (got, None) => write!(
+                f,
+                "closed the connection after {got} of the {} bytes of a frame header",
+                self.want
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Truncated {}
+
+/// `read_exact` that reports how much of the frame arrived when the connection ends.
+fn read_part<R: Read + ?Sized>(
+    r: &mut R,
+    buf: &mut [u8],
+    before: usize,
+    want: usize,
+    kind: Option<FrameKind>,
+) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    Truncated {
+                        got: before + got,
+                        want,
+                        kind,
+                    },
+                ));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Reads one frame: the header, then (after checking its length against `max`) the payload.
+/// A connection that ends early is an `UnexpectedEof` whose inner error is a [`Truncated`].
 pub fn read_frame<R: Read + ?Sized>(
     r: &mut R,
     max: usize,
 ) -> std::io::Result<(FrameHeader, Vec<u8>)> {
     let mut hb = [0u8; FRAME_HEADER_BYTES];
-    r.read_exact(&mut hb)?;
+    read_part(r, &mut hb, 0, FRAME_HEADER_BYTES, None)?;
     let h = decode_frame_header(&hb).map_err(to_io)?;
     let len = check_payload_len(&h, max).map_err(to_io)?;
     let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload)?;
+    read_part(
+        r,
+        &mut payload,
+        FRAME_HEADER_BYTES,
+        FRAME_HEADER_BYTES + len,
+        Some(h.kind),
+    )?;
     Ok((h, payload))
+}
+
+/// How a [`read_frame`] error reads after "the peer" (`"closed the connection after 12 of 40
+/// bytes of a Data frame"`, `"closed the connection"`), or the error itself.
+pub fn describe_read_error(e: &std::io::Error) -> String {
+    match e.get_ref().and_then(|i| i.downcast_ref::<Truncated>()) {
+        Some(t) => t.to_string(),
+        None => e.to_string(),
+    }
 }
 
 /// Writes one frame (header and payload).

@@ -1,10 +1,10 @@
 //! The rendezvous root, and the authenticated accept loop it shares with the mesh.
 
+use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -12,17 +12,31 @@ use mscclpp_hal::{Error, Result};
 
 use super::BootstrapConfig;
 use super::protocol::{
-    ErrorCode, FrameKind, HANDSHAKE_MAX_BYTES, Hello, HelloRole, SECRET_BYTES, decode_hello,
-    encode_error, encode_table, from_io, read_frame, secrets_equal, write_frame,
+    ErrorCode, FRAME_HEADER_BYTES, FrameKind, HANDSHAKE_MAX_BYTES, Hello, HelloRole, SECRET_BYTES,
+    check_payload_len, decode_frame_header, decode_hello, encode_error, encode_table,
+    secrets_equal, write_frame,
 };
 use super::unique_id::{UniqueId, random_secret};
 
-/// How long an accepted but not yet authenticated connection may take to send its Hello.
-/// Legitimate ranks send it right after connecting; the bound keeps a silent client from
-/// holding a handshake thread for the whole bootstrap deadline.
-const HELLO_READ_LIMIT: Duration = Duration::from_secs(10);
+/// How long an accepted but not yet authenticated connection may take to deliver its whole
+/// Hello, in total. Legitimate ranks send it right after connecting; the bound keeps a silent
+/// or trickling client from holding a handshake slot for the whole bootstrap deadline.
+pub(crate) const HELLO_LIMIT: Duration = Duration::from_secs(10);
 
-/// How often the accept loop looks for new connections and finished handshakes.
+/// Handshakes in progress at once. The accept loop reads every pending Hello itself (no thread
+/// per connection), and a connection beyond this bound is closed at once: a flood of silent
+/// clients costs a bounded number of sockets, never a thread each. A legitimate rank's Hello
+/// is usually complete when its connection is accepted, so it rarely takes a slot at all.
+pub(crate) const MAX_PENDING_HELLOS: usize = 128;
+
+/// Connections accepted per pass of the loop, so that pending Hellos are read between bursts.
+const ACCEPTS_PER_PASS: usize = 64;
+
+/// Refusals being delivered at once (each drains the client briefly on a thread of its own);
+/// beyond this, refused connections are closed without an Error frame.
+const MAX_REFUSALS: usize = 32;
+
+/// How often the accept loop looks for new connections and Hello bytes when idle.
 const POLL: Duration = Duration::from_millis(2);
 
 /// What an accept loop will let in.
@@ -34,6 +48,8 @@ pub(crate) struct Expect<'a> {
     pub ranks: Range<usize>,
     /// Who is accepting, for messages ("the bootstrap root", "rank 3").
     pub who: String,
+    /// How long one connection may take to deliver its whole Hello ([`HELLO_LIMIT`]).
+    pub hello_limit: Duration,
 }
 
 /// The result of an accept loop: the connections accepted (index = rank) and, if the loop
@@ -43,11 +59,93 @@ pub(crate) struct Accepted {
     pub error: Option<Error>,
 }
 
+/// A connection whose Hello is still arriving.
+struct Pending {
+    stream: TcpStream,
+    from: SocketAddr,
+    /// The bytes so far: the frame header, then the payload.
+    buf: Vec<u8>,
+    /// When the whole Hello must have arrived.
+    deadline: Instant,
+    /// The handshake's time limit, for messages.
+    limit: Duration,
+}
+
+impl Pending {
+    /// The bytes the Hello needs in all, once the header says.
+    fn want(&self) -> Result<usize> {
+        if self.buf.len() < FRAME_HEADER_BYTES {
+            return Ok(FRAME_HEADER_BYTES);
+        }
+        let h = decode_frame_header(&self.buf[..FRAME_HEADER_BYTES])?;
+        if h.kind != FrameKind::Hello {
+            return Err(Error::malformed(
+                "bootstrap handshake",
+                format!(
+                    "{} sent a {:?} frame where a Hello was expected",
+                    self.from, h.kind
+                ),
+            ));
+        }
+        Ok(FRAME_HEADER_BYTES + check_payload_len(&h, HANDSHAKE_MAX_BYTES)?)
+    }
+
+    /// Reads what has arrived; `Some` once the Hello is complete or cannot be.
+    fn poll(&mut self) -> Option<Result<Hello>> {
+        let mut chunk = [0u8; 256];
+        loop {
+            let want = match self.want() {
+                Ok(w) => w,
+                Err(e) => return Some(Err(e)),
+            };
+            // The header alone gives `want`, so equality past the header means complete.
+            if self.buf.len() >= FRAME_HEADER_BYTES && self.buf.len() == want {
+                return Some(decode_hello(&self.buf[FRAME_HEADER_BYTES..]));
+            }
+            let room = (want - self.buf.len()).min(chunk.len());
+            match self.stream.read(&mut chunk[..room]) {
+                Ok(0) => {
+                    return Some(Err(Error::Remote {
+                        rank: usize::MAX,
+                        message: format!(
+                            "{} closed the connection after {} of {want} bytes of its hello",
+                            self.from,
+                            self.buf.len()
+                        ),
+                    }));
+                }
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Some(Err(Error::io(
+                        format!("reading the hello from {}", self.from),
+                        e,
+                    )));
+                }
+            }
+        }
+    }
+
+    fn timed_out(&self) -> Error {
+        let want = self.want().unwrap_or(FRAME_HEADER_BYTES);
+        Error::Timeout {
+            waiting_for: format!(
+                "a complete hello from {}: it sent {} of {want} bytes",
+                self.from,
+                self.buf.len()
+            ),
+            after: self.limit,
+        }
+    }
+}
+
 /// Accepts connections until every rank in `expect.ranks` has presented a valid Hello.
 ///
-/// Each connection's Hello is read on its own short-lived thread, so a client that connects
-/// and stays silent (or sends garbage) delays nobody. Refused connections get an Error frame
-/// naming the reason and are closed; the loop keeps waiting for the legitimate ranks.
+/// One thread reads every Hello, non-blocking: a client that connects and stays silent, or
+/// sends a byte now and then, delays nobody and is closed `expect.hello_limit` after it connected;
+/// at most [`MAX_PENDING_HELLOS`] handshakes are open at once. Refused connections get an Error
+/// frame naming the reason and are closed; the loop keeps waiting for the legitimate ranks.
 pub(crate) fn accept_ranks(
     listener: &TcpListener,
     expect: &Expect<'_>,
@@ -67,15 +165,72 @@ pub(crate) fn accept_ranks(
             Some(Error::io("making the bootstrap listener non-blocking", e)),
         );
     }
-    let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr, Result<Hello>)>();
+    let mut pending: Vec<Pending> = Vec::new();
     loop {
-        match listener.accept() {
-            Ok((stream, from)) => spawn_hello_reader(stream, from, deadline, tx.clone()),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => tracing::debug!(error = %e, who = %expect.who, "bootstrap accept failed"),
+        let mut busy = false;
+        let mut done: Vec<(TcpStream, SocketAddr, Result<Hello>)> = Vec::new();
+        for _ in 0..ACCEPTS_PER_PASS {
+            let (stream, from) = match listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, who = %expect.who, "bootstrap accept failed");
+                    break;
+                }
+            };
+            busy = true;
+            if let Err(e) = stream.set_nonblocking(true) {
+                tracing::debug!(%from, error = %e, who = %expect.who, "bootstrap connection dropped");
+                continue;
+            }
+            let limit = deadline
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), expect.hello_limit);
+            let mut p = Pending {
+                stream,
+                from,
+                buf: Vec::with_capacity(FRAME_HEADER_BYTES),
+                deadline: Instant::now() + limit,
+                limit,
+            };
+            match p.poll() {
+                Some(hello) => done.push((p.stream, p.from, hello)),
+                None if pending.len() < MAX_PENDING_HELLOS => pending.push(p),
+                None => tracing::debug!(
+                    %from,
+                    who = %expect.who,
+                    pending = pending.len(),
+                    "bootstrap connection closed at once: too many handshakes in progress"
+                ),
+            }
         }
-        while let Ok((stream, from, hello)) = rx.try_recv() {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < pending.len() {
+            let p = &mut pending[i];
+            let before = p.buf.len();
+            let verdict = match p.poll() {
+                Some(h) => Some(h),
+                None if now >= p.deadline => Some(Err(p.timed_out())),
+                None => None,
+            };
+            busy |= p.buf.len() != before;
+            match verdict {
+                Some(h) => {
+                    let p = pending.swap_remove(i);
+                    done.push((p.stream, p.from, h));
+                }
+                None => i += 1,
+            }
+        }
+        for (stream, from, hello) in done {
             let verdict = hello.and_then(|h| validate(&h, expect, &conns).map(|()| h));
+            let verdict = verdict.and_then(|h| {
+                stream
+                    .set_nonblocking(false)
+                    .map_err(|e| Error::io(format!("configuring the connection from {from}"), e))
+                    .map(|()| h)
+            });
             match verdict {
                 Ok(h) => {
                     tracing::debug!(rank = h.rank, %from, who = %expect.who, "bootstrap rank accepted");
@@ -85,11 +240,12 @@ pub(crate) fn accept_ranks(
                 }
                 Err(e) => {
                     tracing::warn!(%from, who = %expect.who, error = %e, "bootstrap connection refused");
-                    refuse(
-                        stream,
-                        ErrorCode::Refused,
-                        &format!("refused by {}: {e}", expect.who),
-                    );
+                    let code = if matches!(e, Error::Timeout { .. }) {
+                        ErrorCode::Timeout
+                    } else {
+                        ErrorCode::Refused
+                    };
+                    refuse(stream, code, &format!("refused by {}: {e}", expect.who));
                 }
             }
         }
@@ -112,42 +268,9 @@ pub(crate) fn accept_ranks(
             };
             return finish(conns, Some(e));
         }
-        std::thread::sleep(POLL);
-    }
-}
-
-fn spawn_hello_reader(
-    mut stream: TcpStream,
-    from: SocketAddr,
-    deadline: Instant,
-    tx: mpsc::Sender<(TcpStream, SocketAddr, Result<Hello>)>,
-) {
-    // Detached on purpose: it ends within HELLO_READ_LIMIT whatever the client does.
-    let spawned = std::thread::Builder::new()
-        .name("mscclpp-bootstrap-hello".into())
-        .spawn(move || {
-            let limit = deadline
-                .saturating_duration_since(Instant::now())
-                .clamp(Duration::from_millis(1), HELLO_READ_LIMIT);
-            let hello = (|| {
-                stream
-                    .set_nonblocking(false)
-                    .and_then(|()| stream.set_read_timeout(Some(limit)))
-                    .map_err(|e| Error::io("configuring a bootstrap connection", e))?;
-                let (h, payload) = read_frame(&mut stream, HANDSHAKE_MAX_BYTES)
-                    .map_err(|e| from_io(e, format!("reading the hello from {from}")))?;
-                if h.kind != FrameKind::Hello {
-                    return Err(Error::malformed(
-                        "bootstrap handshake",
-                        format!("expected a Hello frame, found {:?}", h.kind),
-                    ));
-                }
-                decode_hello(&payload)
-            })();
-            let _ = tx.send((stream, from, hello));
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, %from, "could not start a bootstrap handshake thread");
+        if !busy {
+            std::thread::sleep(POLL);
+        }
     }
 }
 
@@ -189,10 +312,24 @@ fn validate(h: &Hello, expect: &Expect<'_>, conns: &[Option<(TcpStream, Hello)>]
 /// kernel send a reset, which can destroy the Error frame before the client reads it, so the
 /// client's leftover bytes are drained first (bounded in time and size).
 pub(crate) fn refuse(mut stream: TcpStream, code: ErrorCode, msg: &str) {
+    static REFUSING: AtomicUsize = AtomicUsize::new(0);
+    struct Slot;
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            REFUSING.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    if REFUSING.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSALS {
+        REFUSING.fetch_sub(1, Ordering::AcqRel);
+        tracing::debug!(peer = ?stream.peer_addr().ok(), %msg, "bootstrap connection closed without an error report: too many refusals in progress");
+        return;
+    }
+    let slot = Slot;
     let payload = encode_error(code, msg);
     let spawned = std::thread::Builder::new()
         .name("mscclpp-bootstrap-refuse".into())
         .spawn(move || {
+            let _slot = slot;
             let _ = stream.set_nonblocking(false);
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = write_frame(&mut stream, FrameKind::Error, 0, &payload);
@@ -318,6 +455,7 @@ fn run_root(
         nranks,
         ranks: 0..nranks,
         who: "the bootstrap root".into(),
+        hello_limit: HELLO_LIMIT,
     };
     let deadline = Instant::now() + cfg.timeout;
     let acc = accept_ranks(listener, &expect, deadline, cfg.timeout, stop);

@@ -538,3 +538,186 @@ fn bootstrap_is_send_and_sync() {
     check::<BootstrapRoot>();
     check::<UniqueId>();
 }
+
+/// Runs the accept loop for one rank (rank 0 of 1, secret `[7; 16]`) on a thread, with a short
+/// hello limit; returns the listener's address and the loop's thread.
+type Accepted1 = (Option<(TcpStream, Hello)>, Option<Error>);
+
+fn accept_one(hello_limit: Duration) -> (SocketAddr, thread::JoinHandle<Accepted1>) {
+    let listener = TcpListener::bind(localhost0()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let t = thread::spawn(move || {
+        let secret = [7u8; SECRET_BYTES];
+        let expect = root::Expect {
+            role: HelloRole::Root,
+            secret: &secret,
+            nranks: 1,
+            ranks: 0..1,
+            who: "the test root".into(),
+            hello_limit,
+        };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let timeout = Duration::from_secs(20);
+        let acc = root::accept_ranks(&listener, &expect, Instant::now() + timeout, timeout, &stop);
+        (acc.conns.into_iter().next().flatten(), acc.error)
+    });
+    (addr, t)
+}
+
+fn hello_frame(rank: usize, nranks: usize) -> Vec<u8> {
+    let hello = Hello {
+        role: HelloRole::Root,
+        secret: [7; SECRET_BYTES],
+        rank,
+        nranks,
+        listen: localhost0(),
+    };
+    let mut frame = Vec::new();
+    write_frame(&mut frame, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
+    frame
+}
+
+/// A client that sends its hello a byte at a time, each byte well within any per-read limit,
+/// is cut off when the handshake's total limit passes, and told so in plain words.
+#[test]
+fn slow_loris_hello_is_cut_at_its_total_deadline() {
+    let limit = Duration::from_millis(300);
+    let (addr, acceptor) = accept_one(limit);
+    let t = Instant::now();
+    let mut loris = TcpStream::connect(addr).unwrap();
+    let mut w = loris.try_clone().unwrap();
+    let frame = hello_frame(0, 1);
+    let trickle = thread::spawn(move || {
+        // Everything but the last byte, one every 50 ms (about 2 s in all).
+        for b in &frame[..frame.len() - 1] {
+            if w.write_all(&[*b]).is_err() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    });
+    loris
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let (h, p) = read_frame(&mut loris, 4096).unwrap();
+    let cut = t.elapsed();
+    assert_eq!(h.kind, FrameKind::Error);
+    let (code, msg) = decode_error(&p).unwrap();
+    assert_eq!(code, ErrorCode::Timeout, "{msg}");
+    assert!(
+        msg.contains("a complete hello from")
+            && msg.contains("300ms")
+            && msg.contains("bytes")
+            && !msg.contains("os error"),
+        "{msg}"
+    );
+    assert!(cut >= limit && cut < Duration::from_millis(1500), "{cut:?}");
+    // The legitimate rank still gets in.
+    let mut rank0 = TcpStream::connect(addr).unwrap();
+    rank0.write_all(&hello_frame(0, 1)).unwrap();
+    let (conn, err) = acceptor.join().unwrap();
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(conn.unwrap().1.rank, 0);
+    drop(loris);
+    let _ = trickle.join();
+}
+
+/// Silent connections beyond the bound on open handshakes are closed at once, without a
+/// thread each, and the legitimate rank is accepted while the others are pending.
+#[test]
+fn flood_of_silent_connections_is_bounded() {
+    let (addr, acceptor) = accept_one(Duration::from_secs(8));
+    let extra = 40;
+    let total = root::MAX_PENDING_HELLOS + extra;
+    let mut flood: Vec<TcpStream> = (0..total)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let closed = |s: &mut TcpStream| {
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        match s.read(&mut b) {
+            Ok(0) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            _ => true,
+        }
+    };
+    let t = Instant::now();
+    let mut n_closed = 0;
+    while t.elapsed() < Duration::from_secs(5) {
+        n_closed = 0;
+        for s in flood.iter_mut() {
+            n_closed += usize::from(closed(s));
+        }
+        if n_closed >= extra {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(n_closed, extra, "closed within {:?}", t.elapsed());
+    let t = Instant::now();
+    let mut rank0 = TcpStream::connect(addr).unwrap();
+    rank0.write_all(&hello_frame(0, 1)).unwrap();
+    let (conn, err) = acceptor.join().unwrap();
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(conn.unwrap().1.rank, 0);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // The pending ones stayed open until the loop ended (it closes them when it returns).
+    assert!(flood.len() == total);
+}
+
+#[test]
+fn truncated_frames_say_how_far_they_got() {
+    let mut frame = Vec::new();
+    write_frame(&mut frame, FrameKind::Data, 9, &[1u8; 17]).unwrap();
+    let cut = &frame[..FRAME_HEADER_BYTES + 5];
+    let e = read_frame(&mut std::io::Cursor::new(cut.to_vec()), 1 << 20).unwrap_err();
+    assert_eq!(
+        describe_read_error(&e),
+        "closed the connection after 28 of 40 bytes of a Data frame"
+    );
+    let e = read_frame(&mut std::io::Cursor::new(frame[..5].to_vec()), 1 << 20).unwrap_err();
+    assert_eq!(
+        describe_read_error(&e),
+        "closed the connection after 5 of the 23 bytes of a frame header"
+    );
+    let e = read_frame(&mut std::io::Cursor::new(Vec::new()), 1 << 20).unwrap_err();
+    assert_eq!(describe_read_error(&e), "closed the connection");
+}
+
+/// A peer whose connection ends in the middle of a frame: the error names its rank, its
+/// address and how much of the frame arrived.
+#[test]
+fn peer_dying_mid_frame_is_named() {
+    // The test plays the root and rank 1 of 2; rank 0 is a real bootstrap.
+    let root = TcpListener::bind(localhost0()).unwrap();
+    let secret = [9u8; SECRET_BYTES];
+    let uid = UniqueId::from_parts(root.local_addr().unwrap(), secret);
+    let rank0 = thread::spawn(move || {
+        let b = Bootstrap::new(&uid, 0, 2, cfg(10_000)).unwrap();
+        b.recv(1, 7).unwrap_err()
+    });
+    let (mut to0, _) = root.accept().unwrap();
+    let (_, p) = read_frame(&mut to0, HANDSHAKE_MAX_BYTES).unwrap();
+    let hello0 = decode_hello(&p).unwrap();
+    let me = TcpListener::bind(localhost0()).unwrap();
+    let table = encode_table(&[hello0.listen, me.local_addr().unwrap()]);
+    write_frame(&mut to0, FrameKind::Table, 0, &table).unwrap();
+    let (mut mesh, _) = me.accept().unwrap();
+    let (h, _) = read_frame(&mut mesh, HANDSHAKE_MAX_BYTES).unwrap();
+    assert_eq!(h.kind, FrameKind::Hello);
+    write_frame(&mut mesh, FrameKind::Ack, 0, &[]).unwrap();
+    let mut frame = Vec::new();
+    write_frame(&mut frame, FrameKind::Data, 7, &[1u8; 17]).unwrap();
+    mesh.write_all(&frame[..FRAME_HEADER_BYTES + 5]).unwrap();
+    let addr = mesh.local_addr().unwrap();
+    drop(mesh);
+    let e = rank0.join().unwrap();
+    assert!(matches!(e, Error::Remote { rank: 1, .. }), "{e:?}");
+    let m = e.to_string();
+    assert!(
+        m.contains(&format!(
+            "{addr} closed the connection after 28 of 40 bytes of a Data frame"
+        )) && m.starts_with("rank 1:"),
+        "{m}"
+    );
+}
