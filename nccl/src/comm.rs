@@ -221,55 +221,85 @@ pub struct Comm {
     pub async_error: AtomicI32,
 }
 
-/// Live communicators by handle. Every export looks its handle up here, so a stale, foreign or
-/// garbage handle is `ncclInvalidArgument` rather than a crash.
-fn registry() -> &'static Mutex<HashMap<usize, Arc<Comm>>> {
-    static R: OnceLock<Mutex<HashMap<usize, Arc<Comm>>>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(HashMap::new()))
+/// Live communicators by serial number. Every export looks its handle up here, so a stale,
+/// foreign or garbage handle is `ncclInvalidArgument` rather than a crash.
+///
+/// A handle is not an address: it encodes a serial number that is never issued twice
+/// (`serial * HANDLE_STRIDE + HANDLE_TAG`), so the handle of a destroyed communicator can never
+/// come to name a later one, as a reused allocation address would. NCCL's clients only store,
+/// compare and pass `ncclComm_t` values, never dereference them.
+struct Registry {
+    live: HashMap<u64, Arc<Comm>>,
+    /// The next serial number; those below it were issued.
+    next: u64,
+}
+
+/// Handles are `serial * HANDLE_STRIDE + HANDLE_TAG`: never 0 (NULL), never aligned like a
+/// pointer, so a foreign value rarely decodes as one of ours.
+const HANDLE_STRIDE: u64 = 16;
+const HANDLE_TAG: u64 = 0xd;
+
+fn registry() -> &'static Mutex<Registry> {
+    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
+    R.get_or_init(|| {
+        Mutex::new(Registry {
+            live: HashMap::new(),
+            next: 1,
+        })
+    })
+}
+
+fn lock_registry() -> std::sync::MutexGuard<'static, Registry> {
+    registry().lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Registers a communicator; returns its handle.
 pub fn register(c: Comm) -> NcclComm {
-    let c = Arc::new(c);
-    let h = Arc::as_ptr(&c) as *mut c_void;
-    registry()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(h as usize, c);
-    h
+    let mut r = lock_registry();
+    let serial = r.next;
+    r.next += 1;
+    r.live.insert(serial, Arc::new(c));
+    (serial * HANDLE_STRIDE + HANDLE_TAG) as usize as NcclComm
+}
+
+/// The serial number a handle encodes, or why it names no communicator.
+fn serial_of(h: NcclComm, r: &Registry) -> Res<u64> {
+    if h.is_null() {
+        return Err(Failure::argument("comm is NULL"));
+    }
+    let v = h as usize as u64;
+    let serial = v / HANDLE_STRIDE;
+    if v % HANDLE_STRIDE != HANDLE_TAG || serial == 0 || serial >= r.next {
+        return Err(Failure::argument(format!(
+            "comm {h:p} is not a communicator of this library (not made by its \
+             ncclCommInitRank, or corrupted)"
+        )));
+    }
+    if !r.live.contains_key(&serial) {
+        return Err(Failure::argument(format!(
+            "comm {h:p} was destroyed (ncclCommDestroy/ncclCommAbort): a stale handle"
+        )));
+    }
+    Ok(serial)
 }
 
 /// The communicator behind a handle.
 pub fn lookup(h: NcclComm) -> Res<Arc<Comm>> {
-    if h.is_null() {
-        return Err(Failure::argument("comm is NULL"));
-    }
-    registry()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&(h as usize))
+    let r = lock_registry();
+    let serial = serial_of(h, &r)?;
+    r.live
+        .get(&serial)
         .cloned()
-        .ok_or_else(|| {
-            Failure::argument(format!(
-                "comm {h:p} is not a live communicator of this library (destroyed, or made by another NCCL)"
-            ))
-        })
+        .ok_or_else(|| Failure::argument(format!("comm {h:p} was destroyed")))
 }
 
 /// Removes a communicator from the registry (destroy / abort).
 pub fn unregister(h: NcclComm) -> Res<Arc<Comm>> {
-    if h.is_null() {
-        return Err(Failure::argument("comm is NULL"));
-    }
-    registry()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&(h as usize))
-        .ok_or_else(|| {
-            Failure::argument(format!(
-                "comm {h:p} is not a live communicator of this library"
-            ))
-        })
+    let mut r = lock_registry();
+    let serial = serial_of(h, &r)?;
+    r.live
+        .remove(&serial)
+        .ok_or_else(|| Failure::argument(format!("comm {h:p} was destroyed")))
 }
 
 /// Creates this rank's communicator (`ncclCommInitRank*`): bootstrap, device, real NCCL

@@ -645,7 +645,133 @@ fn refused_as_the_real_nccl() -> Result<(), Failed> {
     Ok(())
 }
 
+const STALE_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_STALE";
+
+/// The child's body for [`stale_handles_are_refused`]: one-rank communicators created and
+/// destroyed 20 times; every destroyed handle must be refused, whatever the new one's value.
+fn stale_handles_child() -> Result<String, String> {
+    let lib = open()?;
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRank",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
+    );
+    let count_f = sym!(lib, "ncclCommCount", fn(Comm, *mut c_int) -> c_int);
+    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
+    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    let create = || -> Result<Comm, String> {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        let mut c: Comm = std::ptr::null_mut();
+        // SAFETY: valid out-pointers; a one-rank communicator needs no peer.
+        let r = unsafe {
+            let r = get_id(&mut id);
+            if r != 0 { r } else { init(&mut c, 1, id, 0) }
+        };
+        if r != 0 {
+            return Err(format!("creating a one-rank communicator: {r}"));
+        }
+        Ok(c)
+    };
+    let (mut reused, mut accepted) = (0, 0);
+    let mut stale: Vec<Comm> = Vec::new();
+    for _ in 0..20 {
+        let c = create()?;
+        reused += usize::from(stale.contains(&c));
+        for &old in &stale {
+            let mut n: c_int = -1;
+            // SAFETY: `old` is a stale handle: the library must refuse it without touching it.
+            let r = unsafe { count_f(old, &mut n) };
+            if r == 0 {
+                accepted += 1;
+                continue;
+            }
+            // SAFETY: the library's thread-local NUL-terminated message.
+            let msg = unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) }
+                .to_string_lossy()
+                .into_owned();
+            if r != 4 || !msg.contains("destroyed") {
+                return Err(format!("stale handle {old:p}: returned {r} ({msg})"));
+            }
+        }
+        // SAFETY: a live handle.
+        let r = unsafe { destroy(c) };
+        if r != 0 {
+            return Err(format!("ncclCommDestroy: {r}"));
+        }
+        stale.push(c);
+    }
+    let checks = stale.len() * (stale.len() - 1) / 2;
+    let report = format!(
+        "stale handles accepted {accepted} of {checks} checks; a new handle equal to a destroyed one {reused} of 20 times"
+    );
+    if accepted > 0 || reused > 0 {
+        return Err(report);
+    }
+    Ok(report)
+}
+
+/// Destroy, then create, 20 times: a destroyed communicator's handle is refused every time
+/// (handles used to be addresses, reused by the next communicator, so a stale one worked).
+fn stale_handles_are_refused() -> Result<(), Failed> {
+    lib_path()?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = Command::new(exe)
+        .env(STALE_VAR, "1")
+        .env("MSCCLPP_BACKEND", "host")
+        .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
+        .env_remove("MSCCLPP_NCCL_LIB_PATH")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() || !text.contains("stale handles accepted 0") {
+        return Err(format!("{}: {text}", out.status).into());
+    }
+    Ok(())
+}
+
+/// A copy of this library under the real NCCL's file name is refused too: the binding looks
+/// for the library's marker symbol, not at the name.
+fn refused_under_the_real_nccl_name() -> Result<(), Failed> {
+    let p = lib_path()?;
+    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-renamed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let copy = dir.join("libnccl.so.2");
+    std::fs::copy(&p, &copy).map_err(|e| format!("copying {}: {e}", p.display()))?;
+    let path = copy.to_string_lossy().into_owned();
+    let got = mscclpp_nccl_real::RealNccl::open(&path, "MSCCLPP_NCCL_LIB_PATH");
+    let _ = std::fs::remove_dir_all(&dir);
+    let e = match got {
+        Ok(real) => return Err(format!("{real:?} was taken for the real NCCL").into()),
+        Err(e) => e,
+    };
+    let text = e.to_string();
+    if e.class() != mscclpp::hal::ErrorClass::InvalidUsage
+        || !text.contains(&path)
+        || !text.contains("libmscclpp_nccl")
+    {
+        return Err(format!("unexpected error: {text}").into());
+    }
+    Ok(())
+}
+
 fn main() {
+    if std::env::var_os(STALE_VAR).is_some() {
+        match stale_handles_child() {
+            Ok(report) => {
+                println!("{report}");
+                std::process::exit(0);
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        }
+    }
     if let Ok(rank) = std::env::var(ROLE_VAR) {
         let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
         let rank: usize = rank.parse().unwrap_or(usize::MAX);
@@ -663,6 +789,11 @@ fn main() {
         Trial::test("abi::version_and_error_strings", version_and_strings),
         Trial::test("abi::host::2_ranks_collectives_and_errors", two_ranks_host),
         Trial::test("abi::refused_as_the_real_nccl", refused_as_the_real_nccl),
+        Trial::test(
+            "abi::refused_under_the_real_nccl_name",
+            refused_under_the_real_nccl_name,
+        ),
+        Trial::test("abi::stale_handles_are_refused", stale_handles_are_refused),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
