@@ -1,0 +1,479 @@
+//! [`Executor`]: sets up what a plan needs on a communicator (channels, remote buffers, scratch,
+//! semaphores, the device plan) once per plan and buffers, then enqueues the interpreter kernel.
+//!
+//! Set-up is collective: every rank executes the same plan with buffers of the same sizes, as
+//! with MSCCL++. It exchanges over the bootstrap and synchronises; later executions with the
+//! same plan name and buffers only launch the kernel.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use mscclpp_comm::Communicator;
+use mscclpp_comm::proxy::ProxyService;
+use mscclpp_comm::semaphore::{Host2DeviceSemaphore, MemoryDevice2DeviceSemaphore};
+use mscclpp_hal::dev::{BaseMemoryChannelDeviceHandle, PortChannelDeviceHandle};
+use mscclpp_hal::{
+    BufferSlice, DataType, DeviceBuffer, Error, KernelArgs, LaunchConfig, MemoryKind, ReduceOp,
+    Result, Stream, TypedKernel,
+};
+use mscclpp_transports::{EndpointConfig, RegisteredMemory, Transport, TransportFlags};
+
+use crate::flat::{FlatBlock, FlatOp, Sizes, flatten};
+use crate::kernel::{
+    DevicePlan, EXECUTOR_KERNEL, EXECUTOR_MODULE, ExecutorArgs, STATE_HEADER_WORDS,
+};
+use crate::plan::{BufferType, ChannelType, Plan};
+
+/// FIFO slots of an executor context's proxy.
+const PROXY_FIFO_SLOTS: usize = 512;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ContextKey {
+    plan: String,
+    input: (u64, usize),
+    output: (u64, usize),
+}
+
+/// Runs execution plans on one communicator.
+#[derive(Debug)]
+pub struct Executor {
+    comm: Arc<Communicator>,
+    kernel: TypedKernel<ExecutorArgs>,
+    contexts: Mutex<HashMap<ContextKey, Arc<Context>>>,
+}
+
+/// What one (plan, buffers) pair holds. Fields are kept for their lifetime: the device plan
+/// points into them.
+#[derive(Debug)]
+struct Context {
+    device_plan: DeviceBuffer,
+    state: DeviceBuffer,
+    scratch: DeviceBuffer,
+    scratch_bytes: u64,
+    double_scratch: bool,
+    n_semaphores: u32,
+    _memory_semaphores: Vec<Arc<MemoryDevice2DeviceSemaphore>>,
+    _registered: Vec<Arc<RegisteredMemory>>,
+    _anchor: Option<DeviceBuffer>,
+    _proxy: Option<ProxyService>,
+}
+
+impl Executor {
+    /// An executor on `comm` (loads the interpreter kernel on its device).
+    pub fn new(comm: Arc<Communicator>) -> Result<Executor> {
+        let kernel = TypedKernel::load(&**comm.device(), &EXECUTOR_MODULE, EXECUTOR_KERNEL)?;
+        Ok(Executor {
+            comm,
+            kernel,
+            contexts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The communicator.
+    pub fn communicator(&self) -> &Arc<Communicator> {
+        &self.comm
+    }
+
+    /// Enqueues `plan` on `stream` with `send` as the input buffer and `recv` as the output
+    /// buffer (their lengths are the plan's input and output sizes; in-place plans take the same
+    /// memory twice, or, for an all-gather, `send` inside `recv`). `op` overrides the operator of
+    /// every reducing op (`None`: each op's `reduce_op`, sum by default).
+    ///
+    /// The first execution of a plan with given buffers is a collective set-up (every rank
+    /// must make it); later ones only enqueue the kernel, without host synchronisation. The
+    /// buffers, and this executor, must stay alive until the stream has passed the execution.
+    pub fn execute(
+        &self,
+        plan: &Plan,
+        send: &BufferSlice,
+        recv: &BufferSlice,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        stream: &dyn Stream,
+    ) -> Result<()> {
+        let key = ContextKey {
+            plan: plan.name.clone(),
+            input: (send.ptr().0, send.len()),
+            output: (recv.ptr().0, recv.len()),
+        };
+        let cached = self
+            .contexts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        let ctx = match cached {
+            Some(c) => c,
+            None => {
+                let c = Arc::new(self.setup(plan, send, recv).map_err(|e| {
+                    e.with_context(|| format!("setting up execution plan {}", plan.name))
+                })?);
+                self.contexts
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, c.clone());
+                c
+            }
+        };
+        let args = ExecutorArgs {
+            plan: ctx.device_plan.ptr().0,
+            state: ctx.state.ptr().0,
+            input: send.ptr().0,
+            output: recv.ptr().0,
+            scratch: ctx.scratch.ptr().0,
+            scratch_bytes: ctx.scratch_bytes,
+            dtype: dtype as u32,
+            op: op.map_or(u32::MAX, |o| o as u32),
+            double_scratch: u32::from(ctx.double_scratch),
+            n_semaphores: ctx.n_semaphores,
+        };
+        let info = self.comm.device().info();
+        // SAFETY: the device plan's blocks/ops are read with the same structs it was built
+        // from; every address is the caller's buffers (alive until the stream passes the
+        // execution, documented above) or this context's memory (held by the executor).
+        let blocks =
+            unsafe { std::ptr::read(ctx.device_plan.ptr().0 as *const DevicePlan) }.n_blocks;
+        // The host interpreter runs every block on a thread of its own whatever the grid; GPUs
+        // get one block per threadblock of the plan.
+        let cfg = if info.warp_size == 1 {
+            LaunchConfig::linear(1, 1)
+        } else {
+            LaunchConfig::linear(blocks.max(1), plan.threads_per_block)
+        };
+        tracing::debug!(plan = %plan.name, blocks, ?dtype, "execute");
+        // SAFETY: as above.
+        unsafe { self.kernel.launch(stream, cfg, &args) }
+    }
+
+    fn setup(&self, plan: &Plan, send: &BufferSlice, recv: &BufferSlice) -> Result<Context> {
+        let comm = &*self.comm;
+        let (rank, n) = (comm.rank(), comm.nranks());
+        if plan.nranks() != n {
+            return Err(Error::invalid(format!(
+                "plan {} is for {} ranks but the communicator has {n}",
+                plan.name,
+                plan.nranks()
+            )));
+        }
+        let gpu = &plan.gpus[rank];
+        if let Some(op) = plan.first_multicast_op(rank) {
+            return Err(Error::unavailable(
+                format!("multicast operation {op} of plan {}", plan.name),
+                "the executor does not run NVLS (switch channel) operations yet",
+            ));
+        }
+        if !gpu.switch_channels().is_empty() {
+            return Err(Error::unavailable(
+                format!("switch channels of plan {} (rank {rank})", plan.name),
+                "the executor does not set up NVLS (switch) channels yet",
+            ));
+        }
+        let sizes = Sizes {
+            input: send.len() as u64,
+            output: recv.len() as u64,
+        };
+        let flat = flatten(plan, rank, sizes)?;
+        let device = comm.device().clone();
+        let stream = device.create_stream()?;
+
+        // Scratch, zeroed: packets of flag 0 never match a launch's flag.
+        let scratch_bytes = flat.scratch_bytes;
+        let scratch = device.alloc((scratch_bytes as usize).max(16), MemoryKind::Device)?;
+        stream.fill(&scratch.full(), 0)?;
+
+        // Channels: per peer, as many connections (and semaphores) of each type as the larger
+        // of the two sides declares, in order, so that both sides pair them the same way.
+        let mut memory_semaphores = Vec::new();
+        let mut memory_handles = Vec::new();
+        let mut port_semaphores: Vec<Arc<Host2DeviceSemaphore>> = Vec::new();
+        let mut port_peer_of = Vec::new();
+        for ty in [ChannelType::Memory, ChannelType::Port] {
+            let mine = gpu.peers(ty);
+            let mut by_peer: HashMap<usize, Vec<usize>> = HashMap::new();
+            for p in (0..n).filter(|&p| p != rank) {
+                let theirs = plan.gpus[p]
+                    .peers(ty)
+                    .iter()
+                    .filter(|&&q| q == rank)
+                    .count();
+                let ours = mine.iter().filter(|&&q| q == p).count();
+                for _ in 0..ours.max(theirs) {
+                    let conn = comm.connect(p, EndpointConfig::new(Transport::CudaIpc))?;
+                    let slot = match ty {
+                        ChannelType::Memory => {
+                            memory_semaphores
+                                .push(Arc::new(MemoryDevice2DeviceSemaphore::new(comm, &conn)?));
+                            memory_semaphores.len() - 1
+                        }
+                        _ => {
+                            port_semaphores.push(Arc::new(Host2DeviceSemaphore::new(comm, conn)?));
+                            port_peer_of.push(p);
+                            port_semaphores.len() - 1
+                        }
+                    };
+                    by_peer.entry(p).or_default().push(slot);
+                }
+            }
+            if ty == ChannelType::Memory {
+                // The j-th memory channel to p takes the j-th semaphore made with p; port
+                // channels are paired the same way once the proxy has its memories (below).
+                let mut used: HashMap<usize, usize> = HashMap::new();
+                for &p in &mine {
+                    let j = used.entry(p).or_insert(0);
+                    let slot = by_peer[&p][*j];
+                    *j += 1;
+                    memory_handles.push(BaseMemoryChannelDeviceHandle {
+                        semaphore: memory_semaphores[slot].device_handle(),
+                    });
+                }
+            }
+        }
+
+        // Local buffers, registered for the peers (CudaIpc: one host) and the proxy.
+        let ipc = TransportFlags::single(Transport::CudaIpc);
+        let mut registered = Vec::new();
+        let local = |slice: &BufferSlice| -> Result<Option<Arc<RegisteredMemory>>> {
+            if slice.is_empty() {
+                Ok(None)
+            } else {
+                Ok(Some(Arc::new(comm.register_memory(slice, ipc)?)))
+            }
+        };
+        let locals = [
+            local(send)?,
+            local(recv)?,
+            local(&scratch.full().slice(..scratch_bytes as usize)?)?,
+        ];
+        let local_of = |b: BufferType| locals[b as usize].clone();
+
+        // Remote buffers: for each peer, what it declares of ours and we declare of its, in
+        // order; one exchange per step (an empty message where one side has nothing).
+        let mut remote_regs: Vec<Option<Arc<RegisteredMemory>>> =
+            vec![None; gpu.remote_buffers.len()];
+        for p in (0..n).filter(|&p| p != rank) {
+            let sends: Vec<BufferType> = plan.gpus[p]
+                .remote_buffers
+                .iter()
+                .filter(|b| b.rank == rank)
+                .map(|b| b.buffer)
+                .collect();
+            let recvs: Vec<usize> = (0..gpu.remote_buffers.len())
+                .filter(|&i| gpu.remote_buffers[i].rank == p)
+                .collect();
+            for j in 0..sends.len().max(recvs.len()) {
+                let out = match sends.get(j) {
+                    Some(&b) => local_of(b)
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "rank {p} accesses buffer {} of rank {rank}, which is empty",
+                                b.name()
+                            ))
+                        })?
+                        .to_bytes(),
+                    None => Vec::new(),
+                };
+                let got = comm.exchange(p, &out)?;
+                if let Some(&i) = recvs.get(j) {
+                    if got.is_empty() {
+                        return Err(Error::Remote {
+                            rank: p,
+                            message: format!(
+                                "sent no buffer for remote buffer {i} of rank {rank}'s plan"
+                            ),
+                        });
+                    }
+                    let mem = RegisteredMemory::from_bytes(comm.context(), &got)?;
+                    remote_regs[i] = Some(Arc::new(mem));
+                }
+            }
+        }
+        let mut remote_addrs = Vec::with_capacity(remote_regs.len());
+        for (i, m) in remote_regs.iter().enumerate() {
+            let m = m
+                .as_ref()
+                .ok_or_else(|| Error::Internal(format!("remote buffer {i} not received")))?;
+            let mapped = gpu.remote_buffers[i].access.contains(&ChannelType::Memory);
+            remote_addrs.push(match (mapped, m.mapped_slice()) {
+                (false, _) => 0,
+                (true, Some(s)) => s.ptr().0,
+                (true, None) => {
+                    return Err(Error::invalid(format!(
+                        "remote buffer {i} (rank {}) is not mapped here: memory channels need every rank on one host",
+                        m.rank()
+                    )));
+                }
+            });
+        }
+
+        // The proxy, where port channels are used.
+        let mut remote_ids = vec![u32::MAX; remote_regs.len()];
+        let mut local_ids = [u32::MAX; 4];
+        let mut port_handles: Vec<PortChannelDeviceHandle> = Vec::new();
+        let mut anchor = None;
+        let mut proxy = None;
+        let any_port = (0..n).any(|p| !plan.gpus[p].peers(ChannelType::Port).is_empty());
+        if any_port {
+            let mut svc = ProxyService::new(&device, PROXY_FIFO_SLOTS)?;
+            let sem_ids = port_semaphores
+                .iter()
+                .map(|s| svc.add_semaphore(s.clone()))
+                .collect::<Result<Vec<_>>>()?;
+            for (b, l) in locals.iter().enumerate() {
+                if let Some(l) = l {
+                    local_ids[b] = svc.add_memory(l.clone())?;
+                    registered.push(l.clone());
+                }
+            }
+            for (i, m) in remote_regs.iter().enumerate() {
+                if let Some(m) = m
+                    && gpu.remote_buffers[i].access.contains(&ChannelType::Port)
+                {
+                    remote_ids[i] = svc.add_memory(m.clone())?;
+                }
+            }
+            // A port channel handle names a destination of its peer and a local source; ops
+            // replace both, so each channel starts with a small anchor buffer of its peer.
+            let a = device.alloc(64, MemoryKind::Device)?;
+            let mine = Arc::new(comm.register_memory(&a.full(), ipc)?);
+            let anchor_local = svc.add_memory(mine.clone())?;
+            let mut anchor_ids = HashMap::new();
+            for p in (0..n).filter(|&p| p != rank) {
+                let linked = plan.gpus[rank].peers(ChannelType::Port).contains(&p)
+                    || plan.gpus[p].peers(ChannelType::Port).contains(&rank);
+                if linked {
+                    let theirs = Arc::new(comm.exchange_memory(&mine, p)?);
+                    anchor_ids.insert(p, svc.add_memory(theirs.clone())?);
+                    registered.push(theirs);
+                }
+            }
+            registered.push(mine);
+            let mut used: HashMap<usize, usize> = HashMap::new();
+            for &p in &gpu.peers(ChannelType::Port) {
+                // The j-th port channel to p takes the j-th semaphore made with p.
+                let j = used.entry(p).or_insert(0);
+                let slot = (0..port_semaphores.len())
+                    .filter(|&s| port_peer_of[s] == p)
+                    .nth(*j)
+                    .ok_or_else(|| Error::Internal(format!("no port semaphore {j} with {p}")))?;
+                *j += 1;
+                port_handles.push(svc.port_channel(sem_ids[slot], anchor_ids[&p], anchor_local)?);
+            }
+            svc.start()?;
+            anchor = Some(a);
+            proxy = Some(svc);
+        }
+        registered.extend(remote_regs.into_iter().flatten());
+        registered.extend(locals.into_iter().flatten());
+
+        // Semaphores and barriers: the state block.
+        let n_semaphores = gpu.semaphores.len();
+        let mut state_words = vec![0u64; STATE_HEADER_WORDS + n_semaphores];
+        for (i, v) in gpu.semaphores.iter().enumerate() {
+            state_words[STATE_HEADER_WORDS + i] = u64::from(*v);
+        }
+        let state = device.alloc(state_words.len() * 8, MemoryKind::Device)?;
+        stream.write_from_host(&state.full(), &words_bytes(&state_words))?;
+
+        // The device plan: header, blocks, ops, channel tables, remote tables.
+        let device_plan = upload_plan(
+            &device,
+            &*stream,
+            &flat.blocks,
+            &flat.ops,
+            &memory_handles,
+            &port_handles,
+            &remote_addrs,
+            &remote_ids,
+            local_ids,
+        )?;
+        stream.synchronize()?;
+        // Nobody writes into a peer's scratch before the peer has zeroed it.
+        comm.bootstrap().barrier()?;
+        tracing::debug!(
+            plan = %plan.name, rank, blocks = flat.blocks.len(), ops = flat.ops.len(),
+            memory_channels = memory_handles.len(), port_channels = port_handles.len(),
+            scratch_bytes, "execution plan set up"
+        );
+        Ok(Context {
+            device_plan,
+            state,
+            scratch,
+            scratch_bytes,
+            double_scratch: plan.double_scratch,
+            n_semaphores: n_semaphores as u32,
+            _memory_semaphores: memory_semaphores,
+            _registered: registered,
+            _anchor: anchor,
+            _proxy: proxy,
+        })
+    }
+}
+
+fn words_bytes(w: &[u64]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn bytes_of<T: Copy>(items: &[T]) -> Vec<u8> {
+    let n = std::mem::size_of_val(items);
+    let mut out = vec![0u8; n];
+    // SAFETY: `T` is one of this crate's `#[repr(C)]` plain-data records (no implicit padding
+    // that would be uninitialised: each declares its padding as fields), read as `n` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(items.as_ptr().cast::<u8>(), out.as_mut_ptr(), n) };
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn upload_plan(
+    device: &Arc<dyn mscclpp_hal::Device>,
+    stream: &dyn Stream,
+    blocks: &[FlatBlock],
+    ops: &[FlatOp],
+    memory: &[BaseMemoryChannelDeviceHandle],
+    port: &[PortChannelDeviceHandle],
+    remote_addrs: &[u64],
+    remote_ids: &[u32],
+    local_ids: [u32; 4],
+) -> Result<DeviceBuffer> {
+    let parts: [Vec<u8>; 6] = [
+        bytes_of(blocks),
+        bytes_of(ops),
+        bytes_of(memory),
+        bytes_of(port),
+        bytes_of(remote_addrs),
+        bytes_of(remote_ids),
+    ];
+    let header = std::mem::size_of::<DevicePlan>().next_multiple_of(64);
+    let mut offsets = [0usize; 6];
+    let mut at = header;
+    for (i, p) in parts.iter().enumerate() {
+        offsets[i] = at;
+        at = (at + p.len()).next_multiple_of(64);
+    }
+    let buf = device.alloc(at, MemoryKind::Device)?;
+    let base = buf.ptr().0;
+    let count = |n: usize, what: &str| {
+        u32::try_from(n).map_err(|_| Error::invalid(format!("{n} {what} in one plan")))
+    };
+    let head = DevicePlan {
+        n_blocks: count(blocks.len(), "threadblocks")?,
+        n_ops: count(ops.len(), "operations")?,
+        blocks: base + offsets[0] as u64,
+        ops: base + offsets[1] as u64,
+        memory_channels: base + offsets[2] as u64,
+        port_channels: base + offsets[3] as u64,
+        remote_addrs: base + offsets[4] as u64,
+        remote_ids: base + offsets[5] as u64,
+        local_ids,
+        n_memory: count(memory.len(), "memory channels")?,
+        n_port: count(port.len(), "port channels")?,
+        n_remote: count(remote_addrs.len(), "remote buffers")?,
+        _pad: 0,
+    };
+    let mut image = vec![0u8; at];
+    image[..std::mem::size_of::<DevicePlan>()].copy_from_slice(head.as_bytes());
+    for (i, p) in parts.iter().enumerate() {
+        image[offsets[i]..offsets[i] + p.len()].copy_from_slice(p);
+    }
+    stream.write_from_host(&buf.full(), &image)?;
+    Ok(buf)
+}
