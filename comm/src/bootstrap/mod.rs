@@ -2,17 +2,30 @@
 //!
 //! # How ranks meet
 //!
-//! 1. A *root* listens on a known address. Every rank connects to it and sends a Hello (the
-//!    bootstrap secret, its rank, `nranks`, and the address of its own listener). The root
-//!    refuses — with an Error frame naming the reason — connections with a wrong secret, a
-//!    different `nranks`, an out-of-range or duplicate rank, or bytes that do not decode, and
-//!    keeps waiting for the legitimate ranks. Once all have joined it sends each one the table
-//!    of listen addresses and exits.
-//! 2. Each rank connects to every higher rank (sending a Hello the acceptor validates the same
-//!    way, answered by an Ack) and accepts every lower one: a full mesh of TCP connections.
-//! 3. One reader thread per connection files incoming messages under `(peer, tag)`; waits
-//!    take them from there. A connection that ends marks its peer dead, and every current and
-//!    future operation involving that peer fails at once with `Error::Remote`.
+//! 1. A *root* listens on a known address. Every rank binds its own listener, connects to the
+//!    root and sends a Hello (the bootstrap secret, its rank, `nranks`, and its listen address).
+//!    The root refuses — with an Error frame naming the reason — connections with a wrong
+//!    secret, a different `nranks`, an out-of-range or duplicate rank, or bytes that do not
+//!    decode, and keeps waiting for the legitimate ranks. Once all have joined it sends each one
+//!    the table of listen addresses, closes every connection and exits. The root keeps at most
+//!    `root::MAX_PENDING_HELLOS` handshakes open and closes any connection beyond that at once;
+//!    a rank turned away so (its connection ends before any answer) tries again after a random
+//!    pause, within the one bootstrap deadline.
+//! 2. No connection between ranks exists yet. A connection is opened the first time two ranks
+//!    exchange a message (either may dial; the dialler sends a Hello, the acceptor validates it
+//!    as the root does and answers with an Ack). When both dial each other at once, the lower
+//!    rank's connection is kept and the other is refused as Crossed.
+//! 3. Collectives follow a [`Schedule`]: by default dissemination barrier, Bruck all-gather and
+//!    binomial broadcast, whose peers are `rank ± 2^k`, so a rank holds at most
+//!    `2 ceil(log2 N)` connections for its collectives, plus one per peer it sends to itself.
+//!    The host identities (who shares this rank's host) are all-gathered at init.
+//! 4. One reader thread per connection files incoming messages under `(view, peer, tag)`;
+//!    waits take them from there. A connection that ends marks its peer dead, and every current
+//!    and future operation involving that peer fails at once with `Error::Remote`. A rank whose
+//!    collective fails because a peer died tells the peers of its schedule, so that every rank
+//!    waiting on it fails naming the dead rank too, rather than timing out.
+//! 5. [`Bootstrap::split`] and [`Bootstrap::shrink`] make views over the same connections (no
+//!    new root): each view's messages carry its id.
 //!
 //! # Who runs the root
 //!
@@ -45,7 +58,7 @@ mod tests;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -77,6 +90,8 @@ pub struct BootstrapConfig {
     pub timeout: Duration,
     /// Largest message a peer may send; larger frames are refused before any allocation.
     pub max_frame_bytes: usize,
+    /// The collectives' schedule (`MSCCLPP_BOOTSTRAP_SCHEDULE`: `log` or `ring`).
+    pub schedule: Schedule,
 }
 
 impl Default for BootstrapConfig {
@@ -85,12 +100,14 @@ impl Default for BootstrapConfig {
         BootstrapConfig {
             timeout: Duration::from_secs(60),
             max_frame_bytes: 1 << 30,
+            schedule: Schedule::Log,
         }
     }
 }
 
 impl BootstrapConfig {
-    /// The defaults, with `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds) applied when set.
+    /// The defaults, with `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds) and `MSCCLPP_BOOTSTRAP_SCHEDULE`
+    /// applied when set.
     ///
     /// Also checks `MSCCLPP_SOCKET_IFNAME` when it is set, so that a name that does not exist
     /// fails every process that joins a bootstrap (a launching parent, its ranks, launched
@@ -103,20 +120,82 @@ impl BootstrapConfig {
         if let Some(t) = mscclpp_hal::env::seconds("MSCCLPP_BOOTSTRAP_TIMEOUT")? {
             c.timeout = t;
         }
+        if let Some(s) = mscclpp_hal::env::get("MSCCLPP_BOOTSTRAP_SCHEDULE") {
+            c.schedule = s.parse()?;
+        }
         Ok(c)
     }
+}
+
+/// Which message schedules the collectives use; this also decides which peers a rank ever
+/// connects to (connections are opened on first use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Schedule {
+    /// Dissemination barrier, Bruck all-gather, binomial-tree broadcast: `ceil(log2 N)` rounds,
+    /// with the peers `rank ± 2^k` — at most `2 ceil(log2 N)` connections per rank.
+    #[default]
+    Log,
+    /// Ring all-gather and barrier, chain broadcast: `N - 1` rounds, two connections per rank.
+    /// For very many ranks in one process, where every connection costs two descriptors.
+    Ring,
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "log" | "" => Ok(Schedule::Log),
+            "ring" => Ok(Schedule::Ring),
+            other => Err(Error::invalid(format!(
+                "bootstrap schedule {other:?}: expected \"log\" or \"ring\""
+            ))),
+        }
+    }
+}
+
+/// The peers a rank exchanges collective messages with under `schedule` (sorted, without
+/// `rank` itself): the only connections the collectives ever open.
+pub fn schedule_peers(schedule: Schedule, rank: usize, nranks: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    if nranks > 1 {
+        match schedule {
+            Schedule::Ring => {
+                v.push((rank + 1) % nranks);
+                v.push((rank + nranks - 1) % nranks);
+            }
+            Schedule::Log => {
+                let mut d = 1;
+                while d < nranks {
+                    v.push((rank + d) % nranks);
+                    v.push((rank + nranks - d) % nranks);
+                    d <<= 1;
+                }
+            }
+        }
+    }
+    v.sort_unstable();
+    v.dedup();
+    v.retain(|&p| p != rank);
+    v
 }
 
 /// A connected group of ranks that can exchange small messages; see the [module
 /// docs](self). `Send + Sync`: operations may be called from several threads.
 pub struct Bootstrap {
+    /// This view's rank and size (a split or shrunk view numbers its members from 0).
     rank: usize,
     nranks: usize,
     local_rank: Option<usize>,
     cfg: BootstrapConfig,
-    shared: Arc<Shared>,
-    readers: Vec<JoinHandle<()>>,
+    core: Arc<Core>,
+    /// Keeps this view's messages apart from those of other views over the same connections.
+    comm_id: u64,
+    /// View rank -> rank of the connections' bootstrap.
+    members: Arc<[usize]>,
+    /// View rank -> index of its host (ranks with equal indices share a host).
+    hosts: Arc<[u32]>,
     coll_seq: AtomicU64,
+    split_seq: AtomicU64,
 }
 
 impl std::fmt::Debug for Bootstrap {
@@ -126,25 +205,56 @@ impl std::fmt::Debug for Bootstrap {
             .field("nranks", &self.nranks)
             .field("local_rank", &self.local_rank)
             .field("cfg", &self.cfg)
+            .field("comm_id", &self.comm_id)
             .finish_non_exhaustive()
     }
 }
 
+/// Owns the connections of a bootstrap and every view of it; dropping the last view closes
+/// them.
+struct Core {
+    shared: Arc<Shared>,
+    acceptor: Mutex<Option<JoinHandle<()>>>,
+}
+
 struct Shared {
+    rank: usize,
+    nranks: usize,
+    secret: [u8; protocol::SECRET_BYTES],
+    /// Listen address of every rank, from the root.
+    table: Vec<SocketAddr>,
+    listen: SocketAddr,
+    cfg: BootstrapConfig,
     state: Mutex<State>,
     cv: Condvar,
-    /// Write halves, index = peer; `None` for this rank.
-    writers: Vec<Option<Mutex<TcpStream>>>,
     closing: AtomicBool,
+    /// Inbound handshakes in progress (bounded by `root::MAX_PENDING_HELLOS`).
+    handshakes: AtomicUsize,
+}
+
+/// A connection to one peer.
+enum Link {
+    /// Being dialled by this rank.
+    Dialling,
+    /// Open; the write half.
+    Up(Arc<Mutex<TcpStream>>),
 }
 
 struct State {
-    queues: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
-    /// Why each peer's connection ended, if it did.
-    dead: Vec<Option<String>>,
+    /// Messages by (communicator id, peer, tag).
+    queues: HashMap<(u64, usize, u64), VecDeque<Vec<u8>>>,
+    /// Open or opening connections; absent: none yet. Sparse: a rank talks to few peers.
+    links: HashMap<usize, Link>,
+    /// Why each peer's connection ended (or the peer was reported lost), if it did.
+    dead: HashMap<usize, String>,
     /// Dead peers in the order their connections ended: a collective names the first, which is
     /// the cause when the others only followed it.
     dead_order: Vec<usize>,
+    /// Peers that reported an operation failed because of another rank: (that rank, why).
+    reported: HashMap<usize, (usize, String)>,
+    readers: Vec<JoinHandle<()>>,
+    /// Connections opened so far (either direction).
+    opened: usize,
 }
 
 impl Shared {
@@ -155,22 +265,72 @@ impl Shared {
 
     fn mark_dead(&self, peer: usize, reason: String) {
         let mut st = self.lock();
-        if let Some(slot) = st.dead.get_mut(peer)
-            && slot.is_none()
-        {
-            *slot = Some(reason);
+        if let std::collections::hash_map::Entry::Vacant(e) = st.dead.entry(peer) {
+            e.insert(reason);
             st.dead_order.push(peer);
         }
+        // A link that ended is not used again; a dead peer is never redialled.
+        st.links.remove(&peer);
         drop(st);
         self.cv.notify_all();
     }
+
+    fn wait<'a>(
+        &self,
+        st: MutexGuard<'a, State>,
+        deadline: Instant,
+    ) -> (MutexGuard<'a, State>, bool) {
+        let now = Instant::now();
+        if now >= deadline {
+            return (st, false);
+        }
+        let st = self
+            .cv
+            .wait_timeout(st, deadline - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+        (st, true)
+    }
+
+    /// Starts the reader of a connection this rank dialled (`reader`: a clone of its stream).
+    fn register(self: &Arc<Self>, st: &mut State, peer: usize, reader: TcpStream) -> Result<()> {
+        let addr = self.table[peer];
+        reader
+            .set_read_timeout(None)
+            .and_then(|()| reader.set_write_timeout(Some(self.cfg.timeout)))
+            .and_then(|()| reader.set_nodelay(true))
+            .map_err(|e| Error::io(format!("configuring the connection to rank {peer}"), e))?;
+        let shared = Arc::clone(self);
+        let max = self.cfg.max_frame_bytes + protocol::COMM_ID_BYTES;
+        let t = std::thread::Builder::new()
+            .name(format!("mscclpp-boot-r{}-p{peer}", self.rank))
+            .stack_size(READER_STACK)
+            .spawn(move || reader_loop(&shared, peer, reader, max, addr))
+            .map_err(|e| Error::io("starting a bootstrap reader thread", e))?;
+        st.readers.push(t);
+        st.opened += 1;
+        Ok(())
+    }
 }
+
+/// Stack of a reader thread: it only decodes frames, and thousands of ranks in one process
+/// (the benchmark's `--threads`) would otherwise reserve 2 MiB each.
+const READER_STACK: usize = 256 << 10;
 
 fn lost(peer: usize, reason: &str) -> Error {
     Error::Remote {
         rank: peer,
         message: format!("connection lost: {reason}"),
     }
+}
+
+/// A bootstrap's connection count, for the scale benchmark and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Connections open now.
+    pub open: usize,
+    /// Connections opened since the rendezvous (either direction).
+    pub opened: usize,
 }
 
 impl Bootstrap {
@@ -278,17 +438,17 @@ impl Bootstrap {
     ) -> Result<Self> {
         let span = tracing::info_span!("bootstrap", rank, nranks, root = %uid.root_addr());
         let _g = span.enter();
-        let result = Self::rendezvous(uid, rank, nranks, &cfg, local_rank);
-        match (result, root) {
-            (Ok(b), Some(root)) => {
-                // Every rank has the table (each one is in our mesh), so the root is done or
-                // finishing its last writes.
+        let deadline = Instant::now() + cfg.timeout;
+        let result = Self::rendezvous(uid, rank, nranks, &cfg, deadline);
+        let (listener, table) = match (result, root) {
+            (Ok(t), Some(root)) => {
+                // We have the table, so the root is sending its last ones.
                 if let Err(e) = root.wait() {
-                    tracing::warn!(error = %e, "bootstrap root ended with an error after the mesh formed");
+                    tracing::warn!(error = %e, "bootstrap root ended with an error after we joined");
                 }
-                Ok(b)
+                t
             }
-            (Ok(b), None) => Ok(b),
+            (Ok(t), None) => t,
             (Err(e), Some(root)) => {
                 // The root's own error names the missing ranks; prefer it to ours. When we timed
                 // out, the root (started just before us, with the same deadline) is at its own
@@ -298,133 +458,184 @@ impl Bootstrap {
                 if !matches!(e, Error::Timeout { .. }) {
                     root.stop();
                 }
-                match root.wait() {
+                return match root.wait() {
                     Err(re @ Error::Timeout { .. }) => Err(re),
                     _ => Err(e),
-                }
+                };
             }
-            (Err(e), None) => Err(e),
-        }
+            (Err(e), None) => return Err(e),
+        };
+        let b = Self::start(uid, rank, nranks, local_rank, cfg, listener, table)?;
+        // Host identities, gathered along the collective schedule (this also opens the
+        // connections every later collective uses).
+        let me = mscclpp_hal::env::host_id();
+        let ids = b.all_gather(me.as_bytes())?;
+        let mut seen: HashMap<Vec<u8>, u32> = HashMap::new();
+        let hosts: Vec<u32> = ids
+            .into_iter()
+            .map(|id| {
+                let n = seen.len() as u32;
+                *seen.entry(id).or_insert(n)
+            })
+            .collect();
+        Ok(Bootstrap {
+            hosts: hosts.into(),
+            ..b
+        })
     }
 
+    /// Registers with the root and receives the table of listen addresses. The root closes a
+    /// connection at once when too many handshakes are in progress; a rank whose connection
+    /// ends before any answer tries again after a random pause, until the deadline.
     fn rendezvous(
         uid: &UniqueId,
         rank: usize,
         nranks: usize,
         cfg: &BootstrapConfig,
-        local_rank: Option<usize>,
-    ) -> Result<Self> {
-        let deadline = Instant::now() + cfg.timeout;
+        deadline: Instant,
+    ) -> Result<(TcpListener, Vec<SocketAddr>)> {
         let root_addr = uid.root_addr();
-        let mut to_root = connect_retry(root_addr, deadline, cfg.timeout, "the bootstrap root")?;
-        // Listen on the address this host reaches the root from: it is routable from there.
-        let local_ip = to_root
-            .local_addr()
-            .map_err(|e| Error::io("reading the local address of the root connection", e))?
-            .ip();
-        let listener = TcpListener::bind(SocketAddr::new(local_ip, 0)).map_err(|e| {
-            Error::io(
-                format!("binding this rank's bootstrap listener on {local_ip}"),
-                e,
-            )
-        })?;
-        let listen = listener
-            .local_addr()
-            .map_err(|e| Error::io("reading this rank's listen address", e))?;
-        let hello = Hello {
-            role: HelloRole::Root,
-            secret: *uid.secret(),
-            rank,
-            nranks,
-            listen,
-        };
-        write_frame(&mut to_root, FrameKind::Hello, 0, &encode_hello(&hello)).map_err(|e| {
-            Error::io(
-                format!("sending the hello to the bootstrap root at {root_addr}"),
-                e,
-            )
-        })?;
-        tracing::debug!(%listen, "registered with the bootstrap root");
-        let table_max = 64 + nranks.saturating_mul(24);
-        let table = match read_reply(
-            &mut to_root,
-            deadline,
-            cfg.timeout,
-            table_max,
-            "the bootstrap root's address table",
-        )? {
-            (FrameKind::Table, payload) => decode_table(&payload, nranks)?,
-            (kind, _) => {
-                return Err(Error::malformed(
-                    "bootstrap handshake",
-                    format!("the root sent a {kind:?} frame where the address table was expected"),
-                ));
+        let mut listener: Option<(TcpListener, SocketAddr)> = None;
+        let mut attempt: u32 = 0;
+        loop {
+            let mut to_root =
+                connect_retry(root_addr, deadline, cfg.timeout, "the bootstrap root")?;
+            if listener.is_none() {
+                // Listen on the address this host reaches the root from: it is routable
+                // from there.
+                let local_ip = to_root
+                    .local_addr()
+                    .map_err(|e| Error::io("reading the local address of the root connection", e))?
+                    .ip();
+                let l = TcpListener::bind(SocketAddr::new(local_ip, 0)).map_err(|e| {
+                    Error::io(
+                        format!("binding this rank's bootstrap listener on {local_ip}"),
+                        e,
+                    )
+                })?;
+                let a = l
+                    .local_addr()
+                    .map_err(|e| Error::io("reading this rank's listen address", e))?;
+                listener = Some((l, a));
             }
-        };
-        drop(to_root);
-
-        let conns = form_mesh(&listener, &table, uid, rank, nranks, cfg, deadline)?;
-        drop(listener);
-        tracing::info!("bootstrap mesh formed");
-        Self::start(rank, nranks, local_rank, cfg.clone(), conns)
+            let listen = listener.as_ref().map(|l| l.1).unwrap_or(root_addr);
+            let hello = Hello {
+                role: HelloRole::Root,
+                secret: *uid.secret(),
+                rank,
+                nranks,
+                listen,
+            };
+            let table_max = 64 + nranks.saturating_mul(24);
+            let reply = write_frame(&mut to_root, FrameKind::Hello, 0, &encode_hello(&hello))
+                .map_err(|e| {
+                    Error::io(
+                        format!("sending the hello to the bootstrap root at {root_addr}"),
+                        e,
+                    )
+                })
+                .and_then(|()| {
+                    read_reply(
+                        &mut to_root,
+                        deadline,
+                        cfg.timeout,
+                        table_max,
+                        "the bootstrap root's address table",
+                    )
+                });
+            match reply {
+                Ok((FrameKind::Table, payload)) => {
+                    let table = decode_table(&payload, nranks)?;
+                    tracing::debug!(%listen, attempt, "joined through the bootstrap root");
+                    let (l, _) = listener.ok_or_else(|| {
+                        Error::Internal("bootstrap listener missing after the rendezvous".into())
+                    })?;
+                    return Ok((l, table));
+                }
+                Ok((kind, _)) => {
+                    return Err(Error::malformed(
+                        "bootstrap handshake",
+                        format!(
+                            "the root sent a {kind:?} frame where the address table was expected"
+                        ),
+                    ));
+                }
+                Err(e) if root_turned_us_away(&e) && Instant::now() < deadline => {
+                    attempt += 1;
+                    let pause = jitter(rank, attempt);
+                    tracing::debug!(attempt, ?pause, error = %e, "the bootstrap root turned us away; retrying");
+                    std::thread::sleep(
+                        pause.min(deadline.saturating_duration_since(Instant::now())),
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn start(
+        uid: &UniqueId,
         rank: usize,
         nranks: usize,
         local_rank: Option<usize>,
         cfg: BootstrapConfig,
-        conns: Vec<Option<TcpStream>>,
+        listener: TcpListener,
+        table: Vec<SocketAddr>,
     ) -> Result<Self> {
-        let mut writers = Vec::with_capacity(nranks);
-        let mut readers_streams = Vec::new();
-        for (peer, c) in conns.into_iter().enumerate() {
-            match c {
-                None => writers.push(None),
-                Some(s) => {
-                    let conf = s
-                        .set_read_timeout(None)
-                        .and_then(|()| s.set_write_timeout(Some(cfg.timeout)))
-                        .and_then(|()| s.set_nodelay(true))
-                        .and_then(|()| s.try_clone());
-                    let r = conf.map_err(|e| {
-                        Error::io(format!("configuring the connection to rank {peer}"), e)
-                    })?;
-                    readers_streams.push((peer, r));
-                    writers.push(Some(Mutex::new(s)));
-                }
-            }
-        }
+        let listen = listener
+            .local_addr()
+            .map_err(|e| Error::io("reading this rank's listen address", e))?;
         let shared = Arc::new(Shared {
+            rank,
+            nranks,
+            secret: *uid.secret(),
+            table,
+            listen,
+            cfg: cfg.clone(),
             state: Mutex::new(State {
                 queues: HashMap::new(),
-                dead: vec![None; nranks],
+                links: HashMap::new(),
+                dead: HashMap::new(),
                 dead_order: Vec::new(),
+                reported: HashMap::new(),
+                readers: Vec::new(),
+                opened: 0,
             }),
             cv: Condvar::new(),
-            writers,
             closing: AtomicBool::new(false),
+            handshakes: AtomicUsize::new(0),
         });
-        let mut b = Bootstrap {
+        let acceptor = if nranks > 1 {
+            let s = Arc::clone(&shared);
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("mscclpp-boot-accept-r{rank}"))
+                    .stack_size(READER_STACK)
+                    .spawn(move || accept_loop(&s, listener))
+                    .map_err(|e| Error::io("starting the bootstrap acceptor thread", e))?,
+            )
+        } else {
+            None
+        };
+        Ok(Bootstrap {
             rank,
             nranks,
             local_rank,
             cfg,
-            shared,
-            readers: Vec::new(),
+            core: Arc::new(Core {
+                shared,
+                acceptor: Mutex::new(acceptor),
+            }),
+            comm_id: 0,
+            members: (0..nranks).collect::<Vec<_>>().into(),
+            hosts: vec![0; nranks].into(),
             coll_seq: AtomicU64::new(0),
-        };
-        for (peer, stream) in readers_streams {
-            let shared = Arc::clone(&b.shared);
-            let max = b.cfg.max_frame_bytes;
-            let t = std::thread::Builder::new()
-                .name(format!("mscclpp-bootstrap-r{rank}-p{peer}"))
-                .spawn(move || reader_loop(&shared, peer, stream, max))
-                .map_err(|e| Error::io("starting a bootstrap reader thread", e))?;
-            // On error above, Drop of `b` shuts down and joins the readers started so far.
-            b.readers.push(t);
-        }
-        Ok(b)
+            split_seq: AtomicU64::new(0),
+        })
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.core.shared
     }
 
     /// This process's rank.
@@ -447,7 +658,50 @@ impl Bootstrap {
         self.cfg.timeout
     }
 
-    /// Sends `data` to `peer` under `tag`. Returns once the bytes are handed to the kernel.
+    /// The host of each rank, as small integers learned at init: ranks with the same number
+    /// share a host (`MSCCLPP_HOSTID`, else the boot id, else the host name).
+    pub fn hosts(&self) -> &[u32] {
+        &self.hosts
+    }
+
+    /// The ranks on this rank's host, in rank order (this rank included).
+    pub fn host_peers(&self) -> Vec<usize> {
+        let me = self.hosts[self.rank];
+        (0..self.nranks).filter(|&r| self.hosts[r] == me).collect()
+    }
+
+    /// This rank's position among the ranks of its host (learned at init, whatever the
+    /// launcher said).
+    pub fn host_rank(&self) -> usize {
+        let me = self.hosts[self.rank];
+        self.hosts[..self.rank].iter().filter(|&&h| h == me).count()
+    }
+
+    /// This rank's listen address (peers dial it on first use).
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.shared().listen
+    }
+
+    /// The schedule the collectives use.
+    pub fn schedule(&self) -> Schedule {
+        self.cfg.schedule
+    }
+
+    /// How many connections this rank's bootstrap holds (shared by all its split views).
+    pub fn link_stats(&self) -> LinkStats {
+        let st = self.shared().lock();
+        LinkStats {
+            open: st
+                .links
+                .values()
+                .filter(|l| matches!(l, Link::Up(_)))
+                .count(),
+            opened: st.opened,
+        }
+    }
+
+    /// Sends `data` to `peer` under `tag`. Returns once the bytes are handed to the kernel
+    /// (the connection to `peer` is opened first if this is the first message between them).
     pub fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
         check_user_tag(tag)?;
         self.send_raw(peer, tag, data)
@@ -464,57 +718,240 @@ impl Bootstrap {
 
     /// Gathers every rank's `data` (lengths may differ); the result is indexed by rank.
     pub fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.gather_impl(data, 1, "all_gather")
+        let tag = self.next_coll_tag(1);
+        self.coll(tag, "all_gather", || match self.cfg.schedule {
+            Schedule::Log => self.bruck_all_gather(data, tag),
+            Schedule::Ring => self.ring_all_gather(data, tag),
+        })
     }
 
     /// Returns once every rank has entered the barrier.
     pub fn barrier(&self) -> Result<()> {
-        self.gather_impl(&[], 2, "barrier").map(|_| ())
+        let tag = self.next_coll_tag(2);
+        self.coll(tag, "barrier", || match self.cfg.schedule {
+            Schedule::Log => {
+                // Dissemination: after round k a rank has heard, directly or not, from the
+                // 2^(k+1) - 1 ranks before it.
+                let n = self.nranks;
+                let mut d = 1;
+                while d < n {
+                    self.send_raw((self.rank + d) % n, tag, &[])?;
+                    self.wait_all(&[(self.rank + n - d) % n], tag, "barrier")?;
+                    d <<= 1;
+                }
+                Ok(())
+            }
+            Schedule::Ring => self.ring_all_gather(&[], tag).map(|_| ()),
+        })
     }
 
     /// Returns `root`'s `data` on every rank (`data` is ignored on the others).
     pub fn broadcast(&self, root: usize, data: &[u8]) -> Result<Vec<u8>> {
         self.check_peer(root)?;
         let tag = self.next_coll_tag(3);
-        tracing::debug!(
-            rank = self.rank,
-            root,
-            bytes = data.len(),
-            "bootstrap broadcast"
-        );
-        if root == self.rank {
-            for peer in (0..self.nranks).filter(|&p| p != self.rank) {
-                self.send_raw(peer, tag, data)?;
+        let n = self.nranks;
+        let v = (self.rank + n - root) % n;
+        self.coll(tag, "broadcast", || {
+            let msg = match self.cfg.schedule {
+                Schedule::Log => {
+                    // Binomial tree over ranks relative to the root: v receives from v minus
+                    // its highest bit, then sends to v + 2^k for every 2^k above v.
+                    let msg = if v == 0 {
+                        data.to_vec()
+                    } else {
+                        let high = 1usize << (usize::BITS - 1 - v.leading_zeros());
+                        let parent = (v - high + root) % n;
+                        self.recv_one(parent, tag, "broadcast")?
+                    };
+                    let mut d = if v == 0 {
+                        1
+                    } else {
+                        (1usize << (usize::BITS - 1 - v.leading_zeros())) << 1
+                    };
+                    while v + d < n {
+                        self.send_raw((v + d + root) % n, tag, &msg)?;
+                        d <<= 1;
+                    }
+                    msg
+                }
+                Schedule::Ring => {
+                    let msg = if v == 0 {
+                        data.to_vec()
+                    } else {
+                        self.recv_one((self.rank + n - 1) % n, tag, "broadcast")?
+                    };
+                    if v + 1 < n {
+                        self.send_raw((self.rank + 1) % n, tag, &msg)?;
+                    }
+                    msg
+                }
+            };
+            Ok(msg)
+        })
+    }
+
+    /// A view of the ranks that pass the same `color` (`None`: this rank joins no view and
+    /// gets `None`), ordered by `key` then by rank. Collective over this bootstrap; reuses
+    /// its connections (no new root, no new listener): a view's messages carry its own id.
+    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Bootstrap>> {
+        let seq = self.split_seq.fetch_add(1, Ordering::Relaxed);
+        let mut mine = [0u8; 9];
+        mine[0] = u8::from(color.is_some());
+        mine[1..5].copy_from_slice(&color.unwrap_or(0).to_le_bytes());
+        mine[5..9].copy_from_slice(&key.to_le_bytes());
+        let all = self.all_gather(&mine)?;
+        let mut entries = Vec::with_capacity(self.nranks);
+        for (r, e) in all.iter().enumerate() {
+            let e: &[u8; 9] = e.as_slice().try_into().map_err(|_| {
+                Error::malformed(
+                    "bootstrap split",
+                    format!("rank {r} sent {} bytes, expected 9", e.len()),
+                )
+            })?;
+            if e[0] > 1 {
+                return Err(Error::malformed(
+                    "bootstrap split",
+                    format!("rank {r} sent color flag {}", e[0]),
+                ));
             }
-            Ok(data.to_vec())
-        } else {
-            let mut got = self.wait_all(&[root], tag, "broadcast")?;
-            got.pop()
-                .ok_or_else(|| Error::Internal("broadcast: wait returned no message".into()))
+            let c = u32::from_le_bytes([e[1], e[2], e[3], e[4]]);
+            let k = u32::from_le_bytes([e[5], e[6], e[7], e[8]]);
+            entries.push((e[0] == 1, c, k, r));
+        }
+        let Some(color) = color else {
+            return Ok(None);
+        };
+        let mut group: Vec<(u32, usize)> = entries
+            .iter()
+            .filter(|e| e.0 && e.1 == color)
+            .map(|e| (e.2, e.3))
+            .collect();
+        group.sort_unstable();
+        let ranks: Vec<usize> = group.into_iter().map(|(_, r)| r).collect();
+        Ok(Some(self.view(&ranks, &[1, seq, u64::from(color)])))
+    }
+
+    /// A view without the ranks in `exclude` (ranks of this bootstrap, e.g. dead ones), which
+    /// every remaining rank must pass identically. Needs no message, so it works when the
+    /// excluded ranks are gone; returns `None` on an excluded rank.
+    pub fn shrink(&self, exclude: &[usize]) -> Result<Option<Bootstrap>> {
+        for &r in exclude {
+            self.check_peer(r)?;
+        }
+        let seq = self.split_seq.fetch_add(1, Ordering::Relaxed);
+        if exclude.contains(&self.rank) {
+            return Ok(None);
+        }
+        let ranks: Vec<usize> = (0..self.nranks).filter(|r| !exclude.contains(r)).collect();
+        let mut salt = vec![2, seq];
+        let mut ex: Vec<u64> = exclude.iter().map(|&r| r as u64).collect();
+        ex.sort_unstable();
+        ex.dedup();
+        salt.extend(ex);
+        Ok(Some(self.view(&ranks, &salt)))
+    }
+
+    /// The view of `ranks` (ranks of this view, in the new order) whose id derives from this
+    /// view's id and `salt` (the same on every member).
+    fn view(&self, ranks: &[usize], salt: &[u64]) -> Bootstrap {
+        use std::hash::{Hash, Hasher};
+        // SipHash with fixed keys: the same id in every process of the same build.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.comm_id.hash(&mut h);
+        salt.hash(&mut h);
+        ranks.hash(&mut h);
+        // Zero is the root view's id.
+        let comm_id = h.finish().max(1);
+        let rank = ranks.iter().position(|&r| r == self.rank).unwrap_or(0);
+        Bootstrap {
+            rank,
+            nranks: ranks.len(),
+            local_rank: None,
+            cfg: self.cfg.clone(),
+            core: Arc::clone(&self.core),
+            comm_id,
+            members: ranks
+                .iter()
+                .map(|&r| self.members[r])
+                .collect::<Vec<_>>()
+                .into(),
+            hosts: ranks
+                .iter()
+                .map(|&r| self.hosts[r])
+                .collect::<Vec<_>>()
+                .into(),
+            coll_seq: AtomicU64::new(0),
+            split_seq: AtomicU64::new(0),
         }
     }
 
-    fn gather_impl(&self, data: &[u8], op: u64, name: &str) -> Result<Vec<Vec<u8>>> {
-        let tag = self.next_coll_tag(op);
-        tracing::debug!(
-            rank = self.rank,
-            bytes = data.len(),
-            op = name,
-            "bootstrap collective"
-        );
-        let peers: Vec<usize> = (0..self.nranks).filter(|&p| p != self.rank).collect();
-        for &peer in &peers {
-            self.send_raw(peer, tag, data)?;
+    /// Runs a collective; if it fails because a rank was lost, tells the peers of this rank's
+    /// schedule, so that ranks waiting on this one fail naming that rank rather than time out.
+    fn coll<T>(&self, tag: u64, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        tracing::debug!(rank = self.rank, tag, op = name, "bootstrap collective");
+        let r = f();
+        if let Err(Error::Remote { rank, message }) = &r
+            && *rank < self.nranks
+        {
+            self.report_loss(self.members[*rank], message);
         }
-        let got = self.wait_all(&peers, tag, name)?;
-        let mut out = Vec::with_capacity(self.nranks);
-        let mut it = got.into_iter();
-        for r in 0..self.nranks {
-            if r == self.rank {
-                out.push(data.to_vec());
-            } else {
-                out.push(it.next().unwrap_or_default());
+        r
+    }
+
+    fn report_loss(&self, lost_rank: usize, message: &str) {
+        let payload = protocol::encode_lost(lost_rank, message);
+        let deadline = Instant::now() + self.cfg.timeout.min(Duration::from_secs(2));
+        for p in schedule_peers(self.cfg.schedule, self.rank, self.nranks) {
+            let peer = self.members[p];
+            if peer == lost_rank {
+                continue;
             }
+            if let Ok(w) = self.link(peer, deadline) {
+                let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = write_frame(&mut *w, FrameKind::Lost, 0, &payload);
+            }
+        }
+    }
+
+    fn recv_one(&self, peer: usize, tag: u64, op: &str) -> Result<Vec<u8>> {
+        let mut got = self.wait_all(&[peer], tag, op)?;
+        got.pop()
+            .ok_or_else(|| Error::Internal(format!("{op}: wait returned no message")))
+    }
+
+    /// Bruck's all-gather: in round k a rank sends the blocks it has (its own and the next
+    /// 2^k - 1 ranks') to `rank - 2^k` and receives as many from `rank + 2^k`.
+    fn bruck_all_gather(&self, data: &[u8], tag: u64) -> Result<Vec<Vec<u8>>> {
+        let n = self.nranks;
+        let mut blocks: Vec<Vec<u8>> = vec![data.to_vec()];
+        let mut d = 1;
+        while blocks.len() < n {
+            let cnt = d.min(n - blocks.len());
+            let to = (self.rank + n - d) % n;
+            let from = (self.rank + d) % n;
+            self.send_raw(to, tag, &pack_blocks(&blocks[..cnt]))?;
+            let got = self.recv_one(from, tag, "all_gather")?;
+            blocks.extend(unpack_blocks(&got, cnt, from)?);
+            d <<= 1;
+        }
+        // blocks[i] is rank (rank + i)'s.
+        blocks.rotate_right(self.rank);
+        Ok(blocks)
+    }
+
+    /// Ring all-gather: N - 1 steps, each forwarding to the next rank the block received in
+    /// the previous step.
+    fn ring_all_gather(&self, data: &[u8], tag: u64) -> Result<Vec<Vec<u8>>> {
+        let n = self.nranks;
+        let next = (self.rank + 1) % n;
+        let prev = (self.rank + n - 1) % n;
+        let mut out: Vec<Vec<u8>> = vec![Vec::new(); n];
+        out[self.rank] = data.to_vec();
+        for step in 0..n.saturating_sub(1) {
+            let send_idx = (self.rank + n - step) % n;
+            self.send_raw(next, tag, &out[send_idx])?;
+            let recv_idx = (self.rank + n - step - 1) % n;
+            out[recv_idx] = self.recv_one(prev, tag, "all_gather")?;
         }
         Ok(out)
     }
@@ -535,6 +972,113 @@ impl Bootstrap {
         Ok(())
     }
 
+    /// The view rank of bootstrap rank `r`, for errors (the bootstrap rank if not a member).
+    fn view_rank(&self, r: usize) -> usize {
+        if self.comm_id == 0 {
+            return r;
+        }
+        self.members.iter().position(|&m| m == r).unwrap_or(r)
+    }
+
+    fn translate(&self, e: Error) -> Error {
+        match e {
+            Error::Remote { rank, message } if rank != usize::MAX => Error::Remote {
+                rank: self.view_rank(rank),
+                message,
+            },
+            other => other,
+        }
+    }
+
+    /// The open connection to bootstrap rank `peer`, dialling it if there is none.
+    fn link(&self, peer: usize, deadline: Instant) -> Result<Arc<Mutex<TcpStream>>> {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        loop {
+            if let Some(reason) = st.dead.get(&peer) {
+                return Err(lost(peer, reason));
+            }
+            match st.links.get(&peer) {
+                Some(Link::Up(w)) => return Ok(Arc::clone(w)),
+                Some(Link::Dialling) => {
+                    let (g, more) = sh.wait(st, deadline);
+                    st = g;
+                    if !more {
+                        return Err(Error::Timeout {
+                            waiting_for: format!("a connection with rank {peer}"),
+                            after: self.cfg.timeout,
+                        });
+                    }
+                }
+                None => break,
+            }
+        }
+        st.links.insert(peer, Link::Dialling);
+        drop(st);
+        let dialled = dial(sh, peer, deadline);
+        let mut st = sh.lock();
+        match dialled {
+            Ok(Some(stream)) => {
+                if let Some(Link::Up(w)) = st.links.get(&peer) {
+                    // Cannot happen under the crossing rule; keep the registered one.
+                    return Ok(Arc::clone(w));
+                }
+                let reg = stream
+                    .try_clone()
+                    .map_err(|e| Error::io(format!("configuring the connection to rank {peer}"), e))
+                    .and_then(|r| sh.register(&mut st, peer, r));
+                let w = match reg {
+                    Ok(()) => r2w(stream),
+                    Err(e) => {
+                        st.links.remove(&peer);
+                        drop(st);
+                        sh.cv.notify_all();
+                        return Err(e);
+                    }
+                };
+                st.links.insert(peer, Link::Up(Arc::clone(&w)));
+                drop(st);
+                sh.cv.notify_all();
+                tracing::debug!(peer, "bootstrap connection up (dialled)");
+                Ok(w)
+            }
+            Ok(None) => {
+                // Crossed: the peer's own dial is (or will be) accepted here.
+                loop {
+                    if let Some(Link::Up(w)) = st.links.get(&peer) {
+                        return Ok(Arc::clone(w));
+                    }
+                    if let Some(reason) = st.dead.get(&peer) {
+                        return Err(lost(peer, reason));
+                    }
+                    let (g, more) = sh.wait(st, deadline);
+                    st = g;
+                    if !more {
+                        return Err(Error::Timeout {
+                            waiting_for: format!(
+                                "rank {peer}'s connection (both ranks dialled at once)"
+                            ),
+                            after: self.cfg.timeout,
+                        });
+                    }
+                }
+            }
+            Err(e) => {
+                match st.links.get(&peer) {
+                    // The peer's own dial was accepted meanwhile.
+                    Some(Link::Up(w)) => return Ok(Arc::clone(w)),
+                    Some(Link::Dialling) => {
+                        st.links.remove(&peer);
+                    }
+                    None => {}
+                }
+                drop(st);
+                sh.cv.notify_all();
+                Err(e)
+            }
+        }
+    }
+
     fn send_raw(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
         self.check_peer(peer)?;
         if data.len() > self.cfg.max_frame_bytes {
@@ -544,29 +1088,31 @@ impl Bootstrap {
                 self.cfg.max_frame_bytes
             )));
         }
-        tracing::debug!(
+        tracing::trace!(
             rank = self.rank,
             peer,
             tag,
             bytes = data.len(),
             "bootstrap send"
         );
-        let Some(Some(writer)) = self.shared.writers.get(peer) else {
+        let sh = self.shared();
+        let target = self.members[peer];
+        if target == sh.rank {
             // To ourselves: straight into the queue.
-            let mut st = self.shared.lock();
+            let mut st = sh.lock();
             st.queues
-                .entry((peer, tag))
+                .entry((self.comm_id, target, tag))
                 .or_default()
                 .push_back(data.to_vec());
             drop(st);
-            self.shared.cv.notify_all();
+            sh.cv.notify_all();
             return Ok(());
-        };
-        if let Some(reason) = &self.shared.lock().dead[peer] {
-            return Err(lost(peer, reason));
         }
+        let deadline = Instant::now() + self.cfg.timeout;
+        let writer = self.link(target, deadline).map_err(|e| self.translate(e))?;
+        let payload = protocol::encode_data(self.comm_id, data);
         let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-        match write_frame(&mut *w, FrameKind::Data, tag, data) {
+        match write_frame(&mut *w, FrameKind::Data, tag, &payload) {
             Ok(()) => Ok(()),
             Err(e) => {
                 // A partly written frame leaves the stream unusable either way.
@@ -576,8 +1122,8 @@ impl Bootstrap {
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) {
-                    self.shared.mark_dead(
-                        peer,
+                    sh.mark_dead(
+                        target,
                         format!("a send timed out after {:?}", self.cfg.timeout),
                     );
                     Err(Error::Timeout {
@@ -589,31 +1135,36 @@ impl Bootstrap {
                     })
                 } else {
                     let reason = format!("send failed: {e}");
-                    self.shared.mark_dead(peer, reason.clone());
+                    sh.mark_dead(target, reason.clone());
                     Err(lost(peer, &reason))
                 }
             }
         }
     }
 
-    /// Waits for one message under `tag` from each of `peers`; returns them in that order.
-    /// Fails as soon as a peer still owing a message is dead, naming the first to have died.
+    /// Waits for one message under `tag` from each of `peers` (ranks of this view); returns
+    /// them in that order. Opens the connections to them first, so that a peer that died is
+    /// noticed. Fails as soon as a peer still owing a message is dead, or reported that it
+    /// failed because another rank was lost, naming the rank that died first.
     fn wait_all(&self, peers: &[usize], tag: u64, op: &str) -> Result<Vec<Vec<u8>>> {
         let deadline = Instant::now() + self.cfg.timeout;
+        let sh = self.shared();
+        let targets: Vec<usize> = peers.iter().map(|&p| self.members[p]).collect();
         let mut got: Vec<Option<Vec<u8>>> = vec![None; peers.len()];
-        let mut st = self.shared.lock();
+        let mut linked = vec![false; peers.len()];
         loop {
-            for (i, &p) in peers.iter().enumerate() {
+            let mut st = sh.lock();
+            for (i, &p) in targets.iter().enumerate() {
                 if got[i].is_none()
-                    && let Some(q) = st.queues.get_mut(&(p, tag))
+                    && let Some(q) = st.queues.get_mut(&(self.comm_id, p, tag))
                 {
                     got[i] = q.pop_front();
                     if q.is_empty() {
-                        st.queues.remove(&(p, tag));
+                        st.queues.remove(&(self.comm_id, p, tag));
                     }
                 }
             }
-            let missing: Vec<usize> = peers
+            let missing: Vec<usize> = targets
                 .iter()
                 .zip(&got)
                 .filter(|(_, g)| g.is_none())
@@ -625,12 +1176,35 @@ impl Bootstrap {
             // Only peers still owing a message count: one that finished the collective and left
             // (a clean exit after the last barrier) is not an error. Among those, name the one
             // that died first, the cause when others only followed it.
-            if let Some(&p) = st.dead_order.iter().find(|p| missing.contains(p)) {
-                let reason = st.dead[p].clone().unwrap_or_default();
-                return Err(lost(p, &format!("{reason} (during {op})")));
+            // A peer that reported another rank's loss before its connection ended (it failed
+            // and left) is named by the rank it reported.
+            if let Some(&p) = st.dead_order.iter().find(|p| missing.contains(p))
+                && !st.reported.contains_key(&p)
+            {
+                let reason = st.dead.get(&p).cloned().unwrap_or_default();
+                return Err(self.translate(lost(p, &format!("{reason} (during {op})"))));
+            }
+            if let Some((k, why)) = missing.iter().find_map(|p| st.reported.get(p)) {
+                return Err(self.translate(lost(*k, &format!("{why} (during {op})"))));
+            }
+            // The first time round, make sure a connection with each missing peer exists (or
+            // is being made by the other side): a peer that died before ever connecting is
+            // then noticed when its listener refuses us.
+            if let Some(i) = (0..peers.len()).find(|&i| got[i].is_none() && !linked[i]) {
+                drop(st);
+                linked[i] = true;
+                // A lost peer (`Error::Remote`) is reported above on the next pass.
+                if targets[i] != sh.rank
+                    && let Err(e) = self.link(targets[i], deadline)
+                    && !matches!(e, Error::Remote { .. })
+                {
+                    return Err(self.translate(e));
+                }
+                continue;
             }
             let now = Instant::now();
             if now >= deadline {
+                let missing: Vec<usize> = missing.iter().map(|&p| self.view_rank(p)).collect();
                 return Err(Error::Timeout {
                     waiting_for: format!(
                         "{op}: a message with tag {tag:#x} from rank(s) {missing:?}"
@@ -638,43 +1212,362 @@ impl Bootstrap {
                     after: self.cfg.timeout,
                 });
             }
-            st = self
-                .shared
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            drop(sh.wait(st, deadline));
         }
     }
 }
 
-impl Drop for Bootstrap {
-    fn drop(&mut self) {
-        self.shared.closing.store(true, Ordering::Release);
-        for w in self.shared.writers.iter().flatten() {
-            let w = w.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = w.shutdown(std::net::Shutdown::Both);
+fn r2w(s: TcpStream) -> Arc<Mutex<TcpStream>> {
+    Arc::new(Mutex::new(s))
+}
+
+/// Dials bootstrap rank `peer`: `Ok(Some)` once it acknowledged, `Ok(None)` when it refused
+/// because it is dialling us at the same time (its connection wins, see [`accept_hello`]).
+fn dial(sh: &Shared, peer: usize, deadline: Instant) -> Result<Option<TcpStream>> {
+    let addr = sh.table[peer];
+    let mut s = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout {
+                waiting_for: format!("connecting to rank {peer} at {addr}"),
+                after: sh.cfg.timeout,
+            });
         }
-        for t in self.readers.drain(..) {
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+            Ok(s) => break s,
+            // Every rank listens before it joins the root, so after the rendezvous a refusal
+            // means the peer is gone.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                let reason = format!("its listener at {addr} refused the connection ({e})");
+                sh.mark_dead(peer, reason.clone());
+                return Err(lost(peer, &reason));
+            }
+            Err(e) => {
+                tracing::trace!(%addr, error = %e, "bootstrap dial failed; retrying");
+                std::thread::sleep(Duration::from_millis(20).min(left));
+            }
+        }
+    };
+    let hello = Hello {
+        role: HelloRole::Peer,
+        secret: sh.secret,
+        rank: sh.rank,
+        nranks: sh.nranks,
+        listen: sh.listen,
+    };
+    write_frame(&mut s, FrameKind::Hello, 0, &encode_hello(&hello))
+        .map_err(|e| lost(peer, &format!("sending the hello: {e}")))?;
+    let reply = read_reply(
+        &mut s,
+        deadline,
+        sh.cfg.timeout,
+        0,
+        &format!("rank {peer}'s acknowledgement"),
+    );
+    match reply {
+        Ok((FrameKind::Ack, _)) => Ok(Some(s)),
+        Ok((kind, _)) => Err(Error::malformed(
+            "bootstrap handshake",
+            format!("rank {peer} answered the hello with a {kind:?} frame"),
+        )),
+        Err(Error::Remote { message, .. }) if message.contains(CROSSED) => Ok(None),
+        Err(Error::Remote { message, .. }) => Err(Error::Remote {
+            rank: peer,
+            message,
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// The text of a Crossed refusal, recognised by the dialler.
+const CROSSED: &str = "crossed dial: keeping the lower rank's connection";
+
+/// Waits for connections from peers dialling this rank; each handshake runs on a thread of its
+/// own (bounded in number) that, once the Hello is accepted, reads the connection.
+fn accept_loop(sh: &Arc<Shared>, listener: TcpListener) {
+    loop {
+        let (stream, from) = match listener.accept() {
+            Ok(c) => c,
+            Err(e) => {
+                if sh.closing.load(Ordering::Acquire) {
+                    return;
+                }
+                tracing::debug!(error = %e, "bootstrap accept failed");
+                // Out of descriptors and the like: do not spin.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if sh.closing.load(Ordering::Acquire) {
+            return;
+        }
+        if sh.handshakes.fetch_add(1, Ordering::AcqRel) >= root::MAX_PENDING_HELLOS {
+            sh.handshakes.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(%from, "bootstrap connection closed at once: too many handshakes in progress");
+            continue;
+        }
+        let s = Arc::clone(sh);
+        let spawned = std::thread::Builder::new()
+            .name(format!("mscclpp-boot-hs-r{}", sh.rank))
+            .stack_size(READER_STACK)
+            .spawn(move || {
+                let r = accept_hello(&s, stream, from);
+                s.handshakes.fetch_sub(1, Ordering::AcqRel);
+                if let Some((peer, stream)) = r {
+                    reader_loop(
+                        &s,
+                        peer,
+                        stream,
+                        s.cfg.max_frame_bytes + protocol::COMM_ID_BYTES,
+                        from,
+                    );
+                }
+            });
+        if let Err(e) = spawned {
+            sh.handshakes.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(error = %e, "could not start a bootstrap handshake thread");
+        }
+    }
+}
+
+/// Reads and checks a dialling peer's Hello (within `root::HELLO_LIMIT` in total), then either
+/// acknowledges it and returns the connection to read, or refuses it. Of two ranks dialling
+/// each other at once, the lower rank's connection is kept: a higher rank's dial is refused
+/// as Crossed while this rank has its own connection with it open or opening.
+fn accept_hello(
+    sh: &Arc<Shared>,
+    stream: TcpStream,
+    from: SocketAddr,
+) -> Option<(usize, TcpStream)> {
+    let who = format!("rank {}", sh.rank);
+    let hello = read_hello(&stream, from, root::HELLO_LIMIT.min(sh.cfg.timeout));
+    let hello = hello.and_then(|h| {
+        let refuse = |why: String| Err(Error::invalid(why));
+        if !protocol::secrets_equal(&h.secret, &sh.secret) {
+            return refuse("wrong secret: the peer belongs to a different bootstrap".into());
+        }
+        if h.role != HelloRole::Peer {
+            return refuse(format!("a {:?} hello sent to a Peer listener", h.role));
+        }
+        if h.nranks != sh.nranks {
+            return refuse(format!(
+                "rank {} says nranks = {}, this bootstrap has {}",
+                h.rank, h.nranks, sh.nranks
+            ));
+        }
+        if h.rank >= sh.nranks || h.rank == sh.rank {
+            return refuse(format!(
+                "rank {} is not expected here (a peer of rank {} of {})",
+                h.rank, sh.rank, sh.nranks
+            ));
+        }
+        Ok(h)
+    });
+    let h = match hello {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(%from, who = %who, error = %e, "bootstrap connection refused");
+            let code = if matches!(e, Error::Timeout { .. }) {
+                ErrorCode::Timeout
+            } else {
+                ErrorCode::Refused
+            };
+            root::refuse(stream, code, &format!("refused by {who}: {e}"));
+            return None;
+        }
+    };
+    let peer = h.rank;
+    let mut st = sh.lock();
+    if sh.closing.load(Ordering::Acquire) {
+        return None;
+    }
+    let verdict = match st.links.get(&peer) {
+        None if st.dead.contains_key(&peer) => {
+            Err(format!("rank {peer}'s connection already ended"))
+        }
+        None => Ok(()),
+        Some(Link::Dialling) if peer < sh.rank => Ok(()),
+        Some(_) if peer > sh.rank => Err(CROSSED.to_string()),
+        Some(_) => Err(format!("rank {peer} is already connected (duplicate rank)")),
+    };
+    if let Err(why) = verdict {
+        drop(st);
+        if why == CROSSED {
+            // Its whole Hello has been read, so closing right after the report sends no
+            // reset; answered here rather than by the bounded refusal threads, which may
+            // close without a report when busy, and the dialler must learn why.
+            let mut stream = stream;
+            let payload =
+                protocol::encode_error(ErrorCode::Crossed, &format!("refused by {who}: {why}"));
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = write_frame(&mut stream, FrameKind::Error, 0, &payload);
+        } else {
+            root::refuse(
+                stream,
+                ErrorCode::Refused,
+                &format!("refused by {who}: {why}"),
+            );
+        }
+        return None;
+    }
+    let reader = match stream.try_clone() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%from, error = %e, "bootstrap connection dropped");
+            return None;
+        }
+    };
+    let w = r2w(stream);
+    // The Ack goes first: nothing else may be written until it is, so the writer is held
+    // while the link is published.
+    let mut guard = w.lock().unwrap_or_else(|p| p.into_inner());
+    let conf = reader
+        .set_read_timeout(None)
+        .and_then(|()| reader.set_write_timeout(Some(sh.cfg.timeout)))
+        .and_then(|()| reader.set_nodelay(true));
+    if let Err(e) = conf {
+        tracing::warn!(%from, error = %e, "bootstrap connection dropped");
+        return None;
+    }
+    st.links.insert(peer, Link::Up(Arc::clone(&w)));
+    st.opened += 1;
+    drop(st);
+    let acked = write_frame(&mut *guard, FrameKind::Ack, 0, &[]);
+    drop(guard);
+    sh.cv.notify_all();
+    if let Err(e) = acked {
+        sh.mark_dead(peer, format!("acknowledging its hello failed: {e}"));
+        return None;
+    }
+    tracing::debug!(peer, "bootstrap connection up (accepted)");
+    Some((peer, reader))
+}
+
+/// Reads a Hello frame within `limit` in total, however the bytes trickle in.
+fn read_hello(stream: &TcpStream, from: SocketAddr, limit: Duration) -> Result<Hello> {
+    let deadline = Instant::now() + limit;
+    let mut buf: Vec<u8> = Vec::with_capacity(protocol::FRAME_HEADER_BYTES);
+    let mut want = protocol::FRAME_HEADER_BYTES;
+    let mut chunk = [0u8; 256];
+    let mut s = stream;
+    loop {
+        if buf.len() == want {
+            if want == protocol::FRAME_HEADER_BYTES {
+                let h = protocol::decode_frame_header(&buf)?;
+                if h.kind != FrameKind::Hello {
+                    return Err(Error::malformed(
+                        "bootstrap handshake",
+                        format!(
+                            "{from} sent a {:?} frame where a Hello was expected",
+                            h.kind
+                        ),
+                    ));
+                }
+                want += protocol::check_payload_len(&h, protocol::HANDSHAKE_MAX_BYTES)?;
+                if want > buf.len() {
+                    continue;
+                }
+            }
+            return protocol::decode_hello(&buf[protocol::FRAME_HEADER_BYTES..]);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout {
+                waiting_for: format!(
+                    "a complete hello from {from}: it sent {} of {want} bytes",
+                    buf.len()
+                ),
+                after: limit,
+            });
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| Error::io("setting a bootstrap read timeout", e))?;
+        let room = (want - buf.len()).min(chunk.len());
+        match std::io::Read::read(&mut s, &mut chunk[..room]) {
+            Ok(0) => {
+                return Err(Error::Remote {
+                    rank: usize::MAX,
+                    message: format!(
+                        "{from} closed the connection after {} of {want} bytes of its hello",
+                        buf.len()
+                    ),
+                });
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(Error::io(format!("reading the hello from {from}"), e)),
+        }
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        sh.closing.store(true, Ordering::Release);
+        for l in st.links.values() {
+            if let Link::Up(w) = l {
+                let w = w.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        let readers = std::mem::take(&mut st.readers);
+        drop(st);
+        let acceptor = self
+            .acceptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(t) = acceptor {
+            // Wake the blocking accept; if that connection cannot be made, leave the thread
+            // (it holds only the listener and exits at the next connection).
+            if TcpStream::connect_timeout(&sh.listen, Duration::from_secs(1)).is_ok() {
+                let _ = t.join();
+            }
+        }
+        for t in readers {
             let _ = t.join();
         }
     }
 }
 
-fn reader_loop(shared: &Shared, peer: usize, mut stream: TcpStream, max: usize) {
-    let addr = stream
-        .peer_addr()
-        .map_or_else(|_| "the peer".to_owned(), |a| a.to_string());
+/// `addr`: the peer's address, known before the connection can have been reset (after which
+/// the socket no longer reports it).
+fn reader_loop(shared: &Shared, peer: usize, mut stream: TcpStream, max: usize, addr: SocketAddr) {
     let reason = loop {
         match read_frame(&mut stream, max) {
             Ok((h, payload)) if h.kind == FrameKind::Data => {
+                let (comm, msg) = match protocol::decode_data(payload) {
+                    Ok(x) => x,
+                    Err(e) => break e.to_string(),
+                };
                 let mut st = shared.lock();
                 st.queues
-                    .entry((peer, h.tag))
+                    .entry((comm, peer, h.tag))
                     .or_default()
-                    .push_back(payload);
+                    .push_back(msg);
                 drop(st);
                 shared.cv.notify_all();
+            }
+            Ok((h, payload)) if h.kind == FrameKind::Lost => {
+                match protocol::decode_lost(&payload, shared.nranks) {
+                    Ok((k, msg)) => {
+                        let mut st = shared.lock();
+                        st.reported
+                            .entry(peer)
+                            .or_insert((k, format!("{msg} (reported by rank {peer})")));
+                        drop(st);
+                        shared.cv.notify_all();
+                    }
+                    Err(e) => break e.to_string(),
+                }
             }
             Ok((h, payload)) if h.kind == FrameKind::Error => {
                 break match decode_error(&payload) {
@@ -694,6 +1587,96 @@ fn reader_loop(shared: &Shared, peer: usize, mut stream: TcpStream, max: usize) 
         tracing::debug!(peer, %reason, "bootstrap connection ended");
     }
     shared.mark_dead(peer, reason);
+}
+
+/// Encodes all-gather blocks: count, then each block's length and bytes.
+fn pack_blocks(blocks: &[Vec<u8>]) -> Vec<u8> {
+    let total: usize = blocks.iter().map(|b| 8 + b.len()).sum();
+    let mut v = Vec::with_capacity(4 + total);
+    v.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+    for b in blocks {
+        v.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        v.extend_from_slice(b);
+    }
+    v
+}
+
+/// Decodes exactly `want` blocks from `from`'s all-gather message, checking every length
+/// against the bytes present before taking them.
+fn unpack_blocks(buf: &[u8], want: usize, from: usize) -> Result<Vec<Vec<u8>>> {
+    let bad = |why: String| {
+        Error::malformed(
+            "bootstrap all-gather message",
+            format!("from rank {from}: {why}"),
+        )
+    };
+    let count = buf
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| bad("shorter than its block count".into()))? as usize;
+    if count != want {
+        return Err(bad(format!("{count} blocks, expected {want}")));
+    }
+    let mut out = Vec::with_capacity(want);
+    let mut at = 4;
+    for i in 0..want {
+        let len = buf
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(|| bad(format!("cut short in block {i}'s length")))?;
+        at += 8;
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|l| at.checked_add(l))
+            .filter(|&e| e <= buf.len())
+            .ok_or_else(|| {
+                bad(format!(
+                    "block {i} declares {len} bytes, {} remain",
+                    buf.len() - at
+                ))
+            })?;
+        out.push(buf[at..end].to_vec());
+        at = end;
+    }
+    if at != buf.len() {
+        return Err(bad(format!(
+            "{} bytes after the last block",
+            buf.len() - at
+        )));
+    }
+    Ok(out)
+}
+
+/// Whether a failed exchange with the root means it turned us away (closed the connection
+/// before answering, as it does when too many handshakes are in progress) rather than failed.
+fn root_turned_us_away(e: &Error) -> bool {
+    match e {
+        Error::Remote { rank, message } => {
+            *rank == usize::MAX && message.contains("closed the connection")
+        }
+        Error::Io { source, .. } => matches!(
+            source.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::ConnectionAborted
+        ),
+        _ => false,
+    }
+}
+
+/// A random pause before retrying the root: growing with the attempt, spread so that ranks
+/// turned away together do not return together.
+fn jitter(rank: usize, attempt: u32) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    let mut x =
+        (rank as u64 ^ nanos ^ (u64::from(attempt) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= x >> 29;
+    let cap_ms = (10u64 << attempt.min(6)).min(500);
+    Duration::from_millis(5 + x % cap_ms)
 }
 
 fn check_rank(rank: usize, nranks: usize) -> Result<()> {
@@ -801,117 +1784,4 @@ fn read_reply(
         });
     }
     Ok((h.kind, payload))
-}
-
-/// Connects to every higher rank and accepts every lower one, concurrently.
-fn form_mesh(
-    listener: &TcpListener,
-    table: &[SocketAddr],
-    uid: &UniqueId,
-    rank: usize,
-    nranks: usize,
-    cfg: &BootstrapConfig,
-    deadline: Instant,
-) -> Result<Vec<Option<TcpStream>>> {
-    let span = tracing::debug_span!("bootstrap_mesh");
-    let _g = span.enter();
-    let stop = AtomicBool::new(false);
-    let secret = uid.secret();
-    let (accepted, connected) = std::thread::scope(|s| {
-        let acceptor = s.spawn(|| {
-            let expect = root::Expect {
-                role: HelloRole::Peer,
-                secret,
-                nranks,
-                ranks: 0..rank,
-                who: format!("rank {rank}"),
-                hello_limit: root::HELLO_LIMIT,
-            };
-            let acc = root::accept_ranks(listener, &expect, deadline, cfg.timeout, &stop);
-            if let Some(e) = acc.error {
-                return Err(e);
-            }
-            let mut out: Vec<Option<TcpStream>> = Vec::with_capacity(nranks);
-            for c in acc.conns {
-                out.push(match c {
-                    None => None,
-                    Some((mut stream, h)) => {
-                        write_frame(&mut stream, FrameKind::Ack, 0, &[])
-                            .map_err(|e| lost(h.rank, &format!("acknowledging its hello: {e}")))?;
-                        Some(stream)
-                    }
-                });
-            }
-            Ok(out)
-        });
-        let mut connected: Vec<(usize, TcpStream)> = Vec::new();
-        let mut conn_err = None;
-        for (peer, &addr) in table.iter().enumerate().skip(rank + 1) {
-            match connect_peer(addr, peer, uid, rank, nranks, cfg, deadline) {
-                Ok(st) => connected.push((peer, st)),
-                Err(e) => {
-                    conn_err = Some(e);
-                    stop.store(true, Ordering::Release);
-                    break;
-                }
-            }
-        }
-        let accepted = acceptor
-            .join()
-            .unwrap_or_else(|_| Err(Error::Internal("bootstrap mesh acceptor panicked".into())));
-        (accepted, conn_err.map_or(Ok(connected), Err))
-    });
-    let connected = connected?;
-    let mut conns = accepted?;
-    conns.resize_with(nranks, || None);
-    for (peer, s) in connected {
-        conns[peer] = Some(s);
-    }
-    Ok(conns)
-}
-
-fn connect_peer(
-    addr: SocketAddr,
-    peer: usize,
-    uid: &UniqueId,
-    rank: usize,
-    nranks: usize,
-    cfg: &BootstrapConfig,
-    deadline: Instant,
-) -> Result<TcpStream> {
-    let mut s = connect_retry(addr, deadline, cfg.timeout, &format!("rank {peer}"))?;
-    let hello = Hello {
-        role: HelloRole::Peer,
-        secret: *uid.secret(),
-        rank,
-        nranks,
-        listen: s
-            .local_addr()
-            .map_err(|e| Error::io("reading a local address", e))?,
-    };
-    write_frame(&mut s, FrameKind::Hello, 0, &encode_hello(&hello))
-        .map_err(|e| lost(peer, &format!("sending the hello: {e}")))?;
-    match read_reply(
-        &mut s,
-        deadline,
-        cfg.timeout,
-        0,
-        &format!("rank {peer}'s acknowledgement"),
-    )
-    .map_err(|e| match e {
-        Error::Remote { message, .. } => Error::Remote {
-            rank: peer,
-            message,
-        },
-        other => other,
-    })? {
-        (FrameKind::Ack, _) => {
-            tracing::debug!(peer, "bootstrap mesh connection up");
-            Ok(s)
-        }
-        (kind, _) => Err(Error::malformed(
-            "bootstrap handshake",
-            format!("rank {peer} answered the hello with a {kind:?} frame"),
-        )),
-    }
 }

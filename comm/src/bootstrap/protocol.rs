@@ -16,12 +16,13 @@ use mscclpp_hal::wire::{Reader, Writer};
 use mscclpp_hal::{Error, Result};
 
 /// Version of every bootstrap message this build writes and reads.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 const FRAME_MAGIC: [u8; 4] = *b"MSBF";
 const HELLO_MAGIC: [u8; 4] = *b"MSHL";
 const TABLE_MAGIC: [u8; 4] = *b"MSTB";
 const ERROR_MAGIC: [u8; 4] = *b"MSER";
+const LOST_MAGIC: [u8; 4] = *b"MSLO";
 
 /// Size of an encoded frame header: magic (4), version (2), kind (1), tag (8), length (8).
 pub const FRAME_HEADER_BYTES: usize = 23;
@@ -48,8 +49,11 @@ pub enum FrameKind {
     Data,
     /// A refusal or failure report; the sender closes the connection after it.
     Error,
-    /// The acceptor's confirmation that a mesh connection's Hello was valid.
+    /// The acceptor's confirmation that a peer connection's Hello was valid.
     Ack,
+    /// A failure report: the sender's operation failed because a rank died; carries that
+    /// rank and why, so that ranks waiting on the sender fail naming the cause.
+    Lost,
 }
 
 impl FrameKind {
@@ -60,6 +64,7 @@ impl FrameKind {
             FrameKind::Data => 3,
             FrameKind::Error => 4,
             FrameKind::Ack => 5,
+            FrameKind::Lost => 6,
         }
     }
 
@@ -70,6 +75,7 @@ impl FrameKind {
             3 => FrameKind::Data,
             4 => FrameKind::Error,
             5 => FrameKind::Ack,
+            6 => FrameKind::Lost,
             _ => return None,
         })
     }
@@ -415,6 +421,11 @@ pub enum ErrorCode {
     Refused,
     /// The root gave up waiting for the missing ranks.
     Timeout,
+    /// Both ranks dialled each other at once; the lower rank's connection is kept, and the
+    /// refused dialler waits for it instead.
+    Crossed,
+    /// The root has too many handshakes in progress: try again after a pause.
+    Busy,
     /// Anything else.
     Other,
 }
@@ -425,6 +436,8 @@ pub(crate) fn encode_error(code: ErrorCode, msg: &str) -> Vec<u8> {
         ErrorCode::Refused => 1,
         ErrorCode::Timeout => 2,
         ErrorCode::Other => 3,
+        ErrorCode::Crossed => 4,
+        ErrorCode::Busy => 5,
     });
     // Cut on a character boundary so the text stays UTF-8 and within the decoder's bound.
     let mut end = msg.len().min(ERROR_TEXT_MAX);
@@ -441,6 +454,8 @@ pub(crate) fn decode_error(buf: &[u8]) -> Result<(ErrorCode, String)> {
     let code = match r.u8()? {
         1 => ErrorCode::Refused,
         2 => ErrorCode::Timeout,
+        4 => ErrorCode::Crossed,
+        5 => ErrorCode::Busy,
         _ => ErrorCode::Other,
     };
     let msg = r.str("message", ERROR_TEXT_MAX)?.to_owned();
@@ -454,4 +469,56 @@ pub(crate) fn secrets_equal(a: &[u8; SECRET_BYTES], b: &[u8; SECRET_BYTES]) -> b
         .zip(b.iter())
         .fold(0u8, |acc, (x, y)| acc | (x ^ y))
         == 0
+}
+
+/// Encodes a [`FrameKind::Lost`] payload: the rank whose loss failed the sender, and why.
+pub(crate) fn encode_lost(rank: usize, msg: &str) -> Vec<u8> {
+    let mut w = Writer::new(LOST_MAGIC, PROTOCOL_VERSION);
+    w.u64(rank as u64);
+    let mut end = msg.len().min(ERROR_TEXT_MAX);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    w.str(&msg[..end]);
+    w.finish()
+}
+
+/// Decodes a [`FrameKind::Lost`] payload; the rank must be below `nranks`.
+pub(crate) fn decode_lost(buf: &[u8], nranks: usize) -> Result<(usize, String)> {
+    const WHAT: &str = "bootstrap failure report";
+    let mut r = Reader::open(WHAT, buf, LOST_MAGIC, PROTOCOL_VERSION, PROTOCOL_VERSION)?;
+    let rank = r.usize_at_most("rank", nranks.saturating_sub(1))?;
+    let msg = r.str("message", ERROR_TEXT_MAX)?.to_owned();
+    r.finish()?;
+    Ok((rank, msg))
+}
+
+/// Bytes of the communicator id that prefixes every Data payload: the views made by
+/// `Bootstrap::split`/`shrink` share their parent's connections, and the id keeps their
+/// messages apart.
+pub const COMM_ID_BYTES: usize = 8;
+
+/// Prefixes `data` with the communicator id `comm`.
+pub(crate) fn encode_data(comm: u64, data: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(COMM_ID_BYTES + data.len());
+    v.extend_from_slice(&comm.to_le_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+/// Splits a Data payload into its communicator id and the message.
+pub(crate) fn decode_data(mut payload: Vec<u8>) -> Result<(u64, Vec<u8>)> {
+    if payload.len() < COMM_ID_BYTES {
+        return Err(Error::malformed(
+            "bootstrap data frame",
+            format!(
+                "{} bytes: shorter than its {COMM_ID_BYTES} byte communicator id",
+                payload.len()
+            ),
+        ));
+    }
+    let mut id = [0u8; COMM_ID_BYTES];
+    id.copy_from_slice(&payload[..COMM_ID_BYTES]);
+    payload.drain(..COMM_ID_BYTES);
+    Ok((u64::from_le_bytes(id), payload))
 }

@@ -14,6 +14,7 @@ fn cfg(ms: u64) -> BootstrapConfig {
     BootstrapConfig {
         timeout: Duration::from_millis(ms),
         max_frame_bytes: 1 << 20,
+        ..BootstrapConfig::default()
     }
 }
 
@@ -388,38 +389,30 @@ fn garbage_to_the_root_is_refused() {
 
 #[test]
 fn garbage_to_a_rank_listener_is_refused() {
-    // The test plays the root and rank 0 of 3, so that it learns the ranks' listen addresses
-    // and rank 2's listener stays open (waiting for rank 0) while it is poked.
-    let listener = TcpListener::bind(localhost0()).unwrap();
-    let secret = [42u8; SECRET_BYTES];
-    let uid = UniqueId::from_parts(listener.local_addr().unwrap(), secret);
+    // Ranks listen for the whole life of the bootstrap (connections open on first use), so a
+    // rank's listener is poked while three real ranks wait to exchange messages.
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let tx = std::sync::Mutex::new(tx);
     let ranks = thread::spawn(move || {
-        on_ranks(2, move |i| {
-            let r = i + 1;
+        let go_rx = Arc::new(go_rx);
+        let tx = Arc::new(tx);
+        on_ranks(3, move |r| {
             let b = Bootstrap::new(&uid, r, 3, cfg(10_000)).unwrap();
-            let other = 3 - r;
+            if r == 2 {
+                tx.lock().unwrap().send(b.listen_addr()).unwrap();
+                go_rx.lock().unwrap().recv().unwrap();
+            }
+            b.barrier().unwrap();
+            let other = (r + 1) % 3;
             b.send(other, 4, &[r as u8]).unwrap();
-            assert_eq!(b.recv(other, 4).unwrap(), vec![other as u8]);
+            let from = (r + 2) % 3;
+            assert_eq!(b.recv(from, 4).unwrap(), vec![from as u8]);
         })
     });
-    let mut conns: Vec<Option<(TcpStream, Hello)>> = vec![None, None, None];
-    for _ in 0..2 {
-        let (mut s, _) = listener.accept().unwrap();
-        let (h, p) = read_frame(&mut s, HANDSHAKE_MAX_BYTES).unwrap();
-        assert_eq!(h.kind, FrameKind::Hello);
-        let hello = decode_hello(&p).unwrap();
-        let r = hello.rank;
-        conns[r] = Some((s, hello));
-    }
-    let fake0 = TcpListener::bind(localhost0()).unwrap();
-    let mut table = vec![fake0.local_addr().unwrap()];
-    table.extend(conns[1..].iter().map(|c| c.as_ref().unwrap().1.listen));
-    let payload = encode_table(&table);
-    for (s, _) in conns.iter_mut().flatten() {
-        write_frame(s, FrameKind::Table, 0, &payload).unwrap();
-    }
-
-    let rank2 = table[2];
+    let rank2 = rx.recv().unwrap();
     let m = poke(rank2, &[0xff; 300]).unwrap();
     assert!(m.contains("rank 2") && m.contains("magic"), "{m}");
     let mut hello = Hello {
@@ -432,29 +425,18 @@ fn garbage_to_a_rank_listener_is_refused() {
     let mut frame = Vec::new();
     write_frame(&mut frame, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
     assert!(poke(rank2, &frame).unwrap().contains("secret"));
-    hello.secret = secret;
+    hello.secret = *uid.secret();
     hello.rank = 2;
     let mut frame = Vec::new();
     write_frame(&mut frame, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
     assert!(poke(rank2, &frame).unwrap().contains("not expected"));
-
-    // Now join as the real rank 0; ranks 1 and 2 complete their mesh.
-    hello.rank = 0;
-    let mut mine = Vec::new();
-    for &addr in &table[1..] {
-        let mut s = TcpStream::connect(addr).unwrap();
-        write_frame(&mut s, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let (h, _) = read_frame(&mut s, 64).unwrap();
-        assert_eq!(h.kind, FrameKind::Ack);
-        mine.push(s);
-    }
+    hello.nranks = 4;
+    hello.rank = 1;
+    let mut frame = Vec::new();
+    write_frame(&mut frame, FrameKind::Hello, 0, &encode_hello(&hello)).unwrap();
+    assert!(poke(rank2, &frame).unwrap().contains("nranks"));
+    go_tx.send(()).unwrap();
     ranks.join().unwrap();
-    drop(mine);
-    let mut rest = Vec::new();
-    for (mut s, _) in conns.into_iter().flatten() {
-        let _ = s.read_to_end(&mut rest);
-    }
 }
 
 #[test]
@@ -692,10 +674,8 @@ fn peer_dying_mid_frame_is_named() {
     let root = TcpListener::bind(localhost0()).unwrap();
     let secret = [9u8; SECRET_BYTES];
     let uid = UniqueId::from_parts(root.local_addr().unwrap(), secret);
-    let rank0 = thread::spawn(move || {
-        let b = Bootstrap::new(&uid, 0, 2, cfg(10_000)).unwrap();
-        b.recv(1, 7).unwrap_err()
-    });
+    // Rank 0's init (its all-gather of host identities) is what meets the cut frame.
+    let rank0 = thread::spawn(move || Bootstrap::new(&uid, 0, 2, cfg(10_000)).unwrap_err());
     let (mut to0, _) = root.accept().unwrap();
     let (_, p) = read_frame(&mut to0, HANDSHAKE_MAX_BYTES).unwrap();
     let hello0 = decode_hello(&p).unwrap();
@@ -720,4 +700,115 @@ fn peer_dying_mid_frame_is_named() {
         )) && m.starts_with("rank 1:"),
         "{m}"
     );
+}
+
+/// 64 ranks as threads: every collective is right, for both schedules, and a rank holds no
+/// more connections than its schedule's peers (2 ceil(log2 N) for `Log`, 2 for `Ring`).
+#[test]
+fn sixty_four_ranks_use_logarithmic_connections() {
+    for schedule in [Schedule::Log, Schedule::Ring] {
+        const N: usize = 64;
+        let uid = UniqueId::with_root(localhost0()).unwrap();
+        let links = on_ranks(N, move |r| {
+            let c = BootstrapConfig {
+                schedule,
+                ..cfg(30_000)
+            };
+            let b = Bootstrap::new(&uid, r, N, c).unwrap();
+            assert_eq!(b.hosts().len(), N);
+            assert_eq!(b.host_peers().len(), N, "one host here");
+            assert_eq!(b.host_rank(), r);
+            b.barrier().unwrap();
+            let all = b.all_gather(&vec![r as u8; r % 7]).unwrap();
+            for (i, v) in all.iter().enumerate() {
+                assert_eq!(v, &vec![i as u8; i % 7]);
+            }
+            for root in [0, 5, N - 1] {
+                let got = b.broadcast(root, &[root as u8, 9]).unwrap();
+                assert_eq!(got, vec![root as u8, 9]);
+            }
+            b.link_stats()
+        });
+        let limit = schedule_peers(schedule, 0, N).len();
+        for (r, s) in links.iter().enumerate() {
+            assert!(
+                s.open <= limit,
+                "{schedule:?}: rank {r} holds {s:?}, limit {limit}"
+            );
+        }
+    }
+}
+
+#[test]
+fn schedule_peers_are_logarithmic() {
+    assert_eq!(schedule_peers(Schedule::Log, 0, 1), Vec::<usize>::new());
+    assert_eq!(schedule_peers(Schedule::Log, 0, 2), vec![1]);
+    assert_eq!(schedule_peers(Schedule::Log, 3, 8), vec![1, 2, 4, 5, 7]);
+    assert_eq!(schedule_peers(Schedule::Log, 0, 1024).len(), 19);
+    assert_eq!(schedule_peers(Schedule::Ring, 0, 4096), vec![1, 4095]);
+    assert!("tree".parse::<Schedule>().is_err());
+}
+
+/// Split and shrink make views over the parent's connections: no new root, no new listener.
+#[test]
+fn split_and_shrink_reuse_the_parent() {
+    const N: usize = 12;
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    on_ranks(N, move |r| {
+        let b = Bootstrap::new(&uid, r, N, cfg(20_000)).unwrap();
+        b.barrier().unwrap();
+        let listen = b.listen_addr();
+        // Colors by parity, reversed order by key; rank 11 joins no view.
+        let color = (r != 11).then_some((r % 2) as u32);
+        let child = b.split(color, (N - r) as u32).unwrap();
+        if r == 11 {
+            assert!(child.is_none());
+        } else {
+            let c = child.unwrap();
+            let members: Vec<usize> = (0..N - 1).rev().filter(|x| x % 2 == r % 2).collect();
+            assert_eq!(c.nranks(), members.len());
+            assert_eq!(members[c.rank()], r);
+            assert_eq!(c.listen_addr(), listen, "a view has no listener of its own");
+            let all = c.all_gather(&[r as u8]).unwrap();
+            let want: Vec<Vec<u8>> = members.iter().map(|&m| vec![m as u8]).collect();
+            assert_eq!(all, want);
+            c.barrier().unwrap();
+            let next = (c.rank() + 1) % c.nranks();
+            c.send(next, 3, b"child").unwrap();
+            let prev = (c.rank() + c.nranks() - 1) % c.nranks();
+            assert_eq!(c.recv(prev, 3).unwrap(), b"child");
+        }
+        // The parent still works, its messages apart from the views'.
+        let all = b.all_gather(&[r as u8]).unwrap();
+        assert_eq!(all.len(), N);
+        let s = b.shrink(&[0, 7]).unwrap();
+        if r == 0 || r == 7 {
+            assert!(s.is_none());
+            return;
+        }
+        let s = s.unwrap();
+        assert_eq!(s.nranks(), N - 2);
+        let got = s.broadcast(0, &[42]).unwrap();
+        assert_eq!(got, vec![42]);
+        s.barrier().unwrap();
+    });
+}
+
+#[test]
+fn all_gather_blocks_are_validated() {
+    let blocks = vec![vec![1u8, 2], vec![], vec![3]];
+    let packed = pack_blocks(&blocks);
+    assert_eq!(unpack_blocks(&packed, 3, 1).unwrap(), blocks);
+    assert!(
+        unpack_blocks(&packed, 2, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("rank 1")
+    );
+    for cut in 0..packed.len() {
+        assert!(unpack_blocks(&packed[..cut], 3, 1).is_err());
+    }
+    let mut huge = packed.clone();
+    huge[4..12].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(unpack_blocks(&huge, 3, 1).is_err());
 }
