@@ -1,6 +1,8 @@
 //! One collective call, as every caller describes it, and the checks every algorithm relies on.
 
-use mscclpp_hal::{BufferSlice, CollectiveKind, DataType, Error, ReduceOp, Result};
+use mscclpp_hal::{BufferSlice, DataType, Error, ReduceOp, Result};
+
+use crate::CollectiveKind;
 
 /// One collective call: what [`crate::Collectives::run`] enqueues.
 ///

@@ -4,8 +4,10 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::collective::MAX_RANKS;
-use mscclpp_hal::{BufferSlice, CollectiveKind, DataType, Error, ReduceOp, Result, Stream};
+use mscclpp_hal::{BufferSlice, DataType, Error, ReduceOp, Result, Stream};
+
+use crate::CollectiveKind;
+use crate::algorithms::MAX_RANKS;
 
 use crate::algorithms::direct::Direct;
 use crate::algorithms::ll::{Ll, LlGrid, LlScratch};

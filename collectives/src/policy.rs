@@ -9,7 +9,9 @@
 
 use std::ops::Range;
 
-use mscclpp_hal::{CollectiveKind, Error, Result};
+use mscclpp_hal::{Error, Result};
+
+use crate::CollectiveKind;
 
 use crate::algorithms::AlgorithmId;
 

@@ -1,8 +1,8 @@
 //! Scratch buffers that every peer maps, the mapping of peers' buffers, and the agreement of
 //! settings across ranks.
 
+use crate::algorithms::MAX_RANKS;
 use mscclpp_comm::Communicator;
-use mscclpp_hal::collective::MAX_RANKS;
 use mscclpp_hal::{BufferSlice, DeviceBuffer, Error, MemoryKind, Result};
 use mscclpp_transports::{RegisteredMemory, Transport, TransportFlags};
 

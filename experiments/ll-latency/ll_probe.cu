@@ -12,7 +12,7 @@
 // The grid is the library's: one block per `argv[1]` packets (default 512), a thread per packet.
 //
 // Build (here or on the GPU machine; nvcc 13 and cudart, both in NVIDIA's PyPI wheels):
-//   nvcc -O3 -arch=sm_90 -std=c++17 -I kernels/cuda/include -I kernels/include -o ll_probe \
+//   nvcc -O3 -arch=sm_90 -std=c++17 -I kernels/cuda/include -I kernels/include -I kernels -o ll_probe \
 //        experiments/ll-latency/ll_probe.cu
 // Run: ll_probe [packets-per-block]
 #include <cstdio>

@@ -63,15 +63,10 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Opens a multicast group exported by another member.
     fn multicast_import(&self, handle: &IpcHandle) -> Result<Arc<dyn MulticastGroup>>;
 
-    /// Loads (compiling or looking up as the backend needs) the kernel `id`.
-    fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>>;
-
     /// Loads kernel `id` of `module`: GPU backends compile the module's source for the device
     /// (once per device, cached on disk), the host backend takes the kernel's host function.
-    fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<dyn Kernel>> {
-        module.require(id)?;
-        self.load_kernel(id)
-    }
+    /// [`crate::TypedKernel::load`] ties the result to the kernel's argument struct.
+    fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<dyn Kernel>>;
 
     /// Wraps `len` bytes of caller-owned memory at `ptr` as a buffer of this device without
     /// taking ownership: dropping the buffer frees nothing. The default describes the memory

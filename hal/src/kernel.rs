@@ -1,8 +1,9 @@
 //! Kernels: identified by name, launched with one `#[repr(C)]` argument struct.
 //!
-//! Collectives never name a vendor: they ask the device for a kernel by [`KernelId`]. The CUDA
-//! and ROCm backends compile the kernel of that name from embedded sources; the host backend
-//! runs a Rust function registered under the same name.
+//! The HAL names no kernel of the library: whoever owns a kernel describes it in a
+//! [`crate::KernelModule`] (device source, entry points, host functions) and loads it with
+//! [`crate::Device::load`]; the CUDA and ROCm backends compile the module's source, the host
+//! backend runs the module's Rust function of the same name.
 
 use std::fmt;
 
@@ -13,207 +14,6 @@ use crate::error::{Error, Result};
 pub struct KernelId(pub &'static str);
 
 impl KernelId {
-    /// Fills `count` 32-bit words at `dst` with `value` (args: [`FillU32Args`]); used by the
-    /// conformance suite to prove launches and argument passing.
-    pub const FILL_U32: KernelId = KernelId("mscclpp_fill_u32");
-    /// Every thread of the grid atomically adds `value` to the 64-bit counter at `counter`
-    /// (args: [`AtomicAddU64Args`]); proves device-side atomics on (possibly shared) memory.
-    pub const ATOMIC_ADD_U64: KernelId = KernelId("mscclpp_atomic_add_u64");
-
-    /// Bandwidth benchmark: `iters` times, every block puts its share of `bytes` through a
-    /// memory channel, then one thread signals the peer and waits for the peer's signal
-    /// (args: [`MemoryChannelPutArgs`]).
-    pub const BENCH_MEMORY_CHANNEL_PUT: KernelId = KernelId("mscclpp_bench_memory_channel_put");
-    /// Bandwidth benchmark: `iters` times, `put_with_signal` of `bytes` through a port channel,
-    /// then wait for the peer's signal (args: [`PortChannelPutArgs`]).
-    pub const BENCH_PORT_CHANNEL_PUT: KernelId = KernelId("mscclpp_bench_port_channel_put");
-
-    /// Example: `rounds` signal/wait round trips between two ranks over a base memory channel,
-    /// the initiator signalling first (args: [`PingPongArgs`]).
-    pub const EXAMPLE_PING_PONG: KernelId = KernelId("mscclpp_example_ping_pong");
-
-    /// The LL-packet algorithm of the copying collectives — all-gather, broadcast, all-to-all
-    /// (args: [`crate::LlCollectiveArgs`]; see [`crate::collective`]).
-    pub const COLLECTIVE_LL_COPY: KernelId = KernelId("mscclpp_collective_ll_copy");
-
-    /// The LL-packet algorithm of the reducing collectives — all-reduce, reduce-scatter — one
-    /// kernel per element type and operator, indexed by their codes (args:
-    /// [`crate::LlCollectiveArgs`]). Separate kernels, each compiled for its one case, keep a
-    /// small message's path short (2 x H200: 0.15-0.3 µs less per all-reduce than one kernel
-    /// for every case).
-    pub const COLLECTIVE_LL_REDUCE: [[KernelId; 5]; 5] = [
-        [
-            KernelId("mscclpp_collective_ll_reduce_f32_sum"),
-            KernelId("mscclpp_collective_ll_reduce_f32_prod"),
-            KernelId("mscclpp_collective_ll_reduce_f32_min"),
-            KernelId("mscclpp_collective_ll_reduce_f32_max"),
-            KernelId("mscclpp_collective_ll_reduce_f32_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_reduce_f16_sum"),
-            KernelId("mscclpp_collective_ll_reduce_f16_prod"),
-            KernelId("mscclpp_collective_ll_reduce_f16_min"),
-            KernelId("mscclpp_collective_ll_reduce_f16_max"),
-            KernelId("mscclpp_collective_ll_reduce_f16_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_reduce_bf16_sum"),
-            KernelId("mscclpp_collective_ll_reduce_bf16_prod"),
-            KernelId("mscclpp_collective_ll_reduce_bf16_min"),
-            KernelId("mscclpp_collective_ll_reduce_bf16_max"),
-            KernelId("mscclpp_collective_ll_reduce_bf16_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_reduce_i32_sum"),
-            KernelId("mscclpp_collective_ll_reduce_i32_prod"),
-            KernelId("mscclpp_collective_ll_reduce_i32_min"),
-            KernelId("mscclpp_collective_ll_reduce_i32_max"),
-            KernelId("mscclpp_collective_ll_reduce_i32_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_reduce_u32_sum"),
-            KernelId("mscclpp_collective_ll_reduce_u32_prod"),
-            KernelId("mscclpp_collective_ll_reduce_u32_min"),
-            KernelId("mscclpp_collective_ll_reduce_u32_max"),
-            KernelId("mscclpp_collective_ll_reduce_u32_avg"),
-        ],
-    ];
-
-    /// The short LL all-reduce: a message that fits one round, one packet per thread of the
-    /// grid — the LL all-reduce's packets, halves, flags and counter, in a kernel whose path is
-    /// a fraction of the general one's (args: [`crate::LlCollectiveArgs`]; see
-    /// [`crate::collective`], "The short kernels"). One per element type and operator.
-    pub const COLLECTIVE_LL_SHORT_ALLREDUCE: [[KernelId; 5]; 5] = [
-        [
-            KernelId("mscclpp_collective_ll_short_allreduce_f32_sum"),
-            KernelId("mscclpp_collective_ll_short_allreduce_f32_prod"),
-            KernelId("mscclpp_collective_ll_short_allreduce_f32_min"),
-            KernelId("mscclpp_collective_ll_short_allreduce_f32_max"),
-            KernelId("mscclpp_collective_ll_short_allreduce_f32_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_short_allreduce_f16_sum"),
-            KernelId("mscclpp_collective_ll_short_allreduce_f16_prod"),
-            KernelId("mscclpp_collective_ll_short_allreduce_f16_min"),
-            KernelId("mscclpp_collective_ll_short_allreduce_f16_max"),
-            KernelId("mscclpp_collective_ll_short_allreduce_f16_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_short_allreduce_bf16_sum"),
-            KernelId("mscclpp_collective_ll_short_allreduce_bf16_prod"),
-            KernelId("mscclpp_collective_ll_short_allreduce_bf16_min"),
-            KernelId("mscclpp_collective_ll_short_allreduce_bf16_max"),
-            KernelId("mscclpp_collective_ll_short_allreduce_bf16_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_short_allreduce_i32_sum"),
-            KernelId("mscclpp_collective_ll_short_allreduce_i32_prod"),
-            KernelId("mscclpp_collective_ll_short_allreduce_i32_min"),
-            KernelId("mscclpp_collective_ll_short_allreduce_i32_max"),
-            KernelId("mscclpp_collective_ll_short_allreduce_i32_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_short_allreduce_u32_sum"),
-            KernelId("mscclpp_collective_ll_short_allreduce_u32_prod"),
-            KernelId("mscclpp_collective_ll_short_allreduce_u32_min"),
-            KernelId("mscclpp_collective_ll_short_allreduce_u32_max"),
-            KernelId("mscclpp_collective_ll_short_allreduce_u32_avg"),
-        ],
-    ];
-
-    /// The short LL reduce-scatter: as [`Self::COLLECTIVE_LL_SHORT_ALLREDUCE`], for a
-    /// reduce-scatter whose rank block fits one round.
-    pub const COLLECTIVE_LL_SHORT_REDUCE_SCATTER: [[KernelId; 5]; 5] = [
-        [
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_sum"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_prod"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_min"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_max"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f32_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_sum"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_prod"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_min"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_max"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_f16_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_sum"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_prod"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_min"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_max"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_bf16_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_sum"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_prod"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_min"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_max"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_i32_avg"),
-        ],
-        [
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_sum"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_prod"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_min"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_max"),
-            KernelId("mscclpp_collective_ll_short_reduce_scatter_u32_avg"),
-        ],
-    ];
-
-    /// The short LL all-gather: as [`Self::COLLECTIVE_LL_SHORT_ALLREDUCE`], for an all-gather
-    /// whose rank block fits one round (any type: it copies bytes).
-    pub const COLLECTIVE_LL_SHORT_ALLGATHER: KernelId =
-        KernelId("mscclpp_collective_ll_short_allgather");
-
-    /// The short LL all-to-all: as [`Self::COLLECTIVE_LL_SHORT_ALLREDUCE`], for an all-to-all
-    /// whose rank block fits one round (any type).
-    pub const COLLECTIVE_LL_SHORT_ALLTOALL: KernelId =
-        KernelId("mscclpp_collective_ll_short_alltoall");
-
-    /// The LL kernel that serves `kind` for `dtype` and `op`.
-    pub fn collective_ll(
-        kind: crate::CollectiveKind,
-        dtype: crate::DataType,
-        op: crate::ReduceOp,
-    ) -> KernelId {
-        if kind.reduces() {
-            Self::COLLECTIVE_LL_REDUCE[dtype as usize][op as usize]
-        } else {
-            Self::COLLECTIVE_LL_COPY
-        }
-    }
-
-    /// Every LL kernel, the short ones included (one implementation serves them all on the
-    /// host).
-    pub const COLLECTIVE_LL_ALL: [KernelId; 78] = {
-        let mut all = [Self::COLLECTIVE_LL_COPY; 78];
-        all[1] = Self::COLLECTIVE_LL_SHORT_ALLGATHER;
-        all[2] = Self::COLLECTIVE_LL_SHORT_ALLTOALL;
-        let mut i = 0;
-        while i < 25 {
-            all[i + 3] = Self::COLLECTIVE_LL_REDUCE[i / 5][i % 5];
-            all[i + 28] = Self::COLLECTIVE_LL_SHORT_ALLREDUCE[i / 5][i % 5];
-            all[i + 53] = Self::COLLECTIVE_LL_SHORT_REDUCE_SCATTER[i / 5][i % 5];
-            i += 1;
-        }
-        all
-    };
-
-    /// The direct (bandwidth) algorithm of every collective: plain stores into the peers'
-    /// scratch, pipelined in steps (args: [`crate::collective::DirectCollectiveArgs`]; see
-    /// [`crate::collective`]).
-    pub const COLLECTIVE_DIRECT: KernelId = KernelId("mscclpp_collective_direct");
-
-    /// All-reduce by LL128 lines (one round; args: [`crate::collective::LlCollectiveArgs`]; see
-    /// [`crate::collective`]).
-    pub const COLLECTIVE_LL128_ALLREDUCE: KernelId = KernelId("mscclpp_collective_ll128_allreduce");
-
-    /// The read algorithm of all-reduce: every rank reads the peers' inputs where they lie
-    /// (registered windows, or a staging copy) and reduces locally (args:
-    /// [`crate::collective::ReadCollectiveArgs`]; see [`crate::collective`]).
-    pub const COLLECTIVE_READ_ALLREDUCE: KernelId = KernelId("mscclpp_collective_read_allreduce");
-
     /// The kernel's name.
     pub fn name(self) -> &'static str {
         self.0
@@ -315,28 +115,6 @@ pub fn aligned_args(args: &[u8]) -> Vec<u64> {
     words
 }
 
-/// The argument struct size of the kernels whose struct the HAL defines (for backends that
-/// cannot ask the compiled kernel).
-pub fn known_param_size(id: KernelId) -> Option<usize> {
-    use std::mem::size_of;
-    match id {
-        KernelId::FILL_U32 => Some(size_of::<FillU32Args>()),
-        KernelId::ATOMIC_ADD_U64 => Some(size_of::<AtomicAddU64Args>()),
-        KernelId::BENCH_MEMORY_CHANNEL_PUT => Some(size_of::<MemoryChannelPutArgs>()),
-        KernelId::BENCH_PORT_CHANNEL_PUT => Some(size_of::<PortChannelPutArgs>()),
-        KernelId::COLLECTIVE_DIRECT => Some(size_of::<crate::collective::DirectCollectiveArgs>()),
-        KernelId::COLLECTIVE_READ_ALLREDUCE => {
-            Some(size_of::<crate::collective::ReadCollectiveArgs>())
-        }
-        id if KernelId::COLLECTIVE_LL_ALL.contains(&id)
-            || id == KernelId::COLLECTIVE_LL128_ALLREDUCE =>
-        {
-            Some(size_of::<crate::collective::LlCollectiveArgs>())
-        }
-        _ => None,
-    }
-}
-
 /// A `#[repr(C)]` kernel argument struct that is plain old data.
 ///
 /// # Safety
@@ -372,36 +150,6 @@ pub unsafe trait KernelArgs: Copy + Send + 'static {
     }
 }
 
-/// Arguments of [`KernelId::FILL_U32`].
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FillU32Args {
-    /// Device address of the first word.
-    pub dst: u64,
-    /// Number of 32-bit words.
-    pub count: u64,
-    /// The value to store.
-    pub value: u32,
-    /// Keeps the struct free of implicit padding.
-    pub _pad: u32,
-}
-
-// SAFETY: repr(C), integers only, explicit padding; every bit pattern is valid.
-unsafe impl KernelArgs for FillU32Args {}
-
-/// Arguments of [`KernelId::ATOMIC_ADD_U64`].
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AtomicAddU64Args {
-    /// Device address of an 8-byte-aligned counter.
-    pub counter: u64,
-    /// Added once by every thread of the grid.
-    pub value: u64,
-}
-
-// SAFETY: repr(C), integers only, no padding; every bit pattern is valid.
-unsafe impl KernelArgs for AtomicAddU64Args {}
-
 /// A loaded kernel, ready to launch on a stream of the device that loaded it.
 pub trait Kernel: Send + Sync + fmt::Debug {
     /// Which kernel this is.
@@ -414,53 +162,6 @@ pub trait Kernel: Send + Sync + fmt::Debug {
         None
     }
 }
-
-/// Arguments of [`KernelId::BENCH_MEMORY_CHANNEL_PUT`].
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemoryChannelPutArgs {
-    /// The channel (its `src` is sent to its `dst`).
-    pub chan: crate::dev::MemoryChannelDeviceHandle,
-    /// Bytes per put.
-    pub bytes: u64,
-    /// Number of put/signal/wait rounds.
-    pub iters: u64,
-}
-
-// SAFETY: repr(C) of integer-only structs, no implicit padding; every bit pattern is valid.
-unsafe impl KernelArgs for MemoryChannelPutArgs {}
-
-/// Arguments of [`KernelId::BENCH_PORT_CHANNEL_PUT`].
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PortChannelPutArgs {
-    /// The channel.
-    pub chan: crate::dev::PortChannelDeviceHandle,
-    /// Bytes per put.
-    pub bytes: u64,
-    /// Number of put-with-signal/wait rounds.
-    pub iters: u64,
-}
-
-// SAFETY: as above.
-unsafe impl KernelArgs for PortChannelPutArgs {}
-
-/// Arguments of [`KernelId::EXAMPLE_PING_PONG`].
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PingPongArgs {
-    /// The channel.
-    pub chan: crate::dev::BaseMemoryChannelDeviceHandle,
-    /// Number of round trips.
-    pub rounds: u64,
-    /// Nonzero on the rank that signals first.
-    pub initiator: u32,
-    /// Nonzero to use the relaxed signal/wait.
-    pub relaxed: u32,
-}
-
-// SAFETY: as above.
-unsafe impl KernelArgs for PingPongArgs {}
 
 #[cfg(test)]
 mod tests {
@@ -479,13 +180,11 @@ mod tests {
     #[test]
     fn launches_are_checked_against_the_limit_and_the_struct_size() {
         let cfg = LaunchConfig::linear(1, 64);
-        let id = KernelId::FILL_U32;
+        let id = KernelId("k");
         assert!(check_launch(id, &cfg, 64, Some(3), &[0; 3]).is_ok());
         assert!(check_launch(id, &cfg, 64, None, &[0; 5]).is_ok());
         assert!(check_launch(id, &cfg, 32, None, &[]).is_err());
         let e = check_launch(id, &cfg, 64, Some(24), &[0; 8]).unwrap_err();
         assert!(e.to_string().contains("24-byte argument struct"), "{e}");
-        assert_eq!(known_param_size(KernelId::FILL_U32), Some(24));
-        assert_eq!(known_param_size(KernelId("no_such_kernel")), None);
     }
 }

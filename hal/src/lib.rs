@@ -11,12 +11,15 @@
 //! - [`Device`]: allocates [`DeviceBuffer`]s of each [`MemoryKind`]; creates [`Stream`]s and
 //!   [`Event`]s; exports and imports [`IpcHandle`]s so that another process on the same host
 //!   maps the same memory; creates and imports [`MulticastGroup`]s where
-//!   [`MulticastSupport`] allows; loads kernels by [`KernelId`].
+//!   [`MulticastSupport`] allows; loads kernels of a [`KernelModule`] by [`KernelId`] — the
+//!   module's owner (an algorithm, a tool, a user) gives its device source and host functions;
+//!   the HAL names no kernel of the library.
 //! - [`Stream`]: in-order; copies, fills and launches are asynchronous; errors are sticky and
 //!   surface at [`Stream::synchronize_timeout`]. Buffers used by enqueued work stay alive until
 //!   the work has run, whatever the caller drops.
-//! - Kernels take exactly one `#[repr(C)]` struct implementing [`KernelArgs`]; the same struct is
-//!   mirrored in the device headers of `kernels/cuda` and `kernels/hip`.
+//! - Kernels take exactly one `#[repr(C)]` struct implementing [`KernelArgs`], defined by the
+//!   kernel's owner and mirrored in its device source ([`dev::layout`] generates the
+//!   `static_assert`s that check the mirror in every compile).
 //! - Every byte that crosses a process goes through [`wire`]: versioned, bounded, validated.
 //!
 //! Errors are typed ([`Error`]) and classified ([`ErrorClass`]). Configuration comes from the
@@ -24,7 +27,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod caps;
-pub mod collective;
 pub mod dev;
 pub mod device;
 pub mod dtype;
@@ -41,7 +43,6 @@ pub mod typed_kernel;
 pub mod wire;
 
 pub use caps::{BackendKind, Capabilities, DeviceInfo, MulticastSupport, PeerMatrix};
-pub use collective::{CollectiveKind, LlCollectiveArgs};
 pub use device::{Backend, Device};
 pub use dtype::{DataType, ReduceOp};
 pub use error::{Error, ErrorClass, Result};

@@ -3,7 +3,8 @@
 //! The HAL names no library kernel. A crate that owns kernels (an algorithm of the collectives,
 //! the benchmark tool, a user) describes them in a `static` [`KernelModule`]: the device source
 //! that every GPU vendor compiles (it includes the device API as `"mscclpp/<file>"`; only
-//! `core.cuh` differs per vendor), and for each entry point its name, the size of its one
+//! `core.cuh` differs per vendor), the headers of its own it includes (its argument structs and
+//! their generated layout checks), and for each entry point its name, the size of its one
 //! argument struct and, optionally, the Rust function the host backend runs in its place. A
 //! backend loads a kernel by module and name ([`crate::Device::load`]); a typed handle
 //! ([`crate::TypedKernel`]) ties the name to its argument struct.
@@ -62,10 +63,14 @@ impl fmt::Debug for KernelDef {
 /// A compilation unit of device code and the kernels it defines.
 #[derive(Debug)]
 pub struct KernelModule {
-    /// File name (what compile errors and the kernel cache name it by), e.g. `ll.cu`.
+    /// File name (what compile errors and the kernel cache name it by); the library's modules
+    /// use their path under `kernels/`, e.g. `collectives/ll.cu`.
     pub name: &'static str,
-    /// The device source, shared by CUDA and HIP.
+    /// The device source, shared by CUDA and HIP; empty for a module of host kernels only.
     pub source: &'static str,
+    /// Headers of the module's own, as `(include name, contents)`: what `#include "<name>"`
+    /// resolves to in a run-time compile, besides the device API (part of the cache key).
+    pub headers: &'static [(&'static str, &'static str)],
     /// Its entry points.
     pub kernels: &'static [KernelDef],
 }

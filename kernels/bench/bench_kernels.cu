@@ -1,9 +1,9 @@
-// Benchmark and example kernels (the host backend's versions: backends/host/src/kernels.rs).
-// Vendor-neutral: the same text is compiled by NVRTC and (as kernels/hip/bench_kernels.hip) by
-// hipRTC.
+// Benchmark and example kernels (their module and host versions: mscclpp/src/bench_kernels.rs).
+// Vendor-neutral: the same text is compiled by NVRTC and by hipRTC.
 #include "mscclpp/mscclpp.cuh"
-#include "mscclpp/test_args.cuh"
 #include "mscclpp/layout_check.h"
+#include "bench/args.cuh"
+#include "bench/args_check.h"
 
 namespace mscclpp {
 

@@ -2,7 +2,6 @@
 // that each compile for each architecture generates (and the assembler checks) every inline-asm
 // and template path. Never launched; compiled by the backends' compile tests.
 #include "mscclpp/mscclpp.cuh"
-#include "mscclpp/test_args.cuh"
 #include "mscclpp/layout_check.h"
 
 // Inside the namespace rather than `using namespace mscclpp`: on HIP, <hip/hip_runtime.h> brings
@@ -133,10 +132,6 @@ extern "C" __global__ void check_device_syncer(DeviceSyncer* syncer, uint32_t* o
   gSyncer.sync(gridDim.x);
   syncer->sync(gridDim.x, 1000);
   out[blockIdx.x] = 1;
-}
-
-extern "C" __global__ void check_test_args(FillU32Args f, AtomicAddU64Args a) {
-  *(uint64_t*)a.counter = f.count + f.value + a.value;
 }
 
 }  // namespace mscclpp

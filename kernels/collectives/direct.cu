@@ -1,7 +1,8 @@
 // The direct algorithm of every collective, and the read algorithm of all-reduce (at the end of the
-// file). hal/src/collective.rs is the specification: the
-// argument struct, the scratch layout, the sequences, the steps and why three buffers suffice). Vendor-neutral: the same text is compiled by NVRTC and (as
-// kernels/hip/collectives_direct.hip) by hipRTC.
+// file). collectives/src/algorithms/direct/spec.md and read/spec.md are the specification: the
+// argument structs, the scratch layouts, the sequences, the steps and why three buffers suffice.
+// Vendor-neutral: the same text is compiled by NVRTC and by hipRTC (the module of
+// collectives/src/algorithms/direct/module.rs, with the host kernels beside it).
 //
 // Data moves in 16-byte units with plain stores into the peers' scratch; the threads of a block
 // stride over the units of a piece. Blocks are independent: block b synchronises only with block
@@ -12,11 +13,12 @@
 #include "mscclpp/numeric.cuh"
 #include "mscclpp/packet.cuh"
 #include "mscclpp/word.cuh"
-#include "mscclpp/test_args.cuh"
+#include "collectives/args.cuh"
+#include "collectives/args_check.h"
 
 namespace mscclpp {
 
-// CollectiveKind codes (hal/src/collective.rs) this kernel implements.
+// CollectiveKind codes (collectives/src/kind.rs) this kernel implements.
 constexpr uint32_t kDirectAllReduce = 0;
 constexpr uint32_t kDirectAllGather = 1;
 constexpr uint32_t kDirectReduceScatter = 2;
@@ -360,7 +362,7 @@ MSCCLPP_DEVICE_INLINE void onePhase(const DirectCollectiveArgs& a, const DirectC
 
 }  // namespace mscclpp
 
-// Every collective by the direct algorithm (hal/src/collective.rs).
+// Every collective by the direct algorithm (collectives/src/algorithms/direct/spec.md).
 // Launch with a one-dimensional grid of at most `max_blocks` blocks, all resident at once (block
 // b waits for block b of the peers: a block left unscheduled on one rank could stall the others),
 // at least `nranks` threads per block, and the same grid, kind, count, dtype, op, chunk_bytes,
@@ -407,7 +409,7 @@ extern "C" __global__ void mscclpp_collective_direct(mscclpp::DirectCollectiveAr
 }
 
 // ---------------------------------------------------------------------------------------------
-// The read algorithm of all-reduce (hal/src/collective.rs, "The read algorithm"): every rank reads
+// The read algorithm of all-reduce (collectives/src/algorithms/read/spec.md): every rank reads
 // the peers' inputs where they lie (a registered window, or the peer's staging area) and reduces
 // locally. A thread keeps its results in registers until every peer has said it finished reading
 // this rank's input, then stores them: that makes in-place calls safe and lets the caller reuse
@@ -415,7 +417,7 @@ extern "C" __global__ void mscclpp_collective_direct(mscclpp::DirectCollectiveAr
 
 namespace mscclpp {
 
-constexpr uint32_t kReadMaxUnits = 4;  // hal: ReadCollectiveArgs::MAX_UNITS_PER_THREAD
+constexpr uint32_t kReadMaxUnits = 4;  // ReadCollectiveArgs::MAX_UNITS_PER_THREAD (read/args.rs)
 constexpr uint32_t kReadKeyOffsetBits = 48;
 constexpr uint64_t kReadMaxWindows = 256;
 
@@ -582,7 +584,7 @@ MSCCLPP_DEVICE_INLINE void readAllReduce(const ReadCollectiveArgs& a) {
 
 }  // namespace mscclpp
 
-// All-reduce by the read algorithm (hal/src/collective.rs). Launch with the grid of
+// All-reduce by the read algorithm (collectives/src/algorithms/read/spec.md). Launch with the grid of
 // ReadCollectiveArgs::grid (the same on every rank, at most `max_blocks` blocks, all resident), at
 // least `nranks` threads per block, and the same count, dtype and op on every rank.
 extern "C" __global__ void mscclpp_collective_read_allreduce(mscclpp::ReadCollectiveArgs a) {

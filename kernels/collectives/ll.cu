@@ -1,8 +1,10 @@
-// The LL-packet algorithm of every collective (hal/src/collective.rs is the specification: the
+// The LL-packet algorithm of every collective (collectives/src/algorithms/ll/spec.md is the
+// specification: the
 // argument struct, the scratch layout, the flags and the rounds). Entry points: one per element
 // type and operator for the reducing collectives (mscclpp_collective_ll_reduce_<type>_<op>), one
 // for the copying ones (mscclpp_collective_ll_copy), so that each compiles only its own case. Vendor-neutral: the same text
-// is compiled by NVRTC and (as kernels/hip/collectives.hip) by hipRTC.
+// is compiled by NVRTC and by hipRTC (the module of collectives/src/algorithms/ll/module.rs, with
+// the host kernels beside it).
 //
 // Work split, per round (flag f = base + 1 + k, half f % 2, piece k = bytes [k R, k R + R) of a
 // rank's block, R = slot_bytes / 2): threads of the whole grid stride over
@@ -30,7 +32,7 @@
 // for the others at the end, and no round trip to memory sits on the last block's path (the next
 // call on the stream starts after every block has ended).
 //
-// The per-communicator state at `flag` (hal: LL_STATE_BYTES, zeroed at creation, never reset)
+// The per-communicator state at `flag` (LL_STATE_BYTES in collectives/src/algorithms/ll/args.rs, zeroed at creation, never reset)
 // holds the counter, the start count and the grid barrier, so that communicators sharing a device
 // never share them.
 #include "mscclpp/core.cuh"
@@ -39,7 +41,8 @@
 #include "mscclpp/numeric.cuh"
 #include "mscclpp/word.cuh"
 #include "mscclpp/packet.cuh"
-#include "mscclpp/test_args.cuh"
+#include "collectives/args.cuh"
+#include "collectives/args_check.h"
 
 namespace mscclpp {
 
@@ -50,9 +53,9 @@ struct LlState {
   uint32_t unused;
   DeviceSyncer syncer;  // between rounds
 };
-static_assert(sizeof(LlState) <= 64, "LlState must fit hal::collective::LL_STATE_BYTES");
+static_assert(sizeof(LlState) <= 64, "LlState must fit LL_STATE_BYTES (collectives/src/algorithms/ll/args.rs)");
 
-// CollectiveKind codes (hal/src/collective.rs).
+// CollectiveKind codes (collectives/src/kind.rs).
 constexpr uint32_t kCollAllReduce = 0;
 constexpr uint32_t kCollAllGather = 1;
 constexpr uint32_t kCollReduceScatter = 2;
@@ -366,7 +369,7 @@ MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
   }
 }
 
-// ---- The short kernels (hal/src/collective.rs): one round, one packet per thread -------------
+// ---- The short kernels (collectives/src/algorithms/ll_short/spec.md): one round, one packet per thread -------------
 // All-reduce, reduce-scatter, all-gather and all-to-all of one round by the general kernel's
 // protocol, with nothing else on the path: thread i sends packet i (of the input block of each
 // peer for reduce-scatter and all-to-all) and receives packet i from every peer. NRANKS is 2
@@ -487,7 +490,7 @@ MSCCLPP_DEVICE_INLINE void llShort(const LlCollectiveArgs& a) {
   }
 }
 
-// ---- LL128 lines (hal/src/collective.rs): all-reduce of one round --------------------------
+// ---- LL128 lines (collectives/src/algorithms/ll128/spec.md): all-reduce of one round ---------
 // Eight neighbouring threads (a group) own one 128-byte line: thread j < 7 of the group the data
 // bytes [16 j, 16 j + 16) of the line's 120, thread 7 the last 8 and the flag word. A group writes
 // a line with one 16-byte store per thread (one instruction) and reads it the same way, retrying

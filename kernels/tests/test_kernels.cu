@@ -1,9 +1,10 @@
-// The HAL conformance kernels (the host backend's versions: backends/host/src/kernels.rs).
-// Including layout_check.h here makes every compile of this module check the device layouts
+// The HAL conformance kernels (their module and host versions: tests/src/kernels.rs).
+// Including the layout checks here makes every compile of this module check the device layouts
 // against the Rust definitions.
 #include "mscclpp/mscclpp.cuh"
-#include "mscclpp/test_args.cuh"
 #include "mscclpp/layout_check.h"
+#include "tests/args.cuh"
+#include "tests/args_check.h"
 
 // Fills a.count words at a.dst with a.value; any grid shape (grid-stride loop).
 extern "C" __global__ void mscclpp_fill_u32(mscclpp::FillU32Args a) {

@@ -7,10 +7,10 @@ mod common;
 
 use std::sync::Arc;
 
+use mscclpp::bench_kernels::{MEMORY_CHANNEL_PUT, MODULE, MemoryChannelPutArgs};
 use mscclpp::comm::channel::MemoryChannel;
 use mscclpp::comm::semaphore::MemoryDevice2DeviceSemaphore;
-use mscclpp::hal::kernel::MemoryChannelPutArgs;
-use mscclpp::hal::{KernelArgs, KernelId, LaunchConfig, MemoryKind};
+use mscclpp::hal::{LaunchConfig, MemoryKind, TypedKernel};
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
 
 const MAX: usize = 1 << 30;
@@ -31,7 +31,7 @@ fn main() -> mscclpp::Result<()> {
     let mine = comm.register_memory(&dst.full(), TransportFlags::single(Transport::CudaIpc))?;
     let theirs = Arc::new(comm.exchange_memory(&mine, peer)?);
     let channel = MemoryChannel::new(sem, theirs, src.full(), None)?;
-    let kernel = device.load_kernel(KernelId::BENCH_MEMORY_CHANNEL_PUT)?;
+    let kernel = TypedKernel::<MemoryChannelPutArgs>::load(&*device, &MODULE, MEMORY_CHANNEL_PUT)?;
     let blocks = device.info().multiprocessors.clamp(1, 132);
     let threads = if device.info().warp_size == 1 {
         1
@@ -59,13 +59,7 @@ fn main() -> mscclpp::Result<()> {
                 iters,
             };
             // SAFETY: buffers and channel outlive the launch (synchronised below); `size` fits both.
-            unsafe {
-                stream.launch_raw(
-                    &*kernel,
-                    LaunchConfig::linear(blocks, threads),
-                    a.as_bytes(),
-                )
-            }
+            unsafe { kernel.launch(&*stream, LaunchConfig::linear(blocks, threads), &a) }
         };
         launch(2)?;
         stream.record(&*e0)?;

@@ -8,10 +8,10 @@ mod common;
 
 use std::sync::Arc;
 
+use mscclpp::bench_kernels::{MODULE, PORT_CHANNEL_PUT, PortChannelPutArgs};
 use mscclpp::comm::proxy::ProxyService;
 use mscclpp::comm::semaphore::Host2DeviceSemaphore;
-use mscclpp::hal::kernel::PortChannelPutArgs;
-use mscclpp::hal::{KernelArgs, KernelId, LaunchConfig, MemoryKind};
+use mscclpp::hal::{LaunchConfig, MemoryKind, TypedKernel};
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
 
 fn main() -> mscclpp::Result<()> {
@@ -46,7 +46,7 @@ fn main() -> mscclpp::Result<()> {
     let l = service.add_memory(local)?;
     let chan = service.port_channel(s, d, l)?;
     service.start()?;
-    let kernel = device.load_kernel(KernelId::BENCH_PORT_CHANNEL_PUT)?;
+    let kernel = TypedKernel::<PortChannelPutArgs>::load(&*device, &MODULE, PORT_CHANNEL_PUT)?;
     let (e0, e1) = (device.create_event()?, device.create_event()?);
     if rank == 0 {
         println!("# port channel over {transport}");
@@ -69,7 +69,7 @@ fn main() -> mscclpp::Result<()> {
                 iters,
             };
             // SAFETY: the service (FIFO, semaphore, memories) outlives the launch.
-            unsafe { stream.launch_raw(&*kernel, LaunchConfig::linear(1, 1), a.as_bytes()) }
+            unsafe { kernel.launch(&*stream, LaunchConfig::linear(1, 1), &a) }
         };
         launch(2)?;
         stream.record(&*e0)?;

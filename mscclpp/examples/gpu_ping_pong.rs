@@ -7,10 +7,10 @@ mod common;
 
 use std::sync::Arc;
 
+use mscclpp::bench_kernels::{MODULE, PING_PONG, PingPongArgs};
 use mscclpp::comm::channel::BaseMemoryChannel;
 use mscclpp::comm::semaphore::MemoryDevice2DeviceSemaphore;
-use mscclpp::hal::kernel::PingPongArgs;
-use mscclpp::hal::{KernelArgs, KernelId, LaunchConfig};
+use mscclpp::hal::{LaunchConfig, TypedKernel};
 use mscclpp::transports::{EndpointConfig, Transport};
 
 fn main() -> mscclpp::Result<()> {
@@ -23,7 +23,7 @@ fn main() -> mscclpp::Result<()> {
     let channel = BaseMemoryChannel::new(sem);
     let device = comm.device();
     let stream = device.create_stream()?;
-    let kernel = device.load_kernel(KernelId::EXAMPLE_PING_PONG)?;
+    let kernel = TypedKernel::<PingPongArgs>::load(&**device, &MODULE, PING_PONG)?;
     let (start, end) = (device.create_event()?, device.create_event()?);
     for (relaxed, rounds) in [(1u32, 1000u64), (1, 10_000), (0, 10_000)] {
         let args = PingPongArgs {
@@ -35,7 +35,7 @@ fn main() -> mscclpp::Result<()> {
         comm.bootstrap().barrier()?;
         stream.record(&*start)?;
         // SAFETY: the channel (and its semaphore tokens) outlives the kernel: we synchronise below.
-        unsafe { stream.launch_raw(&*kernel, LaunchConfig::linear(1, 1), args.as_bytes())? };
+        unsafe { kernel.launch(&*stream, LaunchConfig::linear(1, 1), &args)? };
         stream.record(&*end)?;
         stream.synchronize()?;
         let us = end.elapsed_ms_since(&*start)? * 1e3 / rounds as f64;

@@ -9,7 +9,9 @@
 //!   `rocm`, on by default, opened at run time — no vendor SDK is needed to build);
 //! - [`comm`]: the bootstrap (TCP rendezvous), the communicator, semaphores, memory, port and
 //!   switch channels, and the host proxy;
-//! - [`transports`] and [`collectives`].
+//! - [`transports`] and [`collectives`];
+//! - [`bench_kernels`]: the kernels of the benchmark tool and the examples (a
+//!   [`hal::KernelModule`] with host versions, as every owner of kernels defines them).
 //!
 //! ```no_run
 //! let backend = mscclpp::registry::select()?;          // CUDA, else ROCm, else host
@@ -22,6 +24,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod bench_kernels;
 pub mod launch;
 pub mod logging;
 pub mod registry;

@@ -6,10 +6,9 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use mscclpp::collectives::{CollectiveCall, Collectives};
+use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives, MAX_RANKS};
 use mscclpp::comm::{Bootstrap, BootstrapConfig, Communicator, UniqueId};
-use mscclpp::hal::collective::MAX_RANKS;
-use mscclpp::hal::{BackendKind, CollectiveKind, DataType, Device, DevicePtr, ReduceOp, Stream};
+use mscclpp::hal::{BackendKind, DataType, Device, DevicePtr, ReduceOp, Stream};
 
 use crate::abi::*;
 use crate::error::{Failure, Res};

@@ -1,8 +1,8 @@
 //! Command line, with nccl-tests' flag names where they exist.
 
 use clap::{Parser, Subcommand};
-use mscclpp::hal::collective::MAX_RANKS;
-use mscclpp::hal::{BackendKind, CollectiveKind, DataType};
+use mscclpp::collectives::{CollectiveKind, MAX_RANKS};
+use mscclpp::hal::{BackendKind, DataType};
 
 /// Benchmarks of mscclpp-rs. Runs standalone (spawning one process per rank) or under
 /// mpirun/torchrun/srun (one process per rank, taken from the launcher's environment).

@@ -5,13 +5,15 @@
 
 use std::sync::Arc;
 
+use mscclpp::bench_kernels::{
+    MEMORY_CHANNEL_PUT, MODULE, MemoryChannelPutArgs, PORT_CHANNEL_PUT, PortChannelPutArgs,
+};
 use mscclpp::comm::Communicator;
 use mscclpp::comm::channel::MemoryChannel;
 use mscclpp::comm::proxy::ProxyService;
 use mscclpp::comm::semaphore::{Host2DeviceSemaphore, MemoryDevice2DeviceSemaphore};
-use mscclpp::hal::kernel::{MemoryChannelPutArgs, PortChannelPutArgs};
 use mscclpp::hal::{
-    Device, DeviceBuffer, Error, KernelArgs, KernelId, LaunchConfig, MemoryKind, Result, Stream,
+    Device, DeviceBuffer, Error, LaunchConfig, MemoryKind, Result, Stream, TypedKernel,
 };
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
 
@@ -137,7 +139,7 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
     let theirs = Arc::new(comm.exchange_memory(&mine, peer)?);
     let chan = MemoryChannel::new(sem, theirs, bufs.src.full(), None)?;
     let stream = device.create_stream()?;
-    let kernel = device.load_kernel(KernelId::BENCH_MEMORY_CHANNEL_PUT)?;
+    let kernel = TypedKernel::<MemoryChannelPutArgs>::load(&**device, &MODULE, MEMORY_CHANNEL_PUT)?;
     let info = device.info();
     // GPUs: one block of 1024 threads per SM, all resident (the kernel synchronises the grid);
     // the host backend: one single-thread block per core.
@@ -158,13 +160,7 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
         };
         // SAFETY: the channel and buffers outlive the launch (synchronised in `measure`); `size`
         // is within both buffers.
-        unsafe {
-            stream.launch_raw(
-                &*kernel,
-                LaunchConfig::linear(blocks, threads),
-                a.as_bytes(),
-            )
-        }
+        unsafe { kernel.launch(&*stream, LaunchConfig::linear(blocks, threads), &a) }
     };
     measure(
         args,
@@ -200,7 +196,7 @@ pub fn run_port_channel(args: &Args, comm: &Communicator, transport: Transport) 
     let handle = service.port_channel(sid, d, s)?;
     service.start()?;
     let stream = device.create_stream()?;
-    let kernel = device.load_kernel(KernelId::BENCH_PORT_CHANNEL_PUT)?;
+    let kernel = TypedKernel::<PortChannelPutArgs>::load(&**device, &MODULE, PORT_CHANNEL_PUT)?;
     let mut table = preamble(args, comm, &format!("port-channel put over {transport}"));
     let launch = |size: usize, iters: u64| {
         let a = PortChannelPutArgs {
@@ -209,7 +205,7 @@ pub fn run_port_channel(args: &Args, comm: &Communicator, transport: Transport) 
             iters,
         };
         // SAFETY: the service (FIFO, semaphores, memories) outlives the launch.
-        unsafe { stream.launch_raw(&*kernel, LaunchConfig::linear(1, 1), a.as_bytes()) }
+        unsafe { kernel.launch(&*stream, LaunchConfig::linear(1, 1), &a) }
     };
     let wrong = measure(
         args,

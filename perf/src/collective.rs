@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use mscclpp::collectives::{CollectiveCall, Collectives};
+use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{
-    BufferSlice, CollectiveKind, DataType, DeviceBuffer, Error, MemoryKind, ReduceOp, Result,
-    Stream,
+    BufferSlice, DataType, DeviceBuffer, Error, MemoryKind, ReduceOp, Result, Stream,
 };
 
 use crate::args::Args;

@@ -3,7 +3,8 @@
 
 use std::ffi::{c_int, c_void};
 
-use mscclpp::hal::{CollectiveKind, DataType, ReduceOp, Result};
+use mscclpp::collectives::CollectiveKind;
+use mscclpp::hal::{DataType, ReduceOp, Result};
 use mscclpp_nccl_real::{Comm, RealNccl, UniqueId};
 
 /// The NCCL library and one communicator.

@@ -1,7 +1,8 @@
 //! Device code for tests on the host backend, written as closures.
 //!
 //! A closure is parked in a process-wide table under a fresh id and a host kernel
-//! (`mscclpp_test_closure`, registered once) runs it with the launch shape, so the test's
+//! (`mscclpp_test_closure`, the one entry point of a module of host kernels) runs it with the
+//! launch shape, so the test's
 //! "device code" executes inside a real kernel launch on a HAL stream — ordered with the
 //! stream's copies and fills, its errors surfacing at synchronize like any kernel's.
 
@@ -9,7 +10,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use mscclpp::hal::{Device, Error, KernelArgs, KernelId, LaunchConfig, Result, Stream};
+use mscclpp::hal::dev::for_each_block;
+use mscclpp::hal::{
+    Device, Error, KernelArgs, KernelDef, KernelId, KernelModule, LaunchConfig, Result, Stream,
+};
 
 /// The kernel id the closures run under.
 pub const CLOSURE_KERNEL: KernelId = KernelId("mscclpp_test_closure");
@@ -42,8 +46,19 @@ fn closure_kernel(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
                 a.id
             ))
         })?;
-    mscclpp::host::kernels::for_each_block(cfg, |b| f(cfg, b))
+    for_each_block(cfg, |b| f(cfg, b))
 }
+
+/// The closure kernel's module: host functions only (no device source).
+static MODULE: KernelModule = KernelModule {
+    name: "tests/closures",
+    source: "",
+    headers: &[],
+    kernels: &[KernelDef::new::<ClosureArgs>(
+        CLOSURE_KERNEL.0,
+        closure_kernel,
+    )],
+};
 
 /// Launches `f` as a kernel of shape `cfg` on `stream` (host backend only); every block runs
 /// `f(cfg, block_index)`, blocks concurrently.
@@ -53,21 +68,13 @@ pub fn launch(
     cfg: LaunchConfig,
     f: impl Fn(&LaunchConfig, u64) -> Result<()> + Send + Sync + 'static,
 ) -> Result<()> {
-    static REGISTER: OnceLock<Result<(), String>> = OnceLock::new();
-    REGISTER
-        .get_or_init(|| {
-            mscclpp::host::kernels::register(CLOSURE_KERNEL, closure_kernel)
-                .map_err(|e| e.to_string())
-        })
-        .clone()
-        .map_err(Error::Internal)?;
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     table()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(id, Arc::new(f));
-    let k = device.load_kernel(CLOSURE_KERNEL)?;
+    let k = device.load(&MODULE, CLOSURE_KERNEL)?;
     // SAFETY: the closure captures what it touches; the args carry only its id.
     unsafe { stream.launch_raw(&*k, cfg, ClosureArgs { id }.as_bytes()) }
 }

@@ -2,7 +2,6 @@
 
 use std::time::{Duration, Instant};
 
-use mscclpp::hal::kernel::{AtomicAddU64Args, FillU32Args};
 use mscclpp::hal::{
     BufferSlice, Device, ErrorClass, IpcHandle, KernelId, LaunchConfig, MemoryKind,
     MulticastAddress, MulticastSupport, Stream,
@@ -10,6 +9,7 @@ use mscclpp::hal::{
 
 use crate::ensure;
 use crate::harness::{CaseError, CaseFn, Context, Fixture, hex, skipped, unhex};
+use crate::kernels::{ATOMIC_ADD_U64, AtomicAddU64Args, FILL_U32, FillU32Args, MODULE};
 use crate::multiproc;
 use crate::rng::Rng;
 
@@ -599,10 +599,7 @@ pub fn ipc_child() -> i32 {
 
 fn kernel_fill_u32(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
-    let k = f
-        .device
-        .load_kernel(KernelId::FILL_U32)
-        .ctx("load_kernel")?;
+    let k = f.device.load(&MODULE, FILL_U32).ctx("load")?;
     let count = 100_003usize; // not a multiple of any block shape
     let buf = f
         .device
@@ -634,10 +631,7 @@ fn kernel_fill_u32(f: &Fixture) -> Result<(), CaseError> {
 
 fn kernel_atomics_from_every_thread(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
-    let k = f
-        .device
-        .load_kernel(KernelId::ATOMIC_ADD_U64)
-        .ctx("load_kernel")?;
+    let k = f.device.load(&MODULE, ATOMIC_ADD_U64).ctx("load")?;
     let buf = f.device.alloc(8, MemoryKind::Device).ctx("alloc")?;
     s.fill(&buf.full(), 0).ctx("fill")?;
     let args = AtomicAddU64Args {
@@ -666,7 +660,7 @@ fn kernel_atomics_from_every_thread(f: &Fixture) -> Result<(), CaseError> {
 fn kernel_unknown_id_and_bad_shape_are_errors(f: &Fixture) -> Result<(), CaseError> {
     let e = f
         .device
-        .load_kernel(KernelId("no_such_kernel"))
+        .load(&MODULE, KernelId("no_such_kernel"))
         .err()
         .ok_or("unknown kernel loaded")?;
     ensure!(
@@ -674,10 +668,7 @@ fn kernel_unknown_id_and_bad_shape_are_errors(f: &Fixture) -> Result<(), CaseErr
         "error does not name the kernel: {e}"
     );
     let s = f.device.create_stream().ctx("create_stream")?;
-    let k = f
-        .device
-        .load_kernel(KernelId::FILL_U32)
-        .ctx("load_kernel")?;
+    let k = f.device.load(&MODULE, FILL_U32).ctx("load")?;
     let buf = f.device.alloc(64, MemoryKind::Device).ctx("alloc")?;
     let args = FillU32Args {
         dst: buf.ptr().0,
@@ -709,10 +700,7 @@ fn kernel_unknown_id_and_bad_shape_are_errors(f: &Fixture) -> Result<(), CaseErr
 
 fn graph_capture_replays_work(f: &Fixture) -> Result<(), CaseError> {
     let s = f.device.create_stream().ctx("create_stream")?;
-    let k = f
-        .device
-        .load_kernel(KernelId::ATOMIC_ADD_U64)
-        .ctx("load_kernel")?;
+    let k = f.device.load(&MODULE, ATOMIC_ADD_U64).ctx("load")?;
     let counter = f.device.alloc(8, MemoryKind::Device).ctx("alloc")?;
     let marker = f.device.alloc(4096, MemoryKind::Device).ctx("alloc")?;
     s.fill(&counter.full(), 0).ctx("fill")?;

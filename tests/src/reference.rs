@@ -1,7 +1,8 @@
 //! CPU reference of the collectives, on raw little-endian bytes, and the comparison with
 //! tolerances per type (floats are reduced in a different order by the kernels).
 
-use mscclpp::hal::{CollectiveKind, DataType, ReduceOp};
+use mscclpp::collectives::CollectiveKind;
+use mscclpp::hal::{DataType, ReduceOp};
 
 use crate::rng::Rng;
 

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Completion, Failed, Trial};
-use mscclpp::collectives::{CollectiveCall, Collectives, DEFAULT_SLOT_BYTES};
+use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES};
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
-use mscclpp::hal::{BackendKind, CollectiveKind, DataType, ErrorClass, MemoryKind, ReduceOp};
+use mscclpp::hal::{BackendKind, DataType, ErrorClass, MemoryKind, ReduceOp};
 use mscclpp_conformance::multiproc;
 use mscclpp_conformance::reference::{count_wrong, expected, random_input};
 use mscclpp_conformance::rng::Rng;

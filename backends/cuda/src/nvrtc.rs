@@ -8,8 +8,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use mscclpp_gpu::device_api::{CUDA_CORE, module_headers};
 use mscclpp_gpu::rtc::{OutputSymbols, RtcLibrary, RtcSymbols};
-use mscclpp_hal::{Error, Result};
+use mscclpp_hal::{Error, KernelModule, Result};
 
 /// Library names tried, in order.
 pub const LIBRARY_NAMES: &[&str] = &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
@@ -128,4 +129,15 @@ pub fn compile(
         log: out.log,
         elapsed: out.elapsed,
     })
+}
+/// Compiles `module` for `arch` ("sm_90") exactly as the backend does at run time — its source
+/// with the device API, this vendor's `core.cuh` and the module's own headers — with no device
+/// needed: what the kernel compile tests drive for every module the library owns.
+pub fn compile_module(module: &KernelModule, arch: &str) -> Result<Compiled> {
+    compile(
+        module.name,
+        module.source,
+        &module_headers(CUDA_CORE, module),
+        arch,
+    )
 }

@@ -8,10 +8,10 @@
 use std::ffi::{CStr, c_char, c_int};
 
 use cudarc::driver::sys;
+use mscclpp_gpu::device_api::CUDA_CORE;
 use mscclpp_gpu::runtime::{
     Compiled, Features, Image, IpcBytes, Runtime, Vendor, events_not_reached,
 };
-use mscclpp_gpu::sources::CUDA_CORE;
 use mscclpp_hal::{BackendKind, DeviceInfo, LaunchConfig, Result};
 
 use crate::driver::{self, check, describe};

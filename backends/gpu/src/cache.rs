@@ -14,7 +14,6 @@ use std::time::Duration;
 use mscclpp_hal::{BackendKind, Error, Result};
 
 use crate::runtime::{Compiled, Image, Vendor};
-use crate::sources::Module;
 
 /// Header bytes: magic 4, version 2, kind 1, pad 1, key 16, length 8, checksum 8.
 pub const ENTRY_HEADER: usize = 40;
@@ -335,8 +334,10 @@ pub fn cache_stats(kind: BackendKind) -> CacheStats {
 /// compiler's version and the options.
 #[derive(Debug, Clone, Copy)]
 pub struct CompileKey<'a> {
-    /// The module (name and source).
-    pub module: &'a Module,
+    /// The module's name.
+    pub name: &'a str,
+    /// Its source.
+    pub source: &'a str,
     /// The headers, as `(include name, contents)`.
     pub headers: &'a [(&'a str, &'a str)],
     /// The compile target.
@@ -352,8 +353,8 @@ impl CompileKey<'_> {
     pub fn key(&self, vendor: &Vendor) -> u128 {
         cache_key(
             vendor.cache_domain,
-            self.module.name,
-            self.module.source,
+            self.name,
+            self.source,
             self.headers,
             self.target,
             self.version,
@@ -396,12 +397,12 @@ pub fn image_for(
     compile: impl FnOnce() -> Result<Compiled>,
 ) -> Result<Image> {
     let key = c.key(vendor);
-    let path = cache_path(dir, c.module.name, c.target, key);
+    let path = cache_path(dir, c.name, c.target, key);
     let counters = counters(vendor.kind);
     let compiler = format!("{} {}.{}", vendor.compiler, c.version.0, c.version.1);
     cached_or_compiled(
         counters,
-        (c.module.name, c.target, &compiler),
+        (c.name, c.target, &compiler),
         || read_cache(&path, counters, |b| decode_entry(vendor, b, key)),
         || compile().map(|c| (c.image, c.log)),
         |image| write_atomic(&path, &encode_entry(vendor, key, image)),
@@ -412,7 +413,6 @@ pub fn image_for(
 mod tests {
     use super::*;
     use crate::runtime::tests::TEST_VENDOR;
-    use crate::sources::{MODULES, Module};
     use std::path::PathBuf;
 
     const V: Vendor = TEST_VENDOR;
@@ -437,9 +437,21 @@ mod tests {
         }
     }
 
+    /// A module as the cache sees it: a name and a source.
+    struct Module {
+        name: &'static str,
+        source: &'static str,
+    }
+
+    const MODULE: Module = Module {
+        name: "collectives/ll.cu",
+        source: "extern \"C\" __global__ void k() {}",
+    };
+
     fn key<'a>(module: &'a Module, target: &'a str, version: (i32, i32)) -> CompileKey<'a> {
         CompileKey {
-            module,
+            name: module.name,
+            source: module.source,
             headers: &[("a.cuh", "x")],
             target,
             version,
@@ -502,7 +514,7 @@ mod tests {
     #[test]
     fn miss_compiles_and_writes_then_hit_reads_and_corruption_recompiles() {
         let dir = temp_dir("flow");
-        let module = &MODULES[0];
+        let module = &MODULE;
         let before = cache_stats(V.kind);
         let image = image_for(&V, &dir, key(module, "sm_90", (13, 0)), || {
             Ok(compiled(1, 1))
@@ -554,7 +566,7 @@ mod tests {
         let dir = temp_dir("unwritable");
         std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
         std::fs::write(&dir, b"not a directory").unwrap();
-        let module = &MODULES[0];
+        let module = &MODULE;
         let image = image_for(&V, &dir, key(module, "gfx908", (5, 2)), || {
             Ok(compiled(1, 5))
         });

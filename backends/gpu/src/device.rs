@@ -12,11 +12,12 @@ use std::sync::{Arc, Mutex};
 
 use mscclpp_hal::{
     Backend, Capabilities, Device, DeviceBuffer, DeviceInfo, DevicePtr, Error, Event, IpcHandle,
-    Kernel, KernelId, MemoryKind, MulticastGroup, MulticastSupport, PeerMatrix, Result, Stream,
+    Kernel, KernelId, KernelModule, MemoryKind, MulticastGroup, MulticastSupport, PeerMatrix,
+    Result, Stream,
 };
 
 use crate::memory::{self, GpuAllocation};
-use crate::module::{self, LoadedModule};
+use crate::module::{self, LoadedModule, ModuleKey};
 use crate::multicast;
 use crate::runtime::{Features, Runtime};
 use crate::stream::{GpuEvent, GpuStream};
@@ -188,8 +189,9 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 pub struct GpuDevice<R: Runtime> {
     info: DeviceInfo,
     ctx: Arc<Context<R>>,
-    /// Modules loaded into this device's context, by module name; each is loaded once.
-    modules: Mutex<HashMap<&'static str, Arc<LoadedModule<R>>>>,
+    /// Modules loaded into this device's context, by module name and source hash; each is
+    /// loaded once.
+    modules: Mutex<HashMap<ModuleKey, Arc<LoadedModule<R>>>>,
 }
 
 impl<R: Runtime> GpuDevice<R> {
@@ -270,12 +272,13 @@ impl<R: Runtime> Device for GpuDevice<R> {
         }))
     }
 
-    fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>> {
+    fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<dyn Kernel>> {
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         Ok(Arc::new(module::load_kernel(
             &self.ctx,
             &self.info.arch,
             &mut modules,
+            module,
             id,
         )?))
     }

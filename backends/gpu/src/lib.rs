@@ -23,12 +23,13 @@
 //! same-process alias registry, export/import), [`stream`] (streams, events, graphs) over
 //! [`keep`] (keep-alive lists, deadline-polled waits, staged host copies), [`module`] (kernel
 //! loading) over [`cache`] (the on-disk kernel cache), [`rtc`] (NVRTC/hipRTC driven through one
-//! flow) and [`sources`] (the embedded device sources), [`multicast`] (guarded; not implemented
-//! in this build).
+//! flow) and [`device_api`] (the embedded device API the owners' modules compile against),
+//! [`multicast`] (guarded; not implemented in this build).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cache;
 pub mod device;
+pub mod device_api;
 pub mod ipc;
 pub mod keep;
 pub mod memory;
@@ -36,7 +37,6 @@ pub mod module;
 pub mod multicast;
 pub mod rtc;
 pub mod runtime;
-pub mod sources;
 pub mod stream;
 
 pub use cache::{CacheStats, cache_stats};

@@ -1,19 +1,20 @@
-//! Kernel loading: a module of [`crate::sources`] is compiled by the vendor's run-time compiler
-//! for the device's target on first use, cached on disk ([`crate::cache`], under
-//! `<MSCCLPP_CACHE_DIR>/<vendor>/`), loaded once per device; a kernel is a function of a loaded
-//! module, which every kernel and every queued launch keeps alive.
+//! Kernel loading: a [`KernelModule`] handed over by its owner is compiled (its source, with the
+//! device API of [`crate::device_api`] and the module's own headers) by the vendor's run-time
+//! compiler for the device's target on first use, cached on disk ([`crate::cache`], under
+//! `<MSCCLPP_CACHE_DIR>/<vendor>/`), loaded once per device and module (name and source hash);
+//! a kernel is a function of a loaded module, which every kernel and every queued launch keeps
+//! alive. Launches are checked against the argument size the module declares.
 
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::Arc;
 
-use mscclpp_hal::kernel::known_param_size;
-use mscclpp_hal::{Error, Kernel, KernelId, Result};
+use mscclpp_hal::{Error, Kernel, KernelId, KernelModule, Result};
 
-use crate::cache::{self, CompileKey};
+use crate::cache::{self, CompileKey, Fnv128};
 use crate::device::Context;
+use crate::device_api;
 use crate::runtime::Runtime;
-use crate::sources::{self, Module};
 
 /// A module loaded into one device's context; unloaded on drop.
 #[derive(Debug)]
@@ -46,7 +47,7 @@ pub struct GpuKernel<R: Runtime> {
     id: KernelId,
     func: R::Function,
     module: Arc<LoadedModule<R>>,
-    param_size: Option<usize>,
+    param_size: usize,
     max_threads_per_block: u32,
 }
 
@@ -68,8 +69,8 @@ impl<R: Runtime> GpuKernel<R> {
     pub fn device_ordinal(&self) -> usize {
         self.module.ctx.ordinal()
     }
-    /// Bytes of its (single) argument struct, where the runtime or the kernel table knows.
-    pub fn param_size(&self) -> Option<usize> {
+    /// Bytes of its (single) argument struct, as its module declares.
+    pub fn param_size(&self) -> usize {
         self.param_size
     }
     /// Most threads per block this kernel can be launched with.
@@ -90,16 +91,31 @@ impl<R: Runtime> Kernel for GpuKernel<R> {
     }
 }
 
+/// Which loaded module serves a [`KernelModule`] on one device: its name and the hash of its
+/// source and own headers (two modules of one name but different text never share a load).
+pub type ModuleKey = (&'static str, u128);
+
+/// The [`ModuleKey`] of `module`.
+pub fn module_key(module: &KernelModule) -> ModuleKey {
+    let mut h = Fnv128::default();
+    h.field(module.source.as_bytes());
+    for (name, contents) in module.headers {
+        h.field(name.as_bytes()).field(contents.as_bytes());
+    }
+    (module.name, h.finish())
+}
+
 /// The image of `module` for a device of architecture `arch`: cached, or compiled now.
-fn image<R: Runtime>(rt: &R, arch: &str, module: &Module) -> Result<crate::Image> {
+fn image<R: Runtime>(rt: &R, arch: &str, module: &KernelModule) -> Result<crate::Image> {
     let target = R::rtc_target(arch);
     // Without the compiler nothing can be compiled (and the cache key needs its version).
     let version = rt.rtc_version()?;
-    let headers = sources::headers(R::VENDOR.core_header);
+    let headers = device_api::module_headers(R::VENDOR.core_header, module);
     let options = rt.rtc_options();
     let dir = mscclpp_hal::env::cache_dir().join(R::VENDOR.cache_dir);
     let key = CompileKey {
-        module,
+        name: module.name,
+        source: module.source,
         headers: &headers,
         target,
         version,
@@ -113,8 +129,17 @@ fn image<R: Runtime>(rt: &R, arch: &str, module: &Module) -> Result<crate::Image
 fn load_module<R: Runtime>(
     ctx: &Arc<Context<R>>,
     arch: &str,
-    module: &'static Module,
+    module: &'static KernelModule,
 ) -> Result<Arc<LoadedModule<R>>> {
+    if module.source.is_empty() {
+        return Err(Error::unavailable(
+            format!("module {}", module.name),
+            format!(
+                "it has no device source (host kernels only), so {} cannot run it",
+                R::VENDOR.runtime
+            ),
+        ));
+    }
     let rt = ctx.runtime();
     let image = image(rt, arch, module)?;
     ctx.bind()?;
@@ -137,29 +162,22 @@ fn load_module<R: Runtime>(
     }))
 }
 
-/// Loads kernel `id` on the device of `ctx`, loading (and if needed compiling) its module once.
+/// Loads kernel `id` of `module` on the device of `ctx`, loading (and if needed compiling) the
+/// module once per device (`loaded`).
 pub fn load_kernel<R: Runtime>(
     ctx: &Arc<Context<R>>,
     arch: &str,
-    loaded: &mut HashMap<&'static str, Arc<LoadedModule<R>>>,
+    loaded: &mut HashMap<ModuleKey, Arc<LoadedModule<R>>>,
+    module: &'static KernelModule,
     id: KernelId,
 ) -> Result<GpuKernel<R>> {
-    let module = sources::module_for(id).ok_or_else(|| {
-        Error::invalid(format!(
-            "no {} kernel named {id}: none of the embedded modules ({}) defines it",
-            R::VENDOR.runtime,
-            sources::MODULES
-                .iter()
-                .map(|m| m.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-    })?;
-    let m = match loaded.get(module.name) {
+    let def = module.require(id)?;
+    let key = module_key(module);
+    let m = match loaded.get(&key) {
         Some(m) => m.clone(),
         None => {
             let m = load_module(ctx, arch, module)?;
-            loaded.insert(module.name, m.clone());
+            loaded.insert(key, m.clone());
             m
         }
     };
@@ -172,13 +190,23 @@ pub fn load_kernel<R: Runtime>(
         .map_err(|e| Error::invalid(format!("kernel {id} not found in module {}: {e}", m.name)))?;
     // SAFETY: live function of the current context.
     let max_threads = unsafe { rt.function_max_threads(func) }?;
+    // Where the runtime knows the compiled kernel's parameter size, it must be the declared one:
+    // a mismatch means the device source and the Rust struct disagree.
     // SAFETY: as above.
-    let param_size = unsafe { rt.function_param_size(func) }.or_else(|| known_param_size(id));
+    if let Some(compiled) = unsafe { rt.function_param_size(func) } {
+        if compiled != def.param_size {
+            return Err(Error::invalid(format!(
+                "kernel {id} of module {}: the compiled kernel takes {compiled} bytes of \
+                 arguments, the module declares {}",
+                module.name, def.param_size
+            )));
+        }
+    }
     Ok(GpuKernel {
         id,
         func,
         module: m,
-        param_size,
+        param_size: def.param_size,
         // Where the runtime does not say, the device limit applies.
         max_threads_per_block: max_threads.filter(|&n| n > 0).unwrap_or(u32::MAX),
     })
@@ -189,9 +217,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn known_sizes_match_the_hal_structs() {
-        assert_eq!(known_param_size(KernelId::FILL_U32), Some(24));
-        assert_eq!(known_param_size(KernelId::ATOMIC_ADD_U64), Some(16));
-        assert_eq!(known_param_size(KernelId("no_such_kernel")), None);
+    fn module_keys_follow_the_name_source_and_headers() {
+        static A: KernelModule = KernelModule {
+            name: "a.cu",
+            source: "x",
+            headers: &[],
+            kernels: &[],
+        };
+        static B: KernelModule = KernelModule {
+            name: "a.cu",
+            source: "y",
+            headers: &[],
+            kernels: &[],
+        };
+        static C: KernelModule = KernelModule {
+            name: "a.cu",
+            source: "x",
+            headers: &[("h", "")],
+            kernels: &[],
+        };
+        assert_eq!(module_key(&A), module_key(&A));
+        assert_ne!(module_key(&A), module_key(&B));
+        assert_ne!(module_key(&A), module_key(&C));
+        assert_eq!(module_key(&A).0, "a.cu");
     }
 }

@@ -386,7 +386,7 @@ impl<R: Runtime> Stream for GpuStream<R> {
             )));
         }
         let limit = self.max_threads_per_block.min(k.max_threads_per_block());
-        check_launch(k.id(), &cfg, limit, k.param_size(), args)?;
+        check_launch(k.id(), &cfg, limit, Some(k.param_size()), args)?;
         // An 8-byte aligned copy of the argument struct, read by the runtime during the call.
         let mut words = aligned_args(args);
         let len = args.len();

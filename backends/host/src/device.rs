@@ -169,10 +169,6 @@ impl Device for HostDevice {
         )?))
     }
 
-    fn load_kernel(&self, id: KernelId) -> Result<Arc<dyn Kernel>> {
-        Ok(Arc::new(kernels::lookup(id)?))
-    }
-
     fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<dyn Kernel>> {
         let def = module.require(id)?;
         let func = def.host.ok_or_else(|| {

@@ -8,18 +8,15 @@
 //!   pages ([`memory`]).
 //! - **Streams** are in-order executors, one worker thread each; events mark points in them
 //!   ([`stream`]).
-//! - **Kernels** are Rust functions registered under the same [`mscclpp_hal::KernelId`]s the GPU
-//!   backends compile; their blocks run on worker threads and device-side atomics are Rust
-//!   atomics on the shared mapping ([`kernels`]).
+//! - **Kernels** are the Rust functions that a [`mscclpp_hal::KernelModule`]'s owner gives for
+//!   the entry points the GPU backends compile from its source; their blocks run on worker
+//!   threads and device-side atomics are Rust atomics on the shared mapping ([`kernels`]). The
+//!   backend names no kernel of the library.
 //! - **Multicast** is emulated: a mapped group exposes every member's memory ([`multicast`]).
 //!
 //! The file split (device, memory, stream, kernels, multicast) is the one every backend follows.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod collectives;
-pub mod collectives_direct;
-pub mod collectives_ll128;
-pub mod collectives_read;
 pub mod device;
 pub mod kernels;
 pub mod memory;
@@ -39,23 +36,67 @@ pub fn probe() -> mscclpp_hal::Result<Arc<dyn mscclpp_hal::Backend>> {
 mod tests {
     use std::time::Duration;
 
-    use mscclpp_hal::kernel::FillU32Args;
-    use mscclpp_hal::{Backend, ErrorClass, KernelId, LaunchConfig, MemoryKind};
+    use mscclpp_hal::{
+        Backend, Error, ErrorClass, KernelArgs, KernelDef, KernelId, KernelModule, LaunchConfig,
+        MemoryKind,
+    };
 
     use super::*;
+
+    /// A host kernel that refuses a misaligned address before touching memory.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct AlignedArgs {
+        dst: u64,
+    }
+    // SAFETY: repr(C), one integer.
+    unsafe impl KernelArgs for AlignedArgs {}
+
+    fn refuse_misaligned(_: &LaunchConfig, args: &[u8]) -> mscclpp_hal::Result<()> {
+        let a = AlignedArgs::from_bytes(args)?;
+        if a.dst % 4 != 0 {
+            return Err(Error::invalid(format!(
+                "{:#x} is not 4-byte aligned",
+                a.dst
+            )));
+        }
+        Ok(())
+    }
+
+    static MODULE: KernelModule = KernelModule {
+        name: "host_test",
+        source: "",
+        headers: &[],
+        kernels: &[KernelDef::new::<AlignedArgs>(
+            "refuse_misaligned",
+            refuse_misaligned,
+        )],
+    };
+
+    #[test]
+    fn a_module_without_a_host_function_or_the_kernel_is_refused() {
+        static GPU_ONLY: KernelModule = KernelModule {
+            name: "gpu_only",
+            source: "",
+            headers: &[],
+            kernels: &[KernelDef::device_only::<AlignedArgs>("k")],
+        };
+        let dev = HostBackend::new().open_device(0).unwrap();
+        let e = dev.load(&GPU_ONLY, KernelId("k")).unwrap_err();
+        assert_eq!(e.class(), ErrorClass::Unavailable, "{e}");
+        let e = dev.load(&MODULE, KernelId("nope")).unwrap_err();
+        assert!(e.to_string().contains("refuse_misaligned"), "{e}");
+    }
 
     #[test]
     fn kernel_error_is_sticky_until_synchronize_and_skips_dependent_work() {
         let dev = HostBackend::new().open_device(0).unwrap();
         let s = dev.create_stream().unwrap();
-        let k = dev.load_kernel(KernelId::FILL_U32).unwrap();
+        let k = dev.load(&MODULE, KernelId("refuse_misaligned")).unwrap();
         let buf = dev.alloc(64, MemoryKind::Device).unwrap();
         s.fill(&buf.full(), 1).unwrap();
-        let bad = FillU32Args {
+        let bad = AlignedArgs {
             dst: buf.ptr().0 + 1,
-            count: 4,
-            value: 9,
-            _pad: 0,
         };
         // SAFETY: the kernel rejects the misaligned address before touching memory.
         unsafe { s.launch(&*k, LaunchConfig::linear(1, 1), &bad) }.unwrap();

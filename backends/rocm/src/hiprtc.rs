@@ -10,8 +10,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use mscclpp_gpu::device_api::{HIP_CORE, module_headers};
 use mscclpp_gpu::rtc::{OutputSymbols, RtcLibrary, RtcSymbols};
-use mscclpp_hal::{Error, Result};
+use mscclpp_hal::{Error, KernelModule, Result};
 
 /// Library names tried, in order.
 pub const LIBRARY_NAMES: &[&str] = &[
@@ -138,6 +139,18 @@ pub fn compile(
         log: out.log,
         elapsed: out.elapsed,
     })
+}
+
+/// Compiles `module` for `arch` ("gfx90a") exactly as the backend does at run time — its source
+/// with the device API, this vendor's `core.cuh` and the module's own headers — with no device
+/// needed: what the kernel compile tests drive for every module the library owns.
+pub fn compile_module(module: &KernelModule, arch: &str) -> Result<Compiled> {
+    compile(
+        module.name,
+        module.source,
+        &module_headers(HIP_CORE, module),
+        arch,
+    )
 }
 
 #[cfg(test)]

@@ -12,10 +12,10 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
+use mscclpp_gpu::device_api::HIP_CORE;
 use mscclpp_gpu::runtime::{
     Compiled, Features, Image, IpcBytes, Runtime, Vendor, events_not_reached,
 };
-use mscclpp_gpu::sources::HIP_CORE;
 use mscclpp_hal::{BackendKind, DeviceInfo, Error, LaunchConfig, Result};
 
 use crate::ffi::{

@@ -4,23 +4,51 @@
 //! sizes, and what it was set up with on this communicator), plans the grid of one call
 //! ([`Algorithm::plan`]) and launches its kernel ([`Algorithm::launch`]). Which of the fitting
 //! ones serves a call is [`crate::policy`]'s choice. Each folder is the home of everything that
-//! belongs to its algorithm: its set-up (scratch, kernels, threads), argument building and
-//! planner; its argument struct and kernels live in `mscclpp_hal::collective` and the backends
-//! for now.
-
-use std::sync::Arc;
+//! belongs to its algorithm: its protocol spec (`spec.md`, its module documentation), argument
+//! struct (`args.rs`), set-up and planner (`mod.rs`), host kernel (`host.rs`) and the
+//! [`KernelModule`] of its device source (`module.rs`). Two modules serve the five algorithms:
+//! `kernels/collectives/ll.cu` (LL, the short LL kernels, LL128; defined in `ll/module.rs`) and
+//! `kernels/collectives/direct.cu` (direct and read; `direct/module.rs`). What the host kernels
+//! share is in `host_common.rs`.
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{CollectiveKind, DeviceInfo, Kernel, KernelId, LaunchConfig, Result, Stream};
+use mscclpp_hal::{
+    DeviceInfo, Kernel, KernelArgs, KernelId, KernelModule, LaunchConfig, Result, Stream,
+    TypedKernel,
+};
 
+use crate::CollectiveKind;
 use crate::call::Checked;
 use crate::scratch::agree;
 
 pub(crate) mod direct;
+pub(crate) mod host_common;
+#[cfg(test)]
+mod layout;
 pub(crate) mod ll;
 pub(crate) mod ll128;
 pub(crate) mod ll_short;
 pub(crate) mod read;
+
+/// Most ranks the intra-node collectives serve (one node of GPUs): the size of the per-rank
+/// arrays in every argument struct.
+pub const MAX_RANKS: usize = 8;
+
+/// Every kernel module of the collectives: what the kernel compile tests compile for every
+/// target.
+pub static MODULES: &[&KernelModule] = &[&ll::module::MODULE, &direct::module::MODULE];
+
+/// The headers of the collective modules: the argument structs and their layout checks.
+pub(crate) const HEADERS: &[(&str, &str)] = &[
+    (
+        "collectives/args.cuh",
+        include_str!("../../../kernels/collectives/args.cuh"),
+    ),
+    (
+        "collectives/args_check.h",
+        include_str!("../../../kernels/collectives/args_check.h"),
+    ),
+];
 
 /// Which algorithm serves a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -149,14 +177,24 @@ pub(crate) fn resident_grid(info: &DeviceInfo, threads: u32) -> (u32, u32) {
     }
 }
 
-/// The kernel `id`, or `None` where the backend lacks it — then every rank must lack it too
-/// (`what` names the settings agreed).
-pub(crate) fn optional_kernel(
+/// Kernel `id` of `module`, taking an `A`.
+pub(crate) fn load<A: KernelArgs>(
     comm: &Communicator,
+    module: &'static KernelModule,
+    id: KernelId,
+) -> Result<TypedKernel<A>> {
+    TypedKernel::load(&**comm.device(), module, id)
+}
+
+/// Kernel `id` of `module`, or `None` where the backend lacks it — then every rank must lack it
+/// too (`what` names the settings agreed).
+pub(crate) fn optional_kernel<A: KernelArgs>(
+    comm: &Communicator,
+    module: &'static KernelModule,
     id: KernelId,
     what: &str,
-) -> Result<Option<Arc<dyn Kernel>>> {
-    match comm.device().load_kernel(id) {
+) -> Result<Option<TypedKernel<A>>> {
+    match load(comm, module, id) {
         Ok(k) => Ok(Some(k)),
         Err(e) => {
             tracing::info!("{id} unavailable: {e}");

@@ -1,13 +1,15 @@
-//! The table of device-visible layouts — sizes, alignments and field offsets — from which the
-//! `static_assert` header mirrored in `kernels/cuda` and `kernels/hip` is generated.
+//! Device-visible layouts — sizes, alignments and field offsets — and the `static_assert`
+//! headers generated from them, which the device sources include so that every compile (CUDA
+//! and HIP alike) checks its mirror of the Rust structs.
+//!
+//! The HAL's own table ([`layout_table`]: handles, packets, triggers) becomes
+//! `kernels/include/mscclpp/layout_check.h`; the owner of a kernel module builds the table of
+//! its argument structs with [`layout_entry!`](crate::layout_entry) and checks its own header
+//! with [`check_header`].
 
-use std::mem::{align_of, offset_of, size_of};
+use std::path::Path;
 
 use super::*;
-use crate::collective::{DirectCollectiveArgs, LlCollectiveArgs, ReadCollectiveArgs};
-use crate::kernel::{
-    AtomicAddU64Args, FillU32Args, MemoryChannelPutArgs, PingPongArgs, PortChannelPutArgs,
-};
 
 /// Size, alignment and field offsets of one `#[repr(C)]` type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,16 +24,21 @@ pub struct LayoutEntry {
     pub fields: Vec<(&'static str, usize)>,
 }
 
-macro_rules! entry {
+/// The [`LayoutEntry`] of a `#[repr(C)]` type in scope, listing the fields to check:
+/// `layout_entry!(MyArgs { dst, count })`. The device-side type has the same name, in namespace
+/// `mscclpp`.
+#[macro_export]
+macro_rules! layout_entry {
     ($t:ident { $($f:ident),* $(,)? }) => {
-        LayoutEntry {
+        $crate::dev::layout::LayoutEntry {
             name: stringify!($t),
-            size: size_of::<$t>(),
-            align: align_of::<$t>(),
-            fields: vec![$((stringify!($f), offset_of!($t, $f))),*],
+            size: ::std::mem::size_of::<$t>(),
+            align: ::std::mem::align_of::<$t>(),
+            fields: vec![$((stringify!($f), ::std::mem::offset_of!($t, $f))),*],
         }
     };
 }
+use crate::layout_entry as entry;
 
 /// Every device-visible type.
 pub fn layout_table() -> Vec<LayoutEntry> {
@@ -84,69 +91,6 @@ pub fn layout_table() -> Vec<LayoutEntry> {
             num_members,
             _pad,
         }),
-        entry!(FillU32Args {
-            dst,
-            count,
-            value,
-            _pad
-        }),
-        entry!(AtomicAddU64Args { counter, value }),
-        entry!(MemoryChannelPutArgs { chan, bytes, iters }),
-        entry!(PortChannelPutArgs { chan, bytes, iters }),
-        entry!(PingPongArgs {
-            chan,
-            rounds,
-            initiator,
-            relaxed
-        }),
-        entry!(LlCollectiveArgs {
-            input,
-            output,
-            count,
-            flag,
-            scratch,
-            slot_bytes,
-            peer_scratch,
-            kind,
-            dtype,
-            op,
-            rank,
-            nranks,
-            root,
-        }),
-        entry!(DirectCollectiveArgs {
-            input,
-            output,
-            count,
-            scratch,
-            slot_bytes,
-            chunk_bytes,
-            peer_scratch,
-            kind,
-            dtype,
-            op,
-            rank,
-            nranks,
-            root,
-            max_blocks,
-            _pad,
-        }),
-        entry!(ReadCollectiveArgs {
-            input,
-            output,
-            count,
-            scratch,
-            table,
-            in_key,
-            staging_bytes,
-            peer_scratch,
-            dtype,
-            op,
-            rank,
-            nranks,
-            max_blocks,
-            _pad,
-        }),
     ]
 }
 
@@ -154,8 +98,18 @@ pub fn layout_table() -> Vec<LayoutEntry> {
 /// [`layout_table`] against the device-side definitions, which must be in scope (namespace
 /// `mscclpp`) where it is included.
 pub fn generate_header() -> String {
-    let mut s = String::from(
-        "// Generated from the Rust definitions in hal/src/dev by `cargo run -p mscclpp-hal --example gen_layout`.\n\
+    header(
+        "hal/src/dev by `cargo run -p mscclpp-hal --example gen_layout`",
+        &layout_table(),
+    )
+}
+
+/// The C++ header that `static_assert`s every entry of `entries` against the device-side
+/// definitions (namespace `mscclpp`, in scope where it is included); `origin` says where the
+/// Rust definitions are and how the header is regenerated.
+pub fn header(origin: &str, entries: &[LayoutEntry]) -> String {
+    let mut s = format!(
+        "// Generated from the Rust definitions in {origin}.\n\
          // Do not edit: a test fails when this file and the Rust layouts disagree.\n\
          #pragma once\n\n\
          // NVRTC's front end has no __builtin_offsetof (nor <cstddef>); it has __INTADDR__.\n\
@@ -165,7 +119,7 @@ pub fn generate_header() -> String {
          #define MSCCLPP_LAYOUT_OFFSETOF(type, field) __builtin_offsetof(type, field)\n\
          #endif\n\n",
     );
-    for e in layout_table() {
+    for e in entries {
         s.push_str(&format!(
             "static_assert(sizeof(mscclpp::{n}) == {sz}, \"size of {n}\");\n\
              static_assert(alignof(mscclpp::{n}) == {al}, \"alignment of {n}\");\n",
@@ -183,6 +137,26 @@ pub fn generate_header() -> String {
     }
     s.push_str("#undef MSCCLPP_LAYOUT_OFFSETOF\n");
     s
+}
+
+/// Compares the committed header at `path` with `expected` (a [`header`]): `Err` says what
+/// differs and how to regenerate. With `MSCCLPP_BLESS_LAYOUT=1` it writes `expected` there
+/// instead — how an owner's test regenerates its header after a change to its structs.
+pub fn check_header(path: &Path, expected: &str) -> std::result::Result<(), String> {
+    if std::env::var("MSCCLPP_BLESS_LAYOUT").is_ok_and(|v| v == "1") {
+        return std::fs::write(path, expected)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()));
+    }
+    let found = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if found != expected {
+        return Err(format!(
+            "{} differs from the Rust layouts; regenerate it by running the test that checks it \
+             with MSCCLPP_BLESS_LAYOUT=1",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

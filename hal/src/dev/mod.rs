@@ -2,10 +2,10 @@
 //!
 //! Every struct a kernel reads or writes — semaphore and channel handles, FIFO triggers, LL
 //! packets — is defined here once, `#[repr(C)]`, with addresses as `u64` device pointers. The
-//! device headers (`kernels/cuda/include/mscclpp/`, compiled for CUDA and, with HIP's own
+//! device headers (`kernels/include/mscclpp/`, compiled for CUDA and, with HIP's own
 //! `core.cuh`, for HIP) mirror these definitions; [`layout_table`] lists every size and field
 //! offset so that a generated header can `static_assert` them, and CI compiles that header for
-//! each vendor.
+//! each vendor. Owners of kernels check their argument structs the same way ([`layout`]).
 //!
 //! The methods on the handles are the **device-side operations for host-backend kernels**: the
 //! same semantics as the `.cuh` functions, carried out with Rust atomics on shared memory. They
@@ -29,10 +29,11 @@ pub use port_channel::PortChannelDeviceHandle;
 pub use semaphore::{Host2DeviceSemaphoreDeviceHandle, MemoryDevice2DeviceSemaphoreDeviceHandle};
 pub use switch_channel::SwitchChannelDeviceHandle;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::kernel::LaunchConfig;
 
 /// How long device-side waits on the host backend spin before giving up (one minute: far
 /// beyond any legitimate wait between live ranks).
@@ -84,4 +85,36 @@ pub fn spin_until(
             std::hint::spin_loop();
         }
     }
+}
+
+/// Runs `body(block_index)` for every block of the grid of a host kernel, blocks spread over up
+/// to one thread per CPU core; returns the first error. (Host kernels live with their owners;
+/// this is the grid they all run on.)
+///
+/// Kernels that synchronise across blocks need every block resident at once; they must keep
+/// their grid within [`std::thread::available_parallelism`] blocks.
+pub fn for_each_block(cfg: &LaunchConfig, body: impl Fn(u64) -> Result<()> + Sync) -> Result<()> {
+    let blocks = cfg.num_blocks();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let workers = blocks.min(cores).max(1);
+    let next = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    loop {
+                        let b = next.fetch_add(1, Ordering::Relaxed);
+                        if b >= blocks {
+                            return Ok(());
+                        }
+                        body(b)?;
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .map_err(|_| Error::Internal("a host kernel block panicked".into()))?
+        })
+    })
 }

@@ -1,14 +1,21 @@
 //! Direct: plain 16-byte stores into the peers' scratch, pipelined in chunks with per-block
 //! flags, the next chunk pushed while this one is consumed; every collective (all-reduce as
-//! reduce-scatter then all-gather). The bandwidth path for large messages.
-
-use std::sync::Arc;
+//! reduce-scatter then all-gather). The bandwidth path for large messages. Its kernel is in
+//! `kernels/collectives/direct.cu` ([`module`], shared with `read`), its host kernel in [`host`].
+//!
+#![doc = include_str!("spec.md")]
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::collective::DirectCollectiveArgs;
-use mscclpp_hal::{CollectiveKind, Kernel, KernelArgs, KernelId, LaunchConfig, Result, Stream};
+use mscclpp_hal::{LaunchConfig, Result, Stream, TypedKernel};
+
+pub(crate) mod args;
+pub(crate) mod host;
+pub(crate) mod module;
+
+use args::DirectCollectiveArgs;
 
 use super::{Algorithm, AlgorithmId, Plan, block_threads, optional_kernel, resident_grid};
+use crate::CollectiveKind;
 use crate::call::Checked;
 use crate::policy::Settings;
 use crate::scratch::{Scratch, agree};
@@ -30,7 +37,7 @@ pub(crate) struct Direct {
     /// Threads per block of calls whose larger buffer exceeds [`SMALL_BYTES`], and up to it.
     threads: u32,
     small_threads: u32,
-    kernel: Arc<dyn Kernel>,
+    kernel: TypedKernel<DirectCollectiveArgs>,
 }
 
 impl Direct {
@@ -39,11 +46,11 @@ impl Direct {
         let info = comm.device().info().clone();
         let n = comm.nranks() as u32;
         const SETTINGS: &str = "direct algorithm settings";
-        let Some(kernel) = optional_kernel(comm, KernelId::COLLECTIVE_DIRECT, SETTINGS)? else {
+        let Some(kernel) = optional_kernel(comm, &module::MODULE, module::DIRECT, SETTINGS)? else {
             return Ok(None);
         };
         let forced = settings.direct_threads;
-        let threads = block_threads(&info, &*kernel, forced, THREADS);
+        let threads = block_threads(&info, &**kernel.kernel(), forced, THREADS);
         let (max_blocks, threads) = resident_grid(&info, threads);
         let small_threads = match forced {
             Some(_) => threads,
@@ -130,6 +137,6 @@ impl Algorithm for Direct {
         tracing::trace!(collective = c.kind.name(), count = c.count, dtype = %c.dtype, op = %c.op, ?cfg, chunk = plan.chunk_bytes, "launch direct");
         // SAFETY: the caller's checked slices (kept alive until the stream passes the call) and
         // the direct scratch mappings held in `self`.
-        unsafe { stream.launch_raw(&*self.kernel, cfg, args.as_bytes()) }
+        unsafe { self.kernel.launch(stream, cfg, &args) }
     }
 }

@@ -1,18 +1,23 @@
 //! LL packets: every rank writes 16-byte packets (8 data bytes and a flag) into its slot of each
 //! peer's scratch, and the peers poll for the flag; no separate signalling. Every collective at
 //! every size, in rounds of one slot. The scratch and flag counter here serve the short LL
-//! kernels and LL128 too.
+//! kernels and LL128 too, as does the module of `kernels/collectives/ll.cu` ([`module`]).
+//!
+#![doc = include_str!("spec.md")]
 
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::collective::LL_STATE_BYTES;
-use mscclpp_hal::{
-    CollectiveKind, DeviceBuffer, Kernel, KernelArgs, KernelId, LaunchConfig, LlCollectiveArgs,
-    MemoryKind, Result, Stream,
-};
+use mscclpp_hal::{DeviceBuffer, KernelId, LaunchConfig, MemoryKind, Result, Stream, TypedKernel};
 
-use super::{Algorithm, AlgorithmId, Plan};
+pub(crate) mod args;
+pub(crate) mod host;
+pub(crate) mod module;
+
+pub(crate) use args::{LL_STATE_BYTES, LlCollectiveArgs};
+
+use super::{Algorithm, AlgorithmId, Plan, load};
+use crate::CollectiveKind;
 use crate::call::Checked;
 use crate::scratch::Scratch;
 
@@ -95,10 +100,10 @@ impl LlScratch {
     ///
     /// # Safety
     ///
-    /// As [`Algorithm::launch`]; `kernel` takes [`LlCollectiveArgs`].
+    /// As [`Algorithm::launch`].
     pub unsafe fn launch(
         &self,
-        kernel: &dyn Kernel,
+        kernel: &TypedKernel<LlCollectiveArgs>,
         call: &Checked,
         cfg: LaunchConfig,
         stream: &dyn Stream,
@@ -109,7 +114,7 @@ impl LlScratch {
         // SAFETY: the addresses are the caller's checked slices (kept alive by the caller until
         // the stream passes the call), this communicator's scratch and flag, and the peers'
         // scratch mappings, all held in `self`.
-        unsafe { stream.launch_raw(kernel, cfg, args.as_bytes()) }
+        unsafe { kernel.launch(stream, cfg, &args) }
     }
 }
 
@@ -180,31 +185,30 @@ pub(crate) fn ll_grid(
 pub(crate) struct Ll {
     shared: Arc<LlScratch>,
     grid: LlGrid,
-    copy: Arc<dyn Kernel>,
+    copy: TypedKernel<LlCollectiveArgs>,
     /// Indexed by `dtype * 5 + op`.
-    reduce: Vec<Arc<dyn Kernel>>,
+    reduce: Vec<TypedKernel<LlCollectiveArgs>>,
 }
 
 impl Ll {
     pub fn new(comm: &Communicator, shared: Arc<LlScratch>, grid: LlGrid) -> Result<Ll> {
-        let device = comm.device();
         Ok(Ll {
-            copy: device.load_kernel(KernelId::COLLECTIVE_LL_COPY)?,
-            reduce: load_all(comm, &KernelId::COLLECTIVE_LL_REDUCE)?,
+            copy: load(comm, &module::MODULE, module::COPY)?,
+            reduce: load_all(comm, &module::REDUCE)?,
             shared,
             grid,
         })
     }
 }
 
-/// The kernels of a table by element type and operator, in `dtype * 5 + op` order.
+/// The kernels of the LL module by element type and operator, in `dtype * 5 + op` order.
 pub(crate) fn load_all(
     comm: &Communicator,
     ids: &[[KernelId; 5]; 5],
-) -> Result<Vec<Arc<dyn Kernel>>> {
+) -> Result<Vec<TypedKernel<LlCollectiveArgs>>> {
     ids.iter()
         .flatten()
-        .map(|&id| comm.device().load_kernel(id))
+        .map(|&id| load(comm, &module::MODULE, id))
         .collect()
 }
 
@@ -227,8 +231,8 @@ impl Algorithm for Ll {
         } else {
             &self.copy
         };
-        // SAFETY: the caller's contract; the kernel takes the LL arguments.
-        unsafe { self.shared.launch(&**kernel, call, plan.config, stream) }
+        // SAFETY: the caller's contract.
+        unsafe { self.shared.launch(kernel, call, plan.config, stream) }
     }
 }
 

@@ -6,21 +6,30 @@
 //! NVLink; the host, whose kernel orders each line's flag after its data), and on GPUs only for
 //! two ranks on their own devices, the configuration verified correct. With four ranks on two
 //! GPUs a line was once seen with its flag but not all of its data (docs/performance.md).
+//!
+//! The kernel is an entry point of the LL module (`ll/module.rs`, `kernels/collectives/ll.cu`)
+//! and takes its [`LlCollectiveArgs`]; its host kernel is [`host`].
+//!
+#![doc = include_str!("spec.md")]
 
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::collective::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES};
-use mscclpp_hal::{
-    CollectiveKind, DeviceInfo, Kernel, KernelId, LaunchConfig, LlCollectiveArgs, Result, Stream,
-};
+use mscclpp_hal::{DeviceInfo, KernelId, LaunchConfig, Result, Stream, TypedKernel};
 
-use super::ll::LlScratch;
-use super::{Algorithm, AlgorithmId, Plan, block_threads};
+pub(crate) mod host;
+
+use super::ll::args::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES};
+use super::ll::{LlCollectiveArgs, LlScratch, module::MODULE};
+use super::{Algorithm, AlgorithmId, Plan, block_threads, load};
+use crate::CollectiveKind;
 use crate::call::Checked;
 
+/// All-reduce by LL128 lines (one round).
+pub(crate) const ALLREDUCE: KernelId = KernelId("mscclpp_collective_ll128_allreduce");
+
 /// The LL128 kernel and its block size, before the LL scratch exists.
-pub(crate) type Candidate = (Arc<dyn Kernel>, u32);
+pub(crate) type Candidate = (TypedKernel<LlCollectiveArgs>, u32);
 
 /// The LL128 kernel where every rank can use it, decided alike on every rank (a collective
 /// call: a rank that sends lines to one expecting packets would hang it). `ll_threads` is
@@ -32,9 +41,9 @@ pub(crate) fn candidate(
 ) -> Result<Option<Candidate>> {
     let device = comm.device();
     let mine = if device.info().caps.ll128 && slot_bytes % LL128_LINE_BYTES == 0 {
-        match device.load_kernel(KernelId::COLLECTIVE_LL128_ALLREDUCE) {
+        match load(comm, &MODULE, ALLREDUCE) {
             Ok(k) => {
-                let threads = block_threads(device.info(), &*k, ll_threads, 512);
+                let threads = block_threads(device.info(), &**k.kernel(), ll_threads, 512);
                 Some((k, threads))
             }
             Err(e) => {
@@ -64,7 +73,7 @@ pub(crate) fn candidate(
 #[derive(Debug)]
 pub(crate) struct Ll128 {
     shared: Arc<LlScratch>,
-    kernel: Arc<dyn Kernel>,
+    kernel: TypedKernel<LlCollectiveArgs>,
     threads: u32,
     /// Bytes a call carries at most (one round).
     round_bytes: u64,
@@ -109,7 +118,7 @@ impl Algorithm for Ll128 {
     }
 
     unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
-        // SAFETY: the caller's contract; the kernel takes the LL arguments.
-        unsafe { self.shared.launch(&*self.kernel, call, plan.config, stream) }
+        // SAFETY: the caller's contract.
+        unsafe { self.shared.launch(&self.kernel, call, plan.config, stream) }
     }
 }

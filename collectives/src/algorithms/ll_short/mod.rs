@@ -2,26 +2,45 @@
 //! rank block, so no thread loops and no grid barrier is needed. They run the same protocol on
 //! the same scratch and flag as the general LL kernels, so ranks may differ in which they take.
 //! Broadcast keeps its acknowledgements in the general kernel.
+//!
+//! The kernels are entry points of the LL module (`ll/module.rs`, `kernels/collectives/ll.cu`)
+//! and take its [`LlCollectiveArgs`]; on the host the LL host kernel (`ll/host.rs`) serves them,
+//! since the protocol is the same.
+//!
+#![doc = include_str!("spec.md")]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{CollectiveKind, Kernel, KernelId, LaunchConfig, Result, Stream};
+use mscclpp_hal::{KernelId, LaunchConfig, Result, Stream, TypedKernel};
 
-use super::ll::{LlGrid, LlScratch, load_all};
-use super::{Algorithm, AlgorithmId, Plan};
+use super::ll::module::{MODULE, by_type_and_op};
+use super::ll::{LlCollectiveArgs, LlGrid, LlScratch, load_all};
+use super::{Algorithm, AlgorithmId, Plan, load};
+use crate::CollectiveKind;
 use crate::call::Checked;
+
+/// The short all-reduce, one per element type and operator (by their codes).
+pub(crate) const ALLREDUCE: [[KernelId; 5]; 5] =
+    by_type_and_op!("mscclpp_collective_ll_short_allreduce");
+/// The short reduce-scatter, one per element type and operator.
+pub(crate) const REDUCE_SCATTER: [[KernelId; 5]; 5] =
+    by_type_and_op!("mscclpp_collective_ll_short_reduce_scatter");
+/// The short all-gather (any type: it copies bytes).
+pub(crate) const ALLGATHER: KernelId = KernelId("mscclpp_collective_ll_short_allgather");
+/// The short all-to-all (any type).
+pub(crate) const ALLTOALL: KernelId = KernelId("mscclpp_collective_ll_short_alltoall");
 
 #[derive(Debug)]
 pub(crate) struct LlShort {
     shared: Arc<LlScratch>,
     grid: LlGrid,
     /// All-reduce and reduce-scatter indexed by `dtype * 5 + op`.
-    allreduce: Vec<Arc<dyn Kernel>>,
-    reduce_scatter: Vec<Arc<dyn Kernel>>,
-    allgather: Arc<dyn Kernel>,
-    alltoall: Arc<dyn Kernel>,
+    allreduce: Vec<TypedKernel<LlCollectiveArgs>>,
+    reduce_scatter: Vec<TypedKernel<LlCollectiveArgs>>,
+    allgather: TypedKernel<LlCollectiveArgs>,
+    alltoall: TypedKernel<LlCollectiveArgs>,
     /// `MSCCLPP_LL_SHORT`, [`crate::Collectives::use_short_kernels`]; per rank.
     enabled: AtomicBool,
 }
@@ -33,12 +52,11 @@ impl LlShort {
         grid: LlGrid,
         enabled: bool,
     ) -> Result<LlShort> {
-        let device = comm.device();
         Ok(LlShort {
-            allreduce: load_all(comm, &KernelId::COLLECTIVE_LL_SHORT_ALLREDUCE)?,
-            reduce_scatter: load_all(comm, &KernelId::COLLECTIVE_LL_SHORT_REDUCE_SCATTER)?,
-            allgather: device.load_kernel(KernelId::COLLECTIVE_LL_SHORT_ALLGATHER)?,
-            alltoall: device.load_kernel(KernelId::COLLECTIVE_LL_SHORT_ALLTOALL)?,
+            allreduce: load_all(comm, &ALLREDUCE)?,
+            reduce_scatter: load_all(comm, &REDUCE_SCATTER)?,
+            allgather: load(comm, &MODULE, ALLGATHER)?,
+            alltoall: load(comm, &MODULE, ALLTOALL)?,
             enabled: AtomicBool::new(enabled),
             shared,
             grid,
@@ -90,8 +108,8 @@ impl Algorithm for LlShort {
                 ));
             }
         };
-        // SAFETY: the caller's contract; the kernel takes the LL arguments.
-        unsafe { self.shared.launch(&**kernel, call, plan.config, stream) }
+        // SAFETY: the caller's contract.
+        unsafe { self.shared.launch(kernel, call, plan.config, stream) }
     }
 }
 

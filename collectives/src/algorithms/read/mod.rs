@@ -2,17 +2,25 @@
 //! place in buffers registered with [`crate::Collectives::register`] (mapped once, at
 //! registration), else from a staging copy. Ranks may differ in whether their input is
 //! registered: each tells the others in the call. Never chosen by size (it did not beat LL or
-//! direct at any size measured, docs/performance.md); it serves when forced.
-
-use std::sync::Arc;
+//! direct at any size measured, docs/performance.md); it serves when forced. Its kernel is in
+//! `kernels/collectives/direct.cu` (the module of `direct/module.rs`), its host kernel in
+//! [`host`].
+//!
+#![doc = include_str!("spec.md")]
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::collective::{MAX_RANKS, ReadCollectiveArgs};
-use mscclpp_hal::{
-    BufferSlice, CollectiveKind, Error, Kernel, KernelArgs, KernelId, LaunchConfig, Result, Stream,
-};
+use mscclpp_hal::{BufferSlice, Error, LaunchConfig, Result, Stream, TypedKernel};
 
-use super::{Algorithm, AlgorithmId, Plan, block_threads, optional_kernel, resident_grid};
+pub(crate) mod args;
+pub(crate) mod host;
+
+use args::ReadCollectiveArgs;
+
+use super::direct::module::{MODULE, READ_ALLREDUCE};
+use super::{
+    Algorithm, AlgorithmId, MAX_RANKS, Plan, block_threads, optional_kernel, resident_grid,
+};
+use crate::CollectiveKind;
 use crate::call::Checked;
 use crate::policy::Settings;
 use crate::scratch::{Scratch, agree};
@@ -29,7 +37,7 @@ pub(crate) struct Read {
     windows: Windows,
     max_blocks: u32,
     threads: u32,
-    kernel: Arc<dyn Kernel>,
+    kernel: TypedKernel<ReadCollectiveArgs>,
 }
 
 impl Read {
@@ -38,11 +46,10 @@ impl Read {
     pub fn setup(comm: &Communicator, settings: &Settings) -> Result<Option<Read>> {
         let info = comm.device().info().clone();
         const SETTINGS: &str = "read algorithm settings";
-        let Some(kernel) = optional_kernel(comm, KernelId::COLLECTIVE_READ_ALLREDUCE, SETTINGS)?
-        else {
+        let Some(kernel) = optional_kernel(comm, &MODULE, READ_ALLREDUCE, SETTINGS)? else {
             return Ok(None);
         };
-        let threads = block_threads(&info, &*kernel, settings.read_threads, THREADS);
+        let threads = block_threads(&info, &**kernel.kernel(), settings.read_threads, THREADS);
         let (max_blocks, threads) = resident_grid(&info, threads);
         agree(
             comm,
@@ -136,6 +143,6 @@ impl Algorithm for Read {
         // SAFETY: the caller's checked slices (kept alive until the stream passes the call), the
         // read scratch, table and window mappings held in `self` (a window stays mapped until
         // deregistered, which the caller does only after its calls have finished).
-        unsafe { stream.launch_raw(&*self.kernel, cfg, args.as_bytes()) }
+        unsafe { self.kernel.launch(stream, cfg, &args) }
     }
 }

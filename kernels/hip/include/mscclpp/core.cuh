@@ -1,9 +1,9 @@
 // mscclpp device API — HIP primitives: integer types, atomics with explicit order and scope,
 // fences, volatile packet stores, (no) multicast, and a bounded spin.
 //
-// The only vendor-specific header: every other header of the device API is byte-identical to its
-// CUDA twin in kernels/cuda/include/mscclpp (a test in backends/rocm checks) and builds on the
-// names below. hipRTC provides the HIP runtime declarations implicitly; hipcc gets them from
+// The only vendor-specific header (with its CUDA twin, kernels/cuda/include/mscclpp/core.cuh):
+// every other header of the device API, in kernels/include/mscclpp, is shared by both vendors (a
+// test in backends/gpu checks that nothing else is per vendor) and builds on the names below. hipRTC provides the HIP runtime declarations implicitly; hipcc gets them from
 // <hip/hip_runtime.h>. AMD CDNA GPUs run wavefronts of 64 lanes.
 #pragma once
 

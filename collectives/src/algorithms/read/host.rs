@@ -1,6 +1,6 @@
-//! The host backend's `mscclpp_collective_read_allreduce`: all-reduce by reading every peer's
-//! input where it lies (a registered window or the peer's staging area), exactly as
-//! `hal::collective` specifies (and as `kernels/{cuda,hip}/collectives_direct.*` do).
+//! The host kernel of `mscclpp_collective_read_allreduce`: all-reduce by reading every peer's
+//! input where it lies (a registered window or the peer's staging area), exactly as `spec.md`
+//! specifies and as `kernels/collectives/direct.cu` does.
 //!
 //! One worker runs the grid's blocks one after the other (block `b` synchronises only with block
 //! `b` of the peers, which run their blocks in the same order). The host has no registers to
@@ -9,19 +9,20 @@
 
 use std::sync::atomic::{Ordering, fence};
 
-use mscclpp_hal::collective::{
-    MAX_RANKS, MAX_WINDOWS, ReadCollectiveArgs, WINDOW_TABLE_BYTES, split_read_key,
-};
 use mscclpp_hal::dev::{DEFAULT_WAIT, LL16Packet};
 use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, ReduceOp, Result};
 
-use crate::collectives_direct::{copy, reduce_ranks, word};
+use super::args::{MAX_WINDOWS, ReadCollectiveArgs, WINDOW_TABLE_BYTES, split_read_key};
+use crate::algorithms::MAX_RANKS;
+use crate::algorithms::host_common::{
+    check_grid_and_scratch, check_ranks, copy, reduce_ranks, word,
+};
 
 fn check(a: &ReadCollectiveArgs, blocks: u64) -> Result<(DataType, ReduceOp)> {
     let dtype = DataType::from_code(a.dtype)?;
     let op = ReduceOp::from_code(a.op)?;
-    crate::collectives::check_ranks("read all-reduce", a.rank, a.nranks)?;
-    crate::collectives::check_grid_and_scratch(
+    check_ranks("read all-reduce", a.rank, a.nranks)?;
+    check_grid_and_scratch(
         "read all-reduce",
         blocks,
         a.max_blocks,

@@ -1,16 +1,18 @@
-//! The host backend's `mscclpp_collective_ll128_allreduce`: all-reduce of one round in LL128
-//! lines (120 data bytes and a flag word per 128), exactly as `hal::collective` specifies (and
-//! as `kernels/{cuda,hip}/collectives.cu` does). The flag word is stored after the line's data
+//! The host kernel of `mscclpp_collective_ll128_allreduce`: all-reduce of one round in LL128
+//! lines (120 data bytes and a flag word per 128), exactly as `spec.md` specifies and as
+//! `kernels/collectives/ll.cu` does. The flag word is stored after the line's data
 //! with release order and loaded before it with acquire order, which is what makes a line whole
 //! here; the GPU kernels get the same from one 128-byte store and load per line.
 
 use std::sync::atomic::Ordering;
 
-use mscclpp_hal::collective::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES, MAX_RANKS};
 use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
-use mscclpp_hal::{CollectiveKind, Error, KernelArgs, LaunchConfig, LlCollectiveArgs, Result};
+use mscclpp_hal::{Error, KernelArgs, LaunchConfig, Result};
 
-use crate::collectives_direct::{copy, reduce_ranks, store, word};
+use crate::CollectiveKind;
+use crate::algorithms::MAX_RANKS;
+use crate::algorithms::host_common::{copy, reduce_ranks, store, word};
+use crate::algorithms::ll::args::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES, LlCollectiveArgs};
 
 /// The flag word of flag `f`: its low 32 bits in both halves.
 fn flag_word(f: u64) -> u64 {
@@ -21,7 +23,7 @@ fn flag_word(f: u64) -> u64 {
 /// The host kernel.
 pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     let a = LlCollectiveArgs::from_bytes(args)?;
-    let (kind, dtype, op) = crate::collectives::check(&a)?;
+    let (kind, dtype, op) = crate::algorithms::ll::host::check(&a)?;
     let (rank, n) = (a.rank as usize, a.nranks as usize);
     if kind != CollectiveKind::AllReduce {
         return Err(Error::invalid(format!(
@@ -53,7 +55,7 @@ pub fn collective_ll128_allreduce(_cfg: &LaunchConfig, args: &[u8]) -> Result<()
     }
     let f = base + 1;
     let fw = flag_word(f);
-    // The LL128 halves follow the two LL halves (see `hal::collective`).
+    // The LL128 halves follow the two LL halves (see `spec.md`).
     let half = (2 + f % 2) * MAX_RANKS as u64 * a.slot_bytes;
     let lines = bytes.div_ceil(LL128_LINE_DATA_BYTES);
     let line_of = |dst_scratch: u64, src: usize, line: u64| {

@@ -1,6 +1,6 @@
-//! The host backend's `mscclpp_collective_direct`: every collective by plain copies into the
-//! peers' scratch and per-block flag words, exactly as `hal::collective`
-//! specifies (and as `kernels/{cuda,hip}/collectives_direct.*` do).
+//! The host kernel of `mscclpp_collective_direct`: every collective by plain copies into the
+//! peers' scratch and per-block flag words, exactly as `spec.md` specifies and as
+//! `kernels/collectives/direct.cu` does.
 //!
 //! One worker does everything: it runs the grid's blocks one after the other (blocks are
 //! independent in this algorithm: block `b` synchronises only with block `b` of the peers, which
@@ -8,11 +8,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mscclpp_hal::collective::DirectCollectiveArgs;
 use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
-use mscclpp_hal::{CollectiveKind, DataType, Error, KernelArgs, LaunchConfig, ReduceOp, Result};
+use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, ReduceOp, Result};
 
-use crate::collectives::{combine_word, divide_word};
+use super::args::DirectCollectiveArgs;
+use crate::CollectiveKind;
+use crate::algorithms::host_common::{
+    check_grid_and_scratch, check_ranks, copy, reduce_ranks, store, word,
+};
 
 fn check(a: &DirectCollectiveArgs, blocks: u64) -> Result<(CollectiveKind, DataType, ReduceOp)> {
     let kind = CollectiveKind::from_code(a.kind)?;
@@ -24,7 +27,7 @@ fn check(a: &DirectCollectiveArgs, blocks: u64) -> Result<(CollectiveKind, DataT
             a.root, a.nranks
         )));
     }
-    crate::collectives::check_ranks("direct collective", a.rank, a.nranks)?;
+    check_ranks("direct collective", a.rank, a.nranks)?;
     if a.chunk_bytes == 0
         || a.chunk_bytes % 16 != 0
         || a.slot_bytes % 16 != 0
@@ -35,7 +38,7 @@ fn check(a: &DirectCollectiveArgs, blocks: u64) -> Result<(CollectiveKind, DataT
             a.chunk_bytes, a.slot_bytes
         )));
     }
-    crate::collectives::check_grid_and_scratch(
+    check_grid_and_scratch(
         "direct collective",
         blocks,
         a.max_blocks,
@@ -47,86 +50,9 @@ fn check(a: &DirectCollectiveArgs, blocks: u64) -> Result<(CollectiveKind, DataT
     Ok((kind, dtype, op))
 }
 
-/// The atomic word at `scratch + off`.
-pub(crate) fn word<'a>(scratch: u64, off: u64) -> &'a AtomicU64 {
-    // SAFETY: every flag/counter offset of the layout is 8-aligned inside a scratch buffer that
-    // the launcher vouched for (`scratch_bytes`), and those words are only accessed atomically.
-    unsafe { mscclpp_hal::dev::atomic_u64_at(scratch + off) }
-}
-
 /// Waits until the word is at least `seq`.
 fn wait_ge(w: &AtomicU64, seq: u64, what: impl Fn() -> String) -> Result<()> {
     spin_until(DEFAULT_WAIT, what, || w.load(Ordering::Acquire) >= seq)
-}
-
-/// Copies `len` bytes (non-overlapping or identical ranges).
-///
-/// # Safety
-/// Both ranges must be valid for `len` bytes.
-pub(crate) unsafe fn copy(dst: u64, src: u64, len: u64) {
-    if dst != src && len > 0 {
-        // SAFETY: caller's contract; distinct ranges of distinct buffers (user buffer vs scratch,
-        // or the disjoint pieces of the protocol).
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len as usize) };
-    }
-}
-
-/// Reads up to 8 bytes at `addr` into a zero-padded word.
-///
-/// # Safety
-/// `addr..addr + len` must be readable.
-pub(crate) unsafe fn load(addr: u64, len: u64) -> u64 {
-    let mut w = [0u8; 8];
-    // SAFETY: caller's contract; at most 8 bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(addr as *const u8, w.as_mut_ptr(), len.min(8) as usize)
-    };
-    u64::from_le_bytes(w)
-}
-
-/// Writes the first `len` bytes of `w` at `addr`.
-///
-/// # Safety
-/// `addr..addr + len` must be writable.
-pub(crate) unsafe fn store(addr: u64, w: u64, len: u64) {
-    let b = w.to_le_bytes();
-    // SAFETY: caller's contract; at most 8 bytes.
-    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), addr as *mut u8, len.min(8) as usize) };
-}
-
-/// The reduction, in rank order, of `len` bytes of each of `n` ranks (rank `p`'s at `src(p)`),
-/// 8 bytes at a time, `Avg` divided at the end: `sink(at, word, nb)` receives the `nb` bytes at
-/// offset `at` of the result (after every rank's bytes there were read).
-///
-/// # Safety
-/// `src(p)..src(p) + len` must be readable for every `p < n`.
-pub(crate) unsafe fn reduce_ranks(
-    n: usize,
-    len: u64,
-    dtype: DataType,
-    op: ReduceOp,
-    src: impl Fn(usize) -> u64,
-    mut sink: impl FnMut(u64, u64, u64),
-) {
-    let mut at = 0;
-    while at < len {
-        let nb = (len - at).min(8);
-        let mut acc = 0u64;
-        for p in 0..n {
-            // SAFETY: `at + nb <= len` (caller's contract).
-            let v = unsafe { load(src(p) + at, nb) };
-            acc = if p == 0 {
-                v
-            } else {
-                combine_word(acc, v, dtype, op)
-            };
-        }
-        if op == ReduceOp::Avg {
-            acc = divide_word(acc, dtype, n as u32);
-        }
-        sink(at, acc, nb);
-        at += nb;
-    }
 }
 
 /// One block's view of a call.
@@ -270,7 +196,7 @@ impl Call<'_> {
     }
 
     /// Step `k` of the one-phase kinds: its push (and the own part of the output), then the
-    /// signal — which every rank gives, even one that sent nothing (see `hal::collective`).
+    /// signal — which every rank gives, even one that sent nothing (see `spec.md`).
     fn one_phase_push(&self, kind: CollectiveKind, k: u64, seq: u64) {
         let h = DirectCollectiveArgs::buffer_of(seq);
         let (off, len) = self.step(k);
@@ -390,9 +316,10 @@ pub fn collective_direct(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::HostBackend;
-    use mscclpp_hal::collective::MAX_RANKS;
+    use crate::algorithms::MAX_RANKS;
+    use crate::algorithms::host_common::{combine_word, divide_word};
     use mscclpp_hal::{Backend, DeviceBuffer, MemoryKind};
+    use mscclpp_host::HostBackend;
 
     const MAX_BLOCKS: u32 = 4;
     const SLOT: u64 = 64;

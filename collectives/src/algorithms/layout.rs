@@ -1,0 +1,85 @@
+//! The layouts of the collectives' argument structs, checked against
+//! `kernels/collectives/args_check.h`: that header, generated from them, `static_assert`s every
+//! size and offset in every compile of the collective modules.
+
+use std::path::Path;
+
+use mscclpp_hal::dev::layout::{LayoutEntry, check_header, header};
+use mscclpp_hal::layout_entry;
+
+use super::direct::args::DirectCollectiveArgs;
+use super::ll::args::LlCollectiveArgs;
+use super::read::args::ReadCollectiveArgs;
+
+fn layout_table() -> Vec<LayoutEntry> {
+    vec![
+        layout_entry!(LlCollectiveArgs {
+            input,
+            output,
+            count,
+            flag,
+            scratch,
+            slot_bytes,
+            peer_scratch,
+            kind,
+            dtype,
+            op,
+            rank,
+            nranks,
+            root,
+        }),
+        layout_entry!(DirectCollectiveArgs {
+            input,
+            output,
+            count,
+            scratch,
+            slot_bytes,
+            chunk_bytes,
+            peer_scratch,
+            kind,
+            dtype,
+            op,
+            rank,
+            nranks,
+            root,
+            max_blocks,
+            _pad,
+        }),
+        layout_entry!(ReadCollectiveArgs {
+            input,
+            output,
+            count,
+            scratch,
+            table,
+            in_key,
+            staging_bytes,
+            peer_scratch,
+            dtype,
+            op,
+            rank,
+            nranks,
+            max_blocks,
+            _pad,
+        }),
+    ]
+}
+
+#[test]
+fn committed_args_check_header_matches_the_rust_layouts() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/collectives/args_check.h");
+    let expected = header(
+        "collectives/src/algorithms/*/args.rs (collectives/src/algorithms/layout.rs; regenerate \
+         with MSCCLPP_BLESS_LAYOUT=1 cargo test -p mscclpp-collectives layout)",
+        &layout_table(),
+    );
+    if let Err(e) = check_header(&path, &expected) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn argument_structs_have_no_implicit_padding() {
+    for e in layout_table() {
+        assert_eq!(e.size % e.align, 0, "{}", e.name);
+    }
+}

@@ -1,0 +1,70 @@
+// Argument structs of the collective kernels (collectives/src/algorithms/{ll,direct,read}/args.rs:
+// LlCollectiveArgs, DirectCollectiveArgs, ReadCollectiveArgs; checked against them by
+// collectives/args_check.h). Vendor-neutral.
+#pragma once
+
+#include "mscclpp/core.cuh"
+
+namespace mscclpp {
+
+// mscclpp_collective_ll_*: every collective through LL packets in scratch buffers
+// (collectives/src/algorithms/ll/spec.md documents the algorithm and the scratch layout).
+constexpr uint32_t kCollectiveMaxRanks = 8;
+struct LlCollectiveArgs {
+  uint64_t input;
+  uint64_t output;
+  uint64_t count;
+  uint64_t flag;
+  uint64_t scratch;
+  uint64_t slot_bytes;
+  uint64_t peer_scratch[kCollectiveMaxRanks];
+  uint32_t kind;
+  uint32_t dtype;
+  uint32_t op;
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t root;
+};
+
+// mscclpp_collective_direct: all-reduce, all-gather and reduce-scatter through plain stores into
+// the peers' scratch, pipelined in steps (collectives/src/algorithms/direct/spec.md documents the
+// protocol and the scratch layout).
+struct DirectCollectiveArgs {
+  uint64_t input;
+  uint64_t output;
+  uint64_t count;
+  uint64_t scratch;
+  uint64_t slot_bytes;
+  uint64_t chunk_bytes;
+  uint64_t peer_scratch[kCollectiveMaxRanks];
+  uint32_t kind;
+  uint32_t dtype;
+  uint32_t op;
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t root;
+  uint32_t max_blocks;
+  uint32_t _pad;
+};
+
+// Arguments of mscclpp_collective_read_allreduce: every rank reads the peers' inputs where they
+// lie and reduces locally (collectives/src/algorithms/read/spec.md documents the protocol, the
+// windows and the scratch layout).
+struct ReadCollectiveArgs {
+  uint64_t input;
+  uint64_t output;
+  uint64_t count;
+  uint64_t scratch;
+  uint64_t table;
+  uint64_t in_key;
+  uint64_t staging_bytes;
+  uint64_t peer_scratch[kCollectiveMaxRanks];
+  uint32_t dtype;
+  uint32_t op;
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t max_blocks;
+  uint32_t _pad;
+};
+
+}  // namespace mscclpp

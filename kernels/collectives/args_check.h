@@ -1,0 +1,63 @@
+// Generated from the Rust definitions in collectives/src/algorithms/*/args.rs (collectives/src/algorithms/layout.rs; regenerate with MSCCLPP_BLESS_LAYOUT=1 cargo test -p mscclpp-collectives layout).
+// Do not edit: a test fails when this file and the Rust layouts disagree.
+#pragma once
+
+// NVRTC's front end has no __builtin_offsetof (nor <cstddef>); it has __INTADDR__.
+#if defined(__CUDACC_RTC__)
+#define MSCCLPP_LAYOUT_OFFSETOF(type, field) __INTADDR__(&((type*)0)->field)
+#else
+#define MSCCLPP_LAYOUT_OFFSETOF(type, field) __builtin_offsetof(type, field)
+#endif
+
+static_assert(sizeof(mscclpp::LlCollectiveArgs) == 136, "size of LlCollectiveArgs");
+static_assert(alignof(mscclpp::LlCollectiveArgs) == 8, "alignment of LlCollectiveArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, input) == 0, "offset of LlCollectiveArgs::input");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, output) == 8, "offset of LlCollectiveArgs::output");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, count) == 16, "offset of LlCollectiveArgs::count");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, flag) == 24, "offset of LlCollectiveArgs::flag");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, scratch) == 32, "offset of LlCollectiveArgs::scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, slot_bytes) == 40, "offset of LlCollectiveArgs::slot_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, peer_scratch) == 48, "offset of LlCollectiveArgs::peer_scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, kind) == 112, "offset of LlCollectiveArgs::kind");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, dtype) == 116, "offset of LlCollectiveArgs::dtype");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, op) == 120, "offset of LlCollectiveArgs::op");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, rank) == 124, "offset of LlCollectiveArgs::rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, nranks) == 128, "offset of LlCollectiveArgs::nranks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, root) == 132, "offset of LlCollectiveArgs::root");
+
+static_assert(sizeof(mscclpp::DirectCollectiveArgs) == 144, "size of DirectCollectiveArgs");
+static_assert(alignof(mscclpp::DirectCollectiveArgs) == 8, "alignment of DirectCollectiveArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, input) == 0, "offset of DirectCollectiveArgs::input");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, output) == 8, "offset of DirectCollectiveArgs::output");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, count) == 16, "offset of DirectCollectiveArgs::count");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, scratch) == 24, "offset of DirectCollectiveArgs::scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, slot_bytes) == 32, "offset of DirectCollectiveArgs::slot_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, chunk_bytes) == 40, "offset of DirectCollectiveArgs::chunk_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, peer_scratch) == 48, "offset of DirectCollectiveArgs::peer_scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, kind) == 112, "offset of DirectCollectiveArgs::kind");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, dtype) == 116, "offset of DirectCollectiveArgs::dtype");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, op) == 120, "offset of DirectCollectiveArgs::op");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, rank) == 124, "offset of DirectCollectiveArgs::rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, nranks) == 128, "offset of DirectCollectiveArgs::nranks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, root) == 132, "offset of DirectCollectiveArgs::root");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, max_blocks) == 136, "offset of DirectCollectiveArgs::max_blocks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, _pad) == 140, "offset of DirectCollectiveArgs::_pad");
+
+static_assert(sizeof(mscclpp::ReadCollectiveArgs) == 144, "size of ReadCollectiveArgs");
+static_assert(alignof(mscclpp::ReadCollectiveArgs) == 8, "alignment of ReadCollectiveArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, input) == 0, "offset of ReadCollectiveArgs::input");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, output) == 8, "offset of ReadCollectiveArgs::output");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, count) == 16, "offset of ReadCollectiveArgs::count");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, scratch) == 24, "offset of ReadCollectiveArgs::scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, table) == 32, "offset of ReadCollectiveArgs::table");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, in_key) == 40, "offset of ReadCollectiveArgs::in_key");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, staging_bytes) == 48, "offset of ReadCollectiveArgs::staging_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, peer_scratch) == 56, "offset of ReadCollectiveArgs::peer_scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, dtype) == 120, "offset of ReadCollectiveArgs::dtype");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, op) == 124, "offset of ReadCollectiveArgs::op");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, rank) == 128, "offset of ReadCollectiveArgs::rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, nranks) == 132, "offset of ReadCollectiveArgs::nranks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, max_blocks) == 136, "offset of ReadCollectiveArgs::max_blocks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, _pad) == 140, "offset of ReadCollectiveArgs::_pad");
+
+#undef MSCCLPP_LAYOUT_OFFSETOF

@@ -1,0 +1,334 @@
+//! Compiles every kernel module the library owns — the collectives' (`mscclpp-collectives`), the
+//! benchmark kernels (`mscclpp`), the conformance kernels (this crate) and the device-API check —
+//! through each GPU backend's own run-time compile path (NVRTC for sm_80, sm_90 and sm_100;
+//! hipRTC for gfx90a and gfx908) and with `hipcc` from the files on disk, failing on errors and
+//! on warnings. No device is needed. Without the compiler a test prints "skipped: <reason>" and
+//! returns — unless `MSCCLPP_REQUIRE_NVRTC=1` / `MSCCLPP_REQUIRE_HIPRTC=1` /
+//! `MSCCLPP_REQUIRE_HIPCC=1` (CI, through `ci/install-toolchains.sh`), where it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use mscclpp::hal::KernelModule;
+
+/// Writes a line straight to the process's stderr, past the test harness's output capture, so
+/// that "skipped: ..." and the compile summary show in every `cargo test` run (CI logs included).
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Every module with a device source, each named by its path under `kernels/`.
+fn modules() -> Vec<&'static KernelModule> {
+    let mut all: Vec<&'static KernelModule> = mscclpp::collectives::MODULES.to_vec();
+    all.push(&mscclpp::bench_kernels::MODULE);
+    all.push(&mscclpp_conformance::kernels::MODULE);
+    all.push(&mscclpp_gpu::device_api::DEVICE_API_CHECK);
+    all
+}
+
+fn kernels_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels")
+}
+
+fn required(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v == "1")
+}
+
+fn has_warning(log: &str) -> bool {
+    log.to_lowercase().contains("warning")
+}
+
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn log_suffix(log: &str) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!("; log:\n{log}")
+    }
+}
+
+/// Every `.cu` file under `dir`, as paths relative to `root`.
+fn device_sources(root: &Path, dir: &Path, out: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            device_sources(root, &path, out);
+        } else if path.extension().is_some_and(|e| e == "cu") {
+            let rel = path.strip_prefix(root).unwrap();
+            out.push(rel.to_string_lossy().replace('\\', "/"));
+        }
+    }
+}
+
+#[test]
+fn every_device_source_on_disk_is_a_module_and_matches_it() {
+    let root = kernels_dir();
+    let mut on_disk = Vec::new();
+    device_sources(&root, &root, &mut on_disk);
+    on_disk.sort();
+    let mut listed: Vec<String> = modules().iter().map(|m| m.name.to_string()).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed, "kernels/**/*.cu and the modules differ");
+    for m in modules() {
+        let text = std::fs::read_to_string(root.join(m.name)).unwrap();
+        assert!(text == m.source, "{}: the embedded source is stale", m.name);
+        for k in m.kernels {
+            let def = format!("extern \"C\" __global__ void {}(", k.id);
+            assert!(
+                m.source.contains(&def),
+                "{} does not define {}",
+                m.name,
+                k.id
+            );
+        }
+        for (name, contents) in m.headers {
+            let text = std::fs::read_to_string(root.join(name)).unwrap();
+            assert!(text == *contents, "{}: header {name} is stale", m.name);
+        }
+    }
+}
+
+#[test]
+fn nvrtc_compiles_every_module_for_sm80_sm90_sm100_or_skipped() {
+    #[cfg(feature = "cuda")]
+    nvrtc::compile_all();
+    #[cfg(not(feature = "cuda"))]
+    {
+        assert!(
+            !required("MSCCLPP_REQUIRE_NVRTC"),
+            "MSCCLPP_REQUIRE_NVRTC=1 but this build has no `cuda` feature"
+        );
+        report!("skipped: built without the `cuda` feature");
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod nvrtc {
+    use mscclpp::cuda::nvrtc;
+    use mscclpp_gpu::device_api::DEVICE_API_CHECK;
+
+    use super::*;
+
+    const ARCHS: &[&str] = &["sm_80", "sm_90", "sm_100"];
+
+    pub fn compile_all() {
+        let (major, minor) = match nvrtc::nvrtc_version() {
+            Ok(v) => v,
+            Err(e) if !required("MSCCLPP_REQUIRE_NVRTC") => {
+                report!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("MSCCLPP_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"),
+        };
+        report!(
+            "NVRTC {major}.{minor} ({})",
+            nvrtc::library_name().unwrap_or("?")
+        );
+        let mut failures = Vec::new();
+        let mut compiled = 0;
+        for module in modules() {
+            for arch in ARCHS {
+                let c = match nvrtc::compile_module(module, arch) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        failures.push(format!("{} for {arch}: {e}", module.name));
+                        continue;
+                    }
+                };
+                compiled += 1;
+                report!(
+                    "compiled {} for {arch} in {:.2} s: {} bytes of PTX, {} bytes of cubin{}",
+                    module.name,
+                    c.elapsed.as_secs_f64(),
+                    c.ptx.len(),
+                    c.cubin.as_ref().map_or(0, Vec::len),
+                    log_suffix(&c.log)
+                );
+                if has_warning(&c.log) {
+                    failures.push(format!("{} for {arch}: warnings:\n{}", module.name, c.log));
+                }
+                let ptx = String::from_utf8_lossy(&c.ptx);
+                if module.name == DEVICE_API_CHECK.name {
+                    // Multicast is generated from sm_90 on, and only there; LL16 packets are one
+                    // 16-byte store.
+                    let multimem = ptx.contains("multimem.ld_reduce.relaxed.sys.global.add.f32");
+                    if multimem != (*arch != "sm_80") {
+                        failures.push(format!("{arch}: multimem in the PTX: {multimem}"));
+                    }
+                    if !ptx.contains("st.volatile.global.v4.u32") {
+                        failures.push(format!("{arch}: no 16-byte packet store in the PTX"));
+                    }
+                }
+                for k in module.kernels {
+                    if !ptx.contains(&format!(".entry {}(", k.id)) {
+                        failures.push(format!(
+                            "{} for {arch}: no entry {} in the PTX",
+                            module.name, k.id
+                        ));
+                    }
+                }
+            }
+        }
+        report!(
+            "NVRTC: {compiled} compiles ({} modules x {} targets)",
+            modules().len(),
+            ARCHS.len()
+        );
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+}
+
+const HIP_ARCHS: &[&str] = &["gfx90a", "gfx908"];
+
+#[test]
+fn hiprtc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
+    #[cfg(feature = "rocm")]
+    hiprtc::compile_all();
+    #[cfg(not(feature = "rocm"))]
+    {
+        assert!(
+            !required("MSCCLPP_REQUIRE_HIPRTC"),
+            "MSCCLPP_REQUIRE_HIPRTC=1 but this build has no `rocm` feature"
+        );
+        report!("skipped: built without the `rocm` feature");
+    }
+}
+
+#[cfg(feature = "rocm")]
+mod hiprtc {
+    use mscclpp::rocm::hiprtc;
+
+    use super::*;
+
+    pub fn compile_all() {
+        let (major, minor) = match hiprtc::hiprtc_version() {
+            Ok(v) => v,
+            Err(e) if !required("MSCCLPP_REQUIRE_HIPRTC") => {
+                report!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("MSCCLPP_REQUIRE_HIPRTC=1 but hipRTC is unusable: {e}"),
+        };
+        report!(
+            "hipRTC {major}.{minor} ({})",
+            hiprtc::library_name().unwrap_or("?")
+        );
+        let mut failures = Vec::new();
+        let mut compiled = 0;
+        for module in modules() {
+            for arch in HIP_ARCHS {
+                let c = match hiprtc::compile_module(module, arch) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        failures.push(format!("{} for {arch}: {e}", module.name));
+                        continue;
+                    }
+                };
+                compiled += 1;
+                report!(
+                    "compiled {} for {arch} in {:.2} s: {} bytes of code object{}",
+                    module.name,
+                    c.elapsed.as_secs_f64(),
+                    c.code.len(),
+                    log_suffix(&c.log)
+                );
+                if has_warning(&c.log) {
+                    failures.push(format!("{} for {arch}: warnings:\n{}", module.name, c.log));
+                }
+                if !c.code.starts_with(b"\x7fELF") {
+                    failures.push(format!(
+                        "{} for {arch}: the code object is not an ELF",
+                        module.name
+                    ));
+                }
+                for k in module.kernels {
+                    let name = k.id.name().as_bytes();
+                    if !c.code.windows(name.len()).any(|w| w == name) {
+                        failures.push(format!(
+                            "{} for {arch}: no kernel {} in the code object",
+                            module.name, k.id
+                        ));
+                    }
+                }
+            }
+        }
+        report!(
+            "hipRTC: {compiled} compiles ({} modules x {} targets)",
+            modules().len(),
+            HIP_ARCHS.len()
+        );
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+}
+
+#[test]
+fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
+    let must = required("MSCCLPP_REQUIRE_HIPCC");
+    match Command::new("hipcc").arg("--version").output() {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let first = text
+                .lines()
+                .find(|l| l.contains("HIP version"))
+                .unwrap_or("");
+            report!("hipcc: {first}");
+        }
+        Ok(out) if !must => {
+            report!("skipped: hipcc --version failed ({})", out.status);
+            return;
+        }
+        Err(e) if !must => {
+            report!("skipped: hipcc not found: {e}");
+            return;
+        }
+        other => panic!("MSCCLPP_REQUIRE_HIPCC=1 but hipcc is unusable: {other:?}"),
+    }
+    let kernels = kernels_dir();
+    let out_dir = std::env::temp_dir().join(format!("mscclpp-hipcc-{}", std::process::id()));
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let mut failures = Vec::new();
+    let mut compiled = 0;
+    for module in modules() {
+        let object = out_dir.join(module.name.replace('/', "_") + ".o");
+        let mut cmd = Command::new("hipcc");
+        for arch in HIP_ARCHS {
+            cmd.arg(format!("--offload-arch={arch}"));
+        }
+        // HIP's core.cuh first, then the vendor-neutral device API, then the owners' headers
+        // (`collectives/args.cuh`, ...); `.cu` files compile as HIP.
+        cmd.args(["-std=c++17", "-Wall", "-c", "-x", "hip", "-I"])
+            .arg(kernels.join("hip/include"))
+            .arg("-I")
+            .arg(kernels.join("include"))
+            .arg("-I")
+            .arg(&kernels)
+            .arg(kernels.join(module.name))
+            .arg("-o")
+            .arg(&object);
+        let start = std::time::Instant::now();
+        let out = cmd.output().expect("hipcc ran a moment ago");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        report!(
+            "hipcc {} for {} in {:.2} s: {}",
+            module.name,
+            HIP_ARCHS.join("+"),
+            start.elapsed().as_secs_f64(),
+            if out.status.success() { "ok" } else { "FAILED" }
+        );
+        if !out.status.success() || has_warning(&stderr) {
+            failures.push(format!("hipcc {}: {}\n{stderr}", module.name, out.status));
+        } else {
+            compiled += 1;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+    report!(
+        "hipcc: {compiled} of {} modules for {}",
+        modules().len(),
+        HIP_ARCHS.join("+")
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
