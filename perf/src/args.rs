@@ -97,6 +97,15 @@ pub enum Bench {
         #[arg(long, default_value = "CudaIpc")]
         transport: String,
     },
+    /// The bootstrap at scale: first barrier, barrier, all-gather, split, connections, RSS.
+    Bootstrap {
+        /// Run the ranks as threads of this process (where processes run out).
+        #[arg(long)]
+        threads: bool,
+        /// Timed repetitions of each operation.
+        #[arg(long, default_value_t = 20)]
+        reps: u32,
+    },
 }
 
 impl Bench {
@@ -108,7 +117,10 @@ impl Bench {
             Bench::Reducescatter => Some(CollectiveKind::ReduceScatter),
             Bench::Broadcast => Some(CollectiveKind::Broadcast),
             Bench::Alltoall => Some(CollectiveKind::AllToAll),
-            Bench::P2p | Bench::MemoryChannel | Bench::PortChannel { .. } => None,
+            Bench::P2p
+            | Bench::MemoryChannel
+            | Bench::PortChannel { .. }
+            | Bench::Bootstrap { .. } => None,
         }
     }
 
@@ -119,6 +131,7 @@ impl Bench {
             None => match self {
                 Bench::MemoryChannel => "memory-channel",
                 Bench::PortChannel { .. } => "port-channel",
+                Bench::Bootstrap { .. } => "bootstrap",
                 _ => "p2p",
             },
         }

@@ -4,6 +4,7 @@
 //! backend); under mpirun, torchrun or srun each process is one rank. Rank 0 prints the table.
 
 mod args;
+mod bootstrap;
 mod channels;
 mod collective;
 mod nccl;
@@ -42,6 +43,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<ExitCode> {
+    if let Bench::Bootstrap { threads, reps } = args.bench() {
+        return bootstrap::main(args.ranks, threads, reps);
+    }
     let role = launch::role()?;
     if let Role::Parent = role {
         let backend = mscclpp::registry::select()?;

@@ -15,7 +15,7 @@
 //!    exchange a message (either may dial; the dialler sends a Hello, the acceptor validates it
 //!    as the root does and answers with an Ack). When both dial each other at once, the lower
 //!    rank's connection is kept and the other is refused as Crossed.
-//! 3. Collectives follow a [`Schedule`]: by default dissemination barrier, Bruck all-gather and
+//! 3. Collectives follow a [`Schedule`]: by default binomial-tree barrier, Bruck all-gather and
 //!    binomial broadcast, whose peers are `rank ± 2^k`, so a rank holds at most
 //!    `2 ceil(log2 N)` connections for its collectives, plus one per peer it sends to itself.
 //!    The host identities (who shares this rank's host) are all-gathered at init.
@@ -131,7 +131,7 @@ impl BootstrapConfig {
 /// connects to (connections are opened on first use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Schedule {
-    /// Dissemination barrier, Bruck all-gather, binomial-tree broadcast: `ceil(log2 N)` rounds,
+    /// Binomial-tree barrier and broadcast, Bruck all-gather: `ceil(log2 N)` rounds,
     /// with the peers `rank ± 2^k` — at most `2 ceil(log2 N)` connections per rank.
     #[default]
     Log,
@@ -194,6 +194,9 @@ pub struct Bootstrap {
     members: Arc<[usize]>,
     /// View rank -> index of its host (ranks with equal indices share a host).
     hosts: Arc<[u32]>,
+    /// More ranks of this view on this host than it has cores (or not known yet): the
+    /// all-gather then takes the tree, which wakes each rank fewer times.
+    crowded: bool,
     coll_seq: AtomicU64,
     split_seq: AtomicU64,
 }
@@ -478,8 +481,12 @@ impl Bootstrap {
                 *seen.entry(id).or_insert(n)
             })
             .collect();
-        Ok(Bootstrap {
+        let b = Bootstrap {
             hosts: hosts.into(),
+            ..b
+        };
+        Ok(Bootstrap {
+            crowded: b.is_crowded(),
             ..b
         })
     }
@@ -629,6 +636,7 @@ impl Bootstrap {
             comm_id: 0,
             members: (0..nranks).collect::<Vec<_>>().into(),
             hosts: vec![0; nranks].into(),
+            crowded: true,
             coll_seq: AtomicU64::new(0),
             split_seq: AtomicU64::new(0),
         })
@@ -720,6 +728,7 @@ impl Bootstrap {
     pub fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         let tag = self.next_coll_tag(1);
         self.coll(tag, "all_gather", || match self.cfg.schedule {
+            Schedule::Log if self.crowded => self.tree_all_gather(data, tag),
             Schedule::Log => self.bruck_all_gather(data, tag),
             Schedule::Ring => self.ring_all_gather(data, tag),
         })
@@ -730,14 +739,21 @@ impl Bootstrap {
         let tag = self.next_coll_tag(2);
         self.coll(tag, "barrier", || match self.cfg.schedule {
             Schedule::Log => {
-                // Dissemination: after round k a rank has heard, directly or not, from the
-                // 2^(k+1) - 1 ranks before it.
-                let n = self.nranks;
-                let mut d = 1;
-                while d < n {
-                    self.send_raw((self.rank + d) % n, tag, &[])?;
-                    self.wait_all(&[(self.rank + n - d) % n], tag, "barrier")?;
-                    d <<= 1;
+                // Binomial tree rooted at rank 0: arrivals go up, the release comes down. Each
+                // rank wakes a handful of times per barrier, where a dissemination barrier wakes
+                // every rank log2 N times: with many more ranks than cores the total work, not
+                // the depth, sets the time.
+                let children = tree_children(self.rank, self.nranks);
+                if !children.is_empty() {
+                    self.wait_all(&children, tag, "barrier")?;
+                }
+                if self.rank != 0 {
+                    let parent = tree_parent(self.rank);
+                    self.send_raw(parent, tag, &[])?;
+                    self.recv_one(parent, tag, "barrier")?;
+                }
+                for c in children {
+                    self.send_raw(c, tag, &[])?;
                 }
                 Ok(())
             }
@@ -863,7 +879,7 @@ impl Bootstrap {
         // Zero is the root view's id.
         let comm_id = h.finish().max(1);
         let rank = ranks.iter().position(|&r| r == self.rank).unwrap_or(0);
-        Bootstrap {
+        let v = Bootstrap {
             rank,
             nranks: ranks.len(),
             local_rank: None,
@@ -880,9 +896,19 @@ impl Bootstrap {
                 .map(|&r| self.hosts[r])
                 .collect::<Vec<_>>()
                 .into(),
+            crowded: true,
             coll_seq: AtomicU64::new(0),
             split_seq: AtomicU64::new(0),
+        };
+        Bootstrap {
+            crowded: v.is_crowded(),
+            ..v
         }
+    }
+
+    fn is_crowded(&self) -> bool {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        self.host_peers().len() > cores
     }
 
     /// Runs a collective; if it fails because a rank was lost, tells the peers of this rank's
@@ -936,6 +962,35 @@ impl Bootstrap {
         }
         // blocks[i] is rank (rank + i)'s.
         blocks.rotate_right(self.rank);
+        Ok(blocks)
+    }
+
+    /// Tree all-gather: blocks go up the binomial tree (each subtree's blocks are contiguous
+    /// ranks), the whole set comes down it. Two messages per rank where Bruck's algorithm sends
+    /// `log2 N`: fewer wake-ups when the ranks outnumber the cores.
+    fn tree_all_gather(&self, data: &[u8], tag: u64) -> Result<Vec<Vec<u8>>> {
+        let n = self.nranks;
+        let children = tree_children(self.rank, n);
+        let mut blocks = vec![data.to_vec()];
+        if !children.is_empty() {
+            let got = self.wait_all(&children, tag, "all_gather")?;
+            for (&c, m) in children.iter().zip(&got) {
+                blocks.extend(unpack_blocks(m, tree_size(c, n), c)?);
+            }
+        }
+        if self.rank != 0 {
+            let parent = tree_parent(self.rank);
+            self.send_raw(parent, tag, &pack_blocks(&blocks))?;
+            let all = self.recv_one(parent, tag, "all_gather")?;
+            blocks = unpack_blocks(&all, n, parent)?;
+        }
+        if !children.is_empty() {
+            let all = pack_blocks(&blocks);
+            // Largest subtree first: it has the longest way to go.
+            for &c in children.iter().rev() {
+                self.send_raw(c, tag, &all)?;
+            }
+        }
         Ok(blocks)
     }
 
@@ -1214,6 +1269,38 @@ impl Bootstrap {
             }
             drop(sh.wait(st, deadline));
         }
+    }
+}
+
+/// The parent of `v` (> 0) in the binomial tree rooted at 0: `v` without its lowest set bit.
+/// The subtree of `v` is then the contiguous ranks `v .. v + lowbit(v)`.
+fn tree_parent(v: usize) -> usize {
+    v & (v - 1)
+}
+
+/// The children of `v` in the binomial tree of `n` ranks rooted at 0: `v + 2^k` for every
+/// `2^k` below `v`'s lowest set bit (every `2^k` for the root), in increasing order.
+fn tree_children(v: usize, n: usize) -> Vec<usize> {
+    let low = if v == 0 {
+        usize::MAX
+    } else {
+        v & v.wrapping_neg()
+    };
+    let mut out = Vec::new();
+    let mut d = 1;
+    while d < low && v + d < n {
+        out.push(v + d);
+        d <<= 1;
+    }
+    out
+}
+
+/// The size of `v`'s subtree in the binomial tree of `n` ranks.
+fn tree_size(v: usize, n: usize) -> usize {
+    if v == 0 {
+        n
+    } else {
+        (v & v.wrapping_neg()).min(n - v)
     }
 }
 

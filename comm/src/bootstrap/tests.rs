@@ -723,6 +723,14 @@ fn sixty_four_ranks_use_logarithmic_connections() {
             for (i, v) in all.iter().enumerate() {
                 assert_eq!(v, &vec![i as u8; i % 7]);
             }
+            // Bruck's all-gather, which ranks take when they do not outnumber the cores.
+            if schedule == Schedule::Log {
+                let tag = b.next_coll_tag(1);
+                let all = b.bruck_all_gather(&[r as u8, 1], tag).unwrap();
+                for (i, v) in all.iter().enumerate() {
+                    assert_eq!(v, &vec![i as u8, 1]);
+                }
+            }
             for root in [0, 5, N - 1] {
                 let got = b.broadcast(root, &[root as u8, 9]).unwrap();
                 assert_eq!(got, vec![root as u8, 9]);
@@ -735,6 +743,31 @@ fn sixty_four_ranks_use_logarithmic_connections() {
                 s.open <= limit,
                 "{schedule:?}: rank {r} holds {s:?}, limit {limit}"
             );
+        }
+    }
+}
+
+#[test]
+fn binomial_tree_covers_every_rank_once() {
+    for n in [1usize, 2, 3, 7, 8, 13, 64, 100] {
+        let mut seen = vec![0usize; n];
+        seen[0] = 1;
+        for v in 0..n {
+            for c in tree_children(v, n) {
+                assert_eq!(tree_parent(c), v);
+                seen[c] += 1;
+            }
+            // A subtree is its root and its children's subtrees, contiguous.
+            let sub: usize = 1 + tree_children(v, n)
+                .iter()
+                .map(|&c| tree_size(c, n))
+                .sum::<usize>();
+            assert_eq!(sub, tree_size(v, n), "n {n} v {v}");
+        }
+        assert!(seen.iter().all(|&k| k == 1), "n {n}: {seen:?}");
+        let peers = schedule_peers(Schedule::Log, 5 % n, n);
+        for c in tree_children(5 % n, n) {
+            assert!(peers.contains(&c));
         }
     }
 }
