@@ -23,7 +23,7 @@
 //! - Every byte that crosses a process goes through [`wire`]: versioned, bounded, validated.
 //!
 //! Errors are typed ([`Error`]) and classified ([`ErrorClass`]). Configuration comes from the
-//! environment through [`env`](mod@env)(mod@env).
+//! environment through [`env`](mod@env).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod caps;
