@@ -9,6 +9,7 @@ use mscclpp_hal::{BufferSlice, DataType, Error, ReduceOp, Result, Stream};
 use crate::CollectiveKind;
 use crate::algorithms::MAX_RANKS;
 
+use crate::agree::agree;
 use crate::algorithms::direct::Direct;
 use crate::algorithms::ll::{Ll, LlGrid, LlScratch};
 use crate::algorithms::ll_short::LlShort;
@@ -17,7 +18,6 @@ use crate::algorithms::read::Read;
 use crate::algorithms::{Algorithm, AlgorithmId};
 use crate::call::{self, CollectiveCall};
 use crate::policy::{Policy, Settings};
-use crate::scratch::agree;
 use crate::window::Window;
 
 /// Packet bytes of one LL scratch slot: 2 MiB of packets carry 1 MiB of data per peer per round

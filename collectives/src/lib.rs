@@ -24,6 +24,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod agree;
 mod algorithms;
 mod call;
 mod collectives;

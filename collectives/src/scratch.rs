@@ -1,25 +1,9 @@
-//! Scratch buffers that every peer maps, the mapping of peers' buffers, and the agreement of
-//! settings across ranks.
+//! Scratch buffers that every peer maps, and the mapping of peers' buffers.
 
 use crate::algorithms::MAX_RANKS;
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{BufferSlice, DeviceBuffer, Error, MemoryKind, Result};
 use mscclpp_transports::{RegisteredMemory, Transport, TransportFlags};
-
-/// Checks that every rank has the same `value` of `what`: kernels whose blocks wait for the
-/// peers' blocks need the same algorithms and grids everywhere, and a difference would hang them.
-/// Every rank gets the error, which names a rank that differs.
-pub(crate) fn agree(comm: &Communicator, what: &str, value: String) -> Result<()> {
-    let all = comm.bootstrap().all_gather(value.as_bytes())?;
-    match all.iter().position(|v| v.as_slice() != value.as_bytes()) {
-        None => Ok(()),
-        Some(p) => Err(Error::invalid(format!(
-            "{what} differ between ranks: rank {} has {value}, rank {p} has {}; every rank must run with the same environment and the same GPU model",
-            comm.rank(),
-            String::from_utf8_lossy(&all[p])
-        ))),
-    }
-}
 
 /// A buffer of this rank that every peer maps, and the peers' buffers mapped here.
 #[derive(Debug)]

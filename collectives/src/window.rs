@@ -9,7 +9,8 @@ use mscclpp_comm::Communicator;
 use mscclpp_hal::{BufferSlice, DeviceBuffer, Error, MemoryKind, Result, Stream};
 use mscclpp_transports::RegisteredMemory;
 
-use crate::scratch::{agree, map_peers};
+use crate::agree::agree;
+use crate::scratch::map_peers;
 
 /// A buffer registered with every rank's collectives (see [`crate::Collectives::register`]): its
 /// index in the window tables, the same on every rank.

@@ -3,7 +3,7 @@
 //! An algorithm says which calls it serves here ([`Algorithm::fits`]: its collectives, its
 //! sizes, and what it was set up with on this communicator), plans the grid of one call
 //! ([`Algorithm::plan`]) and launches its kernel ([`Algorithm::launch`]). Which of the fitting
-//! ones serves a call is [`crate::policy`]'s choice. Each folder is the home of everything that
+//! ones serves a call is the policy's choice. Each folder is the home of everything that
 //! belongs to its algorithm: its protocol spec (`spec.md`, its module documentation), argument
 //! struct (`args.rs`), set-up and planner (`mod.rs`), host kernel (`host.rs`) and the
 //! [`KernelModule`] of its device source (`module.rs`). Two modules serve the five algorithms:
@@ -18,8 +18,8 @@ use mscclpp_hal::{
 };
 
 use crate::CollectiveKind;
+use crate::agree::agree;
 use crate::call::Checked;
-use crate::scratch::agree;
 
 pub(crate) mod direct;
 pub(crate) mod host_common;

@@ -16,9 +16,10 @@ use args::DirectCollectiveArgs;
 
 use super::{Algorithm, AlgorithmId, Plan, block_threads, optional_kernel, resident_grid};
 use crate::CollectiveKind;
+use crate::agree::agree;
 use crate::call::Checked;
 use crate::policy::Settings;
-use crate::scratch::{Scratch, agree};
+use crate::scratch::Scratch;
 
 /// Calls whose larger buffer (per rank) holds at most this many bytes launch blocks of
 /// [`SMALL_THREADS`] unless `MSCCLPP_DIRECT_THREADS` says otherwise: smaller blocks start

@@ -21,9 +21,10 @@ use super::{
     Algorithm, AlgorithmId, MAX_RANKS, Plan, block_threads, optional_kernel, resident_grid,
 };
 use crate::CollectiveKind;
+use crate::agree::agree;
 use crate::call::Checked;
 use crate::policy::Settings;
-use crate::scratch::{Scratch, agree};
+use crate::scratch::Scratch;
 use crate::window::{Window, Windows};
 
 /// Bytes per rank the staging area holds: the largest call served.
