@@ -8,9 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use mscclpp::comm::bootstrap::{
-    Bootstrap, BootstrapConfig, BootstrapRoot, Schedule, UniqueId, schedule_peers,
-};
+use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, Schedule, UniqueId};
 use mscclpp::hal::{Error, Result};
 use mscclpp::launch::{self, Role};
 
@@ -21,8 +19,13 @@ const T0_VAR: &str = "MSCCLPP_PERF_BOOT_T0_US";
 /// Ranks' figures, gathered to rank 0.
 #[derive(Debug, Clone, Copy, Default)]
 struct Figures {
+    /// From the launcher's start to this rank's start (µs; processes only): the launcher's
+    /// share of the time to the first barrier.
+    spawn_us: f64,
     /// From this rank's `Bootstrap::new` to the end of its first barrier (µs).
     join_us: f64,
+    /// From the launcher's start to the end of this rank's first barrier (µs; processes).
+    launch_us: f64,
     barrier_us: f64,
     ag64_us: f64,
     ag4k_us: f64,
@@ -36,7 +39,9 @@ impl Figures {
     fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(64);
         for x in [
+            self.spawn_us,
             self.join_us,
+            self.launch_us,
             self.barrier_us,
             self.ag64_us,
             self.ag4k_us,
@@ -51,10 +56,10 @@ impl Figures {
     }
 
     fn decode(b: &[u8], rank: usize) -> Result<Self> {
-        if b.len() != 64 {
+        if b.len() != 80 {
             return Err(Error::malformed(
                 "bootstrap benchmark figures",
-                format!("rank {rank} sent {} bytes, expected 64", b.len()),
+                format!("rank {rank} sent {} bytes, expected 80", b.len()),
             ));
         }
         let word = |i: usize| {
@@ -65,14 +70,16 @@ impl Figures {
         let f = |i| f64::from_le_bytes(word(i));
         let u = |i| u64::from_le_bytes(word(i)) as usize;
         Ok(Figures {
-            join_us: f(0),
-            barrier_us: f(1),
-            ag64_us: f(2),
-            ag4k_us: f(3),
-            split_us: f(4),
-            links: u(5),
-            sockets: u(6),
-            rss_kib: u(7),
+            spawn_us: f(0),
+            join_us: f(1),
+            launch_us: f(2),
+            barrier_us: f(3),
+            ag64_us: f(4),
+            ag4k_us: f(5),
+            split_us: f(6),
+            links: u(7),
+            sockets: u(8),
+            rss_kib: u(9),
         })
     }
 }
@@ -116,6 +123,19 @@ fn limit(name: &str) -> Option<u64> {
     l[name.len()..].split_whitespace().next()?.parse().ok()
 }
 
+/// MemAvailable of this machine in bytes (0 if unknown: nothing large is then attempted).
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
 fn read_num(path: &str) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -129,24 +149,45 @@ fn avg_us(reps: u32, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 }
 
 /// One rank's measurements after its bootstrap is up (`started`: when `Bootstrap::new` began).
-fn measure(boot: &Bootstrap, started: Instant, reps: u32, count_sockets: bool) -> Result<Figures> {
+///
+/// `t0`: when the launcher started (unix µs), if it said.
+fn measure(
+    boot: &Bootstrap,
+    started: Instant,
+    t0: Option<u128>,
+    reps: u32,
+    count_sockets: bool,
+) -> Result<Figures> {
     boot.barrier()?;
     let join_us = started.elapsed().as_secs_f64() * 1e6;
+    let launch_us = t0.map_or(0.0, |t0| unix_us().saturating_sub(t0) as f64);
     let barrier_us = avg_us(reps, || boot.barrier())?;
     let small = vec![1u8; 64];
     let ag64_us = avg_us(reps, || boot.all_gather(&small).map(|_| ()))?;
-    let big = vec![2u8; 4096];
-    let ag4k_us = avg_us(reps.div_ceil(4), || boot.all_gather(&big).map(|_| ()))?;
+    // Every rank's result holds N * 4 KiB: skipped (reported as 0) where all the results, with
+    // their copies in flight, would not fit in the memory available.
+    let total = (boot.nranks() as u64).pow(2) * 4096 * 3;
+    let ag4k_us = if total <= mem_available() {
+        let big = vec![2u8; 4096];
+        avg_us(reps.div_ceil(4), || boot.all_gather(&big).map(|_| ()))?
+    } else {
+        0.0
+    };
     boot.barrier()?;
     let t = Instant::now();
-    let child = boot.split(Some((boot.rank() % 2) as u32), boot.rank() as u32)?;
+    // Two contiguous halves, as a split by node would be: with a power-of-two rank count each
+    // half's tree is a subtree of the parent's, so the split opens no connection.
+    let half = boot.nranks().div_ceil(2).max(1);
+    let child = boot.split(Some((boot.rank() / half) as u32), boot.rank() as u32)?;
     if let Some(c) = &child {
         c.barrier()?;
     }
     let split_us = t.elapsed().as_secs_f64() * 1e6;
     boot.barrier()?;
     Ok(Figures {
+        spawn_us: 0.0,
         join_us,
+        launch_us,
         barrier_us,
         ag64_us,
         ag4k_us,
@@ -157,16 +198,17 @@ fn measure(boot: &Bootstrap, started: Instant, reps: u32, count_sockets: bool) -
     })
 }
 
-fn print_row(n: usize, mode: &str, schedule: Schedule, launch_ms: Option<f64>, all: &[Figures]) {
+fn print_row(n: usize, mode: &str, schedule: Schedule, all: &[Figures]) {
     let max = |f: fn(&Figures) -> f64| all.iter().map(f).fold(0.0, f64::max);
     let maxu = |f: fn(&Figures) -> usize| all.iter().map(f).max().unwrap_or(0);
     let avg_links = all.iter().map(|f| f.links).sum::<usize>() as f64 / all.len().max(1) as f64;
     println!(
-        "# {:>6} {:>8} {:>6} {:>11} {:>10} {:>11} {:>10} {:>10} {:>9} {:>11} {:>11} {:>9}",
+        "# {:>6} {:>8} {:>6} {:>11} {:>11} {:>10} {:>11} {:>10} {:>10} {:>9} {:>11} {:>11} {:>9}",
         "ranks",
         "mode",
         "sched",
         "launch(ms)",
+        "spawned(ms)",
         "join(ms)",
         "barrier(us)",
         "ag64(us)",
@@ -179,11 +221,16 @@ fn print_row(n: usize, mode: &str, schedule: Schedule, launch_ms: Option<f64>, a
     // Per process: each rank's own with processes, the whole process with threads.
     let rss = maxu(|f| f.rss_kib) as f64 / 1024.0;
     println!(
-        "  {:>6} {:>8} {:>6} {:>11} {:>10.1} {:>11.1} {:>10.1} {:>10.1} {:>9.1} {:>7}/{:<5.1} {:>11} {:>9.1}",
+        "  {:>6} {:>8} {:>6} {:>11} {:>11.1} {:>10.1} {:>11.1} {:>10.1} {:>10.1} {:>9.1} {:>7}/{:<5.1} {:>11} {:>9.1}",
         n,
         mode,
         format!("{schedule:?}").to_lowercase(),
-        launch_ms.map_or("-".to_string(), |m| format!("{m:.1}")),
+        if mode == "threads" {
+            "-".to_string()
+        } else {
+            format!("{:.1}", max(|f| f.launch_us) / 1e3)
+        },
+        max(|f| f.spawn_us) / 1e3,
         max(|f| f.join_us) / 1e3,
         max(|f| f.barrier_us),
         max(|f| f.ag64_us),
@@ -202,11 +249,12 @@ fn print_row(n: usize, mode: &str, schedule: Schedule, launch_ms: Option<f64>, a
 
 fn print_limits(n: usize) {
     println!(
-        "# limits: open files {} (soft), processes/threads {} (soft), pid_max {}, threads-max {}; {} CPUs",
+        "# limits: open files {} (soft), processes/threads {} (soft), pid_max {}, threads-max {}, vm.max_map_count {}; {} CPUs",
         limit("Max open files").map_or("?".into(), |v| v.to_string()),
         limit("Max processes").map_or("?".into(), |v| v.to_string()),
         read_num("/proc/sys/kernel/pid_max").map_or("?".into(), |v| v.to_string()),
         read_num("/proc/sys/kernel/threads-max").map_or("?".into(), |v| v.to_string()),
+        read_num("/proc/sys/vm/max_map_count").map_or("?".into(), |v| v.to_string()),
         std::thread::available_parallelism().map_or(0, |p| p.get()),
     );
     println!("# {n} ranks; figures are the slowest rank's (links: open bootstrap connections)");
@@ -232,12 +280,16 @@ pub fn main(nranks: Option<usize>, threads: bool, reps: u32) -> Result<ExitCode>
         });
     }
     let started = Instant::now();
-    let boot = launch::bootstrap(&role)?;
-    let fig = measure(&boot, started, reps, true)?;
-    let launch_ms = std::env::var(T0_VAR)
+    let t0 = std::env::var(T0_VAR)
         .ok()
-        .and_then(|v| v.parse::<u128>().ok())
-        .map(|t0| unix_us().saturating_sub(t0) as f64 / 1e3);
+        .and_then(|v| v.parse::<u128>().ok());
+    let spawn_us = t0.map_or(0.0, |t0| unix_us().saturating_sub(t0) as f64);
+    let boot = launch::bootstrap(&role)?;
+    let fig = Figures {
+        spawn_us,
+        ..measure(&boot, started, t0, reps, true)?
+    };
+
     let all = boot.all_gather(&fig.encode())?;
     if boot.rank() == 0 {
         let figs: Vec<Figures> = all
@@ -245,28 +297,20 @@ pub fn main(nranks: Option<usize>, threads: bool, reps: u32) -> Result<ExitCode>
             .enumerate()
             .map(|(r, b)| Figures::decode(b, r))
             .collect::<Result<_>>()?;
-        // Launch to the end of rank 0's first barrier, which no rank leaves before every
-        // rank has joined.
-        print_row(boot.nranks(), "procs", boot.schedule(), launch_ms, &figs);
+        print_row(boot.nranks(), "procs", boot.schedule(), &figs);
     }
     boot.barrier()?;
     Ok(ExitCode::SUCCESS)
 }
 
 fn run_threads(n: usize, reps: u32) -> Result<ExitCode> {
-    let mut cfg = BootstrapConfig::from_env()?;
-    if std::env::var_os("MSCCLPP_BOOTSTRAP_SCHEDULE").is_none() {
-        // Every connection between two threads of one process costs two descriptors here.
-        let peers = schedule_peers(Schedule::Log, 0, n).len() as u64;
-        let need = n as u64 * (3 + peers);
-        let have = limit("Max open files").unwrap_or(1024);
-        if need > have {
-            println!(
-                "# the log schedule would need about {need} descriptors in this process, the limit is {have}: using the ring schedule"
-            );
-            cfg.schedule = Schedule::Ring;
-        }
-    }
+    let cfg = BootstrapConfig::from_env()?;
+    // Every connection between two threads of one process costs a descriptor at each end; with
+    // more ranks than cores the collectives take the binomial tree (about two links per rank),
+    // and the rendezvous holds one connection per rank at the root.
+    let need = 3 * n as u64;
+    let have = limit("Max open files").unwrap_or(1024);
+    println!("# threads: about {need} descriptors needed at the peak, the limit is {have}");
     let t0 = Instant::now();
     let (root, uid) = BootstrapRoot::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), n, &cfg)?;
     let uid: UniqueId = uid;
@@ -282,7 +326,7 @@ fn run_threads(n: usize, reps: u32) -> Result<ExitCode> {
             .spawn(move || -> Result<()> {
                 let started = Instant::now();
                 let boot = Bootstrap::new(&uid, r, n, cfg)?;
-                let f = measure(&boot, started, reps, false)?;
+                let f = measure(&boot, started, None, reps, false)?;
                 figs.lock().unwrap_or_else(|p| p.into_inner())[r] = Some(f);
                 // Nobody leaves before everyone measured: a leaving rank closes connections.
                 boot.barrier()?;
@@ -316,7 +360,7 @@ fn run_threads(n: usize, reps: u32) -> Result<ExitCode> {
         .iter()
         .map(|f| f.unwrap_or_default())
         .collect();
-    print_row(n, "threads", cfg.schedule, None, &figs);
+    print_row(n, "threads", cfg.schedule, &figs);
     println!("# wall time {:.1} s", wall.as_secs_f64());
     Ok(ExitCode::SUCCESS)
 }

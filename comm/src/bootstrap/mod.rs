@@ -239,8 +239,31 @@ struct Shared {
 enum Link {
     /// Being dialled by this rank.
     Dialling,
-    /// Open; the write half.
-    Up(Arc<Mutex<TcpStream>>),
+    /// Open.
+    Up(Arc<Conn>),
+}
+
+/// An open connection: one socket, read by its reader thread and written under `write` (one
+/// descriptor per connection, where a cloned stream would take two: with thousands of ranks in
+/// one process the descriptors run out first).
+struct Conn {
+    stream: TcpStream,
+    write: Mutex<()>,
+}
+
+impl Conn {
+    fn new(stream: TcpStream) -> Arc<Self> {
+        Arc::new(Conn {
+            stream,
+            write: Mutex::new(()),
+        })
+    }
+
+    /// Writes one frame, holding the write lock.
+    fn send(&self, kind: FrameKind, tag: u64, payload: &[u8]) -> std::io::Result<()> {
+        let _g = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        write_frame(&mut &self.stream, kind, tag, payload)
+    }
 }
 
 struct State {
@@ -295,20 +318,20 @@ impl Shared {
         (st, true)
     }
 
-    /// Starts the reader of a connection this rank dialled (`reader`: a clone of its stream).
-    fn register(self: &Arc<Self>, st: &mut State, peer: usize, reader: TcpStream) -> Result<()> {
+    /// Starts the reader of a connection this rank dialled.
+    fn register(self: &Arc<Self>, st: &mut State, peer: usize, conn: Arc<Conn>) -> Result<()> {
         let addr = self.table[peer];
-        reader
-            .set_read_timeout(None)
-            .and_then(|()| reader.set_write_timeout(Some(self.cfg.timeout)))
-            .and_then(|()| reader.set_nodelay(true))
+        let s = &conn.stream;
+        s.set_read_timeout(None)
+            .and_then(|()| s.set_write_timeout(Some(self.cfg.timeout)))
+            .and_then(|()| s.set_nodelay(true))
             .map_err(|e| Error::io(format!("configuring the connection to rank {peer}"), e))?;
         let shared = Arc::clone(self);
         let max = self.cfg.max_frame_bytes + protocol::COMM_ID_BYTES;
         let t = std::thread::Builder::new()
             .name(format!("mscclpp-boot-r{}-p{peer}", self.rank))
             .stack_size(READER_STACK)
-            .spawn(move || reader_loop(&shared, peer, reader, max, addr))
+            .spawn(move || reader_loop(&shared, peer, &conn, max, addr))
             .map_err(|e| Error::io("starting a bootstrap reader thread", e))?;
         st.readers.push(t);
         st.opened += 1;
@@ -932,9 +955,8 @@ impl Bootstrap {
             if peer == lost_rank {
                 continue;
             }
-            if let Ok(w) = self.link(peer, deadline) {
-                let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = write_frame(&mut *w, FrameKind::Lost, 0, &payload);
+            if let Ok(c) = self.link(peer, deadline) {
+                let _ = c.send(FrameKind::Lost, 0, &payload);
             }
         }
     }
@@ -1046,7 +1068,7 @@ impl Bootstrap {
     }
 
     /// The open connection to bootstrap rank `peer`, dialling it if there is none.
-    fn link(&self, peer: usize, deadline: Instant) -> Result<Arc<Mutex<TcpStream>>> {
+    fn link(&self, peer: usize, deadline: Instant) -> Result<Arc<Conn>> {
         let sh = self.shared();
         let mut st = sh.lock();
         loop {
@@ -1078,19 +1100,16 @@ impl Bootstrap {
                     // Cannot happen under the crossing rule; keep the registered one.
                     return Ok(Arc::clone(w));
                 }
-                let reg = stream
-                    .try_clone()
-                    .map_err(|e| Error::io(format!("configuring the connection to rank {peer}"), e))
-                    .and_then(|r| sh.register(&mut st, peer, r));
-                let w = match reg {
-                    Ok(()) => r2w(stream),
+                let w = Conn::new(stream);
+                match sh.register(&mut st, peer, Arc::clone(&w)) {
+                    Ok(()) => {}
                     Err(e) => {
                         st.links.remove(&peer);
                         drop(st);
                         sh.cv.notify_all();
                         return Err(e);
                     }
-                };
+                }
                 st.links.insert(peer, Link::Up(Arc::clone(&w)));
                 drop(st);
                 sh.cv.notify_all();
@@ -1166,13 +1185,11 @@ impl Bootstrap {
         let deadline = Instant::now() + self.cfg.timeout;
         let writer = self.link(target, deadline).map_err(|e| self.translate(e))?;
         let payload = protocol::encode_data(self.comm_id, data);
-        let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-        match write_frame(&mut *w, FrameKind::Data, tag, &payload) {
+        match writer.send(FrameKind::Data, tag, &payload) {
             Ok(()) => Ok(()),
             Err(e) => {
                 // A partly written frame leaves the stream unusable either way.
-                let _ = w.shutdown(std::net::Shutdown::Both);
-                drop(w);
+                let _ = writer.stream.shutdown(std::net::Shutdown::Both);
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
@@ -1304,10 +1321,6 @@ fn tree_size(v: usize, n: usize) -> usize {
     }
 }
 
-fn r2w(s: TcpStream) -> Arc<Mutex<TcpStream>> {
-    Arc::new(Mutex::new(s))
-}
-
 /// Dials bootstrap rank `peer`: `Ok(Some)` once it acknowledged, `Ok(None)` when it refused
 /// because it is dialling us at the same time (its connection wins, see [`accept_hello`]).
 fn dial(sh: &Shared, peer: usize, deadline: Instant) -> Result<Option<TcpStream>> {
@@ -1404,7 +1417,7 @@ fn accept_loop(sh: &Arc<Shared>, listener: TcpListener) {
                     reader_loop(
                         &s,
                         peer,
-                        stream,
+                        &stream,
                         s.cfg.max_frame_bytes + protocol::COMM_ID_BYTES,
                         from,
                     );
@@ -1425,7 +1438,7 @@ fn accept_hello(
     sh: &Arc<Shared>,
     stream: TcpStream,
     from: SocketAddr,
-) -> Option<(usize, TcpStream)> {
+) -> Option<(usize, Arc<Conn>)> {
     let who = format!("rank {}", sh.rank);
     let hello = read_hello(&stream, from, root::HELLO_LIMIT.min(sh.cfg.timeout));
     let hello = hello.and_then(|h| {
@@ -1497,21 +1510,15 @@ fn accept_hello(
         }
         return None;
     }
-    let reader = match stream.try_clone() {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(%from, error = %e, "bootstrap connection dropped");
-            return None;
-        }
-    };
-    let w = r2w(stream);
-    // The Ack goes first: nothing else may be written until it is, so the writer is held
+    let w = Conn::new(stream);
+    // The Ack goes first: nothing else may be written until it is, so the write lock is held
     // while the link is published.
-    let mut guard = w.lock().unwrap_or_else(|p| p.into_inner());
-    let conf = reader
+    let guard = w.write.lock().unwrap_or_else(|p| p.into_inner());
+    let conf = w
+        .stream
         .set_read_timeout(None)
-        .and_then(|()| reader.set_write_timeout(Some(sh.cfg.timeout)))
-        .and_then(|()| reader.set_nodelay(true));
+        .and_then(|()| w.stream.set_write_timeout(Some(sh.cfg.timeout)))
+        .and_then(|()| w.stream.set_nodelay(true));
     if let Err(e) = conf {
         tracing::warn!(%from, error = %e, "bootstrap connection dropped");
         return None;
@@ -1519,7 +1526,7 @@ fn accept_hello(
     st.links.insert(peer, Link::Up(Arc::clone(&w)));
     st.opened += 1;
     drop(st);
-    let acked = write_frame(&mut *guard, FrameKind::Ack, 0, &[]);
+    let acked = write_frame(&mut &w.stream, FrameKind::Ack, 0, &[]);
     drop(guard);
     sh.cv.notify_all();
     if let Err(e) = acked {
@@ -1527,7 +1534,7 @@ fn accept_hello(
         return None;
     }
     tracing::debug!(peer, "bootstrap connection up (accepted)");
-    Some((peer, reader))
+    Some((peer, w))
 }
 
 /// Reads a Hello frame within `limit` in total, however the bytes trickle in.
@@ -1600,9 +1607,8 @@ impl Drop for Core {
         let mut st = sh.lock();
         sh.closing.store(true, Ordering::Release);
         for l in st.links.values() {
-            if let Link::Up(w) = l {
-                let w = w.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = w.shutdown(std::net::Shutdown::Both);
+            if let Link::Up(c) = l {
+                let _ = c.stream.shutdown(std::net::Shutdown::Both);
             }
         }
         let readers = std::mem::take(&mut st.readers);
@@ -1627,7 +1633,8 @@ impl Drop for Core {
 
 /// `addr`: the peer's address, known before the connection can have been reset (after which
 /// the socket no longer reports it).
-fn reader_loop(shared: &Shared, peer: usize, mut stream: TcpStream, max: usize, addr: SocketAddr) {
+fn reader_loop(shared: &Shared, peer: usize, conn: &Conn, max: usize, addr: SocketAddr) {
+    let mut stream = &conn.stream;
     let reason = loop {
         match read_frame(&mut stream, max) {
             Ok((h, payload)) if h.kind == FrameKind::Data => {
