@@ -22,14 +22,13 @@ use mscclpp_hal::{
     Allocation, BackendKind, DeviceBuffer, Error, IpcHandle, IpcHandleKind, MemoryKind, Result,
 };
 
-use crate::device::Context;
+use crate::context::Context;
+pub use crate::memory::MAX_ALLOCATION;
 use crate::memory::{Backing, GpuAllocation, gpu_allocation};
 use crate::runtime::{IPC_HANDLE_SIZE, IpcBytes, Runtime, Vendor};
 
 /// Payload version.
 pub const PAYLOAD_VERSION: u16 = 2;
-/// Largest allocation a handle may describe (1 TiB): a bound on what a hostile handle claims.
-pub const MAX_ALLOCATION: usize = 1 << 40;
 /// Longest host id accepted in a handle.
 pub const MAX_HOST_ID: usize = 256;
 

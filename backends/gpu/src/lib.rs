@@ -19,8 +19,9 @@
 //!   call can reach them, and answers `Unavailable` with the reason.
 //!
 //! ## Layout
-//! [`device`] (backend, devices, contexts), [`memory`] (allocations), [`ipc`] (payloads, the
-//! same-process alias registry, export/import), [`stream`] (streams, events, graphs) over
+//! [`device`] (backend, devices) over [`context`] (the per-device context every other module
+//! holds), [`memory`] (allocations), [`ipc`] (payloads, the same-process alias registry,
+//! export/import; over [`memory`]), [`stream`] (streams, events, graphs) over
 //! [`keep`] (keep-alive lists, deadline-polled waits, staged host copies), [`module`] (kernel
 //! loading) over [`cache`] (the on-disk kernel cache), [`rtc`] (NVRTC/hipRTC driven through one
 //! flow) and [`device_api`] (the embedded device API the owners' modules compile against),
@@ -28,6 +29,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cache;
+pub mod context;
 pub mod device;
 pub mod device_api;
 pub mod ipc;
@@ -40,7 +42,8 @@ pub mod runtime;
 pub mod stream;
 
 pub use cache::{CacheStats, cache_stats};
-pub use device::{Context, GpuBackend, GpuDevice};
+pub use context::Context;
+pub use device::{GpuBackend, GpuDevice};
 pub use memory::GpuAllocation;
 pub use module::{GpuKernel, LoadedModule};
 pub use runtime::{Compiled, Features, IPC_HANDLE_SIZE, Image, IpcBytes, Runtime, Vendor};

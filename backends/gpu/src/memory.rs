@@ -10,9 +10,12 @@ use mscclpp_hal::{
     Allocation, BackendKind, DeviceBuffer, DevicePtr, Error, ExternalAllocation, MemoryKind, Result,
 };
 
-use crate::device::Context;
-use crate::ipc::MAX_ALLOCATION;
+use crate::context::Context;
 use crate::runtime::Runtime;
+
+/// Largest allocation (1 TiB): what [`GpuAllocation::new`] accepts, and a bound on what a
+/// hostile IPC handle claims (the IPC module re-exports it).
+pub const MAX_ALLOCATION: usize = 1 << 40;
 
 /// What owns the memory behind a [`GpuAllocation`].
 #[derive(Debug)]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use mscclpp_hal::{Error, Kernel, KernelId, KernelModule, Result};
 
 use crate::cache::{self, CompileKey, Fnv128};
-use crate::device::Context;
+use crate::context::Context;
 use crate::device_api;
 use crate::runtime::Runtime;
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 use mscclpp_hal::kernel::{aligned_args, check_launch};
 use mscclpp_hal::{BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream};
 
-use crate::device::Context;
+use crate::context::Context;
 use crate::keep::{KeepAlive, check_copy_len, poll_until, staged_host_read, staged_host_write};
 use crate::module::{GpuKernel, LoadedModule};
 use crate::runtime::Runtime;
