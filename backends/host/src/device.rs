@@ -9,6 +9,7 @@ use mscclpp_hal::{
 };
 
 use crate::kernels;
+pub use crate::kernels::MAX_THREADS_PER_BLOCK;
 use crate::memory::{ShmAllocation, host_allocation, into_buffer};
 use crate::multicast::{GRANULARITY, HostMulticastGroup};
 use crate::stream::{HostEvent, HostStream};
@@ -16,8 +17,6 @@ use crate::stream::{HostEvent, HostStream};
 /// Virtual devices the host backend offers: ranks map `local_rank` onto devices the same way
 /// on every backend, so the host backend offers as many as a large GPU node.
 pub const DEVICE_COUNT: usize = 8;
-/// Most threads in one host "block".
-pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
 
 /// The CPU reference backend. Always available.
 #[derive(Debug, Clone)]

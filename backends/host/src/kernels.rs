@@ -11,6 +11,10 @@ use mscclpp_hal::KernelId;
 
 pub use mscclpp_hal::HostKernelFn;
 
+/// Most threads in one host "block" (the launch limit the streams check and the devices
+/// report).
+pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
+
 /// A kernel loaded on the host backend: the host function of a module's entry point.
 #[derive(Debug, Clone, Copy)]
 pub struct HostKernel {

@@ -14,7 +14,9 @@
 //!   backend names no kernel of the library.
 //! - **Multicast** is emulated: a mapped group exposes every member's memory ([`multicast`]).
 //!
-//! The file split (device, memory, stream, kernels, multicast) is the one every backend follows.
+//! The file split (device, memory, stream, kernels, multicast) is the one every backend follows;
+//! [`device`] sits over the others and none of them imports it (the launch limit the streams
+//! check, [`kernels::MAX_THREADS_PER_BLOCK`], lives with the kernels).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod device;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use mscclpp_hal::{BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream};
 
-use crate::kernels::HostKernel;
+use crate::kernels::{HostKernel, MAX_THREADS_PER_BLOCK};
 
 /// Operations a stream holds before its producer blocks (CUDA's launch queue is about as deep).
 pub const QUEUE_DEPTH: usize = 1024;
@@ -388,7 +388,7 @@ impl Stream for HostStream {
                     kernel.id()
                 ))
             })?;
-        cfg.validate(crate::device::MAX_THREADS_PER_BLOCK)?;
+        cfg.validate(MAX_THREADS_PER_BLOCK)?;
         let (func, id, args) = (k.func, k.id, args.to_vec());
         self.submit(Arc::new(move || {
             tracing::trace!(kernel = %id, ?cfg, "host kernel");
