@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result, Stream};
 
-use crate::connection::{Connection, check_dst, check_token, check_write};
 use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::link::{self, Health};
 use crate::memory::RegisteredMemory;
+use crate::ops::{Connection, check_dst, check_token, check_write};
 use crate::transport::Transport;
 
 /// A CudaIpc connection (see the module documentation).

@@ -21,6 +21,10 @@
 //! not built yet: it is refused with the reason.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+// `ops` (the `Connection` trait) comes first: `enum_dispatch` must expand the trait before the
+// enum that dispatches it (in `connection`), so that the dispatch code lands beside the enum.
+mod ops;
+
 mod connection;
 mod context;
 mod cuda_ipc;
@@ -31,13 +35,14 @@ mod link;
 mod memory;
 mod transport;
 
-pub use connection::{AnyConnection, Connection, connect};
+pub use connection::{AnyConnection, connect};
 pub use context::TransportContext;
 pub use cuda_ipc::CudaIpcConnection;
 pub use endpoint::{Endpoint, EndpointConfig, LocalEndpoint, MAX_FRAME_PAYLOAD};
 pub use ethernet::EthernetConnection;
 pub use flags::TransportFlags;
 pub use memory::RegisteredMemory;
+pub use ops::Connection;
 pub use transport::Transport;
 
 #[cfg(test)]
