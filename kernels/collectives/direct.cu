@@ -213,6 +213,13 @@ MSCCLPP_DEVICE_INLINE void reducePieceAny(const DirectCollectiveArgs& a, const D
     case kDataTypeF16: reducePieceOp<kDataTypeF16>(a, c, own, slot0, out, fwdOff, bytes); break;
     case kDataTypeBF16: reducePieceOp<kDataTypeBF16>(a, c, own, slot0, out, fwdOff, bytes); break;
     case kDataTypeI32: reducePieceOp<kDataTypeI32>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeF64: reducePieceOp<kDataTypeF64>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeI64: reducePieceOp<kDataTypeI64>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeU64: reducePieceOp<kDataTypeU64>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeI8: reducePieceOp<kDataTypeI8>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeU8: reducePieceOp<kDataTypeU8>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeF8E4M3: reducePieceOp<kDataTypeF8E4M3>(a, c, own, slot0, out, fwdOff, bytes); break;
+    case kDataTypeF8E5M2: reducePieceOp<kDataTypeF8E5M2>(a, c, own, slot0, out, fwdOff, bytes); break;
     default: reducePieceOp<kDataTypeU32>(a, c, own, slot0, out, fwdOff, bytes); break;
   }
 }
@@ -555,6 +562,13 @@ MSCCLPP_DEVICE_INLINE void readAllReduce(const ReadCollectiveArgs& a) {
     case kDataTypeF16: readReduceOp<kDataTypeF16>(a.op, c, srcs, res); break;
     case kDataTypeBF16: readReduceOp<kDataTypeBF16>(a.op, c, srcs, res); break;
     case kDataTypeI32: readReduceOp<kDataTypeI32>(a.op, c, srcs, res); break;
+    case kDataTypeF64: readReduceOp<kDataTypeF64>(a.op, c, srcs, res); break;
+    case kDataTypeI64: readReduceOp<kDataTypeI64>(a.op, c, srcs, res); break;
+    case kDataTypeU64: readReduceOp<kDataTypeU64>(a.op, c, srcs, res); break;
+    case kDataTypeI8: readReduceOp<kDataTypeI8>(a.op, c, srcs, res); break;
+    case kDataTypeU8: readReduceOp<kDataTypeU8>(a.op, c, srcs, res); break;
+    case kDataTypeF8E4M3: readReduceOp<kDataTypeF8E4M3>(a.op, c, srcs, res); break;
+    case kDataTypeF8E5M2: readReduceOp<kDataTypeF8E5M2>(a.op, c, srcs, res); break;
     default: readReduceOp<kDataTypeU32>(a.op, c, srcs, res); break;
   }
 

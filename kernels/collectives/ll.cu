@@ -70,7 +70,7 @@ MSCCLPP_DEVICE_INLINE void copyUnits(char* dst, const char* src, uint64_t n, uin
   for (uint64_t i = tid; i < n; i += nthreads) d[i] = s[i];
 }
 
-// Copies `bytes` (a multiple of `esize`, 2 or 4) from `src` to `dst` (both aligned to `esize` at
+// Copies `bytes` (a multiple of `esize`, 1, 2, 4 or 8) from `src` to `dst` (both aligned to `esize` at
 // least) with the widest accesses their alignment allows.
 MSCCLPP_DEVICE_INLINE void copyBytes(char* dst, const char* src, uint64_t bytes, uint32_t esize, uint64_t tid,
                                      uint64_t nthreads) {
@@ -88,10 +88,12 @@ MSCCLPP_DEVICE_INLINE void copyBytes(char* dst, const char* src, uint64_t bytes,
     copyUnits<uint32_t>(dst, src, main / 4, tid, nthreads);
   }
   // The rest (fewer than 16 bytes, or everything when only 2-byte aligned) in elements.
-  if (esize == 4) {
+  if (esize >= 4) {
     copyUnits<uint32_t>(dst + main, src + main, (bytes - main) / 4, tid, nthreads);
-  } else {
+  } else if (esize == 2) {
     copyUnits<uint16_t>(dst + main, src + main, (bytes - main) / 2, tid, nthreads);
+  } else {
+    copyUnits<uint8_t>(dst + main, src + main, bytes - main, tid, nthreads);
   }
 }
 
@@ -603,6 +605,13 @@ MSCCLPP_DEVICE_INLINE void ll128Entry(const LlCollectiveArgs& a) {
     case kDataTypeF16: ll128AllReduceOp<kDataTypeF16>(a, st, base, bytes); break;
     case kDataTypeBF16: ll128AllReduceOp<kDataTypeBF16>(a, st, base, bytes); break;
     case kDataTypeI32: ll128AllReduceOp<kDataTypeI32>(a, st, base, bytes); break;
+    case kDataTypeF64: ll128AllReduceOp<kDataTypeF64>(a, st, base, bytes); break;
+    case kDataTypeI64: ll128AllReduceOp<kDataTypeI64>(a, st, base, bytes); break;
+    case kDataTypeU64: ll128AllReduceOp<kDataTypeU64>(a, st, base, bytes); break;
+    case kDataTypeI8: ll128AllReduceOp<kDataTypeI8>(a, st, base, bytes); break;
+    case kDataTypeU8: ll128AllReduceOp<kDataTypeU8>(a, st, base, bytes); break;
+    case kDataTypeF8E4M3: ll128AllReduceOp<kDataTypeF8E4M3>(a, st, base, bytes); break;
+    case kDataTypeF8E5M2: ll128AllReduceOp<kDataTypeF8E5M2>(a, st, base, bytes); break;
     default: ll128AllReduceOp<kDataTypeU32>(a, st, base, bytes); break;
   }
   // Every block has read the counter (countStarts) and every thread of block 0 is done: advance.
@@ -699,6 +708,111 @@ extern "C" __global__ void mscclpp_collective_ll_reduce_u32_max(mscclpp::LlColle
 extern "C" __global__ void mscclpp_collective_ll_reduce_u32_avg(mscclpp::LlCollectiveArgs a) {
   mscclpp::llEntry<true, mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
 }
+extern "C" __global__ void mscclpp_collective_ll_reduce_f64_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF64, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f64_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF64, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f64_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF64, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f64_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF64, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f64_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF64, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i64_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI64, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i64_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI64, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i64_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI64, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i64_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI64, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i64_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI64, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u64_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU64, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u64_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU64, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u64_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU64, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u64_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU64, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u64_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU64, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i8_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI8, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i8_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI8, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i8_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI8, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i8_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI8, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_i8_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeI8, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u8_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU8, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u8_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU8, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u8_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU8, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u8_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU8, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_u8_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeU8, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e4m3_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e4m3_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e4m3_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e4m3_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e4m3_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e5m2_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e5m2_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e5m2_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e5m2_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_reduce_f8e5m2_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llEntry<true, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceAvg>(a);
+}
 
 // The short all-reduce, one entry point per element type and operator (written out, as above).
 extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f32_sum(mscclpp::LlCollectiveArgs a) {
@@ -776,6 +890,111 @@ extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_max(mscclpp
 extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u32_avg(mscclpp::LlCollectiveArgs a) {
   mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
 }
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f64_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF64, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f64_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF64, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f64_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF64, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f64_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF64, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f64_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF64, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i64_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI64, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i64_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI64, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i64_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI64, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i64_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI64, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i64_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI64, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u64_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU64, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u64_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU64, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u64_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU64, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u64_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU64, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u64_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU64, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i8_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI8, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i8_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI8, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i8_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI8, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i8_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI8, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_i8_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeI8, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u8_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU8, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u8_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU8, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u8_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU8, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u8_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU8, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_u8_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeU8, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e4m3_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e4m3_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e4m3_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e4m3_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e4m3_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e5m2_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e5m2_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e5m2_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e5m2_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_allreduce_f8e5m2_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollAllReduce, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceAvg>(a);
+}
 
 // The short reduce-scatter, one entry point per element type and operator.
 extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f32_sum(mscclpp::LlCollectiveArgs a) {
@@ -852,6 +1071,111 @@ extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u32_max(ms
 }
 extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u32_avg(mscclpp::LlCollectiveArgs a) {
   mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU32, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f64_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF64, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f64_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF64, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f64_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF64, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f64_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF64, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f64_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF64, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i64_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI64, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i64_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI64, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i64_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI64, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i64_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI64, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i64_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI64, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u64_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU64, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u64_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU64, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u64_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU64, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u64_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU64, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u64_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU64, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i8_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI8, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i8_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI8, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i8_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI8, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i8_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI8, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_i8_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeI8, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u8_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU8, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u8_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU8, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u8_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU8, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u8_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU8, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_u8_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeU8, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e4m3_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e4m3_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e4m3_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e4m3_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e4m3_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E4M3, mscclpp::kReduceAvg>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e5m2_sum(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceSum>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e5m2_prod(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceProd>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e5m2_min(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceMin>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e5m2_max(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceMax>(a);
+}
+extern "C" __global__ void mscclpp_collective_ll_short_reduce_scatter_f8e5m2_avg(mscclpp::LlCollectiveArgs a) {
+  mscclpp::llShort<mscclpp::kCollReduceScatter, mscclpp::kDataTypeF8E5M2, mscclpp::kReduceAvg>(a);
 }
 
 // The short all-gather (any type: it copies bytes).

@@ -127,23 +127,29 @@ fn log_route(op: Op, native: bool, why: &str) {
     }
 }
 
-/// Element size and HAL type of an `ncclDataType_t` (`None`: no native reduction for it).
+/// Element size and HAL type of an `ncclDataType_t` (every NCCL 2.28 type has one).
 pub fn dtype_info(code: c_int) -> Res<(usize, Option<DataType>)> {
     use crate::abi::dtype as d;
-    Ok(match code {
-        d::INT8 | d::UINT8 | d::FLOAT8E4M3 | d::FLOAT8E5M2 => (1, None),
-        d::INT32 => (4, Some(DataType::I32)),
-        d::UINT32 => (4, Some(DataType::U32)),
-        d::INT64 | d::UINT64 | d::FLOAT64 => (8, None),
-        d::FLOAT16 => (2, Some(DataType::F16)),
-        d::FLOAT32 => (4, Some(DataType::F32)),
-        d::BFLOAT16 => (2, Some(DataType::BF16)),
+    let t = match code {
+        d::INT8 => DataType::I8,
+        d::UINT8 => DataType::U8,
+        d::INT32 => DataType::I32,
+        d::UINT32 => DataType::U32,
+        d::INT64 => DataType::I64,
+        d::UINT64 => DataType::U64,
+        d::FLOAT16 => DataType::F16,
+        d::FLOAT32 => DataType::F32,
+        d::FLOAT64 => DataType::F64,
+        d::BFLOAT16 => DataType::BF16,
+        d::FLOAT8E4M3 => DataType::F8E4M3,
+        d::FLOAT8E5M2 => DataType::F8E5M2,
         other => {
             return Err(Failure::argument(format!(
                 "unknown ncclDataType_t {other} (this library knows 0..=11: int8 ... float8e5m2)"
             )));
         }
-    })
+    };
+    Ok((t.size(), Some(t)))
 }
 
 /// The HAL operator of an `ncclRedOp_t` (`None`: a user-created operator, served by fallback).
@@ -588,14 +594,12 @@ impl Comm {
                     Ok((dt, call.count, op))
                 }
                 Op::AllGather | Op::Broadcast | Op::AllToAll => {
-                    // Pure data movement: any type, moved as 32- or 16-bit words.
-                    let bytes = call.count.checked_mul(esize).ok_or("count overflows")?;
-                    match hal_dtype {
-                        Some(dt) => Ok((dt, call.count, ReduceOp::Sum)),
-                        None if bytes % 4 == 0 => Ok((DataType::U32, bytes / 4, ReduceOp::Sum)),
-                        None if bytes % 2 == 0 => Ok((DataType::F16, bytes / 2, ReduceOp::Sum)),
-                        None => Err(format!("{bytes} bytes per rank block is odd")),
-                    }
+                    // Pure data movement: any type.
+                    call.count.checked_mul(esize).ok_or("count overflows")?;
+                    let dt = hal_dtype.ok_or_else(|| {
+                        format!("no native type for ncclDataType_t {}", call.dtype)
+                    })?;
+                    Ok((dt, call.count, ReduceOp::Sum))
                 }
             }
         })();

@@ -6,12 +6,12 @@
 //!
 //! ## What is served how
 //! - **Native** (mscclpp's collectives, enqueued on the caller's stream): `ncclAllReduce`,
-//!   `ncclReduceScatter` (f32, f16, bf16, i32, u32; sum, prod, min, max, avg), `ncclAllGather`,
-//!   `ncclBroadcast`/`ncclBcast`, `ncclAlltoAll` (any type: pure data movement, moved as 32- or
-//!   16-bit words), for 1 to 8 ranks on one host.
+//!   `ncclReduceScatter` (every NCCL 2.28 type, 8- to 64-bit and float8; sum, prod, min, max,
+//!   avg), `ncclAllGather`, `ncclBroadcast`/`ncclBcast`, `ncclAlltoAll` (every type), for 1 to 8
+//!   ranks on one host.
 //! - **Fallback** to the real NCCL named by `MSCCLPP_NCCL_LIB_PATH` (every rank then also holds
 //!   a real communicator, created at `ncclCommInitRank` with an id rank 0 makes and our
-//!   bootstrap carries): other types or operators (PreMulSum), `ncclReduce`, `ncclSend` /
+//!   bootstrap carries): operators made by `ncclRedOpCreatePreMulSum`, `ncclReduce`, `ncclSend` /
 //!   `ncclRecv`, communicators over several hosts or more than 8 ranks, and every operation
 //!   `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` (`all` or e.g. `allreduce,send`) names; also
 //!   `ncclCommSplit`, `ncclCommShrink`, `ncclCommInitAll`, `ncclRedOpCreatePreMulSum`,

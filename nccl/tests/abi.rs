@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Failed, Trial};
+use mscclpp::hal::{DataType, ReduceOp};
 use mscclpp_nccl::EXPORTS;
 use mscclpp_nccl::abi::NcclUniqueId;
 
@@ -148,6 +149,47 @@ fn check<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) -> R
         ));
     }
     Ok(())
+}
+
+/// `n` elements of `dtype` for `rank`: small integers (so that every type holds them), as bytes.
+fn data_of(dtype: DataType, seed: u64, rank: usize, salt: u64, n: usize) -> Vec<u8> {
+    let mut r = Rng::new(seed, rank, salt);
+    let mut out = Vec::with_capacity(n * dtype.size());
+    for _ in 0..n {
+        let v = (r.next() % 9) as f64
+            - if dtype.is_float() || dtype == DataType::I8 {
+                4.0
+            } else {
+                0.0
+            };
+        let v = if matches!(dtype, DataType::I32 | DataType::I64) {
+            v - 4.0
+        } else {
+            v
+        };
+        dtype.encode_f64(v, &mut out);
+    }
+    out
+}
+
+/// The reduction of every rank's `data_of(..)` in rank order, as the kernels compute it.
+fn reduced(dtype: DataType, op: ReduceOp, parts: &[Vec<u8>]) -> Vec<u8> {
+    let s = dtype.size();
+    let mut acc = parts[0].clone();
+    let mut tmp = vec![0u8; s];
+    for p in &parts[1..] {
+        for (a, b) in acc.chunks_exact_mut(s).zip(p.chunks_exact(s)) {
+            dtype.combine_elem(a, b, op, &mut tmp);
+            a.copy_from_slice(&tmp);
+        }
+    }
+    if op == ReduceOp::Avg {
+        for a in acc.chunks_exact_mut(s) {
+            dtype.divide_elem(a, parts.len() as u32, &mut tmp);
+            a.copy_from_slice(&tmp);
+        }
+    }
+    acc
 }
 
 /// One rank's body (a child process).
@@ -305,8 +347,8 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         expect("ncclMemAlloc", unsafe { mem_alloc(&mut p, bytes) }, 0)?;
         Ok(p)
     };
-    let send_buf = alloc(nranks * N * 4)?;
-    let recv_buf = alloc(nranks * N * 4)?;
+    let send_buf = alloc(nranks * N * 8)?;
+    let recv_buf = alloc(nranks * N * 8)?;
     let null = std::ptr::null_mut::<c_void>();
     // Host-backend device memory is this process's memory.
     let put_f32 = |p: *mut c_void, v: &[f32]| {
@@ -451,6 +493,67 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         .collect();
     check("alltoall f32", &get_f32(recv_buf, nranks * N), &want)?;
 
+    // every other NCCL type natively: all-reduce (odd counts), all-gather, broadcast
+    let bytes_in = |p: *mut c_void, v: &[u8]| {
+        // SAFETY: `p` has room for nranks * N * 8 bytes; `v` is at most that.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p.cast::<u8>(), v.len()) }
+    };
+    let bytes_out = |p: *mut c_void, n: usize| -> Vec<u8> {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(p.cast::<u8>(), n) }.to_vec()
+    };
+    // (ncclDataType_t, HAL type, ncclRedOp_t, HAL op, count)
+    let cases = [
+        (0, DataType::I8, 0, ReduceOp::Sum, 1001),
+        (1, DataType::U8, 2, ReduceOp::Max, 7),
+        (4, DataType::I64, 1, ReduceOp::Prod, 333),
+        (5, DataType::U64, 0, ReduceOp::Sum, 5),
+        (8, DataType::F64, 4, ReduceOp::Avg, 999),
+        (10, DataType::F8E4M3, 0, ReduceOp::Sum, 501),
+        (11, DataType::F8E5M2, 3, ReduceOp::Min, 13),
+    ];
+    for (salt, &(code, dt, rop, op, cnt)) in cases.iter().enumerate() {
+        let salt = 100 + salt as u64;
+        let mine = data_of(dt, seed, rank, salt, cnt);
+        let all: Vec<Vec<u8>> = (0..nranks)
+            .map(|q| data_of(dt, seed, q, salt, cnt))
+            .collect();
+        bytes_in(send_buf, &mine);
+        poison(recv_buf);
+        expect(
+            &format!("ncclAllReduce {dt} {op}"),
+            // SAFETY: `cnt` elements in both buffers.
+            unsafe { all_reduce(send_buf, recv_buf, cnt, code, rop, comm, null) },
+            0,
+        )?;
+        let b = cnt * dt.size();
+        check(
+            &format!("allreduce {dt} {op}"),
+            &bytes_out(recv_buf, b),
+            &reduced(dt, op, &all),
+        )?;
+        poison(recv_buf);
+        expect(
+            &format!("ncclAllGather {dt}"),
+            // SAFETY: `cnt` elements in, `nranks * cnt` out.
+            unsafe { all_gather(send_buf, recv_buf, cnt, code, comm, null) },
+            0,
+        )?;
+        check(
+            &format!("allgather {dt}"),
+            &bytes_out(recv_buf, nranks * b),
+            &all.concat(),
+        )?;
+        poison(recv_buf);
+        expect(
+            &format!("ncclBroadcast {dt}"),
+            // SAFETY: `cnt` elements in and out.
+            unsafe { broadcast(send_buf, recv_buf, cnt, code, 1, comm, null) },
+            0,
+        )?;
+        check(&format!("broadcast {dt}"), &bytes_out(recv_buf, b), &all[1])?;
+    }
+
     // a group of native operations
     put_f32(send_buf, &data_f32(seed, rank, 8, N));
     // SAFETY: as for the all-reduce above.
@@ -526,11 +629,6 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         expect(
             "ncclReduce without fallback",
             reduce(send_buf, recv_buf, N, 7, 0, 0, comm, null),
-            5,
-        )?;
-        expect(
-            "ncclAllReduce int64 without fallback",
-            all_reduce(send_buf, recv_buf, N, 4, 0, comm, null),
             5,
         )?;
         let mut child: Comm = std::ptr::null_mut();

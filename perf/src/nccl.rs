@@ -23,6 +23,13 @@ fn dtype_code(d: DataType) -> c_int {
         DataType::BF16 => 9,
         DataType::I32 => 2,
         DataType::U32 => 3,
+        DataType::F64 => 8,
+        DataType::I64 => 4,
+        DataType::U64 => 5,
+        DataType::I8 => 0,
+        DataType::U8 => 1,
+        DataType::F8E4M3 => 10,
+        DataType::F8E5M2 => 11,
     }
 }
 

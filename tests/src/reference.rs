@@ -7,16 +7,23 @@ use mscclpp::hal::{DataType, ReduceOp};
 use crate::rng::Rng;
 
 /// Random elements that keep every reduction of up to 8 ranks finite and exact enough: floats in
-/// [0.5, 1.5) (products stay small), integers in [-50, 50) (u32: [0, 100)).
+/// [0.5, 1.5) (products stay small), signed integers in [-50, 50), unsigned ones in [0, 100)
+/// (8-bit sums and products wrap, as the kernels' do).
 pub fn random_input(dtype: DataType, elems: usize, rng: &mut Rng) -> Vec<u8> {
     let mut out = Vec::with_capacity(elems * dtype.size());
     for _ in 0..elems {
         let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         let x = 0.5 + u;
+        let signed = rng.below(100) as i64 - 50;
+        let unsigned = rng.below(100);
         match dtype {
-            DataType::F32 | DataType::F16 | DataType::BF16 => dtype.encode_f64(x, &mut out),
-            DataType::I32 => out.extend_from_slice(&((rng.below(100) as i32) - 50).to_le_bytes()),
-            DataType::U32 => out.extend_from_slice(&(rng.below(100) as u32).to_le_bytes()),
+            DataType::I32 | DataType::I64 | DataType::I8 => {
+                dtype.encode_f64(signed as f64, &mut out)
+            }
+            DataType::U32 | DataType::U64 | DataType::U8 => {
+                dtype.encode_f64(unsigned as f64, &mut out)
+            }
+            _ => dtype.encode_f64(x, &mut out),
         }
     }
     out
@@ -25,6 +32,28 @@ pub fn random_input(dtype: DataType, elems: usize, rng: &mut Rng) -> Vec<u8> {
 fn reduce_elem(dtype: DataType, op: ReduceOp, elems: &[&[u8]]) -> Vec<u8> {
     let n = elems.len();
     match dtype {
+        // 64- and 8-bit types: in rank order as the kernels combine them (integers wrap; f64 in
+        // f64; FP8 in f32, rounded back after every operation).
+        DataType::F64
+        | DataType::I64
+        | DataType::U64
+        | DataType::I8
+        | DataType::U8
+        | DataType::F8E4M3
+        | DataType::F8E5M2 => {
+            let s = dtype.size();
+            let mut acc = elems[0][..s].to_vec();
+            let mut next = vec![0u8; s];
+            for e in &elems[1..] {
+                dtype.combine_elem(&acc, e, op, &mut next);
+                acc.copy_from_slice(&next);
+            }
+            if op == ReduceOp::Avg {
+                dtype.divide_elem(&acc, n as u32, &mut next);
+                acc.copy_from_slice(&next);
+            }
+            acc
+        }
         DataType::I32 | DataType::U32 => {
             let vals: Vec<u64> = elems
                 .iter()
@@ -112,6 +141,10 @@ pub fn count_wrong(dtype: DataType, op: ReduceOp, got: &[u8], want: &[u8]) -> us
         DataType::F32 => 1e-5,
         DataType::F16 => 4e-3,
         DataType::BF16 => 3e-2,
+        DataType::F64 => 1e-12,
+        // Half a unit in the last place: the reference rounds as the kernels do.
+        DataType::F8E4M3 => 7e-2,
+        DataType::F8E5M2 => 13e-2,
         _ => 0.0,
     } * if op == ReduceOp::Prod { 4.0 } else { 1.0 };
     got.chunks(s)

@@ -83,6 +83,17 @@ pub fn combine_word(a: u64, b: u64, dtype: DataType, op: ReduceOp) -> u64 {
                 ReduceOp::Max => x.max(y),
             }
         ),
+        // 64- and 8-bit types: element by element (FP8 rounds back after every operation, as
+        // the kernels do).
+        _ => {
+            let (ab, bb) = (a.to_le_bytes(), b.to_le_bytes());
+            let mut out = [0u8; 8];
+            let s = dtype.size();
+            for i in (0..8).step_by(s) {
+                dtype.combine_elem(&ab[i..i + s], &bb[i..i + s], op, &mut out[i..i + s]);
+            }
+            u64::from_le_bytes(out)
+        }
     }
 }
 
@@ -119,6 +130,12 @@ pub fn divide_word(a: u64, dtype: DataType, n: u32) -> u64 {
             for i in 0..2 {
                 let v = u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
                 out[4 * i..4 * i + 4].copy_from_slice(&(v / n).to_le_bytes());
+            }
+        }
+        _ => {
+            let s = dtype.size();
+            for i in (0..8).step_by(s) {
+                dtype.divide_elem(&b[i..i + s], n, &mut out[i..i + s]);
             }
         }
     }

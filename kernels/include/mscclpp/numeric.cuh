@@ -13,6 +13,13 @@ constexpr uint32_t kDataTypeF16 = 1;
 constexpr uint32_t kDataTypeBF16 = 2;
 constexpr uint32_t kDataTypeI32 = 3;
 constexpr uint32_t kDataTypeU32 = 4;
+constexpr uint32_t kDataTypeF64 = 5;
+constexpr uint32_t kDataTypeI64 = 6;
+constexpr uint32_t kDataTypeU64 = 7;
+constexpr uint32_t kDataTypeI8 = 8;
+constexpr uint32_t kDataTypeU8 = 9;
+constexpr uint32_t kDataTypeF8E4M3 = 10;
+constexpr uint32_t kDataTypeF8E5M2 = 11;
 
 // ReduceOp codes (hal/src/dtype.rs).
 constexpr uint32_t kReduceSum = 0;
@@ -23,7 +30,11 @@ constexpr uint32_t kReduceAvg = 4;
 
 // Bytes per element of a DataType code (0 for an unknown code).
 MSCCLPP_HOST_DEVICE_INLINE uint32_t dataTypeSize(uint32_t dtype) {
-  return dtype == kDataTypeF16 || dtype == kDataTypeBF16 ? 2u : dtype <= kDataTypeU32 ? 4u : 0u;
+  return dtype == kDataTypeF16 || dtype == kDataTypeBF16 ? 2u
+         : dtype <= kDataTypeU32                         ? 4u
+         : dtype <= kDataTypeU64                         ? 8u
+         : dtype <= kDataTypeF8E5M2                      ? 1u
+                                                         : 0u;
 }
 
 MSCCLPP_HOST_DEVICE_INLINE uint32_t floatBits(float f) {
@@ -94,12 +105,82 @@ MSCCLPP_HOST_DEVICE_INLINE uint32_t floatToHalf(float f) {
   return sign | q;
 }
 
+// ---- 8-bit floats (OCP FP8: E4M3 = E4M3FN, bias 7, no infinities; E5M2, bias 15) -----------
+// The same bits as hal/src/dtype.rs (fp8_to_f32, f32_to_fp8): exact widening; narrowing rounds to
+// nearest even and saturates to the largest finite value (NVIDIA's __NV_SATFINITE), NaN stays NaN.
+
+template <bool E4M3>
+MSCCLPP_HOST_DEVICE_INLINE float fp8ToFloat(uint32_t v) {
+  constexpr uint32_t M = E4M3 ? 3u : 2u;
+  constexpr uint32_t BIAS = E4M3 ? 7u : 15u;
+  const uint32_t sign = (v & 0x80u) << 24;
+  const uint32_t e = (v & 0x7fu) >> M;
+  const uint32_t m = v & ((1u << M) - 1u);
+  if (E4M3 && (v & 0x7fu) == 0x7fu) return bitsFloat(0x7fc00000u);
+  if (!E4M3 && e == 31u) return bitsFloat(sign | (m ? 0x7fc00000u : 0x7f800000u));
+  if (e == 0) {
+    // m * 2^(1 - BIAS - M), exact in f32.
+    const float q = E4M3 ? 1.953125e-3f : 1.52587890625e-5f;
+    return bitsFloat(sign | floatBits((float)m * q));
+  }
+  return bitsFloat(sign | ((e + 127u - BIAS) << 23) | (m << (23u - M)));
+}
+
+template <bool E4M3>
+MSCCLPP_HOST_DEVICE_INLINE uint32_t floatToFp8(float f) {
+  constexpr uint32_t M = E4M3 ? 3u : 2u;
+  constexpr int BIAS = E4M3 ? 7 : 15;
+  constexpr uint32_t MAXV = E4M3 ? 0x7eu : 0x7bu;
+  const uint32_t bits = floatBits(f);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t x = bits & 0x7fffffffu;
+  if (x > 0x7f800000u) return sign | 0x7fu;
+  if (x < 0x00800000u) return sign;
+  const int e = (int)(x >> 23) - 127;
+  if (e >= 1 - BIAS) {
+    constexpr uint32_t DROP = 23u - M;
+    const uint32_t q = (x & 0x7fffffu) >> DROP;
+    const uint32_t r = x & ((1u << DROP) - 1u);
+    constexpr uint32_t HALF = 1u << (DROP - 1u);
+    uint32_t v = ((uint32_t)(e + BIAS) << M) | q;
+    if (r > HALF || (r == HALF && (q & 1u))) ++v;
+    return sign | (v < MAXV ? v : MAXV);
+  }
+  const uint32_t m = (x & 0x7fffffu) | 0x800000u;
+  const uint32_t s = (uint32_t)(24 - BIAS - (int)M - e);
+  if (s >= 25u) return sign;
+  uint32_t q = m >> s;
+  const uint32_t r = m & ((1u << s) - 1u);
+  const uint32_t half = 1u << (s - 1u);
+  if (r > half || (r == half && (q & 1u))) ++q;
+  return sign | q;
+}
+
+MSCCLPP_HOST_DEVICE_INLINE uint64_t doubleBits(double d) {
+  union {
+    double d;
+    uint64_t u;
+  } c;
+  c.d = d;
+  return c.u;
+}
+MSCCLPP_HOST_DEVICE_INLINE double bitsDouble(uint64_t u) {
+  union {
+    double d;
+    uint64_t u;
+  } c;
+  c.u = u;
+  return c.d;
+}
+
 // ---- reduction of 8-byte words ------------------------------------------------------------
 //
 // A Reducer<DTYPE, OP> combines the elements packed in 8-byte words (2 x 32-bit or 4 x 16-bit,
-// little-endian: the element at the lower address in the low bits): `load` starts an
+// little-endian: the element at the lower address in the low bits; 1 x 64-bit and 8 x 8-bit too): `load` starts an
 // accumulator from a word, `add` combines a word into it, `finish` gives the output word
-// (Avg divides by `n` there). 16-bit floats accumulate in f32 and round once, in `finish`.
+// (Avg divides by `n` there). 16-bit floats accumulate in f32 and round once, in `finish`; 8-bit
+// types stay packed in the word (few registers: the wide kernels keep several reducers per
+// thread) and FP8 rounds back after every operation, as NCCL does.
 
 template <uint32_t OP>
 MSCCLPP_HOST_DEVICE_INLINE float combineF32(float a, float b) {
@@ -219,5 +300,124 @@ struct Reducer<kDataTypeU32, OP> {
     return (uint64_t)a | ((uint64_t)b << 32);
   }
 };
+
+template <uint32_t OP>
+MSCCLPP_HOST_DEVICE_INLINE double combineF64(double a, double b) {
+  if (OP == kReduceProd) return a * b;
+  // As fmin/fmax: a NaN operand gives the other one.
+  if (OP == kReduceMin) return a != a ? b : b != b ? a : (b < a ? b : a);
+  if (OP == kReduceMax) return a != a ? b : b != b ? a : (b > a ? b : a);
+  return a + b;
+}
+
+template <uint32_t OP>
+struct Reducer<kDataTypeF64, OP> {
+  double v;
+  MSCCLPP_HOST_DEVICE_INLINE void load(uint64_t w) { v = bitsDouble(w); }
+  MSCCLPP_HOST_DEVICE_INLINE void add(uint64_t w) { v = combineF64<OP>(v, bitsDouble(w)); }
+  MSCCLPP_HOST_DEVICE_INLINE uint64_t finish(uint32_t n) const {
+    return doubleBits(OP == kReduceAvg ? v / (double)n : v);
+  }
+};
+
+// 64-bit integers (SIGNED: i64, else u64); Avg truncates.
+template <bool SIGNED, uint32_t OP>
+struct Reducer64 {
+  uint64_t v;
+  MSCCLPP_HOST_DEVICE_INLINE void load(uint64_t w) { v = w; }
+  MSCCLPP_HOST_DEVICE_INLINE void add(uint64_t w) {
+    if (OP == kReduceProd) {
+      v = v * w;
+    } else if (OP == kReduceMin) {
+      v = (SIGNED ? (int64_t)w < (int64_t)v : w < v) ? w : v;
+    } else if (OP == kReduceMax) {
+      v = (SIGNED ? (int64_t)w > (int64_t)v : w > v) ? w : v;
+    } else {
+      v = v + w;
+    }
+  }
+  MSCCLPP_HOST_DEVICE_INLINE uint64_t finish(uint32_t n) const {
+    if (OP != kReduceAvg) return v;
+    return SIGNED ? (uint64_t)((int64_t)v / (int64_t)n) : v / (uint64_t)n;
+  }
+};
+template <uint32_t OP>
+struct Reducer<kDataTypeI64, OP> : Reducer64<true, OP> {};
+template <uint32_t OP>
+struct Reducer<kDataTypeU64, OP> : Reducer64<false, OP> {};
+
+// The 8-bit lane `i` of `w` as the lane type's value: sign-extended for i8.
+template <uint32_t DTYPE>
+MSCCLPP_HOST_DEVICE_INLINE uint32_t lane8(uint64_t w, int i) {
+  const uint32_t b = (uint32_t)(w >> (8 * i)) & 0xffu;
+  return DTYPE == kDataTypeI8 ? (uint32_t)(int32_t)(int8_t)b : b;
+}
+
+// One 8-bit lane: integers wrap, FP8 in f32 rounded back.
+template <uint32_t DTYPE, uint32_t OP>
+MSCCLPP_HOST_DEVICE_INLINE uint32_t combine8(uint32_t a, uint32_t b) {
+  if (DTYPE == kDataTypeF8E4M3 || DTYPE == kDataTypeF8E5M2) {
+    constexpr bool E4 = DTYPE == kDataTypeF8E4M3;
+    return floatToFp8<E4>(combineF32<OP>(fp8ToFloat<E4>(a), fp8ToFloat<E4>(b)));
+  }
+  if (DTYPE == kDataTypeI8) return combineI32<OP>(a, b) & 0xffu;
+  return combineU32<OP>(a, b) & 0xffu;
+}
+
+// The lane-wise operation and the division of Avg on words of eight 8-bit lanes: out of line, so
+// that the many entry points' copies stay small (these types are rarely on a hot path).
+template <uint32_t DTYPE, uint32_t OP>
+__device__ __noinline__ uint64_t combineWord8(uint64_t v, uint64_t w) {
+  uint64_t r = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    r |= (uint64_t)(combine8<DTYPE, OP>(lane8<DTYPE>(v, i), lane8<DTYPE>(w, i)) & 0xffu) << (8 * i);
+  }
+  return r;
+}
+template <uint32_t DTYPE>
+__device__ __noinline__ uint64_t divideWord8(uint64_t v, uint32_t n) {
+  uint64_t r = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    uint32_t x;
+    if (DTYPE == kDataTypeF8E4M3) {
+      x = floatToFp8<true>(fp8ToFloat<true>(lane8<DTYPE>(v, i)) / (float)n);
+    } else if (DTYPE == kDataTypeF8E5M2) {
+      x = floatToFp8<false>(fp8ToFloat<false>(lane8<DTYPE>(v, i)) / (float)n);
+    } else if (DTYPE == kDataTypeI8) {
+      x = (uint32_t)((int32_t)lane8<DTYPE>(v, i) / (int32_t)n);
+    } else {
+      x = lane8<DTYPE>(v, i) / n;
+    }
+    r |= (uint64_t)(x & 0xffu) << (8 * i);
+  }
+  return r;
+}
+
+// i8, u8, FP8: eight lanes packed in the word.
+template <uint32_t DTYPE, uint32_t OP>
+struct Reducer8 {
+  uint64_t v;
+  MSCCLPP_DEVICE_INLINE void load(uint64_t w) { v = w; }
+  MSCCLPP_DEVICE_INLINE void add(uint64_t w) {
+    if ((OP == kReduceSum || OP == kReduceAvg) && (DTYPE == kDataTypeI8 || DTYPE == kDataTypeU8)) {
+      // Lane-wise wrapping add without carries across lanes.
+      const uint64_t h = 0x8080808080808080ull;
+      v = ((v & ~h) + (w & ~h)) ^ ((v ^ w) & h);
+    } else {
+      v = combineWord8<DTYPE, OP>(v, w);
+    }
+  }
+  MSCCLPP_DEVICE_INLINE uint64_t finish(uint32_t n) const { return OP == kReduceAvg ? divideWord8<DTYPE>(v, n) : v; }
+};
+template <uint32_t OP>
+struct Reducer<kDataTypeI8, OP> : Reducer8<kDataTypeI8, OP> {};
+template <uint32_t OP>
+struct Reducer<kDataTypeU8, OP> : Reducer8<kDataTypeU8, OP> {};
+template <uint32_t OP>
+struct Reducer<kDataTypeF8E4M3, OP> : Reducer8<kDataTypeF8E4M3, OP> {};
+template <uint32_t OP>
+struct Reducer<kDataTypeF8E5M2, OP> : Reducer8<kDataTypeF8E5M2, OP> {};
 
 }  // namespace mscclpp

@@ -14,9 +14,12 @@ __device__ __noinline__ uint64_t loadWordSlow(const char* p, uint32_t n) {
   if ((((uint64_t)p | n) & 3) == 0) {
 #pragma unroll 1
     for (uint32_t b = 0; b < n; b += 4) w |= (uint64_t)(*(const uint32_t*)(p + b)) << (8 * b);
-  } else {
+  } else if ((((uint64_t)p | n) & 1) == 0) {
 #pragma unroll 1
     for (uint32_t b = 0; b < n; b += 2) w |= (uint64_t)(*(const uint16_t*)(p + b)) << (8 * b);
+  } else {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; ++b) w |= (uint64_t)(*(const uint8_t*)(p + b)) << (8 * b);
   }
   return w;
 }
@@ -24,9 +27,12 @@ __device__ __noinline__ void storeWordSlow(char* p, uint64_t w, uint32_t n) {
   if ((((uint64_t)p | n) & 3) == 0) {
 #pragma unroll 1
     for (uint32_t b = 0; b < n; b += 4) *(uint32_t*)(p + b) = (uint32_t)(w >> (8 * b));
-  } else {
+  } else if ((((uint64_t)p | n) & 1) == 0) {
 #pragma unroll 1
     for (uint32_t b = 0; b < n; b += 2) *(uint16_t*)(p + b) = (uint16_t)(w >> (8 * b));
+  } else {
+#pragma unroll 1
+    for (uint32_t b = 0; b < n; ++b) *(uint8_t*)(p + b) = (uint8_t)(w >> (8 * b));
   }
 }
 

@@ -360,6 +360,13 @@ mod tests {
                 DataType::BF16 => v.extend_from_slice(&half::bf16::from_f32(f).to_le_bytes()),
                 DataType::I32 => v.extend_from_slice(&((r % 201) as i32 - 100).to_le_bytes()),
                 DataType::U32 => v.extend_from_slice(&((r % 1000) as u32).to_le_bytes()),
+                DataType::I64 => v.extend_from_slice(&((r % 201) as i64 - 100).to_le_bytes()),
+                DataType::U64 => v.extend_from_slice(&(r % 1000).to_le_bytes()),
+                DataType::I8 => v.push(((r % 41) as i8 - 20) as u8),
+                DataType::U8 => v.push((r % 40) as u8),
+                DataType::F64 | DataType::F8E4M3 | DataType::F8E5M2 => {
+                    dtype.encode_f64(f64::from(f), &mut v)
+                }
             }
         }
         v
@@ -552,13 +559,7 @@ mod tests {
     }
 
     fn matrix(n: usize) -> Vec<Case> {
-        let dtypes = [
-            DataType::F32,
-            DataType::F16,
-            DataType::BF16,
-            DataType::I32,
-            DataType::U32,
-        ];
+        let dtypes = DataType::ALL;
         let ops = [
             ReduceOp::Sum,
             ReduceOp::Prod,

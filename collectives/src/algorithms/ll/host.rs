@@ -107,13 +107,24 @@ pub fn collective_ll(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
                 for w in 0..words {
                     let bytes = (len - w * 8).min(8);
                     // SAFETY: within this rank's input block.
-                    let mut acc = unsafe { load(mine + w * 8, bytes) };
-                    for p in (0..n).filter(|&p| p != rank) {
-                        // SAFETY: this rank's own slot for `p`, 16-aligned, inside the scratch.
-                        let v = unsafe {
-                            LL16Packet::read(a.slot(rank, p, f) + w * 16, f as u32, timeout)?
+                    let own = unsafe { load(mine + w * 8, bytes) };
+                    // In rank order, as the GPU kernels: every rank computes the same bits (FP8
+                    // rounds after every operation).
+                    let mut acc = 0;
+                    for p in 0..n {
+                        let v = if p == rank {
+                            own
+                        } else {
+                            // SAFETY: this rank's own slot for `p`, 16-aligned, inside the scratch.
+                            unsafe {
+                                LL16Packet::read(a.slot(rank, p, f) + w * 16, f as u32, timeout)?
+                            }
                         };
-                        acc = combine_word(acc, v, dtype, op);
+                        acc = if p == 0 {
+                            v
+                        } else {
+                            combine_word(acc, v, dtype, op)
+                        };
                     }
                     if op == ReduceOp::Avg {
                         acc = divide_word(acc, dtype, a.nranks);

@@ -204,7 +204,7 @@ impl Ll {
 /// The kernels of the LL module by element type and operator, in `dtype * 5 + op` order.
 pub(crate) fn load_all(
     comm: &Communicator,
-    ids: &[[KernelId; 5]; 5],
+    ids: &[[KernelId; 5]; module::NTYPES],
 ) -> Result<Vec<TypedKernel<LlCollectiveArgs>>> {
     ids.iter()
         .flatten()

@@ -15,17 +15,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{KernelId, LaunchConfig, Result, Stream, TypedKernel};
 
-use super::ll::module::{MODULE, by_type_and_op};
+use super::ll::module::{MODULE, NTYPES, by_type_and_op};
 use super::ll::{LlCollectiveArgs, LlGrid, LlScratch, load_all};
 use super::{Algorithm, AlgorithmId, Plan, load};
 use crate::CollectiveKind;
 use crate::call::Checked;
 
 /// The short all-reduce, one per element type and operator (by their codes).
-pub(crate) const ALLREDUCE: [[KernelId; 5]; 5] =
+pub(crate) const ALLREDUCE: [[KernelId; 5]; NTYPES] =
     by_type_and_op!("mscclpp_collective_ll_short_allreduce");
 /// The short reduce-scatter, one per element type and operator.
-pub(crate) const REDUCE_SCATTER: [[KernelId; 5]; 5] =
+pub(crate) const REDUCE_SCATTER: [[KernelId; 5]; NTYPES] =
     by_type_and_op!("mscclpp_collective_ll_short_reduce_scatter");
 /// The short all-gather (any type: it copies bytes).
 pub(crate) const ALLGATHER: KernelId = KernelId("mscclpp_collective_ll_short_allgather");
