@@ -691,5 +691,12 @@ pub fn combine(acc: &mut [u8], other: &[u8], dtype: DataType, op: ReduceOp) {
         }
         DataType::I32 => int!(i32),
         DataType::U32 => int!(u32),
+        _ => {
+            let s = dtype.size();
+            for (a, b) in acc.chunks_exact_mut(s).zip(other.chunks_exact(s)) {
+                let x = a.to_vec();
+                dtype.combine_elem(&x, b, op, a);
+            }
+        }
     }
 }
