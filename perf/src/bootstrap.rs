@@ -352,6 +352,11 @@ fn run_threads(n: usize, reps: u32) -> Result<ExitCode> {
     let wall = t0.elapsed();
     if failed > 0 {
         eprintln!("mscclpp-perf: {failed} of {n} ranks failed");
+        // What usually runs out first with thousands of threads in one process.
+        eprintln!(
+            "mscclpp-perf: each rank here takes about four threads (its own, an acceptor, a reader              per connection), each thread four memory mappings (stack, signal stack and their              guards); vm.max_map_count = {}",
+            read_num("/proc/sys/vm/max_map_count").map_or("?".into(), |v| v.to_string())
+        );
         return Ok(ExitCode::FAILURE);
     }
     let figs: Vec<Figures> = figs

@@ -491,11 +491,23 @@ impl Bootstrap {
             }
             (Err(e), None) => return Err(e),
         };
-        let b = Self::start(uid, rank, nranks, local_rank, cfg, listener, table)?;
+        let b = Self::start(uid, rank, nranks, local_rank, cfg.clone(), listener, table)?;
         // Host identities, gathered along the collective schedule (this also opens the
         // connections every later collective uses).
+        // Under what is left of the one bootstrap deadline, not a fresh one.
         let me = mscclpp_hal::env::host_id();
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let b = Bootstrap {
+            cfg: BootstrapConfig {
+                timeout: left,
+                ..b.cfg.clone()
+            },
+            ..b
+        };
         let ids = b.all_gather(me.as_bytes())?;
+        let b = Bootstrap { cfg, ..b };
         let mut seen: HashMap<Vec<u8>, u32> = HashMap::new();
         let hosts: Vec<u32> = ids
             .into_iter()
@@ -1265,10 +1277,11 @@ impl Bootstrap {
             if let Some(i) = (0..peers.len()).find(|&i| got[i].is_none() && !linked[i]) {
                 drop(st);
                 linked[i] = true;
-                // A lost peer (`Error::Remote`) is reported above on the next pass.
+                // A peer found dead is reported above on the next pass; any other failure to
+                // connect (a refusal, a timeout) is final.
                 if targets[i] != sh.rank
                     && let Err(e) = self.link(targets[i], deadline)
-                    && !matches!(e, Error::Remote { .. })
+                    && !sh.lock().dead.contains_key(&targets[i])
                 {
                     return Err(self.translate(e));
                 }
@@ -1355,8 +1368,11 @@ fn dial(sh: &Shared, peer: usize, deadline: Instant) -> Result<Option<TcpStream>
         nranks: sh.nranks,
         listen: sh.listen,
     };
-    write_frame(&mut s, FrameKind::Hello, 0, &encode_hello(&hello))
-        .map_err(|e| lost(peer, &format!("sending the hello: {e}")))?;
+    if let Err(e) = write_frame(&mut s, FrameKind::Hello, 0, &encode_hello(&hello)) {
+        let reason = format!("sending the hello to {addr}: {e}");
+        sh.mark_dead(peer, reason.clone());
+        return Err(lost(peer, &reason));
+    }
     let reply = read_reply(
         &mut s,
         deadline,
@@ -1371,6 +1387,12 @@ fn dial(sh: &Shared, peer: usize, deadline: Instant) -> Result<Option<TcpStream>
             format!("rank {peer} answered the hello with a {kind:?} frame"),
         )),
         Err(Error::Remote { message, .. }) if message.contains(CROSSED) => Ok(None),
+        // The connection ended without an answer: the peer is gone (or going).
+        Err(e) if root_turned_us_away(&e) => {
+            let reason = format!("no acknowledgement: {e}");
+            sh.mark_dead(peer, reason.clone());
+            Err(lost(peer, &reason))
+        }
         Err(Error::Remote { message, .. }) => Err(Error::Remote {
             rank: peer,
             message,
@@ -1743,8 +1765,9 @@ fn unpack_blocks(buf: &[u8], want: usize, from: usize) -> Result<Vec<Vec<u8>>> {
     Ok(out)
 }
 
-/// Whether a failed exchange with the root means it turned us away (closed the connection
-/// before answering, as it does when too many handshakes are in progress) rather than failed.
+/// Whether a failed exchange means the other side closed the connection before answering (the
+/// root does so when too many handshakes are in progress; a peer, when it exits), rather than
+/// answered with a refusal.
 fn root_turned_us_away(e: &Error) -> bool {
     match e {
         Error::Remote { rank, message } => {
