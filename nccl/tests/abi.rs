@@ -493,6 +493,23 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         .collect();
     check("alltoall f32", &get_f32(recv_buf, nranks * N), &want)?;
 
+    // all-to-all in place
+    put_f32(recv_buf, &data_f32(seed, rank, 9, nranks * N));
+    expect(
+        "ncclAlltoAll in place",
+        // SAFETY: 2N in place.
+        unsafe { all_to_all(recv_buf, recv_buf, N, 7, comm, null) },
+        0,
+    )?;
+    let want: Vec<f32> = (0..nranks)
+        .flat_map(|q| data_f32(seed, q, 9, nranks * N)[rank * N..(rank + 1) * N].to_vec())
+        .collect();
+    check(
+        "alltoall f32 in place",
+        &get_f32(recv_buf, nranks * N),
+        &want,
+    )?;
+
     // every other NCCL type natively: all-reduce (odd counts), all-gather, broadcast
     let bytes_in = |p: *mut c_void, v: &[u8]| {
         // SAFETY: `p` has room for nranks * N * 8 bytes; `v` is at most that.
