@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives, MAX_RANKS};
 use mscclpp::comm::{Bootstrap, BootstrapConfig, Communicator, UniqueId};
-use mscclpp::hal::{BackendKind, DataType, Device, DevicePtr, ReduceOp, Stream};
+use mscclpp::hal::{
+    BackendKind, BufferSlice, DataType, Device, DeviceBuffer, DevicePtr, MemoryKind, ReduceOp,
+    Stream,
+};
 
 use crate::abi::*;
 use crate::error::{Failure, Res};
@@ -179,7 +182,14 @@ pub struct Native {
     internal: Arc<dyn Stream>,
     /// Wrappers of callers' native streams, by handle.
     streams: Mutex<HashMap<u64, Arc<dyn Stream>>>,
+    /// Where `ncclReduce` leaves the all-reduce's result on the ranks other than the root
+    /// ([`REDUCE_CHUNK_BYTES`], allocated with the communicator: nothing is allocated while a
+    /// stream may be capturing).
+    reduce_sink: Option<DeviceBuffer>,
 }
+
+/// Bytes of the all-reduces `ncclReduce` is made of (the last may be shorter).
+pub const REDUCE_CHUNK_BYTES: usize = 8 << 20;
 
 impl Native {
     /// Whether the device is the host backend's.
@@ -404,6 +414,13 @@ pub fn init_rank(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Res<Comm> {
     if let Some(why) = &no_colls {
         tracing::info!("every collective of this communicator falls back: {why}");
     }
+    let reduce_sink = match &colls {
+        Some(_) => Some(
+            comm.device()
+                .alloc(REDUCE_CHUNK_BYTES, MemoryKind::Device)?,
+        ),
+        None => None,
+    };
     Ok(Comm {
         rank: r,
         nranks: n,
@@ -414,6 +431,7 @@ pub fn init_rank(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Res<Comm> {
             no_colls,
             internal,
             streams: Mutex::new(HashMap::new()),
+            reduce_sink,
         }),
         real: Mutex::new(real_comm),
         async_error: AtomicI32::new(NCCL_SUCCESS),
@@ -584,9 +602,8 @@ impl Comm {
                 return Err(native.no_colls.clone().unwrap_or_default());
             }
             match call.op {
-                Op::Reduce => Err("no native reduce".to_owned()),
                 Op::Send | Op::Recv => Err("point-to-point always falls back".to_owned()),
-                Op::AllReduce | Op::ReduceScatter => {
+                Op::AllReduce | Op::ReduceScatter | Op::Reduce => {
                     let op = hal_op.ok_or("user-created (PreMulSum) reduction operator")?;
                     let dt = hal_dtype.ok_or_else(|| {
                         format!("no native reduction of ncclDataType_t {}", call.dtype)
@@ -618,6 +635,41 @@ impl Comm {
         }
     }
 
+    /// The stream an operation runs on: the communicator's own on the host backend (which has
+    /// no native streams: `stream` must be NULL), else the caller's, wrapped once.
+    fn stream_of(&self, native: &Native, stream: CudaStream) -> Res<Arc<dyn Stream>> {
+        let device = native.comm.device();
+        if device.info().backend == BackendKind::Host {
+            if !stream.is_null() {
+                return Err(Failure::argument(format!(
+                    "stream {stream:p}: the host backend has no native streams; pass NULL (the communicator's own stream)"
+                )));
+            }
+            return Ok(native.internal.clone());
+        }
+        let h = stream as u64;
+        let mut cache = native.streams.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(match cache.get(&h) {
+            Some(s) => s.clone(),
+            None => {
+                // SAFETY: NCCL's contract: `stream` is a live stream of the communicator's
+                // device (NULL: the default stream); the wrapper neither destroys nor queries it.
+                let s = unsafe { device.wrap_stream(h)? };
+                cache.insert(h, s.clone());
+                s
+            }
+        })
+    }
+
+    /// Records a failure that made the communicator unusable (`ncclCommGetAsyncError`).
+    fn note(&self, e: mscclpp::hal::Error) -> Failure {
+        let f = Failure::from(e);
+        if matches!(f.code, NCCL_REMOTE_ERROR | NCCL_SYSTEM_ERROR) {
+            self.async_error.store(f.code, Ordering::Relaxed);
+        }
+        f
+    }
+
     fn run_native(&self, call: Call, dt: DataType, count: usize, op: ReduceOp) -> Res<()> {
         let native = self
             .native
@@ -632,6 +684,23 @@ impl Comm {
         let full = block
             .checked_mul(n)
             .ok_or_else(|| Failure::argument("count overflows"))?;
+        let stream = self.stream_of(native, call.stream)?;
+        let host = device.info().backend == BackendKind::Host;
+        let root = usize::try_from(call.root).unwrap_or(0);
+        if call.op == Op::Reduce {
+            // SAFETY: NCCL's contract: `count` elements at `sendbuff` on every rank, and at
+            // `recvbuff` on the root, alive until the operation has run on `stream`.
+            let input = unsafe { device.wrap_external(DevicePtr(call.send as u64), block)? };
+            let output = if root == self.rank {
+                // SAFETY: as above.
+                Some(unsafe { device.wrap_external(DevicePtr(call.recv as u64), block)? })
+            } else {
+                None
+            };
+            let res = self.reduce(native, &input, output.as_ref(), count, dt, op, &*stream);
+            let res = res.and_then(|()| if host { stream.synchronize() } else { Ok(()) });
+            return res.map_err(|e| self.note(e));
+        }
         let kind = call
             .op
             .collective()
@@ -642,7 +711,6 @@ impl Comm {
             CollectiveKind::ReduceScatter => (full, block),
             CollectiveKind::AllToAll => (full, full),
         };
-        let root = usize::try_from(call.root).unwrap_or(0);
         // Broadcast: only the root's send buffer is read; the others may pass anything.
         let send_ptr = if call.op == Op::Broadcast && root != self.rank {
             call.recv as u64
@@ -655,30 +723,6 @@ impl Comm {
         let input = unsafe { device.wrap_external(DevicePtr(send_ptr), in_bytes)? };
         // SAFETY: as above.
         let output = unsafe { device.wrap_external(DevicePtr(call.recv as u64), out_bytes)? };
-        let host = device.info().backend == BackendKind::Host;
-        let stream: Arc<dyn Stream> = if host {
-            if !call.stream.is_null() {
-                return Err(Failure::argument(format!(
-                    "stream {:p}: the host backend has no native streams; pass NULL (the communicator's own stream)",
-                    call.stream
-                )));
-            }
-            native.internal.clone()
-        } else {
-            let h = call.stream as u64;
-            let mut cache = native.streams.lock().unwrap_or_else(|p| p.into_inner());
-            match cache.get(&h) {
-                Some(s) => s.clone(),
-                None => {
-                    // SAFETY: NCCL's contract: `stream` is a live stream of the communicator's
-                    // device (NULL: the default stream); the wrapper neither destroys nor
-                    // queries it.
-                    let s = unsafe { device.wrap_stream(h)? };
-                    cache.insert(h, s.clone());
-                    s
-                }
-            }
-        };
         let (i, o) = (input.full(), output.full());
         let res = match &native.colls {
             None => {
@@ -699,13 +743,48 @@ impl Comm {
         // The host backend orders work on the communicator's own stream and returns once it
         // ran: callers have no stream of their own to wait on.
         let res = res.and_then(|()| if host { stream.synchronize() } else { Ok(()) });
-        res.map_err(|e| {
-            let f = Failure::from(e);
-            if matches!(f.code, NCCL_REMOTE_ERROR | NCCL_SYSTEM_ERROR) {
-                self.async_error.store(f.code, Ordering::Relaxed);
-            }
-            f
-        })
+        res.map_err(|e| self.note(e))
+    }
+
+    /// `ncclReduce`: all-reduces of at most [`REDUCE_CHUNK_BYTES`], into the root's output there
+    /// and into the communicator's sink elsewhere (the same calls on every rank, so the same
+    /// algorithms). Stream-ordered, no host synchronisation, nothing allocated: capturable.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        native: &Native,
+        input: &DeviceBuffer,
+        output: Option<&DeviceBuffer>,
+        count: usize,
+        dt: DataType,
+        op: ReduceOp,
+        stream: &dyn Stream,
+    ) -> mscclpp::hal::Result<()> {
+        let esz = dt.size();
+        let Some(c) = &native.colls else {
+            // One rank: a copy on the root (in place: nothing to do).
+            return match output {
+                Some(o) if o.ptr() != input.ptr() => stream.copy(&o.full(), &input.full()),
+                _ => Ok(()),
+            };
+        };
+        let sink = native.reduce_sink.as_ref().ok_or_else(|| {
+            mscclpp::hal::Error::Internal("ncclReduce without its sink buffer".into())
+        })?;
+        let chunk = (REDUCE_CHUNK_BYTES / esz).max(1);
+        let mut at = 0;
+        while at < count {
+            let m = chunk.min(count - at);
+            let range = at * esz..(at + m) * esz;
+            let i: BufferSlice = input.slice(range.clone())?;
+            let o: BufferSlice = match output {
+                Some(o) => o.slice(range)?,
+                None => sink.slice(..m * esz)?,
+            };
+            c.all_reduce(&i, &o, m, dt, op, stream)?;
+            at += m;
+        }
+        Ok(())
     }
 
     fn run_real(&self, call: Call, why: &str) -> Res<()> {

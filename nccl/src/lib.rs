@@ -7,11 +7,12 @@
 //! ## What is served how
 //! - **Native** (mscclpp's collectives, enqueued on the caller's stream): `ncclAllReduce`,
 //!   `ncclReduceScatter` (every NCCL 2.28 type, 8- to 64-bit and float8; sum, prod, min, max,
-//!   avg), `ncclAllGather`, `ncclBroadcast`/`ncclBcast`, `ncclAlltoAll` (every type), for 1 to 8
-//!   ranks on one host.
+//!   avg), `ncclReduce` (all-reduces of at most 8 MiB into the root's output and a sink
+//!   elsewhere), `ncclAllGather`, `ncclBroadcast`/`ncclBcast`, `ncclAlltoAll` (every type, in place
+//!   too), for 1 to 8 ranks on one host.
 //! - **Fallback** to the real NCCL named by `MSCCLPP_NCCL_LIB_PATH` (every rank then also holds
 //!   a real communicator, created at `ncclCommInitRank` with an id rank 0 makes and our
-//!   bootstrap carries): operators made by `ncclRedOpCreatePreMulSum`, `ncclReduce`, `ncclSend` /
+//!   bootstrap carries): operators made by `ncclRedOpCreatePreMulSum`, `ncclSend` /
 //!   `ncclRecv`, communicators over several hosts or more than 8 ranks, and every operation
 //!   `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` (`all` or e.g. `allreduce,send`) names; also
 //!   `ncclCommSplit`, `ncclCommShrink`, `ncclCommInitAll`, `ncclRedOpCreatePreMulSum`,
@@ -864,7 +865,8 @@ pub unsafe extern "C" fn ncclAlltoAll(
 }
 
 /// `ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t
-/// datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)`: fallback.
+/// datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)`: native
+/// (all-reduces into the root's `recvbuff`; the others' `recvbuff` is not touched).
 ///
 /// # Safety
 /// As for [`ncclAllReduce`].

@@ -571,6 +571,81 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         check(&format!("broadcast {dt}"), &bytes_out(recv_buf, b), &all[1])?;
     }
 
+    // reduce: f32 sum to rank 1; i64 max in place to rank 0 (the other rank's buffer stays);
+    // 3 Mi f32 (two all-reduces of the 8 MiB chunks) to rank 0
+    put_f32(send_buf, &data_f32(seed, rank, 10, N));
+    poison(recv_buf);
+    expect(
+        "ncclReduce",
+        // SAFETY: N in, N out (read on the root only).
+        unsafe { reduce(send_buf, recv_buf, N, 7, 0, 1, comm, null) },
+        0,
+    )?;
+    if rank == 1 {
+        let want: Vec<f32> = (0..N)
+            .map(|i| (0..nranks).map(|q| data_f32(seed, q, 10, N)[i]).sum())
+            .collect();
+        check("reduce f32 sum to 1", &get_f32(recv_buf, N), &want)?;
+    } else if !get_f32(recv_buf, N).iter().all(|x| x.is_nan()) {
+        return Err("ncclReduce wrote the output of a rank other than the root".into());
+    }
+    check(
+        "reduce's input",
+        &get_f32(send_buf, N),
+        &data_f32(seed, rank, 10, N),
+    )?;
+    let mine = data_of(DataType::I64, seed, rank, 11, N);
+    bytes_in(recv_buf, &mine);
+    expect(
+        "ncclReduce in place",
+        // SAFETY: N i64 in place.
+        unsafe { reduce(recv_buf, recv_buf, N, 4, 2, 0, comm, null) },
+        0,
+    )?;
+    let want = if rank == 0 {
+        let all: Vec<Vec<u8>> = (0..nranks)
+            .map(|q| data_of(DataType::I64, seed, q, 11, N))
+            .collect();
+        reduced(DataType::I64, ReduceOp::Max, &all)
+    } else {
+        mine
+    };
+    check(
+        "reduce i64 max in place",
+        &bytes_out(recv_buf, N * 8),
+        &want,
+    )?;
+    const BIG: usize = 3 << 20;
+    let big_in = alloc(BIG * 4)?;
+    let big_out = alloc(BIG * 4)?;
+    // SAFETY: BIG f32 in each.
+    let (bi, bo) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(big_in.cast::<f32>(), BIG),
+            std::slice::from_raw_parts_mut(big_out.cast::<f32>(), BIG),
+        )
+    };
+    for (i, x) in bi.iter_mut().enumerate() {
+        *x = (i % 1000) as f32 + rank as f32;
+    }
+    bo.fill(f32::NAN);
+    expect(
+        "ncclReduce of 12 MiB",
+        // SAFETY: BIG f32 in and out.
+        unsafe { reduce(big_in, big_out, BIG, 7, 0, 0, comm, null) },
+        0,
+    )?;
+    if rank == 0 {
+        if let Some(i) = (0..BIG).find(|&i| bo[i] != (2 * (i % 1000) + 1) as f32) {
+            return Err(format!("reduce of 12 MiB: element {i} is {}", bo[i]));
+        }
+    }
+    // SAFETY: buffers of ncclMemAlloc, no longer used.
+    unsafe {
+        expect("ncclMemFree", mem_free(big_in), 0)?;
+        expect("ncclMemFree", mem_free(big_out), 0)?;
+    }
+
     // a group of native operations
     put_f32(send_buf, &data_f32(seed, rank, 8, N));
     // SAFETY: as for the all-reduce above.
@@ -643,11 +718,6 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
             return Err(format!("last error after ncclSend: {msg:?}"));
         }
         expect("ncclSend bad peer", send(send_buf, N, 7, 7, comm, null), 4)?;
-        expect(
-            "ncclReduce without fallback",
-            reduce(send_buf, recv_buf, N, 7, 0, 0, comm, null),
-            5,
-        )?;
         let mut child: Comm = std::ptr::null_mut();
         expect(
             "ncclCommSplit without fallback",
