@@ -14,6 +14,7 @@ use crate::algorithms::direct::Direct;
 use crate::algorithms::ll::{Ll, LlGrid, LlScratch};
 use crate::algorithms::ll_short::LlShort;
 use crate::algorithms::ll128::{self, Ll128};
+use crate::algorithms::p2p::{P2p, P2pOp};
 use crate::algorithms::read::Read;
 use crate::algorithms::{Algorithm, AlgorithmId};
 use crate::call::{self, CollectiveCall};
@@ -36,6 +37,8 @@ pub struct Collectives {
     /// Where the backend has the kernels.
     direct: Option<Direct>,
     read: Option<Read>,
+    /// Sends and receives.
+    p2p: P2p,
 }
 
 impl Collectives {
@@ -84,6 +87,7 @@ impl Collectives {
         let ll = Ll::new(&comm, shared.clone(), grid)?;
         let ll_short = LlShort::new(&comm, shared.clone(), grid, settings.ll_short)?;
         let ll128 = ll128.map(|c| Ll128::new(&comm, shared, c));
+        let p2p = P2p::setup(&comm, slot_bytes)?;
         // Nobody writes into a peer's scratch before that peer has zeroed it.
         comm.bootstrap().barrier()?;
         tracing::debug!(rank, nranks = n, slot_bytes, "collectives ready");
@@ -95,6 +99,7 @@ impl Collectives {
             ll128,
             direct,
             read,
+            p2p,
         })
     }
 
@@ -135,6 +140,18 @@ impl Collectives {
         // SAFETY: `checked` was checked against this communicator just above and `plan` planned
         // by the same algorithm; the caller keeps the buffers alive (documented above).
         unsafe { algorithm.launch(&checked, &plan, stream) }
+    }
+
+    /// Enqueues a group of sends and receives of this rank on `stream` (NCCL's `ncclSend` and
+    /// `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`; one operation alone is a group
+    /// too): one kernel, in which no operation waits for another, so any pattern whose every
+    /// send has its receive (in the same order per pair) completes — gather, scatter,
+    /// all-to-all-v, rings, hypercubes. Not a collective call: only the ranks named exchange.
+    /// No host synchronisation; the buffers must stay allocated until the stream has passed
+    /// the call.
+    pub fn send_recv(&self, ops: &[P2pOp], stream: &dyn Stream) -> Result<()> {
+        // SAFETY: the caller keeps the buffers alive (documented above).
+        unsafe { self.p2p.run(&self.comm, ops, stream) }
     }
 
     /// Lets one-round all-reduce, reduce-scatter, all-gather and all-to-all calls take the short

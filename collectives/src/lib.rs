@@ -33,6 +33,7 @@ mod policy;
 mod scratch;
 mod window;
 
+pub use algorithms::p2p::{P2pKind, P2pOp};
 pub use algorithms::{AlgorithmId, MAX_RANKS, MODULES};
 pub use call::CollectiveCall;
 pub use collectives::{Collectives, DEFAULT_SLOT_BYTES};

@@ -1,5 +1,5 @@
-// Argument structs of the collective kernels (collectives/src/algorithms/{ll,direct,read}/args.rs:
-// LlCollectiveArgs, DirectCollectiveArgs, ReadCollectiveArgs; checked against them by
+// Argument structs of the collective kernels (collectives/src/algorithms/{ll,direct,read,p2p}/args.rs:
+// LlCollectiveArgs, DirectCollectiveArgs, ReadCollectiveArgs, P2pArgs; checked against them by
 // collectives/args_check.h). Vendor-neutral.
 #pragma once
 
@@ -65,6 +65,34 @@ struct ReadCollectiveArgs {
   uint32_t nranks;
   uint32_t max_blocks;
   uint32_t _pad;
+};
+
+// Arguments of mscclpp_p2p: a group's sends and receives of one rank through LL packets in the
+// peers' point-to-point scratch (collectives/src/algorithms/p2p/spec.md documents the protocol
+// and the scratch layout).
+constexpr uint32_t kP2pMaxOps = 64;
+constexpr uint32_t kP2pMaxChannels = 2 * kCollectiveMaxRanks;
+struct P2pChannel {
+  uint32_t peer;
+  uint32_t send;
+  uint32_t first_op;
+  uint32_t nops;
+};
+struct P2pOpDesc {
+  uint64_t addr;
+  uint64_t bytes;
+};
+struct P2pArgs {
+  uint64_t scratch;
+  uint64_t slot_bytes;
+  uint64_t lane_min_bytes;
+  uint64_t peer_scratch[kCollectiveMaxRanks];
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t lanes;
+  uint32_t nchannels;
+  P2pChannel channels[kP2pMaxChannels];
+  P2pOpDesc ops[kP2pMaxOps];
 };
 
 }  // namespace mscclpp

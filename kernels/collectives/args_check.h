@@ -43,6 +43,31 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, root) == 13
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, max_blocks) == 136, "offset of DirectCollectiveArgs::max_blocks");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, _pad) == 140, "offset of DirectCollectiveArgs::_pad");
 
+static_assert(sizeof(mscclpp::P2pChannel) == 16, "size of P2pChannel");
+static_assert(alignof(mscclpp::P2pChannel) == 4, "alignment of P2pChannel");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pChannel, peer) == 0, "offset of P2pChannel::peer");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pChannel, send) == 4, "offset of P2pChannel::send");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pChannel, first_op) == 8, "offset of P2pChannel::first_op");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pChannel, nops) == 12, "offset of P2pChannel::nops");
+
+static_assert(sizeof(mscclpp::P2pOpDesc) == 16, "size of P2pOpDesc");
+static_assert(alignof(mscclpp::P2pOpDesc) == 8, "alignment of P2pOpDesc");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pOpDesc, addr) == 0, "offset of P2pOpDesc::addr");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pOpDesc, bytes) == 8, "offset of P2pOpDesc::bytes");
+
+static_assert(sizeof(mscclpp::P2pArgs) == 1384, "size of P2pArgs");
+static_assert(alignof(mscclpp::P2pArgs) == 8, "alignment of P2pArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, scratch) == 0, "offset of P2pArgs::scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, slot_bytes) == 8, "offset of P2pArgs::slot_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, lane_min_bytes) == 16, "offset of P2pArgs::lane_min_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, peer_scratch) == 24, "offset of P2pArgs::peer_scratch");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, rank) == 88, "offset of P2pArgs::rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, nranks) == 92, "offset of P2pArgs::nranks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, lanes) == 96, "offset of P2pArgs::lanes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, nchannels) == 100, "offset of P2pArgs::nchannels");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, channels) == 104, "offset of P2pArgs::channels");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, ops) == 360, "offset of P2pArgs::ops");
+
 static_assert(sizeof(mscclpp::ReadCollectiveArgs) == 144, "size of ReadCollectiveArgs");
 static_assert(alignof(mscclpp::ReadCollectiveArgs) == 8, "alignment of ReadCollectiveArgs");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, input) == 0, "offset of ReadCollectiveArgs::input");

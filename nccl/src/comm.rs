@@ -6,7 +6,9 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives, MAX_RANKS};
+use mscclpp::collectives::{
+    CollectiveCall, CollectiveKind, Collectives, MAX_RANKS, P2pKind, P2pOp,
+};
 use mscclpp::comm::{Bootstrap, BootstrapConfig, Communicator, UniqueId};
 use mscclpp::hal::{
     BackendKind, BufferSlice, DataType, Device, DeviceBuffer, DevicePtr, MemoryKind, ReduceOp,
@@ -474,6 +476,9 @@ thread_local! {
     /// The real NCCL library whose group this thread has opened (lazily, at the first
     /// fallback operation inside our group), to be closed at the outermost `ncclGroupEnd`.
     static REAL_GROUP: std::cell::Cell<Option<&'static RealNccl>> = const { std::cell::Cell::new(None) };
+    /// Native sends and receives of this thread's open group, in call order: launched at the
+    /// outermost `ncclGroupEnd`, one launch per communicator.
+    static PENDING: std::cell::RefCell<Vec<(Arc<Comm>, Call)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `ncclGroupStart`.
@@ -492,10 +497,31 @@ pub fn group_end() -> Res<()> {
     }
     GROUP_DEPTH.with(|d| d.set(depth - 1));
     if depth == 1 {
+        // The group's native sends and receives: one launch per communicator.
+        let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        let mut first_error: Option<Failure> = None;
+        let mut done: Vec<*const Comm> = Vec::new();
+        for (c, _) in &pending {
+            if done.contains(&Arc::as_ptr(c)) {
+                continue;
+            }
+            done.push(Arc::as_ptr(c));
+            let calls: Vec<Call> = pending
+                .iter()
+                .filter(|(d, _)| Arc::ptr_eq(c, d))
+                .map(|(_, call)| *call)
+                .collect();
+            if let Err(e) = c.run_p2p(&calls) {
+                first_error.get_or_insert(e);
+            }
+        }
         if let Some(lib) = REAL_GROUP.with(|g| g.take()) {
             let end = lib.need(lib.group_end, "ncclGroupEnd")?;
             // SAFETY: closes the group this thread opened in the real NCCL.
             lib.check("ncclGroupEnd", unsafe { end() })?;
+        }
+        if let Some(e) = first_error {
+            return Err(e);
         }
     }
     Ok(())
@@ -549,8 +575,9 @@ impl Comm {
             .map(|r| (r.lib, r.comm))
     }
 
-    /// Runs one operation natively or through the real NCCL.
-    pub fn run(&self, call: Call) -> Res<()> {
+    /// Runs one operation natively or through the real NCCL (a native send or receive inside a
+    /// group waits for the outermost `ncclGroupEnd`).
+    pub fn run(self: &Arc<Self>, call: Call) -> Res<()> {
         let (esize, hal_dtype) = dtype_info(call.dtype)?;
         let reduces = matches!(call.op, Op::AllReduce | Op::ReduceScatter | Op::Reduce);
         let hal_op = if reduces { op_info(call.redop)? } else { None };
@@ -602,7 +629,13 @@ impl Comm {
                 return Err(native.no_colls.clone().unwrap_or_default());
             }
             match call.op {
-                Op::Send | Op::Recv => Err("point-to-point always falls back".to_owned()),
+                Op::Send | Op::Recv => {
+                    call.count.checked_mul(esize).ok_or("count overflows")?;
+                    let dt = hal_dtype.ok_or_else(|| {
+                        format!("no native type for ncclDataType_t {}", call.dtype)
+                    })?;
+                    Ok((dt, call.count, ReduceOp::Sum))
+                }
                 Op::AllReduce | Op::ReduceScatter | Op::Reduce => {
                     let op = hal_op.ok_or("user-created (PreMulSum) reduction operator")?;
                     let dt = hal_dtype.ok_or_else(|| {
@@ -623,6 +656,13 @@ impl Comm {
         match plan {
             Ok((dt, count, op)) => {
                 log_route(call.op, true, "");
+                if matches!(call.op, Op::Send | Op::Recv) {
+                    if in_group() {
+                        PENDING.with(|p| p.borrow_mut().push((self.clone(), call)));
+                        return Ok(());
+                    }
+                    return self.run_p2p(&[call]);
+                }
                 if call.count == 0 {
                     return Ok(());
                 }
@@ -787,6 +827,75 @@ impl Comm {
         Ok(())
     }
 
+    /// A group's native sends and receives on this communicator (checked when they were
+    /// called): one launch of the point-to-point kernel on their stream.
+    fn run_p2p(&self, calls: &[Call]) -> Res<()> {
+        let native = self
+            .native
+            .as_ref()
+            .ok_or_else(|| Failure::internal("native path without a native communicator"))?;
+        let Some(first) = calls.first() else {
+            return Ok(());
+        };
+        if let Some(other) = calls.iter().find(|c| c.stream != first.stream) {
+            return Err(Failure::usage(format!(
+                "a group's sends and receives on one communicator run on one stream here: {:p} and {:p} were given",
+                first.stream, other.stream
+            )));
+        }
+        let device = native.comm.device();
+        let host = device.info().backend == BackendKind::Host;
+        let stream = self.stream_of(native, first.stream)?;
+        let mut buffers = Vec::with_capacity(calls.len());
+        for c in calls {
+            let (esize, _) = dtype_info(c.dtype)?;
+            let bytes = c
+                .count
+                .checked_mul(esize)
+                .ok_or_else(|| Failure::argument("count overflows"))?;
+            let ptr = if c.op == Op::Send {
+                c.send as u64
+            } else {
+                c.recv as u64
+            };
+            let buf = if bytes == 0 {
+                None
+            } else {
+                // SAFETY: NCCL's contract: `count` elements at the buffer, alive until the
+                // operation has run on `stream`.
+                Some(unsafe { device.wrap_external(DevicePtr(ptr), bytes)? })
+            };
+            buffers.push((buf, bytes));
+        }
+        let slices: Vec<Option<BufferSlice>> = buffers
+            .iter()
+            .map(|(b, _)| b.as_ref().map(|b| b.full()))
+            .collect();
+        let ops: Vec<P2pOp> = calls
+            .iter()
+            .zip(&slices)
+            .zip(&buffers)
+            .filter_map(|((c, s), (_, bytes))| {
+                s.as_ref().map(|s| P2pOp {
+                    kind: if c.op == Op::Send {
+                        P2pKind::Send
+                    } else {
+                        P2pKind::Recv
+                    },
+                    peer: usize::try_from(c.root).unwrap_or(usize::MAX),
+                    buffer: s,
+                    bytes: *bytes,
+                })
+            })
+            .collect();
+        let res = match &native.colls {
+            Some(colls) => colls.send_recv(&ops, &*stream),
+            None => self_copies(&ops, &*stream),
+        };
+        let res = res.and_then(|()| if host { stream.synchronize() } else { Ok(()) });
+        res.map_err(|e| self.note(e))
+    }
+
     fn run_real(&self, call: Call, why: &str) -> Res<()> {
         let (lib, c) = self
             .real_comm()
@@ -861,4 +970,29 @@ impl Comm {
     pub fn require_real(&self, what: &str) -> Res<(&'static RealNccl, NcclComm)> {
         self.real_comm().ok_or_else(|| no_real(what))
     }
+}
+
+/// One rank: the k-th send to itself into the k-th receive from itself (same sizes).
+fn self_copies(ops: &[P2pOp], stream: &dyn Stream) -> mscclpp::hal::Result<()> {
+    let sends: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Send).collect();
+    let recvs: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Recv).collect();
+    if sends.len() != recvs.len() {
+        return Err(mscclpp::hal::Error::invalid(format!(
+            "{} sends and {} receives in a group of one rank: each send needs its receive in the same group",
+            sends.len(),
+            recvs.len()
+        )));
+    }
+    for (s, r) in sends.iter().zip(&recvs) {
+        if s.bytes != r.bytes {
+            return Err(mscclpp::hal::Error::invalid(format!(
+                "a send of {} bytes and its receive of {} bytes: they must have the same size",
+                s.bytes, r.bytes
+            )));
+        }
+        if s.buffer.ptr() != r.buffer.ptr() {
+            stream.copy(r.buffer, s.buffer)?;
+        }
+    }
+    Ok(())
 }

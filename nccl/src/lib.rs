@@ -9,11 +9,11 @@
 //!   `ncclReduceScatter` (every NCCL 2.28 type, 8- to 64-bit and float8; sum, prod, min, max,
 //!   avg), `ncclReduce` (all-reduces of at most 8 MiB into the root's output and a sink
 //!   elsewhere), `ncclAllGather`, `ncclBroadcast`/`ncclBcast`, `ncclAlltoAll` (every type, in place
-//!   too), for 1 to 8 ranks on one host.
+//!   too), `ncclSend`/`ncclRecv` (every type, alone or in groups of any mix; see Groups), for
+//!   1 to 8 ranks on one host.
 //! - **Fallback** to the real NCCL named by `MSCCLPP_NCCL_LIB_PATH` (every rank then also holds
 //!   a real communicator, created at `ncclCommInitRank` with an id rank 0 makes and our
-//!   bootstrap carries): operators made by `ncclRedOpCreatePreMulSum`, `ncclSend` /
-//!   `ncclRecv`, communicators over several hosts or more than 8 ranks, and every operation
+//!   bootstrap carries): operators made by `ncclRedOpCreatePreMulSum`, communicators over several hosts or more than 8 ranks, and every operation
 //!   `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` (`all` or e.g. `allreduce,send`) names; also
 //!   `ncclCommSplit`, `ncclCommShrink`, `ncclCommInitAll`, `ncclRedOpCreatePreMulSum`,
 //!   `ncclDevCommCreate`, `ncclGroupSimulateEnd`. Without a real NCCL these return
@@ -22,11 +22,16 @@
 //!   handle and register nothing (the collectives move data through their own scratch).
 //!
 //! ## Groups
-//! `ncclGroupStart`/`ncclGroupEnd` nest (depth per thread). Inside a group, native operations
-//! are enqueued at once (they are stream-ordered); operations that fall back are forwarded
-//! inside a real `ncclGroupStart`/`ncclGroupEnd` pair opened at the first of them and closed at
-//! the outermost `ncclGroupEnd`. So within one group, fallback operations run after the native
-//! ones on a stream, whatever the call order (NCCL itself gives no order inside a group).
+//! `ncclGroupStart`/`ncclGroupEnd` nest (depth per thread). Inside a group, native collectives
+//! are enqueued at once (they are stream-ordered); native `ncclSend`/`ncclRecv` are checked at
+//! once and kept until the outermost `ncclGroupEnd`, which launches each communicator's sends and
+//! receives as one point-to-point kernel in which none waits for another (so gather, scatter,
+//! all-to-all-v, rings and PyTorch's `batch_isend_irecv` do not deadlock; a send and a receive
+//! outside a group are a group of one). A group's sends and receives on one communicator must
+//! use one stream. Operations that fall back are forwarded inside a real
+//! `ncclGroupStart`/`ncclGroupEnd` pair opened at the first of them and closed at the outermost
+//! `ncclGroupEnd`. So within one group, fallback operations run after the native collectives on
+//! a stream, whatever the call order (NCCL itself gives no order inside a group).
 //!
 //! ## Streams on the host backend
 //! The host backend (`MSCCLPP_BACKEND=host`, or no GPU) has no native streams: `stream` must be
@@ -896,7 +901,8 @@ pub unsafe extern "C" fn ncclReduce(
 }
 
 /// `ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int
-/// peer, ncclComm_t comm, cudaStream_t stream)`: fallback.
+/// peer, ncclComm_t comm, cudaStream_t stream)`: native (launched at the outermost
+/// `ncclGroupEnd` inside a group).
 ///
 /// # Safety
 /// As for [`ncclAllReduce`].

@@ -261,6 +261,11 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         "ncclReduce",
         fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, Comm, *mut c_void) -> c_int
     );
+    let recv = sym!(
+        lib,
+        "ncclRecv",
+        fn(*mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
     let group_start = sym!(lib, "ncclGroupStart", fn() -> c_int);
     let group_end = sym!(lib, "ncclGroupEnd", fn() -> c_int);
     let split = sym!(
@@ -666,6 +671,174 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         .collect();
     check("allreduce in a group", &get_f32(recv_buf, N), &want)?;
 
+    // send/recv natively: alone, exchanged in a group (several rounds each way), with a copy to
+    // oneself, uneven sizes (PyTorch's all_to_all_single), and a size mismatch
+    let peer = 1 - rank;
+    let msg = |from: usize, salt: u64, n: usize| data_f32(seed, from, 200 + salt, n);
+    poison(recv_buf);
+    if rank == 0 {
+        put_f32(send_buf, &msg(0, 0, N));
+        // SAFETY: N f32.
+        expect(
+            "ncclSend alone",
+            // SAFETY: N f32.
+            unsafe { send(send_buf, N, 7, 1, comm, null) },
+            0,
+        )?;
+    } else {
+        // SAFETY: N f32.
+        expect(
+            "ncclRecv alone",
+            // SAFETY: N f32.
+            unsafe { recv(recv_buf, N, 7, 0, comm, null) },
+            0,
+        )?;
+        check("recv alone", &get_f32(recv_buf, N), &msg(0, 0, N))?;
+    }
+    const X: usize = 300_000; // 1.2 MB each way: rounds of 128 KiB
+    let xs = alloc(2 * X * 4)?;
+    let xr = alloc(2 * X * 4)?;
+    let put = |p: *mut c_void, off: usize, v: &[f32]| {
+        // SAFETY: `p` has room for 2 X f32.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p.cast::<f32>().add(off), v.len()) }
+    };
+    let get = |p: *mut c_void, off: usize, n: usize| -> Vec<f32> {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(p.cast::<f32>().add(off), n) }.to_vec()
+    };
+    put(xs, 0, &msg(rank, 1, X));
+    put(xs, X, &msg(rank, 2, 7));
+    // SAFETY: the buffers hold what each operation names.
+    unsafe {
+        expect("ncclGroupStart", group_start(), 0)?;
+        // Receive first on one rank, send first on the other: the order inside a group is free.
+        if rank == 0 {
+            expect(
+                "ncclRecv in group",
+                recv(xr, X, 7, peer as c_int, comm, null),
+                0,
+            )?;
+            expect(
+                "ncclSend in group",
+                send(xs, X, 7, peer as c_int, comm, null),
+                0,
+            )?;
+        } else {
+            expect(
+                "ncclSend in group",
+                send(xs, X, 7, peer as c_int, comm, null),
+                0,
+            )?;
+            expect(
+                "ncclRecv in group",
+                recv(xr, X, 7, peer as c_int, comm, null),
+                0,
+            )?;
+        }
+        // to oneself
+        expect(
+            "ncclSend to self",
+            send(
+                xs.cast::<f32>().add(X).cast(),
+                7,
+                7,
+                rank as c_int,
+                comm,
+                null,
+            ),
+            0,
+        )?;
+        expect(
+            "ncclRecv from self",
+            recv(
+                xr.cast::<f32>().add(X).cast(),
+                7,
+                7,
+                rank as c_int,
+                comm,
+                null,
+            ),
+            0,
+        )?;
+        expect("ncclGroupEnd", group_end(), 0)?;
+    }
+    check("exchange in a group", &get(xr, 0, X), &msg(peer, 1, X))?;
+    check("send to oneself", &get(xr, X, 7), &msg(rank, 2, 7))?;
+    // uneven all-to-all: rank r sends 3 + 5 r + 2 p elements to rank p (0 from rank 0 to 1)
+    let sz = |r: usize, p: usize| {
+        if (r, p) == (0, 1) {
+            0
+        } else {
+            3 + 5 * r + 2 * p
+        }
+    };
+    let (mut so, mut ro) = (0, 0);
+    // SAFETY: the offsets stay within 2 X f32.
+    unsafe {
+        expect("ncclGroupStart", group_start(), 0)?;
+        for p in 0..nranks {
+            put(xs, so, &msg(rank, 10 + p as u64, sz(rank, p)));
+            expect(
+                "ncclSend a2av",
+                send(
+                    xs.cast::<f32>().add(so).cast(),
+                    sz(rank, p),
+                    7,
+                    p as c_int,
+                    comm,
+                    null,
+                ),
+                0,
+            )?;
+            expect(
+                "ncclRecv a2av",
+                recv(
+                    xr.cast::<f32>().add(ro).cast(),
+                    sz(p, rank),
+                    7,
+                    p as c_int,
+                    comm,
+                    null,
+                ),
+                0,
+            )?;
+            so += sz(rank, p);
+            ro += sz(p, rank);
+        }
+        expect("ncclGroupEnd", group_end(), 0)?;
+    }
+    let mut ro = 0;
+    for p in 0..nranks {
+        check(
+            &format!("a2av from {p}"),
+            &get(xr, ro, sz(p, rank)),
+            &msg(p, 10 + rank as u64, sz(p, rank)),
+        )?;
+        ro += sz(p, rank);
+    }
+    // a mismatch: rank 0 sends 100 elements, rank 1 receives 64: rank 1 fails naming both
+    if rank == 0 {
+        // SAFETY: 100 f32 fit.
+        expect(
+            "ncclSend of 100",
+            // SAFETY: 100 f32 fit.
+            unsafe { send(xs, 100, 7, 1, comm, null) },
+            0,
+        )?;
+    } else {
+        // SAFETY: as above.
+        let r = unsafe { recv(xr, 64, 7, 0, comm, null) };
+        let m = last();
+        if r == 0 || !(m.contains("rank 0 sent 400 bytes to rank 1") && m.contains("256")) {
+            return Err(format!("a size mismatch: returned {r}, last error {m:?}"));
+        }
+    }
+    // SAFETY: no longer used.
+    unsafe {
+        expect("ncclMemFree", mem_free(xs), 0)?;
+        expect("ncclMemFree", mem_free(xr), 0)?;
+    }
+
     // error paths: none of these may reach the other rank, so both ranks make the same calls
     // SAFETY: each export checks its arguments before using them.
     unsafe {
@@ -708,15 +881,6 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
             all_reduce(send_buf, recv_buf, N, 7, 0, comm, 0x10 as *mut c_void),
             4,
         )?;
-        expect(
-            "ncclSend without fallback",
-            send(send_buf, N, 7, 1 - rank as c_int, comm, null),
-            5,
-        )?;
-        let msg = last();
-        if !msg.contains("MSCCLPP_NCCL_LIB_PATH") {
-            return Err(format!("last error after ncclSend: {msg:?}"));
-        }
         expect("ncclSend bad peer", send(send_buf, N, 7, 7, comm, null), 4)?;
         let mut child: Comm = std::ptr::null_mut();
         expect(

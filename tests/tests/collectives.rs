@@ -252,6 +252,267 @@ fn role_matrix() -> R<()> {
     Ok(())
 }
 
+/// The bytes rank `src` sends to rank `dst` as its message `k` of pattern `pat`.
+fn p2p_msg(pat: u64, src: usize, dst: usize, k: usize, bytes: usize) -> Vec<u8> {
+    let mut r = Rng::new(seed(pat as usize * 64 + k, src * 8 + dst));
+    (0..bytes).map(|_| r.next_u64() as u8).collect()
+}
+
+/// One rank's point-to-point patterns (gather, scatter, all-to-all-v with messages to itself,
+/// ring, hypercube, several messages per pair, a size mismatch), each one group, through
+/// `Collectives::send_recv`, with messages of 0 bytes to many rounds.
+fn role_p2p() -> R<()> {
+    use mscclpp::collectives::{P2pKind, P2pOp};
+    let (rank, n) = multiproc::rank_and_size();
+    let uid: UniqueId = std::env::var(UID_VAR).map_err(e)?.parse().map_err(e)?;
+    let boot = Arc::new(
+        Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e)?).map_err(e)?,
+    );
+    let backend = mscclpp::registry::probe(BackendKind::Host).map_err(e)?;
+    let device = backend.open_device(rank).map_err(e)?;
+    let comm = Arc::new(Communicator::new(boot, device.clone()));
+    // 256-byte slots: 128 data bytes per round, so a 5 KB message takes 40 rounds.
+    let coll = Collectives::with_slot_bytes(comm.clone(), 256).map_err(e)?;
+    let stream = device.create_stream().map_err(e)?;
+    // A pattern: per rank, its (kind, peer, bytes) in call order; sizes by (src, dst, k).
+    type Pattern = Vec<Vec<(P2pKind, usize, usize)>>;
+    let size = |src: usize, dst: usize, k: usize| (src * 7 + dst * 13 + k * 5) % 11 * 523 + k;
+    let mut patterns: Vec<(&str, Pattern)> = Vec::new();
+    let each = |f: &dyn Fn(usize) -> Vec<(P2pKind, usize, usize)>| (0..n).map(f).collect();
+    // Gather to the last rank (its own block by a copy to itself), scatter from rank 0.
+    let root = n - 1;
+    patterns.push((
+        "gather",
+        each(&|r| {
+            let mut v = vec![(P2pKind::Send, root, size(r, root, 0))];
+            if r == root {
+                v.extend((0..n).map(|p| (P2pKind::Recv, p, size(p, root, 0))));
+            }
+            v
+        }),
+    ));
+    patterns.push((
+        "scatter",
+        each(&|r| {
+            let mut v = Vec::new();
+            if r == 0 {
+                v.extend((0..n).map(|p| (P2pKind::Send, p, size(0, p, 0))));
+            }
+            v.push((P2pKind::Recv, 0, size(0, r, 0)));
+            v
+        }),
+    ));
+    // All-to-all-v, receives first, some messages empty.
+    patterns.push((
+        "alltoallv",
+        each(&|r| {
+            let mut v: Vec<_> = (0..n).map(|p| (P2pKind::Recv, p, size(p, r, 1))).collect();
+            v.extend((0..n).map(|p| (P2pKind::Send, p, size(r, p, 1))));
+            v
+        }),
+    ));
+    patterns.push((
+        "ring",
+        each(&|r| {
+            vec![
+                (P2pKind::Send, (r + 1) % n, 5000),
+                (P2pKind::Recv, (r + n - 1) % n, 5000),
+            ]
+        }),
+    ));
+    // Several messages per pair, matched in order.
+    patterns.push((
+        "pairs_many",
+        each(&|r| {
+            let mut v = Vec::new();
+            for k in 0..3 {
+                for p in (0..n).filter(|&p| p != r) {
+                    v.push((P2pKind::Send, p, size(r, p, k)));
+                    v.push((P2pKind::Recv, p, size(p, r, k)));
+                }
+            }
+            v
+        }),
+    ));
+    let mut hypercube = Vec::new();
+    let mut d = 1;
+    while d < n {
+        if n.is_power_of_two() {
+            let name: &'static str = Box::leak(format!("hypercube_{d}").into_boxed_str());
+            hypercube.push((
+                name,
+                each(&|r| {
+                    vec![
+                        (P2pKind::Recv, r ^ d, size(r ^ d, r, 2)),
+                        (P2pKind::Send, r ^ d, size(r, r ^ d, 2)),
+                    ]
+                }),
+            ));
+        }
+        d *= 2;
+    }
+    patterns.extend(hypercube);
+    let cap = 3 * n * 6000 + 64;
+    let sbuf = device.alloc(cap, MemoryKind::Device).map_err(e)?;
+    let rbuf = device.alloc(cap, MemoryKind::Device).map_err(e)?;
+    let mut ops_run = 0;
+    for (pi, (name, pat)) in patterns.iter().enumerate() {
+        let mine = &pat[rank];
+        stream.fill(&rbuf.full(), POISON).map_err(e)?;
+        // Lay the messages out back to back; the k-th message per (kind, peer) is message k.
+        let mut slices = Vec::new();
+        let (mut so, mut ro) = (0, 0);
+        let mut nth = std::collections::HashMap::new();
+        for &(kind, peer, bytes) in mine {
+            let k = nth.entry((kind, peer)).or_insert(0usize);
+            let (buf, off) = match kind {
+                P2pKind::Send => (&sbuf, &mut so),
+                P2pKind::Recv => (&rbuf, &mut ro),
+            };
+            let sl = buf.slice(*off..*off + bytes.max(1)).map_err(e)?;
+            if kind == P2pKind::Send {
+                stream
+                    .write_from_host(
+                        &sl.slice(..bytes).map_err(e)?,
+                        &p2p_msg(pi as u64, rank, peer, *k, bytes),
+                    )
+                    .map_err(e)?;
+            }
+            slices.push((sl, *k));
+            *off += bytes.max(1);
+            *k += 1;
+        }
+        let ops: Vec<P2pOp> = mine
+            .iter()
+            .zip(&slices)
+            .map(|(&(kind, peer, bytes), (sl, _))| P2pOp {
+                kind,
+                peer,
+                buffer: sl,
+                bytes,
+            })
+            .collect();
+        coll.send_recv(&ops, &*stream)
+            .map_err(|x| format!("{name}: {x}"))?;
+        stream
+            .synchronize_timeout(Duration::from_secs(60))
+            .map_err(|x| format!("{name}: {x}"))?;
+        for (&(kind, peer, bytes), (sl, k)) in mine.iter().zip(&slices) {
+            if kind != P2pKind::Recv {
+                continue;
+            }
+            let mut got = vec![0u8; bytes + 1];
+            stream
+                .read_to_host(&mut got[..bytes.max(1)], sl)
+                .map_err(e)?;
+            if got[..bytes] != p2p_msg(pi as u64, peer, rank, *k, bytes)[..] {
+                return Err(format!(
+                    "{name}: message {k} of {bytes} bytes from rank {peer} is wrong"
+                ));
+            }
+            if bytes == 0 && got[0] != POISON {
+                return Err(format!("{name}: an empty receive wrote its buffer"));
+            }
+            ops_run += 1;
+        }
+        comm.bootstrap().barrier().map_err(e)?;
+    }
+    // A size mismatch is an error on the receiver naming both ranks; nobody hangs and the
+    // next exchange still works.
+    let s = sbuf.slice(..100).map_err(e)?;
+    let r = rbuf.slice(..100).map_err(e)?;
+    let (to, from) = ((rank + 1) % n, (rank + n - 1) % n);
+    let ops = [
+        P2pOp {
+            kind: P2pKind::Send,
+            peer: to,
+            buffer: &s,
+            bytes: 100,
+        },
+        P2pOp {
+            kind: P2pKind::Recv,
+            peer: from,
+            buffer: &r,
+            bytes: 64,
+        },
+    ];
+    match coll
+        .send_recv(&ops, &*stream)
+        .and_then(|()| stream.synchronize())
+    {
+        Ok(()) => return Err("a size mismatch was accepted".into()),
+        Err(x)
+            if x.to_string().contains(&format!(
+                "rank {from} sent 100 bytes to rank {rank}, which receives 64"
+            )) => {}
+        Err(x) => return Err(format!("unclear mismatch error: {x}")),
+    }
+    let ops = [
+        P2pOp {
+            kind: P2pKind::Send,
+            peer: to,
+            buffer: &s,
+            bytes: 100,
+        },
+        P2pOp {
+            kind: P2pKind::Recv,
+            peer: from,
+            buffer: &r,
+            bytes: 100,
+        },
+    ];
+    coll.send_recv(&ops, &*stream).map_err(e)?;
+    stream.synchronize().map_err(e)?;
+    // A send to oneself without its receive, and a peer out of range, are refused at once.
+    let bad = [P2pOp {
+        kind: P2pKind::Send,
+        peer: rank,
+        buffer: &s,
+        bytes: 8,
+    }];
+    if coll.send_recv(&bad, &*stream).is_ok() {
+        return Err("a send to oneself without a receive was accepted".into());
+    }
+    let bad = [P2pOp {
+        kind: P2pKind::Send,
+        peer: n,
+        buffer: &s,
+        bytes: 8,
+    }];
+    if coll.send_recv(&bad, &*stream).is_ok() {
+        return Err("a peer out of range was accepted".into());
+    }
+    multiproc::report("received", ops_run);
+    comm.bootstrap().barrier().map_err(e)?;
+    Ok(())
+}
+
+fn run_p2p(n: usize) -> Result<(), Failed> {
+    let cfg = BootstrapConfig {
+        timeout: Duration::from_secs(60),
+        ..BootstrapConfig::default()
+    };
+    let (_root, uid) = BootstrapRoot::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), n, &cfg)?;
+    let env = vec![
+        (UID_VAR.to_string(), uid.to_string()),
+        ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "120".to_string()),
+    ];
+    let outs = multiproc::spawn_ranks("p2p", n, &env, Duration::from_secs(300));
+    let failed: Vec<String> = outs
+        .iter()
+        .filter(|o| !o.ok())
+        .map(|o| o.describe())
+        .collect();
+    if !failed.is_empty() {
+        return Err(failed.join("\n").into());
+    }
+    eprintln!(
+        "    {n} ranks: {} messages received per rank",
+        outs[0].reports()["received"]
+    );
+    Ok(())
+}
+
 fn run_env(n: usize, slot: u64, counts: &str, extra: &[(&str, &str)]) -> Result<(), Failed> {
     run_on(BackendKind::Host, n, slot, counts, extra)
 }
@@ -368,6 +629,7 @@ fn run_on(
 fn main() {
     multiproc::run_child(|role| match role {
         "matrix" => role_matrix(),
+        "p2p" => role_p2p(),
         other => Err(format!("unknown role {other}")),
     });
     let args = libtest_mimic::Arguments::from_args();
@@ -404,6 +666,12 @@ fn main() {
             })
         })
         .collect();
+    for n in [2, 3, 4] {
+        trials.push(Trial::test(
+            format!("collectives::host::p2p::{n}_ranks"),
+            move || run_p2p(n),
+        ));
+    }
     // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one;
     // 4 ranks: 2 per GPU, where LL128 is refused since two ranks share a device and LL serves).
     let gpu: [(&str, usize, Env); 9] = [

@@ -9,6 +9,7 @@ use mscclpp_hal::layout_entry;
 
 use super::direct::args::DirectCollectiveArgs;
 use super::ll::args::LlCollectiveArgs;
+use super::p2p::args::{P2pArgs, P2pChannel, P2pOpDesc};
 use super::read::args::ReadCollectiveArgs;
 
 fn layout_table() -> Vec<LayoutEntry> {
@@ -44,6 +45,25 @@ fn layout_table() -> Vec<LayoutEntry> {
             root,
             max_blocks,
             _pad,
+        }),
+        layout_entry!(P2pChannel {
+            peer,
+            send,
+            first_op,
+            nops,
+        }),
+        layout_entry!(P2pOpDesc { addr, bytes }),
+        layout_entry!(P2pArgs {
+            scratch,
+            slot_bytes,
+            lane_min_bytes,
+            peer_scratch,
+            rank,
+            nranks,
+            lanes,
+            nchannels,
+            channels,
+            ops,
         }),
         layout_entry!(ReadCollectiveArgs {
             input,

@@ -28,6 +28,7 @@ mod layout;
 pub(crate) mod ll;
 pub(crate) mod ll128;
 pub(crate) mod ll_short;
+pub(crate) mod p2p;
 pub(crate) mod read;
 
 /// Most ranks the intra-node collectives serve (one node of GPUs): the size of the per-rank
@@ -36,7 +37,8 @@ pub const MAX_RANKS: usize = 8;
 
 /// Every kernel module of the collectives: what the kernel compile tests compile for every
 /// target.
-pub static MODULES: &[&KernelModule] = &[&ll::module::MODULE, &direct::module::MODULE];
+pub static MODULES: &[&KernelModule] =
+    &[&ll::module::MODULE, &direct::module::MODULE, &p2p::MODULE];
 
 /// The headers of the collective modules: the argument structs and their layout checks.
 pub(crate) const HEADERS: &[(&str, &str)] = &[
