@@ -298,6 +298,15 @@ pub fn main(nranks: Option<usize>, threads: bool, reps: u32) -> Result<ExitCode>
             .map(|(r, b)| Figures::decode(b, r))
             .collect::<Result<_>>()?;
         print_row(boot.nranks(), "procs", boot.schedule(), &figs);
+        let mut per_host = std::collections::BTreeMap::<u32, usize>::new();
+        for &h in boot.hosts() {
+            *per_host.entry(h).or_default() += 1;
+        }
+        println!(
+            "# hosts (learned at init): {}, ranks per host {:?}",
+            per_host.len(),
+            per_host.values().collect::<Vec<_>>()
+        );
     }
     boot.barrier()?;
     Ok(ExitCode::SUCCESS)
