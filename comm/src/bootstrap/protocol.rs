@@ -424,8 +424,6 @@ pub enum ErrorCode {
     /// Both ranks dialled each other at once; the lower rank's connection is kept, and the
     /// refused dialler waits for it instead.
     Crossed,
-    /// The root has too many handshakes in progress: try again after a pause.
-    Busy,
     /// Anything else.
     Other,
 }
@@ -437,7 +435,6 @@ pub(crate) fn encode_error(code: ErrorCode, msg: &str) -> Vec<u8> {
         ErrorCode::Timeout => 2,
         ErrorCode::Other => 3,
         ErrorCode::Crossed => 4,
-        ErrorCode::Busy => 5,
     });
     // Cut on a character boundary so the text stays UTF-8 and within the decoder's bound.
     let mut end = msg.len().min(ERROR_TEXT_MAX);
@@ -455,7 +452,6 @@ pub(crate) fn decode_error(buf: &[u8]) -> Result<(ErrorCode, String)> {
         1 => ErrorCode::Refused,
         2 => ErrorCode::Timeout,
         4 => ErrorCode::Crossed,
-        5 => ErrorCode::Busy,
         _ => ErrorCode::Other,
     };
     let msg = r.str("message", ERROR_TEXT_MAX)?.to_owned();
