@@ -62,7 +62,7 @@ MSCCLPP_DEVICE_INLINE uint64_t p2pSend(const P2pArgs& a, uint32_t peer, uint32_t
       uint64_t v = bytes;
       if (j != 0) {
         const uint64_t at = 8 * (j - 1);
-        v = loadWord(src + at, part - at < 8 ? (uint32_t)(part - at) : 8u);
+        v = loadWordBytes(src + at, part - at < 8 ? (uint32_t)(part - at) : 8u);
       }
       ((LL16Packet*)(slot + 16 * (j - first)))->write(v, (uint32_t)f);
     }
@@ -100,7 +100,7 @@ MSCCLPP_DEVICE_INLINE uint64_t p2pRecv(const P2pArgs& a, uint32_t peer, uint32_t
         uint64_t n = off + part - at;
         if (n > 8) n = 8;
         if (n > bytes - at) n = bytes - at;
-        storeWord(dst + at, v, (uint32_t)n);
+        storeWordBytes(dst + at, v, (uint32_t)n);
       }
     }
     // Every thread has read the round: the sender may reuse its half.

@@ -6,15 +6,21 @@
 //! ones serves a call is the policy's choice. Each folder is the home of everything that
 //! belongs to its algorithm: its protocol spec (`spec.md`, its module documentation), argument
 //! struct (`args.rs`), set-up and planner (`mod.rs`), host kernel (`host.rs`) and the
-//! [`KernelModule`] of its device source (`module.rs`). Two modules serve the five algorithms:
-//! `kernels/collectives/ll.cu` (LL, the short LL kernels, LL128; defined in `ll/module.rs`) and
-//! `kernels/collectives/direct.cu` (direct and read; `direct/module.rs`). What the host kernels
-//! share is in `host_common.rs`.
+//! [`KernelModule`] of its device source (`module.rs`). Two sources serve the five algorithms:
+//! `kernels/collectives/ll.cuh` (LL, the short LL kernels, LL128; modules in `ll/module.rs`) and
+//! `kernels/collectives/direct.cuh` (direct and read; `direct/module.rs`), each compiled as two
+//! modules: the base element types' (`ll.cu`, `direct.cu`: f32, f16, bf16, i32, u32), loaded
+//! when an algorithm is set up, and the wide types' (`ll_wide.cu`, `direct_wide.cu`: f64, i64,
+//! u64, i8, u8, FP8), loaded — compiled, on a GPU — at the first call of such a type
+//! ([`LazyKernel`]), so that a process that never uses them never compiles them and the base
+//! kernels keep their code and registers. What the host kernels share is in `host_common.rs`.
+
+use std::sync::{Arc, OnceLock};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    DeviceInfo, Kernel, KernelArgs, KernelId, KernelModule, LaunchConfig, Result, Stream,
-    TypedKernel,
+    DataType, Device, DeviceInfo, Kernel, KernelArgs, KernelId, KernelModule, LaunchConfig, Result,
+    Stream, TypedKernel,
 };
 
 use crate::CollectiveKind;
@@ -37,10 +43,16 @@ pub const MAX_RANKS: usize = 8;
 
 /// Every kernel module of the collectives: what the kernel compile tests compile for every
 /// target.
-pub static MODULES: &[&KernelModule] =
-    &[&ll::module::MODULE, &direct::module::MODULE, &p2p::MODULE];
+pub static MODULES: &[&KernelModule] = &[
+    &ll::module::MODULE,
+    &ll::module::WIDE_MODULE,
+    &direct::module::MODULE,
+    &direct::module::WIDE_MODULE,
+    &p2p::MODULE,
+];
 
-/// The headers of the collective modules: the argument structs and their layout checks.
+/// The headers of the collective modules: the argument structs and their layout checks, the
+/// element-type set of a module (`dtypes.cuh`) and the bodies the base and wide modules share.
 pub(crate) const HEADERS: &[(&str, &str)] = &[
     (
         "collectives/args.cuh",
@@ -50,7 +62,109 @@ pub(crate) const HEADERS: &[(&str, &str)] = &[
         "collectives/args_check.h",
         include_str!("../../../kernels/collectives/args_check.h"),
     ),
+    (
+        "collectives/dtypes.cuh",
+        include_str!("../../../kernels/collectives/dtypes.cuh"),
+    ),
+    (
+        "collectives/ll.cuh",
+        include_str!("../../../kernels/collectives/ll.cuh"),
+    ),
+    (
+        "collectives/direct.cuh",
+        include_str!("../../../kernels/collectives/direct.cuh"),
+    ),
+    (
+        "collectives/direct_entry.cuh",
+        include_str!("../../../kernels/collectives/direct_entry.cuh"),
+    ),
 ];
+
+/// Element types of the base modules: codes below this (f32, f16, bf16, i32, u32); the others
+/// are the wide modules'.
+pub(crate) const BASE_TYPES: usize = 5;
+
+/// Whether `dtype`'s kernels are in the wide modules (loaded at first use).
+pub(crate) fn is_wide(dtype: DataType) -> bool {
+    dtype as usize >= BASE_TYPES
+}
+
+/// A kernel of a wide module, loaded at its first use: the module is compiled (GPUs) only when a
+/// call of one of its element types comes. A failed load is not remembered (the next call tries
+/// again); a loaded kernel is kept with the most threads per block it may launch with here.
+pub(crate) struct LazyKernel<A> {
+    device: Arc<dyn Device>,
+    module: &'static KernelModule,
+    id: KernelId,
+    loaded: OnceLock<(TypedKernel<A>, u32)>,
+}
+
+impl<A> std::fmt::Debug for LazyKernel<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyKernel")
+            .field("module", &self.module.name)
+            .field("id", &self.id)
+            .field("loaded", &self.loaded.get().is_some())
+            .finish()
+    }
+}
+
+impl<A: KernelArgs> LazyKernel<A> {
+    /// Kernel `id` of `module` on `comm`'s device, not loaded yet (an `id` the module lacks is
+    /// an error at [`LazyKernel::get`]; the modules' tests check every id).
+    pub fn new(comm: &Communicator, module: &'static KernelModule, id: KernelId) -> Self {
+        LazyKernel {
+            device: comm.device().clone(),
+            module,
+            id,
+            loaded: OnceLock::new(),
+        }
+    }
+
+    /// The kernel, loaded now if it is not yet, and its thread limit on this device
+    /// ([`thread_limit`]: per loaded kernel, since the wide kernels use more registers).
+    pub fn get(&self) -> Result<(&TypedKernel<A>, u32)> {
+        if let Some((k, limit)) = self.loaded.get() {
+            return Ok((k, *limit));
+        }
+        tracing::debug!(module = self.module.name, kernel = %self.id, "loading at first use");
+        let kernel = TypedKernel::load(&*self.device, self.module, self.id)?;
+        let limit = thread_limit(self.device.info(), &**kernel.kernel());
+        // Two threads may have loaded it at once: either result serves.
+        let (k, limit) = self.loaded.get_or_init(|| (kernel, limit));
+        Ok((k, *limit))
+    }
+}
+
+/// A kernel per element type: the base types' loaded at set-up, the wide types' at first use.
+#[derive(Debug)]
+pub(crate) struct ByType<A> {
+    base: TypedKernel<A>,
+    wide: LazyKernel<A>,
+}
+
+impl<A: KernelArgs> ByType<A> {
+    /// `base` of `base_module` (loaded now) and `wide` of `wide_module` (at first use).
+    pub fn load(
+        comm: &Communicator,
+        (base_module, base): (&'static KernelModule, KernelId),
+        (wide_module, wide): (&'static KernelModule, KernelId),
+    ) -> Result<Self> {
+        Ok(ByType {
+            base: load(comm, base_module, base)?,
+            wide: LazyKernel::new(comm, wide_module, wide),
+        })
+    }
+
+    /// The kernel of `dtype` (its users' grids keep within every kernel's limit: the LL ones).
+    pub fn get(&self, dtype: DataType) -> Result<&TypedKernel<A>> {
+        if is_wide(dtype) {
+            Ok(self.wide.get()?.0)
+        } else {
+            Ok(&self.base)
+        }
+    }
+}
 
 /// Which algorithm serves a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,7 +1,8 @@
 //! Direct: plain 16-byte stores into the peers' scratch, pipelined in chunks with per-block
 //! flags, the next chunk pushed while this one is consumed; every collective (all-reduce as
-//! reduce-scatter then all-gather). The bandwidth path for large messages. Its kernel is in
-//! `kernels/collectives/direct.cu` ([`module`], shared with `read`), its host kernel in [`host`].
+//! reduce-scatter then all-gather). The bandwidth path for large messages. Its kernels are in
+//! `kernels/collectives/direct.cu` and, for the wide element types, `direct_wide.cu` (loaded at
+//! their first call) ([`module`], shared with `read`), its host kernel in [`host`].
 //!
 #![doc = include_str!("spec.md")]
 
@@ -14,7 +15,10 @@ pub(crate) mod module;
 
 use args::DirectCollectiveArgs;
 
-use super::{Algorithm, AlgorithmId, Plan, block_threads, optional_kernel, resident_grid};
+use super::{
+    Algorithm, AlgorithmId, LazyKernel, Plan, block_threads, is_wide, optional_kernel,
+    resident_grid,
+};
 use crate::CollectiveKind;
 use crate::agree::agree;
 use crate::call::Checked;
@@ -39,6 +43,10 @@ pub(crate) struct Direct {
     threads: u32,
     small_threads: u32,
     kernel: TypedKernel<DirectCollectiveArgs>,
+    /// The wide types' kernel, loaded at their first call; its blocks have at most the threads
+    /// above and within its own limit (more registers). Only the blocks and chunks must match
+    /// across ranks.
+    wide: LazyKernel<DirectCollectiveArgs>,
 }
 
 impl Direct {
@@ -83,6 +91,7 @@ impl Direct {
             threads,
             small_threads,
             kernel,
+            wide: LazyKernel::new(comm, &module::WIDE_MODULE, module::DIRECT_WIDE),
         }))
     }
 }
@@ -104,11 +113,14 @@ impl Algorithm for Direct {
             self.slot_bytes,
             self.max_blocks,
         );
-        let threads = if call.buffer_bytes() <= SMALL_BYTES {
+        let mut threads = if call.buffer_bytes() <= SMALL_BYTES {
             self.small_threads
         } else {
             self.threads
         };
+        if is_wide(call.call.dtype) {
+            threads = threads.min(self.wide.get()?.1);
+        }
         Ok(Plan {
             config: LaunchConfig::linear(blocks, threads),
             chunk_bytes,
@@ -136,8 +148,13 @@ impl Algorithm for Direct {
         };
         let cfg = plan.config;
         tracing::trace!(collective = c.kind.name(), count = c.count, dtype = %c.dtype, op = %c.op, ?cfg, chunk = plan.chunk_bytes, "launch direct");
+        let kernel = if is_wide(c.dtype) {
+            self.wide.get()?.0
+        } else {
+            &self.kernel
+        };
         // SAFETY: the caller's checked slices (kept alive until the stream passes the call) and
         // the direct scratch mappings held in `self`.
-        unsafe { self.kernel.launch(stream, cfg, &args) }
+        unsafe { kernel.launch(stream, cfg, &args) }
     }
 }

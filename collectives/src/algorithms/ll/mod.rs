@@ -1,7 +1,8 @@
 //! LL packets: every rank writes 16-byte packets (8 data bytes and a flag) into its slot of each
 //! peer's scratch, and the peers poll for the flag; no separate signalling. Every collective at
 //! every size, in rounds of one slot. The scratch and flag counter here serve the short LL
-//! kernels and LL128 too, as does the module of `kernels/collectives/ll.cu` ([`module`]).
+//! kernels and LL128 too, as do the modules of `kernels/collectives/ll.cu` and `ll_wide.cu`
+//! ([`module`]).
 //!
 #![doc = include_str!("spec.md")]
 
@@ -16,7 +17,7 @@ pub(crate) mod module;
 
 pub(crate) use args::{LL_STATE_BYTES, LlCollectiveArgs};
 
-use super::{Algorithm, AlgorithmId, Plan, load};
+use super::{Algorithm, AlgorithmId, BASE_TYPES, ByType, LazyKernel, Plan, load};
 use crate::CollectiveKind;
 use crate::call::Checked;
 use crate::scratch::Scratch;
@@ -179,21 +180,24 @@ pub(crate) fn ll_grid(
     LaunchConfig::linear(blocks as u32, threads)
 }
 
-/// The general LL kernels: one copying every collective, and one per element type and operator
-/// reducing.
+/// The general LL kernels: one copying every collective (per module), and one per element type
+/// and operator reducing.
 #[derive(Debug)]
 pub(crate) struct Ll {
     shared: Arc<LlScratch>,
     grid: LlGrid,
-    copy: TypedKernel<LlCollectiveArgs>,
-    /// Indexed by `dtype * 5 + op`.
-    reduce: Vec<TypedKernel<LlCollectiveArgs>>,
+    copy: ByType<LlCollectiveArgs>,
+    reduce: ByTypeAndOp,
 }
 
 impl Ll {
     pub fn new(comm: &Communicator, shared: Arc<LlScratch>, grid: LlGrid) -> Result<Ll> {
         Ok(Ll {
-            copy: load(comm, &module::MODULE, module::COPY)?,
+            copy: ByType::load(
+                comm,
+                (&module::MODULE, module::COPY),
+                (&module::WIDE_MODULE, module::COPY_WIDE),
+            )?,
             reduce: load_all(comm, &module::REDUCE)?,
             shared,
             grid,
@@ -201,15 +205,49 @@ impl Ll {
     }
 }
 
-/// The kernels of the LL module by element type and operator, in `dtype * 5 + op` order.
+/// The kernels of one reducing family by element type and operator, in `dtype * 5 + op` order:
+/// the base types' loaded at set-up, the wide types' at their first call. (The LL grids keep
+/// within the device's limit, which every LL kernel reaches: 64 registers at most.)
+#[derive(Debug)]
+pub(crate) struct ByTypeAndOp {
+    base: Vec<TypedKernel<LlCollectiveArgs>>,
+    wide: Vec<LazyKernel<LlCollectiveArgs>>,
+}
+
+impl ByTypeAndOp {
+    /// The kernel of `call`'s element type and operator.
+    pub fn get(&self, call: &Checked) -> Result<&TypedKernel<LlCollectiveArgs>> {
+        let i = call.reduce_index();
+        match i.checked_sub(self.base.len()) {
+            None => Ok(&self.base[i]),
+            Some(w) => {
+                let lazy = self.wide.get(w).ok_or_else(|| {
+                    mscclpp_hal::Error::Internal(format!("no LL kernel for reduce index {i}"))
+                })?;
+                Ok(lazy.get()?.0)
+            }
+        }
+    }
+}
+
+/// The kernels of the LL modules by element type and operator (see [`ByTypeAndOp`]).
 pub(crate) fn load_all(
     comm: &Communicator,
     ids: &[[KernelId; 5]; module::NTYPES],
-) -> Result<Vec<TypedKernel<LlCollectiveArgs>>> {
-    ids.iter()
-        .flatten()
-        .map(|&id| load(comm, &module::MODULE, id))
-        .collect()
+) -> Result<ByTypeAndOp> {
+    let (base, wide) = ids.split_at(BASE_TYPES);
+    Ok(ByTypeAndOp {
+        base: base
+            .iter()
+            .flatten()
+            .map(|&id| load(comm, &module::MODULE, id))
+            .collect::<Result<_>>()?,
+        wide: wide
+            .iter()
+            .flatten()
+            .map(|&id| LazyKernel::new(comm, &module::WIDE_MODULE, id))
+            .collect(),
+    })
 }
 
 impl Algorithm for Ll {
@@ -227,9 +265,9 @@ impl Algorithm for Ll {
 
     unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
         let kernel = if call.kind().reduces() {
-            &self.reduce[call.reduce_index()]
+            self.reduce.get(call)?
         } else {
-            &self.copy
+            self.copy.get(call.call.dtype)?
         };
         // SAFETY: the caller's contract.
         unsafe { self.shared.launch(kernel, call, plan.config, stream) }

@@ -1,15 +1,18 @@
-//! The LL module, `kernels/collectives/ll.cu`: the general LL kernels (this folder), the short
-//! LL kernels (`ll_short`) and LL128 all-reduce (`ll128`), one compilation unit since they share
-//! the LL scratch, flag counter and device helpers. Every entry point takes an
-//! [`LlCollectiveArgs`]; on the host one Rust kernel serves the LL and short entry points (it
-//! reads the kind, type and operator from its arguments) and one the LL128 entry point.
+//! The LL modules: the general LL kernels (this folder), the short LL kernels (`ll_short`) and
+//! LL128 all-reduce (`ll128`), one source (`kernels/collectives/ll.cuh`) since they share the LL
+//! scratch, flag counter and device helpers, compiled as two modules: [`MODULE`]
+//! (`kernels/collectives/ll.cu`, the base element types f32, f16, bf16, i32, u32) and
+//! [`WIDE_MODULE`] (`kernels/collectives/ll_wide.cu`, f64, i64, u64, i8, u8, FP8), which only a
+//! process that uses those types compiles. Every entry point takes an [`LlCollectiveArgs`]; on
+//! the host one Rust kernel serves the LL and short entry points (it reads the kind, type and
+//! operator from its arguments) and one the LL128 entry points.
 
 use mscclpp_hal::{KernelDef, KernelId, KernelModule};
 
 use super::args::LlCollectiveArgs;
 use super::host::collective_ll;
 use crate::algorithms::ll128::host::collective_ll128_allreduce;
-use crate::algorithms::{HEADERS, ll_short, ll128};
+use crate::algorithms::{BASE_TYPES, HEADERS, ll_short, ll128};
 
 /// Element types, in code order: every kernel table has one row per type.
 pub(crate) const NTYPES: usize = mscclpp_hal::DataType::ALL.len();
@@ -57,8 +60,10 @@ pub(crate) const fn ids(names: [[&'static str; 5]; NTYPES]) -> [[KernelId; 5]; N
     out
 }
 
-/// The general LL kernel of the copying collectives — all-gather, broadcast, all-to-all.
+/// The general LL kernel of the copying collectives — all-gather, broadcast, all-to-all — for the
+/// base types, and for the wide ones (byte-granular).
 pub(crate) const COPY: KernelId = KernelId("mscclpp_collective_ll_copy");
+pub(crate) const COPY_WIDE: KernelId = KernelId("mscclpp_collective_ll_copy_wide");
 
 /// The general LL kernels of the reducing collectives — all-reduce, reduce-scatter — one per
 /// element type and operator, indexed by their codes. Separate kernels, each compiled for its
@@ -70,33 +75,60 @@ const fn ll(id: KernelId) -> KernelDef {
     KernelDef::new::<LlCollectiveArgs>(id.0, collective_ll)
 }
 
-/// Entry points per reducing family (one per element type and operator).
-const PER_FAMILY: usize = 5 * NTYPES;
+/// Entry points per reducing family (one per element type and operator) in each module.
+const BASE_PER_FAMILY: usize = 5 * BASE_TYPES;
+const WIDE_PER_FAMILY: usize = 5 * (NTYPES - BASE_TYPES);
 
-/// Every entry point: the general, short and LL128 kernels.
-const NKERNELS: usize = 4 + 3 * PER_FAMILY;
-const KERNELS: [KernelDef; NKERNELS] = {
-    let mut all = [ll(COPY); NKERNELS];
-    all[1] = ll(ll_short::ALLGATHER);
-    all[2] = ll(ll_short::ALLTOALL);
+/// The entry points of one module: its copying general and short kernels, its types' reducing
+/// general and short kernels, its LL128 kernel.
+const fn kernels<const N: usize, const PER_FAMILY: usize>(
+    copies: [KernelId; 3],
+    first_type: usize,
+    ll128: KernelId,
+) -> [KernelDef; N] {
+    let mut all = [ll(copies[0]); N];
+    all[1] = ll(copies[1]);
+    all[2] = ll(copies[2]);
     let mut i = 0;
     while i < PER_FAMILY {
-        all[3 + i] = ll(REDUCE[i / 5][i % 5]);
-        all[3 + PER_FAMILY + i] = ll(ll_short::ALLREDUCE[i / 5][i % 5]);
-        all[3 + 2 * PER_FAMILY + i] = ll(ll_short::REDUCE_SCATTER[i / 5][i % 5]);
+        let (t, op) = (first_type + i / 5, i % 5);
+        all[3 + i] = ll(REDUCE[t][op]);
+        all[3 + PER_FAMILY + i] = ll(ll_short::ALLREDUCE[t][op]);
+        all[3 + 2 * PER_FAMILY + i] = ll(ll_short::REDUCE_SCATTER[t][op]);
         i += 1;
     }
-    all[NKERNELS - 1] =
-        KernelDef::new::<LlCollectiveArgs>(ll128::ALLREDUCE.0, collective_ll128_allreduce);
+    all[N - 1] = KernelDef::new::<LlCollectiveArgs>(ll128.0, collective_ll128_allreduce);
     all
-};
+}
 
-/// The LL module.
+const BASE_KERNELS: [KernelDef; 4 + 3 * BASE_PER_FAMILY] =
+    kernels::<{ 4 + 3 * BASE_PER_FAMILY }, BASE_PER_FAMILY>(
+        [COPY, ll_short::ALLGATHER, ll_short::ALLTOALL],
+        0,
+        ll128::ALLREDUCE,
+    );
+const WIDE_KERNELS: [KernelDef; 4 + 3 * WIDE_PER_FAMILY] =
+    kernels::<{ 4 + 3 * WIDE_PER_FAMILY }, WIDE_PER_FAMILY>(
+        [COPY_WIDE, ll_short::ALLGATHER_WIDE, ll_short::ALLTOALL_WIDE],
+        BASE_TYPES,
+        ll128::ALLREDUCE_WIDE,
+    );
+
+/// The LL module of the base element types (f32, f16, bf16, i32, u32), loaded at set-up.
 pub static MODULE: KernelModule = KernelModule {
     name: "collectives/ll.cu",
     source: include_str!("../../../../kernels/collectives/ll.cu"),
     headers: HEADERS,
-    kernels: &KERNELS,
+    kernels: &BASE_KERNELS,
+};
+
+/// The LL module of the wide element types (f64, i64, u64, i8, u8, FP8), loaded at their first
+/// call.
+pub static WIDE_MODULE: KernelModule = KernelModule {
+    name: "collectives/ll_wide.cu",
+    source: include_str!("../../../../kernels/collectives/ll_wide.cu"),
+    headers: HEADERS,
+    kernels: &WIDE_KERNELS,
 };
 
 #[cfg(test)]
@@ -105,15 +137,33 @@ mod tests {
 
     #[test]
     fn every_entry_point_is_listed_once_and_defined_in_the_source() {
-        let mut names: Vec<&str> = MODULE.kernels.iter().map(|k| k.id.name()).collect();
+        let mut names: Vec<&str> = [&MODULE, &WIDE_MODULE]
+            .iter()
+            .flat_map(|m| m.kernels.iter().map(|k| k.id.name()))
+            .collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), NKERNELS);
-        for k in MODULE.kernels {
-            let def = format!("extern \"C\" __global__ void {}(", k.id);
-            assert!(MODULE.source.contains(&def), "{}", k.id);
-            assert_eq!(k.param_size, size_of::<LlCollectiveArgs>());
-            assert!(k.host.is_some());
+        // The base module: the 79 entry points of before the wide types; the wide one the same
+        // families for seven types.
+        assert_eq!(MODULE.kernels.len(), 79);
+        assert_eq!(names.len(), 8 + 3 * 5 * NTYPES);
+        for m in [&MODULE, &WIDE_MODULE] {
+            for k in m.kernels {
+                let def = format!("extern \"C\" __global__ void {}(", k.id);
+                assert!(m.source.contains(&def), "{}: {}", m.name, k.id);
+                assert_eq!(k.param_size, size_of::<LlCollectiveArgs>());
+                assert!(k.host.is_some());
+            }
+        }
+        for (t, ids) in REDUCE.iter().enumerate() {
+            for id in ids {
+                let module = if t < BASE_TYPES {
+                    &MODULE
+                } else {
+                    &WIDE_MODULE
+                };
+                assert!(module.kernel(*id).is_some(), "{id}");
+            }
         }
         assert_eq!(REDUCE[2][3].name(), "mscclpp_collective_ll_reduce_bf16_max");
         assert_eq!(

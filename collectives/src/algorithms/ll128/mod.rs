@@ -7,8 +7,9 @@
 //! two ranks on their own devices, the configuration verified correct. With four ranks on two
 //! GPUs a line was once seen with its flag but not all of its data (docs/performance.md).
 //!
-//! The kernel is an entry point of the LL module (`ll/module.rs`, `kernels/collectives/ll.cu`)
-//! and takes its [`LlCollectiveArgs`]; its host kernel is [`host`].
+//! The kernel is an entry point of the LL modules (`ll/module.rs`: `kernels/collectives/ll.cu`,
+//! and `ll_wide.cu` for the wide element types, loaded at their first call) and takes their
+//! [`LlCollectiveArgs`]; its host kernel is [`host`].
 //!
 #![doc = include_str!("spec.md")]
 
@@ -20,13 +21,15 @@ use mscclpp_hal::{DeviceInfo, KernelId, LaunchConfig, Result, Stream, TypedKerne
 pub(crate) mod host;
 
 use super::ll::args::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES};
-use super::ll::{LlCollectiveArgs, LlScratch, module::MODULE};
-use super::{Algorithm, AlgorithmId, Plan, block_threads, load};
+use super::ll::module::{MODULE, WIDE_MODULE};
+use super::ll::{LlCollectiveArgs, LlScratch};
+use super::{Algorithm, AlgorithmId, LazyKernel, Plan, block_threads, is_wide, load};
 use crate::CollectiveKind;
 use crate::call::Checked;
 
-/// All-reduce by LL128 lines (one round).
+/// All-reduce by LL128 lines (one round): of the base element types, and of the wide ones.
 pub(crate) const ALLREDUCE: KernelId = KernelId("mscclpp_collective_ll128_allreduce");
+pub(crate) const ALLREDUCE_WIDE: KernelId = KernelId("mscclpp_collective_ll128_allreduce_wide");
 
 /// The LL128 kernel and its block size, before the LL scratch exists.
 pub(crate) type Candidate = (TypedKernel<LlCollectiveArgs>, u32);
@@ -74,7 +77,11 @@ pub(crate) fn candidate(
 pub(crate) struct Ll128 {
     shared: Arc<LlScratch>,
     kernel: TypedKernel<LlCollectiveArgs>,
+    /// Threads per block of the base kernel (within its limit).
     threads: u32,
+    /// The wide types' kernel, loaded at their first call; its blocks have at most `threads`,
+    /// and within its own limit.
+    wide: LazyKernel<LlCollectiveArgs>,
     /// Bytes a call carries at most (one round).
     round_bytes: u64,
     info: DeviceInfo,
@@ -85,9 +92,21 @@ impl Ll128 {
         Ll128 {
             round_bytes: LlCollectiveArgs::ll128_round_bytes_of(shared.slot_bytes()),
             info: comm.device().info().clone(),
+            wide: LazyKernel::new(comm, &WIDE_MODULE, ALLREDUCE_WIDE),
             shared,
             kernel,
             threads,
+        }
+    }
+
+    /// The kernel of `call`'s element type and its threads per block.
+    fn kernel(&self, call: &Checked) -> Result<(&TypedKernel<LlCollectiveArgs>, u32)> {
+        if is_wide(call.call.dtype) {
+            let (k, limit) = self.wide.get()?;
+            // A multiple of 8 (a line's group of threads), as the limit is of 32.
+            Ok((k, self.threads.min(limit)))
+        } else {
+            Ok((&self.kernel, self.threads))
         }
     }
 }
@@ -107,18 +126,17 @@ impl Algorithm for Ll128 {
         if self.info.warp_size == 1 {
             return Ok(Plan::grid(LaunchConfig::linear(1, 1)));
         }
+        let (_, threads) = self.kernel(call)?;
         let lines = call.block_bytes.div_ceil(LL128_LINE_DATA_BYTES);
         let blocks = (lines * 8)
-            .div_ceil(u64::from(self.threads))
+            .div_ceil(u64::from(threads))
             .clamp(1, u64::from(self.info.multiprocessors.max(1)));
-        Ok(Plan::grid(LaunchConfig::linear(
-            blocks as u32,
-            self.threads,
-        )))
+        Ok(Plan::grid(LaunchConfig::linear(blocks as u32, threads)))
     }
 
     unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+        let (kernel, _) = self.kernel(call)?;
         // SAFETY: the caller's contract.
-        unsafe { self.shared.launch(&self.kernel, call, plan.config, stream) }
+        unsafe { self.shared.launch(kernel, call, plan.config, stream) }
     }
 }

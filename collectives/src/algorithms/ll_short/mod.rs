@@ -3,8 +3,8 @@
 //! the same scratch and flag as the general LL kernels, so ranks may differ in which they take.
 //! Broadcast keeps its acknowledgements in the general kernel.
 //!
-//! The kernels are entry points of the LL module (`ll/module.rs`, `kernels/collectives/ll.cu`)
-//! and take its [`LlCollectiveArgs`]; on the host the LL host kernel (`ll/host.rs`) serves them,
+//! The kernels are entry points of the LL modules (`ll/module.rs`, `kernels/collectives/ll.cu`
+//! and `ll_wide.cu`) and take their [`LlCollectiveArgs`]; on the host the LL host kernel (`ll/host.rs`) serves them,
 //! since the protocol is the same.
 //!
 #![doc = include_str!("spec.md")]
@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{KernelId, LaunchConfig, Result, Stream, TypedKernel};
+use mscclpp_hal::{KernelId, LaunchConfig, Result, Stream};
 
-use super::ll::module::{MODULE, NTYPES, by_type_and_op};
-use super::ll::{LlCollectiveArgs, LlGrid, LlScratch, load_all};
-use super::{Algorithm, AlgorithmId, Plan, load};
+use super::ll::module::{MODULE, NTYPES, WIDE_MODULE, by_type_and_op};
+use super::ll::{ByTypeAndOp, LlCollectiveArgs, LlGrid, LlScratch, load_all};
+use super::{Algorithm, AlgorithmId, ByType, Plan};
 use crate::CollectiveKind;
 use crate::call::Checked;
 
@@ -27,20 +27,22 @@ pub(crate) const ALLREDUCE: [[KernelId; 5]; NTYPES] =
 /// The short reduce-scatter, one per element type and operator.
 pub(crate) const REDUCE_SCATTER: [[KernelId; 5]; NTYPES] =
     by_type_and_op!("mscclpp_collective_ll_short_reduce_scatter");
-/// The short all-gather (any type: it copies bytes).
+/// The short all-gather (it copies bytes): of the base types, and of the wide ones.
 pub(crate) const ALLGATHER: KernelId = KernelId("mscclpp_collective_ll_short_allgather");
-/// The short all-to-all (any type).
+pub(crate) const ALLGATHER_WIDE: KernelId = KernelId("mscclpp_collective_ll_short_allgather_wide");
+/// The short all-to-all: of the base types, and of the wide ones.
 pub(crate) const ALLTOALL: KernelId = KernelId("mscclpp_collective_ll_short_alltoall");
+pub(crate) const ALLTOALL_WIDE: KernelId = KernelId("mscclpp_collective_ll_short_alltoall_wide");
 
 #[derive(Debug)]
 pub(crate) struct LlShort {
     shared: Arc<LlScratch>,
     grid: LlGrid,
-    /// All-reduce and reduce-scatter indexed by `dtype * 5 + op`.
-    allreduce: Vec<TypedKernel<LlCollectiveArgs>>,
-    reduce_scatter: Vec<TypedKernel<LlCollectiveArgs>>,
-    allgather: TypedKernel<LlCollectiveArgs>,
-    alltoall: TypedKernel<LlCollectiveArgs>,
+    /// All-reduce and reduce-scatter by element type and operator.
+    allreduce: ByTypeAndOp,
+    reduce_scatter: ByTypeAndOp,
+    allgather: ByType<LlCollectiveArgs>,
+    alltoall: ByType<LlCollectiveArgs>,
     /// `MSCCLPP_LL_SHORT`, [`crate::Collectives::use_short_kernels`]; per rank.
     enabled: AtomicBool,
 }
@@ -55,8 +57,8 @@ impl LlShort {
         Ok(LlShort {
             allreduce: load_all(comm, &ALLREDUCE)?,
             reduce_scatter: load_all(comm, &REDUCE_SCATTER)?,
-            allgather: load(comm, &MODULE, ALLGATHER)?,
-            alltoall: load(comm, &MODULE, ALLTOALL)?,
+            allgather: ByType::load(comm, (&MODULE, ALLGATHER), (&WIDE_MODULE, ALLGATHER_WIDE))?,
+            alltoall: ByType::load(comm, (&MODULE, ALLTOALL), (&WIDE_MODULE, ALLTOALL_WIDE))?,
             enabled: AtomicBool::new(enabled),
             shared,
             grid,
@@ -98,10 +100,10 @@ impl Algorithm for LlShort {
 
     unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
         let kernel = match call.kind() {
-            CollectiveKind::AllReduce => &self.allreduce[call.reduce_index()],
-            CollectiveKind::ReduceScatter => &self.reduce_scatter[call.reduce_index()],
-            CollectiveKind::AllGather => &self.allgather,
-            CollectiveKind::AllToAll => &self.alltoall,
+            CollectiveKind::AllReduce => self.allreduce.get(call)?,
+            CollectiveKind::ReduceScatter => self.reduce_scatter.get(call)?,
+            CollectiveKind::AllGather => self.allgather.get(call.call.dtype)?,
+            CollectiveKind::AllToAll => self.alltoall.get(call.call.dtype)?,
             CollectiveKind::Broadcast => {
                 return Err(mscclpp_hal::Error::Internal(
                     "the short LL kernels do not serve broadcast".into(),

@@ -16,9 +16,10 @@ pub(crate) mod host;
 
 use args::ReadCollectiveArgs;
 
-use super::direct::module::{MODULE, READ_ALLREDUCE};
+use super::direct::module::{MODULE, READ_ALLREDUCE, READ_ALLREDUCE_WIDE, WIDE_MODULE};
 use super::{
-    Algorithm, AlgorithmId, MAX_RANKS, Plan, block_threads, optional_kernel, resident_grid,
+    Algorithm, AlgorithmId, LazyKernel, MAX_RANKS, Plan, block_threads, is_wide, optional_kernel,
+    resident_grid,
 };
 use crate::CollectiveKind;
 use crate::agree::agree;
@@ -39,6 +40,9 @@ pub(crate) struct Read {
     max_blocks: u32,
     threads: u32,
     kernel: TypedKernel<ReadCollectiveArgs>,
+    /// The wide types' kernel, loaded at their first call; its blocks have at most `threads`,
+    /// and within its own limit.
+    wide: LazyKernel<ReadCollectiveArgs>,
 }
 
 impl Read {
@@ -77,18 +81,19 @@ impl Read {
             max_blocks,
             threads,
             kernel,
+            wide: LazyKernel::new(comm, &WIDE_MODULE, READ_ALLREDUCE_WIDE),
         }))
     }
 
     /// Blocks of a call of `bytes` per rank, `None` when the staging area or the grid cannot
     /// hold it (the host's one worker holds what the staging area does).
-    fn blocks(&self, bytes: u64) -> Option<u32> {
+    fn blocks(&self, bytes: u64, threads: u32) -> Option<u32> {
         if bytes > STAGING_BYTES {
             None
-        } else if self.threads == 1 {
+        } else if threads == 1 {
             Some(1)
         } else {
-            ReadCollectiveArgs::grid(bytes, self.threads, self.max_blocks)
+            ReadCollectiveArgs::grid(bytes, threads, self.max_blocks)
         }
     }
 
@@ -107,17 +112,23 @@ impl Algorithm for Read {
     }
 
     fn fits(&self, kind: CollectiveKind, block_bytes: u64) -> bool {
-        kind == CollectiveKind::AllReduce && self.blocks(block_bytes).is_some()
+        kind == CollectiveKind::AllReduce && self.blocks(block_bytes, self.threads).is_some()
     }
 
     fn plan(&self, call: &Checked) -> Result<Plan> {
-        let blocks = self.blocks(call.block_bytes).ok_or_else(|| {
+        let threads = if is_wide(call.call.dtype) {
+            self.threads.min(self.wide.get()?.1)
+        } else {
+            self.threads
+        };
+        let blocks = self.blocks(call.block_bytes, threads).ok_or_else(|| {
             Error::invalid(format!(
-                "allreduce: {} bytes exceed what the read algorithm holds ({STAGING_BYTES})",
+                "allreduce: {} bytes exceed what the read algorithm holds ({STAGING_BYTES} B, \
+                 {threads} threads per block)",
                 call.block_bytes
             ))
         })?;
-        Ok(Plan::grid(LaunchConfig::linear(blocks, self.threads)))
+        Ok(Plan::grid(LaunchConfig::linear(blocks, threads)))
     }
 
     unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
@@ -141,9 +152,14 @@ impl Algorithm for Read {
         };
         let cfg = plan.config;
         tracing::trace!(collective = c.kind.name(), count = c.count, dtype = %c.dtype, op = %c.op, ?cfg, key = args.in_key, "launch read");
+        let kernel = if is_wide(c.dtype) {
+            self.wide.get()?.0
+        } else {
+            &self.kernel
+        };
         // SAFETY: the caller's checked slices (kept alive until the stream passes the call), the
         // read scratch, table and window mappings held in `self` (a window stays mapped until
         // deregistered, which the caller does only after its calls have finished).
-        unsafe { self.kernel.launch(stream, cfg, &args) }
+        unsafe { kernel.launch(stream, cfg, &args) }
     }
 }
