@@ -7,14 +7,16 @@
 //! leave alone.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mscclpp_hal::{BufferSlice, Device, Error, Result};
+use mscclpp_hal::dev::ABORTED_LOCALLY;
+use mscclpp_hal::{BufferSlice, Device, Error, MemoryKind, Result};
 use mscclpp_transports::{
     AnyConnection, Endpoint, EndpointConfig, RegisteredMemory, TransportContext, TransportFlags,
 };
 
-use crate::bootstrap::Bootstrap;
+use crate::bootstrap::{Bootstrap, PeerFailure};
 
 /// Bootstrap tags with this bit set (and bit 63 clear) carry the communicator's set-up messages.
 pub const SETUP_TAG_BIT: u64 = 1 << 62;
@@ -25,17 +27,156 @@ pub struct Communicator {
     boot: Arc<Bootstrap>,
     ctx: Arc<TransportContext>,
     setup_seq: Mutex<HashMap<usize, u64>>,
+    abort: Arc<AbortState>,
+    handler: u64,
+}
+
+/// The communicator's failure state: a host copy, and the device-visible abort word that
+/// kernels poll (0 = live, `r + 1` = rank r died, `u64::MAX` = aborted locally).
+#[derive(Debug)]
+struct AbortState {
+    /// The same value as the word; kept for a communicator whose word could not be allocated.
+    host: AtomicU64,
+    /// 8 bytes of host-mapped memory; `None` when the device could not allocate it.
+    word: Option<BufferSlice>,
+    /// The first failure, with how it was learned.
+    failure: Mutex<Option<PeerFailure>>,
+}
+
+impl AbortState {
+    /// Stores `v` unless a failure is stored already (the first cause wins).
+    fn set(&self, v: u64) {
+        if self
+            .host
+            .compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        if let Some(p) = self.word.as_ref().and_then(|w| w.host_ptr()) {
+            // SAFETY: `p` is the host pointer of the 8-byte, 8-aligned allocation this state
+            // keeps alive; the word is only accessed atomically (here and by kernels' polls).
+            unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }.store(v, Ordering::Release);
+        }
+    }
 }
 
 impl Communicator {
     /// A communicator over an established bootstrap, using `device`.
     pub fn new(boot: Arc<Bootstrap>, device: Arc<dyn Device>) -> Self {
+        let word = device
+            .alloc(8, MemoryKind::HostMapped)
+            .and_then(|b| b.slice(0..8))
+            .and_then(|w| match w.host_ptr() {
+                Some(p) if (p as usize) % 8 == 0 => {
+                    // SAFETY: a fresh 8-byte, host-accessible allocation, aligned (checked);
+                    // nothing else refers to it yet.
+                    unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }.store(0, Ordering::Release);
+                    Ok(w)
+                }
+                _ => Err(Error::Internal(
+                    "host-mapped memory without an aligned host pointer".into(),
+                )),
+            });
+        let word = match word {
+            Ok(w) => Some(w),
+            Err(e) => {
+                // Failures are still recorded and refused on the host; only kernels already
+                // waiting would not see them before their own deadline.
+                tracing::warn!(error = %e, "no device-visible abort word for this communicator");
+                None
+            }
+        };
+        let abort = Arc::new(AbortState {
+            host: AtomicU64::new(0),
+            word,
+            failure: Mutex::new(None),
+        });
+        let a = Arc::clone(&abort);
+        let handler = boot.on_failure(Box::new(move |f: &PeerFailure| {
+            let mut first = a.failure.lock().unwrap_or_else(|p| p.into_inner());
+            if first.is_none() {
+                *first = Some(f.clone());
+            }
+            drop(first);
+            a.set(f.rank as u64 + 1);
+        }));
         let ctx = TransportContext::new(boot.rank(), device);
         Communicator {
             boot,
             ctx,
             setup_seq: Mutex::new(HashMap::new()),
+            abort,
+            handler,
         }
+    }
+
+    /// The communicator's abort word (8 bytes of host-mapped memory): 0 while live, `r + 1`
+    /// once rank `r` is known dead, `u64::MAX` after [`Communicator::abort`]. Kernels poll it
+    /// in their waits; `None` when the device could not allocate it.
+    pub fn abort_word(&self) -> Option<&BufferSlice> {
+        self.abort.word.as_ref()
+    }
+
+    /// The abort word's device address, 0 when there is none (what kernels are given).
+    pub fn abort_addr(&self) -> u64 {
+        self.abort.word.as_ref().map_or(0, |w| w.ptr().0)
+    }
+
+    /// Why this communicator can no longer be used, if it cannot: a rank died (named, with
+    /// how this rank learned it) or it was aborted.
+    pub fn failure(&self) -> Option<Error> {
+        let v = self.abort.host.load(Ordering::Acquire);
+        if v == 0 {
+            return None;
+        }
+        if v == ABORTED_LOCALLY {
+            return Some(Error::invalid(format!(
+                "rank {}: the communicator was aborted",
+                self.rank()
+            )));
+        }
+        let f = self
+            .abort
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let rank = (v - 1) as usize;
+        Some(Error::Remote {
+            rank,
+            message: match f {
+                Some(f) => format!(
+                    "died ({}, {}); rank {} learned it {:.3} s ago",
+                    f.addr,
+                    f.how,
+                    self.rank(),
+                    f.at.elapsed().as_secs_f64()
+                ),
+                None => "died".into(),
+            },
+        })
+    }
+
+    /// [`Communicator::failure`] as a `Result`, naming `what` was refused.
+    pub fn check_live(&self) -> Result<()> {
+        match self.failure() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Marks the communicator aborted: kernels waiting on it return an error at their next
+    /// poll, and every later operation is refused. Callable from any thread, any number of
+    /// times; a failure already recorded stays the reported cause.
+    pub fn abort(&self) {
+        self.abort.set(ABORTED_LOCALLY);
+    }
+
+    /// Makes the waits of kernels launched from this thread poll this communicator's abort
+    /// word until the guard is dropped (see [`mscclpp_hal::dev::abort_scope`]).
+    pub fn abort_scope(&self) -> mscclpp_hal::dev::AbortScope {
+        mscclpp_hal::dev::abort_scope(self.abort_addr())
     }
 
     /// This rank.
@@ -119,5 +260,16 @@ impl Communicator {
             });
         }
         Ok(Arc::new(mscclpp_transports::connect(local, &remote)?))
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.boot.remove_failure_handler(self.handler);
+        if self.abort.host.load(Ordering::Acquire) != 0 {
+            // A failed or aborted communicator is freed without waiting for its kernels
+            // (ncclCommAbort); one may still be polling the word, so it is never unmapped.
+            std::mem::forget(self.abort.word.clone());
+        }
     }
 }

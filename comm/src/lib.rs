@@ -17,8 +17,8 @@ pub mod proxy;
 pub mod semaphore;
 
 pub use bootstrap::{
-    Bootstrap, BootstrapConfig, BootstrapRoot, LaunchInfo, RESERVED_TAG_BIT, UNIQUE_ID_BYTES,
-    UniqueId,
+    Bootstrap, BootstrapConfig, BootstrapRoot, LaunchInfo, PeerFailure, RESERVED_TAG_BIT,
+    UNIQUE_ID_BYTES, UniqueId,
 };
 
 pub use communicator::Communicator;

@@ -701,6 +701,18 @@ impl Comm {
         })
     }
 
+    /// The native communicator's failure (a dead rank, named, or an abort), if any.
+    pub fn native_failure(&self) -> Option<mscclpp::hal::Error> {
+        self.native.as_ref().and_then(|n| n.comm.failure())
+    }
+
+    /// Marks the native communicator aborted: its kernels' waits end at their next poll.
+    pub fn abort_native(&self) {
+        if let Some(n) = &self.native {
+            n.comm.abort();
+        }
+    }
+
     /// Records a failure that made the communicator unusable (`ncclCommGetAsyncError`).
     fn note(&self, e: mscclpp::hal::Error) -> Failure {
         let f = Failure::from(e);

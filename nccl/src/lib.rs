@@ -351,7 +351,13 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: NcclComm) -> NcclResult {
 /// `comm` is a handle (checked against the live ones).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommAbort(comm: NcclComm) -> NcclResult {
-    guard("ncclCommAbort", || unregister(comm)?.release_real(true))
+    guard("ncclCommAbort", || {
+        let c = unregister(comm)?;
+        // Kernels of this communicator still waiting (on any thread) end at their next poll
+        // of the abort word, so nothing here waits for them.
+        c.abort_native();
+        c.release_real(true)
+    })
 }
 
 fn wrap_real_child(
@@ -452,6 +458,14 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
     guard("ncclCommGetAsyncError", || {
         let c = lookup(comm)?;
         let mut e = c.async_error.load(Ordering::Relaxed);
+        // A dead peer makes the communicator unusable as soon as the bootstrap learns it,
+        // whether or not an operation has failed yet.
+        if let Some(f) = c.native_failure() {
+            error::set_last_error(&format!("rank {}: {f}", c.rank));
+            if e == NCCL_SUCCESS {
+                e = NCCL_REMOTE_ERROR;
+            }
+        }
         if e == NCCL_SUCCESS {
             if let Ok((lib, rc)) = c.require_real("") {
                 if let Some(f) = lib.comm_get_async_error {

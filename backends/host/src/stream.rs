@@ -390,8 +390,11 @@ impl Stream for HostStream {
             })?;
         cfg.validate(MAX_THREADS_PER_BLOCK)?;
         let (func, id, args) = (k.func, k.id, args.to_vec());
+        // The launching thread's abort word (its communicator's), polled by the kernel's waits.
+        let abort = mscclpp_hal::dev::current_abort();
         self.submit(Arc::new(move || {
             tracing::trace!(kernel = %id, ?cfg, "host kernel");
+            let _abort = mscclpp_hal::dev::abort_scope(abort);
             func(&cfg, &args)
         }))
     }

@@ -233,6 +233,8 @@ struct Shared {
     closing: AtomicBool,
     /// Inbound handshakes in progress (bounded by `root::MAX_PENDING_HELLOS`).
     handshakes: AtomicUsize,
+    /// Held while a failure is forwarded (see [`Shared::peer_failed`]).
+    forwarding: Mutex<()>,
 }
 
 /// A connection to one peer.
@@ -281,6 +283,35 @@ struct State {
     readers: Vec<JoinHandle<()>>,
     /// Connections opened so far (either direction).
     opened: usize,
+    /// Ranks known to have died (not merely left in order), first learned first, with how.
+    failures: Vec<PeerFailure>,
+    /// Failure handlers ([`Bootstrap::on_failure`]) by id.
+    handlers: Vec<(u64, FailureHandler)>,
+    next_handler: u64,
+}
+
+/// A handler of peer failures; it receives failures in the numbering of the bootstrap's
+/// connections (the root view's ranks), translated by the view that registered it.
+type FailureHandler = Arc<dyn Fn(&PeerFailure) + Send + Sync>;
+
+/// A rank found dead: its connection ended without a goodbye, or a peer reported it lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerFailure {
+    /// The dead rank (in the numbering of the view that reports it).
+    pub rank: usize,
+    /// Its bootstrap listen address.
+    pub addr: SocketAddr,
+    /// When this rank learned of it.
+    pub at: Instant,
+    /// How this rank learned of it, e.g. "its bootstrap connection closed: …" or
+    /// "reported by rank 3: …".
+    pub how: String,
+}
+
+impl std::fmt::Display for PeerFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rank {} ({}) died ({})", self.rank, self.addr, self.how)
+    }
 }
 
 impl Shared {
@@ -299,6 +330,53 @@ impl Shared {
         st.links.remove(&peer);
         drop(st);
         self.cv.notify_all();
+    }
+
+    /// Records that `peer` (a rank of the connections' numbering) died, learned `how`; the
+    /// first time for that rank, forwards a Lost frame over every standing connection (so the
+    /// news floods the job: the connections the init all-gather left form a connected graph
+    /// even without any one rank) and calls the failure handlers.
+    fn peer_failed(self: &Arc<Self>, peer: usize, how: String) {
+        if self.closing.load(Ordering::Acquire) || peer == self.rank || peer >= self.nranks {
+            return;
+        }
+        // Held until the news is forwarded: closing the bootstrap (which says goodbye to every
+        // peer) waits for it, so no peer sees this rank's orderly exit before the failure.
+        let _fwd = self.forwarding.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.lock();
+        if st.failures.iter().any(|f| f.rank == peer) {
+            return;
+        }
+        let failure = PeerFailure {
+            rank: peer,
+            addr: self.table[peer],
+            at: Instant::now(),
+            how,
+        };
+        st.failures.push(failure.clone());
+        let handlers: Vec<FailureHandler> =
+            st.handlers.iter().map(|(_, h)| Arc::clone(h)).collect();
+        let conns: Vec<(usize, Arc<Conn>)> = st
+            .links
+            .iter()
+            .filter_map(|(&p, l)| match l {
+                Link::Up(c) if p != peer && !st.dead.contains_key(&p) => Some((p, Arc::clone(c))),
+                _ => None,
+            })
+            .collect();
+        drop(st);
+        self.cv.notify_all();
+        tracing::warn!(rank = self.rank, dead = peer, how = %failure.how, "bootstrap peer failed");
+        // Forwarded before the handlers run: a handler may end this rank's work, and the rank
+        // may then exit before a forwarding thread would have written. Readers always drain
+        // their sockets, so a few bytes are written at once (else within the write timeout).
+        let payload = protocol::encode_lost(peer, &failure.how);
+        for (_, c) in conns {
+            let _ = c.send(FrameKind::Lost, 0, &payload);
+        }
+        for h in handlers {
+            h(&failure);
+        }
     }
 
     fn wait<'a>(
@@ -642,10 +720,14 @@ impl Bootstrap {
                 reported: HashMap::new(),
                 readers: Vec::new(),
                 opened: 0,
+                failures: Vec::new(),
+                handlers: Vec::new(),
+                next_handler: 0,
             }),
             cv: Condvar::new(),
             closing: AtomicBool::new(false),
             handshakes: AtomicUsize::new(0),
+            forwarding: Mutex::new(()),
         });
         let acceptor = if nranks > 1 {
             let s = Arc::clone(&shared);
@@ -741,6 +823,47 @@ impl Bootstrap {
                 .count(),
             opened: st.opened,
         }
+    }
+
+    /// Translates a failure in the connections' numbering into this view's; `None` when the
+    /// dead rank is not a member of this view.
+    fn in_view(&self, f: &PeerFailure) -> Option<PeerFailure> {
+        let rank = self.members.iter().position(|&m| m == f.rank)?;
+        Some(PeerFailure { rank, ..f.clone() })
+    }
+
+    /// The first rank of this view found dead — its bootstrap connection ended without a
+    /// goodbye, or a peer reported it lost — whether or not any operation waited on it.
+    pub fn failure(&self) -> Option<PeerFailure> {
+        let st = self.shared().lock();
+        st.failures.iter().find_map(|f| self.in_view(f))
+    }
+
+    /// Calls `handler` for every rank of this view found dead from now on (and at once for
+    /// those already found), on the thread that learned it (a connection's reader): it must
+    /// not block. Returns an id for [`Bootstrap::remove_failure_handler`].
+    pub fn on_failure(&self, handler: Box<dyn Fn(&PeerFailure) + Send + Sync>) -> u64 {
+        let members = Arc::clone(&self.members);
+        let wrapped: FailureHandler = Arc::new(move |f: &PeerFailure| {
+            if let Some(rank) = members.iter().position(|&m| m == f.rank) {
+                handler(&PeerFailure { rank, ..f.clone() });
+            }
+        });
+        let mut st = self.shared().lock();
+        let id = st.next_handler;
+        st.next_handler += 1;
+        st.handlers.push((id, Arc::clone(&wrapped)));
+        let past = st.failures.clone();
+        drop(st);
+        for f in &past {
+            wrapped(f);
+        }
+        id
+    }
+
+    /// Unregisters a handler of [`Bootstrap::on_failure`]; an unknown id is ignored.
+    pub fn remove_failure_handler(&self, id: u64) {
+        self.shared().lock().handlers.retain(|(h, _)| *h != id);
     }
 
     /// Sends `data` to `peer` under `tag`. Returns once the bytes are handed to the kernel
@@ -1271,6 +1394,12 @@ impl Bootstrap {
             if let Some((k, why)) = missing.iter().find_map(|p| st.reported.get(p)) {
                 return Err(self.translate(lost(*k, &format!("{why} (during {op})"))));
             }
+            // A member of this view known dead (learned from any connection, not only those
+            // of this operation) fails every operation still waiting: the peers it waits on
+            // may be waiting, directly or not, on the dead rank.
+            if let Some(f) = st.failures.iter().find(|f| self.members.contains(&f.rank)) {
+                return Err(self.translate(lost(f.rank, &format!("{} (during {op})", f.how))));
+            }
             // The first time round, make sure a connection with each missing peer exists (or
             // is being made by the other side): a peer that died before ever connecting is
             // then noticed when its listener refuses us.
@@ -1626,15 +1755,21 @@ fn read_hello(stream: &TcpStream, from: SocketAddr, limit: Duration) -> Result<H
 impl Drop for Core {
     fn drop(&mut self) {
         let sh = &self.shared;
+        let fwd = sh.forwarding.lock().unwrap_or_else(|p| p.into_inner());
         let mut st = sh.lock();
         sh.closing.store(true, Ordering::Release);
+        st.handlers.clear();
         for l in st.links.values() {
             if let Link::Up(c) = l {
+                // Tells the peer this end is orderly, not a death. Bounded by the write
+                // timeout, and a goodbye is a few bytes into an almost always empty buffer.
+                let _ = c.send(FrameKind::Bye, 0, &[]);
                 let _ = c.stream.shutdown(std::net::Shutdown::Both);
             }
         }
         let readers = std::mem::take(&mut st.readers);
         drop(st);
+        drop(fwd);
         let acceptor = self
             .acceptor
             .lock()
@@ -1655,8 +1790,9 @@ impl Drop for Core {
 
 /// `addr`: the peer's address, known before the connection can have been reset (after which
 /// the socket no longer reports it).
-fn reader_loop(shared: &Shared, peer: usize, conn: &Conn, max: usize, addr: SocketAddr) {
+fn reader_loop(shared: &Arc<Shared>, peer: usize, conn: &Conn, max: usize, addr: SocketAddr) {
     let mut stream = &conn.stream;
+    let mut graceful = false;
     let reason = loop {
         match read_frame(&mut stream, max) {
             Ok((h, payload)) if h.kind == FrameKind::Data => {
@@ -1675,6 +1811,9 @@ fn reader_loop(shared: &Shared, peer: usize, conn: &Conn, max: usize, addr: Sock
             Ok((h, payload)) if h.kind == FrameKind::Lost => {
                 match protocol::decode_lost(&payload, shared.nranks) {
                     Ok((k, msg)) => {
+                        // Forwarded first: a wait woken by the report may end this rank
+                        // before the news went on.
+                        shared.peer_failed(k, format!("reported by rank {peer}: {msg}"));
                         let mut st = shared.lock();
                         st.reported
                             .entry(peer)
@@ -1691,6 +1830,10 @@ fn reader_loop(shared: &Shared, peer: usize, conn: &Conn, max: usize, addr: Sock
                     Err(e) => format!("the peer sent an undecodable error report: {e}"),
                 };
             }
+            Ok((h, _)) if h.kind == FrameKind::Bye => {
+                graceful = true;
+                break format!("{addr} closed its bootstrap (an orderly exit)");
+            }
             Ok((h, _)) => break format!("unexpected {:?} frame after setup", h.kind),
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 break format!("{addr} {}", protocol::describe_read_error(&e));
@@ -1701,6 +1844,9 @@ fn reader_loop(shared: &Shared, peer: usize, conn: &Conn, max: usize, addr: Sock
     let _ = stream.shutdown(std::net::Shutdown::Both);
     if !shared.closing.load(Ordering::Acquire) {
         tracing::debug!(peer, %reason, "bootstrap connection ended");
+    }
+    if !graceful {
+        shared.peer_failed(peer, format!("its bootstrap connection closed: {reason}"));
     }
     shared.mark_dead(peer, reason);
 }

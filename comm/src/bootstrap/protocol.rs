@@ -54,6 +54,9 @@ pub enum FrameKind {
     /// A failure report: the sender's operation failed because a rank died; carries that
     /// rank and why, so that ranks waiting on the sender fail naming the cause.
     Lost,
+    /// An orderly goodbye: the sender is closing its bootstrap, so the end of this connection
+    /// that follows is not a failure.
+    Bye,
 }
 
 impl FrameKind {
@@ -65,6 +68,7 @@ impl FrameKind {
             FrameKind::Error => 4,
             FrameKind::Ack => 5,
             FrameKind::Lost => 6,
+            FrameKind::Bye => 7,
         }
     }
 
@@ -76,6 +80,7 @@ impl FrameKind {
             4 => FrameKind::Error,
             5 => FrameKind::Ack,
             6 => FrameKind::Lost,
+            7 => FrameKind::Bye,
             _ => return None,
         })
     }

@@ -845,3 +845,64 @@ fn all_gather_blocks_are_validated() {
     huge[4..12].copy_from_slice(&u64::MAX.to_le_bytes());
     assert!(unpack_blocks(&huge, 3, 1).is_err());
 }
+
+impl Bootstrap {
+    /// Ends every connection without a goodbye, as a crash would (the process stays).
+    fn sever(&self) {
+        let sh = self.shared();
+        let st = sh.lock();
+        sh.closing.store(true, Ordering::Release);
+        for l in st.links.values() {
+            if let Link::Up(c) = l {
+                let _ = c.stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_crash_reaches_every_rank_without_an_operation() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let results = on_ranks(6, move |r| {
+        let b = Bootstrap::new(&uid, r, 6, cfg(20_000)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        b.on_failure(Box::new(move |f| {
+            let _ = tx.lock().unwrap().send(f.clone());
+        }));
+        b.barrier().unwrap();
+        if r == 4 {
+            b.sever();
+            // Keep the view alive (no goodbye) until the others have seen it.
+            thread::sleep(Duration::from_millis(1500));
+            return None;
+        }
+        // No operation: the readers alone must learn it.
+        let f = rx.recv_timeout(Duration::from_secs(5)).ok();
+        Some((r, f, b.failure()))
+    });
+    for (r, f, failure) in results.into_iter().flatten() {
+        let f = f.unwrap_or_else(|| panic!("rank {r} was not told"));
+        assert_eq!(f.rank, 4, "rank {r}: {f}");
+        assert_eq!(failure.map(|x| x.rank), Some(4), "rank {r}");
+        assert!(f.at.elapsed() < Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn an_orderly_close_is_not_a_failure() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let results = on_ranks(4, move |r| {
+        let b = Bootstrap::new(&uid, r, 4, cfg(20_000)).unwrap();
+        b.barrier().unwrap();
+        if r == 2 {
+            drop(b);
+            return None;
+        }
+        thread::sleep(Duration::from_millis(300));
+        Some((r, b.failure()))
+    });
+    for (r, failure) in results.into_iter().flatten() {
+        assert!(failure.is_none(), "rank {r}: {failure:?}");
+    }
+}

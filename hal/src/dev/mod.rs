@@ -59,8 +59,86 @@ pub unsafe fn atomic_u64_at<'a>(addr: u64) -> &'a AtomicU64 {
     unsafe { atomic_u64(addr) }
 }
 
+/// The value of a communicator's abort word once it was aborted locally (`ncclCommAbort`);
+/// `r + 1` means rank `r` died, 0 that the communicator is live.
+pub const ABORTED_LOCALLY: u64 = u64::MAX;
+
+thread_local! {
+    /// Device address of the abort word the waits of this thread poll (0: none). Host kernels
+    /// run on stream workers and grid threads, not on the thread that launched them: the
+    /// backend captures the launching thread's word at launch ([`current_abort`]) and installs
+    /// it around the kernel ([`abort_scope`]); [`for_each_block`] hands it to its block threads.
+    static ABORT_WORD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Restores the previous abort word of the thread when dropped.
+#[derive(Debug)]
+pub struct AbortScope {
+    prev: u64,
+}
+
+impl Drop for AbortScope {
+    fn drop(&mut self) {
+        ABORT_WORD.with(|w| w.set(self.prev));
+    }
+}
+
+/// Makes every [`spin_until`] of this thread poll the 8-byte abort word at device address
+/// `addr` (0: none) until the returned guard is dropped.
+///
+/// The word must stay allocated, in host-visible memory of this process, for as long as the
+/// guard lives and any kernel launched under it runs: a communicator's word lives as long as
+/// the communicator, and launches hold the communicator.
+pub fn abort_scope(addr: u64) -> AbortScope {
+    let prev = ABORT_WORD.with(|w| w.replace(addr));
+    AbortScope { prev }
+}
+
+/// The abort word this thread's waits poll (0: none): what a backend captures at launch.
+pub fn current_abort() -> u64 {
+    ABORT_WORD.with(|w| w.get())
+}
+
+/// The error a wait returns when the abort word it polls holds `v` (non-zero).
+pub fn abort_error(v: u64, what: &str) -> Error {
+    if v == ABORTED_LOCALLY {
+        Error::invalid(format!(
+            "the communicator was aborted (ncclCommAbort or Communicator::abort) while waiting for {what}"
+        ))
+    } else {
+        Error::Remote {
+            rank: (v - 1) as usize,
+            message: format!("died while this rank waited for {what}"),
+        }
+    }
+}
+
+/// Fails with the abort error when this thread's abort word ([`abort_scope`]) is set: for
+/// kernels' own polling loops that do not go through [`spin_until`].
+pub fn check_abort(what: impl Fn() -> String) -> Result<()> {
+    match abort_value(current_abort()) {
+        0 => Ok(()),
+        v => Err(abort_error(v, &what())),
+    }
+}
+
+/// Reads the abort word at `addr` (0: none; 0 is returned then).
+fn abort_value(addr: u64) -> u64 {
+    if addr == 0 {
+        return 0;
+    }
+    // SAFETY: a non-zero address was installed by `abort_scope`, whose contract keeps an
+    // aligned word of host-visible memory alive while waits of this thread can read it; the
+    // word is only written atomically.
+    unsafe { atomic_u64(addr) }.load(Ordering::Acquire)
+}
+
 /// Spins (then yields) until `done()` holds or `timeout` passes; `what` names the wait (a
 /// [`Error::Timeout`] then). Host-side waits of the backends' reference kernels use it too.
+///
+/// It also polls the thread's abort word ([`abort_scope`]) every few dozen spins: once a
+/// peer is known dead (or the communicator was aborted) the wait ends with an error naming
+/// that rank instead of running to its timeout.
 pub fn spin_until(
     timeout: Duration,
     what: impl Fn() -> String,
@@ -68,12 +146,17 @@ pub fn spin_until(
 ) -> Result<()> {
     let mut spins = 0u32;
     let start = Instant::now();
+    let abort = current_abort();
     loop {
         if done() {
             return Ok(());
         }
         spins = spins.wrapping_add(1);
         if spins % 64 == 0 {
+            let v = abort_value(abort);
+            if v != 0 {
+                return Err(abort_error(v, &what()));
+            }
             if start.elapsed() >= timeout {
                 return Err(Error::Timeout {
                     waiting_for: what(),
@@ -98,10 +181,12 @@ pub fn for_each_block(cfg: &LaunchConfig, body: impl Fn(u64) -> Result<()> + Syn
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let workers = blocks.min(cores).max(1);
     let next = AtomicU64::new(0);
+    let abort = current_abort();
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 s.spawn(|| -> Result<()> {
+                    let _abort = abort_scope(abort);
                     loop {
                         let b = next.fetch_add(1, Ordering::Relaxed);
                         if b >= blocks {

@@ -130,6 +130,10 @@ pub fn p2p(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         } else {
             spins += 1;
             if spins > 64 {
+                // A dead peer (or an abort) ends the group at once, naming the rank.
+                mscclpp_hal::dev::check_abort(|| {
+                    format!("point-to-point operations on rank {rank}")
+                })?;
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

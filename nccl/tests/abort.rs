@@ -1,0 +1,324 @@
+//! A rank killed (SIGKILL) while 4 ranks loop on `ncclAllReduce` through the C ABI on the host
+//! backend: every survivor's `ncclCommGetAsyncError` turns `ncclRemoteError` within a few
+//! seconds with `ncclGetLastError` naming the dead rank, and `ncclCommAbort`, called from
+//! another thread than the one in `ncclAllReduce`, frees the communicator without waiting.
+//! Runs with `cargo test -p mscclpp-nccl --test abort -- --nocapture`.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Failed, Trial};
+use mscclpp_nccl::abi::NcclUniqueId;
+
+const ROLE_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_RANK";
+const DIR_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_DIR";
+const N: usize = 4;
+const VICTIM: usize = 2;
+const NCCL_REMOTE_ERROR: c_int = 6;
+/// The target is 2 s; CI machines are slow, so the assertion leaves room (times are printed).
+const REPORT_DEADLINE: Duration = Duration::from_secs(5);
+
+type Comm = *mut c_void;
+
+fn lib_path() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let deps = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
+    [Some(deps), deps.parent()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("libmscclpp_nccl.so"))
+        .find(|p| p.exists())
+        .ok_or_else(|| format!("libmscclpp_nccl.so not found in {}", deps.display()))
+}
+
+macro_rules! sym {
+    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
+        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
+        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
+            .map_err(|e| format!("{}: {e}", $name))?
+    }};
+}
+
+fn unix_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
+/// A communicator handle crossing to the worker thread: the library's handles are plain
+/// numbers, valid from any thread.
+#[derive(Clone, Copy)]
+struct SendComm(Comm);
+// SAFETY: an `ncclComm_t` of this library is a serial number, not a pointer to thread-bound
+// state; every export may be called with it from any thread.
+unsafe impl Send for SendComm {}
+
+fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
+    let p = lib_path()?;
+    // SAFETY: our own library; its initialisers are Rust statics only.
+    let lib = unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen: {e}"))?;
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRank",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
+    );
+    let async_f = sym!(lib, "ncclCommGetAsyncError", fn(Comm, *mut c_int) -> c_int);
+    let abort = sym!(lib, "ncclCommAbort", fn(Comm) -> c_int);
+    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
+    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    let all_reduce = sym!(
+        lib,
+        "ncclAllReduce",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let id_file = dir.join("id");
+    let id = if rank == 0 {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { get_id(&mut id) };
+        if rc != 0 {
+            return Err(format!("ncclGetUniqueId: {rc}"));
+        }
+        let tmp = dir.join("id.tmp");
+        std::fs::write(&tmp, id.internal).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, &id_file).map_err(|e| e.to_string())?;
+        id
+    } else {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(b) = std::fs::read(&id_file)
+                && b.len() == 128
+            {
+                let mut id = NcclUniqueId { internal: [0; 128] };
+                id.internal.copy_from_slice(&b);
+                break id;
+            }
+            if Instant::now() > deadline {
+                return Err("rank 0 never wrote the unique id".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let mut comm: Comm = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { init(&mut comm, N as c_int, id, rank as c_int) };
+    if rc != 0 {
+        return Err(format!("ncclCommInitRank: {rc}"));
+    }
+    const COUNT: usize = 1024;
+    let mut buf: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { mem_alloc(&mut buf, COUNT * 4) };
+    if rc != 0 {
+        return Err(format!("ncclMemAlloc: {rc}"));
+    }
+    let buf = buf as usize;
+    std::fs::write(dir.join(format!("ready-{rank}")), b"").map_err(|e| e.to_string())?;
+    // The collective loop runs on a worker; this thread watches the asynchronous error and
+    // aborts, as a framework's watchdog does.
+    let last_rc = Arc::new(AtomicI32::new(0));
+    let worker = {
+        let last_rc = Arc::clone(&last_rc);
+        let c = SendComm(comm);
+        std::thread::spawn(move || {
+            let c = c;
+            loop {
+                // SAFETY: a device buffer of COUNT floats, live for the process; the handle is
+                // checked by the library (a destroyed one is an error, not a crash).
+                let rc = unsafe {
+                    all_reduce(
+                        buf as *const c_void,
+                        buf as *mut c_void,
+                        COUNT,
+                        7, // ncclFloat32
+                        0, // ncclSum
+                        c.0,
+                        std::ptr::null_mut(),
+                    )
+                };
+                if rc != 0 {
+                    last_rc.store(rc, Ordering::Release);
+                    return;
+                }
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut ae = 0;
+        // SAFETY: live communicator, valid out-pointer.
+        let rc = unsafe { async_f(comm, &mut ae) };
+        if rc != 0 {
+            return Err(format!("ncclCommGetAsyncError: {rc}"));
+        }
+        if ae != 0 {
+            let at = unix_us();
+            // SAFETY: the library's thread-local NUL-terminated message.
+            let msg = unsafe { CStr::from_ptr(last_err(comm)) }
+                .to_string_lossy()
+                .into_owned();
+            println!("REPORT failed_at_unix_us={at}");
+            println!("REPORT async={ae}");
+            println!("REPORT error={}", msg.replace('\n', " "));
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("no asynchronous error within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // From this thread, while the worker may still be inside ncclAllReduce.
+    // SAFETY: a live handle, aborted once.
+    let rc = unsafe { abort(comm) };
+    println!("REPORT abort={rc}");
+    let joined_by = Instant::now() + Duration::from_secs(10);
+    while !worker.is_finished() {
+        if Instant::now() > joined_by {
+            return Err("ncclAllReduce did not return after ncclCommAbort".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let _ = worker.join();
+    println!("REPORT worker_rc={}", last_rc.load(Ordering::Acquire));
+    // A survivor exits non-zero: its job lost a rank.
+    Err("a rank died".into())
+}
+
+fn killed_rank_reaches_the_c_api() -> Result<(), Failed> {
+    lib_path()?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-abort-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut children: Vec<Child> = (0..N)
+        .map(|rank| {
+            Command::new(&exe)
+                .env(ROLE_VAR, rank.to_string())
+                .env(DIR_VAR, &dir)
+                .env("MSCCLPP_BACKEND", "host")
+                .env_remove("MSCCLPP_BOOTSTRAP_TIMEOUT")
+                .env_remove("MSCCLPP_NCCL_LIB_PATH")
+                .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("spawning rank {rank}: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let ready_by = Instant::now() + Duration::from_secs(60);
+    while (0..N).any(|r| !dir.join(format!("ready-{r}")).exists()) {
+        if Instant::now() > ready_by {
+            children.iter_mut().for_each(|c| {
+                let _ = c.kill();
+            });
+            return Err("ranks did not get ready within 60 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    children[VICTIM].kill().map_err(|e| e.to_string())?;
+    let killed_at = unix_us();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut problems = Vec::new();
+    let mut times = Vec::new();
+    for (rank, mut child) in children.into_iter().enumerate() {
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => {
+                    let _ = child.kill();
+                    problems.push(format!("rank {rank} hung"));
+                    break;
+                }
+            }
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if rank == VICTIM {
+            continue;
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let get = |k: &str| {
+            stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("REPORT "))
+                .filter_map(|l| l.split_once('='))
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.to_owned())
+        };
+        let describe = || {
+            format!(
+                "rank {rank} ({}):\n{stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        };
+        if out.status.success() || out.status.code().is_none() {
+            problems.push(format!("exited 0 or by a signal: {}", describe()));
+            continue;
+        }
+        let error = get("error").unwrap_or_default();
+        if get("async").as_deref() != Some(&NCCL_REMOTE_ERROR.to_string())
+            || !error.contains(&format!("rank {VICTIM}"))
+            || get("abort").as_deref() != Some("0")
+            || get("worker_rc").is_none_or(|r| r == "0")
+        {
+            problems.push(format!(
+                "not ncclRemoteError naming rank {VICTIM}, aborted, worker failed: {}",
+                describe()
+            ));
+            continue;
+        }
+        let took = get("failed_at_unix_us")
+            .and_then(|v| v.parse::<u128>().ok())
+            .map_or(Duration::MAX, |t| {
+                Duration::from_micros(t.saturating_sub(killed_at) as u64)
+            });
+        if took > REPORT_DEADLINE {
+            problems.push(format!("rank {rank} took {took:?}"));
+        }
+        times.push(format!("r{rank} {:.0} ms", took.as_secs_f64() * 1e3));
+        if times.len() == 1 {
+            eprintln!("    e.g. rank {rank}: {error}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!(
+        "    C API: survivors saw ncclRemoteError after {}",
+        times.join(", ")
+    );
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n").into())
+    }
+}
+
+fn main() {
+    if let Ok(rank) = std::env::var(ROLE_VAR) {
+        let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
+        let rank: usize = rank.parse().unwrap_or(usize::MAX);
+        match rank_main(rank, &dir) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("rank {rank}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let args = libtest_mimic::Arguments::from_args();
+    let trials = vec![Trial::test(
+        "abort::killed_rank_reaches_the_c_api",
+        killed_rank_reaches_the_c_api,
+    )];
+    libtest_mimic::run(&args, trials).exit();
+}
