@@ -106,6 +106,8 @@ pub const EXPORTS: &[&str] = &[
     "ncclSend",
     // beyond PyTorch 2.11's list
     "ncclCommCuDevice",
+    "ncclGather",
+    "ncclScatter",
     mscclpp_nccl_real::SHIM_MARKER,
 ];
 
@@ -968,6 +970,161 @@ pub unsafe extern "C" fn ncclRecv(
             root: peer,
             stream,
         })
+    })
+}
+
+/// Which of NCCL 2.28's rooted data movements [`rooted`] runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rooted {
+    /// Every rank's `count` elements land in block `rank` of the root's `recvbuff`.
+    Gather,
+    /// Block `rank` of the root's `sendbuff` lands in every rank's `recvbuff`.
+    Scatter,
+}
+
+/// NCCL 2.28's `ncclGather` / `ncclScatter` as one group of native sends and receives: the root
+/// exchanges with every rank (itself included: a stream copy), every other rank with the root.
+/// A client built against NCCL 2.28's header calls these symbols directly, so leaving them out
+/// would hand our communicator to the real NCCL.
+///
+/// # Safety
+/// As for [`ncclAllReduce`]: device buffers of the communicator's device, of `count` elements
+/// (the root's `recvbuff` / `sendbuff`: `nranks * count`).
+#[allow(clippy::too_many_arguments)]
+unsafe fn rooted(
+    what: Rooted,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> Res<()> {
+    let c = lookup(comm)?;
+    let (size, _) = comm::dtype_info(datatype)?;
+    let (rank, n) = (c.rank, c.nranks);
+    let root_rank = usize::try_from(root)
+        .ok()
+        .filter(|&r| r < n)
+        .ok_or_else(|| Failure::argument(format!("root {root} is not a rank of {n}")))?;
+    let block = count
+        .checked_mul(size)
+        .ok_or_else(|| Failure::argument(format!("{count} elements of {size} bytes overflow")))?;
+    // The inner call has already recorded its own message; keep its code.
+    let check = |r: NcclResult, what: &str| -> Res<()> {
+        if r == NCCL_SUCCESS {
+            Ok(())
+        } else {
+            Err(Failure {
+                code: r,
+                message: format!("{what} inside ncclGather/ncclScatter failed (code {r})"),
+            })
+        }
+    };
+    check(ncclGroupStart(), "ncclGroupStart")?;
+    let mut result = Ok(());
+    for peer in 0..n {
+        if rank != root_rank && peer != root_rank {
+            continue;
+        }
+        let p = peer as c_int;
+        // SAFETY: the caller's buffers, offset within the root's nranks * count elements.
+        let r = unsafe {
+            match (what, rank == root_rank) {
+                (Rooted::Gather, true) => {
+                    let dst = recvbuff.cast::<u8>().wrapping_add(peer * block).cast();
+                    let r = ncclRecv(dst, count, datatype, p, comm, stream);
+                    if r == NCCL_SUCCESS && peer == rank {
+                        ncclSend(sendbuff, count, datatype, p, comm, stream)
+                    } else {
+                        r
+                    }
+                }
+                (Rooted::Gather, false) => ncclSend(sendbuff, count, datatype, p, comm, stream),
+                (Rooted::Scatter, true) => {
+                    let src = sendbuff.cast::<u8>().wrapping_add(peer * block).cast();
+                    let r = ncclSend(src, count, datatype, p, comm, stream);
+                    if r == NCCL_SUCCESS && peer == rank {
+                        ncclRecv(recvbuff, count, datatype, p, comm, stream)
+                    } else {
+                        r
+                    }
+                }
+                (Rooted::Scatter, false) => ncclRecv(recvbuff, count, datatype, p, comm, stream),
+            }
+        };
+        if let Err(e) = check(r, "a send or receive") {
+            result = Err(e);
+            break;
+        }
+    }
+    // The group is closed whatever happened inside it, so the thread's group state stays sane.
+    let end = check(ncclGroupEnd(), "ncclGroupEnd");
+    result.and(end)
+}
+
+/// `ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+/// ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)` (NCCL 2.28): native.
+///
+/// # Safety
+/// As for [`ncclAllReduce`]; the root's `recvbuff` holds `nranks * sendcount` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclGather", || {
+        // SAFETY: forwarded contract.
+        unsafe {
+            rooted(
+                Rooted::Gather,
+                sendbuff,
+                recvbuff,
+                sendcount,
+                datatype,
+                root,
+                comm,
+                stream,
+            )
+        }
+    })
+}
+
+/// `ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+/// ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)` (NCCL 2.28): native.
+///
+/// # Safety
+/// As for [`ncclAllReduce`]; the root's `sendbuff` holds `nranks * recvcount` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclScatter", || {
+        // SAFETY: forwarded contract.
+        unsafe {
+            rooted(
+                Rooted::Scatter,
+                sendbuff,
+                recvbuff,
+                recvcount,
+                datatype,
+                root,
+                comm,
+                stream,
+            )
+        }
     })
 }
 

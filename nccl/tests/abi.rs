@@ -266,6 +266,16 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         "ncclRecv",
         fn(*mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
     );
+    let gather = sym!(
+        lib,
+        "ncclGather",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let scatter = sym!(
+        lib,
+        "ncclScatter",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
     let group_start = sym!(lib, "ncclGroupStart", fn() -> c_int);
     let group_end = sym!(lib, "ncclGroupEnd", fn() -> c_int);
     let split = sym!(
@@ -816,6 +826,40 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         )?;
         ro += sz(p, rank);
     }
+    // NCCL 2.28's ncclGather / ncclScatter (nccl-tests calls them directly): 1000 f32 per rank,
+    // root = the last rank; outputs poisoned first.
+    const G: usize = 1000;
+    let root = nranks - 1;
+    put(xs, 0, &msg(rank, 30, G));
+    put(xr, 0, &vec![f32::NAN; nranks * G]);
+    // SAFETY: xs holds G f32, xr nranks * G (at most 2 X).
+    expect(
+        "ncclGather",
+        unsafe { gather(xs, xr, G, 7, root as c_int, comm, null) },
+        0,
+    )?;
+    if rank == root {
+        for p in 0..nranks {
+            check(
+                &format!("gather block {p}"),
+                &get(xr, p * G, G),
+                &msg(p, 30, G),
+            )?;
+        }
+    }
+    if rank == root {
+        for p in 0..nranks {
+            put(xs, p * G, &msg(p, 40, G));
+        }
+    }
+    put(xr, 0, &vec![f32::NAN; G]);
+    // SAFETY: as above.
+    expect(
+        "ncclScatter",
+        unsafe { scatter(xs, xr, G, 7, root as c_int, comm, null) },
+        0,
+    )?;
+    check("scatter", &get(xr, 0, G), &msg(rank, 40, G))?;
     // a mismatch: rank 0 sends 100 elements, rank 1 receives 64: rank 1 fails naming both
     if rank == 0 {
         // SAFETY: 100 f32 fit.
