@@ -832,9 +832,9 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let root = nranks - 1;
     put(xs, 0, &msg(rank, 30, G));
     put(xr, 0, &vec![f32::NAN; nranks * G]);
-    // SAFETY: xs holds G f32, xr nranks * G (at most 2 X).
     expect(
         "ncclGather",
+        // SAFETY: xs holds G f32, xr nranks * G (at most 2 X).
         unsafe { gather(xs, xr, G, 7, root as c_int, comm, null) },
         0,
     )?;
@@ -853,9 +853,9 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         }
     }
     put(xr, 0, &vec![f32::NAN; G]);
-    // SAFETY: as above.
     expect(
         "ncclScatter",
+        // SAFETY: the root's xs holds nranks * G f32, xr G.
         unsafe { scatter(xs, xr, G, 7, root as c_int, comm, null) },
         0,
     )?;
