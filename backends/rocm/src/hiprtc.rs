@@ -7,7 +7,7 @@
 //! to `hiprtcCreateProgram` in memory, so compiling needs no include path and no ROCm headers:
 //! hipRTC declares the HIP device runtime implicitly and the device API is self-contained.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use mscclpp_gpu::device_api::{HIP_CORE, module_headers};
@@ -117,7 +117,14 @@ pub fn compile(
     refuse_known_crash(lib.library, arch)?;
     let context = format!("{source_name} for {arch}");
     let options = [format!("--offload-arch={arch}"), COMPILE_OPTIONS.to_owned()];
-    let mut out = lib.compile((source_name, source), headers, &options, |_| true, &context)?;
+    // One compile at a time: the hipRTC inside ROCm 5.2's libamdhip64 is not thread-safe — two
+    // threads compiling at once crashed the process (SIGSEGV) in 11 of 12 runs of the compile
+    // tests, and two devices of one process may load modules at the same time.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let out = lib.compile((source_name, source), headers, &options, |_| true, &context);
+    drop(guard);
+    let mut out = out?;
     let code = out
         .outputs
         .first_mut()
