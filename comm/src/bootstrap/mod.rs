@@ -1759,8 +1759,20 @@ impl Drop for Core {
         let mut st = sh.lock();
         sh.closing.store(true, Ordering::Release);
         st.handlers.clear();
+        // The failures this rank knows of go before its goodbye on every link: a link opened
+        // after the news was flooded has not carried it, and a peer that saw only the goodbye
+        // in the middle of an operation would blame this rank's orderly exit instead of the
+        // dead one (the chaos test caught 2 such survivors in 1 026).
+        let news: Vec<Vec<u8>> = st
+            .failures
+            .iter()
+            .map(|f| protocol::encode_lost(f.rank, &f.how))
+            .collect();
         for l in st.links.values() {
             if let Link::Up(c) = l {
+                for payload in &news {
+                    let _ = c.send(FrameKind::Lost, 0, payload);
+                }
                 // Tells the peer this end is orderly, not a death. Bounded by the write
                 // timeout, and a goodbye is a few bytes into an almost always empty buffer.
                 let _ = c.send(FrameKind::Bye, 0, &[]);
