@@ -20,9 +20,35 @@ use mscclpp_transports::{EndpointConfig, RegisteredMemory, Transport, TransportF
 
 use crate::flat::{FlatBlock, FlatOp, Sizes, flatten};
 use crate::kernel::{
-    DevicePlan, EXECUTOR_KERNEL, EXECUTOR_MODULE, ExecutorArgs, STATE_HEADER_WORDS,
+    DevicePlan, EXECUTOR_KERNEL, EXECUTOR_MODULE, ExecutorArgs, MAX_THREADS_PER_BLOCK,
+    STATE_HEADER_WORDS,
 };
-use crate::plan::{BufferType, ChannelType, Plan};
+use crate::plan::{BufferType, ChannelType, OpKind, Plan};
+
+/// The element types the device interpreter reduces (`kernels/executor/executor.cu`); the host
+/// interpreter reduces every [`DataType`]. Copying plans move any type.
+const DEVICE_DTYPES: [DataType; 5] = [
+    DataType::F32,
+    DataType::F16,
+    DataType::BF16,
+    DataType::I32,
+    DataType::U32,
+];
+
+/// Whether `rank`'s part of `plan` reduces (any `re*`/`rre*` op, pipeline bodies included).
+fn reduces(plan: &Plan, rank: usize) -> bool {
+    let reducing =
+        |k: OpKind| (OpKind::Reduce.code()..=OpKind::ReadReduceSend.code()).contains(&k.code());
+    plan.gpus.get(rank).is_some_and(|g| {
+        g.threadblocks.iter().flat_map(|tb| &tb.ops).any(|op| {
+            reducing(op.kind)
+                || op
+                    .pipeline
+                    .as_ref()
+                    .is_some_and(|p| p.ops.iter().any(|o| reducing(o.kind)))
+        })
+    })
+}
 
 /// FIFO slots of an executor context's proxy.
 const PROXY_FIFO_SLOTS: usize = 512;
@@ -47,6 +73,8 @@ pub struct Executor {
 #[derive(Debug)]
 struct Context {
     device_plan: DeviceBuffer,
+    /// Threadblocks of the plan (the grid on GPUs; the device plan is not readable from here).
+    n_blocks: u32,
     state: DeviceBuffer,
     scratch: DeviceBuffer,
     scratch_bytes: u64,
@@ -91,6 +119,14 @@ impl Executor {
         op: Option<ReduceOp>,
         stream: &dyn Stream,
     ) -> Result<()> {
+        let info = self.comm.device().info();
+        let gpu = info.warp_size > 1;
+        if gpu && !DEVICE_DTYPES.contains(&dtype) && reduces(plan, self.comm.rank()) {
+            return Err(Error::unavailable(
+                format!("execution plan {} with {dtype} data", plan.name),
+                "the device interpreter reduces f32, f16, bf16, i32 and u32 only",
+            ));
+        }
         let key = ContextKey {
             plan: plan.name.clone(),
             input: (send.ptr().0, send.len()),
@@ -127,21 +163,33 @@ impl Executor {
             double_scratch: u32::from(ctx.double_scratch),
             n_semaphores: ctx.n_semaphores,
         };
-        let info = self.comm.device().info();
+        let blocks = ctx.n_blocks;
+        // The host interpreter runs every block on a thread of its own whatever the grid; GPUs
+        // get one block per threadblock of the plan.
+        let cfg = if gpu {
+            // Blocks wait for each other (barriers, semaphores) and for the peers' blocks: all
+            // must be resident at once, one per multiprocessor at most.
+            if info.multiprocessors > 0 && blocks > info.multiprocessors {
+                return Err(Error::unavailable(
+                    format!(
+                        "execution plan {} with {blocks} threadblocks per rank",
+                        plan.name
+                    ),
+                    format!(
+                        "{} has {} multiprocessors, and every threadblock of a plan must run at once",
+                        info.name, info.multiprocessors
+                    ),
+                ));
+            }
+            let limit = MAX_THREADS_PER_BLOCK.min(info.max_threads_per_block.max(1));
+            LaunchConfig::linear(blocks.max(1), plan.threads_per_block.clamp(1, limit))
+        } else {
+            LaunchConfig::linear(1, 1)
+        };
+        tracing::debug!(plan = %plan.name, blocks, ?dtype, "execute");
         // SAFETY: the device plan's blocks/ops are read with the same structs it was built
         // from; every address is the caller's buffers (alive until the stream passes the
         // execution, documented above) or this context's memory (held by the executor).
-        let blocks =
-            unsafe { std::ptr::read(ctx.device_plan.ptr().0 as *const DevicePlan) }.n_blocks;
-        // The host interpreter runs every block on a thread of its own whatever the grid; GPUs
-        // get one block per threadblock of the plan.
-        let cfg = if info.warp_size == 1 {
-            LaunchConfig::linear(1, 1)
-        } else {
-            LaunchConfig::linear(blocks.max(1), plan.threads_per_block)
-        };
-        tracing::debug!(plan = %plan.name, blocks, ?dtype, "execute");
-        // SAFETY: as above.
         unsafe { self.kernel.launch(stream, cfg, &args) }
     }
 
@@ -396,6 +444,7 @@ impl Executor {
         );
         Ok(Context {
             device_plan,
+            n_blocks: flat.blocks.len() as u32,
             state,
             scratch,
             scratch_bytes,

@@ -1,7 +1,8 @@
 //! The interpreter kernel: one launch runs a rank's flattened plan, one block per threadblock of
 //! the plan. [`EXECUTOR_MODULE`] hands it to the HAL: its host function is below; its device
-//! source (`kernels/executor.cu`, reading the same [`DevicePlan`] and [`ExecutorArgs`]) is a
-//! later step, so on GPUs the kernel is not available yet.
+//! source is `kernels/executor/executor.cu`, which reads the same [`DevicePlan`] and
+//! [`ExecutorArgs`] (mirrored in `kernels/executor/args.cuh`, whose layout
+//! `kernels/executor/args_check.h` checks in every compile).
 //!
 //! Semantics follow MSCCL++'s executor kernel, op by op (see `docs/executor.md`). The host
 //! version runs each block on a thread of its own: blocks of one rank wait for each other
@@ -27,12 +28,24 @@ use crate::plan::OpKind;
 /// The interpreter's entry point.
 pub const EXECUTOR_KERNEL: KernelId = KernelId("mscclpp_executor");
 
-/// The module of the interpreter (the device source is a later step; see the module doc).
+/// Most threads per block of the device interpreter (its `__launch_bounds__`): the planner
+/// clamps a plan's `num_threads_per_block` to it.
+pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
+
+/// The module of the interpreter: the device source and its headers, and the host function.
 pub static EXECUTOR_MODULE: KernelModule = KernelModule {
     name: "executor/executor.cu",
-    // Host only for now: the device interpreter (`kernels/executor.cu`) is a later step.
-    source: "",
-    headers: &[],
+    source: include_str!("../../kernels/executor/executor.cu"),
+    headers: &[
+        (
+            "executor/args.cuh",
+            include_str!("../../kernels/executor/args.cuh"),
+        ),
+        (
+            "executor/args_check.h",
+            include_str!("../../kernels/executor/args_check.h"),
+        ),
+    ],
     kernels: &[KernelDef::new::<ExecutorArgs>(
         "mscclpp_executor",
         host_executor,

@@ -9,6 +9,8 @@
 pub mod executor;
 pub mod flat;
 pub mod kernel;
+#[cfg(test)]
+mod layout;
 pub mod plan;
 pub mod testgen;
 

@@ -97,6 +97,14 @@ pub enum Bench {
         #[arg(long, default_value = "CudaIpc")]
         transport: String,
     },
+    /// MSCCL++ execution plans (JSON, as its DSL emits them) run by the executor, beside the
+    /// built-in algorithm of the same collective on the same buffers; sizes within each plan's
+    /// min/max message size.
+    Plan {
+        /// Plan files.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
     /// The bootstrap at scale: first barrier, barrier, all-gather, split, connections, RSS.
     Bootstrap {
         /// Run the ranks as threads of this process (where processes run out).
@@ -120,6 +128,7 @@ impl Bench {
             Bench::P2p
             | Bench::MemoryChannel
             | Bench::PortChannel { .. }
+            | Bench::Plan { .. }
             | Bench::Bootstrap { .. } => None,
         }
     }
@@ -132,6 +141,7 @@ impl Bench {
                 Bench::MemoryChannel => "memory-channel",
                 Bench::PortChannel { .. } => "port-channel",
                 Bench::Bootstrap { .. } => "bootstrap",
+                Bench::Plan { .. } => "plan",
                 _ => "p2p",
             },
         }
@@ -199,6 +209,9 @@ impl Args {
     /// rank starts.
     pub fn validate_for(&self, nranks: usize, backend: BackendKind) -> Result<(), String> {
         let bench = self.bench();
+        if let Bench::Plan { files } = &bench {
+            return self.validate_plans(files, nranks);
+        }
         let Some(kind) = bench.collective() else {
             for (set, flag) in [
                 (self.baseline.is_some(), "--baseline"),
@@ -255,6 +268,28 @@ impl Args {
             return Err(
                 "--baseline nccl: the host backend has no vendor stream to run NCCL on".into(),
             );
+        }
+        Ok(())
+    }
+
+    /// `plan`: every file is a valid plan for `nranks`, and the flags apply.
+    fn validate_plans(&self, files: &[std::path::PathBuf], nranks: usize) -> Result<(), String> {
+        for (set, flag) in [
+            (self.baseline.is_some(), "--baseline"),
+            (self.register, "--register"),
+        ] {
+            if set {
+                return Err(format!(
+                    "{flag} does not apply to plan (the built-in algorithm is its baseline)"
+                ));
+            }
+        }
+        if matches!(self.op.parse(), Ok(mscclpp::hal::ReduceOp::Avg)) {
+            return Err("-o avg: execution plans sum where asked to average".into());
+        }
+        for f in files {
+            mscclpp_executor::Plan::from_file(f, nranks)
+                .map_err(|e| format!("{}: {e}", f.display()))?;
         }
         Ok(())
     }
@@ -317,5 +352,9 @@ mod tests {
         assert!(e.contains("--transport Carrier"), "{e}");
         let e = check(&["allreduce"], 9, Cuda).unwrap_err();
         assert!(e.contains("2 to 8 ranks"), "{e}");
+        let e = check(&["plan", "/nonexistent/plan.json"], 2, Host).unwrap_err();
+        assert!(e.contains("/nonexistent/plan.json"), "{e}");
+        let e = check(&["plan", "-o", "avg", "x.json"], 2, Host).unwrap_err();
+        assert!(e.contains("-o avg"), "{e}");
     }
 }

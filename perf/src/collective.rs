@@ -28,7 +28,7 @@ pub struct Spec {
 
 /// Input element `i` of rank `r`: small integers, exact in every type and in every reduction of
 /// up to 8 ranks (products stay powers of two).
-fn value(spec: &Spec, r: usize, i: usize) -> u32 {
+pub(crate) fn value(spec: &Spec, r: usize, i: usize) -> u32 {
     if spec.op == ReduceOp::Prod && spec.kind.reduces() {
         1 + ((i + r) % 2) as u32
     } else {
@@ -65,7 +65,7 @@ fn expected(spec: &Spec, n: usize, rank: usize, count: usize, j: usize) -> f64 {
 
 /// Wrong output elements (`Avg` of floats gets a relative tolerance: the kernels divide in
 /// float precision).
-fn check(spec: &Spec, n: usize, rank: usize, count: usize, got: &[u8]) -> u64 {
+pub(crate) fn check(spec: &Spec, n: usize, rank: usize, count: usize, got: &[u8]) -> u64 {
     let s = spec.dtype.size();
     let tol = if spec.op == ReduceOp::Avg && !matches!(spec.dtype, DataType::I32 | DataType::U32) {
         match spec.dtype {
@@ -181,34 +181,7 @@ impl Bench {
 
     /// Time per call in µs: eager launches, or (`-G N`) replays of a graph of `N` calls.
     fn time(&self, args: &Args, call: &dyn Fn() -> Result<()>) -> Result<f64> {
-        let device = self.comm.device();
-        let (e0, e1) = (device.create_event()?, device.create_event()?);
-        let per_launch = args.cudagraph.max(1) as usize;
-        let graph = if args.cudagraph > 0 {
-            self.stream.begin_capture()?;
-            let captured = (0..per_launch).try_for_each(|_| call());
-            let graph = self.stream.end_capture();
-            captured?;
-            Some(graph?)
-        } else {
-            None
-        };
-        let run = || match &graph {
-            Some(g) => g.launch(&*self.stream),
-            None => call(),
-        };
-        for _ in 0..args.warmup {
-            run()?;
-        }
-        self.stream.synchronize()?;
-        self.comm.bootstrap().barrier()?;
-        self.stream.record(&*e0)?;
-        for _ in 0..args.iters {
-            run()?;
-        }
-        self.stream.record(&*e1)?;
-        self.stream.synchronize()?;
-        Ok(e1.elapsed_ms_since(&*e0)? * 1e3 / (args.iters * per_launch) as f64)
+        time_calls(args, &self.comm, &*self.stream, call)
     }
 
     /// Measures one size (`size` bytes of the larger buffer); `None` when it holds no element.
@@ -301,6 +274,44 @@ impl Bench {
         }
         Ok(Some(m))
     }
+}
+
+/// Time per call in µs on `stream`: eager launches, or (`-G N`) replays of a graph of `N` calls
+/// (all ranks start together).
+pub(crate) fn time_calls(
+    args: &Args,
+    comm: &Communicator,
+    stream: &dyn Stream,
+    call: &dyn Fn() -> Result<()>,
+) -> Result<f64> {
+    let device = comm.device();
+    let (e0, e1) = (device.create_event()?, device.create_event()?);
+    let per_launch = args.cudagraph.max(1) as usize;
+    let graph = if args.cudagraph > 0 {
+        stream.begin_capture()?;
+        let captured = (0..per_launch).try_for_each(|_| call());
+        let graph = stream.end_capture();
+        captured?;
+        Some(graph?)
+    } else {
+        None
+    };
+    let run = || match &graph {
+        Some(g) => g.launch(&*stream),
+        None => call(),
+    };
+    for _ in 0..args.warmup {
+        run()?;
+    }
+    stream.synchronize()?;
+    comm.bootstrap().barrier()?;
+    stream.record(&*e0)?;
+    for _ in 0..args.iters {
+        run()?;
+    }
+    stream.record(&*e1)?;
+    stream.synchronize()?;
+    Ok(e1.elapsed_ms_since(&*e0)? * 1e3 / (args.iters * per_launch) as f64)
 }
 
 /// nccl-tests' bus-bandwidth factor.

@@ -9,6 +9,7 @@ mod channels;
 mod collective;
 mod nccl;
 mod p2p;
+mod plan;
 mod report;
 
 use std::process::ExitCode;
@@ -99,6 +100,11 @@ fn run(args: &Args) -> Result<ExitCode> {
         Bench::MemoryChannel => {
             channels::run_memory_channel(args, &Communicator::new(boot.clone(), device))?
         }
+        Bench::Plan { files } => plan::run(
+            args,
+            Arc::new(Communicator::new(boot.clone(), device)),
+            files,
+        )?,
         Bench::PortChannel { transport } => {
             let t: Transport = transport.parse()?;
             channels::run_port_channel(args, &Communicator::new(boot.clone(), device), t)?

@@ -54,6 +54,8 @@ pub struct Table {
     enabled: bool,
     /// Whether rows carry a baseline (its columns are shown only then).
     baseline: bool,
+    /// The baseline's name: its time column's title and its JSON key.
+    baseline_name: &'static str,
     wrong_total: u64,
 }
 
@@ -68,8 +70,15 @@ impl Table {
             json,
             enabled,
             baseline,
+            baseline_name: "nccl",
             wrong_total: 0,
         }
+    }
+
+    /// Names the baseline (`nccl` by default).
+    pub fn with_baseline_name(mut self, name: &'static str) -> Self {
+        self.baseline_name = name;
+        self
     }
 
     fn out(&self, line: &str) {
@@ -108,7 +117,11 @@ impl Table {
         if self.baseline {
             titles += &format!(
                 " | {:>10} {:>9} {:>9} {:>8} {:>8}",
-                "nccl(us)", "algbw", "busbw", "#wrong", "speedup"
+                format!("{}(us)", self.baseline_name),
+                "algbw",
+                "busbw",
+                "#wrong",
+                "speedup"
             );
             units += &format!(
                 " | {:>10} {:>9} {:>9} {:>8} {:>8}",
@@ -130,7 +143,7 @@ impl Table {
                 )
             });
             self.out(&format!(
-                "{{\"bench\":\"{}\",\"size\":{},\"count\":{},\"type\":\"{}\",\"op\":\"{}\",\"root\":{},\"nranks\":{},\"time_us\":{:.3},\"algbw\":{:.3},\"busbw\":{:.3},\"wrong\":{},\"nccl\":{baseline}}}",
+                "{{\"bench\":\"{}\",\"size\":{},\"count\":{},\"type\":\"{}\",\"op\":\"{}\",\"root\":{},\"nranks\":{},\"time_us\":{:.3},\"algbw\":{:.3},\"busbw\":{:.3},\"wrong\":{},\"{}\":{baseline}}}",
                 r.bench,
                 r.bytes,
                 r.count,
@@ -142,6 +155,7 @@ impl Table {
                 r.algbw_gbps,
                 r.busbw_gbps,
                 or_null(r.wrong),
+                self.baseline_name,
             ));
             return;
         }

@@ -1,5 +1,6 @@
 //! Compiles every kernel module the library owns — the collectives' (`mscclpp-collectives`), the
-//! benchmark kernels (`mscclpp`), the conformance kernels (this crate) and the device-API check —
+//! benchmark kernels (`mscclpp`), the conformance kernels (this crate), the device-API check and
+//! the execution-plan interpreter (`mscclpp-executor`) —
 //! through each GPU backend's own run-time compile path (NVRTC for sm_80, sm_90 and sm_100;
 //! hipRTC for gfx90a and gfx908) and with `hipcc` from the files on disk, failing on errors and
 //! on warnings. No device is needed. Without the compiler a test prints "skipped: <reason>" and
@@ -26,6 +27,7 @@ fn modules() -> Vec<&'static KernelModule> {
     all.push(&mscclpp::bench_kernels::MODULE);
     all.push(&mscclpp_conformance::kernels::MODULE);
     all.push(&mscclpp_gpu::device_api::DEVICE_API_CHECK);
+    all.push(&mscclpp_executor::kernel::EXECUTOR_MODULE);
     all
 }
 
@@ -175,6 +177,13 @@ mod nvrtc {
                     if !ptx.contains("st.volatile.global.v4.u32") {
                         failures.push(format!("{arch}: no 16-byte packet store in the PTX"));
                     }
+                }
+                // The interpreter's launch bounds (on its declaration) reach the PTX: the planner
+                // launches up to 1024 threads per block.
+                if module.name == mscclpp_executor::kernel::EXECUTOR_MODULE.name
+                    && !ptx.contains(".maxntid 1024")
+                {
+                    failures.push(format!("{arch}: the executor's PTX has no .maxntid 1024"));
                 }
                 for k in module.kernels {
                     if !ptx.contains(&format!(".entry {}(", k.id)) {
