@@ -137,10 +137,7 @@ impl Collectives {
             .ok_or_else(|| Error::Internal(format!("{id} was chosen but is not set up")))?;
         debug_assert_eq!(algorithm.id(), id);
         let plan = algorithm.plan(&checked)?;
-        // A communicator whose peer died is refused at once, naming the rank; kernels launched
-        // before that learn it from the abort word their waits poll (installed here).
-        self.comm.check_live()?;
-        let _abort = self.comm.abort_scope();
+        let _abort = self.live_scope()?;
         // SAFETY: `checked` was checked against this communicator just above and `plan` planned
         // by the same algorithm; the caller keeps the buffers alive (documented above).
         unsafe { algorithm.launch(&checked, &plan, stream) }
@@ -154,10 +151,16 @@ impl Collectives {
     /// No host synchronisation; the buffers must stay allocated until the stream has passed
     /// the call.
     pub fn send_recv(&self, ops: &[P2pOp], stream: &dyn Stream) -> Result<()> {
-        self.comm.check_live()?;
-        let _abort = self.comm.abort_scope();
+        let _abort = self.live_scope()?;
         // SAFETY: the caller keeps the buffers alive (documented above).
         unsafe { self.p2p.run(&self.comm, ops, stream) }
+    }
+
+    /// Refuses a communicator whose peer died (naming the rank), else installs its abort word
+    /// for the waits of the kernels this thread launches while the scope lives.
+    fn live_scope(&self) -> Result<mscclpp_hal::dev::AbortScope> {
+        self.comm.check_live()?;
+        Ok(self.comm.abort_scope())
     }
 
     /// Lets one-round all-reduce, reduce-scatter, all-gather and all-to-all calls take the short

@@ -167,6 +167,15 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 impl Args {
+    /// How calls are timed, as the tables' header says it.
+    pub fn timing(&self) -> String {
+        if self.cudagraph > 0 {
+            format!("graph-timed ({} calls per graph)", self.cudagraph)
+        } else {
+            "eager launches".to_string()
+        }
+    }
+
     /// Checks relations between flags.
     pub fn validate(&self) -> Result<(), String> {
         if self.min_bytes > self.max_bytes {

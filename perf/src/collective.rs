@@ -350,11 +350,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
         info.backend,
         info.name,
         args.root,
-        if args.cudagraph > 0 {
-            format!("graph-timed ({} calls per graph)", args.cudagraph)
-        } else {
-            "eager launches".to_string()
-        },
+        args.timing(),
         args.iters,
         args.warmup,
         if args.register {

@@ -83,11 +83,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
             plan.max_message_size,
             info.backend,
             info.name,
-            if args.cudagraph > 0 {
-                format!("graph-timed ({} calls per graph)", args.cudagraph)
-            } else {
-                "eager launches".to_string()
-            },
+            args.timing(),
             args.iters,
             args.warmup,
             kind.name(),

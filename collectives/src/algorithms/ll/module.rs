@@ -67,8 +67,7 @@ pub(crate) const COPY_WIDE: KernelId = KernelId("mscclpp_collective_ll_copy_wide
 
 /// The general LL kernels of the reducing collectives — all-reduce, reduce-scatter — one per
 /// element type and operator, indexed by their codes. Separate kernels, each compiled for its
-/// one case, keep a small message's path short (2 x H200: 0.15-0.3 µs less per all-reduce than
-/// one kernel for every case).
+/// one case, keep a small message's path short (measured in docs/performance.md).
 pub(crate) const REDUCE: [[KernelId; 5]; NTYPES] = by_type_and_op!("mscclpp_collective_ll_reduce");
 
 const fn ll(id: KernelId) -> KernelDef {
