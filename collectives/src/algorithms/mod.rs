@@ -150,10 +150,27 @@ impl<A: KernelArgs> ByType<A> {
         (base_module, base): (&'static KernelModule, KernelId),
         (wide_module, wide): (&'static KernelModule, KernelId),
     ) -> Result<Self> {
-        Ok(ByType {
-            base: load(comm, base_module, base)?,
-            wide: LazyKernel::new(comm, wide_module, wide),
-        })
+        Ok(ByType::new(
+            load(comm, base_module, base)?,
+            LazyKernel::new(comm, wide_module, wide),
+        ))
+    }
+
+    /// `base`, loaded already, and `wide`.
+    pub fn new(base: TypedKernel<A>, wide: LazyKernel<A>) -> Self {
+        ByType { base, wide }
+    }
+
+    /// The kernel of `dtype` and the threads per block its calls take: `threads`, within the
+    /// wide kernel's own limit for a wide type (more registers). Only the blocks and chunks
+    /// must match across ranks, so a rank's thread count may differ.
+    pub fn with_threads(&self, dtype: DataType, threads: u32) -> Result<(&TypedKernel<A>, u32)> {
+        if is_wide(dtype) {
+            let (k, limit) = self.wide.get()?;
+            Ok((k, threads.min(limit)))
+        } else {
+            Ok((&self.base, threads))
+        }
     }
 
     /// The kernel of `dtype` (its users' grids keep within every kernel's limit: the LL ones).

@@ -7,7 +7,7 @@
 #![doc = include_str!("spec.md")]
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{LaunchConfig, Result, Stream, TypedKernel};
+use mscclpp_hal::{LaunchConfig, Result, Stream};
 
 pub(crate) mod args;
 pub(crate) mod host;
@@ -16,8 +16,7 @@ pub(crate) mod module;
 use args::DirectCollectiveArgs;
 
 use super::{
-    Algorithm, AlgorithmId, LazyKernel, Plan, block_threads, is_wide, optional_kernel,
-    resident_grid,
+    Algorithm, AlgorithmId, ByType, LazyKernel, Plan, block_threads, optional_kernel, resident_grid,
 };
 use crate::CollectiveKind;
 use crate::agree::agree;
@@ -42,11 +41,8 @@ pub(crate) struct Direct {
     /// Threads per block of calls whose larger buffer exceeds [`SMALL_BYTES`], and up to it.
     threads: u32,
     small_threads: u32,
-    kernel: TypedKernel<DirectCollectiveArgs>,
-    /// The wide types' kernel, loaded at their first call; its blocks have at most the threads
-    /// above and within its own limit (more registers). Only the blocks and chunks must match
-    /// across ranks.
-    wide: LazyKernel<DirectCollectiveArgs>,
+    /// The base types' kernel and the wide types' (loaded at their first call).
+    kernels: ByType<DirectCollectiveArgs>,
 }
 
 impl Direct {
@@ -90,8 +86,10 @@ impl Direct {
             max_blocks,
             threads,
             small_threads,
-            kernel,
-            wide: LazyKernel::new(comm, &module::WIDE_MODULE, module::DIRECT_WIDE),
+            kernels: ByType::new(
+                kernel,
+                LazyKernel::new(comm, &module::WIDE_MODULE, module::DIRECT_WIDE),
+            ),
         }))
     }
 }
@@ -113,14 +111,12 @@ impl Algorithm for Direct {
             self.slot_bytes,
             self.max_blocks,
         );
-        let mut threads = if call.buffer_bytes() <= SMALL_BYTES {
+        let threads = if call.buffer_bytes() <= SMALL_BYTES {
             self.small_threads
         } else {
             self.threads
         };
-        if is_wide(call.call.dtype) {
-            threads = threads.min(self.wide.get()?.1);
-        }
+        let (_, threads) = self.kernels.with_threads(call.call.dtype, threads)?;
         Ok(Plan {
             config: LaunchConfig::linear(blocks, threads),
             chunk_bytes,
@@ -148,11 +144,7 @@ impl Algorithm for Direct {
         };
         let cfg = plan.config;
         tracing::trace!(collective = c.kind.name(), count = c.count, dtype = %c.dtype, op = %c.op, ?cfg, chunk = plan.chunk_bytes, "launch direct");
-        let kernel = if is_wide(c.dtype) {
-            self.wide.get()?.0
-        } else {
-            &self.kernel
-        };
+        let (kernel, _) = self.kernels.with_threads(c.dtype, cfg.block[0])?;
         // SAFETY: the caller's checked slices (kept alive until the stream passes the call) and
         // the direct scratch mappings held in `self`.
         unsafe { kernel.launch(stream, cfg, &args) }

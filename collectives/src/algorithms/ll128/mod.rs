@@ -23,7 +23,7 @@ pub(crate) mod host;
 use super::ll::args::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES};
 use super::ll::module::{MODULE, WIDE_MODULE};
 use super::ll::{LlCollectiveArgs, LlScratch};
-use super::{Algorithm, AlgorithmId, LazyKernel, Plan, block_threads, is_wide, load};
+use super::{Algorithm, AlgorithmId, ByType, LazyKernel, Plan, block_threads, load};
 use crate::CollectiveKind;
 use crate::call::Checked;
 
@@ -76,12 +76,11 @@ pub(crate) fn candidate(
 #[derive(Debug)]
 pub(crate) struct Ll128 {
     shared: Arc<LlScratch>,
-    kernel: TypedKernel<LlCollectiveArgs>,
-    /// Threads per block of the base kernel (within its limit).
+    /// The base types' kernel and the wide types' (loaded at their first call).
+    kernels: ByType<LlCollectiveArgs>,
+    /// Threads per block of the base kernel (within its limit); a wide kernel's are within
+    /// its own too (a multiple of 8, a line's group of threads, as the limit is of 32).
     threads: u32,
-    /// The wide types' kernel, loaded at their first call; its blocks have at most `threads`,
-    /// and within its own limit.
-    wide: LazyKernel<LlCollectiveArgs>,
     /// Bytes a call carries at most (one round).
     round_bytes: u64,
     info: DeviceInfo,
@@ -92,22 +91,15 @@ impl Ll128 {
         Ll128 {
             round_bytes: LlCollectiveArgs::ll128_round_bytes_of(shared.slot_bytes()),
             info: comm.device().info().clone(),
-            wide: LazyKernel::new(comm, &WIDE_MODULE, ALLREDUCE_WIDE),
+            kernels: ByType::new(kernel, LazyKernel::new(comm, &WIDE_MODULE, ALLREDUCE_WIDE)),
             shared,
-            kernel,
             threads,
         }
     }
 
     /// The kernel of `call`'s element type and its threads per block.
     fn kernel(&self, call: &Checked) -> Result<(&TypedKernel<LlCollectiveArgs>, u32)> {
-        if is_wide(call.call.dtype) {
-            let (k, limit) = self.wide.get()?;
-            // A multiple of 8 (a line's group of threads), as the limit is of 32.
-            Ok((k, self.threads.min(limit)))
-        } else {
-            Ok((&self.kernel, self.threads))
-        }
+        self.kernels.with_threads(call.call.dtype, self.threads)
     }
 }
 

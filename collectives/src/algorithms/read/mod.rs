@@ -9,7 +9,7 @@
 #![doc = include_str!("spec.md")]
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{BufferSlice, Error, LaunchConfig, Result, Stream, TypedKernel};
+use mscclpp_hal::{BufferSlice, Error, LaunchConfig, Result, Stream};
 
 pub(crate) mod args;
 pub(crate) mod host;
@@ -18,7 +18,7 @@ use args::ReadCollectiveArgs;
 
 use super::direct::module::{MODULE, READ_ALLREDUCE, READ_ALLREDUCE_WIDE, WIDE_MODULE};
 use super::{
-    Algorithm, AlgorithmId, LazyKernel, MAX_RANKS, Plan, block_threads, is_wide, optional_kernel,
+    Algorithm, AlgorithmId, ByType, LazyKernel, MAX_RANKS, Plan, block_threads, optional_kernel,
     resident_grid,
 };
 use crate::CollectiveKind;
@@ -39,10 +39,8 @@ pub(crate) struct Read {
     windows: Windows,
     max_blocks: u32,
     threads: u32,
-    kernel: TypedKernel<ReadCollectiveArgs>,
-    /// The wide types' kernel, loaded at their first call; its blocks have at most `threads`,
-    /// and within its own limit.
-    wide: LazyKernel<ReadCollectiveArgs>,
+    /// The base types' kernel and the wide types' (loaded at their first call).
+    kernels: ByType<ReadCollectiveArgs>,
 }
 
 impl Read {
@@ -80,8 +78,10 @@ impl Read {
             windows,
             max_blocks,
             threads,
-            kernel,
-            wide: LazyKernel::new(comm, &WIDE_MODULE, READ_ALLREDUCE_WIDE),
+            kernels: ByType::new(
+                kernel,
+                LazyKernel::new(comm, &WIDE_MODULE, READ_ALLREDUCE_WIDE),
+            ),
         }))
     }
 
@@ -116,11 +116,7 @@ impl Algorithm for Read {
     }
 
     fn plan(&self, call: &Checked) -> Result<Plan> {
-        let threads = if is_wide(call.call.dtype) {
-            self.threads.min(self.wide.get()?.1)
-        } else {
-            self.threads
-        };
+        let (_, threads) = self.kernels.with_threads(call.call.dtype, self.threads)?;
         let blocks = self.blocks(call.block_bytes, threads).ok_or_else(|| {
             Error::invalid(format!(
                 "allreduce: {} bytes exceed what the read algorithm holds ({STAGING_BYTES} B, \
@@ -152,11 +148,7 @@ impl Algorithm for Read {
         };
         let cfg = plan.config;
         tracing::trace!(collective = c.kind.name(), count = c.count, dtype = %c.dtype, op = %c.op, ?cfg, key = args.in_key, "launch read");
-        let kernel = if is_wide(c.dtype) {
-            self.wide.get()?.0
-        } else {
-            &self.kernel
-        };
+        let (kernel, _) = self.kernels.with_threads(c.dtype, cfg.block[0])?;
         // SAFETY: the caller's checked slices (kept alive until the stream passes the call), the
         // read scratch, table and window mappings held in `self` (a window stays mapped until
         // deregistered, which the caller does only after its calls have finished).
