@@ -13,15 +13,15 @@ use mscclpp_comm::proxy::ProxyService;
 use mscclpp_comm::semaphore::{Host2DeviceSemaphore, MemoryDevice2DeviceSemaphore};
 use mscclpp_hal::dev::{BaseMemoryChannelDeviceHandle, PortChannelDeviceHandle};
 use mscclpp_hal::{
-    BufferSlice, DataType, DeviceBuffer, Error, KernelArgs, LaunchConfig, MemoryKind, ReduceOp,
-    Result, Stream, TypedKernel,
+    BackendKind, BufferSlice, DataType, DeviceBuffer, Error, KernelArgs, LaunchConfig, MemoryKind,
+    ReduceOp, Result, Stream, TypedKernel,
 };
 use mscclpp_transports::{EndpointConfig, RegisteredMemory, Transport, TransportFlags};
 
 use crate::flat::{FlatBlock, FlatOp, Sizes, flatten};
 use crate::kernel::{
     DevicePlan, EXECUTOR_KERNEL, EXECUTOR_MODULE, ExecutorArgs, MAX_THREADS_PER_BLOCK,
-    STATE_HEADER_WORDS,
+    STATE_HEADER_WORDS, switch_table_words,
 };
 use crate::plan::{BufferType, ChannelType, OpKind, Plan};
 
@@ -119,6 +119,10 @@ impl Executor {
         op: Option<ReduceOp>,
         stream: &dyn Stream,
     ) -> Result<()> {
+        // A communicator whose peer died is refused at once (naming the rank); otherwise the
+        // waits of this launch poll its abort word, so a peer dying mid-plan ends them too.
+        self.comm.check_live()?;
+        let _abort = self.comm.abort_scope();
         let info = self.comm.device().info();
         let gpu = info.warp_size > 1;
         if gpu && !DEVICE_DTYPES.contains(&dtype) && reduces(plan, self.comm.rank()) {
@@ -204,17 +208,27 @@ impl Executor {
             )));
         }
         let gpu = &plan.gpus[rank];
-        if let Some(op) = plan.first_multicast_op(rank) {
-            return Err(Error::unavailable(
-                format!("multicast operation {op} of plan {}", plan.name),
-                "the executor does not run NVLS (switch channel) operations yet",
-            ));
-        }
-        if !gpu.switch_channels().is_empty() {
-            return Err(Error::unavailable(
-                format!("switch channels of plan {} (rank {rank})", plan.name),
-                "the executor does not set up NVLS (switch) channels yet",
-            ));
+        let switch = gpu.switch_channels();
+        let backend = comm.device().info().backend;
+        // NVLS needs multicast objects, which this build never creates on a GPU; the host
+        // backend emulates a switch channel with every member's buffer mapped here.
+        if backend != BackendKind::Host {
+            if let Some(op) = plan.first_multicast_op(rank) {
+                return Err(Error::unavailable(
+                    format!("multicast operation {op} of plan {}", plan.name),
+                    format!(
+                        "NVLS (switch channel) operations run on the host backend only: this build creates no multicast objects on {backend} devices"
+                    ),
+                ));
+            }
+            if !switch.is_empty() {
+                return Err(Error::unavailable(
+                    format!("switch channels of plan {} (rank {rank})", plan.name),
+                    format!(
+                        "NVLS (switch) channels run on the host backend only: this build creates no multicast objects on {backend} devices"
+                    ),
+                ));
+            }
         }
         let sizes = Sizes {
             input: send.len() as u64,
@@ -335,6 +349,8 @@ impl Executor {
                 }
             }
         }
+        let (switch_members, switch_regs) =
+            self.emulated_switch(plan, &switch, &locals, [send, recv, &scratch.full()])?;
         let mut remote_addrs = Vec::with_capacity(remote_regs.len());
         for (i, m) in remote_regs.iter().enumerate() {
             let m = m
@@ -412,13 +428,16 @@ impl Executor {
         }
         registered.extend(remote_regs.into_iter().flatten());
         registered.extend(locals.into_iter().flatten());
+        registered.extend(switch_regs);
 
-        // Semaphores and barriers: the state block.
+        // Semaphores and barriers: the state block; then, for the host interpreter, the
+        // emulated switch channels' member addresses.
         let n_semaphores = gpu.semaphores.len();
         let mut state_words = vec![0u64; STATE_HEADER_WORDS + n_semaphores];
         for (i, v) in gpu.semaphores.iter().enumerate() {
             state_words[STATE_HEADER_WORDS + i] = u64::from(*v);
         }
+        state_words.extend(switch_table_words(&switch_members));
         let state = device.alloc(state_words.len() * 8, MemoryKind::Device)?;
         stream.write_from_host(&state.full(), &words_bytes(&state_words))?;
 
@@ -455,6 +474,100 @@ impl Executor {
             _anchor: anchor,
             _proxy: proxy,
         })
+    }
+}
+
+impl Executor {
+    /// The host backend's switch channels: for channel `c` of this rank, the address of its
+    /// buffer in every member of its rank group (group order), this rank's own included.
+    ///
+    /// A multicast group of the HAL would want page-granular buffers bound whole; a plan's
+    /// buffers are the caller's, of any size, so each member's buffer is mapped here through
+    /// the same IPC registration as remote buffers (what the HAL's host emulation does inside a
+    /// group). Collective: per pair of ranks and buffer type, one exchange when either side has
+    /// a switch channel over that buffer that holds the other, in the same order on both sides.
+    #[allow(clippy::type_complexity)]
+    fn emulated_switch(
+        &self,
+        plan: &Plan,
+        switch: &[(BufferType, u64, Vec<usize>)],
+        locals: &[Option<Arc<RegisteredMemory>>; 3],
+        bases: [&BufferSlice; 3],
+    ) -> Result<(Vec<Vec<u64>>, Vec<Arc<RegisteredMemory>>)> {
+        let comm = &*self.comm;
+        let (rank, n) = (comm.rank(), comm.nranks());
+        let any_switch = (0..n).any(|p| !plan.gpus[p].switch_channels().is_empty());
+        if !any_switch {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        // Whether rank `x` has a switch channel over buffer `b` whose group holds rank `y`.
+        let needs = |x: usize, y: usize, b: BufferType| {
+            plan.gpus[x]
+                .switch_channels()
+                .iter()
+                .any(|(bt, _, ranks)| *bt == b && ranks.contains(&y))
+        };
+        let types = [BufferType::Input, BufferType::Output, BufferType::Scratch];
+        let mut mapped: HashMap<(usize, BufferType), u64> = HashMap::new();
+        let mut regs = Vec::new();
+        for p in (0..n).filter(|&p| p != rank) {
+            for b in types {
+                let (mine, theirs) = (needs(rank, p, b), needs(p, rank, b));
+                if !mine && !theirs {
+                    continue;
+                }
+                let out = match (&locals[b as usize], theirs) {
+                    (Some(l), true) => l.to_bytes(),
+                    _ => Vec::new(),
+                };
+                let got = comm.exchange(p, &out)?;
+                if !mine {
+                    continue;
+                }
+                if got.is_empty() {
+                    return Err(Error::Remote {
+                        rank: p,
+                        message: format!(
+                            "has no buffer {} for a switch channel of rank {rank}'s plan {} (empty)",
+                            b.name(),
+                            plan.name
+                        ),
+                    });
+                }
+                let mem = Arc::new(RegisteredMemory::from_bytes(comm.context(), &got)?);
+                let addr = mem.mapped_slice().map(|s| s.ptr().0).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "buffer {} of rank {p} is not mapped here: emulated switch channels need every member on one host",
+                        b.name()
+                    ))
+                })?;
+                mapped.insert((p, b), addr);
+                regs.push(mem);
+            }
+        }
+        let mut members = Vec::with_capacity(switch.len());
+        for (c, (b, _, ranks)) in switch.iter().enumerate() {
+            let mut addrs = Vec::with_capacity(ranks.len());
+            for &q in ranks {
+                let a = if q == rank {
+                    bases[*b as usize].ptr().0
+                } else {
+                    *mapped.get(&(q, *b)).ok_or_else(|| {
+                        Error::Internal(format!(
+                            "switch channel {c}: buffer {} of rank {q} was not exchanged",
+                            b.name()
+                        ))
+                    })?
+                };
+                addrs.push(a);
+            }
+            members.push(addrs);
+        }
+        tracing::debug!(
+            plan = %plan.name, rank, switch_channels = switch.len(),
+            "switch channels emulated over mapped peer buffers"
+        );
+        Ok((members, regs))
     }
 }
 

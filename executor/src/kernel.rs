@@ -12,8 +12,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use mscclpp_hal::dev::{
-    BaseMemoryChannelDeviceHandle, DEFAULT_WAIT, LL16Packet, PortChannelDeviceHandle,
-    atomic_u64_at, spin_until,
+    BaseMemoryChannelDeviceHandle, DEFAULT_WAIT, LL16Packet, PortChannelDeviceHandle, abort_scope,
+    atomic_u64_at, current_abort, spin_until,
 };
 use mscclpp_hal::{
     DataType, Error, KernelArgs, KernelDef, KernelId, KernelModule, LaunchConfig, ReduceOp, Result,
@@ -21,7 +21,7 @@ use mscclpp_hal::{
 
 use crate::flat::{
     CHANNEL_MEMORY, CHANNEL_PORT, FlatBlock, FlatOp, FlatRef, MAX_IDS, MAX_REFS, REF_LOCAL,
-    REF_REMOTE_MEMORY,
+    REF_REMOTE_MEMORY, REF_SWITCH,
 };
 use crate::plan::OpKind;
 
@@ -55,6 +55,22 @@ pub static EXECUTOR_MODULE: KernelModule = KernelModule {
 /// Words of the per-context state before the semaphores: the last flag, the count of blocks
 /// done with the current launch, and (count, generation) of every barrier.
 pub const STATE_HEADER_WORDS: usize = 2 + 2 * crate::plan::MAX_BARRIERS as usize;
+
+/// Most members of one emulated switch channel (a rank group of a plan).
+pub const MAX_SWITCH_MEMBERS: usize = crate::plan::MAX_GPUS;
+
+/// The host interpreter's emulated switch channels, as the words that follow the semaphores in
+/// the state block: their count, then per channel its member count and each member's address
+/// of the channel's buffer (group order). GPUs never get switch channels (the executor refuses
+/// them there), so the device interpreter never reads past the semaphores.
+pub fn switch_table_words(members: &[Vec<u64>]) -> Vec<u64> {
+    let mut w = vec![members.len() as u64];
+    for m in members {
+        w.push(m.len() as u64);
+        w.extend_from_slice(m);
+    }
+    w
+}
 
 /// A rank's flattened plan and the tables its ops index, in device memory.
 #[repr(C)]
@@ -146,6 +162,7 @@ fn host_executor(_cfg: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     } else {
         0
     };
+    let switch = read_switch_table(&args)?;
     let cx = Exec {
         plan,
         args,
@@ -154,15 +171,22 @@ fn host_executor(_cfg: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         flag,
         half,
         timeout: DEFAULT_WAIT,
+        switch,
     };
     let n = plan.n_blocks as usize;
+    // The launch's abort word (installed by the stream around this kernel): every block thread
+    // polls it too, so a dead peer ends every block's wait, as for_each_block does.
+    let abort = current_abort();
     let result = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|b| {
                 let cx = &cx;
                 std::thread::Builder::new()
                     .name(format!("executor-block-{b}"))
-                    .spawn_scoped(s, move || cx.run_block(b))
+                    .spawn_scoped(s, move || {
+                        let _abort = abort_scope(abort);
+                        cx.run_block(b)
+                    })
             })
             .collect();
         let mut first = Ok(());
@@ -186,6 +210,34 @@ fn host_executor(_cfg: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     result
 }
 
+/// Reads the emulated switch channels after the semaphores of the state block
+/// ([`switch_table_words`]).
+fn read_switch_table(args: &ExecutorArgs) -> Result<Vec<Vec<u64>>> {
+    let base = args.state + 8 * (STATE_HEADER_WORDS as u64 + u64::from(args.n_semaphores));
+    // SAFETY: the executor writes the table (at least its count word) after the semaphores of
+    // every context's state block, which lives as long as the context; words are read only.
+    let word = |i: u64| unsafe { atomic_u64_at(base + 8 * i) }.load(Ordering::Acquire);
+    let n = word(0);
+    if n > crate::plan::MAX_PER_RANK as u64 {
+        return Err(Error::Internal(format!(
+            "{n} switch channels in the state block"
+        )));
+    }
+    let mut at = 1;
+    let mut out = Vec::with_capacity(n as usize);
+    for c in 0..n {
+        let m = word(at);
+        if m > MAX_SWITCH_MEMBERS as u64 {
+            return Err(Error::Internal(format!(
+                "switch channel {c} with {m} members in the state block"
+            )));
+        }
+        out.push((0..m).map(|k| word(at + 1 + k)).collect());
+        at += 1 + m;
+    }
+    Ok(out)
+}
+
 struct Exec {
     plan: DevicePlan,
     args: ExecutorArgs,
@@ -195,6 +247,8 @@ struct Exec {
     /// Offset of the scratch half this launch uses.
     half: u64,
     timeout: Duration,
+    /// Emulated switch channels: every member's address of the channel's buffer.
+    switch: Vec<Vec<u64>>,
 }
 
 /// A data offset into each op's ranges (pipelines) and the most bytes it may take.
@@ -288,7 +342,7 @@ impl Exec {
             }
             k => Err(Error::unavailable(
                 format!("buffer reference kind {k} where an address is needed"),
-                "multicast (switch) buffers are not supported by the host executor yet",
+                "a switch (multicast) buffer has no one address: only NVLS operations take it",
             )),
         }
     }
@@ -483,13 +537,61 @@ impl Exec {
                 )
             }),
             K::Pipeline => Err(Error::Internal("a pipeline inside a pipeline".into())),
-            K::MultiLoadReduceStore | K::MultiStore | K::MultiStorePackets => {
-                Err(Error::unavailable(
-                    format!("execution plan operation {kind}"),
-                    "multicast (NVLS switch channel) operations are not supported by the host executor yet",
-                ))
+            // Emulated multicast: a reducing load visits every member, a store writes to every
+            // member (the semantics of multimem.ld_reduce / multimem.st on one address).
+            K::MultiLoadReduceStore => {
+                let n = sliced(src[0].size, s);
+                let rop = self.reduce_op(op)?;
+                let from = self.members(&src[0], s.offset)?;
+                let mut acc = load(from[0], n);
+                for &m in &from[1..] {
+                    combine(&mut acc, &load(m, n), self.dtype, rop);
+                }
+                for m in self.members(&dst[0], s.offset)? {
+                    store(m, &acc);
+                }
+                Ok(())
+            }
+            K::MultiStore => {
+                let n = sliced(src[0].size, s);
+                let data = load(self.addr(&src[0], s.offset)?, n);
+                for m in self.members(&dst[0], s.offset)? {
+                    store(m, &data);
+                }
+                Ok(())
+            }
+            K::MultiStorePackets => {
+                let data = self.read_packets(self.addr(&src[0], 0)?, src[0].size)?;
+                for m in self.members(&dst[0], 0)? {
+                    self.write_packets(m, &data)?;
+                }
+                Ok(())
             }
         }
+    }
+
+    /// Every member's address of switch reference `r`, plus `extra` bytes.
+    fn members(&self, r: &FlatRef, extra: u64) -> Result<Vec<u64>> {
+        if r.kind != REF_SWITCH {
+            return Err(Error::Internal(format!(
+                "buffer reference kind {} where a switch channel is needed",
+                r.kind
+            )));
+        }
+        let m = self.switch.get(r.id as usize).ok_or_else(|| {
+            Error::unavailable(
+                format!("switch channel {}", r.id),
+                "it was not set up: NVLS plans run on the host backend only",
+            )
+        })?;
+        if m.is_empty() {
+            return Err(Error::Internal(format!(
+                "switch channel {} has no members",
+                r.id
+            )));
+        }
+        let off = self.half_of(r) + r.offset + extra;
+        Ok(m.iter().map(|a| a + off).collect())
     }
 
     fn semaphore(&self, id: u8) -> Result<&std::sync::atomic::AtomicU64> {

@@ -9,6 +9,16 @@
 //!   `upkt` of the peers' results. No semaphores: packets carry the flag.
 //! - [`allgather_simple`]: `copy` of the input into the own output chunk (out of place), then
 //!   `put` of it into every peer's output, between signal/wait rounds.
+//! - [`allreduce_nvls`]: NVLS (switch channels over every rank's input and output): each rank
+//!   `glres`es its own chunk — a reducing load from every member, a store to every member —
+//!   between signal/wait rounds, as the DSL's `allreduce_nvls_zero_copy` does.
+//! - [`allgather_nvls`]: `gstore` of the own chunk to every member's output (switch channel over
+//!   the output) between signal/wait rounds.
+//! - [`allgather_nvls_ll`]: LL: `cpkt` of the input into the own scratch slot, `gstorepkt` of it
+//!   into every member's scratch, `upkt` of every slot into the output (the DSL's
+//!   `allgather_nvls_zero_copy_pkt`).
+//!
+//! The NVLS plans run on the host backend, which emulates multicast; GPUs refuse them.
 
 use serde_json::{Value, json};
 
@@ -191,4 +201,145 @@ pub fn allgather_simple(n: usize, inplace: bool) -> Value {
         .collect();
     let name = format!("allgather_simple_{n}{}", if inplace { "_ip" } else { "" });
     header(&name, "allgather", "Simple", inplace, gpus)
+}
+
+fn switch_channel(buffer: &str, n: usize) -> Value {
+    json!({"channel_type": "switch", "buffer_type": buffer,
+           "rank_groups": [{"size": n, "ranks": (0..n).collect::<Vec<_>>()}]})
+}
+
+/// An all-reduce of `n` ranks over switch channels (Simple protocol; in place: one channel over
+/// the input, else one over the input and one over the output).
+pub fn allreduce_nvls(n: usize, inplace: bool) -> Value {
+    let gpus = (0..n)
+        .map(|r| {
+            let ps = peers(r, n);
+            let k = ps.len();
+            let mut channels = vec![
+                json!({"channel_type": "memory", "connected_to": ps}),
+                switch_channel("i", n),
+            ];
+            if !inplace {
+                channels.push(switch_channel("o", n));
+            }
+            let out_channel = if inplace { 0 } else { 1 };
+            let [signal, wait] = sync_ops(k);
+            let ops = vec![
+                signal.clone(),
+                wait.clone(),
+                json!({"name": "glres", "channel_type": "switch", "reduce_op": "sum",
+                       "src_buff": [{"switch_channel_id": 0, "index": r, "size": 1}],
+                       "dst_buff": [{"switch_channel_id": out_channel, "index": r, "size": 1}]}),
+                signal,
+                wait,
+            ];
+            let switch_ids: Vec<usize> = if inplace { vec![0] } else { vec![0, 1] };
+            json!({
+                "id": r, "input_chunks": n, "output_chunks": if inplace { 0 } else { n },
+                "scratch_chunks": 0,
+                "channels": channels,
+                "remote_buffers": [],
+                "semaphores": [],
+                "threadblocks": [{
+                    "id": 0, "ops": ops,
+                    "channels": [
+                        {"channel_type": "memory", "channel_ids": (0..k).collect::<Vec<_>>()},
+                        {"channel_type": "switch", "channel_ids": switch_ids},
+                    ],
+                    "remote_buffer_refs": [],
+                }],
+            })
+        })
+        .collect();
+    let name = format!("allreduce_nvls_{n}{}", if inplace { "_ip" } else { "" });
+    header(&name, "allreduce", "Simple", inplace, gpus)
+}
+
+/// An all-gather of `n` ranks over a switch channel on the output (Simple protocol; in place:
+/// the input is chunk `rank` of the output).
+pub fn allgather_nvls(n: usize, inplace: bool) -> Value {
+    let gpus = (0..n)
+        .map(|r| {
+            let ps = peers(r, n);
+            let k = ps.len();
+            let [signal, wait] = sync_ops(k);
+            let src = if inplace {
+                json!({"type": "o", "index": r, "size": 1})
+            } else {
+                json!({"type": "i", "index": 0, "size": 1})
+            };
+            let ops = vec![
+                signal.clone(),
+                wait.clone(),
+                json!({"name": "gstore", "channel_type": "switch", "src_buff": [src],
+                       "dst_buff": [{"switch_channel_id": 0, "index": r, "size": 1}]}),
+                signal,
+                wait,
+            ];
+            json!({
+                "id": r, "input_chunks": 1, "output_chunks": n, "scratch_chunks": 0,
+                "channels": [
+                    {"channel_type": "memory", "connected_to": ps},
+                    switch_channel("o", n),
+                ],
+                "remote_buffers": [],
+                "semaphores": [],
+                "threadblocks": [{
+                    "id": 0, "ops": ops,
+                    "channels": [
+                        {"channel_type": "memory", "channel_ids": (0..k).collect::<Vec<_>>()},
+                        {"channel_type": "switch", "channel_ids": [0]},
+                    ],
+                    "remote_buffer_refs": [],
+                }],
+            })
+        })
+        .collect();
+    let name = format!("allgather_nvls_{n}{}", if inplace { "_ip" } else { "" });
+    header(&name, "allgather", "Simple", inplace, gpus)
+}
+
+/// An all-gather of `n` ranks over LL packets and a switch channel on the scratch: block 0
+/// packs the input into scratch slot `rank` and stores those packets into every member's slot;
+/// block 1 unpacks every slot into the output.
+pub fn allgather_nvls_ll(n: usize, inplace: bool) -> Value {
+    let gpus = (0..n)
+        .map(|r| {
+            let src = if inplace {
+                json!({"type": "o", "index": r, "size": 1})
+            } else {
+                json!({"type": "i", "index": 0, "size": 1})
+            };
+            let tb0 = vec![
+                json!({"name": "cpkt", "src_buff": [src],
+                       "dst_buff": [{"type": "s", "index": r, "size": 1}]}),
+                json!({"name": "gstorepkt", "channel_type": "switch",
+                       "src_buff": [{"type": "s", "index": r, "size": 1}],
+                       "dst_buff": [{"switch_channel_id": 0, "index": r, "size": 1}]}),
+            ];
+            // In place, the own chunk is already in the output.
+            let tb1: Vec<Value> = (0..n)
+                .filter(|&p| !(inplace && p == r))
+                .map(|p| {
+                    json!({"name": "upkt",
+                        "src_buff": [{"type": "s", "index": p, "size": 1}],
+                        "dst_buff": [{"type": "o", "index": p, "size": 1}]})
+                })
+                .collect();
+            json!({
+                "id": r, "input_chunks": 1, "output_chunks": n, "scratch_chunks": n,
+                "channels": [switch_channel("s", n)],
+                "remote_buffers": [],
+                "semaphores": [],
+                "threadblocks": [
+                    {"id": 0, "ops": tb0,
+                     "channels": [{"channel_type": "switch", "channel_ids": [0]}],
+                     "remote_buffer_refs": []},
+                    {"id": 1, "ops": tb1, "channels": [], "remote_buffer_refs": []},
+                ],
+            })
+        })
+        .collect();
+    let name = format!("allgather_nvls_ll_{n}{}", if inplace { "_ip" } else { "" });
+    header(&name, "allgather", "LL", inplace, gpus)
 }

@@ -147,4 +147,13 @@ cases! {
     allgather_simple_2: testgen::allgather_simple, Kind::AllGather, 2, false, 1000;
     allgather_simple_3_in_place: testgen::allgather_simple, Kind::AllGather, 3, true, 700;
     allgather_simple_4: testgen::allgather_simple, Kind::AllGather, 4, false, 500;
+    allreduce_nvls_2: testgen::allreduce_nvls, Kind::AllReduce, 2, false, 2048;
+    allreduce_nvls_3_in_place: testgen::allreduce_nvls, Kind::AllReduce, 3, true, 3 * 500;
+    allreduce_nvls_4: testgen::allreduce_nvls, Kind::AllReduce, 4, false, 4 * 300;
+    allgather_nvls_2_in_place: testgen::allgather_nvls, Kind::AllGather, 2, true, 1000;
+    allgather_nvls_3: testgen::allgather_nvls, Kind::AllGather, 3, false, 700;
+    allgather_nvls_4: testgen::allgather_nvls, Kind::AllGather, 4, false, 500;
+    allgather_nvls_ll_2: testgen::allgather_nvls_ll, Kind::AllGather, 2, false, 1000;
+    allgather_nvls_ll_3_in_place: testgen::allgather_nvls_ll, Kind::AllGather, 3, true, 700;
+    allgather_nvls_ll_4: testgen::allgather_nvls_ll, Kind::AllGather, 4, false, 500;
 }

@@ -6,7 +6,8 @@
 //!
 //! Every case: all-reduce (Simple and LL) and all-gather, in place and out of place, in i32, f32,
 //! f16 and bf16 (small integers: every sum is exact), and an all-reduce with the operator
-//! overridden (max); outputs poisoned first; each plan executed three times on the same buffers
+//! overridden (max); the NVLS plans (run on the host, refused with a clear error on GPUs); outputs
+//! poisoned first; each plan executed three times on the same buffers
 //! (the LL flag advances and the scratch halves alternate) with fresh data each time.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -201,6 +202,37 @@ fn role_plans() -> R<()> {
                 Some(ReduceOp::Max),
             )?;
             cases += 1;
+        }
+    }
+    // NVLS plans: the host backend emulates multicast and runs them; GPUs refuse them at set-up
+    // with a clear error (this build never creates a multicast object there).
+    let nvls = [
+        (
+            testgen::allreduce_nvls as fn(usize, bool) -> serde_json::Value,
+            Kind::AllReduce,
+        ),
+        (testgen::allgather_nvls, Kind::AllGather),
+        (testgen::allgather_nvls_ll, Kind::AllGather),
+    ];
+    for (make, k) in nvls {
+        let got = check_plan(
+            &exec,
+            &device,
+            make(n, false),
+            k,
+            false,
+            2048,
+            DataType::F32,
+            None,
+        );
+        match (kind, got) {
+            (BackendKind::Host, r) => {
+                r?;
+                cases += 1;
+            }
+            (_, Ok(())) => return Err(format!("{kind}: an NVLS plan ran on a GPU")),
+            (_, Err(m)) if m.contains("host backend only") => {}
+            (_, Err(m)) => return Err(format!("{kind}: NVLS plan refused unclearly: {m}")),
         }
     }
     multiproc::report("cases", cases);
