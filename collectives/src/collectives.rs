@@ -18,6 +18,7 @@ use crate::algorithms::p2p::{P2p, P2pOp};
 use crate::algorithms::read::Read;
 use crate::algorithms::{Algorithm, AlgorithmId};
 use crate::call::{self, CollectiveCall};
+use crate::order::LaunchOrder;
 use crate::policy::{Policy, Settings};
 use crate::window::Window;
 
@@ -39,6 +40,8 @@ pub struct Collectives {
     read: Option<Read>,
     /// Sends and receives.
     p2p: P2p,
+    /// Keeps launches on different streams from overlapping.
+    order: LaunchOrder,
 }
 
 impl Collectives {
@@ -100,6 +103,7 @@ impl Collectives {
             direct,
             read,
             p2p,
+            order: LaunchOrder::default(),
         })
     }
 
@@ -127,7 +131,8 @@ impl Collectives {
 
     /// Enqueues `call` on `stream`: checks it, lets the policy pick the algorithm and launches
     /// that algorithm's kernel. No host synchronisation; the buffers must stay allocated until
-    /// the stream has passed the call.
+    /// the stream has passed the call. Calls on different streams run one after the other in
+    /// the order they were made, as NCCL orders the work of a communicator.
     pub fn run(&self, call: &CollectiveCall, stream: &dyn Stream) -> Result<()> {
         let backend = self.comm.device().info().backend;
         let checked = call::check(call, self.comm.rank(), self.comm.nranks(), backend)?;
@@ -138,9 +143,12 @@ impl Collectives {
         debug_assert_eq!(algorithm.id(), id);
         let plan = algorithm.plan(&checked)?;
         let _abort = self.live_scope()?;
-        // SAFETY: `checked` was checked against this communicator just above and `plan` planned
-        // by the same algorithm; the caller keeps the buffers alive (documented above).
-        unsafe { algorithm.launch(&checked, &plan, stream) }
+        self.order.run(&**self.comm.device(), stream, || {
+            // SAFETY: `checked` was checked against this communicator just above and `plan`
+            // planned by the same algorithm; the caller keeps the buffers alive (documented
+            // above).
+            unsafe { algorithm.launch(&checked, &plan, stream) }
+        })
     }
 
     /// Enqueues a group of sends and receives of this rank on `stream` (NCCL's `ncclSend` and
@@ -152,8 +160,10 @@ impl Collectives {
     /// the call.
     pub fn send_recv(&self, ops: &[P2pOp], stream: &dyn Stream) -> Result<()> {
         let _abort = self.live_scope()?;
-        // SAFETY: the caller keeps the buffers alive (documented above).
-        unsafe { self.p2p.run(&self.comm, ops, stream) }
+        self.order.run(&**self.comm.device(), stream, || {
+            // SAFETY: the caller keeps the buffers alive (documented above).
+            unsafe { self.p2p.run(&self.comm, ops, stream) }
+        })
     }
 
     /// Refuses a communicator whose peer died (naming the rank), else installs its abort word

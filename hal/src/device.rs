@@ -49,6 +49,12 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Creates an event that records timing.
     fn create_event(&self) -> Result<Arc<dyn Event>>;
 
+    /// Creates an event for ordering only (no timing, which makes recording it cheaper on
+    /// GPUs); backends without the distinction return a timing event.
+    fn create_ordering_event(&self) -> Result<Arc<dyn Event>> {
+        self.create_event()
+    }
+
     /// Exports an allocation made by this device (not an imported one) for other processes.
     fn ipc_export(&self, buf: &DeviceBuffer) -> Result<IpcHandle>;
 

@@ -73,6 +73,13 @@ pub trait Stream: Send + Sync + fmt::Debug {
         ))
     }
 
+    /// Whether work enqueued now would be recorded into a graph rather than run: a capture
+    /// begun through [`Stream::begin_capture`] or, on GPUs, by another library on the same
+    /// vendor stream (PyTorch's `torch.cuda.graph`).
+    fn is_capturing(&self) -> Result<bool> {
+        Ok(false)
+    }
+
     /// The vendor's handle of the stream (`CUstream`, `hipStream_t`) as an integer, for vendor
     /// libraries used beside the HAL on the same stream (NCCL as a baseline or fallback);
     /// `None` on the host backend.

@@ -252,6 +252,155 @@ fn role_matrix() -> R<()> {
     Ok(())
 }
 
+/// One rank's calls on two streams: a mix of collectives and point-to-point rings, each on the
+/// other stream than the last, with no synchronisation between them (PyTorch's FSDP2 issues one
+/// process group's all-gathers and reduce-scatters on different streams). The communicator
+/// must order them as NCCL does; overlapping calls would share flags and scratch.
+fn role_streams() -> R<()> {
+    use mscclpp::collectives::{P2pKind, P2pOp};
+    let (rank, n) = multiproc::rank_and_size();
+    let uid: UniqueId = std::env::var(UID_VAR).map_err(e)?.parse().map_err(e)?;
+    let boot = Arc::new(
+        Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e)?).map_err(e)?,
+    );
+    let kind: BackendKind = std::env::var(BACKEND_VAR).map_err(e)?.parse().map_err(e)?;
+    let backend = mscclpp::registry::probe(kind).map_err(e)?;
+    let ordinal = match kind {
+        BackendKind::Host => rank,
+        _ => rank % backend.device_count().max(1),
+    };
+    let device = backend.open_device(ordinal).map_err(e)?;
+    let comm = Arc::new(Communicator::new(boot, device.clone()));
+    let coll = Collectives::new(comm.clone()).map_err(e)?;
+    let streams = [
+        device.create_stream().map_err(e)?,
+        device.create_stream().map_err(e)?,
+    ];
+    let dtype = DataType::F32;
+    // (kind, count): LL-sized and larger calls, so that several algorithms take part.
+    let kinds = [
+        (CollectiveKind::AllReduce, 1000),
+        (CollectiveKind::AllGather, 777),
+        (CollectiveKind::ReduceScatter, 4097),
+        (CollectiveKind::AllReduce, 300_001),
+        (CollectiveKind::AllReduce, 33),
+        (CollectiveKind::AllGather, 65_537),
+    ];
+    let rounds = 4;
+    struct Call {
+        kind: Option<CollectiveKind>,
+        count: usize,
+        input: mscclpp::hal::DeviceBuffer,
+        output: mscclpp::hal::DeviceBuffer,
+        want: Vec<u8>,
+    }
+    let mut calls = Vec::new();
+    let setup = &streams[0];
+    for round in 0..rounds {
+        for (i, &(kind, count)) in kinds.iter().enumerate() {
+            let case = 10_000 + round * 100 + i;
+            let (in_e, out_e) = kind.buffer_elements(count as u64, n as u64);
+            let inputs: Vec<Vec<u8>> = (0..n)
+                .map(|r| random_input(dtype, in_e as usize, &mut Rng::new(seed(case, r))))
+                .collect();
+            let want = expected(kind, dtype, ReduceOp::Sum, &inputs, rank, count, 0);
+            let input = device
+                .alloc(in_e as usize * 4, MemoryKind::Device)
+                .map_err(e)?;
+            let output = device
+                .alloc(out_e as usize * 4, MemoryKind::Device)
+                .map_err(e)?;
+            setup
+                .write_from_host(&input.full(), &inputs[rank])
+                .map_err(e)?;
+            setup.fill(&output.full(), POISON).map_err(e)?;
+            calls.push(Call {
+                kind: Some(kind),
+                count,
+                input,
+                output,
+                want,
+            });
+        }
+        // A ring of sends and receives between the collectives.
+        let bytes = 3000 + round * 8;
+        let msg = |src: usize| p2p_msg(77, src, (src + 1) % n, round, bytes);
+        let input = device.alloc(bytes, MemoryKind::Device).map_err(e)?;
+        let output = device.alloc(bytes, MemoryKind::Device).map_err(e)?;
+        setup
+            .write_from_host(&input.full(), &msg(rank))
+            .map_err(e)?;
+        setup.fill(&output.full(), POISON).map_err(e)?;
+        calls.push(Call {
+            kind: None,
+            count: bytes,
+            input,
+            output,
+            want: msg((rank + n - 1) % n),
+        });
+    }
+    setup
+        .synchronize_timeout(Duration::from_secs(60))
+        .map_err(e)?;
+    comm.bootstrap().barrier().map_err(e)?;
+    for (i, c) in calls.iter().enumerate() {
+        let stream = &*streams[i % 2];
+        let what =
+            |x: mscclpp::hal::Error| format!("call {i} ({:?} count {}): {x}", c.kind, c.count);
+        match c.kind {
+            Some(kind) => {
+                let (input, output) = (c.input.full(), c.output.full());
+                let call = CollectiveCall::new(kind, &input, &output, c.count, dtype);
+                coll.run(&call, stream).map_err(what)?;
+            }
+            None => {
+                let (send, recv) = (c.input.full(), c.output.full());
+                let ops = [
+                    P2pOp {
+                        kind: P2pKind::Send,
+                        peer: (rank + 1) % n,
+                        buffer: &send,
+                        bytes: c.count,
+                    },
+                    P2pOp {
+                        kind: P2pKind::Recv,
+                        peer: (rank + n - 1) % n,
+                        buffer: &recv,
+                        bytes: c.count,
+                    },
+                ];
+                coll.send_recv(&ops, stream).map_err(what)?;
+            }
+        }
+    }
+    for s in &streams {
+        s.synchronize_timeout(Duration::from_secs(120)).map_err(e)?;
+    }
+    let mut wrong = 0;
+    for (i, c) in calls.iter().enumerate() {
+        let mut got = vec![0u8; c.want.len()];
+        streams[0]
+            .read_to_host(&mut got, &c.output.full())
+            .map_err(e)?;
+        let w = match c.kind {
+            Some(_) => count_wrong(dtype, ReduceOp::Sum, &got, &c.want),
+            None => got.iter().zip(&c.want).filter(|(a, b)| a != b).count(),
+        };
+        if w > 0 {
+            eprintln!(
+                "rank {rank}: call {i} ({:?} count {}): {w} wrong",
+                c.kind, c.count
+            );
+        }
+        wrong += w;
+    }
+    multiproc::report("calls", calls.len());
+    multiproc::report("wrong", wrong);
+    multiproc::report("seconds", "0");
+    comm.bootstrap().barrier().map_err(e)?;
+    Ok(())
+}
+
 /// The bytes rank `src` sends to rank `dst` as its message `k` of pattern `pat`.
 fn p2p_msg(pat: u64, src: usize, dst: usize, k: usize, bytes: usize) -> Vec<u8> {
     let mut r = Rng::new(seed(pat as usize * 64 + k, src * 8 + dst));
@@ -583,6 +732,17 @@ fn run_on(
     counts: &str,
     extra: &[(&str, &str)],
 ) -> Result<(), Failed> {
+    run_role("matrix", kind, n, slot, counts, extra)
+}
+
+fn run_role(
+    role: &str,
+    kind: BackendKind,
+    n: usize,
+    slot: u64,
+    counts: &str,
+    extra: &[(&str, &str)],
+) -> Result<(), Failed> {
     let cfg = BootstrapConfig {
         timeout: Duration::from_secs(60),
         ..BootstrapConfig::default()
@@ -597,7 +757,7 @@ fn run_on(
     ];
     let mut env = env;
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let outs = multiproc::spawn_ranks("matrix", n, &env, Duration::from_secs(600));
+    let outs = multiproc::spawn_ranks(role, n, &env, Duration::from_secs(600));
     let failed: Vec<String> = outs
         .iter()
         .filter(|o| !o.ok())
@@ -630,6 +790,7 @@ fn main() {
     multiproc::run_child(|role| match role {
         "matrix" => role_matrix(),
         "p2p" => role_p2p(),
+        "streams" => role_streams(),
         other => Err(format!("unknown role {other}")),
     });
     let args = libtest_mimic::Arguments::from_args();
@@ -672,6 +833,12 @@ fn main() {
             move || run_p2p(n),
         ));
     }
+    for n in [2, 3] {
+        trials.push(Trial::test(
+            format!("collectives::host::two_streams::{n}_ranks"),
+            move || run_role("streams", BackendKind::Host, n, DEFAULT_SLOT_BYTES, "", &[]),
+        ));
+    }
     // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one;
     // 4 ranks: 2 per GPU, where LL128 is refused since two ranks share a device and LL serves).
     let gpu: [(&str, usize, Env); 9] = [
@@ -691,6 +858,16 @@ fn main() {
         for (name, n, env) in gpu {
             trials.push(gpu_trial(kind, name, n, GPU_COUNTS, env));
         }
+        trials.push(Trial::ignorable_test(
+            format!("collectives::{kind}::two_streams::2_ranks"),
+            move || {
+                if let Err(reason) = mscclpp::registry::probe(kind) {
+                    return Ok(Completion::ignored_with(reason.to_string()));
+                }
+                run_role("streams", kind, 2, DEFAULT_SLOT_BYTES, "", &[])
+                    .map(|()| Completion::Completed)
+            },
+        ));
     }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -117,6 +117,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuInit",
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
+    "cuStreamIsCapturing",
     "cuGraphInstantiateWithFlags",
     "cuGraphLaunch",
     "cuGraphExecDestroy",

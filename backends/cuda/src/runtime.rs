@@ -511,6 +511,15 @@ impl Runtime for CudaRuntime {
         })
     }
 
+    unsafe fn stream_is_capturing(&self, stream: sys::CUstream) -> Result<bool> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: live stream of the current context (caller's contract); valid out-pointer.
+        check("cuStreamIsCapturing", unsafe {
+            sys::cuStreamIsCapturing(stream, &mut status)
+        })?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     unsafe fn stream_end_capture(&self, stream: sys::CUstream) -> Result<sys::CUgraph> {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: live capturing stream (caller's contract); valid out-pointer.

@@ -171,6 +171,10 @@ impl<R: Runtime> Device for GpuDevice<R> {
         Ok(Arc::new(GpuEvent::new(self.ctx.clone())?))
     }
 
+    fn create_ordering_event(&self) -> Result<Arc<dyn Event>> {
+        Ok(Arc::new(GpuEvent::new_untimed(self.ctx.clone())?))
+    }
+
     fn ipc_export(&self, buf: &DeviceBuffer) -> Result<IpcHandle> {
         ipc::export(&self.ctx, buf)
     }

@@ -291,6 +291,11 @@ pub trait Runtime: Send + Sync + Debug + Sized + 'static {
     /// # Safety
     /// See the trait's contract.
     unsafe fn stream_begin_capture(&self, stream: Self::Stream) -> Result<()>;
+    /// Whether `stream` is capturing (whoever began the capture).
+    ///
+    /// # Safety
+    /// See the trait's contract.
+    unsafe fn stream_is_capturing(&self, stream: Self::Stream) -> Result<bool>;
     /// Ends the capture of `stream`.
     ///
     /// # Safety

@@ -415,6 +415,18 @@ impl<R: Runtime> Stream for GpuStream<R> {
         self.enqueue([], |rt, stream| unsafe { rt.event_record(raw, stream) })
     }
 
+    fn is_capturing(&self) -> Result<bool> {
+        if self.lock().capture_from.is_some() {
+            return Ok(true);
+        }
+        if !self.ctx.runtime().features().graph_capture {
+            return Ok(false);
+        }
+        self.ctx.bind()?;
+        // SAFETY: live stream of the current context.
+        unsafe { self.ctx.runtime().stream_is_capturing(self.raw) }
+    }
+
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         let raw = gpu_event::<R>(event)?.inner.raw;
         // SAFETY: live event and stream; waiting on another device's event is allowed.
@@ -497,10 +509,17 @@ unsafe impl<R: Runtime> Send for GpuEvent<R> {}
 unsafe impl<R: Runtime> Sync for GpuEvent<R> {}
 
 impl<R: Runtime> GpuEvent<R> {
-    /// Creates an event in `ctx`.
+    /// Creates an event in `ctx` that records timing.
     pub fn new(ctx: Arc<Context<R>>) -> Result<Self> {
         Ok(GpuEvent {
             inner: RawEvent::new(ctx, true)?,
+        })
+    }
+
+    /// Creates an event in `ctx` for ordering only (no timing).
+    pub fn new_untimed(ctx: Arc<Context<R>>) -> Result<Self> {
+        Ok(GpuEvent {
+            inner: RawEvent::new(ctx, false)?,
         })
     }
 

@@ -419,6 +419,10 @@ impl Stream for HostStream {
         }))
     }
 
+    fn is_capturing(&self) -> Result<bool> {
+        Ok(self.capturing())
+    }
+
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         self.refuse_while_capturing("waiting for an event")?;
         let ev = host_event(event)?.inner.clone();

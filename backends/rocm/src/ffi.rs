@@ -204,6 +204,8 @@ type FuncGetAttribute =
 type ErrorText = unsafe extern "C" fn(code: HipError) -> *const c_char;
 type StreamBeginCapture = unsafe extern "C" fn(stream: HipStream, mode: c_int) -> HipError;
 type StreamEndCapture = unsafe extern "C" fn(stream: HipStream, graph: *mut HipGraph) -> HipError;
+/// `hipStreamCaptureStatus` is a C enum (int); 0 is `hipStreamCaptureStatusNone`.
+type StreamIsCapturing = unsafe extern "C" fn(stream: HipStream, status: *mut c_int) -> HipError;
 type GraphInstantiate = unsafe extern "C" fn(
     exec: *mut HipGraphExec,
     graph: HipGraph,
@@ -221,6 +223,7 @@ type GraphDestroy = unsafe extern "C" fn(graph: HipGraph) -> HipError;
 pub struct GraphApi {
     pub(crate) stream_begin_capture: StreamBeginCapture,
     pub(crate) stream_end_capture: StreamEndCapture,
+    pub(crate) stream_is_capturing: StreamIsCapturing,
     pub(crate) graph_instantiate: GraphInstantiate,
     pub(crate) graph_launch: GraphLaunch,
     pub(crate) graph_exec_destroy: GraphExecDestroy,
@@ -235,6 +238,7 @@ pub const GRAPH_SYMBOLS: &[&str] = &[
     "hipGraphLaunch",
     "hipGraphExecDestroy",
     "hipGraphDestroy",
+    "hipStreamIsCapturing",
 ];
 
 /// `hipStreamCaptureModeRelaxed`.
@@ -317,6 +321,7 @@ macro_rules! hip_api {
                             graph_launch: optional(&lib, GRAPH_SYMBOLS[3])?,
                             graph_exec_destroy: optional(&lib, GRAPH_SYMBOLS[4])?,
                             graph_destroy: optional(&lib, GRAPH_SYMBOLS[5])?,
+                            stream_is_capturing: optional(&lib, GRAPH_SYMBOLS[6])?,
                         })
                     })()
                 };

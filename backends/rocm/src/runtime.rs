@@ -592,6 +592,16 @@ impl Runtime for RocmRuntime {
         })
     }
 
+    unsafe fn stream_is_capturing(&self, stream: HipStream) -> Result<bool> {
+        let g = self.graphs()?;
+        let mut status: c_int = 0;
+        // SAFETY: live stream of the current device (caller's contract); valid out-pointer.
+        self.check("hipStreamIsCapturing", unsafe {
+            (g.stream_is_capturing)(stream, &mut status)
+        })?;
+        Ok(status != 0)
+    }
+
     unsafe fn stream_end_capture(&self, stream: HipStream) -> Result<HipGraph> {
         let g = self.graphs()?;
         let mut graph: HipGraph = std::ptr::null_mut();
