@@ -15,6 +15,12 @@ pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
 pub const NCCL_CONFIG_MAGIC: u32 = 0xcafe_beef;
 /// `NCCL_SPLIT_NOCOLOR`.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
+/// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`): a config field left to the library.
+pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
+/// `NCCL_SHRINK_DEFAULT`: shrink a quiescent parent.
+pub const NCCL_SHRINK_DEFAULT: c_int = 0;
+/// `NCCL_SHRINK_ABORT`: end the parent's outstanding operations first, then shrink.
+pub const NCCL_SHRINK_ABORT: c_int = 1;
 
 /// `ncclResult_t`.
 pub type NcclResult = c_int;
@@ -85,18 +91,70 @@ pub mod redop {
 /// ids pass between the two unchanged).
 pub use mscclpp_nccl_real::UniqueId as NcclUniqueId;
 
-/// The header every `ncclConfig_t` starts with (`size_t size; unsigned magic; unsigned
-/// version;`). This library reads only these fields and ignores the rest (blocking, CTA
-/// counts, names...), so any later layout of the struct is accepted.
+/// `ncclConfig_t` as NCCL 2.28's `nccl.h` lays it out (`ncclConfig_v22800`). NCCL only ever
+/// appends fields, so a caller built against an older header passes a prefix of this (its
+/// `size` says how much) and one built against a newer header a longer struct whose tail this
+/// library does not read.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct NcclConfigHeader {
+pub struct NcclConfig {
     /// `sizeof(ncclConfig_t)` as the caller compiled it.
     pub size: usize,
     /// [`NCCL_CONFIG_MAGIC`].
     pub magic: u32,
     /// The caller's `NCCL_VERSION_CODE`.
     pub version: u32,
+    /// 0: non-blocking calls (`ncclInProgress`); 1: blocking (NCCL 2.14).
+    pub blocking: c_int,
+    /// CUDA thread-block cluster size (2.17).
+    pub cga_cluster_size: c_int,
+    /// Fewest CTAs a kernel uses (2.17).
+    pub min_ctas: c_int,
+    /// Most CTAs a kernel uses (2.17).
+    pub max_ctas: c_int,
+    /// Network plugin name (2.17).
+    pub net_name: *const std::ffi::c_char,
+    /// Share the parent's resources in `ncclCommSplit` (2.18).
+    pub split_share: c_int,
+    /// Traffic class of network operations.
+    pub traffic_class: c_int,
+    /// Name of the communicator, for logs.
+    pub comm_name: *const std::ffi::c_char,
+    /// Use CollNet.
+    pub collnet_enable: c_int,
+    /// `NCCL_CTA_POLICY_*`.
+    pub cta_policy: c_int,
+    /// Share the parent's resources in `ncclCommShrink`.
+    pub shrink_share: c_int,
+    /// CTAs of NVLS kernels.
+    pub nvls_ctas: c_int,
+    /// Channels per network peer.
+    pub n_channels_per_net_peer: c_int,
+    /// NVLink-centric scheduling.
+    pub nvlink_centric_sched: c_int,
+}
+
+impl NcclConfig {
+    /// `NCCL_CONFIG_INITIALIZER` of this library's version.
+    pub const INITIALIZER: NcclConfig = NcclConfig {
+        size: std::mem::size_of::<NcclConfig>(),
+        magic: NCCL_CONFIG_MAGIC,
+        version: NCCL_VERSION_CODE as u32,
+        blocking: NCCL_CONFIG_UNDEF_INT,
+        cga_cluster_size: NCCL_CONFIG_UNDEF_INT,
+        min_ctas: NCCL_CONFIG_UNDEF_INT,
+        max_ctas: NCCL_CONFIG_UNDEF_INT,
+        net_name: std::ptr::null(),
+        split_share: NCCL_CONFIG_UNDEF_INT,
+        traffic_class: NCCL_CONFIG_UNDEF_INT,
+        comm_name: std::ptr::null(),
+        collnet_enable: NCCL_CONFIG_UNDEF_INT,
+        cta_policy: NCCL_CONFIG_UNDEF_INT,
+        shrink_share: NCCL_CONFIG_UNDEF_INT,
+        nvls_ctas: NCCL_CONFIG_UNDEF_INT,
+        n_channels_per_net_peer: NCCL_CONFIG_UNDEF_INT,
+        nvlink_centric_sched: NCCL_CONFIG_UNDEF_INT,
+    };
 }
 
 /// `ncclComm_t`.
@@ -105,3 +163,21 @@ pub type NcclComm = *mut c_void;
 pub type CudaStream = *mut c_void;
 /// `ncclWindow_t`.
 pub type NcclWindow = *mut c_void;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// The offsets of NCCL 2.28's `ncclConfig_t` on LP64 (what `offsetof` gives for its header).
+    #[test]
+    fn config_layout_is_nccl_2_28s() {
+        assert_eq!(std::mem::size_of::<NcclConfig>(), 80);
+        assert_eq!(offset_of!(NcclConfig, blocking), 16);
+        assert_eq!(offset_of!(NcclConfig, net_name), 32);
+        assert_eq!(offset_of!(NcclConfig, split_share), 40);
+        assert_eq!(offset_of!(NcclConfig, comm_name), 48);
+        assert_eq!(offset_of!(NcclConfig, shrink_share), 64);
+        assert_eq!(offset_of!(NcclConfig, nvlink_centric_sched), 76);
+    }
+}

@@ -4,7 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Instant;
 
 use mscclpp::collectives::{
     CollectiveCall, CollectiveKind, Collectives, MAX_RANKS, P2pKind, P2pOp,
@@ -17,6 +18,7 @@ use mscclpp::hal::{
 
 use crate::abi::*;
 use crate::error::{Failure, Res};
+use crate::lifecycle::CommConfig;
 use crate::real::{RealNccl, RealResults, no_real, real};
 
 /// The operations this library dispatches (names as in `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`).
@@ -194,6 +196,11 @@ pub struct Native {
 pub const REDUCE_CHUNK_BYTES: usize = 8 << 20;
 
 impl Native {
+    /// The mscclpp communicator.
+    pub fn communicator(&self) -> &Arc<Communicator> {
+        &self.comm
+    }
+
     /// Whether the device is the host backend's.
     pub fn comm_backend_is_host(&self) -> bool {
         self.comm.device().info().backend == BackendKind::Host
@@ -236,6 +243,12 @@ pub struct Comm {
     pub real: Mutex<Option<RealComm>>,
     /// An error that made the communicator unusable (`ncclCommGetAsyncError`).
     pub async_error: AtomicI32,
+    /// The `ncclConfig_t` it was made with (a split or shrink without one inherits it).
+    pub config: CommConfig,
+    /// A non-blocking `ncclCommFinalize` still running: `ncclInProgress` until it is done.
+    pub busy: Mutex<Option<Arc<Job>>>,
+    /// `ncclCommFinalize` has run: only destroy and abort remain.
+    pub finalized: AtomicBool,
 }
 
 /// Live communicators by serial number. Every export looks its handle up here, so a stale,
@@ -245,10 +258,78 @@ pub struct Comm {
 /// (`serial * HANDLE_STRIDE + HANDLE_TAG`), so the handle of a destroyed communicator can never
 /// come to name a later one, as a reused allocation address would. NCCL's clients only store,
 /// compare and pass `ncclComm_t` values, never dereference them.
+///
+/// A handle is issued before its communicator exists when the creation runs in the background
+/// (non-blocking config, or inside a group): the slot is [`Slot::Pending`] until the job ends.
 struct Registry {
-    live: HashMap<u64, Arc<Comm>>,
+    live: HashMap<u64, Slot>,
     /// The next serial number; those below it were issued.
     next: u64,
+}
+
+/// What a live handle names.
+#[derive(Debug, Clone)]
+pub enum Slot {
+    /// A usable communicator.
+    Ready(Arc<Comm>),
+    /// Being created by a background job (`ncclCommGetAsyncError`: `ncclInProgress`).
+    Pending(Arc<Job>),
+    /// Its creation failed; only `ncclCommGetAsyncError`, destroy and abort make sense.
+    Failed(Failure),
+}
+
+/// A communicator creation (or a non-blocking finalize) running on its own thread.
+#[derive(Debug)]
+pub struct Job {
+    /// `None` while running, then its result.
+    done: Mutex<Option<Res<()>>>,
+    cv: Condvar,
+}
+
+impl Job {
+    /// A job that has not finished.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Job {
+            done: Mutex::new(None),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Records the result and wakes the waiters.
+    pub fn finish(&self, r: Res<()>) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        self.cv.notify_all();
+    }
+
+    /// The result, if the job has finished.
+    pub fn result(&self) -> Option<Res<()>> {
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until the job has finished or `deadline` passes (then an error saying so: the job
+    /// goes on and settles its slot when it ends).
+    pub fn wait(&self, deadline: Instant, what: &str) -> Res<()> {
+        let mut g = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = g.as_ref() {
+                return r.clone();
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Failure {
+                    code: NCCL_REMOTE_ERROR,
+                    message: format!(
+                        "{what} did not finish before its deadline (the bootstrap's timeout, MSCCLPP_BOOTSTRAP_TIMEOUT, per step): a rank never joined?"
+                    ),
+                });
+            }
+            g = self
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
 }
 
 /// Handles are `serial * HANDLE_STRIDE + HANDLE_TAG`: never 0 (NULL), never aligned like a
@@ -270,13 +351,58 @@ fn lock_registry() -> std::sync::MutexGuard<'static, Registry> {
     registry().lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Registers a communicator; returns its handle.
-pub fn register(c: Comm) -> NcclComm {
+fn handle_of(serial: u64) -> NcclComm {
+    (serial * HANDLE_STRIDE + HANDLE_TAG) as usize as NcclComm
+}
+
+fn insert(slot: Slot) -> NcclComm {
     let mut r = lock_registry();
     let serial = r.next;
     r.next += 1;
-    r.live.insert(serial, Arc::new(c));
-    (serial * HANDLE_STRIDE + HANDLE_TAG) as usize as NcclComm
+    r.live.insert(serial, slot);
+    handle_of(serial)
+}
+
+/// Registers a communicator; returns its handle.
+pub fn register(c: Comm) -> NcclComm {
+    insert(Slot::Ready(Arc::new(c)))
+}
+
+/// Issues the handle of a communicator a background job is creating; the job settles it with
+/// [`settle`].
+pub fn register_pending(job: &Arc<Job>) -> NcclComm {
+    insert(Slot::Pending(Arc::clone(job)))
+}
+
+/// Ends a pending slot: the communicator (or the failure) replaces the job. If the handle was
+/// destroyed or aborted meanwhile, the communicator is released here instead. The job is
+/// finished last, so whoever waits on it finds the slot settled.
+pub fn settle(h: NcclComm, job: &Arc<Job>, made: Res<Comm>) {
+    let serial = h as usize as u64 / HANDLE_STRIDE;
+    let result = made.as_ref().map(|_| ()).map_err(Clone::clone);
+    let orphan = {
+        let mut r = lock_registry();
+        match r.live.get_mut(&serial) {
+            Some(slot @ Slot::Pending(_)) => {
+                *slot = match made {
+                    Ok(c) => Slot::Ready(Arc::new(c)),
+                    Err(f) => Slot::Failed(f),
+                };
+                None
+            }
+            _ => made.ok(),
+        }
+    };
+    if let Some(c) = orphan {
+        tracing::debug!(
+            "a communicator finished after its handle {h:p} was destroyed or aborted; releasing it"
+        );
+        c.abort_native();
+        if let Err(e) = c.release_real(true) {
+            tracing::warn!("{}", e.message);
+        }
+    }
+    job.finish(result);
 }
 
 /// The serial number a handle encodes, or why it names no communicator.
@@ -300,8 +426,8 @@ fn serial_of(h: NcclComm, r: &Registry) -> Res<u64> {
     Ok(serial)
 }
 
-/// The communicator behind a handle.
-pub fn lookup(h: NcclComm) -> Res<Arc<Comm>> {
+/// What a handle names now, whatever its state.
+pub fn slot(h: NcclComm) -> Res<Slot> {
     let r = lock_registry();
     let serial = serial_of(h, &r)?;
     r.live
@@ -310,8 +436,48 @@ pub fn lookup(h: NcclComm) -> Res<Arc<Comm>> {
         .ok_or_else(|| Failure::argument(format!("comm {h:p} was destroyed")))
 }
 
-/// Removes a communicator from the registry (destroy / abort).
-pub fn unregister(h: NcclComm) -> Res<Arc<Comm>> {
+/// Why a slot that is not [`Slot::Ready`] cannot be used, as NCCL says it.
+fn not_ready(h: NcclComm, s: Slot) -> Res<Arc<Comm>> {
+    match s {
+        Slot::Ready(c) => match c.busy_job() {
+            None => Ok(c),
+            Some(_) => Err(in_progress_misuse(h)),
+        },
+        Slot::Pending(_) => Err(in_progress_misuse(h)),
+        Slot::Failed(f) => Err(Failure {
+            code: f.code,
+            message: format!("comm {h:p} failed to initialise: {}", f.message),
+        }),
+    }
+}
+
+/// NCCL's answer to a call on a communicator whose last non-blocking operation is still
+/// running: `ncclInvalidArgument` (its `ncclCommEnsureReady`).
+fn in_progress_misuse(h: NcclComm) -> Failure {
+    Failure::argument(format!(
+        "attempt to use communicator {h:p} before the previous operation returned ncclSuccess: \
+         poll ncclCommGetAsyncError until it is no longer ncclInProgress"
+    ))
+}
+
+/// The communicator behind a handle, ready for use (not pending, not finalizing).
+pub fn lookup(h: NcclComm) -> Res<Arc<Comm>> {
+    not_ready(h, slot(h)?)
+}
+
+/// As [`lookup`], for operations: also refuses a finalized communicator.
+pub fn lookup_for_op(h: NcclComm) -> Res<Arc<Comm>> {
+    let c = lookup(h)?;
+    if c.finalized.load(Ordering::Acquire) {
+        return Err(Failure::usage(format!(
+            "comm {h:p} was finalized (ncclCommFinalize): only ncclCommDestroy or ncclCommAbort may follow"
+        )));
+    }
+    Ok(c)
+}
+
+/// Removes a handle from the registry (destroy / abort), whatever its state.
+pub fn unregister(h: NcclComm) -> Res<Slot> {
     let mut r = lock_registry();
     let serial = serial_of(h, &r)?;
     r.live
@@ -319,9 +485,8 @@ pub fn unregister(h: NcclComm) -> Res<Arc<Comm>> {
         .ok_or_else(|| Failure::argument(format!("comm {h:p} was destroyed")))
 }
 
-/// Creates this rank's communicator (`ncclCommInitRank*`): bootstrap, device, real NCCL
-/// (when configured), collectives.
-pub fn init_rank(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Res<Comm> {
+/// The checked `(nranks, rank)` of an init call.
+pub fn check_ranks(nranks: c_int, rank: c_int) -> Res<(usize, usize)> {
     let n = usize::try_from(nranks)
         .ok()
         .filter(|&n| n >= 1)
@@ -330,25 +495,71 @@ pub fn init_rank(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Res<Comm> {
         .ok()
         .filter(|&r| r < n)
         .ok_or_else(|| Failure::argument(format!("rank {rank} is not in 0..{n}")))?;
-    forced()?;
-    let uid = UniqueId::from_bytes(&id.internal).map_err(|e| {
+    Ok((n, r))
+}
+
+/// Decodes an `ncclUniqueId` made by this library's `ncclGetUniqueId`.
+pub fn decode_id(id: &NcclUniqueId) -> Res<UniqueId> {
+    UniqueId::from_bytes(&id.internal).map_err(|e| {
         Failure::argument(format!(
             "the ncclUniqueId was not made by this library's ncclGetUniqueId: {e}"
         ))
-    })?;
+    })
+}
+
+/// What an init call settles on the calling thread before the work may move to another one:
+/// the checked arguments and the device (the caller's current one: CUDA's current device is
+/// per thread, so a background job cannot ask for it).
+#[derive(Debug, Clone)]
+pub struct InitPlan {
+    /// Ranks.
+    pub nranks: usize,
+    /// This rank.
+    pub rank: usize,
+    /// The bootstrap id.
+    pub uid: UniqueId,
+    /// The device ordinal; `None`: pick by the rank's position on its host.
+    pub ordinal: Option<usize>,
+    /// The communicator's configuration.
+    pub config: CommConfig,
+}
+
+impl InitPlan {
+    /// Checks the arguments and reads the calling thread's current device.
+    pub fn new(nranks: c_int, id: &NcclUniqueId, rank: c_int, config: CommConfig) -> Res<Self> {
+        let (n, r) = check_ranks(nranks, rank)?;
+        forced()?;
+        let uid = decode_id(id)?;
+        real()?;
+        let ordinal = mscclpp::registry::select()?.current_device()?;
+        Ok(InitPlan {
+            nranks: n,
+            rank: r,
+            uid,
+            ordinal,
+            config,
+        })
+    }
+}
+
+/// Creates this rank's communicator (`ncclCommInitRank*`): bootstrap, device, real NCCL
+/// (when configured), collectives. Blocks until every rank has joined (or the bootstrap's
+/// deadline).
+pub fn init_rank(plan: InitPlan) -> Res<Comm> {
+    let (n, r) = (plan.nranks, plan.rank);
     let real_lib = real()?;
-    let boot = Arc::new(Bootstrap::new(&uid, r, n, BootstrapConfig::from_env()?)?);
-    // Host identities: who shares this host (local rank; whether the collectives can serve).
-    let me = mscclpp::hal::env::host_id();
-    let hosts = boot.all_gather(me.as_bytes())?;
-    let one_host = hosts.iter().all(|h| h == me.as_bytes());
-    let local_rank = hosts[..r].iter().filter(|h| *h == me.as_bytes()).count();
+    let boot = Arc::new(Bootstrap::new(
+        &plan.uid,
+        r,
+        n,
+        BootstrapConfig::from_env()?,
+    )?);
     let backend = mscclpp::registry::select()?;
-    let ordinal = match backend.current_device()? {
+    let ordinal = match plan.ordinal {
         Some(d) => d,
         None => {
             let count = backend.device_count().max(1);
-            local_rank % count
+            boot.host_rank() % count
         }
     };
     let device: Arc<dyn Device> = backend.open_device(ordinal)?;
@@ -389,55 +600,88 @@ pub fn init_rank(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Res<Comm> {
             // SAFETY: valid out-pointer; the id came from rank 0's real ncclGetUniqueId; the
             // caller's device is current.
             lib.check("ncclCommInitRank", unsafe {
-                init(&mut c, nranks, rid, rank)
+                init(&mut c, n as c_int, rid, r as c_int)
             })?;
             Some(RealComm { lib, comm: c })
         }
     };
-    let internal = device.create_stream()?;
-    let comm = Arc::new(Communicator::new(boot, device));
-    let (colls, no_colls) = if n == 1 {
-        (None, None)
-    } else if n > MAX_RANKS {
-        (
-            None,
-            Some(format!(
-                "{n} ranks: mscclpp's collectives serve at most {MAX_RANKS}"
-            )),
-        )
-    } else if !one_host {
-        (
-            None,
-            Some("the ranks are on several hosts: mscclpp's collectives serve one host".into()),
-        )
-    } else {
-        (Some(Collectives::new(comm.clone())?), None)
-    };
-    if let Some(why) = &no_colls {
-        tracing::info!("every collective of this communicator falls back: {why}");
-    }
-    let reduce_sink = match &colls {
-        Some(_) => Some(
-            comm.device()
-                .alloc(REDUCE_CHUNK_BYTES, MemoryKind::Device)?,
-        ),
-        None => None,
-    };
-    Ok(Comm {
-        rank: r,
-        nranks: n,
-        device: ordinal as i32,
-        native: Some(Native {
+    build(boot, device, real_comm, plan.config)
+}
+
+/// A communicator of this library over `boot` (a fresh bootstrap, or a split or shrunk view of
+/// a parent's) on `device`: its stream, collectives and reduce sink. Collective over `boot`'s
+/// ranks. If anything fails, `real_comm` is released here.
+pub fn build(
+    boot: Arc<Bootstrap>,
+    device: Arc<dyn Device>,
+    real_comm: Option<RealComm>,
+    config: CommConfig,
+) -> Res<Comm> {
+    let (r, n) = (boot.rank(), boot.nranks());
+    let ordinal = device.info().ordinal;
+    let one_host = boot.hosts().iter().all(|&h| h == boot.hosts()[r]);
+    let made = (|| -> Res<Native> {
+        let internal = device.create_stream()?;
+        let comm = Arc::new(Communicator::new(boot, device));
+        let (colls, no_colls) = if n == 1 {
+            (None, None)
+        } else if n > MAX_RANKS {
+            (
+                None,
+                Some(format!(
+                    "{n} ranks: mscclpp's collectives serve at most {MAX_RANKS}"
+                )),
+            )
+        } else if !one_host {
+            (
+                None,
+                Some("the ranks are on several hosts: mscclpp's collectives serve one host".into()),
+            )
+        } else {
+            (Some(Collectives::new(comm.clone())?), None)
+        };
+        if let Some(why) = &no_colls {
+            tracing::info!("every collective of this communicator falls back: {why}");
+        }
+        let reduce_sink = match &colls {
+            Some(_) => Some(
+                comm.device()
+                    .alloc(REDUCE_CHUNK_BYTES, MemoryKind::Device)?,
+            ),
+            None => None,
+        };
+        Ok(Native {
             comm,
             colls,
             no_colls,
             internal,
             streams: Mutex::new(HashMap::new()),
             reduce_sink,
-        }),
+        })
+    })();
+    let c = Comm {
+        rank: r,
+        nranks: n,
+        device: ordinal as i32,
+        native: None,
         real: Mutex::new(real_comm),
         async_error: AtomicI32::new(NCCL_SUCCESS),
-    })
+        config,
+        busy: Mutex::new(None),
+        finalized: AtomicBool::new(false),
+    };
+    match made {
+        Ok(native) => Ok(Comm {
+            native: Some(native),
+            ..c
+        }),
+        Err(f) => {
+            if let Err(e) = c.release_real(true) {
+                tracing::warn!("{}", e.message);
+            }
+            Err(f)
+        }
+    }
 }
 
 /// A communicator made by the real NCCL (split, shrink, init-all): every operation falls back.
@@ -467,6 +711,9 @@ pub unsafe fn from_real(lib: &'static RealNccl, c: NcclComm) -> Res<Comm> {
         native: None,
         real: Mutex::new(Some(RealComm { lib, comm: c })),
         async_error: AtomicI32::new(NCCL_SUCCESS),
+        config: CommConfig::default(),
+        busy: Mutex::new(None),
+        finalized: AtomicBool::new(false),
     })
 }
 
@@ -479,6 +726,43 @@ thread_local! {
     /// Native sends and receives of this thread's open group, in call order: launched at the
     /// outermost `ncclGroupEnd`, one launch per communicator.
     static PENDING: std::cell::RefCell<Vec<(Arc<Comm>, Call)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Communicator creations started inside this thread's open group (job, blocking, what):
+    /// the outermost `ncclGroupEnd` waits for the blocking ones.
+    static GROUP_JOBS: std::cell::RefCell<Vec<(Arc<Job>, bool, &'static str)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Leaves a creation started inside the open group to the outermost `ncclGroupEnd`.
+pub fn defer_job(job: Arc<Job>, blocking: bool, what: &'static str) {
+    GROUP_JOBS.with(|g| g.borrow_mut().push((job, blocking, what)));
+}
+
+/// The outermost `ncclGroupEnd`'s wait for the group's creations: the blocking ones must end
+/// (within the deadline); a non-blocking one makes the group end `ncclInProgress`.
+fn end_group_jobs() -> Res<()> {
+    let jobs = GROUP_JOBS.with(|g| std::mem::take(&mut *g.borrow_mut()));
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let deadline = crate::lifecycle::job_deadline();
+    let mut first: Option<Failure> = None;
+    let mut in_progress = false;
+    for (job, blocking, what) in &jobs {
+        if !blocking {
+            in_progress |= job.result().is_none();
+            continue;
+        }
+        if let Err(f) = job.wait(deadline, what) {
+            first.get_or_insert(Failure {
+                code: f.code,
+                message: format!("{what} inside the group: {}", f.message),
+            });
+        }
+    }
+    match first {
+        Some(f) => Err(f),
+        None if in_progress => Err(Failure::in_progress()),
+        None => Ok(()),
+    }
 }
 
 /// `ncclGroupStart`.
@@ -497,6 +781,8 @@ pub fn group_end() -> Res<()> {
     }
     GROUP_DEPTH.with(|d| d.set(depth - 1));
     if depth == 1 {
+        // Creations first: operations in the same group may use what they create.
+        let created = end_group_jobs();
         // The group's native sends and receives: one launch per communicator.
         let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
         let mut first_error: Option<Failure> = None;
@@ -523,6 +809,7 @@ pub fn group_end() -> Res<()> {
         if let Some(e) = first_error {
             return Err(e);
         }
+        created?;
     }
     Ok(())
 }
@@ -573,6 +860,28 @@ impl Comm {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .map(|r| (r.lib, r.comm))
+    }
+
+    /// The real communicator and its library, if any (split, shrink, async errors).
+    pub fn real_parts(&self) -> Option<(&'static RealNccl, NcclComm)> {
+        self.real_comm()
+    }
+
+    /// Marks the communicator in progress until `job` ends (a non-blocking finalize, or a
+    /// split or shrink of it).
+    pub fn set_busy(&self, job: Arc<Job>) {
+        *self.busy.lock().unwrap_or_else(|p| p.into_inner()) = Some(job);
+    }
+
+    /// The job that keeps the communicator in progress, if it is still running.
+    pub fn busy_job(&self) -> Option<Arc<Job>> {
+        let g = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().filter(|j| j.result().is_none()).cloned()
+    }
+
+    /// Takes the last in-progress job, finished or not.
+    pub fn take_busy(&self) -> Option<Arc<Job>> {
+        self.busy.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Runs one operation natively or through the real NCCL (a native send or receive inside a

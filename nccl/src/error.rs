@@ -49,6 +49,15 @@ impl Failure {
         }
     }
 
+    /// `ncclInProgress`: not a failure; a non-blocking call goes on in the background (not
+    /// logged, not recorded for `ncclGetLastError`).
+    pub fn in_progress() -> Self {
+        Failure {
+            code: NCCL_IN_PROGRESS,
+            message: String::new(),
+        }
+    }
+
     /// `ncclSystemError`.
     pub fn system(message: impl Into<String>) -> Self {
         Failure {
@@ -127,6 +136,7 @@ pub fn guard(name: &'static str, body: impl FnOnce() -> Res<()>) -> NcclResult {
     init_logging_once();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => NCCL_SUCCESS,
+        Ok(Err(f)) if f.code == NCCL_IN_PROGRESS => NCCL_IN_PROGRESS,
         Ok(Err(f)) => {
             let msg = format!("{name}: {}", f.message);
             tracing::warn!(code = f.code, "{msg}");

@@ -49,6 +49,7 @@
 pub mod abi;
 pub mod comm;
 pub mod error;
+pub mod lifecycle;
 pub mod real;
 
 use std::collections::HashMap;
@@ -59,9 +60,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use mscclpp::hal::{Device, DeviceBuffer, MemoryKind};
 
 use abi::*;
-use comm::{Call, Comm, Op, from_real, lookup, register, unregister};
+use comm::{Call, Comm, Op, from_real, lookup, register};
 use error::{Failure, Res, guard};
-use real::{RealResults, no_real, real};
+use real::RealResults;
 
 /// The names of every export, in the order of GPU.md's list (PyTorch 2.11's 38 imports), then
 /// the extra ones.
@@ -182,42 +183,9 @@ pub unsafe extern "C" fn ncclGetUniqueId(uniqueId: *mut NcclUniqueId) -> NcclRes
 // ---------------------------------------------------------------------------------------------
 // Communicators
 
-/// Reads the header of an `ncclConfig_t` defensively (size, magic, version; the rest ignored).
-///
-/// # Safety
-/// `config` must be NULL or point to an `ncclConfig_t`.
-unsafe fn check_config(config: *const c_void) -> Res<()> {
-    if config.is_null() {
-        return Ok(());
-    }
-    // SAFETY: every ncclConfig_t starts with this header (size_t, unsigned, unsigned).
-    let h = unsafe { config.cast::<NcclConfigHeader>().read_unaligned() };
-    if h.magic != NCCL_CONFIG_MAGIC {
-        return Err(Failure::argument(format!(
-            "ncclConfig_t has magic {:#x}, expected {NCCL_CONFIG_MAGIC:#x}: initialise it with NCCL_CONFIG_INITIALIZER",
-            h.magic
-        )));
-    }
-    tracing::debug!(
-        size = h.size,
-        version = h.version,
-        "ncclConfig_t accepted (fields beyond the header are ignored)"
-    );
-    Ok(())
-}
-
-fn init_into(comm: *mut NcclComm, nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Res<()> {
-    if comm.is_null() {
-        return Err(Failure::argument("comm (the output pointer) is NULL"));
-    }
-    let c = comm::init_rank(nranks, id, rank)?;
-    let h = register(c);
-    // SAFETY: non-null; the caller's out-pointer.
-    unsafe { comm.write(h) };
-    Ok(())
-}
-
-/// `ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank)`.
+/// `ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank)`:
+/// blocking; inside a group it starts at once and the outermost `ncclGroupEnd` waits for it
+/// (so one thread can create the communicators of several GPUs).
 ///
 /// # Safety
 /// `comm` must be NULL or valid for a write.
@@ -229,13 +197,15 @@ pub unsafe extern "C" fn ncclCommInitRank(
     rank: c_int,
 ) -> NcclResult {
     guard("ncclCommInitRank", || {
-        init_into(comm, nranks, &commId, rank)
+        // SAFETY: forwarded contract; no config.
+        unsafe { lifecycle::init_rank_config(comm, nranks, &commId, rank, std::ptr::null()) }
     })
 }
 
 /// `ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int
-/// rank, ncclConfig_t* config)`: as `ncclCommInitRank`; of `config` only the header is read
-/// (a non-blocking request completes before returning, which NCCL allows).
+/// rank, ncclConfig_t* config)`: `config` is read as NCCL reads it (size, magic, version);
+/// `blocking = 0` returns `ncclInProgress` with `*comm` set, and `ncclCommGetAsyncError` tells
+/// when it is ready.
 ///
 /// # Safety
 /// `comm` must be NULL or valid for a write; `config` NULL or an `ncclConfig_t`.
@@ -249,14 +219,13 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
 ) -> NcclResult {
     guard("ncclCommInitRankConfig", || {
         // SAFETY: forwarded contract.
-        unsafe { check_config(config)? };
-        init_into(comm, nranks, &commId, rank)
+        unsafe { lifecycle::init_rank_config(comm, nranks, &commId, rank, config) }
     })
 }
 
 /// `ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
 /// ncclUniqueId* commIds, ncclConfig_t* config)`: every rank passes the same ids; the first
-/// names our bootstrap (the others only spread NCCL's own bootstrap load).
+/// names our bootstrap's root (the others only spread NCCL's own bootstrap load).
 ///
 /// # Safety
 /// `newcomm` must be NULL or valid for a write; `commIds` NULL or `nId` ids.
@@ -275,16 +244,17 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
                 "commIds {commIds:p} with nId {nId}: at least one id is needed"
             )));
         }
-        // SAFETY: forwarded contract.
-        unsafe { check_config(config)? };
         // SAFETY: non-null and holds nId >= 1 ids (caller's contract).
         let id = unsafe { commIds.read() };
-        init_into(newcomm, nranks, &id, myrank)
+        // SAFETY: forwarded contract.
+        unsafe { lifecycle::init_rank_config(newcomm, nranks, &id, myrank, config) }
     })
 }
 
 /// `ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist)`: one process
-/// driving several GPUs — served by the real NCCL only.
+/// driving several devices (the same one several times too): one communicator per entry of
+/// `devlist` (NULL: devices 0..ndev), created together by threads of this call within a
+/// deadline.
 ///
 /// # Safety
 /// `comm` must be NULL or valid for `ndev` writes; `devlist` NULL or `ndev` ints.
@@ -294,40 +264,21 @@ pub unsafe extern "C" fn ncclCommInitAll(
     ndev: c_int,
     devlist: *const c_int,
 ) -> NcclResult {
-    guard("ncclCommInitAll", || {
-        let n = usize::try_from(ndev)
-            .ok()
-            .filter(|&n| n >= 1)
-            .ok_or_else(|| Failure::argument(format!("ndev {ndev}: must be at least 1")))?;
-        if comm.is_null() {
-            return Err(Failure::argument("comm is NULL"));
-        }
-        let lib = real()?
-            .ok_or_else(|| no_real("ncclCommInitAll (several GPUs driven by one process)"))?;
-        let f = lib.need(lib.comm_init_all, "ncclCommInitAll")?;
-        let mut raw = vec![std::ptr::null_mut(); n];
-        // SAFETY: `raw` holds ndev slots; devlist is the caller's (NULL allowed by NCCL).
-        lib.check("ncclCommInitAll", unsafe {
-            f(raw.as_mut_ptr(), ndev, devlist)
-        })?;
-        for (i, c) in raw.into_iter().enumerate() {
-            // SAFETY: a communicator the real ncclCommInitAll just made.
-            let h = register(unsafe { from_real(lib, c)? });
-            // SAFETY: the caller's array of ndev handles.
-            unsafe { comm.add(i).write(h) };
-        }
-        Ok(())
+    // SAFETY: forwarded contract.
+    guard("ncclCommInitAll", || unsafe {
+        lifecycle::init_all(comm, ndev, devlist)
     })
 }
 
 /// `ncclResult_t ncclCommFinalize(ncclComm_t comm)`: waits for outstanding work (host backend)
-/// and finalizes the real communicator.
+/// and finalizes the real communicator; non-blocking communicators return `ncclInProgress`
+/// and finish in the background.
 ///
 /// # Safety
 /// `comm` is a handle (checked against the live ones).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommFinalize(comm: NcclComm) -> NcclResult {
-    guard("ncclCommFinalize", || lookup(comm)?.finalize())
+    guard("ncclCommFinalize", || lifecycle::finalize(comm))
 }
 
 /// `ncclResult_t ncclCommDestroy(ncclComm_t comm)`: frees the communicator (and the real one).
@@ -336,15 +287,7 @@ pub unsafe extern "C" fn ncclCommFinalize(comm: NcclComm) -> NcclResult {
 /// `comm` is a handle (checked against the live ones).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommDestroy(comm: NcclComm) -> NcclResult {
-    guard("ncclCommDestroy", || {
-        let c = unregister(comm)?;
-        if let Some(n) = &c.native {
-            if n.comm_backend_is_host() {
-                n.sync_internal()?;
-            }
-        }
-        c.release_real(false)
-    })
+    guard("ncclCommDestroy", || lifecycle::destroy(comm))
 }
 
 /// `ncclResult_t ncclCommAbort(ncclComm_t comm)`: frees the communicator without waiting.
@@ -353,13 +296,7 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: NcclComm) -> NcclResult {
 /// `comm` is a handle (checked against the live ones).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommAbort(comm: NcclComm) -> NcclResult {
-    guard("ncclCommAbort", || {
-        let c = unregister(comm)?;
-        // Kernels of this communicator still waiting (on any thread) end at their next poll
-        // of the abort word, so nothing here waits for them.
-        c.abort_native();
-        c.release_real(true)
-    })
+    guard("ncclCommAbort", || lifecycle::abort(comm))
 }
 
 fn wrap_real_child(
@@ -379,7 +316,10 @@ fn wrap_real_child(
 }
 
 /// `ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-/// ncclConfig_t* config)`: through the real NCCL (the child is a fallback-only communicator).
+/// ncclConfig_t* config)`: natively, a view of the parent's bootstrap (ranks ordered by key,
+/// then parent rank) and a full communicator on the parent's device; `NCCL_SPLIT_NOCOLOR`
+/// gives NULL; config NULL inherits the parent's. A communicator the real NCCL made is split
+/// by it.
 ///
 /// # Safety
 /// `newcomm` must be NULL or valid for a write; `config` NULL or an `ncclConfig_t`.
@@ -393,6 +333,10 @@ pub unsafe extern "C" fn ncclCommSplit(
 ) -> NcclResult {
     guard("ncclCommSplit", || {
         let c = lookup(comm)?;
+        if c.native.is_some() {
+            // SAFETY: forwarded contract.
+            return unsafe { lifecycle::split(&c, color, key, newcomm, config) };
+        }
         if newcomm.is_null() {
             return Err(Failure::argument("newcomm is NULL"));
         }
@@ -408,7 +352,9 @@ pub unsafe extern "C" fn ncclCommSplit(
 }
 
 /// `ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
-/// ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags)`: through the real NCCL.
+/// ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags)`: natively, the parent's
+/// bootstrap without the excluded ranks (dead ones included: no message reaches them);
+/// `NCCL_SHRINK_ABORT` first ends the parent's outstanding operations.
 ///
 /// # Safety
 /// As NCCL's: `excludeRanksList` holds `excludeRanksCount` ints; `newcomm` valid for a write.
@@ -423,6 +369,19 @@ pub unsafe extern "C" fn ncclCommShrink(
 ) -> NcclResult {
     guard("ncclCommShrink", || {
         let c = lookup(comm)?;
+        if c.native.is_some() {
+            // SAFETY: forwarded contract.
+            return unsafe {
+                lifecycle::shrink(
+                    &c,
+                    excludeRanksList,
+                    excludeRanksCount,
+                    newcomm,
+                    config,
+                    shrinkFlags,
+                )
+            };
+        }
         if newcomm.is_null() {
             return Err(Failure::argument("newcomm is NULL"));
         }
@@ -447,8 +406,9 @@ pub unsafe extern "C" fn ncclCommShrink(
     })
 }
 
-/// `ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError)`: a stored
-/// native error, else the real communicator's, else `ncclSuccess`.
+/// `ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError)`:
+/// `ncclInProgress` while a non-blocking creation, split, shrink or finalize runs; then its
+/// failure, a dead peer, a stored native error, the real communicator's, or `ncclSuccess`.
 ///
 /// # Safety
 /// `asyncError` must be NULL or valid for a write.
@@ -458,26 +418,10 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
     asyncError: *mut NcclResult,
 ) -> NcclResult {
     guard("ncclCommGetAsyncError", || {
-        let c = lookup(comm)?;
-        let mut e = c.async_error.load(Ordering::Relaxed);
-        // A dead peer makes the communicator unusable as soon as the bootstrap learns it,
-        // whether or not an operation has failed yet.
-        if let Some(f) = c.native_failure() {
-            error::set_last_error(&format!("rank {}: {f}", c.rank));
-            if e == NCCL_SUCCESS {
-                e = NCCL_REMOTE_ERROR;
-            }
+        if asyncError.is_null() {
+            return Err(Failure::argument("asyncError is NULL"));
         }
-        if e == NCCL_SUCCESS {
-            if let Ok((lib, rc)) = c.require_real("") {
-                if let Some(f) = lib.comm_get_async_error {
-                    let mut re = NCCL_SUCCESS;
-                    // SAFETY: live real communicator, valid out-pointer.
-                    lib.check("ncclCommGetAsyncError", unsafe { f(rc, &mut re) })?;
-                    e = re;
-                }
-            }
-        }
+        let e = lifecycle::async_error(comm)?;
         // SAFETY: forwarded contract.
         unsafe { out(asyncError, "asyncError", e) }
     })
@@ -710,7 +654,7 @@ pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
 // Collectives and point-to-point
 
 fn run(op: Op, comm: NcclComm, call: impl FnOnce(Op) -> Call) -> Res<()> {
-    lookup(comm)?.run(call(op))
+    comm::lookup_for_op(comm)?.run(call(op))
 }
 
 /// `ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
