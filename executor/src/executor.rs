@@ -123,14 +123,9 @@ impl Executor {
         // waits of this launch poll its abort word, so a peer dying mid-plan ends them too.
         self.comm.check_live()?;
         let _abort = self.comm.abort_scope();
+        self.check(plan, send.len(), recv.len(), dtype)?;
         let info = self.comm.device().info();
         let gpu = info.warp_size > 1;
-        if gpu && !DEVICE_DTYPES.contains(&dtype) && reduces(plan, self.comm.rank()) {
-            return Err(Error::unavailable(
-                format!("execution plan {} with {dtype} data", plan.name),
-                "the device interpreter reduces f32, f16, bf16, i32 and u32 only",
-            ));
-        }
         let key = ContextKey {
             plan: plan.name.clone(),
             input: (send.ptr().0, send.len()),
@@ -171,9 +166,71 @@ impl Executor {
         // The host interpreter runs every block on a thread of its own whatever the grid; GPUs
         // get one block per threadblock of the plan.
         let cfg = if gpu {
+            let limit = MAX_THREADS_PER_BLOCK.min(info.max_threads_per_block.max(1));
+            LaunchConfig::linear(blocks.max(1), plan.threads_per_block.clamp(1, limit))
+        } else {
+            LaunchConfig::linear(1, 1)
+        };
+        tracing::debug!(plan = %plan.name, blocks, ?dtype, "execute");
+        // SAFETY: the device plan's blocks/ops are read with the same structs it was built
+        // from; every address is the caller's buffers (alive until the stream passes the
+        // execution, documented above) or this context's memory (held by the executor).
+        unsafe { self.kernel.launch(stream, cfg, &args) }
+    }
+
+    /// Whether [`Executor::execute`] can run `plan` here with buffers of these sizes and
+    /// `dtype`, without setting anything up: the rank count, the message range and chunking
+    /// (see [`crate::flat::check_sizes`]), and on GPUs the types the device interpreter reduces,
+    /// the threadblocks the device can hold at once, and no NVLS. The answer depends only on the
+    /// plan, the sizes, the type and the device, so ranks that agree on those agree on it: what
+    /// a caller choosing between a plan and another algorithm asks (the NCCL library does).
+    pub fn check(
+        &self,
+        plan: &Plan,
+        input_bytes: usize,
+        output_bytes: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        let (rank, n) = (self.comm.rank(), self.comm.nranks());
+        if plan.nranks() != n {
+            return Err(Error::invalid(format!(
+                "plan {} is for {} ranks but the communicator has {n}",
+                plan.name,
+                plan.nranks()
+            )));
+        }
+        let info = self.comm.device().info();
+        if info.backend != BackendKind::Host {
+            // NVLS needs multicast objects, which this build never creates on a GPU; the host
+            // backend emulates a switch channel with every member's buffer mapped there.
+            let why = format!(
+                "NVLS (switch channel) operations run on the host backend only: this build creates no multicast objects on {} devices",
+                info.backend
+            );
+            if let Some(op) = plan.first_multicast_op(rank) {
+                return Err(Error::unavailable(
+                    format!("multicast operation {op} of plan {}", plan.name),
+                    why,
+                ));
+            }
+            if !plan.gpus[rank].switch_channels().is_empty() {
+                return Err(Error::unavailable(
+                    format!("switch channels of plan {} (rank {rank})", plan.name),
+                    why,
+                ));
+            }
+        }
+        if info.warp_size > 1 {
+            if !DEVICE_DTYPES.contains(&dtype) && reduces(plan, rank) {
+                return Err(Error::unavailable(
+                    format!("execution plan {} with {dtype} data", plan.name),
+                    "the device interpreter reduces f32, f16, bf16, i32 and u32 only",
+                ));
+            }
             // Blocks wait for each other (barriers, semaphores) and for the peers' blocks: all
             // must be resident at once, one per multiprocessor at most.
-            if info.multiprocessors > 0 && blocks > info.multiprocessors {
+            let blocks = plan.gpus[rank].threadblocks.len();
+            if info.multiprocessors > 0 && blocks > info.multiprocessors as usize {
                 return Err(Error::unavailable(
                     format!(
                         "execution plan {} with {blocks} threadblocks per rank",
@@ -185,16 +242,12 @@ impl Executor {
                     ),
                 ));
             }
-            let limit = MAX_THREADS_PER_BLOCK.min(info.max_threads_per_block.max(1));
-            LaunchConfig::linear(blocks.max(1), plan.threads_per_block.clamp(1, limit))
-        } else {
-            LaunchConfig::linear(1, 1)
+        }
+        let sizes = Sizes {
+            input: input_bytes as u64,
+            output: output_bytes as u64,
         };
-        tracing::debug!(plan = %plan.name, blocks, ?dtype, "execute");
-        // SAFETY: the device plan's blocks/ops are read with the same structs it was built
-        // from; every address is the caller's buffers (alive until the stream passes the
-        // execution, documented above) or this context's memory (held by the executor).
-        unsafe { self.kernel.launch(stream, cfg, &args) }
+        crate::flat::check_sizes(plan, rank, sizes)
     }
 
     fn setup(&self, plan: &Plan, send: &BufferSlice, recv: &BufferSlice) -> Result<Context> {
@@ -208,28 +261,8 @@ impl Executor {
             )));
         }
         let gpu = &plan.gpus[rank];
+        // GPUs never get here with switch channels (`check` refused them).
         let switch = gpu.switch_channels();
-        let backend = comm.device().info().backend;
-        // NVLS needs multicast objects, which this build never creates on a GPU; the host
-        // backend emulates a switch channel with every member's buffer mapped here.
-        if backend != BackendKind::Host {
-            if let Some(op) = plan.first_multicast_op(rank) {
-                return Err(Error::unavailable(
-                    format!("multicast operation {op} of plan {}", plan.name),
-                    format!(
-                        "NVLS (switch channel) operations run on the host backend only: this build creates no multicast objects on {backend} devices"
-                    ),
-                ));
-            }
-            if !switch.is_empty() {
-                return Err(Error::unavailable(
-                    format!("switch channels of plan {} (rank {rank})", plan.name),
-                    format!(
-                        "NVLS (switch) channels run on the host backend only: this build creates no multicast objects on {backend} devices"
-                    ),
-                ));
-            }
-        }
         let sizes = Sizes {
             input: send.len() as u64,
             output: recv.len() as u64,

@@ -186,8 +186,11 @@ fn invalid(rank: usize, t: usize, i: usize, why: impl std::fmt::Display) -> Erro
     ))
 }
 
-/// Flattens `rank`'s part of `plan` for an execution with buffers of `sizes`.
-pub fn flatten(plan: &Plan, rank: usize, sizes: Sizes) -> Result<FlatPlan> {
+/// Whether `rank`'s part of `plan` can run with buffers of `sizes`: the message (the output for
+/// an all-gather, else the input) within the plan's range, and every buffer cut into whole
+/// chunks of `buffer_alignment` units, the same size on both sides. Cheap: what a caller
+/// choosing among plans asks before [`flatten`] (which checks it again).
+pub fn check_sizes(plan: &Plan, rank: usize, sizes: Sizes) -> Result<()> {
     let gpu = plan.gpus.get(rank).ok_or_else(|| {
         Error::invalid(format!(
             "rank {rank}: the plan describes {} ranks",
@@ -218,14 +221,29 @@ pub fn flatten(plan: &Plan, rank: usize, sizes: Sizes) -> Result<FlatPlan> {
             )));
         }
     }
-    let chunking = if gpu.input_chunks != 0 {
+    if gpu.input_chunks != 0 && gpu.output_chunks != 0 {
         let per_input = sizes.input.checked_div(gpu.input_chunks);
-        if gpu.output_chunks != 0 && per_input != sizes.output.checked_div(gpu.output_chunks) {
+        if per_input != sizes.output.checked_div(gpu.output_chunks) {
             return Err(Error::invalid(format!(
                 "plan {}: input of {} bytes in {} chunks and output of {} bytes in {} chunks give different chunk sizes",
                 plan.name, sizes.input, gpu.input_chunks, sizes.output, gpu.output_chunks
             )));
         }
+    }
+    Ok(())
+}
+
+/// Flattens `rank`'s part of `plan` for an execution with buffers of `sizes`.
+pub fn flatten(plan: &Plan, rank: usize, sizes: Sizes) -> Result<FlatPlan> {
+    let gpu = plan.gpus.get(rank).ok_or_else(|| {
+        Error::invalid(format!(
+            "rank {rank}: the plan describes {} ranks",
+            plan.nranks()
+        ))
+    })?;
+    check_sizes(plan, rank, sizes)?;
+    let align = plan.alignment;
+    let chunking = if gpu.input_chunks != 0 {
         Chunking {
             base: sizes.input,
             n: gpu.input_chunks,
