@@ -190,6 +190,8 @@ pub struct Native {
     /// ([`REDUCE_CHUNK_BYTES`], allocated with the communicator: nothing is allocated while a
     /// stream may be capturing).
     reduce_sink: Option<DeviceBuffer>,
+    /// Execution plans of `MSCCLPP_EXECUTION_PLAN_DIR`, tried ahead of the collectives.
+    plans: Option<crate::plans::Plans>,
 }
 
 /// Bytes of the all-reduces `ncclReduce` is made of (the last may be shorter).
@@ -650,6 +652,9 @@ pub fn build(
             ),
             None => None,
         };
+        let plans = colls
+            .as_ref()
+            .and_then(|_| crate::plans::Plans::from_env(&comm));
         Ok(Native {
             comm,
             colls,
@@ -657,6 +662,7 @@ pub fn build(
             internal,
             streams: Mutex::new(HashMap::new()),
             reduce_sink,
+            plans,
         })
     })();
     let c = Comm {
@@ -1085,8 +1091,28 @@ impl Comm {
         // SAFETY: as above.
         let output = unsafe { device.wrap_external(DevicePtr(call.recv as u64), out_bytes)? };
         let (i, o) = (input.full(), output.full());
-        let res = match &native.colls {
-            None => {
+        // A plan of MSCCLPP_EXECUTION_PLAN_DIR that fits the call goes first (plans have no root).
+        let planned = match &native.plans {
+            Some(p) if kind != CollectiveKind::Broadcast => {
+                let reduces = matches!(
+                    kind,
+                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
+                );
+                let pc = crate::plans::PlanCall {
+                    collective: call.op.name(),
+                    send: &i,
+                    recv: &o,
+                    dtype: dt,
+                    op: reduces.then_some(op),
+                };
+                p.run(&pc, &*stream)
+            }
+            _ => Ok(false),
+        };
+        let res = match (planned, &native.colls) {
+            (Ok(true), _) => Ok(()),
+            (Err(e), _) => Err(e),
+            (Ok(false), None) => {
                 // One rank: every collective is a copy (in place: nothing to do).
                 if i.ptr() != o.ptr() {
                     stream.copy(&o, &i)
@@ -1094,7 +1120,7 @@ impl Comm {
                     Ok(())
                 }
             }
-            Some(c) => c.run(
+            (Ok(false), Some(c)) => c.run(
                 &CollectiveCall::new(kind, &i, &o, count, dt)
                     .op(op)
                     .root(root),

@@ -50,6 +50,7 @@ pub mod abi;
 pub mod comm;
 pub mod error;
 pub mod lifecycle;
+pub mod plans;
 pub mod real;
 
 use std::collections::HashMap;
