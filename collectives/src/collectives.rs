@@ -166,6 +166,18 @@ impl Collectives {
         })
     }
 
+    /// Runs `enqueue` (work of this communicator that keeps state between calls, enqueued on
+    /// `stream` by another component, e.g. an execution plan on staged buffers) in the same
+    /// order as the collectives: after every earlier call, whatever stream it came on.
+    /// `enqueue` must not call back into these collectives.
+    pub fn ordered<T>(
+        &self,
+        stream: &dyn Stream,
+        enqueue: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.order.run(&**self.comm.device(), stream, enqueue)
+    }
+
     /// Refuses a communicator whose peer died (naming the rank), else installs its abort word
     /// for the waits of the kernels this thread launches while the scope lives.
     fn live_scope(&self) -> Result<mscclpp_hal::dev::AbortScope> {

@@ -1105,7 +1105,12 @@ impl Comm {
                     dtype: dt,
                     op: reduces.then_some(op),
                 };
-                p.run(&pc, &*stream)
+                // Staged buffers and plan state are the communicator's: ordered as its
+                // collectives are across streams.
+                match &native.colls {
+                    Some(c) => c.ordered(&*stream, || p.run(&pc, &*stream)),
+                    None => p.run(&pc, &*stream),
+                }
             }
             _ => Ok(false),
         };
