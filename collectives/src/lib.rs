@@ -31,7 +31,6 @@ mod collectives;
 mod kind;
 mod order;
 mod policy;
-mod scale;
 mod scratch;
 mod window;
 
@@ -40,6 +39,5 @@ pub use algorithms::{AlgorithmId, MAX_RANKS, MODULES};
 pub use call::CollectiveCall;
 pub use collectives::{Collectives, DEFAULT_SLOT_BYTES};
 pub use kind::CollectiveKind;
-pub use scale::{Factor, SCALE_MODULE, ScaleArgs, Scaler};
 pub use mscclpp_hal::{DataType, KernelId, KernelModule, ReduceOp};
 pub use window::Window;
