@@ -1391,7 +1391,12 @@ impl Bootstrap {
                 let reason = st.dead.get(&p).cloned().unwrap_or_default();
                 return Err(self.translate(lost(p, &format!("{reason} (during {op})"))));
             }
-            if let Some((k, why)) = missing.iter().find_map(|p| st.reported.get(p)) {
+            // Only a loss of a member of this view: a view shrunk past a dead rank goes on
+            // while its members still carry their reports of that rank.
+            if let Some((k, why)) = missing
+                .iter()
+                .find_map(|p| st.reported.get(p).filter(|(k, _)| self.members.contains(k)))
+            {
                 return Err(self.translate(lost(*k, &format!("{why} (during {op})"))));
             }
             // A member of this view known dead (learned from any connection, not only those
