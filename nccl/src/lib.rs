@@ -15,9 +15,22 @@
 //!   a real communicator, created at `ncclCommInitRank` with an id rank 0 makes and our
 //!   bootstrap carries): operators made by `ncclRedOpCreatePreMulSum`, communicators over several hosts or more than 8 ranks, and every operation
 //!   `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` (`all` or e.g. `allreduce,send`) names; also
-//!   `ncclCommSplit`, `ncclCommShrink`, `ncclCommInitAll`, `ncclRedOpCreatePreMulSum`,
-//!   `ncclDevCommCreate`, `ncclGroupSimulateEnd`. Without a real NCCL these return
+//!   `ncclDevCommCreate` and `ncclGroupSimulateEnd`. Without a real NCCL these return
 //!   `ncclInvalidUsage` and `ncclGetLastError` says to set `MSCCLPP_NCCL_LIB_PATH`.
+//!
+//! ## Communicator lifecycle (native; see [`lifecycle`])
+//! `ncclCommInitRank`, `ncclCommInitRankConfig` (`ncclConfig_t` read as NCCL reads it: at most
+//! `size` bytes of 2.28's layout, the magic, fields newer than the caller's `version` unset;
+//! `NCCL_COMM_BLOCKING` overrides `blocking`), `ncclCommInitRankScalable` (the first id is the
+//! root), `ncclCommInitAll` (a thread per device inside the call; a device may repeat; any
+//! `ndev` on the host backend), `ncclCommSplit` and `ncclCommShrink` (views of the parent's
+//! bootstrap: no new root; a shrink needs no message, so dead ranks can be excluded;
+//! `NCCL_SHRINK_ABORT` aborts the parent's operations first). With `blocking = 0` a creation,
+//! split, shrink or `ncclCommFinalize` returns `ncclInProgress` at once (handles written) and
+//! `ncclCommGetAsyncError` says `ncclInProgress` until it is done; meanwhile other calls on
+//! the handle (the parent's too, for a split or shrink) are `ncclInvalidArgument`, as NCCL's.
+//! Creations inside a group start at once on their own threads and the outermost
+//! `ncclGroupEnd` waits for them (one thread can initialise every GPU, as nccl-tests `-g` does).
 //! - **Accepted as no-ops**: `ncclCommRegister`/`Deregister` and the window variants return a
 //!   handle and register nothing (the collectives move data through their own scratch).
 //!
