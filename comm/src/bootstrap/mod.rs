@@ -19,11 +19,14 @@
 //!    binomial broadcast, whose peers are `rank ± 2^k`, so a rank holds at most
 //!    `2 ceil(log2 N)` connections for its collectives, plus one per peer it sends to itself.
 //!    The host identities (who shares this rank's host) are all-gathered at init.
-//! 4. One reader thread per connection files incoming messages under `(view, peer, tag)`;
-//!    waits take them from there. A connection that ends marks its peer dead, and every current
-//!    and future operation involving that peer fails at once with `Error::Remote`. A rank whose
-//!    collective fails because a peer died tells the peers of its schedule, so that every rank
-//!    waiting on it fails naming the dead rank too, rather than timing out.
+//! 4. One event loop per process (`reactor`: one thread and one epoll set for every bootstrap of
+//!    the process, non-blocking sockets) accepts connections, runs their handshakes and files
+//!    incoming messages under `(view, peer, tag)`; an operation waiting for messages reads the
+//!    connections it waits on itself, so that a message wakes one thread. A connection that
+//!    ends marks its peer dead, and every current and future operation involving that peer
+//!    fails at once with `Error::Remote`. A rank whose collective fails because a peer died
+//!    tells the peers of its schedule, so that every rank waiting on it fails naming the dead
+//!    rank too, rather than timing out.
 //! 5. [`Bootstrap::split`] and [`Bootstrap::shrink`] make views over the same connections (no
 //!    new root): each view's messages carry its id.
 //!
@@ -50,6 +53,7 @@
 
 mod launch_env;
 pub mod protocol;
+mod reactor;
 mod root;
 mod unique_id;
 
@@ -60,7 +64,6 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result};
@@ -75,6 +78,7 @@ use protocol::{
     ErrorCode, FrameKind, Hello, HelloRole, decode_error, decode_table, encode_hello, from_io,
     read_frame, write_frame,
 };
+use reactor::{Conn, Reactor, SendError, Waiter};
 
 /// Tags with this bit set belong to collectives; user tags must leave it clear.
 pub const RESERVED_TAG_BIT: u64 = 1 << 63;
@@ -217,7 +221,6 @@ impl std::fmt::Debug for Bootstrap {
 /// them.
 struct Core {
     shared: Arc<Shared>,
-    acceptor: Mutex<Option<JoinHandle<()>>>,
 }
 
 struct Shared {
@@ -227,6 +230,12 @@ struct Shared {
     /// Listen address of every rank, from the root.
     table: Vec<SocketAddr>,
     listen: SocketAddr,
+    /// This rank's listener (non-blocking, in the event loop's set while `nranks > 1`).
+    listener: TcpListener,
+    /// The listener's token in the event loop.
+    listen_token: u64,
+    /// The process's event loop; `None` for a bootstrap of one rank, which has no peers.
+    reactor: Option<Arc<Reactor>>,
     cfg: BootstrapConfig,
     state: Mutex<State>,
     cv: Condvar,
@@ -245,29 +254,6 @@ enum Link {
     Up(Arc<Conn>),
 }
 
-/// An open connection: one socket, read by its reader thread and written under `write` (one
-/// descriptor per connection, where a cloned stream would take two: with thousands of ranks in
-/// one process the descriptors run out first).
-struct Conn {
-    stream: TcpStream,
-    write: Mutex<()>,
-}
-
-impl Conn {
-    fn new(stream: TcpStream) -> Arc<Self> {
-        Arc::new(Conn {
-            stream,
-            write: Mutex::new(()),
-        })
-    }
-
-    /// Writes one frame, holding the write lock.
-    fn send(&self, kind: FrameKind, tag: u64, payload: &[u8]) -> std::io::Result<()> {
-        let _g = self.write.lock().unwrap_or_else(|p| p.into_inner());
-        write_frame(&mut &self.stream, kind, tag, payload)
-    }
-}
-
 struct State {
     /// Messages by (communicator id, peer, tag).
     queues: HashMap<(u64, usize, u64), VecDeque<Vec<u8>>>,
@@ -280,7 +266,10 @@ struct State {
     dead_order: Vec<usize>,
     /// Peers that reported an operation failed because of another rank: (that rank, why).
     reported: HashMap<usize, (usize, String)>,
-    readers: Vec<JoinHandle<()>>,
+    /// Every connection in the event loop, by token (open links, and any not yet seen to end).
+    conns: HashMap<u64, Arc<Conn>>,
+    /// Threads waiting on `Shared::cv`: a change wakes them only when there are some.
+    cv_waiters: usize,
     /// Connections opened so far (either direction).
     opened: usize,
     /// Ranks known to have died (not merely left in order), first learned first, with how.
@@ -293,6 +282,22 @@ struct State {
 /// A handler of peer failures; it receives failures in the numbering of the bootstrap's
 /// connections (the root view's ranks), translated by the view that registered it.
 type FailureHandler = Arc<dyn Fn(&PeerFailure) + Send + Sync>;
+
+/// Handlers to call, with the failure, once no lock is held.
+type Deferred = (Vec<FailureHandler>, PeerFailure);
+
+/// Calls failure handlers. A handler that panics is reported and the others still run: they
+/// run on the event loop every bootstrap of the process depends on.
+fn run_handlers(deferred: Vec<Deferred>) {
+    for (handlers, failure) in deferred {
+        for h in handlers {
+            let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h(&failure)));
+            if called.is_err() {
+                tracing::error!(%failure, "a bootstrap failure handler panicked");
+            }
+        }
+    }
+}
 
 /// A rank found dead: its connection ended without a goodbye, or a peer reported it lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -320,6 +325,29 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Wakes the threads waiting on the condition variable, if any (decided under the lock).
+    fn notify(&self, st: MutexGuard<'_, State>) {
+        let waiting = st.cv_waiters > 0;
+        drop(st);
+        if waiting {
+            self.cv.notify_all();
+        }
+    }
+
+    /// As [`Shared::notify`], for a change that fails operations (a death, a report): the
+    /// thread polling its own connections is woken too.
+    fn notify_failure(&self, st: MutexGuard<'_, State>) {
+        self.notify(st);
+        if let Some(r) = &self.reactor {
+            r.wake_poller();
+        }
+    }
+
+    /// The largest payload a peer may send (a message and its view id).
+    fn max_payload(&self) -> usize {
+        self.cfg.max_frame_bytes + protocol::COMM_ID_BYTES
+    }
+
     fn mark_dead(&self, peer: usize, reason: String) {
         let mut st = self.lock();
         if let std::collections::hash_map::Entry::Vacant(e) = st.dead.entry(peer) {
@@ -328,24 +356,24 @@ impl Shared {
         }
         // A link that ended is not used again; a dead peer is never redialled.
         st.links.remove(&peer);
-        drop(st);
-        self.cv.notify_all();
+        self.notify_failure(st);
     }
 
     /// Records that `peer` (a rank of the connections' numbering) died, learned `how`; the
     /// first time for that rank, forwards a Lost frame over every standing connection (so the
     /// news floods the job: the connections the init all-gather left form a connected graph
-    /// even without any one rank) and calls the failure handlers.
-    fn peer_failed(self: &Arc<Self>, peer: usize, how: String) {
+    /// even without any one rank) and returns the failure handlers to call (by the caller,
+    /// once it holds no lock).
+    fn peer_failed(self: &Arc<Self>, peer: usize, how: String) -> Option<Deferred> {
         if self.closing.load(Ordering::Acquire) || peer == self.rank || peer >= self.nranks {
-            return;
+            return None;
         }
         // Held until the news is forwarded: closing the bootstrap (which says goodbye to every
         // peer) waits for it, so no peer sees this rank's orderly exit before the failure.
         let _fwd = self.forwarding.lock().unwrap_or_else(|p| p.into_inner());
         let mut st = self.lock();
         if st.failures.iter().any(|f| f.rank == peer) {
-            return;
+            return None;
         }
         let failure = PeerFailure {
             rank: peer,
@@ -364,62 +392,43 @@ impl Shared {
                 _ => None,
             })
             .collect();
-        drop(st);
-        self.cv.notify_all();
+        self.notify_failure(st);
         tracing::warn!(rank = self.rank, dead = peer, how = %failure.how, "bootstrap peer failed");
         // Forwarded before the handlers run: a handler may end this rank's work, and the rank
-        // may then exit before a forwarding thread would have written. Readers always drain
-        // their sockets, so a few bytes are written at once (else within the write timeout).
-        let payload = protocol::encode_lost(peer, &failure.how);
-        for (_, c) in conns {
-            let _ = c.send(FrameKind::Lost, 0, &payload);
+        // may then exit before the news went on. Queued without waiting; what the kernel does
+        // not take at once the event loop writes.
+        if let Some(r) = &self.reactor {
+            let frame = reactor::frame(
+                FrameKind::Lost,
+                0,
+                &protocol::encode_lost(peer, &failure.how),
+            );
+            for (_, c) in conns {
+                let _ = c.send_nowait(r, frame.clone());
+            }
         }
-        for h in handlers {
-            h(&failure);
-        }
+        Some((handlers, failure))
     }
 
     fn wait<'a>(
         &self,
-        st: MutexGuard<'a, State>,
+        mut st: MutexGuard<'a, State>,
         deadline: Instant,
     ) -> (MutexGuard<'a, State>, bool) {
         let now = Instant::now();
         if now >= deadline {
             return (st, false);
         }
-        let st = self
+        st.cv_waiters += 1;
+        let mut st = self
             .cv
             .wait_timeout(st, deadline - now)
             .unwrap_or_else(|p| p.into_inner())
             .0;
+        st.cv_waiters -= 1;
         (st, true)
     }
-
-    /// Starts the reader of a connection this rank dialled.
-    fn register(self: &Arc<Self>, st: &mut State, peer: usize, conn: Arc<Conn>) -> Result<()> {
-        let addr = self.table[peer];
-        let s = &conn.stream;
-        s.set_read_timeout(None)
-            .and_then(|()| s.set_write_timeout(Some(self.cfg.timeout)))
-            .and_then(|()| s.set_nodelay(true))
-            .map_err(|e| Error::io(format!("configuring the connection to rank {peer}"), e))?;
-        let shared = Arc::clone(self);
-        let max = self.cfg.max_frame_bytes + protocol::COMM_ID_BYTES;
-        let t = std::thread::Builder::new()
-            .name(format!("mscclpp-boot-r{}-p{peer}", self.rank))
-            .stack_size(READER_STACK)
-            .spawn(move || reader_loop(&shared, peer, &conn, max, addr))
-            .map_err(|e| Error::io("starting a bootstrap reader thread", e))?;
-        st.readers.push(t);
-        st.opened += 1;
-        Ok(())
-    }
 }
-
-/// Stack of a reader thread: it only decodes frames, and thousands of ranks in one process
-/// (the benchmark's `--threads`) would otherwise reserve 2 MiB each.
-const READER_STACK: usize = 256 << 10;
 
 fn lost(peer: usize, reason: &str) -> Error {
     Error::Remote {
@@ -705,12 +714,21 @@ impl Bootstrap {
         let listen = listener
             .local_addr()
             .map_err(|e| Error::io("reading this rank's listen address", e))?;
+        let reactor = if nranks > 1 {
+            Some(reactor::reactor()?)
+        } else {
+            None
+        };
+        let listen_token = reactor.as_ref().map_or(0, |r| r.token());
         let shared = Arc::new(Shared {
             rank,
             nranks,
             secret: *uid.secret(),
             table,
             listen,
+            listener,
+            listen_token,
+            reactor,
             cfg: cfg.clone(),
             state: Mutex::new(State {
                 queues: HashMap::new(),
@@ -718,7 +736,8 @@ impl Bootstrap {
                 dead: HashMap::new(),
                 dead_order: Vec::new(),
                 reported: HashMap::new(),
-                readers: Vec::new(),
+                conns: HashMap::new(),
+                cv_waiters: 0,
                 opened: 0,
                 failures: Vec::new(),
                 handlers: Vec::new(),
@@ -729,27 +748,15 @@ impl Bootstrap {
             handshakes: AtomicUsize::new(0),
             forwarding: Mutex::new(()),
         });
-        let acceptor = if nranks > 1 {
-            let s = Arc::clone(&shared);
-            Some(
-                std::thread::Builder::new()
-                    .name(format!("mscclpp-boot-accept-r{rank}"))
-                    .stack_size(READER_STACK)
-                    .spawn(move || accept_loop(&s, listener))
-                    .map_err(|e| Error::io("starting the bootstrap acceptor thread", e))?,
-            )
-        } else {
-            None
-        };
+        if let Some(r) = &shared.reactor {
+            r.add_listener(&shared)?;
+        }
         Ok(Bootstrap {
             rank,
             nranks,
             local_rank,
             cfg,
-            core: Arc::new(Core {
-                shared,
-                acceptor: Mutex::new(acceptor),
-            }),
+            core: Arc::new(Core { shared }),
             comm_id: 0,
             members: (0..nranks).collect::<Vec<_>>().into(),
             hosts: vec![0; nranks].into(),
@@ -840,8 +847,10 @@ impl Bootstrap {
     }
 
     /// Calls `handler` for every rank of this view found dead from now on (and at once for
-    /// those already found), on the thread that learned it (a connection's reader): it must
-    /// not block. Returns an id for [`Bootstrap::remove_failure_handler`].
+    /// those already found), on the thread that learned it (the process's bootstrap event
+    /// loop, or a thread waiting in an operation of this bootstrap): it must not block, and
+    /// must not wait for a lock its operations' callers may hold. Returns an id for
+    /// [`Bootstrap::remove_failure_handler`].
     pub fn on_failure(&self, handler: Box<dyn Fn(&PeerFailure) + Send + Sync>) -> u64 {
         let members = Arc::clone(&self.members);
         let wrapped: FailureHandler = Arc::new(move |f: &PeerFailure| {
@@ -1083,7 +1092,14 @@ impl Bootstrap {
     }
 
     fn report_loss(&self, lost_rank: usize, message: &str) {
-        let payload = protocol::encode_lost(lost_rank, message);
+        let Some(r) = &self.shared().reactor else {
+            return;
+        };
+        let frame = reactor::frame(
+            FrameKind::Lost,
+            0,
+            &protocol::encode_lost(lost_rank, message),
+        );
         let deadline = Instant::now() + self.cfg.timeout.min(Duration::from_secs(2));
         for p in schedule_peers(self.cfg.schedule, self.rank, self.nranks) {
             let peer = self.members[p];
@@ -1091,7 +1107,7 @@ impl Bootstrap {
                 continue;
             }
             if let Ok(c) = self.link(peer, deadline) {
-                let _ = c.send(FrameKind::Lost, 0, &payload);
+                let _ = c.send_nowait(r, frame.clone());
             }
         }
     }
@@ -1235,19 +1251,30 @@ impl Bootstrap {
                     // Cannot happen under the crossing rule; keep the registered one.
                     return Ok(Arc::clone(w));
                 }
-                let w = Conn::new(stream);
-                match sh.register(&mut st, peer, Arc::clone(&w)) {
-                    Ok(()) => {}
+                let conn = sh.reactor.as_ref().ok_or_else(|| {
+                    Error::Internal("a bootstrap of one rank dialled a peer".into())
+                });
+                let conn = conn.and_then(|r| {
+                    Conn::new(peer, sh.table[peer], r.token(), stream, sh.max_payload())
+                        .map(|c| (r, c))
+                });
+                let (r, w) = match conn {
+                    Ok(x) => x,
                     Err(e) => {
                         st.links.remove(&peer);
-                        drop(st);
-                        sh.cv.notify_all();
+                        sh.notify(st);
                         return Err(e);
                     }
-                }
+                };
                 st.links.insert(peer, Link::Up(Arc::clone(&w)));
-                drop(st);
-                sh.cv.notify_all();
+                st.conns.insert(w.token, Arc::clone(&w));
+                st.opened += 1;
+                sh.notify(st);
+                if let Err(e) = r.add_conn(&w, sh, false) {
+                    w.shutdown();
+                    sh.mark_dead(peer, e.to_string());
+                    return Err(e);
+                }
                 tracing::debug!(peer, "bootstrap connection up (dialled)");
                 Ok(w)
             }
@@ -1281,8 +1308,7 @@ impl Bootstrap {
                     }
                     None => {}
                 }
-                drop(st);
-                sh.cv.notify_all();
+                sh.notify(st);
                 Err(e)
             }
         }
@@ -1313,37 +1339,40 @@ impl Bootstrap {
                 .entry((self.comm_id, target, tag))
                 .or_default()
                 .push_back(data.to_vec());
-            drop(st);
-            sh.cv.notify_all();
+            sh.notify(st);
             return Ok(());
         }
         let deadline = Instant::now() + self.cfg.timeout;
         let writer = self.link(target, deadline).map_err(|e| self.translate(e))?;
-        let payload = protocol::encode_data(self.comm_id, data);
-        match writer.send(FrameKind::Data, tag, &payload) {
+        let r = sh
+            .reactor
+            .as_ref()
+            .ok_or_else(|| Error::Internal("a bootstrap of one rank sent to a peer".into()))?;
+        let frame = reactor::data_frame(self.comm_id, tag, data);
+        match writer.send(r, frame, deadline, self.cfg.timeout) {
             Ok(()) => Ok(()),
             Err(e) => {
                 // A partly written frame leaves the stream unusable either way.
-                let _ = writer.stream.shutdown(std::net::Shutdown::Both);
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) {
-                    sh.mark_dead(
-                        target,
-                        format!("a send timed out after {:?}", self.cfg.timeout),
-                    );
-                    Err(Error::Timeout {
-                        waiting_for: format!(
-                            "rank {peer} to accept a {} byte message (tag {tag:#x})",
-                            data.len()
-                        ),
-                        after: self.cfg.timeout,
-                    })
-                } else {
-                    let reason = format!("send failed: {e}");
-                    sh.mark_dead(target, reason.clone());
-                    Err(lost(peer, &reason))
+                writer.shutdown();
+                match e {
+                    SendError::Stalled => {
+                        sh.mark_dead(
+                            target,
+                            format!("a send timed out after {:?}", self.cfg.timeout),
+                        );
+                        Err(Error::Timeout {
+                            waiting_for: format!(
+                                "rank {peer} to accept a {} byte message (tag {tag:#x})",
+                                data.len()
+                            ),
+                            after: self.cfg.timeout,
+                        })
+                    }
+                    SendError::Broken(why) => {
+                        let reason = format!("send failed: {why}");
+                        sh.mark_dead(target, reason.clone());
+                        Err(lost(peer, &reason))
+                    }
                 }
             }
         }
@@ -1353,12 +1382,19 @@ impl Bootstrap {
     /// them in that order. Opens the connections to them first, so that a peer that died is
     /// noticed. Fails as soon as a peer still owing a message is dead, or reported that it
     /// failed because another rank was lost, naming the rank that died first.
+    ///
+    /// Reads the connections of the peers it waits on itself when it can (see `reactor`): the
+    /// message then wakes this thread alone. Else (another thread of the process polls, or a
+    /// connection is not open yet) it waits for the event loop on the condition variable.
     fn wait_all(&self, peers: &[usize], tag: u64, op: &str) -> Result<Vec<Vec<u8>>> {
         let deadline = Instant::now() + self.cfg.timeout;
         let sh = self.shared();
         let targets: Vec<usize> = peers.iter().map(|&p| self.members[p]).collect();
         let mut got: Vec<Option<Vec<u8>>> = vec![None; peers.len()];
         let mut linked = vec![false; peers.len()];
+        let mut waiter = Waiter::new(sh);
+        // Set when taking the connections failed: wait on the condition variable this once.
+        let mut no_poll = false;
         loop {
             let mut st = sh.lock();
             for (i, &p) in targets.iter().enumerate() {
@@ -1430,6 +1466,36 @@ impl Bootstrap {
                     ),
                     after: self.cfg.timeout,
                 });
+            }
+            let conns: Option<Vec<Arc<Conn>>> = if no_poll || missing.contains(&sh.rank) {
+                None
+            } else {
+                missing
+                    .iter()
+                    .map(|p| match st.links.get(p) {
+                        Some(Link::Up(c)) => Some(Arc::clone(c)),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            no_poll = false;
+            if let Some(conns) = conns {
+                drop(st);
+                if waiter.owns_all(&conns) {
+                    waiter.poll(deadline);
+                } else if !waiter.take(&conns) {
+                    no_poll = true;
+                }
+                // Looked at again before any wait: what the loop filed before this thread
+                // took the connections is in the queues now.
+                continue;
+            }
+            if waiter.holds() {
+                // Given back before waiting (and without the state lock, which comes after a
+                // connection's in the lock order), then looked at again.
+                drop(st);
+                waiter.release();
+                continue;
             }
             drop(sh.wait(st, deadline));
         }
@@ -1538,228 +1604,12 @@ fn dial(sh: &Shared, peer: usize, deadline: Instant) -> Result<Option<TcpStream>
 /// The text of a Crossed refusal, recognised by the dialler.
 const CROSSED: &str = "crossed dial: keeping the lower rank's connection";
 
-/// Waits for connections from peers dialling this rank; each handshake runs on a thread of its
-/// own (bounded in number) that, once the Hello is accepted, reads the connection.
-fn accept_loop(sh: &Arc<Shared>, listener: TcpListener) {
-    loop {
-        let (stream, from) = match listener.accept() {
-            Ok(c) => c,
-            Err(e) => {
-                if sh.closing.load(Ordering::Acquire) {
-                    return;
-                }
-                tracing::debug!(error = %e, "bootstrap accept failed");
-                // Out of descriptors and the like: do not spin.
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        if sh.closing.load(Ordering::Acquire) {
-            return;
-        }
-        if sh.handshakes.fetch_add(1, Ordering::AcqRel) >= root::MAX_PENDING_HELLOS {
-            sh.handshakes.fetch_sub(1, Ordering::AcqRel);
-            tracing::debug!(%from, "bootstrap connection closed at once: too many handshakes in progress");
-            continue;
-        }
-        let s = Arc::clone(sh);
-        let spawned = std::thread::Builder::new()
-            .name(format!("mscclpp-boot-hs-r{}", sh.rank))
-            .stack_size(READER_STACK)
-            .spawn(move || {
-                let r = accept_hello(&s, stream, from);
-                s.handshakes.fetch_sub(1, Ordering::AcqRel);
-                if let Some((peer, stream)) = r {
-                    reader_loop(
-                        &s,
-                        peer,
-                        &stream,
-                        s.cfg.max_frame_bytes + protocol::COMM_ID_BYTES,
-                        from,
-                    );
-                }
-            });
-        if let Err(e) = spawned {
-            sh.handshakes.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!(error = %e, "could not start a bootstrap handshake thread");
-        }
-    }
-}
-
-/// Reads and checks a dialling peer's Hello (within `root::HELLO_LIMIT` in total), then either
-/// acknowledges it and returns the connection to read, or refuses it. Of two ranks dialling
-/// each other at once, the lower rank's connection is kept: a higher rank's dial is refused
-/// as Crossed while this rank has its own connection with it open or opening.
-fn accept_hello(
-    sh: &Arc<Shared>,
-    stream: TcpStream,
-    from: SocketAddr,
-) -> Option<(usize, Arc<Conn>)> {
-    let who = format!("rank {}", sh.rank);
-    let hello = read_hello(&stream, from, root::HELLO_LIMIT.min(sh.cfg.timeout));
-    let hello = hello.and_then(|h| {
-        let refuse = |why: String| Err(Error::invalid(why));
-        if !protocol::secrets_equal(&h.secret, &sh.secret) {
-            return refuse("wrong secret: the peer belongs to a different bootstrap".into());
-        }
-        if h.role != HelloRole::Peer {
-            return refuse(format!("a {:?} hello sent to a Peer listener", h.role));
-        }
-        if h.nranks != sh.nranks {
-            return refuse(format!(
-                "rank {} says nranks = {}, this bootstrap has {}",
-                h.rank, h.nranks, sh.nranks
-            ));
-        }
-        if h.rank >= sh.nranks || h.rank == sh.rank {
-            return refuse(format!(
-                "rank {} is not expected here (a peer of rank {} of {})",
-                h.rank, sh.rank, sh.nranks
-            ));
-        }
-        Ok(h)
-    });
-    let h = match hello {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::warn!(%from, who = %who, error = %e, "bootstrap connection refused");
-            let code = if matches!(e, Error::Timeout { .. }) {
-                ErrorCode::Timeout
-            } else {
-                ErrorCode::Refused
-            };
-            root::refuse(stream, code, &format!("refused by {who}: {e}"));
-            return None;
-        }
-    };
-    let peer = h.rank;
-    let mut st = sh.lock();
-    if sh.closing.load(Ordering::Acquire) {
-        return None;
-    }
-    let verdict = match st.links.get(&peer) {
-        None if st.dead.contains_key(&peer) => {
-            Err(format!("rank {peer}'s connection already ended"))
-        }
-        None => Ok(()),
-        Some(Link::Dialling) if peer < sh.rank => Ok(()),
-        Some(_) if peer > sh.rank => Err(CROSSED.to_string()),
-        Some(_) => Err(format!("rank {peer} is already connected (duplicate rank)")),
-    };
-    if let Err(why) = verdict {
-        drop(st);
-        if why == CROSSED {
-            // Its whole Hello has been read, so closing right after the report sends no
-            // reset; answered here rather than by the bounded refusal threads, which may
-            // close without a report when busy, and the dialler must learn why.
-            let mut stream = stream;
-            let payload =
-                protocol::encode_error(ErrorCode::Crossed, &format!("refused by {who}: {why}"));
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            let _ = write_frame(&mut stream, FrameKind::Error, 0, &payload);
-        } else {
-            root::refuse(
-                stream,
-                ErrorCode::Refused,
-                &format!("refused by {who}: {why}"),
-            );
-        }
-        return None;
-    }
-    let w = Conn::new(stream);
-    // The Ack goes first: nothing else may be written until it is, so the write lock is held
-    // while the link is published.
-    let guard = w.write.lock().unwrap_or_else(|p| p.into_inner());
-    let conf = w
-        .stream
-        .set_read_timeout(None)
-        .and_then(|()| w.stream.set_write_timeout(Some(sh.cfg.timeout)))
-        .and_then(|()| w.stream.set_nodelay(true));
-    if let Err(e) = conf {
-        tracing::warn!(%from, error = %e, "bootstrap connection dropped");
-        return None;
-    }
-    st.links.insert(peer, Link::Up(Arc::clone(&w)));
-    st.opened += 1;
-    drop(st);
-    let acked = write_frame(&mut &w.stream, FrameKind::Ack, 0, &[]);
-    drop(guard);
-    sh.cv.notify_all();
-    if let Err(e) = acked {
-        sh.mark_dead(peer, format!("acknowledging its hello failed: {e}"));
-        return None;
-    }
-    tracing::debug!(peer, "bootstrap connection up (accepted)");
-    Some((peer, w))
-}
-
-/// Reads a Hello frame within `limit` in total, however the bytes trickle in.
-fn read_hello(stream: &TcpStream, from: SocketAddr, limit: Duration) -> Result<Hello> {
-    let deadline = Instant::now() + limit;
-    let mut buf: Vec<u8> = Vec::with_capacity(protocol::FRAME_HEADER_BYTES);
-    let mut want = protocol::FRAME_HEADER_BYTES;
-    let mut chunk = [0u8; 256];
-    let mut s = stream;
-    loop {
-        if buf.len() == want {
-            if want == protocol::FRAME_HEADER_BYTES {
-                let h = protocol::decode_frame_header(&buf)?;
-                if h.kind != FrameKind::Hello {
-                    return Err(Error::malformed(
-                        "bootstrap handshake",
-                        format!(
-                            "{from} sent a {:?} frame where a Hello was expected",
-                            h.kind
-                        ),
-                    ));
-                }
-                want += protocol::check_payload_len(&h, protocol::HANDSHAKE_MAX_BYTES)?;
-                if want > buf.len() {
-                    continue;
-                }
-            }
-            return protocol::decode_hello(&buf[protocol::FRAME_HEADER_BYTES..]);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Timeout {
-                waiting_for: format!(
-                    "a complete hello from {from}: it sent {} of {want} bytes",
-                    buf.len()
-                ),
-                after: limit,
-            });
-        }
-        stream
-            .set_read_timeout(Some(left))
-            .map_err(|e| Error::io("setting a bootstrap read timeout", e))?;
-        let room = (want - buf.len()).min(chunk.len());
-        match std::io::Read::read(&mut s, &mut chunk[..room]) {
-            Ok(0) => {
-                return Err(Error::Remote {
-                    rank: usize::MAX,
-                    message: format!(
-                        "{from} closed the connection after {} of {want} bytes of its hello",
-                        buf.len()
-                    ),
-                });
-            }
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => return Err(Error::io(format!("reading the hello from {from}"), e)),
-        }
-    }
-}
-
 impl Drop for Core {
     fn drop(&mut self) {
         let sh = &self.shared;
+        let Some(r) = &sh.reactor else {
+            return;
+        };
         let fwd = sh.forwarding.lock().unwrap_or_else(|p| p.into_inner());
         let mut st = sh.lock();
         sh.closing.store(true, Ordering::Release);
@@ -1771,101 +1621,30 @@ impl Drop for Core {
         let news: Vec<Vec<u8>> = st
             .failures
             .iter()
-            .map(|f| protocol::encode_lost(f.rank, &f.how))
+            .map(|f| reactor::frame(FrameKind::Lost, 0, &protocol::encode_lost(f.rank, &f.how)))
             .collect();
         for l in st.links.values() {
             if let Link::Up(c) = l {
-                for payload in &news {
-                    let _ = c.send(FrameKind::Lost, 0, payload);
+                for f in &news {
+                    let _ = c.send_nowait(r, f.clone());
                 }
-                // Tells the peer this end is orderly, not a death. Bounded by the write
-                // timeout, and a goodbye is a few bytes into an almost always empty buffer.
-                let _ = c.send(FrameKind::Bye, 0, &[]);
-                let _ = c.stream.shutdown(std::net::Shutdown::Both);
+                // Tells the peer this end is orderly, not a death.
+                let _ = c.send_nowait(r, reactor::frame(FrameKind::Bye, 0, &[]));
             }
         }
-        let readers = std::mem::take(&mut st.readers);
+        let conns: Vec<Arc<Conn>> = st.conns.drain().map(|(_, c)| c).collect();
         drop(st);
         drop(fwd);
-        let acceptor = self
-            .acceptor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(t) = acceptor {
-            // Wake the blocking accept; if that connection cannot be made, leave the thread
-            // (it holds only the listener and exits at the next connection).
-            if TcpStream::connect_timeout(&sh.listen, Duration::from_secs(1)).is_ok() {
-                let _ = t.join();
-            }
-        }
-        for t in readers {
-            let _ = t.join();
+        r.remove_listener(sh);
+        // What the kernel did not take at once (a goodbye is a few bytes into an almost always
+        // empty buffer) is written here, within the bootstrap's deadline, before the shutdown.
+        let deadline = Instant::now() + sh.cfg.timeout;
+        for c in &conns {
+            c.flush_until(deadline);
+            r.remove_conn(c);
+            c.shutdown();
         }
     }
-}
-
-/// `addr`: the peer's address, known before the connection can have been reset (after which
-/// the socket no longer reports it).
-fn reader_loop(shared: &Arc<Shared>, peer: usize, conn: &Conn, max: usize, addr: SocketAddr) {
-    let mut stream = &conn.stream;
-    let mut graceful = false;
-    let reason = loop {
-        match read_frame(&mut stream, max) {
-            Ok((h, payload)) if h.kind == FrameKind::Data => {
-                let (comm, msg) = match protocol::decode_data(payload) {
-                    Ok(x) => x,
-                    Err(e) => break e.to_string(),
-                };
-                let mut st = shared.lock();
-                st.queues
-                    .entry((comm, peer, h.tag))
-                    .or_default()
-                    .push_back(msg);
-                drop(st);
-                shared.cv.notify_all();
-            }
-            Ok((h, payload)) if h.kind == FrameKind::Lost => {
-                match protocol::decode_lost(&payload, shared.nranks) {
-                    Ok((k, msg)) => {
-                        // Forwarded first: a wait woken by the report may end this rank
-                        // before the news went on.
-                        shared.peer_failed(k, format!("reported by rank {peer}: {msg}"));
-                        let mut st = shared.lock();
-                        st.reported
-                            .entry(peer)
-                            .or_insert((k, format!("{msg} (reported by rank {peer})")));
-                        drop(st);
-                        shared.cv.notify_all();
-                    }
-                    Err(e) => break e.to_string(),
-                }
-            }
-            Ok((h, payload)) if h.kind == FrameKind::Error => {
-                break match decode_error(&payload) {
-                    Ok((_, msg)) => format!("the peer reported: {msg}"),
-                    Err(e) => format!("the peer sent an undecodable error report: {e}"),
-                };
-            }
-            Ok((h, _)) if h.kind == FrameKind::Bye => {
-                graceful = true;
-                break format!("{addr} closed its bootstrap (an orderly exit)");
-            }
-            Ok((h, _)) => break format!("unexpected {:?} frame after setup", h.kind),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                break format!("{addr} {}", protocol::describe_read_error(&e));
-            }
-            Err(e) => break from_io(e, format!("reading from {addr}")).to_string(),
-        }
-    };
-    let _ = stream.shutdown(std::net::Shutdown::Both);
-    if !shared.closing.load(Ordering::Acquire) {
-        tracing::debug!(peer, %reason, "bootstrap connection ended");
-    }
-    if !graceful {
-        shared.peer_failed(peer, format!("its bootstrap connection closed: {reason}"));
-    }
-    shared.mark_dead(peer, reason);
 }
 
 /// Encodes all-gather blocks: count, then each block's length and bytes.

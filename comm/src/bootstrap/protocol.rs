@@ -499,14 +499,6 @@ pub(crate) fn decode_lost(buf: &[u8], nranks: usize) -> Result<(usize, String)> 
 /// messages apart.
 pub const COMM_ID_BYTES: usize = 8;
 
-/// Prefixes `data` with the communicator id `comm`.
-pub(crate) fn encode_data(comm: u64, data: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(COMM_ID_BYTES + data.len());
-    v.extend_from_slice(&comm.to_le_bytes());
-    v.extend_from_slice(data);
-    v
-}
-
 /// Splits a Data payload into its communicator id and the message.
 pub(crate) fn decode_data(mut payload: Vec<u8>) -> Result<(u64, Vec<u8>)> {
     if payload.len() < COMM_ID_BYTES {

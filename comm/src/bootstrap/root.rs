@@ -59,19 +59,30 @@ pub(crate) struct Accepted {
     pub error: Option<Error>,
 }
 
-/// A connection whose Hello is still arriving.
-struct Pending {
-    stream: TcpStream,
-    from: SocketAddr,
+/// A connection whose Hello is still arriving (non-blocking).
+pub(crate) struct Pending {
+    pub(crate) stream: TcpStream,
+    pub(crate) from: SocketAddr,
     /// The bytes so far: the frame header, then the payload.
     buf: Vec<u8>,
     /// When the whole Hello must have arrived.
-    deadline: Instant,
+    pub(crate) deadline: Instant,
     /// The handshake's time limit, for messages.
     limit: Duration,
 }
 
 impl Pending {
+    /// A handshake that must be complete `limit` from now.
+    pub(crate) fn new(stream: TcpStream, from: SocketAddr, limit: Duration) -> Self {
+        Pending {
+            stream,
+            from,
+            buf: Vec::with_capacity(FRAME_HEADER_BYTES),
+            deadline: Instant::now() + limit,
+            limit,
+        }
+    }
+
     /// The bytes the Hello needs in all, once the header says.
     fn want(&self) -> Result<usize> {
         if self.buf.len() < FRAME_HEADER_BYTES {
@@ -91,7 +102,7 @@ impl Pending {
     }
 
     /// Reads what has arrived; `Some` once the Hello is complete or cannot be.
-    fn poll(&mut self) -> Option<Result<Hello>> {
+    pub(crate) fn poll(&mut self) -> Option<Result<Hello>> {
         let mut chunk = [0u8; 256];
         loop {
             let want = match self.want() {
@@ -127,7 +138,7 @@ impl Pending {
         }
     }
 
-    fn timed_out(&self) -> Error {
+    pub(crate) fn timed_out(&self) -> Error {
         let want = self.want().unwrap_or(FRAME_HEADER_BYTES);
         Error::Timeout {
             waiting_for: format!(
@@ -186,13 +197,7 @@ pub(crate) fn accept_ranks(
             let limit = deadline
                 .saturating_duration_since(Instant::now())
                 .clamp(Duration::from_millis(1), expect.hello_limit);
-            let mut p = Pending {
-                stream,
-                from,
-                buf: Vec::with_capacity(FRAME_HEADER_BYTES),
-                deadline: Instant::now() + limit,
-                limit,
-            };
+            let mut p = Pending::new(stream, from, limit);
             match p.poll() {
                 Some(hello) => done.push((p.stream, p.from, hello)),
                 None if pending.len() < MAX_PENDING_HELLOS => pending.push(p),

@@ -854,7 +854,7 @@ impl Bootstrap {
         sh.closing.store(true, Ordering::Release);
         for l in st.links.values() {
             if let Link::Up(c) = l {
-                let _ = c.stream.shutdown(std::net::Shutdown::Both);
+                c.shutdown();
             }
         }
     }
@@ -905,4 +905,167 @@ fn an_orderly_close_is_not_a_failure() {
     for (r, failure) in results.into_iter().flatten() {
         assert!(failure.is_none(), "rank {r}: {failure:?}");
     }
+}
+
+/// The event loop is one thread per process, whatever the number of ranks and connections:
+/// 24 ranks as threads of a child process (this test run again, alone) hold the rank threads,
+/// the main thread, the loop and at most the root's.
+#[test]
+fn threads_do_not_grow_with_ranks_or_connections() {
+    const N: usize = 24;
+    if std::env::var_os("MSCCLPP_BOOT_THREADS_CHILD").is_some() {
+        let uid = UniqueId::with_root(localhost0()).unwrap();
+        let counts = on_ranks(N, move |r| {
+            let b = Bootstrap::new(&uid, r, N, cfg(30_000)).unwrap();
+            b.barrier().unwrap();
+            // Every rank sends to every other: N - 1 connections each.
+            for p in (0..N).filter(|&p| p != r) {
+                b.send(p, 3, &[r as u8]).unwrap();
+            }
+            for p in (0..N).filter(|&p| p != r) {
+                assert_eq!(b.recv(p, 3).unwrap(), vec![p as u8]);
+            }
+            b.barrier().unwrap();
+            let threads = std::fs::read_to_string("/proc/self/status")
+                .unwrap()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("Threads:")
+                        .map(|v| v.trim().parse::<usize>())
+                })
+                .unwrap()
+                .unwrap();
+            let links = b.link_stats().open;
+            b.barrier().unwrap();
+            (threads, links)
+        });
+        let (threads, links) = counts[0];
+        println!("THREADS {threads} LINKS {links}");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "bootstrap::tests::threads_do_not_grow_with_ranks_or_connections",
+            "--nocapture",
+        ])
+        .env("MSCCLPP_BOOT_THREADS_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("THREADS"))
+        .unwrap_or_else(|| panic!("no figures in {text}"));
+    let f: Vec<usize> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (threads, links) = (f[0], f[1]);
+    assert_eq!(links, N - 1, "{line}");
+    // N ranks + the test harness's main and test threads + the loop (+ the root, ending).
+    assert!(threads <= N + 4, "{threads} threads for {N} ranks: {line}");
+}
+
+/// Two ranks each send the other 24 MiB before either receives: the sends are queued (the
+/// kernel's buffers hold far less), not blocked on a peer that is itself sending.
+#[test]
+fn large_messages_both_ways_at_once() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    on_ranks(2, move |r| {
+        let c = BootstrapConfig {
+            max_frame_bytes: 32 << 20,
+            ..cfg(30_000)
+        };
+        let b = Bootstrap::new(&uid, r, 2, c).unwrap();
+        let mine: Vec<u8> = (0..24usize << 20).map(|i| (i * 7 + r) as u8).collect();
+        let t = Instant::now();
+        b.send(1 - r, 9, &mine).unwrap();
+        b.send(1 - r, 9, b"after").unwrap();
+        let got = b.recv(1 - r, 9).unwrap();
+        assert_eq!(got.len(), 24 << 20);
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, &x)| x == (i * 7 + 1 - r) as u8)
+        );
+        assert_eq!(b.recv(1 - r, 9).unwrap(), b"after");
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+        b.barrier().unwrap();
+    });
+}
+
+/// Messages under one tag arrive in the order sent, whether the event loop or the waiting
+/// thread read them: the receiver takes them in bursts with pauses in between.
+#[test]
+fn one_tags_messages_keep_their_order() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    on_ranks(2, move |r| {
+        let b = Bootstrap::new(&uid, r, 2, cfg(30_000)).unwrap();
+        const M: u32 = 2000;
+        if r == 0 {
+            for i in 0..M {
+                b.send(1, 4, &i.to_le_bytes()).unwrap();
+                if i % 300 == 0 {
+                    thread::sleep(Duration::from_millis(5));
+                }
+            }
+        } else {
+            for i in 0..M {
+                if i % 250 == 0 {
+                    thread::sleep(Duration::from_millis(7));
+                }
+                assert_eq!(b.recv(0, 4).unwrap(), i.to_le_bytes(), "message {i}");
+            }
+        }
+        b.barrier().unwrap();
+    });
+}
+
+/// A rank waiting on a live peer that never sends fails as soon as another rank of the job
+/// dies, naming it, though the death ends a connection the waiting thread is not reading.
+#[test]
+fn a_waiting_rank_hears_of_a_death_elsewhere() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let results = on_ranks(4, move |r| {
+        let b = Bootstrap::new(&uid, r, 4, cfg(20_000)).unwrap();
+        b.barrier().unwrap();
+        match r {
+            0 => {
+                let t = Instant::now();
+                let e = b.recv(1, 11).unwrap_err();
+                Some((e, t.elapsed()))
+            }
+            2 => {
+                thread::sleep(Duration::from_millis(300));
+                b.sever();
+                thread::sleep(Duration::from_millis(3000));
+                None
+            }
+            _ => {
+                thread::sleep(Duration::from_millis(3300));
+                None
+            }
+        }
+    });
+    let (e, took) = results.into_iter().flatten().next().unwrap();
+    assert!(matches!(e, Error::Remote { rank: 2, .. }), "{e}");
+    assert!(took < Duration::from_secs(3), "{took:?}: {e}");
+}
+
+/// Data frames are the bytes `decode_data` and `read_frame` expect.
+#[test]
+fn data_frames_round_trip() {
+    let f = reactor::data_frame(0x0102_0304_0506_0708, 77, b"payload");
+    let (h, p) = read_frame(&mut std::io::Cursor::new(f), 1 << 10).unwrap();
+    assert_eq!((h.kind, h.tag), (FrameKind::Data, 77));
+    assert_eq!(
+        decode_data(p).unwrap(),
+        (0x0102_0304_0506_0708, b"payload".to_vec())
+    );
 }
