@@ -1,7 +1,7 @@
 //! `mscclpp-perf bootstrap`: the bootstrap at scale. Ranks run as processes (the standalone
 //! launcher, or mpirun & co.) or, with `--threads`, as threads of this process. Rank 0 prints
 //! one row: time to the first barrier, barrier, all-gather of 64 B and 4 KiB, split, the
-//! connections and sockets per rank, and the peak RSS.
+//! connections, sockets and threads per rank, and the peak RSS.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
@@ -32,6 +32,8 @@ struct Figures {
     split_us: f64,
     links: usize,
     sockets: usize,
+    /// Threads of the rank's process (processes; with `--threads`, of the whole process).
+    threads: usize,
     rss_kib: usize,
 }
 
@@ -49,17 +51,17 @@ impl Figures {
         ] {
             v.extend_from_slice(&x.to_le_bytes());
         }
-        for x in [self.links, self.sockets, self.rss_kib] {
+        for x in [self.links, self.sockets, self.threads, self.rss_kib] {
             v.extend_from_slice(&(x as u64).to_le_bytes());
         }
         v
     }
 
     fn decode(b: &[u8], rank: usize) -> Result<Self> {
-        if b.len() != 80 {
+        if b.len() != 88 {
             return Err(Error::malformed(
                 "bootstrap benchmark figures",
-                format!("rank {rank} sent {} bytes, expected 80", b.len()),
+                format!("rank {rank} sent {} bytes, expected 88", b.len()),
             ));
         }
         let word = |i: usize| {
@@ -79,7 +81,8 @@ impl Figures {
             split_us: f(6),
             links: u(7),
             sockets: u(8),
-            rss_kib: u(9),
+            threads: u(9),
+            rss_kib: u(10),
         })
     }
 }
@@ -90,17 +93,22 @@ fn unix_us() -> u128 {
         .map_or(0, |d| d.as_micros())
 }
 
-/// The peak resident set of this process (VmHWM), in KiB.
-fn peak_rss_kib() -> usize {
+/// A number of /proc/self/status ("VmHWM:" → the peak RSS in KiB, "Threads:").
+fn status_field(name: &str) -> usize {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(name))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// The peak resident set of this process (VmHWM), in KiB.
+fn peak_rss_kib() -> usize {
+    status_field("VmHWM:")
 }
 
 /// Open sockets of this process (listeners included), each counted once however many
@@ -194,6 +202,7 @@ fn measure(
         split_us,
         links: boot.link_stats().open,
         sockets: if count_sockets { sockets() } else { 0 },
+        threads: status_field("Threads:"),
         rss_kib: peak_rss_kib(),
     })
 }
@@ -203,7 +212,7 @@ fn print_row(n: usize, mode: &str, schedule: Schedule, all: &[Figures]) {
     let maxu = |f: fn(&Figures) -> usize| all.iter().map(f).max().unwrap_or(0);
     let avg_links = all.iter().map(|f| f.links).sum::<usize>() as f64 / all.len().max(1) as f64;
     println!(
-        "# {:>6} {:>8} {:>6} {:>11} {:>11} {:>10} {:>11} {:>10} {:>10} {:>9} {:>11} {:>11} {:>9}",
+        "# {:>6} {:>8} {:>6} {:>11} {:>11} {:>10} {:>11} {:>10} {:>10} {:>9} {:>11} {:>11} {:>12} {:>9}",
         "ranks",
         "mode",
         "sched",
@@ -216,12 +225,19 @@ fn print_row(n: usize, mode: &str, schedule: Schedule, all: &[Figures]) {
         "split(ms)",
         "links max/avg",
         "sockets max",
+        "threads/rank",
         "RSS(MiB)"
     );
     // Per process: each rank's own with processes, the whole process with threads.
     let rss = maxu(|f| f.rss_kib) as f64 / 1024.0;
+    // With threads every rank sees the whole process: its threads shared among the ranks.
+    let threads = if mode == "threads" {
+        maxu(|f| f.threads) as f64 / all.len().max(1) as f64
+    } else {
+        maxu(|f| f.threads) as f64
+    };
     println!(
-        "  {:>6} {:>8} {:>6} {:>11} {:>11.1} {:>10.1} {:>11.1} {:>10.1} {:>10.1} {:>9.1} {:>7}/{:<5.1} {:>11} {:>9.1}",
+        "  {:>6} {:>8} {:>6} {:>11} {:>11.1} {:>10.1} {:>11.1} {:>10.1} {:>10.1} {:>9.1} {:>7}/{:<5.1} {:>11} {:>12.2} {:>9.1}",
         n,
         mode,
         format!("{schedule:?}").to_lowercase(),
@@ -243,6 +259,7 @@ fn print_row(n: usize, mode: &str, schedule: Schedule, all: &[Figures]) {
         } else {
             maxu(|f| f.sockets).to_string()
         },
+        threads,
         rss
     );
 }
@@ -363,7 +380,10 @@ fn run_threads(n: usize, reps: u32) -> Result<ExitCode> {
         eprintln!("mscclpp-perf: {failed} of {n} ranks failed");
         // What usually runs out first with thousands of threads in one process.
         eprintln!(
-            "mscclpp-perf: each rank here takes about four threads (its own, an acceptor, a reader              per connection), each thread four memory mappings (stack, signal stack and their              guards); vm.max_map_count = {}",
+            "mscclpp-perf: each rank here takes one thread (and the process one bootstrap event \
+             loop), each thread four memory mappings (stack, signal stack and their guards); \
+             vm.max_map_count = {}; each rank about four descriptors (its listener, its \
+             connections' ends)",
             read_num("/proc/sys/vm/max_map_count").map_or("?".into(), |v| v.to_string())
         );
         return Ok(ExitCode::FAILURE);
