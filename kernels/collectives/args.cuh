@@ -7,6 +7,9 @@
 
 namespace mscclpp {
 
+// The structs of the kernels that wait on peers end with `abort`: the device address of the
+// communicator's abort word (0: none), which the kernels hand to abortWordInit (mscclpp/core.cuh).
+
 // mscclpp_collective_ll_*: every collective through LL packets in scratch buffers
 // (collectives/src/algorithms/ll/spec.md documents the algorithm and the scratch layout).
 constexpr uint32_t kCollectiveMaxRanks = 8;
@@ -24,6 +27,7 @@ struct LlCollectiveArgs {
   uint32_t rank;
   uint32_t nranks;
   uint32_t root;
+  uint64_t abort;
 };
 
 // mscclpp_collective_direct: all-reduce, all-gather and reduce-scatter through plain stores into
@@ -45,6 +49,7 @@ struct DirectCollectiveArgs {
   uint32_t root;
   uint32_t max_blocks;
   uint32_t _pad;
+  uint64_t abort;
 };
 
 // Arguments of mscclpp_collective_read_allreduce: every rank reads the peers' inputs where they
@@ -65,6 +70,7 @@ struct ReadCollectiveArgs {
   uint32_t nranks;
   uint32_t max_blocks;
   uint32_t _pad;
+  uint64_t abort;
 };
 
 // Arguments of mscclpp_p2p: a group's sends and receives of one rank through LL packets in the
@@ -93,6 +99,7 @@ struct P2pArgs {
   uint32_t nchannels;
   P2pChannel channels[kP2pMaxChannels];
   P2pOpDesc ops[kP2pMaxOps];
+  uint64_t abort;
 };
 
 }  // namespace mscclpp

@@ -9,7 +9,7 @@
 #define MSCCLPP_LAYOUT_OFFSETOF(type, field) __builtin_offsetof(type, field)
 #endif
 
-static_assert(sizeof(mscclpp::LlCollectiveArgs) == 136, "size of LlCollectiveArgs");
+static_assert(sizeof(mscclpp::LlCollectiveArgs) == 144, "size of LlCollectiveArgs");
 static_assert(alignof(mscclpp::LlCollectiveArgs) == 8, "alignment of LlCollectiveArgs");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, input) == 0, "offset of LlCollectiveArgs::input");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, output) == 8, "offset of LlCollectiveArgs::output");
@@ -24,8 +24,9 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, op) == 120, "of
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, rank) == 124, "offset of LlCollectiveArgs::rank");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, nranks) == 128, "offset of LlCollectiveArgs::nranks");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, root) == 132, "offset of LlCollectiveArgs::root");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::LlCollectiveArgs, abort) == 136, "offset of LlCollectiveArgs::abort");
 
-static_assert(sizeof(mscclpp::DirectCollectiveArgs) == 144, "size of DirectCollectiveArgs");
+static_assert(sizeof(mscclpp::DirectCollectiveArgs) == 152, "size of DirectCollectiveArgs");
 static_assert(alignof(mscclpp::DirectCollectiveArgs) == 8, "alignment of DirectCollectiveArgs");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, input) == 0, "offset of DirectCollectiveArgs::input");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, output) == 8, "offset of DirectCollectiveArgs::output");
@@ -42,6 +43,7 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, nranks) == 
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, root) == 132, "offset of DirectCollectiveArgs::root");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, max_blocks) == 136, "offset of DirectCollectiveArgs::max_blocks");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, _pad) == 140, "offset of DirectCollectiveArgs::_pad");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DirectCollectiveArgs, abort) == 144, "offset of DirectCollectiveArgs::abort");
 
 static_assert(sizeof(mscclpp::P2pChannel) == 16, "size of P2pChannel");
 static_assert(alignof(mscclpp::P2pChannel) == 4, "alignment of P2pChannel");
@@ -55,7 +57,7 @@ static_assert(alignof(mscclpp::P2pOpDesc) == 8, "alignment of P2pOpDesc");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pOpDesc, addr) == 0, "offset of P2pOpDesc::addr");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pOpDesc, bytes) == 8, "offset of P2pOpDesc::bytes");
 
-static_assert(sizeof(mscclpp::P2pArgs) == 1384, "size of P2pArgs");
+static_assert(sizeof(mscclpp::P2pArgs) == 1392, "size of P2pArgs");
 static_assert(alignof(mscclpp::P2pArgs) == 8, "alignment of P2pArgs");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, scratch) == 0, "offset of P2pArgs::scratch");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, slot_bytes) == 8, "offset of P2pArgs::slot_bytes");
@@ -67,8 +69,9 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, lanes) == 96, "offset of
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, nchannels) == 100, "offset of P2pArgs::nchannels");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, channels) == 104, "offset of P2pArgs::channels");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, ops) == 360, "offset of P2pArgs::ops");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::P2pArgs, abort) == 1384, "offset of P2pArgs::abort");
 
-static_assert(sizeof(mscclpp::ReadCollectiveArgs) == 144, "size of ReadCollectiveArgs");
+static_assert(sizeof(mscclpp::ReadCollectiveArgs) == 152, "size of ReadCollectiveArgs");
 static_assert(alignof(mscclpp::ReadCollectiveArgs) == 8, "alignment of ReadCollectiveArgs");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, input) == 0, "offset of ReadCollectiveArgs::input");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, output) == 8, "offset of ReadCollectiveArgs::output");
@@ -84,5 +87,6 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, rank) == 128,
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, nranks) == 132, "offset of ReadCollectiveArgs::nranks");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, max_blocks) == 136, "offset of ReadCollectiveArgs::max_blocks");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, _pad) == 140, "offset of ReadCollectiveArgs::_pad");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, abort) == 144, "offset of ReadCollectiveArgs::abort");
 
 #undef MSCCLPP_LAYOUT_OFFSETOF

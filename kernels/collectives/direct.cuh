@@ -15,6 +15,9 @@
 // counter at the start of its rank's scratch. There is no grid-wide barrier.
 #pragma once
 
+// Waits give up on the communicator's abort word (the argument structs' `abort`; mscclpp/core.cuh).
+#define MSCCLPP_DEVICE_ABORT 1
+
 #if !defined(MSCCLPP_COLLECTIVE_WIDE)
 #error "define MSCCLPP_COLLECTIVE_WIDE (0: the base types, 1: the wide ones) before including collectives/direct.cuh"
 #endif
@@ -476,6 +479,7 @@ MSCCLPP_DEVICE_INLINE void readReduceOp(uint32_t op, const ReadCall& c, const ui
 
 // One block's call.
 MSCCLPP_DEVICE_INLINE void readAllReduce(const ReadCollectiveArgs& a) {
+  abortWordInit(a.abort);
   const uint32_t esize = collDataTypeSize(a.dtype);
   if (esize == 0 || a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks ||
       gridDim.x > a.max_blocks || blockDim.x < a.nranks || (a.scratch & 127) != 0) {
@@ -517,10 +521,13 @@ MSCCLPP_DEVICE_INLINE void readAllReduce(const ReadCollectiveArgs& a) {
   if (threadIdx.x + 1 < a.nranks) {
     const uint32_t p = directPeerOf(a.rank, a.nranks, threadIdx.x);
     ((LL16Packet*)(a.peer_scratch[p] + packetsOff + slot))->write(a.in_key, flag);
-    const uint64_t key =
-        ((const LL16Packet*)(a.scratch + packetsOff + 16ull * ((uint64_t)blockIdx.x * kCollectiveMaxRanks + p)))
-            ->read(flag);
-    srcs[p] = readSource(a, p, key, c.bytes);
+    uint64_t key = 0;
+    // A wait that gave up on the abort word has no key: the own input stands in (garbage results,
+    // but no trap on a key that names nothing).
+    srcs[p] = ((const LL16Packet*)(a.scratch + packetsOff + 16ull * ((uint64_t)blockIdx.x * kCollectiveMaxRanks + p)))
+                      ->waitRead(flag, key)
+                  ? readSource(a, p, key, c.bytes)
+                  : a.input;
   }
   if (threadIdx.x == 0) srcs[a.rank] = a.input;
   __syncthreads();

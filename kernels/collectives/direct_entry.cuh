@@ -3,6 +3,7 @@
 // itself rather than in an inline function, since NVVM optimises the argument checks of an inlined
 // function taking the arguments by reference differently (branches instead of one predicate), which
 // would change the base kernel's code. `a` is the kernel's DirectCollectiveArgs.
+  mscclpp::abortWordInit(a.abort);
   mscclpp::DirectCall c;
   const mscclpp::uint32_t esize = mscclpp::collDataTypeSize(a.dtype);
   if (esize == 0 || a.nranks < 2 || a.nranks > mscclpp::kCollectiveMaxRanks || a.rank >= a.nranks ||

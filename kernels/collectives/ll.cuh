@@ -42,6 +42,9 @@
 // never share them.
 #pragma once
 
+// Waits give up on the communicator's abort word (LlCollectiveArgs::abort; mscclpp/core.cuh).
+#define MSCCLPP_DEVICE_ABORT 1
+
 #if !defined(MSCCLPP_COLLECTIVE_WIDE)
 #error "define MSCCLPP_COLLECTIVE_WIDE (0: the base types, 1: the wide ones) before including collectives/ll.cuh"
 #endif
@@ -348,6 +351,7 @@ MSCCLPP_DEVICE_INLINE void llCopy(const LlCollectiveArgs& a, LlState* st, const 
 // for its arguments traps.
 template <bool REDUCE, uint32_t DTYPE, uint32_t OP>
 MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
+  abortWordInit(a.abort);
   LlCall c;
   LlState* st = (LlState*)a.flag;
   c.base = st->counter;
@@ -463,6 +467,8 @@ MSCCLPP_DEVICE_INLINE void llShortBody(const LlCollectiveArgs& a) {
     }
   }
   if (NRANKS == 2 && !llShortArgsOk<KIND, DTYPE, OP>(a, bytes)) deviceTrap();
+  // After the send, which nothing but the argument loads may delay; before the first wait.
+  abortWordInit(a.abort);
   countStarts(st, 0);
   if (mine) {
     const char* slot0 = (const char*)(a.scratch + half + 16 * (uint64_t)i);
@@ -573,11 +579,14 @@ MSCCLPP_DEVICE_INLINE void ll128AllReduce(const LlCollectiveArgs& a, LlState* st
       } else {
         const void* src = (const void*)(a.scratch + line + r * a.slot_bytes);
         uint32_t x, y, z, w;
-        spinUntil([&] {
-          loadVolatile16(src, x, y, z, w);
-          const uint32_t mine = lane != 7 || (z == flag && w == flag);
-          return shuffleInGroupOf8(mine, 7) != 0;
-        });
+        // The group gives up together (lane 7 decides), so that its shuffles stay together.
+        spinUntil(
+            [&] {
+              loadVolatile16(src, x, y, z, w);
+              const uint32_t mine = lane != 7 || (z == flag && w == flag);
+              return shuffleInGroupOf8(mine, 7) != 0;
+            },
+            MSCCLPP_DEFAULT_MAX_SPIN, [](bool giveUp) { return shuffleInGroupOf8(giveUp, 7) != 0; });
         lo = (uint64_t)x | ((uint64_t)y << 32);
         hi = lane == 7 ? 0 : ((uint64_t)z | ((uint64_t)w << 32));
       }
@@ -607,6 +616,7 @@ MSCCLPP_DEVICE_INLINE void ll128AllReduceOp(const LlCollectiveArgs& a, LlState* 
 }
 
 MSCCLPP_DEVICE_INLINE void ll128Entry(const LlCollectiveArgs& a) {
+  abortWordInit(a.abort);
   LlState* st = (LlState*)a.flag;
   const uint64_t base = st->counter;
   const uint32_t esize = collDataTypeSize(a.dtype);

@@ -5,6 +5,8 @@
 // operations in call order. Blocks never wait for each other, so a send to a peer and a receive
 // from it in one group do not either. Vendor-neutral: the same text is compiled by NVRTC and by
 // hipRTC (the module of collectives/src/algorithms/p2p/module.rs, with the host kernel beside it).
+// Waits give up on the communicator's abort word (P2pArgs::abort; mscclpp/core.cuh).
+#define MSCCLPP_DEVICE_ABORT 1
 #include "mscclpp/core.cuh"
 #include "mscclpp/packet.cuh"
 #include "mscclpp/word.cuh"
@@ -78,7 +80,12 @@ MSCCLPP_DEVICE_INLINE uint64_t p2pRecv(const P2pArgs& a, uint32_t peer, uint32_t
   __shared__ uint64_t sent;
   const uint64_t perRound = a.slot_bytes / 16;
   const uint64_t slot0 = a.scratch + p2pSlotOffset(a.lanes, a.slot_bytes, peer, lane, (seq + 1) & 1);
-  if (threadIdx.x == 0) sent = ((const LL16Packet*)slot0)->read((uint32_t)(seq + 1));
+  if (threadIdx.x == 0) {
+    uint64_t v = 0;
+    // A header that never came (the wait gave up on the abort word): the expected size, so that
+    // the rest stays bounded and is no mismatch.
+    sent = ((const LL16Packet*)slot0)->waitRead((uint32_t)(seq + 1), v) ? v : bytes;
+  }
   __syncthreads();
   const uint64_t s = sent;
   __syncthreads();  // `sent` may be rewritten by the next operation
@@ -120,6 +127,7 @@ MSCCLPP_DEVICE_INLINE uint64_t p2pRecv(const P2pArgs& a, uint32_t peer, uint32_t
 // threads; a send and its receive must have the same size: a difference traps once the stream is
 // consumed.
 extern "C" __global__ void mscclpp_p2p(mscclpp::P2pArgs a) {
+  mscclpp::abortWordInit(a.abort);
   const mscclpp::uint32_t lanes = a.lanes;
   if (lanes == 0 || a.nranks < 2 || a.nranks > mscclpp::kCollectiveMaxRanks || a.rank >= a.nranks ||
       a.nchannels > mscclpp::kP2pMaxChannels || a.slot_bytes < 32 || (a.slot_bytes & 15) != 0) {

@@ -28,6 +28,7 @@ fn layout_table() -> Vec<LayoutEntry> {
             rank,
             nranks,
             root,
+            abort,
         }),
         layout_entry!(DirectCollectiveArgs {
             input,
@@ -45,6 +46,7 @@ fn layout_table() -> Vec<LayoutEntry> {
             root,
             max_blocks,
             _pad,
+            abort,
         }),
         layout_entry!(P2pChannel {
             peer,
@@ -64,6 +66,7 @@ fn layout_table() -> Vec<LayoutEntry> {
             nchannels,
             channels,
             ops,
+            abort,
         }),
         layout_entry!(ReadCollectiveArgs {
             input,
@@ -80,6 +83,7 @@ fn layout_table() -> Vec<LayoutEntry> {
             nranks,
             max_blocks,
             _pad,
+            abort,
         }),
     ]
 }

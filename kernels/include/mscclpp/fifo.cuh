@@ -70,7 +70,9 @@ struct FifoDeviceHandle {
     const uint64_t n = size;
     const uint64_t pos = fetchAddRelaxedDevice((uint64_t*)head, 1);
     const uint64_t* t = (const uint64_t*)tail;
-    spinUntil([&] { return pos - loadAcquireSystem(t) < n; }, maxSpinCount);
+    // A wait that gave up on the kernel's abort word publishes nothing: the slot may still hold
+    // a trigger the proxy has not read.
+    if (!spinUntil([&] { return pos - loadAcquireSystem(t) < n; }, maxSpinCount)) return pos;
     uint64_t* slot = (uint64_t*)(triggers + (pos & (n - 1)) * sizeof(ProxyTrigger));
     storeRelaxedSystem(slot, trigger.fst);
     storeReleaseSystem(slot + 1, (trigger.snd & ~kTriggerParity) | ProxyTrigger::parityFor(pos, n));

@@ -33,11 +33,19 @@ struct alignas(16) LL16Packet {
     return f1 == flag && f2 == flag;
   }
 
-  // Waits until the packet carries `flag` and returns its data.
+  // Waits until the packet carries `flag` and returns its data (garbage when the wait gave up
+  // on the kernel's abort word: see waitRead).
   MSCCLPP_DEVICE_INLINE uint64_t read(uint32_t flag, int64_t maxSpinCount = MSCCLPP_DEFAULT_MAX_SPIN) const {
     uint64_t v = 0;
     spinUntil([&] { return readOnce(flag, v); }, maxSpinCount);
     return v;
+  }
+
+  // The same, saying whether the data came: false when the wait gave up on the kernel's abort
+  // word (core.cuh), for callers whose control flow depends on the value.
+  MSCCLPP_DEVICE_INLINE bool waitRead(uint32_t flag, uint64_t& value,
+                                      int64_t maxSpinCount = MSCCLPP_DEFAULT_MAX_SPIN) const {
+    return spinUntil([&] { return readOnce(flag, value); }, maxSpinCount);
   }
 };
 

@@ -537,6 +537,7 @@ mod tests {
                             root: c.root,
                             max_blocks: MAX_BLOCKS,
                             _pad: 0,
+                            abort: 0,
                         };
                         (a, c.blocks)
                     })
@@ -672,6 +673,7 @@ mod tests {
             root: 2,
             max_blocks: 2,
             _pad: 0,
+            abort: 0,
         };
         assert!(collective_direct(&LaunchConfig::linear(1, 1), a.as_bytes()).is_err());
         let b = DirectCollectiveArgs {

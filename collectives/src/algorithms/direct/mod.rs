@@ -141,6 +141,7 @@ impl Algorithm for Direct {
             root: c.root as u32,
             max_blocks: self.max_blocks,
             _pad: 0,
+            abort: mscclpp_hal::dev::current_abort(),
         };
         let cfg = plan.config;
         tracing::trace!(collective = c.kind.name(), count = c.count, dtype = %c.dtype, op = %c.op, ?cfg, chunk = plan.chunk_bytes, "launch direct");

@@ -50,10 +50,14 @@ pub struct LlCollectiveArgs {
     pub nranks: u32,
     /// Root rank (broadcast).
     pub root: u32,
+    /// Device address of the communicator's abort word (0: none): the GPU kernels' waits give
+    /// up once it is set. Filled at launch from the launching thread's abort scope
+    /// ([`mscclpp_hal::dev::current_abort`]), which the host kernels poll directly.
+    pub abort: u64,
 }
 
-// SAFETY: repr(C), integers only, no implicit padding (six u64, an array of u64, six u32);
-// every bit pattern is valid.
+// SAFETY: repr(C), integers only, no implicit padding (six u64, an array of u64, six u32, one
+// u64); every bit pattern is valid.
 unsafe impl KernelArgs for LlCollectiveArgs {}
 
 impl LlCollectiveArgs {

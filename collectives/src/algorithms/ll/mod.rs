@@ -79,6 +79,7 @@ impl LlScratch {
             rank: rank as u32,
             nranks: nranks as u32,
             root: 0,
+            abort: mscclpp_hal::dev::current_abort(),
         }
     }
 

@@ -64,10 +64,14 @@ pub struct P2pArgs {
     pub channels: [P2pChannel; P2P_MAX_CHANNELS],
     /// The operations, grouped by channel.
     pub ops: [P2pOpDesc; P2P_MAX_OPS],
+    /// Device address of the communicator's abort word (0: none): the GPU kernels' waits give
+    /// up once it is set. Filled at launch from the launching thread's abort scope
+    /// ([`mscclpp_hal::dev::current_abort`]), which the host kernels poll directly.
+    pub abort: u64,
 }
 
 // SAFETY: repr(C), integers only, no implicit padding (three u64, an array of u64, four u32,
-// arrays of 16-byte integer structs); every bit pattern is valid.
+// arrays of 16-byte integer structs, one u64); every bit pattern is valid.
 unsafe impl KernelArgs for P2pArgs {}
 
 impl P2pArgs {

@@ -218,6 +218,7 @@ impl P2p {
             nchannels: channels.len() as u32,
             channels: [P2pChannel::default(); P2P_MAX_CHANNELS],
             ops: [P2pOpDesc::default(); P2P_MAX_OPS],
+            abort: mscclpp_hal::dev::current_abort(),
         };
         args.channels[..channels.len()].copy_from_slice(&channels);
         args.ops[..descs.len()].copy_from_slice(&descs);
