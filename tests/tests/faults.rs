@@ -2,6 +2,11 @@
 //! a direct all-reduce, a port-channel exchange — and a chaos run of random kills: every
 //! survivor must fail, naming the dead rank, within a few seconds of the kill, with the default
 //! settings; none may hang or exit 0. Ranks are processes of this binary on the host backend.
+//! The `gpu` trials (`faults::cuda::*`, `faults::rocm::*`; ignored, with the reason, where the
+//! backend cannot be probed) run two ranks on the GPUs there are (one GPU shared is fine) and kill
+//! one mid LL all-reduce, mid direct all-reduce and mid send/receive: the survivor's kernel must
+//! give up on the communicator's abort word, so that its call fails naming the dead rank within
+//! 2 s, and its device must still work afterwards (no trap, no CUDA error).
 //! Runs with `cargo test -p mscclpp-conformance --test faults -- --nocapture` (the chaos trial
 //! prints its summary; `MSCCLPP_CHAOS_TRIALS` sets the number of trials).
 
@@ -10,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Failed, Trial};
+use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::collectives::{
     AlgorithmId, CollectiveKind, Collectives, DataType, P2pKind, P2pOp, ReduceOp,
 };
@@ -29,6 +34,10 @@ const DIR_VAR: &str = "MSCCLPP_TEST_DIR";
 const PHASE_VAR: &str = "MSCCLPP_FAULT_PHASE";
 const VICTIM_VAR: &str = "MSCCLPP_FAULT_VICTIM";
 const SEED_VAR: &str = "MSCCLPP_FAULT_SEED";
+const BACKEND_VAR: &str = "MSCCLPP_FAULT_BACKEND";
+
+/// The GPU trials' bound from the kill to the survivor's report (the target).
+const GPU_REPORT_DEADLINE: Duration = Duration::from_secs(2);
 
 /// What a survivor is allowed between the kill and its report: the target is 2 s, CI machines
 /// are slow and loaded, so the assertion leaves room; the times are printed.
@@ -74,8 +83,17 @@ fn setup() -> R<Rank> {
     let boot = Arc::new(
         Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e)?).map_err(e)?,
     );
-    let backend = mscclpp::registry::probe(BackendKind::Host).map_err(e)?;
-    let device = backend.open_device(rank).map_err(e)?;
+    let kind: BackendKind = match std::env::var(BACKEND_VAR) {
+        Ok(v) => v.parse().map_err(e)?,
+        Err(_) => BackendKind::Host,
+    };
+    let backend = mscclpp::registry::probe(kind).map_err(e)?;
+    // GPUs: the ranks share the devices there are.
+    let ordinal = match kind {
+        BackendKind::Host => rank,
+        _ => rank % backend.device_count().max(1),
+    };
+    let device = backend.open_device(ordinal).map_err(e)?;
     let stream = device.create_stream().map_err(e)?;
     Ok(Rank {
         comm: Arc::new(Communicator::new(boot, device.clone())),
@@ -106,9 +124,28 @@ fn role_fault() -> R<()> {
         Err(err) => return Err(fail(err)),
     };
     let result = body(&r, &phase, victim);
+    if result.is_err() && r.device.info().backend != BackendKind::Host {
+        multiproc::report("device_after", device_after(&r));
+    }
     // Drop everything (an orderly goodbye on the bootstrap) before reporting.
     drop(r);
     result.map_err(fail)
+}
+
+/// Whether the device still works after the failure ("ok", else what failed): a kernel that
+/// trapped would have left the context unusable (every later call fails).
+fn device_after(r: &Rank) -> String {
+    let check = || -> R<()> {
+        r.stream.synchronize().map_err(e)?;
+        let a = r.device.alloc(4096, MemoryKind::Device).map_err(e)?;
+        let b = r.device.alloc(4096, MemoryKind::Device).map_err(e)?;
+        r.stream.copy(&b.full(), &a.full()).map_err(e)?;
+        r.stream.synchronize().map_err(e)
+    };
+    match check() {
+        Ok(()) => "ok".into(),
+        Err(err) => err.replace('\n', " "),
+    }
 }
 
 fn fail(err: String) -> String {
@@ -167,9 +204,40 @@ fn body(r: &Rank, phase: &str, victim: Option<usize>) -> R<()> {
                 r.stream.synchronize().map_err(e)?;
             }
         }
+        "p2p" => p2p_loop(r),
         "port" => port_loop(r),
         "chaos" => chaos_loop(r),
         other => Err(format!("unknown phase {other}")),
+    }
+}
+
+/// Send/receive rings of 64 KiB (several rounds of the point-to-point kernel per call).
+fn p2p_loop(r: &Rank) -> R<()> {
+    let coll = Collectives::with_slot_bytes(r.comm.clone(), 4096).map_err(e)?;
+    const BYTES: usize = 64 << 10;
+    let a = r.device.alloc(BYTES, MemoryKind::Device).map_err(e)?;
+    let b = r.device.alloc(BYTES, MemoryKind::Device).map_err(e)?;
+    let next = (r.rank + 1) % r.n;
+    let prev = (r.rank + r.n - 1) % r.n;
+    let (sa, sb) = (a.full(), b.full());
+    mark("ready");
+    loop {
+        let ops = [
+            P2pOp {
+                kind: P2pKind::Send,
+                peer: next,
+                buffer: &sa,
+                bytes: BYTES,
+            },
+            P2pOp {
+                kind: P2pKind::Recv,
+                peer: prev,
+                buffer: &sb,
+                bytes: BYTES,
+            },
+        ];
+        coll.send_recv(&ops, &*r.stream).map_err(e)?;
+        r.stream.synchronize().map_err(e)?;
     }
 }
 
@@ -349,6 +417,8 @@ struct Seen {
     exit0: bool,
     crashed: bool,
     error: String,
+    /// GPU ranks: "ok" when the device still worked after the failure, else what failed.
+    device_after: Option<String>,
 }
 
 /// Waits until every rank reached "ready", then `pause`, kills the victim and collects.
@@ -401,6 +471,7 @@ fn kill_and_collect(job: Job, pause: Duration) -> Result<Vec<Seen>, String> {
             exit0: o.code == Some(0),
             crashed: o.code.is_none() && !o.timed_out,
             error: if took.is_none() { o.describe() } else { error },
+            device_after: rep.get("device_after").cloned(),
         });
     }
     Ok(seen)
@@ -469,6 +540,54 @@ fn phase_trial(phase: &'static str, extra: &'static [(&'static str, &'static str
         let seen = kill_and_collect(job, Duration::from_millis(200))?;
         check(phase, &seen, VICTIM)
     })
+}
+
+/// A GPU trial of `phase` with two ranks (rank 1 killed): ignored, with the reason, where the
+/// backend cannot be probed. Besides [`check`], the survivor must report within
+/// [`GPU_REPORT_DEADLINE`] and its device must still work.
+fn gpu_trial(kind: BackendKind, phase: &'static str, algo: &'static str) -> Trial {
+    Trial::ignorable_test(
+        format!("faults::{kind}::killed_during_{phase}"),
+        move || {
+            if let Err(reason) = mscclpp::registry::probe(kind) {
+                return Ok(Completion::ignored_with(reason.to_string()));
+            }
+            const N: usize = 2;
+            const VICTIM: usize = 1;
+            let mut extra = vec![(BACKEND_VAR, kind.to_string())];
+            if !algo.is_empty() {
+                extra.push(("MSCCLPP_ALGO_ALLREDUCE", algo.to_string()));
+            }
+            let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let job = start(phase, N, VICTIM, 1, &extra);
+            // Long enough for the first calls to compile their kernels and run.
+            let seen = kill_and_collect(job, Duration::from_millis(500))?;
+            let name = format!("{kind} {phase}");
+            check(&name, &seen, VICTIM)?;
+            for s in &seen {
+                let took = s.took.unwrap_or_default();
+                if took > GPU_REPORT_DEADLINE {
+                    return Err(format!(
+                    "{name}: rank {} reported {took:?} after the kill (bound {GPU_REPORT_DEADLINE:?}): {}",
+                    s.rank, s.error
+                )
+                .into());
+                }
+                match s.device_after.as_deref() {
+                    Some("ok") => {}
+                    other => {
+                        return Err(format!(
+                            "{name}: rank {}'s device after the failure: {}",
+                            s.rank,
+                            other.unwrap_or("not reported")
+                        )
+                        .into());
+                    }
+                }
+            }
+            Ok(Completion::Completed)
+        },
+    )
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -593,5 +712,11 @@ fn main() {
         phase_trial("port", &[]),
         Trial::test("faults::chaos_random_kills", chaos),
     ];
+    let mut trials = trials;
+    for kind in [BackendKind::Cuda, BackendKind::Rocm] {
+        trials.push(gpu_trial(kind, "ll", "ll"));
+        trials.push(gpu_trial(kind, "direct", "direct"));
+        trials.push(gpu_trial(kind, "p2p", ""));
+    }
     libtest_mimic::run(&args, trials).exit();
 }
