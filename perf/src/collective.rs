@@ -108,8 +108,6 @@ pub struct Bench {
     input: DeviceBuffer,
     output: DeviceBuffer,
     nccl: Option<Nccl>,
-    /// The input is registered on every rank (`--register`): all-reduces may read it in place.
-    registered: bool,
 }
 
 impl Bench {
@@ -156,7 +154,6 @@ impl Bench {
             input,
             output,
             nccl,
-            registered: register,
         })
     }
 
@@ -178,8 +175,7 @@ impl Bench {
     ) -> Result<()> {
         let call = CollectiveCall::new(spec.kind, input, output, count, spec.dtype)
             .op(spec.op)
-            .root(spec.root)
-            .registered(self.registered);
+            .root(spec.root);
         self.coll.run(&call, &*self.stream)
     }
 
