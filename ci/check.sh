@@ -11,11 +11,15 @@ cargo fmt --all -- --check
 step "clippy, every target and feature, warnings denied"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "python extension (python/, its own workspace): rustfmt and clippy"
+cargo fmt --manifest-path python/Cargo.toml -- --check
+cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
+
 step "host-only build (no GPU features)"
 cargo check -p mscclpp -p mscclpp-perf --no-default-features
 
-step "tests (the README's test command)"
-cargo test --workspace
+step "tests (the README's test command; the Python package's too, through tests/tests/python.rs)"
+MSCCLPP_REQUIRE_PYTHON=1 cargo test --workspace
 
 step "main job smoke run (debug build, small sizes)"
 cargo run -q -p mscclpp-perf -- -b 1K -e 64K -f 8 -n 5 -w 1

@@ -1,0 +1,165 @@
+"""``python -m mscclpp_rs.bench``: all-reduce and all-gather of torch tensors through mscclpp_rs
+beside torch.distributed with NCCL, in the same run, on the same tensors and stream.
+
+Standalone it spawns one process per GPU (at least 2 are needed: NCCL refuses two ranks on one
+GPU); under torchrun each process is a rank. Needs torch with CUDA (or ROCm); prints why it
+skips otherwise. Every size is checked once before it is timed.
+
+    python -m mscclpp_rs.bench                     # 1 KiB .. 1 GiB, all GPUs
+    python -m mscclpp_rs.bench -b 1M -e 64M -n 50  # a range, 50 timed iterations
+"""
+
+import argparse
+import os
+import socket
+import sys
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _size(s):
+    s = s.strip().upper().rstrip("B").rstrip("I")
+    unit = s[-1] if s and s[-1] in UNITS else ""
+    try:
+        return int(float(s[: len(s) - len(unit)]) * UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {s!r}: expected a number with K, M or G")
+
+
+def _fmt(n):
+    for u in ("G", "M", "K"):
+        if n >= UNITS[u] and n % UNITS[u] == 0:
+            return f"{n // UNITS[u]}{u}"
+    return str(n)
+
+
+def _why_not():
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA/ROCm device"
+    if not torch.distributed.is_nccl_available():
+        return "torch.distributed has no NCCL backend"
+    return None
+
+
+def _time(fn, iters, warmup):
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters  # microseconds
+
+
+def _rank_main(args):
+    import torch
+    import torch.distributed as dist
+
+    import mscclpp_rs
+
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", device_id=dev)
+    comm = mscclpp_rs.Communicator.from_env(device=dev.index)
+    if rank == 0:
+        print(f"# mscclpp_rs {mscclpp_rs.__version__} ({comm.backend}, {comm.device_name}) beside "
+              f"torch {torch.__version__} NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; "
+              f"{size} ranks, float32, {args.iters} iterations after {args.warmup}")
+        print(f"{'collective':>10} {'size':>6} {'count':>11} {'ours(us)':>10} {'busbw':>7} "
+              f"{'nccl(us)':>10} {'busbw':>7} {'ours/nccl':>9}")
+    ops = [o.strip() for o in args.ops.split(",")]
+    nbytes = args.min
+    while nbytes <= args.max:
+        count = max(1, nbytes // 4)
+        for op in ops:
+            if op == "allreduce":
+                x = torch.full((count,), float(rank + 1), device=dev)
+                comm.all_reduce(x)
+                torch.cuda.synchronize()
+                want = size * (size + 1) / 2
+                wrong = int((x != want).sum())
+                ours = _time(lambda: comm.all_reduce(x), args.iters, args.warmup)
+                nccl = _time(lambda: dist.all_reduce(x), args.iters, args.warmup)
+                factor = 2 * (size - 1) / size
+                moved = count * 4
+            elif op == "allgather":
+                x = torch.full((count,), float(rank + 1), device=dev)
+                out = torch.zeros(count * size, device=dev)
+                comm.all_gather(out, x)
+                torch.cuda.synchronize()
+                want = torch.arange(1, size + 1, device=dev, dtype=torch.float32).repeat_interleave(count)
+                wrong = int((out != want).sum())
+                ours = _time(lambda: comm.all_gather(out, x), args.iters, args.warmup)
+                nccl = _time(lambda: dist.all_gather_into_tensor(out, x), args.iters, args.warmup)
+                factor = (size - 1) / size
+                moved = count * 4 * size
+            else:
+                raise SystemExit(f"--ops: unknown collective {op!r} (allreduce, allgather)")
+            wrong_all = torch.tensor([wrong], device=dev)
+            dist.all_reduce(wrong_all)
+            if rank == 0:
+                bw = lambda us: moved * factor / us / 1e3  # noqa: E731  GB/s
+                print(f"{op:>10} {_fmt(count * 4):>6} {count:>11} {ours:>10.2f} {bw(ours):>7.1f} "
+                      f"{nccl:>10.2f} {bw(nccl):>7.1f} {ours / nccl:>9.2f}"
+                      + (f"  #wrong {int(wrong_all)}" if int(wrong_all) else ""), flush=True)
+            del x
+        nbytes *= args.factor
+    comm.barrier()
+    comm.close()
+    dist.destroy_process_group()
+
+
+def _spawned(local, size, port, argv):
+    os.environ.update(RANK=str(local), LOCAL_RANK=str(local), WORLD_SIZE=str(size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    _rank_main(_parser().parse_args(argv))
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m mscclpp_rs.bench", description=__doc__.split("\n")[0])
+    p.add_argument("-b", "--min", type=_size, default=1 << 10, help="smallest size (default 1K)")
+    p.add_argument("-e", "--max", type=_size, default=1 << 30, help="largest size (default 1G)")
+    p.add_argument("-f", "--factor", type=int, default=2, help="size step factor (default 2)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
+    p.add_argument("-w", "--warmup", type=int, default=5, help="warm-up iterations (default 5)")
+    p.add_argument("--ops", default="allreduce,allgather", help="allreduce,allgather")
+    return p
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    why = _why_not()
+    if why:
+        print(f"mscclpp_rs.bench: skipped: {why} (the benchmark compares against NCCL on GPUs)")
+        return 0
+    if "RANK" in os.environ:
+        _rank_main(args)
+        return 0
+    import torch
+    import torch.multiprocessing as tmp
+
+    n = torch.cuda.device_count()
+    if n < 2:
+        print(f"mscclpp_rs.bench: skipped: {n} GPU(s); NCCL needs a GPU per rank and the "
+              "benchmark at least 2 ranks")
+        return 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp.spawn(_spawned, args=(n, port, argv), nprocs=n, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

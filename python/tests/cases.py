@@ -1,0 +1,432 @@
+"""What the ranks run (see cluster.py): each case builds every rank's inputs from a seed, runs
+one operation on this rank's part, and checks the result against NumPy, raising on a mismatch.
+
+``lib`` is ``"numpy"`` (host backend) or ``"torch"`` (tensors on the communicator's GPU). Types
+NumPy lacks travel as raw integers with ``dtype=``: bfloat16 as uint16, the float8 formats as
+uint8.
+"""
+
+import os
+
+import numpy as np
+
+import mscclpp_rs
+
+FLOATS = ["float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2"]
+INTS = ["int32", "uint32", "int64", "uint64", "int8", "uint8"]
+DTYPES = FLOATS + INTS
+OPS = ["sum", "prod", "min", "max", "avg"]
+
+# Relative tolerance per type: exact for integers and wide floats (the inputs are multiples of
+# 0.5 whose sums and products these types hold), a few roundings of the result otherwise.
+RTOL = {"float32": 1e-6, "float64": 1e-12, "float16": 2e-3, "bfloat16": 2e-2, "float8_e4m3fn": 0.13, "float8_e5m2": 0.26}
+
+
+def _fp8_table(e4m3):
+    """The value of every float8 code (E4M3FN or E5M2)."""
+    man_bits, bias = (3, 7) if e4m3 else (2, 15)
+    out = np.empty(256)
+    for code in range(256):
+        sign = -1.0 if code & 0x80 else 1.0
+        exp, man = (code & 0x7F) >> man_bits, code & ((1 << man_bits) - 1)
+        if e4m3 and code & 0x7F == 0x7F:
+            v = np.nan
+        elif not e4m3 and exp == 31:
+            v = np.inf if man == 0 else np.nan
+        elif exp == 0:
+            v = man / (1 << man_bits) * 2.0 ** (1 - bias)
+        else:
+            v = (1 + man / (1 << man_bits)) * 2.0 ** (exp - bias)
+        out[code] = sign * v
+    return out
+
+
+FP8 = {"float8_e4m3fn": _fp8_table(True), "float8_e5m2": _fp8_table(False)}
+
+
+def values(dtype, seed, rank, count):
+    """Rank ``rank``'s input: small multiples of 0.5 (floats) or small integers."""
+    rng = np.random.default_rng([seed, rank, count])
+    if dtype in FLOATS:
+        return rng.integers(-8, 9, count) / 2.0
+    if dtype.startswith("u"):
+        return rng.integers(0, 4, count).astype(np.float64)
+    return rng.integers(-3, 4, count).astype(np.float64)
+
+
+def reduce(op, arrays, dtype):
+    a = np.stack(arrays)
+    if op == "sum":
+        return a.sum(0)
+    if op == "prod":
+        return a.prod(0)
+    if op == "min":
+        return a.min(0)
+    if op == "max":
+        return a.max(0)
+    s = a.sum(0) / len(arrays)
+    return s if dtype in FLOATS else np.trunc(s)
+
+
+# --- arrays of either library ---------------------------------------------------------------
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    return getattr(torch, dtype)
+
+
+def _device(comm):
+    import torch
+
+    torch.cuda.set_device(comm.device)
+    return torch.device("cuda", comm.device)
+
+
+def make(lib, comm, vals, dtype):
+    """An array holding ``vals`` as ``dtype``, and the ``dtype=`` keyword the call needs."""
+    if lib == "torch":
+        import torch
+
+        t = torch.tensor(vals, dtype=torch.float64).to(_torch_dtype(dtype)).to(_device(comm))
+        if dtype in FP8:  # DLPack has no float8 in torch: the bytes travel as uint8
+            return t.view(torch.uint8), dtype
+        return t, None
+    if dtype == "bfloat16":
+        bits = np.asarray(vals, np.float32).view(np.uint32)
+        return (bits >> 16).astype(np.uint16), "bfloat16"
+    if dtype in FP8:
+        table = FP8[dtype]
+        codes = np.array([np.flatnonzero(table == v)[0] for v in vals], np.uint8)
+        return codes, dtype
+    return np.asarray(vals).astype(dtype), None
+
+
+def poisoned(lib, comm, count, dtype):
+    """An array of ``count`` elements, every one an impossible result (NaN, 111)."""
+    fill = np.full(count, np.nan if dtype in FLOATS else 111.0)
+    if lib == "numpy" and dtype in FP8:
+        return np.full(count, 0x7F, np.uint8), dtype  # NaN in both formats
+    if lib == "numpy" and dtype == "bfloat16":
+        return np.full(count, 0x7FC0, np.uint16), dtype
+    return make(lib, comm, fill, dtype)
+
+
+def read(lib, arr, dtype):
+    """The values of an array, as float64."""
+    if lib == "torch":
+        import torch
+
+        if dtype in FP8:
+            arr = arr.view(_torch_dtype(dtype))
+        return arr.to(torch.float64).cpu().numpy()
+    if dtype == "bfloat16":
+        return (arr.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if dtype in FP8:
+        return FP8[dtype][arr]
+    return arr.astype(np.float64)
+
+
+def check(what, got, want, dtype):
+    rtol = RTOL.get(dtype, 0.0)
+    # atol: a few roundings at the partial sums' magnitude (up to 4 per rank), where a result
+    # near 0 can lose what a rounded partial sum dropped.
+    bad = ~np.isclose(got, want, rtol=rtol, atol=8 * rtol)
+    if bad.any():
+        i = np.flatnonzero(bad)
+        raise AssertionError(
+            f"{what}: {len(i)} of {len(want)} wrong, first at {i[0]}: got {got[i[0]]}, "
+            f"want {want[i[0]]}"
+        )
+
+
+def sync(lib):
+    if lib == "torch":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def guarded(lib, comm, count, dtype, guard=16):
+    """A poisoned output of ``count`` elements inside a poisoned buffer of ``count + guard``."""
+    buf, kw = poisoned(lib, comm, count + guard, dtype)
+    return buf, buf[:count], kw
+
+
+def check_guard(what, lib, buf, count, dtype):
+    tail = read(lib, buf, dtype)[count:]
+    poison_ok = np.isnan(tail) if dtype in FLOATS else tail == 111
+    if not poison_ok.all():
+        raise AssertionError(f"{what}: wrote past the end of its output: {tail}")
+
+
+# --- cases ----------------------------------------------------------------------------------
+
+
+def info(comm):
+    return dict(rank=comm.rank, size=comm.size, backend=comm.backend, local_rank=comm.local_rank)
+
+
+def all_reduce(comm, dtype, op, counts, inplace, lib="numpy", seed=0):
+    n, r = comm.size, comm.rank
+    for count in counts:
+        ins = [values(dtype, seed, p, count) for p in range(n)]
+        want = reduce(op, ins, dtype)
+        x, kw = make(lib, comm, ins[r], dtype)
+        if inplace:
+            comm.all_reduce(x, op, dtype=kw)
+            sync(lib)
+            check(f"all_reduce {dtype} {op} {count} in place", read(lib, x, dtype), want, dtype)
+        else:
+            buf, out, _ = guarded(lib, comm, count, dtype)
+            got = comm.all_reduce(x, op, out=out, dtype=kw)
+            assert got is out
+            sync(lib)
+            check(f"all_reduce {dtype} {op} {count}", read(lib, out, dtype), want, dtype)
+            check(f"all_reduce {dtype} {op} input", read(lib, x, dtype), ins[r], dtype)
+            check_guard("all_reduce", lib, buf, count, dtype)
+
+
+def all_gather(comm, dtype, counts, lib="numpy", seed=1):
+    n, r = comm.size, comm.rank
+    for count in counts:
+        ins = [values(dtype, seed, p, count) for p in range(n)]
+        x, kw = make(lib, comm, ins[r], dtype)
+        buf, out, _ = guarded(lib, comm, n * count, dtype)
+        comm.all_gather(out, x, dtype=kw)
+        sync(lib)
+        check(f"all_gather {dtype} {count}", read(lib, out, dtype), np.concatenate(ins), dtype)
+        check_guard("all_gather", lib, buf, n * count, dtype)
+
+
+def reduce_scatter(comm, dtype, op, counts, lib="numpy", seed=2):
+    n, r = comm.size, comm.rank
+    for count in counts:
+        ins = [values(dtype, seed, p, n * count) for p in range(n)]
+        want = reduce(op, [a[r * count : (r + 1) * count] for a in ins], dtype)
+        x, kw = make(lib, comm, ins[r], dtype)
+        buf, out, _ = guarded(lib, comm, count, dtype)
+        comm.reduce_scatter(out, x, op, dtype=kw)
+        sync(lib)
+        check(f"reduce_scatter {dtype} {op} {count}", read(lib, out, dtype), want, dtype)
+        check_guard("reduce_scatter", lib, buf, count, dtype)
+
+
+def broadcast(comm, dtype, root, counts, inplace, lib="numpy", seed=3):
+    r = comm.rank
+    for count in counts:
+        want = values(dtype, seed, root, count)
+        mine = want if r == root else values(dtype, seed + 100, r, count)
+        x, kw = make(lib, comm, mine, dtype)
+        if inplace:
+            comm.broadcast(x, root, dtype=kw)
+            sync(lib)
+            check(f"broadcast {dtype} root {root} {count} in place", read(lib, x, dtype), want, dtype)
+        else:
+            buf, out, _ = guarded(lib, comm, count, dtype)
+            comm.broadcast(x, root, out=out, dtype=kw)
+            sync(lib)
+            check(f"broadcast {dtype} root {root} {count}", read(lib, out, dtype), want, dtype)
+            check_guard("broadcast", lib, buf, count, dtype)
+
+
+def all_to_all(comm, dtype, counts, lib="numpy", seed=4):
+    n, r = comm.size, comm.rank
+    for count in counts:
+        ins = [values(dtype, seed, p, n * count) for p in range(n)]
+        want = np.concatenate([a[r * count : (r + 1) * count] for a in ins])
+        x, kw = make(lib, comm, ins[r], dtype)
+        buf, out, _ = guarded(lib, comm, n * count, dtype)
+        comm.all_to_all(out, x, dtype=kw)
+        sync(lib)
+        check(f"all_to_all {dtype} {count}", read(lib, out, dtype), want, dtype)
+        check_guard("all_to_all", lib, buf, n * count, dtype)
+
+
+def bool_all_gather(comm):
+    n, r = comm.size, comm.rank
+    x = np.array([True, False, r % 2 == 0])
+    out = np.zeros(3 * n, bool)
+    comm.all_gather(out, x)
+    want = np.concatenate([[True, False, p % 2 == 0] for p in range(n)])
+    assert (out == want).all(), (out, want)
+
+
+def ring(comm, dtype, counts, lib="numpy", seed=5):
+    """Every rank sends to the next and receives from the previous, in one group."""
+    n, r = comm.size, comm.rank
+    for count in counts:
+        x, kw = make(lib, comm, values(dtype, seed, r, count), dtype)
+        buf, out, _ = guarded(lib, comm, count, dtype)
+        with comm.group():
+            comm.send(x, (r + 1) % n)
+            comm.recv(out, (r - 1) % n)
+        sync(lib)
+        check(f"ring {dtype} {count}", read(lib, out, dtype), values(dtype, seed, (r - 1) % n, count), dtype)
+        check_guard("ring", lib, buf, count, dtype)
+
+
+def ping(comm, count, lib="numpy"):
+    """Rank 0 sends to rank 1 and gets it back, one operation at a time (no group)."""
+    r = comm.rank
+    x, _ = make(lib, comm, values("float32", 6, 0, count), "float32")
+    if r == 0:
+        comm.send(x, 1)
+        back, _ = poisoned(lib, comm, count, "float32")
+        comm.recv(back, 1)
+        sync(lib)
+        check("ping back", read(lib, back, "float32"), values("float32", 6, 0, count), "float32")
+    elif r == 1:
+        got, _ = poisoned(lib, comm, count, "float32")
+        comm.recv(got, 0)
+        comm.send(got, 0)
+        sync(lib)
+        check("ping", read(lib, got, "float32"), values("float32", 6, 0, count), "float32")
+
+
+def barrier(comm):
+    comm.barrier()
+
+
+def bad_call(comm, which):
+    """Makes a wrong call (the same on every rank) and reports the exception."""
+    f32 = np.zeros(8, np.float32)
+    calls = {
+        "op": lambda: comm.all_reduce(f32, "median"),
+        "sizes": lambda: comm.all_gather(np.zeros(8, np.float32), np.zeros(3, np.float32)),
+        "dtypes": lambda: comm.all_reduce(f32, out=np.zeros(8, np.float64)),
+        "dtype_size": lambda: comm.all_reduce(f32, dtype="float16"),
+        "dtype_name": lambda: comm.all_reduce(f32, dtype="complex32"),
+        "not_contiguous": lambda: comm.all_reduce(np.zeros((4, 4), np.float32)[:, 1]),
+        "not_an_array": lambda: comm.all_reduce([1.0, 2.0]),
+        "root": lambda: comm.broadcast(f32, root=comm.size),
+        "peer": lambda: comm.send(f32, comm.size + 3),
+        "stream": lambda: comm.all_reduce(f32, stream=1234),
+        "bool_reduce": lambda: comm.all_reduce(np.zeros(4, bool)),
+        "int16": lambda: comm.all_reduce(np.zeros(4, np.int16)),
+        "alltoall_blocks": lambda: comm.all_to_all(np.zeros(comm.size * 2 + 1, np.float32), np.zeros(comm.size * 2 + 1, np.float32)),
+        "plan_json": lambda: comm.execute_plan('{"name": "x"}', f32, np.zeros(8, np.float32)),
+        "plan_path": lambda: comm.execute_plan("/nonexistent/plan.json", f32, np.zeros(8, np.float32)),
+        "register_host": lambda: comm.register(f32),
+        "readonly": lambda: comm.all_reduce(np.frombuffer(b"\0" * 32, np.float32)),
+    }
+    try:
+        calls[which]()
+    except Exception as e:
+        return [c.__name__ for c in type(e).__mro__], str(e)
+    raise AssertionError(f"{which}: no exception")
+
+
+def die(comm, rank):
+    """Rank ``rank`` exits without a word (a crash)."""
+    if comm.rank == rank:
+        os._exit(3)
+
+
+def all_reduce_expecting_failure(comm):
+    x = np.ones(1 << 16, np.float32)
+    try:
+        comm.all_reduce(x)
+    except mscclpp_rs.Error as e:
+        return [c.__name__ for c in type(e).__mro__], str(e)
+    raise AssertionError("all_reduce with a dead peer returned normally")
+
+
+def allreduce_plan(n):
+    """MSCCL++'s JSON plan format: an out-of-place all-reduce of ``n`` ranks in the Simple
+    protocol (each rank reduces its chunk by reading every peer's input and writes the result
+    into every output, between signal/wait rounds); executor/src/testgen.rs's allreduce_simple."""
+    gpus = []
+    for r in range(n):
+        ps = [p for p in range(n) if p != r]
+        k = len(ps)
+        remote = [{"rank": p, "type": "i", "access_channel_types": ["memory"]} for p in ps]
+        remote += [{"rank": p, "type": "o", "access_channel_types": ["memory"]} for p in ps]
+        src = [{"type": "i", "index": r, "size": 1}] + [
+            {"buffer_id": j, "index": r, "size": 1} for j in range(k)
+        ]
+        dst = [{"type": "o", "index": r, "size": 1}] + [
+            {"buffer_id": k + j, "index": r, "size": 1} for j in range(k)
+        ]
+        sync_ops = [
+            {"name": "signal", "channel_type": "memory", "channel_ids": list(range(k))},
+            {"name": "wait", "channel_type": "memory", "channel_ids": list(range(k))},
+        ]
+        ops = sync_ops + [
+            {"name": "rres", "channel_type": "memory", "reduce_op": "sum", "src_buff": src, "dst_buff": dst},
+            {"name": "nop"},
+        ] + sync_ops
+        gpus.append({
+            "id": r, "input_chunks": n, "output_chunks": n, "scratch_chunks": 0,
+            "channels": [{"channel_type": "memory", "connected_to": ps}],
+            "remote_buffers": remote, "semaphores": [],
+            "threadblocks": [{
+                "id": 0, "ops": ops,
+                "channels": [{"channel_type": "memory", "channel_ids": list(range(k))}],
+                "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": list(range(len(remote)))}],
+            }],
+        })
+    return {
+        "name": f"allreduce_simple_{n}", "collective": "allreduce", "protocol": "Simple",
+        "inplace": False, "reuse_resources": False, "num_threads_per_block": 1024,
+        "use_double_scratch_buffer": False, "buffer_alignment": 16, "min_message_size": 0,
+        "max_message_size": 2**64 - 1, "gpus": gpus,
+    }
+
+
+def execute_plan(comm, count, lib="numpy", seed=7, repeat=3):
+    import json
+
+    n, r = comm.size, comm.rank
+    plan = json.dumps(allreduce_plan(n))
+    for i in range(repeat):
+        ins = [values("float32", seed + i, p, count) for p in range(n)]
+        x, _ = make(lib, comm, ins[r], "float32")
+        out, _ = poisoned(lib, comm, count, "float32")
+        comm.execute_plan(plan, x, out)
+        sync(lib)
+        check(f"plan run {i}", read(lib, out, "float32"), reduce("sum", ins, "float32"), "float32")
+
+
+def graph_all_reduce(comm, count, replays):
+    """An all-reduce captured in a CUDA graph on torch's capture stream, replayed with new
+    inputs: no host synchronisation inside, flags advanced by the kernels."""
+    import torch
+
+    dev = _device(comm)
+    x = torch.zeros(count, dtype=torch.float32, device=dev)
+    out = torch.zeros_like(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (set-up, kernel loading)
+        comm.all_reduce(x, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        comm.all_reduce(x, out=out)
+    for i in range(replays):
+        ins = [values("float32", 50 + i, p, count) for p in range(comm.size)]
+        x.copy_(torch.from_numpy(ins[comm.rank]).to(dev))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check(f"graph replay {i}", out.double().cpu().numpy(), reduce("sum", ins, "float32"), "float32")
+
+
+def registered_all_reduce(comm, count):
+    import torch
+
+    dev = _device(comm)
+    x = torch.zeros(count, dtype=torch.float32, device=dev)
+    reg = comm.register(x)
+    out = torch.zeros_like(x)
+    for i in range(3):
+        ins = [values("float32", 60 + i, p, count) for p in range(comm.size)]
+        x.copy_(torch.from_numpy(ins[comm.rank]).to(dev))
+        comm.all_reduce(x, out=out)
+        torch.cuda.synchronize()
+        check(f"registered {i}", out.double().cpu().numpy(), reduce("sum", ins, "float32"), "float32")
+    comm.barrier()
+    comm.deregister(reg)
+    assert not reg.registered
