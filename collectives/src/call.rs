@@ -26,6 +26,12 @@ pub struct CollectiveCall<'a> {
     pub op: ReduceOp,
     /// Root rank (broadcast).
     pub root: usize,
+    /// The caller's promise that every rank's input lies in a buffer registered with
+    /// [`crate::Collectives::register`] whenever this rank's does (NCCL's rule for registered
+    /// buffers). It lets an all-reduce of a registered input take the zero-copy read path where
+    /// that path serves ([`crate::Collectives::run`]); without it, registration never changes
+    /// the algorithm, so ranks may differ in what they registered.
+    pub registered: bool,
 }
 
 impl<'a> CollectiveCall<'a> {
@@ -45,6 +51,7 @@ impl<'a> CollectiveCall<'a> {
             dtype,
             op: ReduceOp::Sum,
             root: 0,
+            registered: false,
         }
     }
 
@@ -56,6 +63,11 @@ impl<'a> CollectiveCall<'a> {
     /// With the root `root`.
     pub fn root(self, root: usize) -> Self {
         CollectiveCall { root, ..self }
+    }
+
+    /// With the promise of [`CollectiveCall::registered`].
+    pub fn registered(self, registered: bool) -> Self {
+        CollectiveCall { registered, ..self }
     }
 }
 

@@ -2,6 +2,7 @@
 //! and the one entry point every caller shares.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{BufferSlice, DataType, Error, ReduceOp, Result, Stream};
@@ -19,7 +20,7 @@ use crate::algorithms::read::Read;
 use crate::algorithms::{Algorithm, AlgorithmId};
 use crate::call::{self, CollectiveCall};
 use crate::order::LaunchOrder;
-use crate::policy::{Policy, Settings};
+use crate::policy::{Policy, REGISTERED_READ_RANGE, Settings};
 use crate::window::Window;
 
 /// Packet bytes of one LL scratch slot: 2 MiB of packets carry 1 MiB of data per peer per round
@@ -40,6 +41,8 @@ pub struct Collectives {
     read: Option<Read>,
     /// Sends and receives.
     p2p: P2p,
+    /// All-reduces that read a registered input in place ([`Collectives::zero_copy_calls`]).
+    zero_copy: AtomicU64,
     /// Keeps launches on different streams from overlapping.
     order: LaunchOrder,
 }
@@ -103,6 +106,7 @@ impl Collectives {
             direct,
             read,
             p2p,
+            zero_copy: AtomicU64::new(0),
             order: LaunchOrder::default(),
         })
     }
@@ -136,7 +140,18 @@ impl Collectives {
     pub fn run(&self, call: &CollectiveCall, stream: &dyn Stream) -> Result<()> {
         let backend = self.comm.device().info().backend;
         let checked = call::check(call, self.comm.rank(), self.comm.nranks(), backend)?;
-        let id = self.algorithm(call.kind, checked.block_bytes);
+        let id = match self.zero_copy_read(call, checked.block_bytes, checked.in_bytes) {
+            Some(id) => {
+                self.zero_copy.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    count = call.count,
+                    bytes = checked.block_bytes,
+                    "all-reduce reads the registered input in place (zero copy)"
+                );
+                id
+            }
+            None => self.algorithm(call.kind, checked.block_bytes),
+        };
         let algorithm = self
             .get(id)
             .ok_or_else(|| Error::Internal(format!("{id} was chosen but is not set up")))?;
@@ -149,6 +164,31 @@ impl Collectives {
             // above).
             unsafe { algorithm.launch(&checked, &plan, stream) }
         })
+    }
+
+    /// The read algorithm for an all-reduce whose input is registered here, when the caller
+    /// promised symmetric registration ([`CollectiveCall::registered`]), the algorithm is chosen
+    /// by size and the size is one where reading in place pays ([`REGISTERED_READ_RANGE`]).
+    fn zero_copy_read(
+        &self,
+        call: &CollectiveCall,
+        block_bytes: u64,
+        in_bytes: u64,
+    ) -> Option<AlgorithmId> {
+        let read = self.read.as_ref()?;
+        (call.registered
+            && call.kind == CollectiveKind::AllReduce
+            && self.policy.is_auto(call.kind)
+            && REGISTERED_READ_RANGE.contains(&block_bytes)
+            && read.fits(call.kind, block_bytes)
+            && read.holds(call.input.ptr().0, in_bytes))
+        .then_some(AlgorithmId::Read)
+    }
+
+    /// All-reduces so far that read a registered input in place instead of a copy (the
+    /// zero-copy path of [`CollectiveCall::registered`]): what tests and benchmarks check.
+    pub fn zero_copy_calls(&self) -> u64 {
+        self.zero_copy.load(Ordering::Relaxed)
     }
 
     /// Enqueues a group of sends and receives of this rank on `stream` (NCCL's `ncclSend` and
@@ -195,7 +235,9 @@ impl Collectives {
 
     /// Registers `slice` with every rank's collectives (a collective call: every rank registers
     /// one buffer of its own, in the same order on every rank). All-reduces whose input lies in a
-    /// registered buffer let the peers read it where it is instead of a copy; the IPC mappings
+    /// registered buffer let the peers read it where it is instead of a copy — when the read
+    /// algorithm is forced, or when the call promises symmetric registration
+    /// ([`CollectiveCall::registered`]) and its size is one where that pays; the IPC mappings
     /// are made here, once. The buffer stays alive until [`Collectives::deregister`].
     pub fn register(&self, slice: &BufferSlice) -> Result<Window> {
         let read = self.read.as_ref().ok_or_else(|| {

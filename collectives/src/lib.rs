@@ -31,6 +31,7 @@ mod collectives;
 mod kind;
 mod order;
 mod policy;
+mod scale;
 mod scratch;
 mod window;
 
@@ -40,4 +41,5 @@ pub use call::CollectiveCall;
 pub use collectives::{Collectives, DEFAULT_SLOT_BYTES};
 pub use kind::CollectiveKind;
 pub use mscclpp_hal::{DataType, KernelId, KernelModule, ReduceOp};
+pub use scale::{Factor, SCALE_MODULE, ScaleArgs, Scaler};
 pub use window::Window;

@@ -37,6 +37,13 @@ pub(crate) fn direct_threshold(kind: CollectiveKind) -> u64 {
 /// its per-line agreement costs more latency than its 94 % payload saves.
 pub(crate) const LL128_RANGE: Range<u64> = (256 << 10)..(2 << 20);
 
+/// All-reduce rank-block bytes for which a registered input takes the read algorithm (zero copy)
+/// when the caller promises registration is symmetric ([`crate::CollectiveCall::registered`]):
+/// from where direct takes over from LL128 up to what read's staging area bounds anyway. Below,
+/// LL and LL128 beat reading in place (docs/performance.md, "Read all-reduce with registered
+/// buffers").
+pub(crate) const REGISTERED_READ_RANGE: std::ops::RangeInclusive<u64> = (2 << 20)..=(4 << 20);
+
 /// The environment variable forcing `kind`'s algorithm.
 fn algo_var(kind: CollectiveKind) -> String {
     format!("MSCCLPP_ALGO_{}", kind.name().to_ascii_uppercase())
@@ -71,6 +78,11 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
+    /// Whether `kind`'s algorithm is chosen by size (not forced).
+    pub fn is_auto(&self, kind: CollectiveKind) -> bool {
+        self.choices[kind as usize] == Choice::Auto
+    }
+
     /// The algorithm for `kind` with rank blocks of `block_bytes`; `fits` says which of them
     /// can serve it here ([`AlgorithmId::Ll`] always can).
     pub fn choose(

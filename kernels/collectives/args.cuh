@@ -1,6 +1,6 @@
 // Argument structs of the collective kernels (collectives/src/algorithms/{ll,direct,read,p2p}/args.rs:
-// LlCollectiveArgs, DirectCollectiveArgs, ReadCollectiveArgs, P2pArgs; checked against them by
-// collectives/args_check.h). Vendor-neutral.
+// LlCollectiveArgs, DirectCollectiveArgs, ReadCollectiveArgs, P2pArgs; collectives/src/scale.rs:
+// ScaleArgs; checked against them by collectives/args_check.h). Vendor-neutral.
 #pragma once
 
 #include "mscclpp/core.cuh"
@@ -100,6 +100,18 @@ struct P2pArgs {
   P2pChannel channels[kP2pMaxChannels];
   P2pOpDesc ops[kP2pMaxOps];
   uint64_t abort;
+};
+
+// Arguments of mscclpp_collective_scale: `count` elements of type `dtype` at `data` multiplied in
+// place by a factor read from `scalar` (device memory) when it is not 0, else `imm` (the
+// element's bits, zero-extended).
+struct ScaleArgs {
+  uint64_t data;
+  uint64_t count;
+  uint64_t scalar;
+  uint64_t imm;
+  uint32_t dtype;
+  uint32_t _pad;
 };
 
 }  // namespace mscclpp

@@ -108,6 +108,8 @@ pub struct Bench {
     input: DeviceBuffer,
     output: DeviceBuffer,
     nccl: Option<Nccl>,
+    /// The input is registered on every rank (`--register`): all-reduces may read it in place.
+    registered: bool,
 }
 
 impl Bench {
@@ -154,6 +156,7 @@ impl Bench {
             input,
             output,
             nccl,
+            registered: register,
         })
     }
 
@@ -175,7 +178,8 @@ impl Bench {
     ) -> Result<()> {
         let call = CollectiveCall::new(spec.kind, input, output, count, spec.dtype)
             .op(spec.op)
-            .root(spec.root);
+            .root(spec.root)
+            .registered(self.registered);
         self.coll.run(&call, &*self.stream)
     }
 

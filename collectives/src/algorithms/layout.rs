@@ -11,6 +11,7 @@ use super::direct::args::DirectCollectiveArgs;
 use super::ll::args::LlCollectiveArgs;
 use super::p2p::args::{P2pArgs, P2pChannel, P2pOpDesc};
 use super::read::args::ReadCollectiveArgs;
+use crate::scale::ScaleArgs;
 
 fn layout_table() -> Vec<LayoutEntry> {
     vec![
@@ -84,6 +85,14 @@ fn layout_table() -> Vec<LayoutEntry> {
             max_blocks,
             _pad,
             abort,
+        }),
+        layout_entry!(ScaleArgs {
+            data,
+            count,
+            scalar,
+            imm,
+            dtype,
+            _pad,
         }),
     ]
 }

@@ -104,6 +104,11 @@ impl Read {
     pub fn deregister(&self, comm: &Communicator, window: Window) -> Result<()> {
         self.windows.deregister(comm, window)
     }
+
+    /// Whether `[ptr, ptr + bytes)` lies in a registered window here.
+    pub fn holds(&self, ptr: u64, bytes: u64) -> bool {
+        self.windows.key_of(ptr, bytes) != 0
+    }
 }
 
 impl Algorithm for Read {
