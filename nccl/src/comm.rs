@@ -896,6 +896,12 @@ impl Comm {
         let (esize, hal_dtype) = dtype_info(call.dtype)?;
         let reduces = matches!(call.op, Op::AllReduce | Op::ReduceScatter | Op::Reduce);
         let hal_op = if reduces { op_info(call.redop)? } else { None };
+        // A PreMulSum operator: a sum, then the output scaled (or the real NCCL's operator).
+        let user = match (reduces, hal_op) {
+            (true, None) => Some(crate::premul::resolve(self, call.redop, call.dtype)?),
+            _ => None,
+        };
+        let hal_op = hal_op.or(user.as_ref().map(|_| ReduceOp::Sum));
         let n = self.nranks;
         if matches!(call.op, Op::Broadcast | Op::Reduce | Op::Send | Op::Recv) {
             let r = usize::try_from(call.root).ok().filter(|&r| r < n);
@@ -952,7 +958,10 @@ impl Comm {
                     Ok((dt, call.count, ReduceOp::Sum))
                 }
                 Op::AllReduce | Op::ReduceScatter | Op::Reduce => {
-                    let op = hal_op.ok_or("user-created (PreMulSum) reduction operator")?;
+                    if user.as_ref().is_some_and(|u| u.scaler.is_none()) {
+                        return Err("a PreMulSum operator of a fallback communicator".into());
+                    }
+                    let op = hal_op.ok_or("no native reduction operator")?;
                     let dt = hal_dtype.ok_or_else(|| {
                         format!("no native reduction of ncclDataType_t {}", call.dtype)
                     })?;
@@ -981,10 +990,27 @@ impl Comm {
                 if call.count == 0 {
                     return Ok(());
                 }
-                self.run_native(call, dt, count, op)
+                self.run_native(call, dt, count, op)?;
+                match &user {
+                    Some(u) => self.post_scale(call, dt, count, u),
+                    None => Ok(()),
+                }
             }
             Err(why) => {
                 log_route(call.op, false, &why);
+                let call = match &user {
+                    None => call,
+                    Some(u) => Call {
+                        redop: u.real.ok_or_else(|| {
+                            no_real(&format!(
+                                "{} with PreMulSum operator {} ({why})",
+                                call.op.name(),
+                                call.redop
+                            ))
+                        })?,
+                        ..call
+                    },
+                };
                 self.run_real(call, &why)
             }
         }
@@ -1126,9 +1152,11 @@ impl Comm {
                 }
             }
             (Ok(false), Some(c)) => c.run(
+                // NCCL's rule: every rank passes registered buffers or none.
                 &CollectiveCall::new(kind, &i, &o, count, dt)
                     .op(op)
-                    .root(root),
+                    .root(root)
+                    .registered(true),
                 &*stream,
             ),
         };
@@ -1347,4 +1375,95 @@ fn self_copies(ops: &[P2pOp], stream: &dyn Stream) -> mscclpp::hal::Result<()> {
         }
     }
     Ok(())
+}
+
+impl Comm {
+    /// The native collectives and communicator, where the collectives serve (several ranks of
+    /// one host).
+    pub fn native_collectives(&self) -> Option<(&Collectives, &Arc<Communicator>)> {
+        let n = self.native.as_ref()?;
+        Some((n.colls.as_ref()?, &n.comm))
+    }
+
+    /// The native communicator's device, if it has a native side.
+    pub fn native_device(&self) -> Option<Arc<dyn Device>> {
+        self.native.as_ref().map(|n| n.comm.device().clone())
+    }
+
+    /// The real NCCL's PreMulSum operator made beside ours (for the operations that fall
+    /// back), when this communicator has a real one.
+    ///
+    /// # Safety
+    /// As `ncclRedOpCreatePreMulSum`'s arguments.
+    pub unsafe fn create_real_premul(
+        &self,
+        scalar: *mut c_void,
+        datatype: c_int,
+        residence: c_int,
+    ) -> Res<Option<c_int>> {
+        let Some((lib, rc)) = self.real_comm() else {
+            return Ok(None);
+        };
+        let made = (|| -> Res<c_int> {
+            let f = lib.need(lib.red_op_create_pre_mul_sum, "ncclRedOpCreatePreMulSum")?;
+            let mut op: c_int = 0;
+            // SAFETY: the caller's arguments with the real communicator and a valid out-pointer.
+            lib.check("ncclRedOpCreatePreMulSum", unsafe {
+                f(&mut op, scalar, datatype, residence, rc)
+            })?;
+            Ok(op)
+        })();
+        match made {
+            Ok(op) => Ok(Some(op)),
+            // The native side serves the operator; only fallbacks will lack it.
+            Err(e) if self.native.is_some() => {
+                tracing::warn!("{}", e.message);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Destroys the real NCCL's operator `op` of this communicator.
+    pub fn destroy_real_premul(&self, op: c_int) -> Res<()> {
+        let Some((lib, rc)) = self.real_comm() else {
+            return Ok(());
+        };
+        let f = lib.need(lib.red_op_destroy, "ncclRedOpDestroy")?;
+        // SAFETY: an operator the real NCCL made for this communicator.
+        lib.check("ncclRedOpDestroy", unsafe { f(op, rc) })
+    }
+
+    /// Scales the output of a native reduction by a PreMulSum operator's factor, on the
+    /// operation's stream (the root's output only for `ncclReduce`).
+    fn post_scale(
+        &self,
+        call: Call,
+        dt: DataType,
+        count: usize,
+        u: &crate::premul::UserOp,
+    ) -> Res<()> {
+        let native = self
+            .native
+            .as_ref()
+            .ok_or_else(|| Failure::internal("native path without a native communicator"))?;
+        let (Some(scaler), Some(factor)) = (&u.scaler, &u.factor) else {
+            return Err(Failure::internal("a PreMulSum operator without its factor"));
+        };
+        if call.op == Op::Reduce && usize::try_from(call.root).ok() != Some(self.rank) {
+            return Ok(());
+        }
+        let device = native.comm.device();
+        let bytes = count
+            .checked_mul(dt.size())
+            .ok_or_else(|| Failure::argument("count overflows"))?;
+        let stream = self.stream_of(native, call.stream)?;
+        // SAFETY: NCCL's contract: `count` elements at `recvbuff`, alive until the operation
+        // has run on `stream` (the reduction just enqueued there wrote them).
+        let out = unsafe { device.wrap_external(DevicePtr(call.recv as u64), bytes)? };
+        let res = scaler.scale(&out.full(), count, dt, factor, &*stream);
+        let host = device.info().backend == BackendKind::Host;
+        let res = res.and_then(|()| if host { stream.synchronize() } else { Ok(()) });
+        res.map_err(|e| self.note(e))
+    }
 }

@@ -13,10 +13,14 @@
 //!   1 to 8 ranks on one host.
 //! - **Fallback** to the real NCCL named by `MSCCLPP_NCCL_LIB_PATH` (every rank then also holds
 //!   a real communicator, created at `ncclCommInitRank` with an id rank 0 makes and our
-//!   bootstrap carries): operators made by `ncclRedOpCreatePreMulSum`, communicators over several hosts or more than 8 ranks, and every operation
+//!   bootstrap carries): communicators over several hosts or more than 8 ranks, and every operation
 //!   `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` (`all` or e.g. `allreduce,send`) names; also
 //!   `ncclDevCommCreate` and `ncclGroupSimulateEnd`. Without a real NCCL these return
 //!   `ncclInvalidUsage` and `ncclGetLastError` says to set `MSCCLPP_NCCL_LIB_PATH`.
+//! - **PreMulSum** (`ncclRedOpCreatePreMulSum`, module [`premul`]): native, a sum and then the
+//!   output scaled on the same stream.
+//! - **Registration** (module [`register`]): `ncclCommWindowRegister` of `ncclMemAlloc` memory
+//!   registers collectively for zero copy; `ncclCommRegister` (local) records only.
 //!
 //! ## Communicator lifecycle (native; see [`lifecycle`])
 //! `ncclCommInitRank`, `ncclCommInitRankConfig` (`ncclConfig_t` read as NCCL reads it: at most
@@ -31,8 +35,6 @@
 //! the handle (the parent's too, for a split or shrink) are `ncclInvalidArgument`, as NCCL's.
 //! Creations inside a group start at once on their own threads and the outermost
 //! `ncclGroupEnd` waits for them (one thread can initialise every GPU, as nccl-tests `-g` does).
-//! - **Accepted as no-ops**: `ncclCommRegister`/`Deregister` and the window variants return a
-//!   handle and register nothing (the collectives move data through their own scratch).
 //!
 //! ## Groups
 //! `ncclGroupStart`/`ncclGroupEnd` nest (depth per thread). Inside a group, native collectives
@@ -64,11 +66,12 @@ pub mod comm;
 pub mod error;
 pub mod lifecycle;
 pub mod plans;
+pub mod premul;
 pub mod real;
+pub mod register;
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use mscclpp::hal::{Device, DeviceBuffer, MemoryKind};
@@ -124,6 +127,7 @@ pub const EXPORTS: &[&str] = &[
     "ncclGather",
     "ncclScatter",
     mscclpp_nccl_real::SHIM_MARKER,
+    "mscclppNcclZeroCopyCalls",
 ];
 
 /// `int mscclppNcclShim(void)`: 1. Only this library exports it, so that the binding of the real
@@ -481,35 +485,12 @@ pub unsafe extern "C" fn ncclCommCuDevice(comm: NcclComm, device: *mut c_int) ->
 }
 
 // ---------------------------------------------------------------------------------------------
-// Registration (accepted; nothing to register: the collectives use their own scratch)
-
-static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x1000);
-
-fn handles() -> &'static Mutex<HashMap<usize, (usize, usize)>> {
-    static H: OnceLock<Mutex<HashMap<usize, (usize, usize)>>> = OnceLock::new();
-    H.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn new_handle(buff: *mut c_void, size: usize) -> *mut c_void {
-    let h = NEXT_HANDLE.fetch_add(16, Ordering::Relaxed) as usize;
-    handles()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(h, (buff as usize, size));
-    h as *mut c_void
-}
-
-fn drop_handle(h: *mut c_void, what: &str) -> Res<()> {
-    handles()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&(h as usize))
-        .map(|_| ())
-        .ok_or_else(|| Failure::argument(format!("{what} {h:p} was not returned by this library")))
-}
+// Registration (see `register`: windows of ncclMemAlloc memory register for zero copy)
 
 /// `ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void**
-/// handle)`: returns a handle; registers nothing.
+/// handle)`: local, as NCCL's: records the range (keeping `ncclMemAlloc` memory alive until
+/// deregistered); the calls copy as without it (only the collective window API maps buffers
+/// into the peers, see `register`).
 ///
 /// # Safety
 /// `handle` must be NULL or valid for a write.
@@ -520,9 +501,12 @@ pub unsafe extern "C" fn ncclCommRegister(
     size: usize,
     handle: *mut *mut c_void,
 ) -> NcclResult {
-    // SAFETY: forwarded contract.
-    guard("ncclCommRegister", || unsafe {
-        register_handle(comm, buff, size, handle, "handle")
+    guard("ncclCommRegister", || {
+        let c = lookup(comm)?;
+        check_range(buff, size, handle.is_null(), "handle")?;
+        let h = register::register_local(&c, mem_owner(buff, size).map(|(b, _)| b));
+        // SAFETY: non-null (checked); the caller's out-pointer.
+        unsafe { out(handle, "handle", h) }
     })
 }
 
@@ -533,16 +517,18 @@ pub unsafe extern "C" fn ncclCommRegister(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommDeregister(comm: NcclComm, handle: *mut c_void) -> NcclResult {
     guard("ncclCommDeregister", || {
-        lookup(comm)?;
-        drop_handle(handle, "handle")
+        register::deregister(&lookup(comm)?, handle, register::Kind::Local)
     })
 }
 
 /// `ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t*
-/// win, int winFlags)`: returns a window handle; registers nothing.
+/// win, int winFlags)`: collective, as NCCL 2.27's. When every rank's buffer came from
+/// `ncclMemAlloc`, the buffers are registered with the collectives (mapped into every peer now),
+/// and all-reduces whose input lies in the window read it in place where that pays; otherwise
+/// the window is recorded and calls copy.
 ///
 /// # Safety
-/// `win` must be NULL or valid for a write.
+/// `win` must be NULL or valid for a write; `buff` `size` bytes of the caller's device memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommWindowRegister(
     comm: NcclComm,
@@ -551,41 +537,61 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
     win: *mut NcclWindow,
     _winFlags: c_int,
 ) -> NcclResult {
-    // SAFETY: forwarded contract.
-    guard("ncclCommWindowRegister", || unsafe {
-        register_handle(comm, buff, size, win, "win")
+    guard("ncclCommWindowRegister", || {
+        let c = lookup(comm)?;
+        check_range(buff, size, win.is_null(), "win")?;
+        let h = register::register_window(&c, mem_owner(buff, size), size)?;
+        // SAFETY: non-null (checked); the caller's out-pointer.
+        unsafe { out(win, "win", h) }
     })
 }
 
-/// The registration both registration calls make: a handle standing for `buff` (nothing is
-/// registered: the collectives go through the communicator's scratch), written to `*dst`.
-///
-/// # Safety
-/// `dst` must be NULL or valid for a write.
-unsafe fn register_handle(
-    comm: NcclComm,
-    buff: *mut c_void,
-    size: usize,
-    dst: *mut *mut c_void,
-    what: &str,
-) -> Res<()> {
-    lookup(comm)?;
+/// The checks both registration calls make before anything is recorded.
+fn check_range(buff: *mut c_void, size: usize, out_null: bool, what: &str) -> Res<()> {
     if buff.is_null() {
         return Err(Failure::argument("buff is NULL"));
     }
-    // SAFETY: caller's contract.
-    unsafe { out(dst, what, new_handle(buff, size)) }
+    if size == 0 {
+        return Err(Failure::argument("size is 0"));
+    }
+    if (buff as usize).checked_add(size).is_none() {
+        return Err(Failure::argument(format!(
+            "{size} bytes at {buff:p} wrap around the address space"
+        )));
+    }
+    if out_null {
+        return Err(Failure::argument(format!("{what} is NULL")));
+    }
+    Ok(())
 }
 
-/// `ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)`.
+/// `ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)`: collective when
+/// the window was registered for zero copy (every rank, in the same order).
 ///
 /// # Safety
 /// `comm` is a handle (checked).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommWindowDeregister(comm: NcclComm, win: NcclWindow) -> NcclResult {
     guard("ncclCommWindowDeregister", || {
-        lookup(comm)?;
-        drop_handle(win, "win")
+        register::deregister(&lookup(comm)?, win, register::Kind::Window)
+    })
+}
+
+/// `ncclResult_t mscclppNcclZeroCopyCalls(ncclComm_t comm, uint64_t* calls)` (this library's
+/// own): how many all-reduces of the communicator read a registered input in place — what tests
+/// and benchmarks check to see the zero-copy path taken.
+///
+/// # Safety
+/// `calls` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppNcclZeroCopyCalls(comm: NcclComm, calls: *mut u64) -> NcclResult {
+    guard("mscclppNcclZeroCopyCalls", || {
+        let c = lookup(comm)?;
+        let n = c
+            .native_collectives()
+            .map_or(0, |(colls, _)| colls.zero_copy_calls());
+        // SAFETY: forwarded contract.
+        unsafe { out(calls, "calls", n) }
     })
 }
 
@@ -596,6 +602,16 @@ pub unsafe extern "C" fn ncclCommWindowDeregister(comm: NcclComm, win: NcclWindo
 fn mem_map() -> &'static Mutex<HashMap<usize, DeviceBuffer>> {
     static M: OnceLock<Mutex<HashMap<usize, DeviceBuffer>>> = OnceLock::new();
     M.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The `ncclMemAlloc` buffer holding `[ptr, ptr + len)` and the range's offset in it.
+fn mem_owner(ptr: *mut c_void, len: usize) -> Option<(DeviceBuffer, usize)> {
+    let p = ptr as usize;
+    let m = mem_map().lock().unwrap_or_else(|e| e.into_inner());
+    m.iter().find_map(|(&base, b)| {
+        let off = p.checked_sub(base)?;
+        (off.checked_add(len)? <= b.len()).then(|| (b.clone(), off))
+    })
 }
 
 /// The device `ncclMemAlloc` allocates on: the caller's current one (CUDA), else device 0.
@@ -1121,8 +1137,11 @@ pub unsafe extern "C" fn ncclGroupSimulateEnd(_simInfo: *mut c_void) -> NcclResu
 // User-defined operators and device communicators: the real NCCL's
 
 /// `ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t
-/// datatype, ncclScalarResidence_t residence, ncclComm_t comm)`: through the real NCCL (the
-/// operator then makes every reduction that uses it fall back).
+/// datatype, ncclScalarResidence_t residence, ncclComm_t comm)`: native — `sum(scalar * x_i)`
+/// served as `scalar * sum(x_i)` (a sum, then the output scaled on the same stream). A host
+/// scalar (`ncclScalarHostImmediate`) is copied now; a device one (`ncclScalarDevice`) is read
+/// when each operation runs, so graph replays see its current value. With a real NCCL, its own
+/// operator is made beside ours for the operations that fall back.
 ///
 /// # Safety
 /// As NCCL's: `op` valid for a write; `scalar` a host or device scalar per `residence`.
@@ -1136,37 +1155,24 @@ pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
 ) -> NcclResult {
     guard("ncclRedOpCreatePreMulSum", || {
         let c = lookup(comm)?;
-        if op.is_null() || scalar.is_null() {
-            return Err(Failure::argument("op or scalar is NULL"));
+        if op.is_null() {
+            return Err(Failure::argument("op is NULL"));
         }
-        comm::dtype_info(datatype)?;
-        let (lib, rc) = c.require_real("ncclRedOpCreatePreMulSum")?;
-        let f = lib.need(lib.red_op_create_pre_mul_sum, "ncclRedOpCreatePreMulSum")?;
-        // SAFETY: the caller's arguments with the real communicator.
-        lib.check("ncclRedOpCreatePreMulSum", unsafe {
-            f(op, scalar, datatype, residence, rc)
-        })
+        // SAFETY: forwarded contract.
+        let code = unsafe { premul::create(&c, comm, scalar, datatype, residence)? };
+        // SAFETY: non-null; the caller's out-pointer.
+        unsafe { out(op, "op", code) }
     })
 }
 
-/// `ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)`.
+/// `ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)`: frees an operator made by
+/// `ncclRedOpCreatePreMulSum` for this communicator.
 ///
 /// # Safety
 /// `comm` is a handle (checked).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclRedOpDestroy(op: c_int, comm: NcclComm) -> NcclResult {
-    guard("ncclRedOpDestroy", || {
-        let c = lookup(comm)?;
-        if op < abi::redop::NUM_OPS {
-            return Err(Failure::argument(format!(
-                "operator {op} is built in, not one made by ncclRedOpCreatePreMulSum"
-            )));
-        }
-        let (lib, rc) = c.require_real("ncclRedOpDestroy")?;
-        let f = lib.need(lib.red_op_destroy, "ncclRedOpDestroy")?;
-        // SAFETY: an operator the real NCCL made for this communicator.
-        lib.check("ncclRedOpDestroy", unsafe { f(op, rc) })
-    })
+    guard("ncclRedOpDestroy", || premul::destroy(&lookup(comm)?, op))
 }
 
 /// `ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* reqs,

@@ -1,0 +1,159 @@
+//! Buffer registration: `ncclCommRegister` (local in NCCL) and `ncclCommWindowRegister`
+//! (collective in NCCL 2.27+).
+//!
+//! mscclpp's registration (`Collectives::register`) maps a buffer into every peer, so it is
+//! collective. Only the window API is collective in NCCL, so only it registers for zero copy:
+//! every rank tells the others whether its buffer came from `ncclMemAlloc` (memory this library
+//! owns and can export), and when all did, the buffers are registered together; all-reduces
+//! whose input lies in such a window then read it in place where that pays (2 to 4 MiB per rank,
+//! `Collectives::zero_copy_calls` counts them). `ncclCommRegister` is local: a local call cannot
+//! make the peers' mappings, and registering lazily inside a later collective would need every
+//! rank to register the same shapes at the same call, which NCCL does not require — a mismatch
+//! would leave some ranks waiting for a registration the others never start. So it records the
+//! range (and keeps `ncclMemAlloc` memory alive until deregistered) and the calls copy as
+//! without it.
+//!
+//! A registered `ncclMemAlloc` buffer stays allocated until it is deregistered or its
+//! communicator is destroyed, even after `ncclMemFree`: peers may still map it, so a buffer
+//! freed without deregistering never leaves a dangling mapping behind.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use mscclpp::collectives::Window;
+use mscclpp::hal::DeviceBuffer;
+
+use crate::comm::Comm;
+use crate::error::{Failure, Res};
+
+/// Which call made a registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `ncclCommRegister`.
+    Local,
+    /// `ncclCommWindowRegister`.
+    Window,
+}
+
+impl Kind {
+    fn what(self) -> &'static str {
+        match self {
+            Kind::Local => "handle (of ncclCommRegister)",
+            Kind::Window => "window (of ncclCommWindowRegister)",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Reg {
+    comm: Weak<Comm>,
+    kind: Kind,
+    /// The `ncclMemAlloc` buffer holding the range, kept alive while registered.
+    _keep: Option<DeviceBuffer>,
+    /// The collective registration (windows of `ncclMemAlloc` memory on every rank).
+    window: Option<Window>,
+}
+
+fn regs() -> &'static Mutex<HashMap<usize, Reg>> {
+    static R: OnceLock<Mutex<HashMap<usize, Reg>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Handles are never reused, nor aligned like pointers (so a foreign value rarely decodes).
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x1000_0007);
+
+fn insert(reg: Reg) -> *mut c_void {
+    let h = NEXT_HANDLE.fetch_add(16, Ordering::Relaxed) as usize;
+    let mut m = regs().lock().unwrap_or_else(|p| p.into_inner());
+    // Registrations of destroyed communicators go with them.
+    m.retain(|_, r| r.comm.strong_count() > 0);
+    m.insert(h, reg);
+    h as *mut c_void
+}
+
+/// `ncclCommRegister`: records the range; registers nothing collectively (see the module).
+pub fn register_local(c: &Arc<Comm>, owner: Option<DeviceBuffer>) -> *mut c_void {
+    tracing::debug!(
+        rank = c.rank,
+        owned = owner.is_some(),
+        "ncclCommRegister: recorded (local registration: calls copy as without it; \
+         ncclCommWindowRegister registers for zero copy)"
+    );
+    insert(Reg {
+        comm: Arc::downgrade(c),
+        kind: Kind::Local,
+        _keep: owner,
+        window: None,
+    })
+}
+
+/// `ncclCommWindowRegister`: a collective call. `owner` is the `ncclMemAlloc` buffer holding
+/// `[buff, buff + size)` and the range's offset in it, if any.
+pub fn register_window(
+    c: &Arc<Comm>,
+    owner: Option<(DeviceBuffer, usize)>,
+    size: usize,
+) -> Res<*mut c_void> {
+    let mut window = None;
+    if let Some((colls, comm)) = c.native_collectives() {
+        let mine = u8::from(owner.is_some());
+        let all = comm.bootstrap().all_gather(&[mine])?;
+        let missing: Vec<usize> = (0..all.len()).filter(|&r| all[r] != [1]).collect();
+        match &owner {
+            Some((buf, off)) if missing.is_empty() => {
+                let slice = buf.slice(*off..*off + size)?;
+                window = Some(colls.register(&slice)?);
+            }
+            _ => tracing::info!(
+                rank = c.rank,
+                "ncclCommWindowRegister: ranks {missing:?} passed memory not from ncclMemAlloc; \
+                 the window is recorded and calls on it copy"
+            ),
+        }
+    }
+    Ok(insert(Reg {
+        comm: Arc::downgrade(c),
+        kind: Kind::Window,
+        _keep: owner.map(|(b, _)| b),
+        window,
+    }))
+}
+
+/// `ncclCommDeregister` / `ncclCommWindowDeregister` (collective for a window registered for
+/// zero copy, as NCCL's window deregistration is).
+pub fn deregister(c: &Arc<Comm>, h: *mut c_void, kind: Kind) -> Res<()> {
+    let reg = {
+        let mut m = regs().lock().unwrap_or_else(|p| p.into_inner());
+        match m.get(&(h as usize)) {
+            None => {
+                return Err(Failure::argument(format!(
+                    "{} {h:p} was not returned by this library, or was deregistered already",
+                    kind.what()
+                )));
+            }
+            Some(r) if r.kind != kind => {
+                return Err(Failure::argument(format!(
+                    "{h:p} is a {}, not a {}",
+                    r.kind.what(),
+                    kind.what()
+                )));
+            }
+            Some(r) if r.comm.as_ptr() != Arc::as_ptr(c) => {
+                return Err(Failure::argument(format!(
+                    "{} {h:p} belongs to another communicator",
+                    kind.what()
+                )));
+            }
+            Some(_) => m.remove(&(h as usize)),
+        }
+    };
+    if let Some(w) = reg.and_then(|r| r.window) {
+        let (colls, _) = c
+            .native_collectives()
+            .ok_or_else(|| Failure::internal("a window without collectives"))?;
+        colls.deregister(w)?;
+    }
+    Ok(())
+}
