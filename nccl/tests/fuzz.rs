@@ -478,6 +478,11 @@ impl Fuzz {
                         "ncclCommUserRank",
                         sym!(lib, "ncclCommUserRank", fn(Comm, *mut c_int) -> c_int),
                     ),
+                    // This library's own counter writes a u64: the 16-byte slot holds it.
+                    13 if self.rng.chance(2) => (
+                        "mscclppNcclZeroCopyCalls",
+                        sym!(lib, "mscclppNcclZeroCopyCalls", fn(Comm, *mut c_int) -> c_int),
+                    ),
                     13 => (
                         "ncclCommCuDevice",
                         sym!(lib, "ncclCommCuDevice", fn(Comm, *mut c_int) -> c_int),
