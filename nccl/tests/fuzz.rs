@@ -481,7 +481,11 @@ impl Fuzz {
                     // This library's own counter writes a u64: the 16-byte slot holds it.
                     13 if self.rng.chance(2) => (
                         "mscclppNcclZeroCopyCalls",
-                        sym!(lib, "mscclppNcclZeroCopyCalls", fn(Comm, *mut c_int) -> c_int),
+                        sym!(
+                            lib,
+                            "mscclppNcclZeroCopyCalls",
+                            fn(Comm, *mut c_int) -> c_int
+                        ),
                     ),
                     13 => (
                         "ncclCommCuDevice",
