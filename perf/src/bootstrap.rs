@@ -112,7 +112,7 @@ fn peak_rss_kib() -> usize {
 }
 
 /// Open sockets of this process (listeners included), each counted once however many
-/// descriptors refer to it (a connection's reader holds a duplicate).
+/// descriptors refer to it.
 fn sockets() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| {
         d.flatten()
