@@ -72,6 +72,19 @@ def f_allreduce_wide(c):
         exact(x, want)
 
 
+def f_pow2_sizes(c):
+    # Power-of-two sizes (1 KiB to 4 MiB of float32): the sizes execution plans divide into
+    # chunks, so that MSCCLPP_EXECUTION_PLAN_DIR's plans are the ones that serve them.
+    for k in range(8, 21, 4):
+        n = 1 << k
+        x = data(c.rank, n, salt=9).to(c.dev)
+        dist.all_reduce(x)
+        exact(x, sum(data(r, n, salt=9) for r in range(c.world)))
+        out = torch.full((c.world * n,), float("nan"), device=c.dev)
+        dist.all_gather_into_tensor(out, x)
+        exact(out, torch.cat([sum(data(r, n, salt=9) for r in range(c.world))] * c.world))
+
+
 def f_allgather(c):
     n = 12345
     x = data(c.rank, n, salt=3).to(c.dev)
@@ -317,6 +330,7 @@ FEATURES = {
     "gather_scatter": f_gather_scatter, "objects": f_objects, "new_group": f_new_group,
     "split_group": f_split_group, "coalescing": f_coalescing, "graphs": f_graphs,
     "functional": f_functional, "ddp": f_ddp, "fsdp2": f_fsdp2, "barrier": f_barrier,
+    "pow2_sizes": f_pow2_sizes,
 }
 
 
