@@ -53,5 +53,5 @@ pub use memory::{
 };
 pub use module::{HostKernelFn, KernelDef, KernelModule};
 pub use multicast::{MulticastAddress, MulticastGroup, MulticastMapping};
-pub use stream::{Event, Graph, Stream};
+pub use stream::{Event, Graph, Stream, WaitCmp};
 pub use typed_kernel::TypedKernel;

@@ -25,6 +25,21 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// token or flag is published behind the data it guards.
     fn write_value64(&self, dst: &BufferSlice, value: u64) -> Result<()>;
 
+    /// Makes later work on this stream wait until the 8-byte word at `flag` (8-byte aligned)
+    /// satisfies `cmp` against `value` (`cuStreamWaitValue64`, `hipStreamWaitValue64`): how a
+    /// stream waits for a flag another process's stream publishes with
+    /// [`Stream::write_value64`], with no kernel. Capturable in a graph where the backend
+    /// captures. The host backend's wait polls the launching thread's abort word and ends with
+    /// a timeout error after [`crate::dev::DEFAULT_WAIT`]; a GPU's waits as long as the stream
+    /// does (its deadline is the caller's [`Stream::synchronize_timeout`]).
+    fn wait_value64(&self, flag: &BufferSlice, value: u64, cmp: WaitCmp) -> Result<()> {
+        let _ = (flag, value, cmp);
+        Err(crate::Error::unavailable(
+            "stream wait on a value",
+            "this backend's streams cannot wait on a memory word",
+        ))
+    }
+
     /// Copies host bytes into `dst` (lengths equal); returns once the copy has completed.
     fn write_from_host(&self, dst: &BufferSlice, src: &[u8]) -> Result<()>;
 
@@ -104,6 +119,26 @@ impl dyn Stream {
     ) -> Result<()> {
         // SAFETY: forwarded contract.
         unsafe { self.launch_raw(kernel, cfg, args.as_bytes()) }
+    }
+}
+
+/// How [`Stream::wait_value64`] compares the word it polls with its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WaitCmp {
+    /// Until `word >= value` (the vendors compare cyclically: `(i64)(word - value) >= 0`, which
+    /// is the same for counters far from wrapping).
+    Geq,
+    /// Until `word == value`.
+    Eq,
+}
+
+impl WaitCmp {
+    /// Whether `word` satisfies the comparison with `value` (as the GPUs evaluate it).
+    pub fn holds(self, word: u64, value: u64) -> bool {
+        match self {
+            WaitCmp::Geq => (word.wrapping_sub(value) as i64) >= 0,
+            WaitCmp::Eq => word == value,
+        }
     }
 }
 

@@ -432,6 +432,23 @@ impl Runtime for CudaRuntime {
         })
     }
 
+    unsafe fn wait_value64(
+        &self,
+        dst: u64,
+        value: u64,
+        cmp: mscclpp_hal::WaitCmp,
+        s: sys::CUstream,
+    ) -> Result<()> {
+        let flags = match cmp {
+            mscclpp_hal::WaitCmp::Geq => sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ,
+            mscclpp_hal::WaitCmp::Eq => sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ,
+        } as u32;
+        // SAFETY: an aligned live 8-byte location (caller's contract).
+        check("cuStreamWaitValue64", unsafe {
+            sys::cuStreamWaitValue64_v2(s, dst, value, flags)
+        })
+    }
+
     unsafe fn stream_wait_event(&self, stream: sys::CUstream, event: sys::CUevent) -> Result<()> {
         // SAFETY: live event and stream (caller's contract).
         check("cuStreamWaitEvent", unsafe {

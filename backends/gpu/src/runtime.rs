@@ -253,6 +253,18 @@ pub trait Runtime: Send + Sync + Debug + Sized + 'static {
     /// # Safety
     /// See the trait's contract; the location stays valid until the write ran.
     unsafe fn write_value64(&self, dst: u64, value: u64, s: Self::Stream) -> Result<()>;
+    /// Makes the stream wait until the aligned 8-byte word at `dst` satisfies `cmp` against
+    /// `value`.
+    ///
+    /// # Safety
+    /// See the trait's contract; the location stays valid until the wait ran.
+    unsafe fn wait_value64(
+        &self,
+        dst: u64,
+        value: u64,
+        cmp: mscclpp_hal::WaitCmp,
+        s: Self::Stream,
+    ) -> Result<()>;
     /// Makes `stream` wait for `event`.
     ///
     /// # Safety

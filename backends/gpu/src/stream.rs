@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use mscclpp_hal::kernel::{aligned_args, check_launch};
-use mscclpp_hal::{BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream};
+use mscclpp_hal::{
+    BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream, WaitCmp,
+};
 
 use crate::context::Context;
 use crate::keep::{KeepAlive, check_copy_len, poll_until, staged_host_read, staged_host_write};
@@ -329,6 +331,21 @@ impl<R: Runtime> Stream for GpuStream<R> {
         // SAFETY: an aligned 8-byte location, kept alive until the write ran.
         self.enqueue([Keep::Slice(dst.clone())], |rt, stream| unsafe {
             rt.write_value64(d, value, stream)
+        })
+    }
+
+    fn wait_value64(&self, flag: &BufferSlice, value: u64, cmp: WaitCmp) -> Result<()> {
+        let d = device_addr::<R>(flag, "flag")?;
+        if flag.len() != 8 || d % 8 != 0 {
+            return Err(Error::invalid(format!(
+                "wait_value64 needs an 8-byte aligned 8-byte slice; got {} bytes at {:?}",
+                flag.len(),
+                flag.ptr()
+            )));
+        }
+        // SAFETY: an aligned 8-byte location, kept alive until the wait ran.
+        self.enqueue([Keep::Slice(flag.clone())], |rt, stream| unsafe {
+            rt.wait_value64(d, value, cmp, stream)
         })
     }
 

@@ -10,7 +10,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream};
+use mscclpp_hal::{
+    BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream, WaitCmp,
+};
 
 use crate::kernels::{HostKernel, MAX_THREADS_PER_BLOCK};
 
@@ -336,6 +338,38 @@ impl Stream for HostStream {
         }))
     }
 
+    fn wait_value64(&self, flag: &BufferSlice, value: u64, cmp: WaitCmp) -> Result<()> {
+        let d = SendPtr(check_host(flag, "flag")?);
+        if flag.len() != 8 || d.get() as usize % 8 != 0 {
+            return Err(Error::invalid(format!(
+                "wait_value64 needs an 8-byte aligned 8-byte slice; got {} bytes at {:?}",
+                flag.len(),
+                flag.ptr()
+            )));
+        }
+        let (keep, at) = (flag.clone(), flag.ptr());
+        // As a kernel's waits do: the launching thread's abort word ends the wait when a peer
+        // is known dead, and the deadline when a peer never comes.
+        let abort = mscclpp_hal::dev::current_abort();
+        self.submit(Arc::new(move || {
+            let _keep = &keep;
+            let _abort = mscclpp_hal::dev::abort_scope(abort);
+            // SAFETY: an aligned 8-byte location inside a mapping kept alive by `keep`; every
+            // concurrent access to a flag is atomic.
+            let a = unsafe { std::sync::atomic::AtomicU64::from_ptr(d.get().cast::<u64>()) };
+            mscclpp_hal::dev::spin_until(
+                mscclpp_hal::dev::DEFAULT_WAIT,
+                || {
+                    format!(
+                        "the word at {at:?} to be {cmp:?} {value} (it holds {})",
+                        a.load(std::sync::atomic::Ordering::Relaxed)
+                    )
+                },
+                || cmp.holds(a.load(std::sync::atomic::Ordering::Acquire), value),
+            )
+        }))
+    }
+
     fn write_from_host(&self, dst: &BufferSlice, src: &[u8]) -> Result<()> {
         if dst.len() != src.len() {
             return Err(Error::invalid(format!(
@@ -637,6 +671,65 @@ mod tests {
         // Room again: the producer goes on.
         s.submit(std::sync::Arc::new(|| Ok(()))).unwrap();
         s.synchronize_timeout(Duration::from_secs(10)).unwrap();
+    }
+
+    #[test]
+    fn wait_value64_holds_later_work_until_another_stream_writes_the_flag() {
+        use mscclpp_hal::WaitCmp;
+        let dev = HostBackend::new().open_device(0).unwrap();
+        let flag = dev.alloc(16, MemoryKind::Device).unwrap();
+        let data = dev.alloc(8, MemoryKind::Device).unwrap();
+        let (waiter, writer) = (HostStream::new().unwrap(), HostStream::new().unwrap());
+        waiter.fill(&flag.full(), 0).unwrap();
+        waiter.fill(&data.full(), 0).unwrap();
+        waiter.synchronize().unwrap();
+        let word = flag.slice(0..8).unwrap();
+        waiter.wait_value64(&word, 2, WaitCmp::Geq).unwrap();
+        waiter.fill(&data.full(), 7).unwrap();
+        writer.write_value64(&word, 1).unwrap();
+        writer.synchronize().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut seen = [0u8; 8];
+        writer.read_to_host(&mut seen, &data.full()).unwrap();
+        assert_eq!(seen, [0; 8], "the fill ran before the flag reached 2");
+        writer.write_value64(&word, 2).unwrap();
+        waiter.synchronize_timeout(Duration::from_secs(10)).unwrap();
+        waiter.read_to_host(&mut seen, &data.full()).unwrap();
+        assert_eq!(seen, [7; 8]);
+        // Eq waits for the exact value; a misaligned or short flag is refused.
+        waiter.wait_value64(&word, 2, WaitCmp::Eq).unwrap();
+        waiter.synchronize_timeout(Duration::from_secs(10)).unwrap();
+        let e = waiter
+            .wait_value64(&flag.slice(4..12).unwrap(), 1, WaitCmp::Eq)
+            .unwrap_err();
+        assert!(e.to_string().contains("8-byte aligned"), "{e}");
+        assert!(
+            WaitCmp::Geq.holds(0, u64::MAX),
+            "cyclic comparison, as the GPUs do"
+        );
+        assert!(!WaitCmp::Geq.holds(1, 2));
+    }
+
+    #[test]
+    fn wait_value64_ends_with_the_abort_error() {
+        use mscclpp_hal::WaitCmp;
+        let dev = HostBackend::new().open_device(0).unwrap();
+        let flag = dev.alloc(16, MemoryKind::Device).unwrap();
+        let s = HostStream::new().unwrap();
+        s.fill(&flag.full(), 0).unwrap();
+        // The abort word: rank 1 died (value rank + 1).
+        let abort = flag.slice(8..16).unwrap();
+        s.write_value64(&abort, 2).unwrap();
+        s.synchronize().unwrap();
+        {
+            let _scope = mscclpp_hal::dev::abort_scope(abort.ptr().0);
+            s.wait_value64(&flag.slice(0..8).unwrap(), 1, WaitCmp::Eq)
+                .unwrap();
+        }
+        let t = Instant::now();
+        let e = s.synchronize_timeout(Duration::from_secs(30)).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(10), "{e}");
+        assert!(e.to_string().contains("rank 1"), "{e}");
     }
 
     const RSS_OPS_VAR: &str = "MSCCLPP_HOST_STREAM_RSS_OPS";

@@ -164,6 +164,16 @@ type StreamWriteValue64 = unsafe extern "C" fn(
     value: u64,
     flags: c_uint,
 ) -> HipError;
+type StreamWaitValue64 = unsafe extern "C" fn(
+    stream: HipStream,
+    ptr: *mut c_void,
+    value: u64,
+    flags: c_uint,
+    mask: u64,
+) -> HipError;
+/// `hipStreamWaitValueGte`, `hipStreamWaitValueEq` (hip_runtime_api.h).
+pub(crate) const STREAM_WAIT_VALUE_GTE: c_uint = 0;
+pub(crate) const STREAM_WAIT_VALUE_EQ: c_uint = 1;
 type StreamWaitEvent =
     unsafe extern "C" fn(stream: HipStream, event: HipEvent, flags: c_uint) -> HipError;
 type EventCreateWithFlags = unsafe extern "C" fn(event: *mut HipEvent, flags: c_uint) -> HipError;
@@ -368,6 +378,7 @@ hip_api! {
     memcpy_async: MemcpyAsync = "hipMemcpyAsync";
     memset_d8_async: MemsetD8Async = "hipMemsetD8Async";
     stream_write_value64: StreamWriteValue64 = "hipStreamWriteValue64";
+    stream_wait_value64: StreamWaitValue64 = "hipStreamWaitValue64";
     event_create_with_flags: EventCreateWithFlags = "hipEventCreateWithFlags";
     event_record: EventRecord = "hipEventRecord";
     event_query: EventFn = "hipEventQuery";

@@ -531,6 +531,24 @@ impl Runtime for RocmRuntime {
         })
     }
 
+    unsafe fn wait_value64(
+        &self,
+        dst: u64,
+        value: u64,
+        cmp: mscclpp_hal::WaitCmp,
+        s: HipStream,
+    ) -> Result<()> {
+        let flags = match cmp {
+            mscclpp_hal::WaitCmp::Geq => ffi::STREAM_WAIT_VALUE_GTE,
+            mscclpp_hal::WaitCmp::Eq => ffi::STREAM_WAIT_VALUE_EQ,
+        };
+        // SAFETY: an aligned live 8-byte location (caller's contract); the mask of all ones
+        // compares the whole word.
+        self.check("hipStreamWaitValue64", unsafe {
+            (self.api.stream_wait_value64)(s, ptr(dst), value, flags, u64::MAX)
+        })
+    }
+
     unsafe fn stream_wait_event(&self, stream: HipStream, event: HipEvent) -> Result<()> {
         // SAFETY: live event and stream (caller's contract).
         self.check("hipStreamWaitEvent", unsafe {
