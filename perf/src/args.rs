@@ -99,8 +99,8 @@ pub enum Bench {
         transport: String,
     },
     /// MSCCL++ execution plans (JSON, as its DSL emits them) run by the executor, beside the
-    /// built-in algorithm of the same collective on the same buffers; sizes within each plan's
-    /// min/max message size.
+    /// built-in algorithm of the same collective (and NCCL with `--baseline nccl`) on the same
+    /// buffers; sizes within each plan's min/max message size.
     Plan {
         /// Plan files.
         #[arg(required = true)]
@@ -220,7 +220,7 @@ impl Args {
     pub fn validate_for(&self, nranks: usize, backend: BackendKind) -> Result<(), String> {
         let bench = self.bench();
         if let Bench::Plan { files } = &bench {
-            return self.validate_plans(files, nranks);
+            return self.validate_plans(files, nranks, backend);
         }
         let Some(kind) = bench.collective() else {
             for (set, flag) in [
@@ -283,16 +283,20 @@ impl Args {
     }
 
     /// `plan`: every file is a valid plan for `nranks`, and the flags apply.
-    fn validate_plans(&self, files: &[std::path::PathBuf], nranks: usize) -> Result<(), String> {
-        for (set, flag) in [
-            (self.baseline.is_some(), "--baseline"),
-            (self.register, "--register"),
-        ] {
-            if set {
-                return Err(format!(
-                    "{flag} does not apply to plan (the built-in algorithm is its baseline)"
-                ));
-            }
+    fn validate_plans(
+        &self,
+        files: &[std::path::PathBuf],
+        nranks: usize,
+        backend: BackendKind,
+    ) -> Result<(), String> {
+        if self.register {
+            return Err("--register does not apply to plan".into());
+        }
+        // The built-in algorithm is always beside the plan; NCCL joins it where it can run.
+        if self.baseline.is_some() && backend == BackendKind::Host {
+            return Err(
+                "--baseline nccl: the host backend has no vendor stream to run NCCL on".into(),
+            );
         }
         if matches!(self.op.parse(), Ok(mscclpp::hal::ReduceOp::Avg)) {
             return Err("-o avg: execution plans sum where asked to average".into());
@@ -366,5 +370,45 @@ mod tests {
         assert!(e.contains("/nonexistent/plan.json"), "{e}");
         let e = check(&["plan", "-o", "avg", "x.json"], 2, Host).unwrap_err();
         assert!(e.contains("-o avg"), "{e}");
+    }
+
+    #[test]
+    fn plan_takes_the_nccl_baseline_where_nccl_can_run() {
+        use BackendKind::{Cuda, Host, Rocm};
+        // A valid 2-rank plan, written where this test alone writes.
+        let dir = std::env::temp_dir().join(format!("mscclpp-perf-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("allreduce.json");
+        std::fs::write(
+            &file,
+            mscclpp_executor::testgen::allreduce_simple(2, true).to_string(),
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let result = (|| {
+            check(&["plan", "--baseline", "nccl", path], 2, Cuda)?;
+            check(&["plan", path, "--baseline", "nccl", "-G", "4"], 2, Rocm)?;
+            check(&["plan", path], 2, Host)
+        })();
+        let host = check(&["plan", "--baseline", "nccl", path], 2, Host);
+        let other = Args::try_parse_from(["mscclpp-perf", "plan", "--baseline", "rccl", path])
+            .unwrap()
+            .validate();
+        let register = check(&["plan", "--register", path], 2, Cuda);
+        // A plan for 2 ranks is still checked against the rank count with the baseline on.
+        let three = check(&["plan", "--baseline", "nccl", path], 3, Cuda);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(result, Ok(()));
+        let e = host.unwrap_err();
+        assert_eq!(
+            e,
+            "--baseline nccl: the host backend has no vendor stream to run NCCL on"
+        );
+        let e = other.unwrap_err();
+        assert!(e.contains("only `nccl`"), "{e}");
+        let e = register.unwrap_err();
+        assert!(e.contains("--register does not apply to plan"), "{e}");
+        let e = three.unwrap_err();
+        assert!(e.contains(path), "{e}");
     }
 }

@@ -129,23 +129,7 @@ impl Bench {
             coll.register(&input.full())?;
         }
         let nccl = if baseline {
-            if stream.native_handle().is_none() {
-                return Err(Error::unavailable(
-                    "--baseline nccl",
-                    format!(
-                        "the {} backend has no vendor stream to run NCCL on",
-                        device.info().backend
-                    ),
-                ));
-            }
-            device.make_current()?;
-            let boot = comm.bootstrap().clone();
-            Some(Nccl::open(comm.rank(), comm.nranks(), move |id| {
-                let bytes = boot.broadcast(0, id.as_ref().map_or(&[][..], |b| &b[..]))?;
-                bytes
-                    .try_into()
-                    .map_err(|_| Error::malformed("NCCL unique id", "not 128 bytes"))
-            })?)
+            Some(Nccl::for_communicator(&comm, &*stream)?)
         } else {
             None
         };

@@ -4,7 +4,8 @@
 use std::ffi::{c_int, c_void};
 
 use mscclpp::collectives::CollectiveKind;
-use mscclpp::hal::{DataType, ReduceOp, Result};
+use mscclpp::comm::Communicator;
+use mscclpp::hal::{DataType, Error, ReduceOp, Result, Stream};
 use mscclpp_nccl_real::{Comm, RealNccl, UniqueId};
 
 /// The NCCL library and one communicator.
@@ -80,6 +81,29 @@ impl Nccl {
             version: lib.version_string(),
             lib,
             comm,
+        })
+    }
+
+    /// Opens NCCL for the ranks of `comm`, to run on `stream`: rank 0's id goes to the others
+    /// through the bootstrap. A backend without a vendor stream (the host) is refused.
+    pub fn for_communicator(comm: &Communicator, stream: &dyn Stream) -> Result<Nccl> {
+        let device = comm.device();
+        if stream.native_handle().is_none() {
+            return Err(Error::unavailable(
+                "--baseline nccl",
+                format!(
+                    "the {} backend has no vendor stream to run NCCL on",
+                    device.info().backend
+                ),
+            ));
+        }
+        device.make_current()?;
+        let boot = comm.bootstrap().clone();
+        Nccl::open(comm.rank(), comm.nranks(), move |id| {
+            let bytes = boot.broadcast(0, id.as_ref().map_or(&[][..], |b| &b[..]))?;
+            bytes
+                .try_into()
+                .map_err(|_| Error::malformed("NCCL unique id", "not 128 bytes"))
         })
     }
 

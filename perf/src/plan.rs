@@ -1,7 +1,8 @@
 //! `mscclpp-perf plan FILE...`: MSCCL++ execution plans run by the executor, timed and checked
-//! beside the built-in algorithm of the same collective (`Collectives::run`) on the same buffers
-//! and stream. Each size is checked after one execution on fresh inputs (in-place plans overwrite
-//! their input, so results of the timed repetitions are not checked), then timed.
+//! beside the built-in algorithm of the same collective (`Collectives::run`) and, with
+//! `--baseline nccl`, beside NCCL, on the same buffers (in the plan's in-place or out-of-place
+//! arrangement) and stream. Each size is checked after one execution on fresh inputs (in-place
+//! plans overwrite their input, so results of the timed repetitions are not checked), then timed.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use mscclpp_executor::{Executor, Plan};
 
 use crate::args::Args;
 use crate::collective::{Spec, bus_factor, check, time_calls, value};
+use crate::nccl::Nccl;
 use crate::report::{Baseline, Row, Table};
 
 /// The collective a plan performs, by its `collective` field.
@@ -40,8 +42,8 @@ struct Slices {
     recv: BufferSlice,
 }
 
-/// Runs every plan over the sizes; rank 0 prints. Returns the wrong elements (the plans' and the
-/// built-in algorithm's) over all ranks.
+/// Runs every plan over the sizes; rank 0 prints. Returns the wrong elements (the plans', the
+/// built-in algorithm's and NCCL's) over all ranks.
 pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u64> {
     let dtype: DataType = args.datatype.parse()?;
     let op: ReduceOp = args.op.parse()?;
@@ -55,7 +57,15 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
     let input = device.alloc(max, MemoryKind::Device)?;
     let output = device.alloc(max, MemoryKind::Device)?;
     let info = device.info();
-    let mut table = Table::new(args.json, rank == 0, true).with_baseline_name("builtin");
+    let nccl = match args.baseline {
+        Some(_) => Some(Nccl::for_communicator(&comm, &*stream)?),
+        None => None,
+    };
+    let mut table = Table::new(args.json, rank == 0, true).with_baselines(if nccl.is_some() {
+        &["builtin", "nccl"]
+    } else {
+        &["builtin"]
+    });
     for file in files {
         let plan = Plan::from_file(file, n)?;
         let kind = kind_of(&plan)?;
@@ -67,7 +77,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
         };
         let factor = bus_factor(kind, n);
         table.comment(&format!(
-            "mscclpp-perf plan {} ({}): {} {}, protocol {:?}, {}, {} threads per block, messages {}..={} bytes; {n} ranks on the {} backend ({}), {dtype}, op {op}, {}, {} iterations after {} warm-up; baseline: the built-in {} on the same buffers and stream",
+            "mscclpp-perf plan {} ({}): {} {}, protocol {:?}, {}, {} threads per block, messages {}..={} bytes; {n} ranks on the {} backend ({}), {dtype}, op {op}, {}, {} iterations after {} warm-up; {}",
             plan.name,
             file.display(),
             plan.collective,
@@ -86,7 +96,17 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
             args.timing(),
             args.iters,
             args.warmup,
-            kind.name(),
+            match &nccl {
+                Some(nc) => format!(
+                    "baselines: the built-in {} and NCCL {} on the same buffers and stream",
+                    kind.name(),
+                    nc.version
+                ),
+                None => format!(
+                    "baseline: the built-in {} on the same buffers and stream",
+                    kind.name()
+                ),
+            },
         ));
         table.header();
         let mut skipped = Vec::new();
@@ -151,46 +171,68 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
                 |got| check(&spec, n, rank, count, got),
             )?;
             let us_builtin = time_calls(args, &comm, &*stream, &run_builtin)?;
-            // Slowest rank's times, everyone's wrong counts.
-            let mut msg = Vec::with_capacity(32);
-            msg.extend_from_slice(&us_plan.to_le_bytes());
-            msg.extend_from_slice(&wrong_plan.to_le_bytes());
-            msg.extend_from_slice(&us_builtin.to_le_bytes());
-            msg.extend_from_slice(&wrong_builtin.to_le_bytes());
-            let all = comm.bootstrap().all_gather(&msg)?;
-            let (mut t0, mut w0, mut t1, mut w1) = (0f64, 0u64, 0f64, 0u64);
-            for b in &all {
-                let word = |k: usize| -> Result<[u8; 8]> {
-                    b.get(k..k + 8)
-                        .and_then(|x| x.try_into().ok())
-                        .ok_or_else(|| Error::malformed("perf result", "not 32 bytes"))
+            let mut measured = vec![(us_plan, wrong_plan), (us_builtin, wrong_builtin)];
+            if let Some(nc) = &nccl {
+                // The plan's own arrangement: in place, NCCL gets the same aliased pointers.
+                let h = stream.native_handle().unwrap_or(0);
+                let run_nccl = || {
+                    nc.run(
+                        kind,
+                        s.send.ptr().0,
+                        s.recv.ptr().0,
+                        count,
+                        dtype,
+                        op,
+                        args.root,
+                        h,
+                    )
                 };
-                t0 = t0.max(f64::from_le_bytes(word(0)?));
-                w0 += u64::from_le_bytes(word(8)?);
-                t1 = t1.max(f64::from_le_bytes(word(16)?));
-                w1 += u64::from_le_bytes(word(24)?);
+                let wrong = check_once(
+                    args,
+                    &comm,
+                    &*stream,
+                    &s,
+                    &data,
+                    &output,
+                    &run_nccl,
+                    |got| check(&spec, n, rank, count, got),
+                )?;
+                measured.push((time_calls(args, &comm, &*stream, &run_nccl)?, wrong));
             }
+            let all = slowest_and_wrong(&comm, &measured)?;
+            let [(t0, w0), baselines @ ..] = all.as_slice() else {
+                return Err(Error::Internal("no plan figures measured".into()));
+            };
             let bytes = in_b.max(out_b);
             let alg = |us: f64| bytes as f64 / us / 1e3;
-            table.row(&Row {
-                bench: "plan",
-                bytes,
-                count,
-                dtype: dtype.name(),
-                op: op.name(),
-                root: None,
-                nranks: n,
-                time_us: t0,
-                algbw_gbps: alg(t0),
-                busbw_gbps: alg(t0) * factor,
-                wrong: (args.check != 0).then_some(w0),
-                baseline: Some(Baseline {
-                    time_us: t1,
-                    algbw_gbps: alg(t1),
-                    busbw_gbps: alg(t1) * factor,
-                    wrong: w1,
-                }),
+            // The built-in algorithm first, then NCCL: the table's baseline order.
+            let mut figures = baselines.iter().map(|&(t, w)| {
+                Some(Baseline {
+                    time_us: t,
+                    algbw_gbps: alg(t),
+                    busbw_gbps: alg(t) * factor,
+                    wrong: w,
+                })
             });
+            let builtin = figures.next().flatten();
+            let more: Vec<Option<Baseline>> = figures.collect();
+            table.row_with(
+                &Row {
+                    bench: "plan",
+                    bytes,
+                    count,
+                    dtype: dtype.name(),
+                    op: op.name(),
+                    root: None,
+                    nranks: n,
+                    time_us: *t0,
+                    algbw_gbps: alg(*t0),
+                    busbw_gbps: alg(*t0) * factor,
+                    wrong: (args.check != 0).then_some(*w0),
+                    baseline: builtin,
+                },
+                &more,
+            );
         }
         if !skipped.is_empty() {
             table.comment(&format!(
@@ -201,6 +243,36 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
     }
     table.footer();
     Ok(table.wrong_total())
+}
+
+/// Over all ranks, for each `(time, wrong)` measured here: the slowest rank's time and the sum
+/// of the wrong elements, in the same order.
+fn slowest_and_wrong(comm: &Communicator, measured: &[(f64, u64)]) -> Result<Vec<(f64, u64)>> {
+    let mut msg = Vec::with_capacity(16 * measured.len());
+    for (t, w) in measured {
+        msg.extend_from_slice(&t.to_le_bytes());
+        msg.extend_from_slice(&w.to_le_bytes());
+    }
+    let all = comm.bootstrap().all_gather(&msg)?;
+    let mut out = vec![(0f64, 0u64); measured.len()];
+    for b in &all {
+        if b.len() != msg.len() {
+            return Err(Error::malformed(
+                "perf result",
+                format!("{} bytes instead of {}", b.len(), msg.len()),
+            ));
+        }
+        for (k, (t, w)) in out.iter_mut().enumerate() {
+            let word = |at: usize| -> Result<[u8; 8]> {
+                b.get(at..at + 8)
+                    .and_then(|x| x.try_into().ok())
+                    .ok_or_else(|| Error::malformed("perf result", "a word cut short"))
+            };
+            *t = t.max(f64::from_le_bytes(word(16 * k)?));
+            *w += u64::from_le_bytes(word(16 * k + 8)?);
+        }
+    }
+    Ok(out)
 }
 
 /// The send and receive buffers of `plan` for one size: out of place, the input and output
