@@ -32,6 +32,10 @@ pub struct CollectiveCall<'a> {
     /// that path serves ([`crate::Collectives::run`]); without it, registration never changes
     /// the algorithm, so ranks may differ in what they registered.
     pub registered: bool,
+    /// The algorithm this call must take (the API's counterpart of `MSCCLPP_ALGO_*`), or
+    /// `None` to leave the choice to the policy. Every rank must make the same choice for a
+    /// call; one that cannot serve the call here is an error naming it.
+    pub algorithm: Option<crate::AlgorithmId>,
 }
 
 impl<'a> CollectiveCall<'a> {
@@ -52,6 +56,7 @@ impl<'a> CollectiveCall<'a> {
             op: ReduceOp::Sum,
             root: 0,
             registered: false,
+            algorithm: None,
         }
     }
 
@@ -63,6 +68,11 @@ impl<'a> CollectiveCall<'a> {
     /// With the root `root`.
     pub fn root(self, root: usize) -> Self {
         CollectiveCall { root, ..self }
+    }
+
+    /// Taking `algorithm` (see [`CollectiveCall::algorithm`]; `None`: the policy's choice).
+    pub fn algorithm(self, algorithm: Option<crate::AlgorithmId>) -> Self {
+        CollectiveCall { algorithm, ..self }
     }
 
     /// With the promise of [`CollectiveCall::registered`].

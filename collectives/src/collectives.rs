@@ -11,6 +11,7 @@ use crate::CollectiveKind;
 use crate::algorithms::MAX_RANKS;
 
 use crate::agree::agree;
+use crate::algorithms::ce::Ce;
 use crate::algorithms::direct::Direct;
 use crate::algorithms::ll::{Ll, LlGrid, LlScratch};
 use crate::algorithms::ll_short::LlShort;
@@ -39,6 +40,8 @@ pub struct Collectives {
     /// Where the backend has the kernels.
     direct: Option<Direct>,
     read: Option<Read>,
+    /// The copy-engine algorithm (every backend: it launches no kernel).
+    ce: Ce,
     /// Sends and receives.
     p2p: P2p,
     /// All-reduces that read a registered input in place ([`Collectives::zero_copy_calls`]).
@@ -81,6 +84,7 @@ impl Collectives {
         let shared = LlScratch::new(&comm, slot_bytes, ll128.is_some())?;
         let direct = Direct::setup(&comm, &settings)?;
         let read = Read::setup(&comm, &settings)?;
+        let ce = Ce::setup(&comm, &settings)?;
         let info = comm.device().info();
         let grid = LlGrid {
             slot_bytes,
@@ -105,6 +109,7 @@ impl Collectives {
             ll128,
             direct,
             read,
+            ce,
             p2p,
             zero_copy: AtomicU64::new(0),
             order: LaunchOrder::default(),
@@ -123,6 +128,7 @@ impl Collectives {
             AlgorithmId::Ll128 => self.ll128.as_ref().map(|a| a as &dyn Algorithm),
             AlgorithmId::Direct => self.direct.as_ref().map(|a| a as &dyn Algorithm),
             AlgorithmId::Read => self.read.as_ref().map(|a| a as &dyn Algorithm),
+            AlgorithmId::Ce => Some(&self.ce),
         }
     }
 
@@ -140,17 +146,9 @@ impl Collectives {
     pub fn run(&self, call: &CollectiveCall, stream: &dyn Stream) -> Result<()> {
         let backend = self.comm.device().info().backend;
         let checked = call::check(call, self.comm.rank(), self.comm.nranks(), backend)?;
-        let id = match self.zero_copy_read(call, checked.block_bytes, checked.in_bytes) {
-            Some(id) => {
-                self.zero_copy.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(
-                    count = call.count,
-                    bytes = checked.block_bytes,
-                    "all-reduce reads the registered input in place (zero copy)"
-                );
-                id
-            }
-            None => self.algorithm(call.kind, checked.block_bytes),
+        let id = match call.algorithm {
+            Some(id) => self.asked(id, call.kind, checked.block_bytes)?,
+            None => self.chosen(call, &checked),
         };
         let algorithm = self
             .get(id)
@@ -164,6 +162,57 @@ impl Collectives {
             // above).
             unsafe { algorithm.launch(&checked, &plan, stream) }
         })
+    }
+
+    /// The algorithm a call asked for ([`CollectiveCall::algorithm`]), where it serves the call
+    /// here; the short LL kernels stand in for LL (they run its protocol) where they fit.
+    fn asked(
+        &self,
+        id: AlgorithmId,
+        kind: CollectiveKind,
+        block_bytes: u64,
+    ) -> Result<AlgorithmId> {
+        let fits = |id| {
+            self.get(id)
+                .is_some_and(|a: &dyn Algorithm| a.fits(kind, block_bytes))
+        };
+        if id == AlgorithmId::Ll && fits(AlgorithmId::LlShort) {
+            return Ok(AlgorithmId::LlShort);
+        }
+        if fits(id) {
+            return Ok(id);
+        }
+        Err(Error::invalid(format!(
+            "{}: the call asks for the {id} algorithm, which {} here",
+            kind.name(),
+            if self.get(id).is_none() {
+                format!(
+                    "is not set up on the {} backend",
+                    self.comm.device().info().backend
+                )
+            } else {
+                format!(
+                    "does not serve {} of {block_bytes}-byte blocks",
+                    kind.name()
+                )
+            }
+        )))
+    }
+
+    /// The policy's algorithm for `call` (or the zero-copy read path).
+    fn chosen(&self, call: &CollectiveCall, checked: &call::Checked) -> AlgorithmId {
+        match self.zero_copy_read(call, checked.block_bytes, checked.in_bytes) {
+            Some(id) => {
+                self.zero_copy.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    count = call.count,
+                    bytes = checked.block_bytes,
+                    "all-reduce reads the registered input in place (zero copy)"
+                );
+                id
+            }
+            None => self.algorithm(call.kind, checked.block_bytes),
+        }
     }
 
     /// The read algorithm for an all-reduce whose input is registered here, when the caller

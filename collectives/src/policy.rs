@@ -49,6 +49,14 @@ fn algo_var(kind: CollectiveKind) -> String {
     format!("MSCCLPP_ALGO_{}", kind.name().to_ascii_uppercase())
 }
 
+/// Whether the copy-engine algorithm serves `kind` (it moves data, it does not reduce).
+pub(crate) fn ce_serves(kind: CollectiveKind) -> bool {
+    matches!(
+        kind,
+        CollectiveKind::AllGather | CollectiveKind::Broadcast | CollectiveKind::AllToAll
+    )
+}
+
 /// `MSCCLPP_ALGO_<KIND>`'s value `value` (unset: `None`).
 pub(crate) fn parse_choice(kind: CollectiveKind, value: Option<&str>) -> Result<Choice> {
     let Some(v) = value else {
@@ -61,11 +69,18 @@ pub(crate) fn parse_choice(kind: CollectiveKind, value: Option<&str>) -> Result<
         "direct" => Choice::Forced(AlgorithmId::Direct),
         "read" if all_reduce => Choice::Forced(AlgorithmId::Read),
         "ll128" if all_reduce => Choice::Forced(AlgorithmId::Ll128),
+        "ce" if ce_serves(kind) => Choice::Forced(AlgorithmId::Ce),
         _ => {
             return Err(Error::invalid(format!(
                 "environment variable {}={v:?} is malformed: expected auto, ll or direct{}",
                 algo_var(kind),
-                if all_reduce { " (or ll128, read)" } else { "" }
+                if all_reduce {
+                    " (or ll128, read)"
+                } else if ce_serves(kind) {
+                    " (or ce)"
+                } else {
+                    ""
+                }
             )));
         }
     })
@@ -128,6 +143,8 @@ pub(crate) struct Settings {
     pub direct_slot_bytes: Option<u64>,
     /// `MSCCLPP_READ_THREADS`: read blocks of this many threads.
     pub read_threads: Option<u32>,
+    /// `MSCCLPP_CE_SCRATCH_BYTES`: data bytes of the copy-engine scratch per rank.
+    pub ce_scratch_bytes: Option<u64>,
 }
 
 impl Settings {
@@ -149,6 +166,16 @@ impl Settings {
             }
             None => None,
         };
+        let ce_scratch_bytes = match env::parse::<u64>("MSCCLPP_CE_SCRATCH_BYTES", "a byte count")?
+        {
+            Some(b) if b >= 4096 && b % 256 == 0 && b <= 1 << 30 => Some(b),
+            Some(b) => {
+                return Err(Error::invalid(format!(
+                    "MSCCLPP_CE_SCRATCH_BYTES={b}: expected a multiple of 256 from 4096 to 1 GiB"
+                )));
+            }
+            None => None,
+        };
         Ok(Settings {
             policy: Policy { choices },
             ll_threads: env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
@@ -164,6 +191,7 @@ impl Settings {
             direct_threads: env::parse("MSCCLPP_DIRECT_THREADS", "threads per block")?,
             direct_slot_bytes,
             read_threads: env::parse("MSCCLPP_READ_THREADS", "threads per block")?,
+            ce_scratch_bytes,
         })
     }
 }
@@ -197,6 +225,7 @@ mod tests {
             LlShort => kind != Broadcast && bytes > 0 && bytes <= MIB,
             Ll128 => kind == AllReduce && bytes <= 1920 * KIB,
             Read => kind == AllReduce && bytes <= 4 * MIB,
+            Ce => false,
         }
     }
 
@@ -284,6 +313,26 @@ mod tests {
         assert_eq!(ll128.choose(AllReduce, KIB, ll_only), Ll);
         let direct = forced(AllGather, "direct");
         assert_eq!(direct.choose(AllGather, 64 * MIB, ll_only), Ll);
+    }
+
+    #[test]
+    fn ce_is_forced_for_the_collectives_it_serves_and_never_chosen_by_size() {
+        let with_ce = |kind, b| move |a| a == Ce || h200(kind, b)(a);
+        for kind in [AllGather, Broadcast, AllToAll] {
+            let ce = forced(kind, "CE");
+            for b in [0, KIB, 64 * MIB, 1 << 30] {
+                assert_eq!(ce.choose(kind, b, with_ce(kind, b)), Ce, "{kind:?} {b}");
+                assert_ne!(auto().choose(kind, b, with_ce(kind, b)), Ce, "{kind:?} {b}");
+            }
+        }
+        for kind in [AllReduce, ReduceScatter] {
+            let e = parse_choice(kind, Some("ce")).unwrap_err().to_string();
+            assert!(e.contains(&algo_var(kind)), "{e}");
+        }
+        let e = parse_choice(AllGather, Some("fast"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("(or ce)"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Completion, Failed, Trial};
-use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES};
+use mscclpp::collectives::{
+    AlgorithmId, CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES,
+};
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
 use mscclpp::hal::{BackendKind, DataType, ErrorClass, MemoryKind, ReduceOp};
@@ -245,11 +247,165 @@ fn role_matrix() -> R<()> {
             return Err(format!("window {w:?} deregistered twice"));
         }
     }
+    // MSCCLPP_TEST_ALGO=ce: the matrix's kinds took the copy-engine algorithm, and it also holds
+    // for calls back to back with no synchronisation and for replays of a captured graph.
+    if std::env::var("MSCCLPP_TEST_ALGO").is_ok_and(|v| v == "ce") {
+        for kind in [
+            CollectiveKind::AllGather,
+            CollectiveKind::Broadcast,
+            CollectiveKind::AllToAll,
+        ] {
+            for bytes in [0, 1, 1 << 20, 1 << 30] {
+                let id = coll.algorithm(kind, bytes);
+                if id != AlgorithmId::Ce {
+                    return Err(format!("{} of {bytes} B took {id}, not ce", kind.name()));
+                }
+            }
+        }
+        let (c, w) = ce_burst(&coll, &device, &*stream, rank, n)?;
+        calls += c;
+        wrong_total += w;
+    }
     multiproc::report("calls", calls);
     multiproc::report("wrong", wrong_total);
     multiproc::report("seconds", format!("{:.1}", t.elapsed().as_secs_f64()));
     comm.bootstrap().barrier().map_err(e)?;
     Ok(())
+}
+
+/// Byte of input block `q` of rank `p` in burst call `i`.
+fn burst_byte(i: usize, p: usize, q: usize) -> u8 {
+    ((i * 31 + p * 7 + q * 3) % 251) as u8 + 1
+}
+
+/// Copy-engine calls back to back on one stream with no synchronisation (all-gather, broadcast
+/// from every root, all-to-all, each into its own output slice, inputs refilled on the stream
+/// between calls), then the same three captured in a graph and replayed into poisoned outputs.
+/// Returns (calls, wrong bytes).
+fn ce_burst(
+    coll: &Collectives,
+    device: &Arc<dyn mscclpp::hal::Device>,
+    stream: &dyn mscclpp::hal::Stream,
+    rank: usize,
+    n: usize,
+) -> R<(usize, usize)> {
+    use CollectiveKind::*;
+    // Odd, and several chunks of a 4 KiB scratch.
+    const COUNT: usize = 9001;
+    let plan: Vec<(CollectiveKind, usize)> = (0..12)
+        .map(|i| match i % 3 {
+            0 => (AllGather, 0),
+            1 => (Broadcast, i % n),
+            _ => (AllToAll, 0),
+        })
+        .collect();
+    let input = device.alloc(n * COUNT, MemoryKind::Device).map_err(e)?;
+    let outs = device
+        .alloc(plan.len() * n * COUNT, MemoryKind::Device)
+        .map_err(e)?;
+    let out_of = |i: usize| outs.slice(i * n * COUNT..(i + 1) * n * COUNT).map_err(e);
+    let fill_input = |i: usize| -> R<()> {
+        for q in 0..n {
+            let block = input.slice(q * COUNT..(q + 1) * COUNT).map_err(e)?;
+            stream.fill(&block, burst_byte(i, rank, q)).map_err(e)?;
+        }
+        Ok(())
+    };
+    let enqueue = |i: usize, kind: CollectiveKind, root: usize| -> R<()> {
+        fill_input(i)?;
+        let out = out_of(i)?;
+        let (in_e, out_e) = kind.buffer_elements(COUNT as u64, n as u64);
+        let inp = input.slice(..in_e as usize).map_err(e)?;
+        let out = out.slice(..out_e as usize).map_err(e)?;
+        let call = CollectiveCall::new(kind, &inp, &out, COUNT, DataType::U8).root(root);
+        coll.run(&call, stream)
+            .map_err(|x| format!("burst call {i}: {x}"))
+    };
+    let check = |i: usize, kind: CollectiveKind, root: usize| -> R<usize> {
+        let mut got = vec![0u8; n * COUNT];
+        stream.read_to_host(&mut got, &out_of(i)?).map_err(e)?;
+        let want = |at: usize| -> u8 {
+            let (p, _) = (at / COUNT, at % COUNT);
+            match kind {
+                AllGather => burst_byte(i, p, 0),
+                Broadcast if at < COUNT => burst_byte(i, root, 0),
+                AllToAll => burst_byte(i, p, rank),
+                _ => POISON,
+            }
+        };
+        let wrong = got
+            .iter()
+            .enumerate()
+            .filter(|&(at, &b)| b != want(at))
+            .count();
+        if wrong > 0 {
+            eprintln!(
+                "rank {rank}: ce burst call {i} ({}, root {root}): {wrong} wrong",
+                kind.name()
+            );
+        }
+        Ok(wrong)
+    };
+    stream.fill(&outs.full(), POISON).map_err(e)?;
+    for (i, &(kind, root)) in plan.iter().enumerate() {
+        enqueue(i, kind, root)?;
+    }
+    stream
+        .synchronize_timeout(Duration::from_secs(60))
+        .map_err(|x| format!("ce burst: {x}"))?;
+    let mut wrong = 0;
+    for (i, &(kind, root)) in plan.iter().enumerate() {
+        wrong += check(i, kind, root)?;
+    }
+    let mut calls = plan.len();
+    // A graph of three calls, replayed twice into poisoned outputs.
+    match stream.begin_capture() {
+        Ok(()) => {
+            for (i, &(kind, root)) in plan.iter().enumerate().take(3) {
+                enqueue(i, kind, root)?;
+            }
+            let graph = stream.end_capture().map_err(e)?;
+            for _ in 0..2 {
+                stream.fill(&outs.full(), POISON).map_err(e)?;
+                graph.launch(stream).map_err(e)?;
+                stream
+                    .synchronize_timeout(Duration::from_secs(60))
+                    .map_err(|x| format!("ce graph replay: {x}"))?;
+                for (i, &(kind, root)) in plan.iter().enumerate().take(3) {
+                    wrong += check(i, kind, root)?;
+                }
+                calls += 3;
+            }
+        }
+        Err(x) if x.class() == ErrorClass::Unavailable => {
+            eprintln!("rank {rank}: ce graph replay skipped: {x}");
+        }
+        Err(x) => return Err(format!("begin_capture: {x}")),
+    }
+    // The per-call setting: asking for the copy engines where they serve takes them; asking
+    // for them for a reduction is an error naming the algorithm, not another algorithm.
+    let inp = input.slice(..n * COUNT).map_err(e)?;
+    let out = outs.slice(..COUNT).map_err(e)?;
+    let rs = CollectiveCall::new(ReduceScatter, &inp, &out, COUNT, DataType::U8)
+        .algorithm(Some(AlgorithmId::Ce));
+    match coll.run(&rs, stream) {
+        Err(x) if x.class() == ErrorClass::InvalidUsage && x.to_string().contains("ce") => {}
+        other => return Err(format!("reduce-scatter asking for ce: {other:?}")),
+    }
+    stream.fill(&outs.full(), POISON).map_err(e)?;
+    fill_input(0)?;
+    let ag_out = outs.slice(..n * COUNT).map_err(e)?;
+    let ag_in = input.slice(..COUNT).map_err(e)?;
+    let ag = CollectiveCall::new(AllGather, &ag_in, &ag_out, COUNT, DataType::U8)
+        .algorithm(Some(AlgorithmId::Ce));
+    coll.run(&ag, stream)
+        .map_err(|x| format!("all-gather asking for ce: {x}"))?;
+    stream
+        .synchronize_timeout(Duration::from_secs(60))
+        .map_err(|x| format!("ce per-call all-gather: {x}"))?;
+    wrong += check(0, AllGather, 0)?;
+    calls += 1;
+    Ok((calls, wrong))
 }
 
 /// One rank's calls on two streams: a mix of collectives and point-to-point rings, each on the
@@ -718,6 +874,30 @@ const GPU_COUNTS: &str = "1,7,1001,65537,262147,1048573,2097155";
 /// Odd ranks keep one-round calls on the general LL kernel, even ranks take the short kernels.
 const SHORT_MIXED: &[(&str, &str)] = &[("MSCCLPP_TEST_SHORT_ODD_OFF", "1")];
 
+/// The copy-engine algorithm forced for the collectives it serves, with 4 KiB of scratch so
+/// that larger counts take many chunks (GPUs: the default scratch), and its burst and graph
+/// checks.
+const CE: &[(&str, &str)] = &[
+    ("MSCCLPP_ALGO_ALLGATHER", "ce"),
+    ("MSCCLPP_ALGO_BROADCAST", "ce"),
+    ("MSCCLPP_ALGO_ALLTOALL", "ce"),
+    ("MSCCLPP_TEST_KINDS", "allgather,broadcast,alltoall"),
+    ("MSCCLPP_TEST_ALGO", "ce"),
+    ("MSCCLPP_CE_SCRATCH_BYTES", "4096"),
+    ("MSCCLPP_TEST_DTYPES", SOME_DTYPES),
+];
+
+/// The same on GPUs, with the default scratch (32 MiB: the largest GPU count is one chunk; the
+/// host trials cover many).
+const CE_GPU: &[(&str, &str)] = &[
+    ("MSCCLPP_ALGO_ALLGATHER", "ce"),
+    ("MSCCLPP_ALGO_BROADCAST", "ce"),
+    ("MSCCLPP_ALGO_ALLTOALL", "ce"),
+    ("MSCCLPP_TEST_KINDS", "allgather,broadcast,alltoall"),
+    ("MSCCLPP_TEST_ALGO", "ce"),
+    ("MSCCLPP_TEST_DTYPES", SOME_DTYPES),
+];
+
 /// The read algorithm with nothing registered: every input is staged.
 const READ_STAGED: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_ALLREDUCE", "read"),
@@ -798,7 +978,7 @@ fn main() {
     type Env = &'static [(&'static str, &'static str)];
     // Host trials: (name, ranks, slot bytes, counts, environment). Small slots force many
     // rounds: 256-byte slots carry 128 data bytes per peer per round.
-    let host: [(&str, usize, u64, &'static str, Env); 14] = [
+    let host: [(&str, usize, u64, &'static str, Env); 17] = [
         ("2_ranks", 2, 256, "1,3,37,1001", &[]),
         ("3_ranks", 3, 512, "1,5,333", &[]),
         ("4_ranks", 4, 1024, "1,7,300", &[]),
@@ -818,6 +998,10 @@ fn main() {
         ("read::8_ranks", 8, 4096, "1,129", READ_REGISTERED),
         // Short and general LL kernels mixed across ranks.
         ("short_mixed::3_ranks", 3, 512, "1,5,333", SHORT_MIXED),
+        // The copy-engine algorithm (no kernel), 4 KiB chunks.
+        ("ce::2_ranks", 2, 256, "1,3,37,5001", CE),
+        ("ce::3_ranks", 3, 256, "1,5,3333", CE),
+        ("ce::8_ranks", 8, 4096, "1,129", CE),
     ];
     let mut trials: Vec<Trial> = host
         .into_iter()
@@ -841,7 +1025,7 @@ fn main() {
     }
     // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one;
     // 4 ranks: 2 per GPU, where LL128 is refused since two ranks share a device and LL serves).
-    let gpu: [(&str, usize, Env); 9] = [
+    let gpu: [(&str, usize, Env); 11] = [
         ("read::2_ranks", 2, READ_REGISTERED),
         ("read::2_ranks_staged", 2, READ_STAGED),
         ("read::4_ranks", 4, READ_REGISTERED),
@@ -853,6 +1037,8 @@ fn main() {
         ("default::4_ranks", 4, &[]),
         ("short_mixed::2_ranks", 2, SHORT_MIXED),
         ("short_mixed::4_ranks", 4, SHORT_MIXED),
+        ("ce::2_ranks", 2, CE_GPU),
+        ("ce::4_ranks", 4, CE_GPU),
     ];
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
         for (name, n, env) in gpu {

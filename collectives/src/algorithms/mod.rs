@@ -27,6 +27,7 @@ use crate::CollectiveKind;
 use crate::agree::agree;
 use crate::call::Checked;
 
+pub(crate) mod ce;
 pub(crate) mod direct;
 pub(crate) mod host_common;
 #[cfg(test)]
@@ -202,16 +203,20 @@ pub enum AlgorithmId {
     /// Every rank reads the peers' inputs where they lie — registered windows, or a staging
     /// copy — and reduces locally (all-reduce).
     Read,
+    /// No kernel: the copy engines move the data through the peers' mapped scratch, ordered by
+    /// stream flag writes and waits (all-gather, broadcast, all-to-all; only when forced).
+    Ce,
 }
 
 impl AlgorithmId {
     /// Every algorithm.
-    pub const ALL: [AlgorithmId; 5] = [
+    pub const ALL: [AlgorithmId; 6] = [
         AlgorithmId::Ll,
         AlgorithmId::LlShort,
         AlgorithmId::Ll128,
         AlgorithmId::Direct,
         AlgorithmId::Read,
+        AlgorithmId::Ce,
     ];
 
     /// Its name (as `MSCCLPP_ALGO_*` spells the ones that can be forced).
@@ -222,6 +227,7 @@ impl AlgorithmId {
             AlgorithmId::Ll128 => "ll128",
             AlgorithmId::Direct => "direct",
             AlgorithmId::Read => "read",
+            AlgorithmId::Ce => "ce",
         }
     }
 }
