@@ -11,6 +11,7 @@ use mscclpp_hal::{Error, Result};
 use crate::cuda_ipc::CudaIpcConnection;
 use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::ethernet::EthernetConnection;
+use crate::ib::IbConnection;
 use crate::memory::RegisteredMemory;
 use crate::ops::Connection;
 use crate::transport::Transport;
@@ -24,6 +25,8 @@ pub enum AnyConnection {
     CudaIpc(CudaIpcConnection),
     /// TCP.
     Ethernet(EthernetConnection),
+    /// RDMA through an HCA.
+    Ib(IbConnection),
 }
 
 /// Connects this rank's `local` endpoint with a peer's `remote` one. Both ranks call it with
@@ -37,11 +40,7 @@ pub fn connect(local: LocalEndpoint, remote: &Endpoint) -> Result<AnyConnection>
     let conn = match remote.transport {
         Transport::CudaIpc => AnyConnection::from(CudaIpcConnection::connect(local, remote)?),
         Transport::Ethernet => AnyConnection::from(EthernetConnection::connect(local, remote)?),
-        Transport::Ib(_) => {
-            return Err(Error::Internal(
-                "IB passed transport selection in a build without IB".into(),
-            ));
-        }
+        Transport::Ib(_) => AnyConnection::from(IbConnection::connect(local, remote)?),
     };
     tracing::debug!(
         rank = me,
@@ -99,6 +98,7 @@ mod tests {
             device: 0,
             addr: "127.0.0.1:9".parse().unwrap(),
             nonce: [0; 16],
+            ib: None,
         }
     }
 

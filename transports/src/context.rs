@@ -5,7 +5,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use mscclpp_hal::{BufferSlice, Device};
+use mscclpp_hal::{BufferSlice, Device, Result};
+
+use crate::ib::device::{HCA_DEVICES, IbDevice, no_device};
+use crate::ib::verbs::{self, Verbs};
 
 /// One per rank and communicator, shared (`Arc`) by its endpoints, connections and registered
 /// memories.
@@ -21,6 +24,11 @@ pub struct TransportContext {
     // Ids are never reused, so a peer holding the id of memory that was since deregistered
     // gets "unknown memory" rather than landing in whatever took its place.
     next_id: AtomicU64,
+    /// IB devices opened by this rank, by IB number: connections and registrations of one IBn
+    /// share its protection domain.
+    ib: Mutex<HashMap<u8, Arc<IbDevice>>>,
+    /// The verbs table: libibverbs unless a test put its fake here.
+    ib_verbs: Mutex<Option<Arc<dyn Verbs>>>,
 }
 
 impl fmt::Debug for TransportContext {
@@ -50,6 +58,8 @@ impl TransportContext {
             host_id,
             ethernet: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            ib: Mutex::new(HashMap::new()),
+            ib_verbs: Mutex::new(None),
         })
     }
 
@@ -89,5 +99,34 @@ impl TransportContext {
     /// The memory registered under `id`, if any.
     pub(crate) fn ethernet_memory(&self, id: u64) -> Option<BufferSlice> {
         self.registry().get(&id).cloned()
+    }
+
+    /// Uses `v` instead of libibverbs for this context's IB devices (the unit tests' fake).
+    #[cfg(test)]
+    pub(crate) fn use_verbs(&self, v: Arc<dyn Verbs>) {
+        *self.ib_verbs.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+    }
+
+    /// The device IBn means, opened on first use: `no RDMA device found (…)` when there is none
+    /// (libibverbs missing, no device, or fewer devices than n+1).
+    pub(crate) fn ib_device(&self, n: u8) -> Result<Arc<IbDevice>> {
+        // Held across the open, so that two threads asking for IBn open it once.
+        let mut devs = self.ib.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = devs.get(&n) {
+            return Ok(d.clone());
+        }
+        let chosen = self
+            .ib_verbs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let v = match chosen {
+            Some(v) => v,
+            None => verbs::real().map_err(|why| no_device(n, why))?,
+        };
+        let hca = mscclpp_hal::env::get(HCA_DEVICES);
+        let d = IbDevice::open(v, n, hca.as_deref())?;
+        devs.insert(n, d.clone());
+        Ok(d)
     }
 }

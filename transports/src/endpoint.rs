@@ -15,6 +15,8 @@ use mscclpp_hal::wire::{Reader, Writer};
 use mscclpp_hal::{Error, Result};
 
 use crate::context::TransportContext;
+use crate::ib::QpInfo;
+use crate::ib::qp::Qp;
 use crate::memory::{MAX_HOST_ID, MAX_RANK};
 use crate::transport::Transport;
 
@@ -38,8 +40,22 @@ pub struct EndpointConfig {
     pub connect_timeout: Duration,
     /// Ethernet: how long a `write` may wait for room to queue, a socket send may block, and
     /// the receiver may wait for its stream before answering a flush; past it the connection
-    /// fails rather than hanging on a stalled peer.
+    /// fails rather than hanging on a stalled peer. IB: how long a post may wait for room in
+    /// the send queue.
     pub io_timeout: Duration,
+    /// IB: entries of the send completion queue (at least `ib_max_send_wr`).
+    pub ib_max_cq_size: u32,
+    /// IB: completions taken per poll.
+    pub ib_max_cq_poll_num: u32,
+    /// IB: send requests in flight per connection.
+    pub ib_max_send_wr: u32,
+    /// IB: receives kept posted (no-atomic mode only).
+    pub ib_max_recv_wr: u32,
+    /// IB: the port's GID table entry used for addressing (RoCE: the RoCEv2 entry, often 3).
+    pub ib_gid_index: u8,
+    /// IB: signal by RDMA write with immediate data instead of atomic fetch-and-add (for HCAs
+    /// or memory where RDMA atomics are unavailable). Both ends must agree.
+    pub ib_no_atomic: bool,
 }
 
 impl EndpointConfig {
@@ -52,6 +68,12 @@ impl EndpointConfig {
             max_in_flight: 64 << 20,
             connect_timeout: Duration::from_secs(60),
             io_timeout: Duration::from_secs(60),
+            ib_max_cq_size: 1024,
+            ib_max_cq_poll_num: 16,
+            ib_max_send_wr: 512,
+            ib_max_recv_wr: 128,
+            ib_gid_index: 0,
+            ib_no_atomic: false,
         }
     }
 }
@@ -72,6 +94,8 @@ pub struct Endpoint {
     /// A random value the connecting side must present, so that a stray connection to the
     /// listener is refused.
     pub nonce: [u8; 16],
+    /// IB: the address of the QP made for this connection.
+    pub ib: Option<QpInfo>,
 }
 
 /// This rank's endpoint and the listener behind it; consumed by [`crate::connect`].
@@ -80,6 +104,8 @@ pub struct LocalEndpoint {
     pub(crate) cfg: EndpointConfig,
     pub(crate) endpoint: Endpoint,
     pub(crate) listener: TcpListener,
+    /// IB: the QP, in INIT, that [`crate::connect`] connects.
+    pub(crate) ib: Option<Qp>,
 }
 
 impl fmt::Debug for LocalEndpoint {
@@ -104,6 +130,10 @@ impl Endpoint {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io("reading the listener's address", e))?;
+        let ib = match cfg.transport {
+            Transport::Ib(n) => Some(crate::ib::prepare(ctx, &cfg, n)?),
+            _ => None,
+        };
         let endpoint = Endpoint {
             transport: cfg.transport,
             rank: ctx.rank(),
@@ -111,12 +141,14 @@ impl Endpoint {
             device: ctx.device().info().ordinal,
             addr,
             nonce: nonce(),
+            ib: ib.as_ref().map(|q| q.info),
         };
         Ok(LocalEndpoint {
             ctx: ctx.clone(),
             cfg,
             endpoint,
             listener,
+            ib,
         })
     }
 
@@ -134,6 +166,10 @@ impl Endpoint {
             IpAddr::V6(a) => w.u8(6).raw(&a.octets()),
         };
         w.u16(self.addr.port()).raw(&self.nonce);
+        // Present exactly for IB endpoints; a decoder checks that.
+        if let Some(q) = &self.ib {
+            q.encode(&mut w);
+        }
         w.finish()
     }
 
@@ -160,6 +196,10 @@ impl Endpoint {
         };
         let port = r.u16()?;
         let nonce = r.array::<16>()?;
+        let ib = match transport {
+            Transport::Ib(_) => Some(QpInfo::decode(&mut r)?),
+            _ => None,
+        };
         r.finish()?;
         Ok(Endpoint {
             transport,
@@ -168,6 +208,7 @@ impl Endpoint {
             device,
             addr: SocketAddr::new(ip, port),
             nonce,
+            ib,
         })
     }
 }
@@ -217,6 +258,15 @@ mod tests {
         let v6 = Endpoint {
             addr: "[::1]:4242".parse().unwrap(),
             transport: Transport::Ib(5),
+            ib: Some(QpInfo {
+                qpn: 0x1234,
+                psn: 77,
+                lid: 9,
+                gid: [7; 16],
+                mtu: 5,
+                roce: true,
+                atomics: false,
+            }),
             ..ep
         };
         assert_eq!(Endpoint::from_bytes(&v6.to_bytes()).unwrap(), v6);
@@ -224,11 +274,16 @@ mod tests {
     }
 
     #[test]
-    fn ib_endpoint_is_not_built() {
-        let e = Endpoint::new(&host_ctx(0), EndpointConfig::new(Transport::Ib(0)))
+    fn ib_endpoint_without_an_hca_says_so() {
+        let ctx = host_ctx(0);
+        ctx.use_verbs(crate::ib::fake::FakeVerbs::with_devices(&[]));
+        let e = Endpoint::new(&ctx, EndpointConfig::new(Transport::Ib(0)))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("IB0"), "{e}");
+        assert!(
+            e.contains("IB0") && e.contains("no RDMA device found ("),
+            "{e}"
+        );
     }
 
     proptest! {
@@ -247,6 +302,7 @@ mod tests {
                 device: 0,
                 addr: "127.0.0.1:9".parse().unwrap(),
                 nonce: [3; 16],
+                ib: None,
             };
             let mut b = ep.to_bytes();
             let at = at % b.len();

@@ -17,8 +17,9 @@
 //! Every byte that crosses a process goes through [`mscclpp_hal::wire`]: descriptors,
 //! endpoints, the connection hello and Ethernet frame headers are versioned and bounded, and
 //! decoding garbage is an error. A peer that dies turns every later operation of its
-//! connections, and any waiting flush, into [`mscclpp_hal::Error::Remote`] naming it. IB is
-//! not built yet: it is refused with the reason.
+//! connections, and any waiting flush, into [`mscclpp_hal::Error::Remote`] naming it.
+//! [`IbConnection`] (IB0..IB7) opens libibverbs at run time; on a machine without an HCA,
+//! asking for IBn fails at once with `no RDMA device found (…)`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 // `ops` (the `Connection` trait) comes first: `enum_dispatch` must expand the trait before the
@@ -31,6 +32,7 @@ mod cuda_ipc;
 mod endpoint;
 mod ethernet;
 mod flags;
+mod ib;
 mod link;
 mod memory;
 mod transport;
@@ -41,6 +43,7 @@ pub use cuda_ipc::CudaIpcConnection;
 pub use endpoint::{Endpoint, EndpointConfig, LocalEndpoint, MAX_FRAME_PAYLOAD};
 pub use ethernet::EthernetConnection;
 pub use flags::TransportFlags;
+pub use ib::{IbConnection, QpInfo};
 pub use memory::RegisteredMemory;
 pub use ops::Connection;
 pub use transport::Transport;

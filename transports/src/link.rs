@@ -357,6 +357,7 @@ mod tests {
                 device: 0,
                 addr: "127.0.0.1:9".parse().unwrap(),
                 nonce: [3; 16],
+                ib: None,
             };
             let _ = check_hello(&buf, &ep, &ep);
         }

@@ -9,6 +9,7 @@ use mscclpp_hal::{BufferSlice, Error, IpcHandle, Result};
 
 use crate::context::TransportContext;
 use crate::flags::TransportFlags;
+use crate::ib::memory::IbMr;
 use crate::transport::Transport;
 
 const MAGIC: [u8; 4] = *b"MSRM";
@@ -38,7 +39,18 @@ struct Inner {
     len: u64,
     ipc: Option<IpcHandle>,
     ethernet_id: Option<u64>,
+    /// One per IB transport registered for, in transport order.
+    ib: Vec<IbRegion>,
     place: Place,
+}
+
+/// The memory as one HCA sees it: the address and key a peer writes with and, for local
+/// memory, the registration itself (its lkey is the source key of writes).
+struct IbRegion {
+    index: u8,
+    addr: u64,
+    rkey: u32,
+    mr: Option<IbMr>,
 }
 
 enum Place {
@@ -100,6 +112,21 @@ impl RegisteredMemory {
         } else {
             None
         };
+        let mut ib = Vec::new();
+        for t in transports.iter() {
+            if let Transport::Ib(n) = t {
+                let dev = ctx.ib_device(n)?;
+                // Atomics where the HCA takes them; writes only otherwise (no-atomic mode).
+                let mr = crate::ib::memory::register(&dev, slice, true)
+                    .or_else(|_| crate::ib::memory::register(&dev, slice, false))?;
+                ib.push(IbRegion {
+                    index: n,
+                    addr: mr.addr,
+                    rkey: mr.keys.rkey,
+                    mr: Some(mr),
+                });
+            }
+        }
         let ethernet_id = transports
             .contains(Transport::Ethernet)
             .then(|| ctx.register_ethernet(slice.clone()));
@@ -112,6 +139,7 @@ impl RegisteredMemory {
                 len: slice.len() as u64,
                 ipc,
                 ethernet_id,
+                ib,
                 place: Place::Local {
                     slice: slice.clone(),
                     ctx: ctx.clone(),
@@ -134,6 +162,9 @@ impl RegisteredMemory {
         }
         if i.transports.contains(Transport::Ethernet) {
             w.u64(i.ethernet_id.unwrap_or(0));
+        }
+        for r in &i.ib {
+            w.u64(r.addr).u32(r.rkey);
         }
         w.finish()
     }
@@ -167,6 +198,25 @@ impl RegisteredMemory {
         } else {
             None
         };
+        let mut ib = Vec::new();
+        for t in transports.iter() {
+            if let Transport::Ib(index) = t {
+                let addr = r.u64()?;
+                let rkey = r.u32()?;
+                if addr.checked_add(len).is_none() {
+                    return Err(Error::malformed(
+                        WHAT,
+                        format!("IB{index} region {addr:#x}+{len} wraps the address space"),
+                    ));
+                }
+                ib.push(IbRegion {
+                    index,
+                    addr,
+                    rkey,
+                    mr: None,
+                });
+            }
+        }
         r.finish()?;
         if len == 0 || transports.is_empty() {
             return Err(Error::malformed(
@@ -210,6 +260,7 @@ impl RegisteredMemory {
                 len,
                 ipc,
                 ethernet_id,
+                ib,
                 place: Place::Remote { mapped },
             }),
         })
@@ -264,6 +315,24 @@ impl RegisteredMemory {
     /// The id its owner's Ethernet receiver knows it by, if registered for Ethernet.
     pub fn ethernet_id(&self) -> Option<u64> {
         self.inner.ethernet_id
+    }
+
+    /// The address and remote key peers write to over IBn, if registered for it.
+    pub(crate) fn ib_remote(&self, n: u8) -> Option<(u64, u32)> {
+        self.inner
+            .ib
+            .iter()
+            .find(|r| r.index == n)
+            .map(|r| (r.addr, r.rkey))
+    }
+
+    /// The address and local key of this rank's own memory registered for IBn.
+    pub(crate) fn ib_local(&self, n: u8) -> Option<(u64, u32)> {
+        self.inner
+            .ib
+            .iter()
+            .find(|r| r.index == n)
+            .and_then(|r| r.mr.as_ref().map(|m| (m.addr, m.keys.lkey)))
     }
 }
 
@@ -325,10 +394,14 @@ mod tests {
         let r = RegisteredMemory::from_bytes(&far, &m.to_bytes()).unwrap();
         assert!(r.mapped_slice().is_none());
 
+        ctx.use_verbs(crate::ib::fake::FakeVerbs::with_devices(&["mlx5_0"]));
         let e = RegisteredMemory::register(&ctx, &buf.full(), Transport::Ib(2).into())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("IB2"), "{e}");
+        assert!(
+            e.contains("IB2") && e.contains("no RDMA device found (") && e.contains("mlx5_0"),
+            "{e}"
+        );
         let empty = buf.slice(3..3).unwrap();
         assert!(RegisteredMemory::register(&ctx, &empty, Transport::Ethernet.into()).is_err());
         assert!(RegisteredMemory::register(&ctx, &buf.full(), TransportFlags::NONE).is_err());
