@@ -13,6 +13,7 @@ use crate::algorithms::MAX_RANKS;
 use crate::agree::agree;
 use crate::algorithms::ce::Ce;
 use crate::algorithms::direct::Direct;
+use crate::algorithms::hier::{Hier, Topology};
 use crate::algorithms::ll::{Ll, LlGrid, LlScratch};
 use crate::algorithms::ll_short::LlShort;
 use crate::algorithms::ll128::{self, Ll128};
@@ -33,17 +34,20 @@ pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
 pub struct Collectives {
     comm: Arc<Communicator>,
     policy: Policy,
-    ll: Ll,
-    ll_short: LlShort,
+    /// Single-host parts: `None` on a communicator that spans hosts.
+    ll: Option<Ll>,
+    ll_short: Option<LlShort>,
     /// Where every rank can use it.
     ll128: Option<Ll128>,
     /// Where the backend has the kernels.
     direct: Option<Direct>,
     read: Option<Read>,
     /// The copy-engine algorithm (every backend: it launches no kernel).
-    ce: Ce,
+    ce: Option<Ce>,
     /// Sends and receives.
-    p2p: P2p,
+    p2p: Option<P2p>,
+    /// A communicator that spans hosts: the hierarchical collectives serve every call.
+    hier: Option<Box<Hier>>,
     /// All-reduces that read a registered input in place ([`Collectives::zero_copy_calls`]).
     zero_copy: AtomicU64,
     /// Keeps launches on different streams from overlapping.
@@ -59,6 +63,9 @@ impl Collectives {
     /// As [`Collectives::new`] with a chosen LL slot size (tests use small slots to exercise
     /// messages that take many rounds).
     pub fn with_slot_bytes(comm: Arc<Communicator>, slot_bytes: u64) -> Result<Self> {
+        if let Some(topo) = Topology::of(&comm)? {
+            return Self::hierarchical(comm, slot_bytes, topo);
+        }
         let (rank, n) = (comm.rank(), comm.nranks());
         if !(2..=MAX_RANKS).contains(&n) {
             return Err(Error::invalid(format!(
@@ -104,13 +111,14 @@ impl Collectives {
         Ok(Collectives {
             comm,
             policy: settings.policy,
-            ll,
-            ll_short,
+            ll: Some(ll),
+            ll_short: Some(ll_short),
             ll128,
             direct,
             read,
-            ce,
-            p2p,
+            ce: Some(ce),
+            p2p: Some(p2p),
+            hier: None,
             zero_copy: AtomicU64::new(0),
             order: LaunchOrder::default(),
         })
@@ -123,17 +131,21 @@ impl Collectives {
 
     fn get(&self, id: AlgorithmId) -> Option<&dyn Algorithm> {
         match id {
-            AlgorithmId::Ll => Some(&self.ll),
-            AlgorithmId::LlShort => Some(&self.ll_short),
+            AlgorithmId::Ll => self.ll.as_ref().map(|a| a as &dyn Algorithm),
+            AlgorithmId::LlShort => self.ll_short.as_ref().map(|a| a as &dyn Algorithm),
+            AlgorithmId::Hier => None,
             AlgorithmId::Ll128 => self.ll128.as_ref().map(|a| a as &dyn Algorithm),
             AlgorithmId::Direct => self.direct.as_ref().map(|a| a as &dyn Algorithm),
             AlgorithmId::Read => self.read.as_ref().map(|a| a as &dyn Algorithm),
-            AlgorithmId::Ce => Some(&self.ce),
+            AlgorithmId::Ce => self.ce.as_ref().map(|a| a as &dyn Algorithm),
         }
     }
 
     /// The algorithm that serves `kind` for rank blocks of `block_bytes` on this rank.
     pub fn algorithm(&self, kind: CollectiveKind, block_bytes: u64) -> AlgorithmId {
+        if self.hier.is_some() {
+            return AlgorithmId::Hier;
+        }
         self.policy.choose(kind, block_bytes, |id| {
             self.get(id).is_some_and(|a| a.fits(kind, block_bytes))
         })
@@ -146,6 +158,9 @@ impl Collectives {
     pub fn run(&self, call: &CollectiveCall, stream: &dyn Stream) -> Result<()> {
         let backend = self.comm.device().info().backend;
         let checked = call::check(call, self.comm.rank(), self.comm.nranks(), backend)?;
+        if let Some(hier) = &self.hier {
+            return self.run_hier(hier, &checked, stream);
+        }
         let id = match call.algorithm {
             Some(id) => self.asked(id, call.kind, checked.block_bytes)?,
             None => self.chosen(call, &checked),
@@ -248,10 +263,16 @@ impl Collectives {
     /// No host synchronisation; the buffers must stay allocated until the stream has passed
     /// the call.
     pub fn send_recv(&self, ops: &[P2pOp], stream: &dyn Stream) -> Result<()> {
+        let p2p = self.p2p.as_ref().ok_or_else(|| {
+            Error::unavailable(
+                "sends and receives",
+                "this communicator spans hosts; point-to-point is served within one host only",
+            )
+        })?;
         let _abort = self.live_scope()?;
         self.order.run(&**self.comm.device(), stream, || {
             // SAFETY: the caller keeps the buffers alive (documented above).
-            unsafe { self.p2p.run(&self.comm, ops, stream) }
+            unsafe { p2p.run(&self.comm, ops, stream) }
         })
     }
 
@@ -279,7 +300,9 @@ impl Collectives {
     /// kernel. A per-rank choice, for measurements and debugging: ranks may differ, since both
     /// kernels run the same protocol. Takes effect from the next call.
     pub fn use_short_kernels(&self, on: bool) {
-        self.ll_short.set_enabled(on);
+        if let Some(s) = &self.ll_short {
+            s.set_enabled(on);
+        }
     }
 
     /// Registers `slice` with every rank's collectives (a collective call: every rank registers
@@ -289,6 +312,12 @@ impl Collectives {
     /// ([`CollectiveCall::registered`]) and its size is one where that pays; the IPC mappings
     /// are made here, once. The buffer stays alive until [`Collectives::deregister`].
     pub fn register(&self, slice: &BufferSlice) -> Result<Window> {
+        if self.hier.is_some() {
+            return Err(Error::unavailable(
+                "registering a buffer with the collectives",
+                "this communicator spans hosts; registration is served within one host only",
+            ));
+        }
         let read = self.read.as_ref().ok_or_else(|| {
             Error::unavailable(
                 "registering a buffer with the collectives",
@@ -378,5 +407,57 @@ impl Collectives {
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::AllToAll, input, output, count, dtype);
         self.run(&call, stream)
+    }
+}
+
+/// Communicators that span hosts (`algorithms/hier/spec.md`).
+impl Collectives {
+    /// The hierarchical collectives of `comm`, which spans hosts as `topo` says (a collective
+    /// call, as [`Collectives::new`]).
+    fn hierarchical(comm: Arc<Communicator>, slot_bytes: u64, topo: Topology) -> Result<Self> {
+        if slot_bytes < 16 || slot_bytes % 16 != 0 {
+            return Err(Error::invalid(format!(
+                "slot of {slot_bytes} bytes: a positive multiple of 16 is needed"
+            )));
+        }
+        let settings = Settings::from_env()?;
+        let hier = Hier::setup(&comm, topo, slot_bytes)?;
+        // Nobody's proxy writes into a peer before that peer has set up.
+        comm.bootstrap().barrier()?;
+        tracing::debug!(
+            rank = comm.rank(),
+            nranks = comm.nranks(),
+            hosts = topo.hosts,
+            per_host = topo.per_host,
+            "hierarchical collectives ready"
+        );
+        Ok(Collectives {
+            comm,
+            policy: settings.policy,
+            ll: None,
+            ll_short: None,
+            ll128: None,
+            direct: None,
+            read: None,
+            ce: None,
+            p2p: None,
+            hier: Some(Box::new(hier)),
+            zero_copy: AtomicU64::new(0),
+            order: LaunchOrder::default(),
+        })
+    }
+
+    /// Hosts and ranks per host when this communicator spans hosts (`None` on one host).
+    pub fn hosts(&self) -> Option<(usize, usize)> {
+        self.hier.as_ref().map(|h| (h.topo.hosts, h.topo.per_host))
+    }
+
+    fn run_hier(&self, hier: &Hier, checked: &call::Checked, stream: &dyn Stream) -> Result<()> {
+        let _abort = self.live_scope()?;
+        self.order.run(&**self.comm.device(), stream, || {
+            // SAFETY: `checked` was checked against this communicator; the caller keeps the
+            // buffers alive (as for every call of [`Collectives::run`]).
+            unsafe { hier.run(checked, stream) }
+        })
     }
 }

@@ -225,7 +225,7 @@ mod tests {
             LlShort => kind != Broadcast && bytes > 0 && bytes <= MIB,
             Ll128 => kind == AllReduce && bytes <= 1920 * KIB,
             Read => kind == AllReduce && bytes <= 4 * MIB,
-            Ce => false,
+            Ce | Hier => false,
         }
     }
 

@@ -29,6 +29,7 @@ use crate::call::Checked;
 
 pub(crate) mod ce;
 pub(crate) mod direct;
+pub(crate) mod hier;
 pub(crate) mod host_common;
 #[cfg(test)]
 mod layout;
@@ -206,6 +207,9 @@ pub enum AlgorithmId {
     /// No kernel: the copy engines move the data through the peers' mapped scratch, ordered by
     /// stream flag writes and waits (all-gather, broadcast, all-to-all; only when forced).
     Ce,
+    /// Communicators that span hosts: the others within each host, port channels between
+    /// hosts (every collective; `hier/spec.md`). Chosen for every call of such a communicator.
+    Hier,
 }
 
 impl AlgorithmId {
@@ -228,6 +232,7 @@ impl AlgorithmId {
             AlgorithmId::Direct => "direct",
             AlgorithmId::Read => "read",
             AlgorithmId::Ce => "ce",
+            AlgorithmId::Hier => "hier",
         }
     }
 }

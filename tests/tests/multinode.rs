@@ -1,0 +1,416 @@
+//! Collectives across hosts on this machine: ranks as processes on the host backend, grouped
+//! into "hosts" either by `MSCCLPP_HOSTID` per rank on loopback (always runs) or by network
+//! namespaces joined by veth pairs and a bridge (needs root and `ip`; reported ignored with the
+//! reason otherwise). Every collective, several types and operators, odd counts, in and out of
+//! place, outputs poisoned before each call, against a CPU reference. Runs with
+//! `cargo test -p mscclpp-conformance --test multinode`.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Completion, Failed, Trial};
+use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives};
+use mscclpp::comm::Communicator;
+use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
+use mscclpp::hal::{BackendKind, DataType, MemoryKind, ReduceOp};
+use mscclpp_conformance::multiproc::{self, ChildOutcome};
+use mscclpp_conformance::reference::{count_wrong, expected, random_input};
+use mscclpp_conformance::rng::Rng;
+
+const UID_VAR: &str = "MSCCLPP_TEST_UID";
+const SEED_VAR: &str = "MSCCLPP_TEST_SEED";
+const HOSTS_VAR: &str = "MSCCLPP_TEST_HOSTS";
+const FULL_VAR: &str = "MSCCLPP_TEST_FULL";
+const POISON: u8 = 0xA5;
+
+type R<T> = Result<T, String>;
+
+fn e2s(e: mscclpp::hal::Error) -> String {
+    e.to_string()
+}
+
+/// The cases one rank runs: (kind, type, operator, count, in place).
+fn cases(full: bool) -> Vec<(CollectiveKind, DataType, ReduceOp, usize, bool)> {
+    let types: &[(DataType, ReduceOp)] = if full {
+        &[
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::I32, ReduceOp::Min),
+            (DataType::BF16, ReduceOp::Sum),
+            (DataType::U8, ReduceOp::Max),
+            (DataType::F16, ReduceOp::Prod),
+        ]
+    } else {
+        &[
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::I32, ReduceOp::Max),
+        ]
+    };
+    // Odd counts (uneven shards), a count the ranks per host divide, and counts that take
+    // several inter-host rounds (the tests run with 4 KiB slots).
+    let counts: &[usize] = if full {
+        &[1, 7, 1001, 4096, 6001]
+    } else {
+        &[7, 1001, 6001]
+    };
+    let mut out = Vec::new();
+    for kind in CollectiveKind::ALL {
+        for &(dtype, op) in types {
+            for &count in counts {
+                for in_place in [false, true] {
+                    out.push((kind, dtype, op, count, in_place));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every rank's input of case `case` (the same on every rank: each generates all of them).
+fn inputs(seed: u64, case: usize, n: usize, elems: usize, dtype: DataType) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|r| {
+            let mut rng = Rng::new(seed ^ ((case as u64) << 20) ^ r as u64);
+            random_input(dtype, elems, &mut rng)
+        })
+        .collect()
+}
+
+fn child(role: &str) -> R<()> {
+    if role != "hier" {
+        return Err(format!("unknown role {role}"));
+    }
+    let (rank, n) = multiproc::rank_and_size();
+    let get = |v: &str| std::env::var(v).map_err(|_| format!("{v} is not set"));
+    let uid: UniqueId = get(UID_VAR)?.parse().map_err(|e| format!("uid: {e}"))?;
+    let seed: u64 = get(SEED_VAR)?.parse().map_err(|e| format!("seed: {e}"))?;
+    let (hosts, per_host) = get(HOSTS_VAR)?
+        .split_once('x')
+        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
+        .ok_or("bad host shape")?;
+    let full = get(FULL_VAR).is_ok_and(|v| v == "1");
+    let boot =
+        Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e2s)?).map_err(e2s)?;
+    let backend = mscclpp::registry::probe(BackendKind::Host).map_err(e2s)?;
+    let device = backend.open_device(0).map_err(e2s)?;
+    let comm = Arc::new(Communicator::new(Arc::new(boot), device.clone()));
+    let coll = Collectives::new(comm).map_err(|e| format!("Collectives::new: {e}"))?;
+    if coll.hosts() != Some((hosts, per_host)) {
+        return Err(format!(
+            "the collectives see {:?} (hosts, ranks per host), expected {:?}",
+            coll.hosts(),
+            (hosts, per_host)
+        ));
+    }
+    let stream = device.create_stream().map_err(e2s)?;
+    let mut wrong_total = 0usize;
+    let mut checked = 0usize;
+    let mut failures = Vec::new();
+    for (i, &(kind, dtype, op, count, in_place)) in cases(full).iter().enumerate() {
+        let s = dtype.size();
+        let (in_elems, out_elems) = kind.buffer_elements(count as u64, n as u64);
+        let (in_elems, out_elems) = (in_elems as usize, out_elems as usize);
+        let all = inputs(seed, i, n, in_elems, dtype);
+        let root = i % n;
+        let want = expected(kind, dtype, op, &all, rank, count, root);
+        let mine = &all[rank];
+        // The buffer the output is read from, and the call's slices.
+        let (buf_bytes, in_off, out_off) = if !in_place {
+            (0, 0, 0)
+        } else {
+            match kind {
+                CollectiveKind::AllGather => (out_elems * s, rank * count * s, 0),
+                CollectiveKind::ReduceScatter => (in_elems * s, 0, rank * count * s),
+                _ => (in_elems * s, 0, 0),
+            }
+        };
+        let (inb, outb);
+        let (input, output) = if in_place {
+            let b = device.alloc(buf_bytes, MemoryKind::Device).map_err(e2s)?;
+            stream.fill(&b.full(), POISON).map_err(e2s)?;
+            let input = b.slice(in_off..in_off + in_elems * s).map_err(e2s)?;
+            stream.write_from_host(&input, mine).map_err(e2s)?;
+            let output = b.slice(out_off..out_off + out_elems * s).map_err(e2s)?;
+            inb = b;
+            outb = None;
+            (input, output)
+        } else {
+            let i = device
+                .alloc(in_elems * s, MemoryKind::Device)
+                .map_err(e2s)?;
+            let o = device
+                .alloc(out_elems * s, MemoryKind::Device)
+                .map_err(e2s)?;
+            stream.write_from_host(&i.full(), mine).map_err(e2s)?;
+            stream.fill(&o.full(), POISON).map_err(e2s)?;
+            let (input, output) = (i.full(), o.full());
+            inb = i;
+            outb = Some(o);
+            (input, output)
+        };
+        let call = CollectiveCall::new(kind, &input, &output, count, dtype)
+            .op(op)
+            .root(root);
+        let what = format!(
+            "{} {dtype} {op:?} count {count} {} root {root}",
+            kind.name(),
+            if in_place { "in place" } else { "out of place" }
+        );
+        coll.run(&call, &*stream)
+            .map_err(|e| format!("{what}: {e}"))?;
+        stream
+            .synchronize_timeout(Duration::from_secs(60))
+            .map_err(|e| format!("{what}: {e}"))?;
+        let mut got = vec![0u8; out_elems * s];
+        stream.read_to_host(&mut got, &output).map_err(e2s)?;
+        let wrong = count_wrong(dtype, op, &got, &want);
+        if !in_place {
+            let mut after = vec![0u8; in_elems * s];
+            stream.read_to_host(&mut after, &input).map_err(e2s)?;
+            if &after != mine {
+                failures.push(format!("{what}: the input was modified"));
+            }
+        }
+        if wrong > 0 {
+            failures.push(format!("{what}: {wrong} of {count} elements wrong"));
+        }
+        wrong_total += wrong;
+        checked += 1;
+        drop((inb, outb));
+    }
+    multiproc::report("cases", checked);
+    multiproc::report("wrong", wrong_total);
+    if !failures.is_empty() {
+        return Err(failures.join("\n"));
+    }
+    multiproc::report("hier", "ok");
+    Ok(())
+}
+
+fn start_root(addr: IpAddr, n: usize) -> (BootstrapRoot, Vec<(String, String)>, u64) {
+    let cfg = BootstrapConfig {
+        timeout: Duration::from_secs(60),
+        ..BootstrapConfig::default()
+    };
+    let (root, uid) = BootstrapRoot::start(SocketAddr::new(addr, 0), n, &cfg).expect("root");
+    let (_, seed) = Rng::from_time();
+    let env = vec![
+        (UID_VAR.to_string(), uid.to_string()),
+        (SEED_VAR.to_string(), seed.to_string()),
+        ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "60".to_string()),
+        ("MSCCLPP_BACKEND".to_string(), "host".to_string()),
+        ("MSCCLPP_HIER_SLOT_BYTES".to_string(), "4096".to_string()),
+    ];
+    (root, env, seed)
+}
+
+fn judge(outs: &[ChildOutcome], seed: u64, what: &str) -> Result<Completion, Failed> {
+    let bad: Vec<String> = outs
+        .iter()
+        .filter(|o| !o.ok() || o.reports().get("hier").map(String::as_str) != Some("ok"))
+        .map(ChildOutcome::describe)
+        .collect();
+    if !bad.is_empty() {
+        return Err(format!("{what}, seed {seed}:\n{}", bad.join("\n")).into());
+    }
+    let mut cases = 0;
+    for o in outs {
+        cases += o
+            .reports()
+            .get("cases")
+            .and_then(|c| c.parse::<usize>().ok())
+            .unwrap_or(0);
+    }
+    eprintln!(
+        "    {what}: {} ranks, {cases} rank-cases, 0 wrong",
+        outs.len()
+    );
+    Ok(Completion::Completed)
+}
+
+/// `hosts` hosts of `per_host` ranks, each rank with `MSCCLPP_HOSTID` naming its host.
+fn by_host_id(hosts: usize, per_host: usize, full: bool) -> Result<Completion, Failed> {
+    let n = hosts * per_host;
+    let (_root, env, seed) = start_root(IpAddr::V4(Ipv4Addr::LOCALHOST), n);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let kids: Vec<_> = (0..n)
+        .map(|r| {
+            let mut env = env.clone();
+            env.push((HOSTS_VAR.into(), format!("{hosts}x{per_host}")));
+            env.push((FULL_VAR.into(), if full { "1" } else { "0" }.into()));
+            env.push((
+                "MSCCLPP_HOSTID".into(),
+                format!("hier-test-{}-host-{}", std::process::id(), r / per_host),
+            ));
+            multiproc::spawn("hier", r, n, &env)
+        })
+        .collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| multiproc::wait(k, deadline))
+        .collect();
+    judge(
+        &outs,
+        seed,
+        &format!("{hosts} hosts x {per_host} ranks by MSCCLPP_HOSTID"),
+    )
+}
+
+fn sh(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{}: {e}", args.join(" ")))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// One network namespace per host, each joined by a veth pair to a bridge that holds the
+/// root's address; removed on drop.
+struct Namespaces {
+    names: Vec<String>,
+    veths: Vec<String>,
+    bridge: String,
+}
+
+const NET: &str = "10.79.0";
+
+impl Namespaces {
+    fn create(hosts: usize) -> Result<Namespaces, String> {
+        let id = std::process::id() % 10_000;
+        let mut ns = Namespaces {
+            names: Vec::new(),
+            veths: Vec::new(),
+            bridge: format!("mhbr{id}"),
+        };
+        let br = ns.bridge.clone();
+        sh(&["ip", "link", "add", &br, "type", "bridge"])?;
+        sh(&["ip", "addr", "add", &format!("{NET}.254/24"), "dev", &br])?;
+        sh(&["ip", "link", "set", &br, "up"])?;
+        for h in 0..hosts {
+            let name = format!("mscclpp-hier-{id}-{h}");
+            let veth = format!("mh{id}v{h}");
+            let peer = format!("mh{id}p{h}");
+            sh(&["ip", "netns", "add", &name])?;
+            ns.names.push(name.clone());
+            sh(&[
+                "ip", "link", "add", &veth, "type", "veth", "peer", "name", &peer,
+            ])?;
+            ns.veths.push(veth.clone());
+            sh(&["ip", "link", "set", &peer, "netns", &name])?;
+            sh(&["ip", "link", "set", &veth, "master", &br])?;
+            sh(&["ip", "link", "set", &veth, "up"])?;
+            let inside = ["ip", "netns", "exec", name.as_str()];
+            let addr = format!("{NET}.{}/24", h + 1);
+            for cmd in [
+                &["ip", "addr", "add", addr.as_str(), "dev", &peer][..],
+                &["ip", "link", "set", &peer, "up"],
+                &["ip", "link", "set", "lo", "up"],
+            ] {
+                sh(&[&inside[..], cmd].concat())?;
+            }
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for v in &self.veths {
+            let _ = sh(&["ip", "link", "del", v]);
+        }
+        for n in &self.names {
+            let _ = sh(&["ip", "netns", "del", n]);
+        }
+        let _ = sh(&["ip", "link", "del", &self.bridge]);
+    }
+}
+
+/// `hosts` network namespaces of `per_host` ranks each (the host ids name the namespaces).
+fn by_namespace(hosts: usize, per_host: usize) -> Result<Completion, Failed> {
+    let ns = match Namespaces::create(hosts) {
+        Ok(ns) => ns,
+        Err(why) => {
+            return Ok(Completion::ignored_with(format!(
+                "cannot make network namespaces here (needs root and `ip`): {why}"
+            )));
+        }
+    };
+    let n = hosts * per_host;
+    let root_ip: Ipv4Addr = format!("{NET}.254").parse().map_err(|_| "root address")?;
+    let (_root, env, seed) = start_root(IpAddr::V4(root_ip), n);
+    let exe = std::env::current_exe()?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut kids = Vec::new();
+    for r in 0..n {
+        let h = r / per_host;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &ns.names[h]])
+            .arg(&exe)
+            .env(multiproc::ROLE_VAR, "hier")
+            .env(multiproc::RANK_VAR, r.to_string())
+            .env(multiproc::NRANKS_VAR, n.to_string())
+            .env(HOSTS_VAR, format!("{hosts}x{per_host}"))
+            .env(FULL_VAR, "0")
+            .env("MSCCLPP_SOCKET_IFNAME", format!("{NET}.{}", h + 1))
+            .env(
+                "MSCCLPP_HOSTID",
+                format!("hier-netns-{}-{h}", std::process::id()),
+            )
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        kids.push((r, cmd.spawn()?));
+    }
+    let mut outs = Vec::new();
+    for (rank, mut k) in kids {
+        let started = Instant::now();
+        let mut timed_out = false;
+        while k.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = k.kill();
+                timed_out = true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = k.wait_with_output()?;
+        outs.push(ChildOutcome {
+            rank,
+            code: out.status.code(),
+            timed_out,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            elapsed: started.elapsed(),
+        });
+    }
+    judge(
+        &outs,
+        seed,
+        &format!("{hosts} network namespaces x {per_host} ranks"),
+    )
+}
+
+fn main() {
+    multiproc::run_child(child);
+    let args = libtest_mimic::Arguments::from_args();
+    let mut trials = Vec::new();
+    for (hosts, per_host, full) in [(2, 2, true), (3, 2, false), (4, 2, false), (2, 1, true)] {
+        trials.push(Trial::test(
+            format!("multinode::hostid::hosts_{hosts}x{per_host}"),
+            move || by_host_id(hosts, per_host, full).map(|_| ()),
+        ));
+    }
+    trials.push(Trial::ignorable_test("multinode::netns::hosts_2x2", || {
+        by_namespace(2, 2)
+    }));
+    libtest_mimic::run(&args, trials).exit();
+}
