@@ -283,7 +283,7 @@ impl Lib {
             // this is what every verbs user (NCCL, MSCCL++) does.
             match unsafe { Library::new(name) } {
                 Ok(lib) => return Self::resolve(lib, name).map_err(|e| e.to_string()),
-                Err(e) => tried.push(format!("{name}: {e}")),
+                Err(e) => tried.push(mscclpp_hal::error::chain(&e)),
             }
         }
         Err(format!(

@@ -9,9 +9,11 @@
 //! - [`cq`]: completion polling; a failed completion is an error naming the peer rank.
 //!
 //! A connection posts every request signaled on one RC QP: `write` is an RDMA write,
-//! `update_and_sync` an atomic fetch-and-add of the difference to the last value sent (so the
-//! peer's token ends at `new_value`), or in no-atomic mode an 8-byte RDMA write with immediate
-//! data of `new_value` (the peer keeps receives posted). `flush` polls the send CQ, from the
+//! `update_and_sync` an atomic fetch-and-add of the difference to the last value this connection
+//! sent to that address (as MSCCL++ does: the peer's token ends at `new_value` when it started
+//! at 0 and this connection is its only writer, which is how semaphores are used), or in
+//! no-atomic mode an 8-byte RDMA write with immediate data of `new_value` (the peer keeps
+//! receives posted; the immediate carries the low 32 bits for its receive thread). `flush` polls the send CQ, from the
 //! proxy thread that calls it, until every request has completed.
 
 pub(crate) mod cq;
