@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use mscclpp_hal::{Error, Result};
 
 use crate::endpoint::{Endpoint, LocalEndpoint};
-use crate::link;
+use crate::link::{self, Health};
 use crate::memory::RegisteredMemory;
 use crate::ops::{Connection, check_dst, check_token, check_write};
 use crate::transport::Transport;
@@ -79,6 +79,10 @@ pub struct IbConnection {
     state: Mutex<State>,
     stop: Arc<AtomicBool>,
     receiver: Option<JoinHandle<()>>,
+    /// The TCP link of the handshake, kept open: its end is how a dead peer is noticed at once
+    /// rather than after the QP's retries run out.
+    health: Arc<Health>,
+    watcher: Option<JoinHandle<()>>,
     sock: TcpStream,
 }
 
@@ -175,13 +179,46 @@ impl IbConnection {
             )
         };
         // Both QPs are in RTS before either side returns: the link's handshake needs both.
+        let stop_receiver = |receiver: Option<JoinHandle<()>>| {
+            stop.store(true, Ordering::Relaxed);
+            if let Some(r) = receiver {
+                let _ = r.join();
+            }
+        };
         let sock = match link::establish(&local, remote) {
             Ok(s) => s,
             Err(e) => {
-                stop.store(true, Ordering::Relaxed);
-                if let Some(r) = receiver {
-                    let _ = r.join();
-                }
+                stop_receiver(receiver);
+                return Err(e);
+            }
+        };
+        let health = Arc::new(Health::new(peer));
+        let watcher = match sock.try_clone() {
+            Ok(mut rd) => {
+                let h = health.clone();
+                std::thread::Builder::new()
+                    .name(format!("mscclpp-ib-watch-{me}-{peer}"))
+                    .spawn(move || {
+                        use std::io::Read;
+                        // Nothing is sent on the link after the handshake: any byte, EOF or
+                        // error means the peer is gone.
+                        let mut b = [0u8; 64];
+                        let why = match rd.read(&mut b) {
+                            Ok(0) => link::describe_end(peer, me, None),
+                            Ok(n) => format!("rank {peer} sent {n} unexpected bytes on an IB link"),
+                            Err(e) => link::describe_end(peer, me, Some(e)),
+                        };
+                        h.mark_dead(why);
+                    })
+                    .map_err(|e| Error::io("spawning an IB link watcher", e))
+            }
+            Err(e) => Err(Error::io("cloning an IB link's socket", e)),
+        };
+        let watcher = match watcher {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = sock.shutdown(Shutdown::Both);
+                stop_receiver(receiver);
                 return Err(e);
             }
         };
@@ -205,6 +242,8 @@ impl IbConnection {
             }),
             stop,
             receiver,
+            health,
+            watcher: Some(watcher),
             sock,
         })
     }
@@ -233,7 +272,7 @@ impl IbConnection {
     fn check(&self, s: &State) -> Result<()> {
         match &s.dead {
             Some(e) => Err(clone_err(e)),
-            None => Ok(()),
+            None => self.health.check(),
         }
     }
 
@@ -433,6 +472,7 @@ impl Connection for IbConnection {
         self.check(&s)?;
         while s.completed < s.posted {
             self.poll(&mut s)?;
+            self.health.check()?;
             if s.completed < s.posted && started.elapsed() > timeout {
                 return Err(Error::Timeout {
                     waiting_for: format!(
@@ -475,6 +515,10 @@ impl Drop for IbConnection {
         if let Some(r) = self.receiver.take() {
             let _ = r.join();
         }
+        // Unblocks the watcher's read (and tells the peer this side is gone).
         let _ = self.sock.shutdown(Shutdown::Both);
+        if let Some(w) = self.watcher.take() {
+            let _ = w.join();
+        }
     }
 }

@@ -430,3 +430,21 @@ fn real_hca_loopback() {
         eprintln!("real HCA loopback passed (no_atomic={no_atomic})");
     }
 }
+
+#[test]
+fn closed_peer_is_noticed_without_posting() {
+    let fab = FakeVerbs::with_devices(&["mlx5_0"]);
+    let (_ctx, [c0, c1]) = ib_pair(&fab, cfg());
+    drop(c1);
+    let t = std::time::Instant::now();
+    let e = loop {
+        match c0.flush(Duration::from_secs(1)) {
+            Err(e) => break e,
+            Ok(()) if t.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Ok(()) => panic!("rank 1 closed its side 5 s ago and rank 0 has not noticed"),
+        }
+    };
+    assert!(matches!(e, Error::Remote { rank: 1, .. }), "{e:?}");
+}
