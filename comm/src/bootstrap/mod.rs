@@ -29,6 +29,9 @@
 //!    rank too, rather than timing out.
 //! 5. [`Bootstrap::split`] and [`Bootstrap::shrink`] make views over the same connections (no
 //!    new root): each view's messages carry its id.
+//! 6. The barrier of a view whose ranks share hosts runs in shared memory within each host (one
+//!    segment per view and host, set up by the view's first barrier; a futex wakes the waiters)
+//!    and over TCP between one rank per host only (`shm`; [`BootstrapConfig::shared_memory`]).
 //!
 //! # Who runs the root
 //!
@@ -55,8 +58,11 @@ mod launch_env;
 pub mod protocol;
 mod reactor;
 mod root;
+mod shm;
 mod unique_id;
 
+#[cfg(test)]
+mod shm_tests;
 #[cfg(test)]
 mod tests;
 
@@ -96,6 +102,10 @@ pub struct BootstrapConfig {
     pub max_frame_bytes: usize,
     /// The collectives' schedule (`MSCCLPP_BOOTSTRAP_SCHEDULE`: `log` or `ring`).
     pub schedule: Schedule,
+    /// Ranks of a view that share a host meet in shared memory for the barrier, with TCP
+    /// between hosts only (`MSCCLPP_BOOTSTRAP_SHM`, default on). A view uses it only when
+    /// every member allows it and every host could set it up; else it keeps the TCP barrier.
+    pub shared_memory: bool,
 }
 
 impl Default for BootstrapConfig {
@@ -105,13 +115,14 @@ impl Default for BootstrapConfig {
             timeout: Duration::from_secs(60),
             max_frame_bytes: 1 << 30,
             schedule: Schedule::Log,
+            shared_memory: true,
         }
     }
 }
 
 impl BootstrapConfig {
-    /// The defaults, with `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds) and `MSCCLPP_BOOTSTRAP_SCHEDULE`
-    /// applied when set.
+    /// The defaults, with `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds), `MSCCLPP_BOOTSTRAP_SCHEDULE`
+    /// and `MSCCLPP_BOOTSTRAP_SHM` (`0` keeps every barrier on TCP) applied when set.
     ///
     /// Also checks `MSCCLPP_SOCKET_IFNAME` when it is set, so that a name that does not exist
     /// fails every process that joins a bootstrap (a launching parent, its ranks, launched
@@ -126,6 +137,9 @@ impl BootstrapConfig {
         }
         if let Some(s) = mscclpp_hal::env::get("MSCCLPP_BOOTSTRAP_SCHEDULE") {
             c.schedule = s.parse()?;
+        }
+        if let Some(f) = mscclpp_hal::env::flag("MSCCLPP_BOOTSTRAP_SHM")? {
+            c.shared_memory = f;
         }
         Ok(c)
     }
@@ -198,11 +212,17 @@ pub struct Bootstrap {
     members: Arc<[usize]>,
     /// View rank -> index of its host (ranks with equal indices share a host).
     hosts: Arc<[u32]>,
-    /// More ranks of this view on this host than it has cores (or not known yet): the
-    /// all-gather then takes the tree, which wakes each rank fewer times.
+    /// Host index -> its cores (the fewest any of its ranks reported).
+    host_cores: Arc<[u32]>,
+    /// More ranks of this view on some host than it has cores (or not known yet): the
+    /// all-gather then takes the tree, which wakes each rank fewer times. The same on every
+    /// rank of the view.
     crowded: bool,
     coll_seq: AtomicU64,
     split_seq: AtomicU64,
+    /// How this view's barrier runs (shared memory within hosts, or TCP); held through a
+    /// barrier, so that one rank's barriers on a view never overlap.
+    shm: Mutex<shm::ShmState>,
 }
 
 impl std::fmt::Debug for Bootstrap {
@@ -244,6 +264,11 @@ struct Shared {
     handshakes: AtomicUsize,
     /// Held while a failure is forwarded (see [`Shared::peer_failed`]).
     forwarding: Mutex<()>,
+    /// This rank's host identity (`MSCCLPP_HOSTID`, else the boot id, else the host name).
+    host_id: String,
+    /// The shared-memory barrier segments of this rank's views, with each view's members
+    /// (bootstrap ranks): a death is written into those it concerns.
+    segments: Mutex<Vec<shm::Registered>>,
 }
 
 /// A connection to one peer.
@@ -393,6 +418,8 @@ impl Shared {
             })
             .collect();
         self.notify_failure(st);
+        // Ranks of this host waiting in a shared-memory barrier learn it at once.
+        self.post_failure(peer);
         tracing::warn!(rank = self.rank, dead = peer, how = %failure.how, "bootstrap peer failed");
         // Forwarded before the handlers run: a handler may end this rank's work, and the rank
         // may then exit before the news went on. Queued without waiting; what the kernel does
@@ -582,7 +609,11 @@ impl Bootstrap {
         // Host identities, gathered along the collective schedule (this also opens the
         // connections every later collective uses).
         // Under what is left of the one bootstrap deadline, not a fresh one.
-        let me = mscclpp_hal::env::host_id();
+        // This host's cores go with its identity: whether a view is crowded (which decides its
+        // all-gather algorithm) must come out the same on every rank, whatever host it is on.
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as u32;
+        let mut me = cores.to_le_bytes().to_vec();
+        me.extend_from_slice(b.shared().host_id.as_bytes());
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
@@ -593,18 +624,32 @@ impl Bootstrap {
             },
             ..b
         };
-        let ids = b.all_gather(me.as_bytes())?;
+        let ids = b.all_gather(&me)?;
         let b = Bootstrap { cfg, ..b };
         let mut seen: HashMap<Vec<u8>, u32> = HashMap::new();
-        let hosts: Vec<u32> = ids
-            .into_iter()
-            .map(|id| {
-                let n = seen.len() as u32;
-                *seen.entry(id).or_insert(n)
-            })
-            .collect();
+        let mut hosts = Vec::with_capacity(nranks);
+        let mut host_cores: Vec<u32> = Vec::new();
+        for (r, id) in ids.into_iter().enumerate() {
+            let (c, name) = id
+                .split_first_chunk::<4>()
+                .map(|(c, name)| (u32::from_le_bytes(*c).max(1), name.to_vec()))
+                .ok_or_else(|| {
+                    Error::malformed(
+                        "bootstrap host identity",
+                        format!("rank {r} sent {} bytes, expected at least 4", id.len()),
+                    )
+                })?;
+            let n = seen.len() as u32;
+            let h = *seen.entry(name).or_insert(n);
+            if h == n {
+                host_cores.push(c);
+            }
+            host_cores[h as usize] = host_cores[h as usize].min(c);
+            hosts.push(h);
+        }
         let b = Bootstrap {
             hosts: hosts.into(),
+            host_cores: host_cores.into(),
             ..b
         };
         Ok(Bootstrap {
@@ -747,6 +792,8 @@ impl Bootstrap {
             closing: AtomicBool::new(false),
             handshakes: AtomicUsize::new(0),
             forwarding: Mutex::new(()),
+            host_id: local_host_id(),
+            segments: Mutex::new(Vec::new()),
         });
         if let Some(r) = &shared.reactor {
             r.add_listener(&shared)?;
@@ -760,9 +807,11 @@ impl Bootstrap {
             comm_id: 0,
             members: (0..nranks).collect::<Vec<_>>().into(),
             hosts: vec![0; nranks].into(),
+            host_cores: vec![1].into(),
             crowded: true,
             coll_seq: AtomicU64::new(0),
             split_seq: AtomicU64::new(0),
+            shm: Mutex::new(shm::ShmState::Untried),
         })
     }
 
@@ -901,31 +950,15 @@ impl Bootstrap {
         })
     }
 
-    /// Returns once every rank has entered the barrier.
+    /// Returns once every rank has entered the barrier. Ranks that share a host meet in shared
+    /// memory when the view could set it up in its first barrier (see
+    /// [`BootstrapConfig::shared_memory`]), with TCP between hosts only; else over TCP.
     pub fn barrier(&self) -> Result<()> {
+        let mut state = self.shm.lock().unwrap_or_else(|p| p.into_inner());
+        // Drawn under the lock: two threads' barriers on one view take their tags in the order
+        // they run.
         let tag = self.next_coll_tag(2);
-        self.coll(tag, "barrier", || match self.cfg.schedule {
-            Schedule::Log => {
-                // Binomial tree rooted at rank 0: arrivals go up, the release comes down. Each
-                // rank wakes a handful of times per barrier, where a dissemination barrier wakes
-                // every rank log2 N times: with many more ranks than cores the total work, not
-                // the depth, sets the time.
-                let children = tree_children(self.rank, self.nranks);
-                if !children.is_empty() {
-                    self.wait_all(&children, tag, "barrier")?;
-                }
-                if self.rank != 0 {
-                    let parent = tree_parent(self.rank);
-                    self.send_raw(parent, tag, &[])?;
-                    self.recv_one(parent, tag, "barrier")?;
-                }
-                for c in children {
-                    self.send_raw(c, tag, &[])?;
-                }
-                Ok(())
-            }
-            Schedule::Ring => self.ring_all_gather(&[], tag).map(|_| ()),
-        })
+        self.coll(tag, "barrier", || self.barrier_impl(&mut state, tag))
     }
 
     /// Returns `root`'s `data` on every rank (`data` is ignored on the others).
@@ -1063,9 +1096,11 @@ impl Bootstrap {
                 .map(|&r| self.hosts[r])
                 .collect::<Vec<_>>()
                 .into(),
+            host_cores: Arc::clone(&self.host_cores),
             crowded: true,
             coll_seq: AtomicU64::new(0),
             split_seq: AtomicU64::new(0),
+            shm: Mutex::new(shm::ShmState::Untried),
         };
         Bootstrap {
             crowded: v.is_crowded(),
@@ -1074,8 +1109,13 @@ impl Bootstrap {
     }
 
     fn is_crowded(&self) -> bool {
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        self.host_peers().len() > cores
+        let mut per_host: HashMap<u32, u32> = HashMap::new();
+        for &h in self.hosts.iter() {
+            *per_host.entry(h).or_default() += 1;
+        }
+        per_host
+            .iter()
+            .any(|(&h, &n)| n > self.host_cores.get(h as usize).copied().unwrap_or(1))
     }
 
     /// Runs a collective; if it fails because a rank was lost, tells the peers of this rank's
@@ -1500,6 +1540,16 @@ impl Bootstrap {
             drop(sh.wait(st, deadline));
         }
     }
+}
+
+/// This rank's host identity; tests give ranks that are threads of one process hosts of their
+/// own.
+fn local_host_id() -> String {
+    #[cfg(test)]
+    if let Some(h) = shm_tests::host_override() {
+        return h;
+    }
+    mscclpp_hal::env::host_id()
 }
 
 /// The parent of `v` (> 0) in the binomial tree rooted at 0: `v` without its lowest set bit.

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::protocol::*;
 use super::*;
 
-fn cfg(ms: u64) -> BootstrapConfig {
+pub(super) fn cfg(ms: u64) -> BootstrapConfig {
     BootstrapConfig {
         timeout: Duration::from_millis(ms),
         max_frame_bytes: 1 << 20,
@@ -18,12 +18,15 @@ fn cfg(ms: u64) -> BootstrapConfig {
     }
 }
 
-fn localhost0() -> SocketAddr {
+pub(super) fn localhost0() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
 /// Runs `f(rank)` on `n` threads and returns their results in rank order.
-fn on_ranks<T: Send + 'static>(n: usize, f: impl Fn(usize) -> T + Send + Sync + 'static) -> Vec<T> {
+pub(super) fn on_ranks<T: Send + 'static>(
+    n: usize,
+    f: impl Fn(usize) -> T + Send + Sync + 'static,
+) -> Vec<T> {
     let f = Arc::new(f);
     let hs: Vec<_> = (0..n)
         .map(|r| {
@@ -848,7 +851,7 @@ fn all_gather_blocks_are_validated() {
 
 impl Bootstrap {
     /// Ends every connection without a goodbye, as a crash would (the process stays).
-    fn sever(&self) {
+    pub(super) fn sever(&self) {
         let sh = self.shared();
         let st = sh.lock();
         sh.closing.store(true, Ordering::Release);
