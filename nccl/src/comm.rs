@@ -627,17 +627,29 @@ pub fn build(
         let comm = Arc::new(Communicator::new(boot, device));
         let (colls, no_colls) = if n == 1 {
             (None, None)
+        } else if !one_host {
+            // Across hosts: the hierarchical collectives, unless this layout or backend is one
+            // they cannot serve (the same answer on every rank: it depends on the host table
+            // and the backend only), which falls back with the reason.
+            match Collectives::new(comm.clone()) {
+                Ok(c) => (Some(c), None),
+                Err(
+                    e @ (mscclpp::hal::Error::InvalidUsage(_)
+                    | mscclpp::hal::Error::Unavailable { .. }),
+                ) => (
+                    None,
+                    Some(format!(
+                        "the ranks are on several hosts and the multi-host collectives cannot serve them: {e}"
+                    )),
+                ),
+                Err(e) => return Err(e.into()),
+            }
         } else if n > MAX_RANKS {
             (
                 None,
                 Some(format!(
                     "{n} ranks: mscclpp's collectives serve at most {MAX_RANKS}"
                 )),
-            )
-        } else if !one_host {
-            (
-                None,
-                Some("the ranks are on several hosts: mscclpp's collectives serve one host".into()),
             )
         } else {
             (Some(Collectives::new(comm.clone())?), None)
@@ -652,8 +664,10 @@ pub fn build(
             ),
             None => None,
         };
+        // Execution plans connect the ranks of one host.
         let plans = colls
             .as_ref()
+            .filter(|_| one_host)
             .and_then(|_| crate::plans::Plans::from_env(&comm));
         Ok(Native {
             comm,
@@ -950,6 +964,11 @@ impl Comm {
                 return Err(native.no_colls.clone().unwrap_or_default());
             }
             match call.op {
+                Op::Send | Op::Recv
+                    if native.colls.as_ref().is_some_and(|c| c.hosts().is_some()) =>
+                {
+                    Err("sends and receives between hosts are not served natively yet".into())
+                }
                 Op::Send | Op::Recv => {
                     call.count.checked_mul(esize).ok_or("count overflows")?;
                     let dt = hal_dtype.ok_or_else(|| {

@@ -1,0 +1,317 @@
+//! `libmscclpp_nccl.so` serving a communicator that spans hosts natively: four ranks (child
+//! processes, host backend) as two hosts of two by `MSCCLPP_HOSTID`, without a real NCCL to
+//! fall back to (so every call that succeeds was served by mscclpp's multi-host collectives),
+//! each collective against a CPU reference with poisoned outputs. Runs with
+//! `cargo test -p mscclpp-nccl --test multinode`.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Failed, Trial};
+use mscclpp_nccl::abi::NcclUniqueId;
+
+const ROLE_VAR: &str = "MSCCLPP_NCCL_MULTINODE_TEST_RANK";
+const DIR_VAR: &str = "MSCCLPP_NCCL_MULTINODE_TEST_DIR";
+const HOSTS: usize = 2;
+const PER_HOST: usize = 2;
+const NRANKS: usize = HOSTS * PER_HOST;
+/// Elements per rank block: odd, so that the ranks of a host cannot split it evenly.
+const N: usize = 1001;
+const FLOAT32: c_int = 7;
+const SUM: c_int = 0;
+
+type Comm = *mut c_void;
+
+fn lib_path() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let deps = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
+    [Some(deps), deps.parent()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("libmscclpp_nccl.so"))
+        .find(|p| p.exists())
+        .ok_or_else(|| format!("libmscclpp_nccl.so not found in {}", deps.display()))
+}
+
+macro_rules! sym {
+    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
+        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
+        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
+            .map_err(|e| format!("{}: {e}", $name))?
+    }};
+}
+
+/// Rank `rank`'s element `i` of data set `salt`: small integers, so every sum is exact.
+fn value(rank: usize, salt: usize, i: usize) -> f32 {
+    ((rank * 31 + salt * 17 + i * 7) % 13) as f32
+}
+
+fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
+    let p = lib_path()?;
+    // SAFETY: our own library; its initialisers are Rust statics only.
+    let lib = unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen: {e}"))?;
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRank",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
+    );
+    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
+    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
+    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    type Red = unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm,
+        *mut c_void,
+    ) -> c_int;
+    type Mov =
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int;
+    let all_reduce: Red = sym!(
+        lib,
+        "ncclAllReduce",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let reduce_scatter: Red = sym!(
+        lib,
+        "ncclReduceScatter",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let broadcast: Red = sym!(
+        lib,
+        "ncclBroadcast",
+        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
+    );
+    let all_gather: Mov = sym!(
+        lib,
+        "ncclAllGather",
+        fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int
+    );
+    let all_to_all: Mov = sym!(
+        lib,
+        "ncclAlltoAll",
+        fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int
+    );
+    let expect = |what: &str, got: c_int| -> Result<(), String> {
+        if got != 0 {
+            // SAFETY: the library's thread-local NUL-terminated message.
+            let msg = unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) };
+            return Err(format!(
+                "{what}: returned {got} (last error: {})",
+                msg.to_string_lossy()
+            ));
+        }
+        Ok(())
+    };
+    let id_file = dir.join("id");
+    let id = if rank == 0 {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        // SAFETY: valid out-pointer.
+        expect("ncclGetUniqueId", unsafe { get_id(&mut id) })?;
+        let tmp = dir.join("id.tmp");
+        std::fs::write(&tmp, id.internal).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, &id_file).map_err(|e| e.to_string())?;
+        id
+    } else {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(b) = std::fs::read(&id_file)
+                && b.len() == 128
+            {
+                let mut id = NcclUniqueId { internal: [0; 128] };
+                id.internal.copy_from_slice(&b);
+                break id;
+            }
+            if Instant::now() > deadline {
+                return Err("rank 0 never wrote the unique id".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut comm: Comm = std::ptr::null_mut();
+    expect(
+        "ncclCommInitRank",
+        // SAFETY: valid out-pointer.
+        unsafe { init(&mut comm, NRANKS as c_int, id, rank as c_int) },
+    )?;
+    let alloc = |elems: usize| -> Result<*mut f32, String> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        expect("ncclMemAlloc", unsafe { mem_alloc(&mut p, elems * 4) })?;
+        Ok(p.cast::<f32>())
+    };
+    let (send, recv) = (alloc(NRANKS * N)?, alloc(NRANKS * N)?);
+    // Host-backend device memory is this process's memory; the calls on the NULL stream
+    // return once done.
+    let put = |p: *mut f32, v: &[f32]| {
+        // SAFETY: room for NRANKS * N elements.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p, v.len()) }
+    };
+    let get = |p: *mut f32, n: usize| -> Vec<f32> {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
+    };
+    let poison = |p: *mut f32| put(p, &vec![f32::NAN; NRANKS * N]);
+    let check = |what: &str, got: &[f32], want: &[f32]| -> Result<(), String> {
+        let wrong = got.iter().zip(want).filter(|(g, w)| g != w).count();
+        if wrong > 0 || got.len() != want.len() {
+            return Err(format!("{what}: {wrong} of {} elements wrong", want.len()));
+        }
+        Ok(())
+    };
+    let data = |r: usize, salt: usize, n: usize| -> Vec<f32> {
+        (0..n).map(|i| value(r, salt, i)).collect()
+    };
+    let null = std::ptr::null_mut::<c_void>();
+    let (s, r) = (send.cast::<c_void>(), recv.cast::<c_void>());
+
+    put(send, &data(rank, 1, N));
+    poison(recv);
+    // Every call below: buffers of NRANKS * N f32; NULL stream = the communicator's own (host
+    // backend).
+    // SAFETY: see above.
+    expect("ncclAllReduce", unsafe {
+        all_reduce(s, r, N, FLOAT32, SUM, comm, null)
+    })?;
+    let want: Vec<f32> = (0..N)
+        .map(|i| (0..NRANKS).map(|q| value(q, 1, i)).sum())
+        .collect();
+    check("allreduce", &get(recv, N), &want)?;
+
+    put(recv, &data(rank, 2, N));
+    // SAFETY: see above.
+    expect("ncclAllReduce in place", unsafe {
+        all_reduce(r, r, N, FLOAT32, SUM, comm, null)
+    })?;
+    let want: Vec<f32> = (0..N)
+        .map(|i| (0..NRANKS).map(|q| value(q, 2, i)).sum())
+        .collect();
+    check("allreduce in place", &get(recv, N), &want)?;
+
+    put(send, &data(rank, 3, N));
+    poison(recv);
+    // SAFETY: see above.
+    expect("ncclAllGather", unsafe {
+        all_gather(s, r, N, FLOAT32, comm, null)
+    })?;
+    let want: Vec<f32> = (0..NRANKS).flat_map(|q| data(q, 3, N)).collect();
+    check("allgather", &get(recv, NRANKS * N), &want)?;
+
+    put(send, &data(rank, 4, NRANKS * N));
+    poison(recv);
+    // SAFETY: see above.
+    expect("ncclReduceScatter", unsafe {
+        reduce_scatter(s, r, N, FLOAT32, SUM, comm, null)
+    })?;
+    let want: Vec<f32> = (0..N)
+        .map(|i| (0..NRANKS).map(|q| value(q, 4, rank * N + i)).sum())
+        .collect();
+    check("reducescatter", &get(recv, N), &want)?;
+
+    let root = NRANKS - 1;
+    put(send, &data(rank, 5, N));
+    poison(recv);
+    // SAFETY: see above.
+    expect("ncclBroadcast", unsafe {
+        broadcast(s, r, N, FLOAT32, root as c_int, comm, null)
+    })?;
+    check("broadcast", &get(recv, N), &data(root, 5, N))?;
+
+    put(send, &data(rank, 6, NRANKS * N));
+    poison(recv);
+    // SAFETY: see above.
+    expect("ncclAlltoAll", unsafe {
+        all_to_all(s, r, N, FLOAT32, comm, null)
+    })?;
+    let want: Vec<f32> = (0..NRANKS)
+        .flat_map(|q| (0..N).map(move |i| value(q, 6, rank * N + i)))
+        .collect();
+    check("alltoall", &get(recv, NRANKS * N), &want)?;
+
+    // SAFETY: a live communicator, no call in flight.
+    expect("ncclCommDestroy", unsafe { destroy(comm) })?;
+    std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn two_hosts_of_two() -> Result<(), Failed> {
+    lib_path()?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-multinode-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut children = Vec::new();
+    for rank in 0..NRANKS {
+        let child = Command::new(&exe)
+            .env(ROLE_VAR, rank.to_string())
+            .env(DIR_VAR, &dir)
+            .env("MSCCLPP_BACKEND", "host")
+            .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
+            .env(
+                "MSCCLPP_HOSTID",
+                format!(
+                    "nccl-multinode-{}-host-{}",
+                    std::process::id(),
+                    rank / PER_HOST
+                ),
+            )
+            .env("MSCCLPP_HIER_SLOT_BYTES", "4096")
+            .env_remove("MSCCLPP_NCCL_LIB_PATH")
+            .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawning rank {rank}: {e}"))?;
+        children.push(child);
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut failures = Vec::new();
+    for (rank, mut child) in children.into_iter().enumerate() {
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() || !dir.join(format!("done-{rank}")).exists() {
+            failures.push(format!(
+                "rank {rank}: {}\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
+fn main() {
+    if let Ok(rank) = std::env::var(ROLE_VAR) {
+        let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
+        let rank: usize = rank.parse().unwrap_or(usize::MAX);
+        match rank_main(rank, &dir) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("rank {rank} failed: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let args = libtest_mimic::Arguments::from_args();
+    let trials = vec![Trial::test(
+        "multinode::host::2_hosts_of_2_ranks_native",
+        two_hosts_of_two,
+    )];
+    libtest_mimic::run(&args, trials).exit();
+}
