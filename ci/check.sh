@@ -23,5 +23,6 @@ MSCCLPP_REQUIRE_PYTHON=1 cargo test --workspace
 
 step "main job smoke run (debug build, small sizes)"
 cargo run -q -p mscclpp-perf -- -b 1K -e 64K -f 8 -n 5 -w 1
+cargo run -q -p mscclpp-perf -- overlap -b 1K -e 16K -f 4 -n 3 -w 1 --compute-us 500
 
 step "done"

@@ -24,6 +24,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod bench_compute;
 pub mod bench_kernels;
 pub mod launch;
 pub mod logging;

@@ -106,6 +106,19 @@ pub enum Bench {
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
+    /// Communication beside compute: a GEMM-like kernel on every SM (about `--compute-us` per
+    /// launch) on one stream while all-gathers and reduce-scatters run on another; per size and
+    /// path (our SM kernels, our copy-engine path, NCCL with `--baseline nccl`): compute alone,
+    /// communication alone, both, efficiency and the compute's slowdown.
+    Overlap {
+        /// Target time of one compute launch, microseconds.
+        #[arg(long, default_value_t = 1000)]
+        compute_us: u64,
+        /// Collectives, comma-separated: allgather, reducescatter, broadcast, alltoall,
+        /// allreduce.
+        #[arg(long, default_value = "allgather,reducescatter")]
+        collectives: String,
+    },
     /// The bootstrap at scale: first barrier, barrier, all-gather, split, connections, RSS.
     Bootstrap {
         /// Run the ranks as threads of this process (where processes run out).
@@ -130,6 +143,7 @@ impl Bench {
             | Bench::MemoryChannel
             | Bench::PortChannel { .. }
             | Bench::Plan { .. }
+            | Bench::Overlap { .. }
             | Bench::Bootstrap { .. } => None,
         }
     }
@@ -143,10 +157,34 @@ impl Bench {
                 Bench::PortChannel { .. } => "port-channel",
                 Bench::Bootstrap { .. } => "bootstrap",
                 Bench::Plan { .. } => "plan",
+                Bench::Overlap { .. } => "overlap",
                 _ => "p2p",
             },
         }
     }
+}
+
+/// The collectives of `overlap --collectives` (a comma list of their names).
+pub fn overlap_kinds(list: &str) -> Result<Vec<CollectiveKind>, String> {
+    let kinds: Vec<CollectiveKind> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|name| {
+            CollectiveKind::ALL
+                .into_iter()
+                .find(|k| k.name() == name)
+                .ok_or_else(|| {
+                    format!(
+                        "--collectives: {name:?} is not one of allreduce, allgather, reducescatter, broadcast, alltoall"
+                    )
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    if kinds.is_empty() {
+        return Err("--collectives: name at least one collective".into());
+    }
+    Ok(kinds)
 }
 
 /// Parses `4096`, `64K`, `1M`, `1G` (powers of 1024).
@@ -222,6 +260,13 @@ impl Args {
         if let Bench::Plan { files } = &bench {
             return self.validate_plans(files, nranks, backend);
         }
+        if let Bench::Overlap {
+            compute_us,
+            collectives,
+        } = &bench
+        {
+            return self.validate_overlap(*compute_us, collectives, nranks, backend);
+        }
         let Some(kind) = bench.collective() else {
             for (set, flag) in [
                 (self.baseline.is_some(), "--baseline"),
@@ -278,6 +323,54 @@ impl Args {
             return Err(
                 "--baseline nccl: the host backend has no vendor stream to run NCCL on".into(),
             );
+        }
+        Ok(())
+    }
+
+    /// `overlap`: the compute time, the collectives, and the flags that apply.
+    fn validate_overlap(
+        &self,
+        compute_us: u64,
+        collectives: &str,
+        nranks: usize,
+        backend: BackendKind,
+    ) -> Result<(), String> {
+        if !(1..=1_000_000).contains(&compute_us) {
+            return Err(format!(
+                "--compute-us {compute_us}: expected 1 to 1000000 microseconds"
+            ));
+        }
+        let kinds = overlap_kinds(collectives)?;
+        for (set, flag) in [
+            (self.register, "--register"),
+            (self.cudagraph > 0, "-G/--cudagraph"),
+        ] {
+            if set {
+                return Err(format!("{flag} does not apply to overlap"));
+            }
+        }
+        if self.baseline.is_some() && backend == BackendKind::Host {
+            return Err(
+                "--baseline nccl: the host backend has no vendor stream to run NCCL on".into(),
+            );
+        }
+        if !(2..=MAX_RANKS).contains(&nranks) {
+            return Err(format!(
+                "overlap: collectives serve 2 to {MAX_RANKS} ranks of one node, not {nranks}"
+            ));
+        }
+        let dtype: DataType = self.datatype.parse().map_err(|e| format!("{e}"))?;
+        if kinds.iter().any(|k| k.reduces())
+            && matches!(self.op.parse(), Ok(mscclpp::hal::ReduceOp::Avg))
+        {
+            return Err("-o avg: overlap checks exact sums; use sum, prod, min or max".into());
+        }
+        let smallest = dtype.size() * nranks;
+        if self.max_bytes < smallest {
+            return Err(format!(
+                "-e {}: overlap needs at least {smallest} bytes (one {dtype} per rank block on {nranks} ranks)",
+                self.max_bytes
+            ));
         }
         Ok(())
     }
@@ -366,6 +459,23 @@ mod tests {
         assert!(e.contains("--transport Carrier"), "{e}");
         let e = check(&["allreduce"], 9, Cuda).unwrap_err();
         assert!(e.contains("2 to 8 ranks"), "{e}");
+        let e = check(&["overlap", "--compute-us", "0"], 2, Host).unwrap_err();
+        assert!(e.contains("--compute-us 0"), "{e}");
+        let e = check(&["overlap", "--collectives", "allgather,gemm"], 2, Host).unwrap_err();
+        assert!(e.contains("\"gemm\" is not one of"), "{e}");
+        let e = check(&["overlap", "--baseline", "nccl"], 2, Host).unwrap_err();
+        assert!(e.contains("host backend"), "{e}");
+        let e = check(&["overlap", "-G", "2"], 2, Cuda).unwrap_err();
+        assert!(e.contains("does not apply to overlap"), "{e}");
+        assert!(
+            check(
+                &["overlap", "--baseline", "nccl", "-d", "bfloat16"],
+                2,
+                Cuda
+            )
+            .is_ok()
+        );
+        assert!(check(&["overlap", "-b", "1K", "-e", "64K"], 2, Host).is_ok());
         let e = check(&["plan", "/nonexistent/plan.json"], 2, Host).unwrap_err();
         assert!(e.contains("/nonexistent/plan.json"), "{e}");
         let e = check(&["plan", "-o", "avg", "x.json"], 2, Host).unwrap_err();

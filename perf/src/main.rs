@@ -8,6 +8,7 @@ mod bootstrap;
 mod channels;
 mod collective;
 mod nccl;
+mod overlap;
 mod p2p;
 mod plan;
 mod report;
@@ -105,6 +106,18 @@ fn run(args: &Args) -> Result<ExitCode> {
             Arc::new(Communicator::new(boot.clone(), device)),
             files,
         )?,
+        Bench::Overlap {
+            compute_us,
+            collectives,
+        } => {
+            let kinds = args::overlap_kinds(collectives).map_err(mscclpp::Error::invalid)?;
+            overlap::run(
+                args,
+                Arc::new(Communicator::new(boot.clone(), device)),
+                *compute_us as f64,
+                &kinds,
+            )?
+        }
         Bench::PortChannel { transport } => {
             let t: Transport = transport.parse()?;
             channels::run_port_channel(args, &Communicator::new(boot.clone(), device), t)?

@@ -25,6 +25,7 @@ macro_rules! report {
 fn modules() -> Vec<&'static KernelModule> {
     let mut all: Vec<&'static KernelModule> = mscclpp::collectives::MODULES.to_vec();
     all.push(&mscclpp::bench_kernels::MODULE);
+    all.push(&mscclpp::bench_compute::MODULE);
     all.push(&mscclpp_conformance::kernels::MODULE);
     all.push(&mscclpp_gpu::device_api::DEVICE_API_CHECK);
     all.push(&mscclpp_executor::kernel::EXECUTOR_MODULE);
