@@ -102,7 +102,15 @@ impl IbDevice {
     ) -> Result<Arc<IbDevice>> {
         let names = verbs
             .device_names()
-            .map_err(|e| no_device(n, format_args!("{}: {e}", verbs.origin())))?;
+            .map_err(|e| {
+                no_device(
+                    n,
+                    format_args!(
+                        "libibverbs ({}) was loaded but listing devices failed: {e}; is the ib_uverbs kernel module loaded? see `ibv_devinfo`",
+                        verbs.origin()
+                    ),
+                )
+            })?;
         if names.is_empty() {
             return Err(no_device(
                 n,

@@ -109,8 +109,9 @@ pub(crate) struct QpInitAttr {
     pub sq_sig_all: c_int,
 }
 
-/// `struct ibv_global_route`.
-#[repr(C)]
+/// `struct ibv_global_route`. Aligned to 8 because its `union ibv_gid` holds two `__be64`:
+/// that makes `ibv_ah_attr` 8-aligned and `ibv_qp_attr` 144 bytes, not 140.
+#[repr(C, align(8))]
 #[derive(Default, Clone, Copy)]
 pub(crate) struct GlobalRoute {
     pub dgid: [u8; 16],
@@ -283,11 +284,11 @@ impl Lib {
             // this is what every verbs user (NCCL, MSCCL++) does.
             match unsafe { Library::new(name) } {
                 Ok(lib) => return Self::resolve(lib, name).map_err(|e| e.to_string()),
-                Err(e) => tried.push(mscclpp_hal::error::chain(&e)),
+                Err(e) => tried.push(format!("{name}: {}", mscclpp_hal::error::chain(&e))),
             }
         }
         Err(format!(
-            "libibverbs was not found ({}); install rdma-core (libibverbs1)",
+            "libibverbs could not be loaded (tried {}); install rdma-core (libibverbs1)",
             tried.join("; ")
         ))
     }
@@ -400,7 +401,9 @@ mod tests {
     use std::mem::{offset_of, size_of};
 
     /// Sizes and offsets derived from verbs.h for LP64; a wrong one would corrupt the
-    /// library's memory, so each is pinned.
+    /// library's memory, so each is pinned. The values were checked against rdma-core 44's
+    /// headers by compiling `offsetof`/`sizeof` of the same fields (including the ops slots:
+    /// `poll_cq` 11, `post_send` 25, `post_recv` 26, and `ibv_qp.qp_num` 52, `ibv_mr.lkey` 36).
     #[test]
     fn layouts_match_verbs_h() {
         assert_eq!(offset_of!(PortAttr, lid), 34);
@@ -424,7 +427,8 @@ mod tests {
         assert_eq!(offset_of!(QpAttr, port_num), 129);
         assert_eq!(offset_of!(QpAttr, rnr_retry), 132);
         assert_eq!(offset_of!(QpAttr, rate_limit), 136);
-        assert_eq!(size_of::<QpAttr>(), 140);
+        assert_eq!(size_of::<QpAttr>(), 144);
+        assert_eq!(std::mem::align_of::<QpAttr>(), 8);
         assert_eq!(size_of::<Sge>(), 16);
         assert_eq!(offset_of!(SendWr, opcode), 28);
         assert_eq!(offset_of!(SendWr, imm_data), 36);

@@ -159,7 +159,7 @@ impl Verbs for RealVerbs {
         // SAFETY: `n` is a valid out-pointer; the list is freed below.
         let list = unsafe { (self.lib.get_device_list)(&mut n) };
         if list.is_null() {
-            return Err(failed(format!("ibv_get_device_list in {}", self.lib.path)));
+            return Err(failed("ibv_get_device_list".into()));
         }
         let mut names = Vec::with_capacity(n.max(0) as usize);
         for i in 0..n.max(0) as usize {
@@ -176,7 +176,7 @@ impl Verbs for RealVerbs {
         // SAFETY: as in `device_names`.
         let list = unsafe { (self.lib.get_device_list)(&mut n) };
         if list.is_null() {
-            return Err(failed(format!("ibv_get_device_list in {}", self.lib.path)));
+            return Err(failed("ibv_get_device_list".into()));
         }
         let mut ctx = std::ptr::null_mut();
         let want = CString::new(name).map_err(|_| Error::invalid("an IB device name with NUL"))?;
