@@ -21,7 +21,7 @@ pub trait Connection: Send + Sync {
     /// Writes `len` bytes of local `src` (from `src_off`) into the peer's `dst` (from
     /// `dst_off`). Returns once the bytes are on their way; [`Connection::flush`] waits for them
     /// to land. The source may be reused when this returns on Ethernet (it is read before
-    /// returning); on CudaIpc only after a flush, as on a GPU.
+    /// returning); on CudaIpc and IB only after a flush, as on a GPU.
     fn write(
         &self,
         dst: &RegisteredMemory,

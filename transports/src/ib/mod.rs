@@ -278,6 +278,13 @@ impl IbConnection {
 
     /// Posts `wr` (its id set here) once the send queue has room.
     fn post(&self, s: &mut State, mut wr: SendRequest) -> Result<()> {
+        self.room(s)?;
+        wr.wr_id = s.posted;
+        self.post_now(s, wr)
+    }
+
+    /// Polls until fewer than `max_send_wr` requests are in flight.
+    fn room(&self, s: &mut State) -> Result<()> {
         let deadline = Instant::now() + self.io_timeout;
         while s.posted - s.completed >= u64::from(self.max_send_wr) {
             self.poll(s)?;
@@ -293,7 +300,10 @@ impl IbConnection {
                 });
             }
         }
-        wr.wr_id = s.posted;
+        Ok(())
+    }
+
+    fn post_now(&self, s: &mut State, wr: SendRequest) -> Result<()> {
         self.qp
             .dev
             .verbs
@@ -434,6 +444,8 @@ impl Connection for IbConnection {
         let target = raddr + dst_off;
         let mut s = self.lock();
         self.check(&s)?;
+        // Room first: the slot of the next request is free only once it is in the queue's window.
+        self.room(&mut s)?;
         let (i, laddr) = self.slot(&s);
         let op = if self.atomics {
             let old = s.tokens.get(&target).copied().unwrap_or(0);
