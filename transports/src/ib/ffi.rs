@@ -1,9 +1,10 @@
 //! A minimal FFI over rdma-core's libibverbs, opened at run time.
 //!
-//! Why not the `ibverbs` / `ibverbs-sys` crates: `ibverbs-sys`'s build script runs bindgen over
-//! rdma-core's headers (vendoring and building rdma-core with cmake) and links `-libverbs`, so
-//! a binary built with it does not start on a machine without rdma-core, and the build needs
-//! rdma-core's headers and a C toolchain. The design's first principle is that one binary starts
+//! Why not the `ibverbs` / `ibverbs-sys` crates: `ibverbs-sys` (0.3, rdma-core 55) declares
+//! `links = "ibverbs"`, and its build script builds the vendored rdma-core with cmake, runs
+//! bindgen (libclang) over its headers and emits `rustc-link-lib=ibverbs`; `ibverbs` depends on
+//! it. A binary built with them has libibverbs as a load-time dependency and does not start on
+//! a machine without rdma-core, and every build needs cmake, a C toolchain and libclang. The design's first principle is that one binary starts
 //! everywhere (NCCL and MSCCL++ both `dlopen` libibverbs), so the few calls used here are
 //! declared by hand and resolved with `libloading`.
 //!
