@@ -161,6 +161,8 @@ impl Executor {
             op: op.map_or(u32::MAX, |o| o as u32),
             double_scratch: u32::from(ctx.double_scratch),
             n_semaphores: ctx.n_semaphores,
+            // The scope installed above: the communicator's word.
+            abort: mscclpp_hal::dev::current_abort(),
         };
         let blocks = ctx.n_blocks;
         // The host interpreter runs every block on a thread of its own whatever the grid; GPUs

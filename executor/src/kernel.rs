@@ -128,6 +128,10 @@ pub struct ExecutorArgs {
     pub double_scratch: u32,
     /// Semaphores after the state header.
     pub n_semaphores: u32,
+    /// Device address of the communicator's abort word (0: none): the device interpreter's
+    /// waits give up once it is set. Filled at launch from the launching thread's abort scope
+    /// ([`mscclpp_hal::dev::current_abort`]), which the host interpreter polls directly.
+    pub abort: u64,
 }
 
 // SAFETY: both are `#[repr(C)]` plain data without implicit padding (explicit `_pad` fields), with

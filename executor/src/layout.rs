@@ -68,6 +68,7 @@ fn layout_table() -> Vec<LayoutEntry> {
             op,
             double_scratch,
             n_semaphores,
+            abort,
         }),
     ]
 }

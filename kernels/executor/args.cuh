@@ -130,6 +130,8 @@ struct ExecutorArgs {
   uint32_t op;
   uint32_t double_scratch;
   uint32_t n_semaphores;
+  // The communicator's abort word (0: none; mscclpp/core.cuh, MSCCLPP_DEVICE_ABORT).
+  uint64_t abort;
 };
 
 }  // namespace mscclpp

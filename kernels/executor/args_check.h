@@ -56,7 +56,7 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DevicePlan, n_port) == 76, "offse
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DevicePlan, n_remote) == 80, "offset of DevicePlan::n_remote");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::DevicePlan, _pad) == 84, "offset of DevicePlan::_pad");
 
-static_assert(sizeof(mscclpp::ExecutorArgs) == 64, "size of ExecutorArgs");
+static_assert(sizeof(mscclpp::ExecutorArgs) == 72, "size of ExecutorArgs");
 static_assert(alignof(mscclpp::ExecutorArgs) == 8, "alignment of ExecutorArgs");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ExecutorArgs, plan) == 0, "offset of ExecutorArgs::plan");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ExecutorArgs, state) == 8, "offset of ExecutorArgs::state");
@@ -68,5 +68,6 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ExecutorArgs, dtype) == 48, "offs
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ExecutorArgs, op) == 52, "offset of ExecutorArgs::op");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ExecutorArgs, double_scratch) == 56, "offset of ExecutorArgs::double_scratch");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ExecutorArgs, n_semaphores) == 60, "offset of ExecutorArgs::n_semaphores");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ExecutorArgs, abort) == 64, "offset of ExecutorArgs::abort");
 
 #undef MSCCLPP_LAYOUT_OFFSETOF

@@ -13,13 +13,21 @@
 //
 // The LL flag is one per launch: the launch's blocks read the last flag from the context's state
 // words and use the next; the last block to finish stores it (every block has read it by then).
-// Every wait is bounded (MSCCLPP_DEFAULT_MAX_SPIN polls, as spinUntil): a missing peer ends the
-// kernel with an error instead of hanging the GPU. What the host interpreter reports as an error
-// (an index out of its table, an unknown code, misaligned packets) is checked before each op runs
-// (execValid). Both trap at one place: the waits here return false instead of trapping where they
-// are (execSpin), because LLVM's AMDGPU trap lowering wants the queue pointer in fixed registers
-// at every trap site, which a kernel of this size cannot give it at dozens of them (hipRTC fails
-// with "no registers from class available to allocate").
+// Every wait gives up on the communicator's abort word (ExecutorArgs::abort; mscclpp/core.cuh):
+// a peer that died ends the kernel without a trap — the block that saw it stops at its next
+// meeting between ops, the others give up at their next read of the word — and the host reports
+// the failure (the next execution is refused, naming the rank). A trap would end the whole
+// context, the process's other work with it. Every wait is also bounded (MSCCLPP_DEFAULT_MAX_SPIN
+// polls, as spinUntil): a peer that hangs without dying ends the kernel with an error instead of
+// hanging the GPU. What the host interpreter reports as an error (an index out of its table, an
+// unknown code, misaligned packets) is checked before each op runs (execValid). Both trap at one
+// place: the waits here return false instead of trapping where they are (execSpin), because
+// LLVM's AMDGPU trap lowering wants the queue pointer in fixed registers at every trap site,
+// which a kernel of this size cannot give it at dozens of them (hipRTC fails with "no registers
+// from class available to allocate").
+//
+// execSpin reads the abort word; nothing here inlines spinUntil, whose trap would be another site.
+#define MSCCLPP_DEVICE_ABORT 1
 #include "mscclpp/core.cuh"
 #include "mscclpp/device_syncer.cuh"
 #include "mscclpp/memory_channel.cuh"
@@ -123,17 +131,21 @@ MSCCLPP_DEVICE_INLINE bool execCasAcqRelDevice(uint64_t* p, uint64_t expected, u
 }
 
 // Polls `done()` until it returns true, at most MSCCLPP_DEFAULT_MAX_SPIN times; false when it
-// never did (the caller's op fails and the kernel traps, at its one trap site).
+// gave up: on the abort word (spinUntil's schedule: the block's state after the first failed
+// poll, the word every kAbortPollSpins polls; once the block saw it, one failed poll), or at the
+// limit. The caller's op fails; execMain stops the block for the first and traps for the second.
 template <typename Done>
 MSCCLPP_DEVICE_INLINE bool execSpin(Done done) {
   for (int64_t n = 0; n < MSCCLPP_DEFAULT_MAX_SPIN; ++n) {
     if (done()) return true;
+    if ((n & (kAbortPollSpins - 1)) == 0 && abortRequested(n != 0)) return false;
     spinPause();
   }
   return false;
 }
 
-// FifoDeviceHandle::push and sync with bounded waits (the same protocol, fifo.cuh).
+// FifoDeviceHandle::push and sync with bounded waits (the same protocol, fifo.cuh). A push
+// whose wait gave up publishes nothing: the slot may still hold a trigger the proxy has not read.
 MSCCLPP_DEVICE_INLINE bool execFifoPush(const FifoDeviceHandle& f, ProxyTrigger t, uint64_t& pos) {
   const uint64_t n = f.size;
   pos = fetchAddRelaxedDevice((uint64_t*)f.head, 1);
@@ -615,10 +627,9 @@ MSCCLPP_DEVICE_INLINE bool execOp(const ExecCtx& c, const FlatOp& op, ExecSlice 
   }
 }
 
-// Stages op `i` of the plan in shared memory; the block meets before (everyone is done with the
-// previous op) and after (everyone sees the new one).
+// Stages op `i` of the plan in shared memory; the block meets after (everyone sees the new one).
+// The caller's meeting before it (execMain) has everyone done with the previous op.
 MSCCLPP_DEVICE_INLINE void execLoadOp(FlatOp* staged, const DevicePlan& plan, uint32_t i) {
-  __syncthreads();
   const uint64_t* src = (const uint64_t*)(plan.ops + (uint64_t)i * sizeof(FlatOp));
   uint64_t* dst = (uint64_t*)staged;
   for (uint32_t k = threadIdx.x; k < sizeof(FlatOp) / 8; k += blockDim.x) dst[k] = src[k];
@@ -633,6 +644,9 @@ MSCCLPP_DEVICE_INLINE void execMain(const ExecutorArgs& args) {
   __shared__ FlatOp staged;
   __shared__ uint64_t launchCount;
   if (threadIdx.x == 0) {
+    // One thread, before the barrier below and so before every wait: no later store of another
+    // thread can clear what a wait records (shared memory is not zeroed at launch).
+    abortWordInit(args.abort);
     plan = *(const DevicePlan*)args.plan;
     // One flag per launch, never reset: packets of earlier launches never match a later one.
     launchCount = loadAcquireDevice((const uint64_t*)args.state) + 1;
@@ -650,27 +664,34 @@ MSCCLPP_DEVICE_INLINE void execMain(const ExecutorArgs& args) {
   c.nt = blockDim.x;
   const FlatBlock block = ((const FlatBlock*)plan.blocks)[blockIdx.x];
   const uint32_t end = block.first_op + block.n_ops;
-  bool ok = end >= block.first_op && end <= plan.n_ops;
   // Where the block is: op `i` next; inside a pipeline, body op `k` of `body` (which start at
-  // `bodyStart`) in iteration `it` of `iterations`. Every thread sees the same staged op, so the
-  // block takes every branch together (but `ok` may differ per thread after a wait gave up:
-  // that thread traps, which ends the whole kernel).
+  // `bodyStart`) in iteration `it` of `iterations`. All of it, and `valid`, comes from the plan
+  // and the staged op, the same in every thread, so the block takes every branch (and barrier)
+  // together; only `ran` is a thread's own.
+  bool valid = end >= block.first_op && end <= plan.n_ops;
   uint32_t i = block.first_op;
   uint32_t body = 0, k = 0, bodyStart = 0, it = 0, iterations = 0;
   uint64_t unit = 0;
   while (true) {
+    // The block meets between ops (everyone is done with the previous one) and stops together
+    // once a wait of it gave up on the abort word: a wait records that in the block's state before
+    // this barrier, and no thread is in a wait between the barrier and the read, so every thread
+    // reads the same. Later ops would only give up too, and write garbage meanwhile.
+    __syncthreads();
+    if (abortRequested(false)) break;
     ExecSlice s = {0, ~0ull};
-    bool run = true;
-    if (k < body) {
+    bool run = false;
+    if (valid && k < body) {
       execLoadOp(&staged, plan, bodyStart + k);
       s.offset = (uint64_t)it * unit;
       s.unit = unit;
       if (++k == body && ++it < iterations) k = 0;
-    } else {
-      if (!ok || i >= end) break;
+      run = true;
+    } else if (valid) {
+      if (i >= end) break;
       execLoadOp(&staged, plan, i);
       if (staged.code == kOpPipeline) {
-        ok = staged.c <= end - i - 1;
+        valid = staged.c <= end - i - 1;
         body = staged.b == 0 ? 0 : staged.c;
         iterations = staged.b;
         unit = staged.a;
@@ -678,18 +699,27 @@ MSCCLPP_DEVICE_INLINE void execMain(const ExecutorArgs& args) {
         k = 0;
         it = 0;
         i += 1 + staged.c;
-        run = false;
       } else {
         i += 1;
+        run = true;
       }
     }
-    if (run) ok = execValid(c, staged) && execOp(c, staged, s);
-    // The one trap site of the interpreter (see the header comment).
-    if (!ok) deviceTrap();
+    // One call site: execOp is inlined whole.
+    bool ran = true;
+    if (run) {
+      valid = execValid(c, staged);
+      ran = valid && execOp(c, staged, s);
+    }
+    // The one trap site of the interpreter (see the header comment): a block range or op the
+    // host interpreter refuses (the same in every thread), or a wait of this thread that reached
+    // the spin limit with the abort word clear. A wait that gave up on the word set the block's
+    // state, so its thread goes on to the meeting above, where the block stops.
+    if (!valid || (!ran && !abortRequested(false))) deviceTrap();
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     // The last block to finish advances the flag (every block has read it: each reads it first).
+    // Blocks that stopped on the abort word finish too, so the count stays whole.
     fenceDevice();
     uint64_t* state = (uint64_t*)args.state;
     if (fetchAddRelaxedDevice(state + 1, 1) + 1 == plan.n_blocks) {
