@@ -3,6 +3,14 @@
 //! seconds with `ncclGetLastError` naming the dead rank, and `ncclCommAbort`, called from
 //! another thread than the one in `ncclAllReduce`, frees the communicator without waiting.
 //! Runs with `cargo test -p mscclpp-nccl --test abort -- --nocapture`.
+//!
+//! The GPU trials (`abort::cuda::*`, `abort::rocm::*`; ignored, with the reason, where the backend
+//! cannot be probed) do the same with 2 ranks on the GPUs there are (both on device 0: the
+//! library takes the current device), rank 1 killed while rank 0's all-reduce kernels wait for
+//! it: the kernels must give up on the communicator's abort word (no trap), the survivor must see
+//! `ncclRemoteError` naming rank 1 within 2 s, `ncclCommAbort` must free the thread in
+//! `ncclAllReduce`, and the device must still work afterwards (a synchronisation, an allocation,
+//! a copy read back): `cargo test -p mscclpp-nccl --features cuda --test abort -- cuda::`.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
@@ -11,16 +19,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Failed, Trial};
+use libtest_mimic::{Completion, Failed, Trial};
+use mscclpp::hal::{BackendKind, MemoryKind};
 use mscclpp_nccl::abi::NcclUniqueId;
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_DIR";
-const N: usize = 4;
-const VICTIM: usize = 2;
+const NRANKS_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_NRANKS";
 const NCCL_REMOTE_ERROR: c_int = 6;
 /// The target is 2 s; CI machines are slow, so the assertion leaves room (times are printed).
 const REPORT_DEADLINE: Duration = Duration::from_secs(5);
+/// The GPU trials' bound from the kill to the survivor's report (the target).
+const GPU_REPORT_DEADLINE: Duration = Duration::from_secs(2);
+/// How long ranks may take to get ready: on GPUs the first all-reduce compiles its kernels
+/// (NVRTC or hipRTC; tens of seconds with a cold kernel cache).
+const READY_DEADLINE: Duration = Duration::from_secs(300);
 
 type Comm = *mut c_void;
 
@@ -59,7 +72,7 @@ struct SendComm(Comm);
 // state; every export may be called with it from any thread.
 unsafe impl Send for SendComm {}
 
-fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
+fn rank_main(rank: usize, n: usize, dir: &Path) -> Result<(), String> {
     let p = lib_path()?;
     // SAFETY: our own library; its initialisers are Rust statics only.
     let lib = unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen: {e}"))?;
@@ -108,7 +121,7 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     };
     let mut comm: Comm = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
-    let rc = unsafe { init(&mut comm, N as c_int, id, rank as c_int) };
+    let rc = unsafe { init(&mut comm, n as c_int, id, rank as c_int) };
     if rc != 0 {
         return Err(format!("ncclCommInitRank: {rc}"));
     }
@@ -120,6 +133,23 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         return Err(format!("ncclMemAlloc: {rc}"));
     }
     let buf = buf as usize;
+    // One call before "ready": on GPUs it compiles and loads the kernels, so that the kill finds
+    // the survivors' kernels running, not the compiler.
+    // SAFETY: a device buffer of COUNT floats, live for the process; a live handle.
+    let rc = unsafe {
+        all_reduce(
+            buf as *const c_void,
+            buf as *mut c_void,
+            COUNT,
+            7, // ncclFloat32
+            0, // ncclSum
+            comm,
+            std::ptr::null_mut(),
+        )
+    };
+    if rc != 0 {
+        return Err(format!("the first ncclAllReduce: {rc}"));
+    }
     std::fs::write(dir.join(format!("ready-{rank}")), b"").map_err(|e| e.to_string())?;
     // The collective loop runs on a worker; this thread watches the asynchronous error and
     // aborts, as a framework's watchdog does.
@@ -187,23 +217,75 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     }
     let _ = worker.join();
     println!("REPORT worker_rc={}", last_rc.load(Ordering::Acquire));
+    if let Some(kind) = gpu_backend() {
+        println!("REPORT device_after={}", device_after(kind));
+    }
     // A survivor exits non-zero: its job lost a rank.
     Err("a rank died".into())
 }
 
-fn killed_rank_reaches_the_c_api() -> Result<(), Failed> {
+/// The GPU backend the ranks run on (`MSCCLPP_BACKEND`), `None` on the host backend.
+fn gpu_backend() -> Option<BackendKind> {
+    let kind: BackendKind = std::env::var("MSCCLPP_BACKEND").ok()?.parse().ok()?;
+    (kind != BackendKind::Host).then_some(kind)
+}
+
+/// Whether device 0 (the library's) still works after the failure ("ok", else what failed),
+/// through this binary's own copy of the backend: a kernel of the library that trapped would
+/// have left the process's context unusable (every later call fails).
+fn device_after(kind: BackendKind) -> String {
+    let check = || -> Result<(), String> {
+        let e = |x: mscclpp::Error| x.to_string();
+        let device = mscclpp::registry::probe(kind)
+            .and_then(|b| b.open_device(0))
+            .map_err(e)?;
+        let stream = device.create_stream().map_err(e)?;
+        stream.synchronize().map_err(e)?;
+        let a = device.alloc(4096, MemoryKind::Device).map_err(e)?;
+        let b = device.alloc(4096, MemoryKind::Device).map_err(e)?;
+        stream
+            .write_from_host(&a.full(), &[0x5a; 4096])
+            .map_err(e)?;
+        stream.copy(&b.full(), &a.full()).map_err(e)?;
+        let mut back = vec![0u8; 4096];
+        stream.read_to_host(&mut back, &b.full()).map_err(e)?;
+        stream.synchronize().map_err(e)?;
+        if back.iter().any(|&x| x != 0x5a) {
+            return Err("a copy after the failure read back wrong bytes".into());
+        }
+        Ok(())
+    };
+    match check() {
+        Ok(()) => "ok".into(),
+        Err(err) => err.replace('\n', " "),
+    }
+}
+
+/// `n` ranks on `kind`, rank `victim` killed mid-loop.
+fn killed_rank_reaches_the_c_api(kind: BackendKind, n: usize, victim: usize) -> Result<(), Failed> {
+    let gpu = kind != BackendKind::Host;
     lib_path()?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-abort-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("mscclpp-nccl-abort-{kind}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let mut children: Vec<Child> = (0..N)
+    let mut children: Vec<Child> = (0..n)
         .map(|rank| {
-            Command::new(&exe)
-                .env(ROLE_VAR, rank.to_string())
+            let mut cmd = Command::new(&exe);
+            if gpu {
+                // A rank that compiled its kernels first waits for the others in the first call.
+                cmd.env(
+                    "MSCCLPP_BOOTSTRAP_TIMEOUT",
+                    READY_DEADLINE.as_secs().to_string(),
+                );
+            } else {
+                cmd.env_remove("MSCCLPP_BOOTSTRAP_TIMEOUT");
+            }
+            cmd.env(ROLE_VAR, rank.to_string())
+                .env(NRANKS_VAR, n.to_string())
                 .env(DIR_VAR, &dir)
-                .env("MSCCLPP_BACKEND", "host")
-                .env_remove("MSCCLPP_BOOTSTRAP_TIMEOUT")
+                .env("MSCCLPP_BACKEND", kind.to_string())
                 .env_remove("MSCCLPP_NCCL_LIB_PATH")
                 .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
                 .stdout(Stdio::piped())
@@ -212,18 +294,23 @@ fn killed_rank_reaches_the_c_api() -> Result<(), Failed> {
                 .map_err(|e| format!("spawning rank {rank}: {e}"))
         })
         .collect::<Result<_, _>>()?;
-    let ready_by = Instant::now() + Duration::from_secs(60);
-    while (0..N).any(|r| !dir.join(format!("ready-{r}")).exists()) {
+    let ready_within = if gpu {
+        READY_DEADLINE
+    } else {
+        Duration::from_secs(60)
+    };
+    let ready_by = Instant::now() + ready_within;
+    while (0..n).any(|r| !dir.join(format!("ready-{r}")).exists()) {
         if Instant::now() > ready_by {
             children.iter_mut().for_each(|c| {
                 let _ = c.kill();
             });
-            return Err("ranks did not get ready within 60 s".into());
+            return Err(format!("ranks did not get ready within {ready_within:?}").into());
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    std::thread::sleep(Duration::from_millis(200));
-    children[VICTIM].kill().map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(if gpu { 500 } else { 200 }));
+    children[victim].kill().map_err(|e| e.to_string())?;
     let killed_at = unix_us();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut problems = Vec::new();
@@ -243,7 +330,7 @@ fn killed_rank_reaches_the_c_api() -> Result<(), Failed> {
             }
         }
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if rank == VICTIM {
+        if rank == victim {
             continue;
         }
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -268,12 +355,12 @@ fn killed_rank_reaches_the_c_api() -> Result<(), Failed> {
         }
         let error = get("error").unwrap_or_default();
         if get("async").as_deref() != Some(&NCCL_REMOTE_ERROR.to_string())
-            || !error.contains(&format!("rank {VICTIM}"))
+            || !error.contains(&format!("rank {victim}"))
             || get("abort").as_deref() != Some("0")
             || get("worker_rc").is_none_or(|r| r == "0")
         {
             problems.push(format!(
-                "not ncclRemoteError naming rank {VICTIM}, aborted, worker failed: {}",
+                "not ncclRemoteError naming rank {victim}, aborted, worker failed: {}",
                 describe()
             ));
             continue;
@@ -283,8 +370,19 @@ fn killed_rank_reaches_the_c_api() -> Result<(), Failed> {
             .map_or(Duration::MAX, |t| {
                 Duration::from_micros(t.saturating_sub(killed_at) as u64)
             });
-        if took > REPORT_DEADLINE {
-            problems.push(format!("rank {rank} took {took:?}"));
+        let bound = if gpu {
+            GPU_REPORT_DEADLINE
+        } else {
+            REPORT_DEADLINE
+        };
+        if took > bound {
+            problems.push(format!("rank {rank} took {took:?} (bound {bound:?})"));
+        }
+        if gpu && get("device_after").as_deref() != Some("ok") {
+            problems.push(format!(
+                "rank {rank}'s device after the failure: {}",
+                get("device_after").unwrap_or_else(|| "not reported".into())
+            ));
         }
         times.push(format!("r{rank} {:.0} ms", took.as_secs_f64() * 1e3));
         if times.len() == 1 {
@@ -293,7 +391,7 @@ fn killed_rank_reaches_the_c_api() -> Result<(), Failed> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
-        "    C API: survivors saw ncclRemoteError after {}",
+        "    C API ({kind}): survivors saw ncclRemoteError after {}",
         times.join(", ")
     );
     if problems.is_empty() {
@@ -307,7 +405,11 @@ fn main() {
     if let Ok(rank) = std::env::var(ROLE_VAR) {
         let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
         let rank: usize = rank.parse().unwrap_or(usize::MAX);
-        match rank_main(rank, &dir) {
+        let n: usize = std::env::var(NRANKS_VAR)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        match rank_main(rank, n, &dir) {
             Ok(()) => std::process::exit(0),
             Err(e) => {
                 eprintln!("rank {rank}: {e}");
@@ -316,9 +418,19 @@ fn main() {
         }
     }
     let args = libtest_mimic::Arguments::from_args();
-    let trials = vec![Trial::test(
-        "abort::killed_rank_reaches_the_c_api",
-        killed_rank_reaches_the_c_api,
-    )];
+    let mut trials = vec![Trial::test("abort::killed_rank_reaches_the_c_api", || {
+        killed_rank_reaches_the_c_api(BackendKind::Host, 4, 2)
+    })];
+    for kind in [BackendKind::Cuda, BackendKind::Rocm] {
+        trials.push(Trial::ignorable_test(
+            format!("abort::{kind}::killed_rank_reaches_the_c_api"),
+            move || {
+                if let Err(reason) = mscclpp::registry::probe(kind) {
+                    return Ok(Completion::ignored_with(reason.to_string()));
+                }
+                killed_rank_reaches_the_c_api(kind, 2, 1).map(|()| Completion::Completed)
+            },
+        ));
+    }
     libtest_mimic::run(&args, trials).exit();
 }
