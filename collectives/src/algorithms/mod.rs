@@ -52,6 +52,7 @@ pub static MODULES: &[&KernelModule] = &[
     &direct::module::WIDE_MODULE,
     &p2p::MODULE,
     &crate::scale::SCALE_MODULE,
+    &hier::MODULE,
 ];
 
 /// The headers of the collective modules: the argument structs and their layout checks, the

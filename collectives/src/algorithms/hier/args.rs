@@ -30,6 +30,8 @@ pub struct HierArgs {
     pub dtype: u32,
     pub op: u32,
     pub _pad: u32,
+    /// The communicator's abort word (device kernels' waits give up once it is set; 0: none).
+    pub abort: u64,
     /// Per peer: where the piece for it starts (0: nothing is sent to it, only the signals).
     pub src: [u64; MAX_HOSTS],
     /// Per peer: where its piece is stored (0: dropped); `dst[0]` is the result of a reduction.
@@ -54,8 +56,35 @@ impl Default for HierArgs {
             dtype: 0,
             op: 0,
             _pad: 0,
+            abort: 0,
             src: [0; MAX_HOSTS],
             dst: [0; MAX_HOSTS],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// The layout `kernels/collectives/hier.cu` asserts.
+    #[test]
+    fn layout_matches_the_device_source() {
+        assert_eq!(std::mem::size_of::<HierArgs>(), 1096);
+        assert_eq!(offset_of!(HierArgs, rank), 40);
+        assert_eq!(offset_of!(HierArgs, abort), 64);
+        assert_eq!(offset_of!(HierArgs, src), 72);
+        assert_eq!(offset_of!(HierArgs, dst), 584);
+        let src = include_str!("../../../../kernels/collectives/hier.cu");
+        for line in [
+            "sizeof(HierArgs) == 1096",
+            "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, rank) == 40",
+            "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, abort) == 64",
+            "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, src) == 72",
+            "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, dst) == 584",
+        ] {
+            assert!(src.contains(line), "hier.cu lacks {line}");
         }
     }
 }

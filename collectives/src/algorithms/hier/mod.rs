@@ -1,8 +1,8 @@
 //! Hierarchical collectives for communicators that span hosts: within a host over the
 //! single-host algorithms on a per-host communicator, between hosts over port channels (the host
 //! proxy and a network transport) among the ranks of one local rank — a "rail". Its inter-host
-//! kernel is `mscclpp_hier_xchg` ([`MODULE`]; a host kernel so far: GPU backends refuse to load
-//! it, naming why), its host kernel [`host`].
+//! kernel is `mscclpp_hier_xchg` ([`MODULE`]: `kernels/collectives/hier.cu`), its host kernel
+//! [`host`].
 //!
 #![doc = include_str!("spec.md")]
 
@@ -31,10 +31,10 @@ use crate::{CollectiveKind, Collectives};
 /// The inter-host exchange kernel.
 pub(crate) const XCHG: KernelId = KernelId("mscclpp_hier_xchg");
 
-/// The inter-host module: host kernels only for now (no device source).
+/// The inter-host module.
 pub static MODULE: KernelModule = KernelModule {
     name: "collectives/hier.cu",
-    source: "",
+    source: include_str!("../../../../kernels/collectives/hier.cu"),
     headers: &[],
     kernels: &[KernelDef::new::<HierArgs>(XCHG.0, host::hier_xchg)],
 };
@@ -148,6 +148,8 @@ pub(crate) struct Hier {
     chans: DeviceBuffer,
     slot_bytes: u64,
     kernel: TypedKernel<HierArgs>,
+    /// Threads of the one block (the host backend's one worker).
+    threads: u32,
     /// Staging for the steps that need a buffer of their own; grown, never shrunk. Buffers
     /// grown out of stay allocated (a call still queued may use them) until these collectives
     /// are dropped.
@@ -187,6 +189,10 @@ impl Hier {
                 ),
             )
         })?;
+        let threads = match device.info().warp_size {
+            1 => 1,
+            _ => super::block_threads(device.info(), &**kernel.kernel(), None, 512),
+        };
         let intra = if topo.per_host > 1 {
             let c = Arc::new(Communicator::new(Arc::new(intra_boot), device.clone()));
             Some(Box::new(Collectives::with_slot_bytes(c, slot_bytes)?))
@@ -285,6 +291,7 @@ impl Hier {
             recv,
             chans,
             slot_bytes,
+            threads,
             kernel,
             stage: Mutex::new(Vec::new()),
         })
@@ -345,12 +352,16 @@ impl Hier {
             reduce: u32::from(reduce),
             dtype: dtype as u32,
             op: op as u32,
+            abort: self.rail.abort_addr(),
             ..HierArgs::default()
         };
         a.src[..src.len()].copy_from_slice(src);
         a.dst[..dst.len()].copy_from_slice(dst);
         // SAFETY: the caller's contract for the data; the scratch and channels are ours.
-        unsafe { self.kernel.launch(stream, LaunchConfig::linear(1, 1), &a) }
+        unsafe {
+            self.kernel
+                .launch(stream, LaunchConfig::linear(1, self.threads), &a)
+        }
     }
 
     /// Enqueues `call` (checked against the whole communicator) on `stream`.
