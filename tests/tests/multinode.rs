@@ -23,6 +23,7 @@ const UID_VAR: &str = "MSCCLPP_TEST_UID";
 const SEED_VAR: &str = "MSCCLPP_TEST_SEED";
 const HOSTS_VAR: &str = "MSCCLPP_TEST_HOSTS";
 const FULL_VAR: &str = "MSCCLPP_TEST_FULL";
+const BACKEND_VAR: &str = "MSCCLPP_TEST_BACKEND";
 const POISON: u8 = 0xA5;
 
 type R<T> = Result<T, String>;
@@ -92,8 +93,16 @@ fn child(role: &str) -> R<()> {
     let full = get(FULL_VAR).is_ok_and(|v| v == "1");
     let boot =
         Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e2s)?).map_err(e2s)?;
-    let backend = mscclpp::registry::probe(BackendKind::Host).map_err(e2s)?;
-    let device = backend.open_device(0).map_err(e2s)?;
+    let kind = match std::env::var(BACKEND_VAR).as_deref() {
+        Ok("cuda") => BackendKind::Cuda,
+        Ok("rocm") => BackendKind::Rocm,
+        _ => BackendKind::Host,
+    };
+    let backend = mscclpp::registry::probe(kind).map_err(e2s)?;
+    // GPUs: rank r on device r % count (two ranks may share one).
+    let device = backend
+        .open_device(rank % backend.device_count().max(1))
+        .map_err(e2s)?;
     let comm = Arc::new(Communicator::new(Arc::new(boot), device.clone()));
     let coll = Collectives::new(comm).map_err(|e| format!("Collectives::new: {e}"))?;
     if coll.hosts() != Some((hosts, per_host)) {
@@ -199,7 +208,6 @@ fn start_root(addr: IpAddr, n: usize) -> (BootstrapRoot, Vec<(String, String)>, 
         (UID_VAR.to_string(), uid.to_string()),
         (SEED_VAR.to_string(), seed.to_string()),
         ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "60".to_string()),
-        ("MSCCLPP_BACKEND".to_string(), "host".to_string()),
         ("MSCCLPP_HIER_SLOT_BYTES".to_string(), "4096".to_string()),
     ];
     (root, env, seed)
@@ -229,10 +237,21 @@ fn judge(outs: &[ChildOutcome], seed: u64, what: &str) -> Result<Completion, Fai
     Ok(Completion::Completed)
 }
 
-/// `hosts` hosts of `per_host` ranks, each rank with `MSCCLPP_HOSTID` naming its host.
-fn by_host_id(hosts: usize, per_host: usize, full: bool) -> Result<Completion, Failed> {
+/// `hosts` hosts of `per_host` ranks, each rank with `MSCCLPP_HOSTID` naming its host, on
+/// `backend` (ignored with the probe's reason where it is absent).
+fn by_host_id(
+    backend: BackendKind,
+    hosts: usize,
+    per_host: usize,
+    full: bool,
+) -> Result<Completion, Failed> {
+    if let Err(e) = mscclpp::registry::probe(backend) {
+        return Ok(Completion::ignored_with(format!("{backend} backend: {e}")));
+    }
     let n = hosts * per_host;
-    let (_root, env, seed) = start_root(IpAddr::V4(Ipv4Addr::LOCALHOST), n);
+    let (_root, mut env, seed) = start_root(IpAddr::V4(Ipv4Addr::LOCALHOST), n);
+    env.push((BACKEND_VAR.into(), backend.to_string()));
+    env.push(("MSCCLPP_BACKEND".into(), backend.to_string()));
     let deadline = Instant::now() + Duration::from_secs(300);
     let kids: Vec<_> = (0..n)
         .map(|r| {
@@ -253,7 +272,7 @@ fn by_host_id(hosts: usize, per_host: usize, full: bool) -> Result<Completion, F
     judge(
         &outs,
         seed,
-        &format!("{hosts} hosts x {per_host} ranks by MSCCLPP_HOSTID"),
+        &format!("{backend}: {hosts} hosts x {per_host} ranks by MSCCLPP_HOSTID"),
     )
 }
 
@@ -360,6 +379,7 @@ fn by_namespace(hosts: usize, per_host: usize) -> Result<Completion, Failed> {
             .env(multiproc::NRANKS_VAR, n.to_string())
             .env(HOSTS_VAR, format!("{hosts}x{per_host}"))
             .env(FULL_VAR, "0")
+            .env("MSCCLPP_BACKEND", "host")
             .env("MSCCLPP_SOCKET_IFNAME", format!("{NET}.{}", h + 1))
             .env(
                 "MSCCLPP_HOSTID",
@@ -404,10 +424,20 @@ fn main() {
     let args = libtest_mimic::Arguments::from_args();
     let mut trials = Vec::new();
     for (hosts, per_host, full) in [(2, 2, true), (3, 2, false), (4, 2, false), (2, 1, true)] {
-        trials.push(Trial::test(
+        trials.push(Trial::ignorable_test(
             format!("multinode::hostid::hosts_{hosts}x{per_host}"),
-            move || by_host_id(hosts, per_host, full).map(|_| ()),
+            move || by_host_id(BackendKind::Host, hosts, per_host, full),
         ));
+    }
+    // GPUs: each rank on its own device where there are enough (else they share), the rail
+    // over Ethernet through the proxy, the hosts' steps over the single-host kernels.
+    for backend in [BackendKind::Cuda, BackendKind::Rocm] {
+        for (hosts, per_host) in [(2, 1), (2, 2)] {
+            trials.push(Trial::ignorable_test(
+                format!("multinode::{backend}::hosts_{hosts}x{per_host}"),
+                move || by_host_id(backend, hosts, per_host, true),
+            ));
+        }
     }
     trials.push(Trial::ignorable_test("multinode::netns::hosts_2x2", || {
         by_namespace(2, 2)
