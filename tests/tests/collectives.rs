@@ -887,8 +887,8 @@ const CE: &[(&str, &str)] = &[
     ("MSCCLPP_TEST_DTYPES", SOME_DTYPES),
 ];
 
-/// The same on GPUs, with the default scratch (32 MiB: the largest GPU count is one chunk; the
-/// host trials cover many).
+/// The same on GPUs, with the default scratch (two 32 MiB buffers: the largest GPU count is one
+/// chunk; the host trials cover many).
 const CE_GPU: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_ALLGATHER", "ce"),
     ("MSCCLPP_ALGO_BROADCAST", "ce"),
@@ -961,7 +961,8 @@ fn run_role(
         rep["calls"], rep["seconds"]
     );
     if wrong > 0 {
-        return Err(format!("{wrong} wrong elements").into());
+        let logs: Vec<String> = outs.iter().map(|o| o.stderr.clone()).collect();
+        return Err(format!("{wrong} wrong elements\n{}", logs.join("\n")).into());
     }
     Ok(())
 }

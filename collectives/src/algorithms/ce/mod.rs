@@ -5,9 +5,11 @@
 //!
 #![doc = include_str!("spec.md")]
 
+use std::sync::Arc;
+
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    BufferSlice, DeviceBuffer, Error, LaunchConfig, MemoryKind, Result, Stream, WaitCmp,
+    BufferSlice, DeviceBuffer, Error, Event, LaunchConfig, MemoryKind, Result, Stream, WaitCmp,
 };
 use mscclpp_transports::RegisteredMemory;
 
@@ -18,18 +20,22 @@ use crate::call::Checked;
 use crate::policy::Settings;
 use crate::scratch::map_peers;
 
-/// Byte offset of the `ready[MAX_RANKS]` words in a rank's CE scratch.
+/// Byte offset of the `ready[BUFFERS][MAX_RANKS]` words in a rank's CE scratch.
 const READY: usize = 0;
-/// Byte offset of the `done[MAX_RANKS]` words (their own 128-byte lines).
-const DONE: usize = 128;
+/// Byte offset of the `done[BUFFERS][MAX_RANKS]` words (their own 128-byte lines).
+const DONE: usize = 256;
 /// Byte offset of the data regions.
 const DATA: usize = 4096;
 /// Data regions start and are sized on this alignment (copy-engine friendly).
 const ALIGN: u64 = 256;
+/// Chunk `k` of a call goes through buffer `k % BUFFERS`: while consumers copy one out, the
+/// publisher stages the next into the other.
+const BUFFERS: usize = 2;
 
-/// Default data bytes of a rank's CE scratch on GPUs: a chunk of a 2-rank all-gather. Larger
-/// chunks amortise the per-chunk handshake; smaller ones cost less memory per communicator.
-pub(crate) const DEFAULT_GPU_BYTES: u64 = 32 << 20;
+/// Default data bytes of a rank's CE scratch on GPUs: two buffers of 32 MiB, the chunk of a
+/// 2-rank all-gather. Larger chunks amortise the per-chunk handshake; smaller ones cost less
+/// memory per communicator.
+pub(crate) const DEFAULT_GPU_BYTES: u64 = 64 << 20;
 /// The same on the host backend (shared memory of every communicator of a process).
 pub(crate) const DEFAULT_HOST_BYTES: u64 = 1 << 20;
 
@@ -42,6 +48,11 @@ pub(crate) struct Ce {
     _maps: Vec<RegisteredMemory>,
     /// Data bytes of the scratch (after [`DATA`]).
     data_bytes: u64,
+    /// The stream that publishes (stages) while the caller's stream consumes, and the events
+    /// that fork it from and join it to the caller's stream.
+    side: Arc<dyn Stream>,
+    fork: Arc<dyn Event>,
+    join: Arc<dyn Event>,
 }
 
 /// What a rank does with chunk `k` of a call: publish (stage into its own scratch) and/or
@@ -109,8 +120,10 @@ impl Ce {
         // Zero everything, then mark every peer as done with this rank's (empty) scratch: the
         // first publication need not wait for anyone.
         stream.fill(&mine.full(), 0)?;
-        for p in (0..n).filter(|&p| p != rank) {
-            stream.write_value64(&mine.slice(DONE + 8 * p..DONE + 8 * p + 8)?, 1)?;
+        for b in 0..BUFFERS {
+            for p in (0..n).filter(|&p| p != rank) {
+                stream.write_value64(&Ce::flag(&mine.full(), DONE, b, p)?, 1)?;
+            }
         }
         stream.synchronize()?;
         let maps = map_peers(comm, &mine.full(), "copy-engine scratch")?;
@@ -137,14 +150,19 @@ impl Ce {
             peers,
             _maps: maps.peers,
             data_bytes,
+            side: device.create_stream()?,
+            fork: device.create_ordering_event()?,
+            join: device.create_ordering_event()?,
         })
     }
 
-    /// Bytes of one chunk per destination: all-to-all splits the data into a region per rank.
+    /// Bytes of one chunk per destination: the data of a buffer, which all-to-all splits into a
+    /// region per rank.
     fn chunk_bytes(&self, kind: CollectiveKind, n: usize) -> u64 {
+        let buffer = self.data_bytes / BUFFERS as u64;
         let per = match kind {
-            CollectiveKind::AllToAll => self.data_bytes / n as u64,
-            _ => self.data_bytes,
+            CollectiveKind::AllToAll => buffer / n as u64,
+            _ => buffer,
         };
         (per / ALIGN * ALIGN).max(ALIGN)
     }
@@ -156,15 +174,90 @@ impl Ce {
             .ok_or_else(|| Error::Internal(format!("copy-engine scratch of rank {p} not mapped")))
     }
 
-    /// Word `i` (a rank) of the flag array at `at` in `scratch`.
-    fn flag(scratch: &BufferSlice, at: usize, i: usize) -> Result<BufferSlice> {
-        scratch.slice(at + 8 * i..at + 8 * i + 8)
+    /// Word `[b][i]` (buffer, rank) of the flag array at `at` in `scratch`.
+    fn flag(scratch: &BufferSlice, at: usize, b: usize, i: usize) -> Result<BufferSlice> {
+        let w = at + 8 * (b * MAX_RANKS + i);
+        scratch.slice(w..w + 8)
     }
 
-    /// The first `len` bytes of data region `region` (regions of `chunk` bytes) of `scratch`.
-    fn data(scratch: &BufferSlice, chunk: u64, region: usize, len: u64) -> Result<BufferSlice> {
-        let start = DATA + region * chunk as usize;
+    /// The first `len` bytes of data region `region` of buffer `b` of `scratch` (buffers of
+    /// `n` regions of `chunk` bytes for all-to-all, of one region otherwise: `per` regions).
+    fn data(
+        scratch: &BufferSlice,
+        chunk: u64,
+        per: usize,
+        b: usize,
+        region: usize,
+        len: u64,
+    ) -> Result<BufferSlice> {
+        let start = DATA + (b * per + region) * chunk as usize;
         scratch.slice(start..start + len as usize)
+    }
+}
+
+/// One call as the publisher and consumer steps see it.
+struct Step<'a> {
+    ce: &'a Ce,
+    call: &'a Checked<'a>,
+    roles: Roles,
+    chunk: u64,
+    /// Data regions per buffer.
+    per: usize,
+}
+
+impl Step<'_> {
+    fn sub(s: &BufferSlice, off: u64, len: u64) -> Result<BufferSlice> {
+        s.slice(off as usize..(off + len) as usize)
+    }
+
+    /// Chunk `k` (bytes `[off, off + len)` of each rank block) staged into the own buffer
+    /// `k % BUFFERS` once every consumer has copied out what was there, then announced.
+    fn publish(&self, k: usize, off: u64, len: u64, stream: &dyn Stream) -> Result<()> {
+        let (rank, n, c) = (self.call.rank, self.call.nranks, self.call.call);
+        let b = k % BUFFERS;
+        let mine = self.ce.mine.full();
+        for p in (0..n).filter(|&p| self.roles.consumed_by[p]) {
+            let done = Ce::flag(&mine, DONE, b, p)?;
+            stream.wait_value64(&done, 1, WaitCmp::Eq)?;
+            stream.write_value64(&done, 0)?;
+        }
+        if c.kind == CollectiveKind::AllToAll {
+            let block = self.call.block_bytes;
+            for p in (0..n).filter(|&p| p != rank) {
+                let src = Step::sub(c.input, p as u64 * block + off, len)?;
+                stream.copy(&Ce::data(&mine, self.chunk, self.per, b, p, len)?, &src)?;
+            }
+        } else {
+            let src = Step::sub(c.input, off, len)?;
+            stream.copy(&Ce::data(&mine, self.chunk, self.per, b, 0, len)?, &src)?;
+        }
+        for p in (0..n).filter(|&p| self.roles.consumed_by[p]) {
+            stream.write_value64(&Ce::flag(self.ce.peer(p)?, READY, b, rank)?, 1)?;
+        }
+        Ok(())
+    }
+
+    /// Chunk `k` copied out of every publisher's buffer `k % BUFFERS` into the output, each
+    /// publisher told when its buffer is free again.
+    fn consume(&self, k: usize, off: u64, len: u64, stream: &dyn Stream) -> Result<()> {
+        let (rank, n, c) = (self.call.rank, self.call.nranks, self.call.call);
+        let (b, block) = (k % BUFFERS, self.call.block_bytes);
+        let mine = self.ce.mine.full();
+        for p in (0..n).filter(|&p| self.roles.consume_from[p]) {
+            let ready = Ce::flag(&mine, READY, b, p)?;
+            stream.wait_value64(&ready, 1, WaitCmp::Eq)?;
+            stream.write_value64(&ready, 0)?;
+            let theirs = self.ce.peer(p)?;
+            let (region, dst_at) = match c.kind {
+                CollectiveKind::AllToAll => (rank, p as u64 * block + off),
+                CollectiveKind::AllGather => (0, p as u64 * block + off),
+                _ => (0, off),
+            };
+            let src = Ce::data(theirs, self.chunk, self.per, b, region, len)?;
+            stream.copy(&Step::sub(c.output, dst_at, len)?, &src)?;
+            stream.write_value64(&Ce::flag(theirs, DONE, b, rank)?, 1)?;
+        }
+        Ok(())
     }
 }
 
@@ -218,52 +311,50 @@ impl Algorithm for Ce {
             }
             _ => {}
         }
-        let roles = roles(kind, rank, n, c.root);
-        let mine = self.mine.full();
-        let mut off = 0;
-        while off < block {
-            let len = chunk.min(block - off);
-            if roles.publish {
-                // Every consumer of the last publication has copied it out.
-                for p in (0..n).filter(|&p| roles.consumed_by[p]) {
-                    let done = Ce::flag(&mine, DONE, p)?;
-                    stream.wait_value64(&done, 1, WaitCmp::Eq)?;
-                    stream.write_value64(&done, 0)?;
+        let step = Step {
+            ce: self,
+            call,
+            roles: roles(kind, rank, n, c.root),
+            chunk,
+            per: if kind == CollectiveKind::AllToAll {
+                n
+            } else {
+                1
+            },
+        };
+        let chunks: Vec<(u64, u64)> = (0..block.div_ceil(chunk))
+            .map(|k| (k * chunk, chunk.min(block - k * chunk)))
+            .collect();
+        // The side stream stages while this one copies out, unless this stream is being
+        // captured (the side stream's work would not be part of the graph the way this code
+        // keeps it alive) or an in-place all-to-all must stage a chunk before overwriting it.
+        let serial = chunks.is_empty()
+            || (kind == CollectiveKind::AllToAll && in_place)
+            || stream.is_capturing()?;
+        if serial {
+            for (k, &(off, len)) in chunks.iter().enumerate() {
+                if step.roles.publish {
+                    step.publish(k, off, len, stream)?;
                 }
-                match kind {
-                    CollectiveKind::AllToAll => {
-                        for p in (0..n).filter(|&p| p != rank) {
-                            let src = sub(c.input, p as u64 * block + off, len)?;
-                            stream.copy(&Ce::data(&mine, chunk, p, len)?, &src)?;
-                        }
-                    }
-                    _ => {
-                        let src = sub(c.input, off, len)?;
-                        stream.copy(&Ce::data(&mine, chunk, 0, len)?, &src)?;
-                    }
-                }
-                for p in (0..n).filter(|&p| roles.consumed_by[p]) {
-                    stream.write_value64(&Ce::flag(self.peer(p)?, READY, rank)?, 1)?;
-                }
+                step.consume(k, off, len, stream)?;
             }
-            for p in (0..n).filter(|&p| roles.consume_from[p]) {
-                let ready = Ce::flag(&mine, READY, p)?;
-                stream.wait_value64(&ready, 1, WaitCmp::Eq)?;
-                stream.write_value64(&ready, 0)?;
-                let theirs = self.peer(p)?;
-                let (src, dst_at) = match kind {
-                    CollectiveKind::AllToAll => {
-                        (Ce::data(theirs, chunk, rank, len)?, p as u64 * block + off)
-                    }
-                    CollectiveKind::AllGather => {
-                        (Ce::data(theirs, chunk, 0, len)?, p as u64 * block + off)
-                    }
-                    _ => (Ce::data(theirs, chunk, 0, len)?, off),
-                };
-                stream.copy(&sub(c.output, dst_at, len)?, &src)?;
-                stream.write_value64(&Ce::flag(theirs, DONE, rank)?, 1)?;
+            return Ok(());
+        }
+        let side = &*self.side;
+        if step.roles.publish {
+            stream.record(&*self.fork)?;
+            side.wait_event(&*self.fork)?;
+            for (k, &(off, len)) in chunks.iter().enumerate() {
+                step.publish(k, off, len, side)?;
             }
-            off += len;
+        }
+        for (k, &(off, len)) in chunks.iter().enumerate() {
+            step.consume(k, off, len, stream)?;
+        }
+        if step.roles.publish {
+            // The call ends when both have: the caller may overwrite its input after it.
+            side.record(&*self.join)?;
+            stream.wait_event(&*self.join)?;
         }
         Ok(())
     }
