@@ -156,15 +156,8 @@ impl Ce {
         })
     }
 
-    /// Bytes of one chunk per destination: the data of a buffer, which all-to-all splits into a
-    /// region per rank.
     fn chunk_bytes(&self, kind: CollectiveKind, n: usize) -> u64 {
-        let buffer = self.data_bytes / BUFFERS as u64;
-        let per = match kind {
-            CollectiveKind::AllToAll => buffer / n as u64,
-            _ => buffer,
-        };
-        (per / ALIGN * ALIGN).max(ALIGN)
+        chunk_bytes(self.data_bytes, kind, n)
     }
 
     fn peer(&self, p: usize) -> Result<&BufferSlice> {
@@ -180,19 +173,41 @@ impl Ce {
         scratch.slice(w..w + 8)
     }
 
-    /// The first `len` bytes of data region `region` of buffer `b` of `scratch` (buffers of
-    /// `n` regions of `chunk` bytes for all-to-all, of one region otherwise: `per` regions).
+    /// The first `len` bytes of data region `region` (regions of `chunk` bytes) of buffer `b`
+    /// of `scratch`.
     fn data(
+        &self,
         scratch: &BufferSlice,
         chunk: u64,
-        per: usize,
         b: usize,
         region: usize,
         len: u64,
     ) -> Result<BufferSlice> {
-        let start = DATA + (b * per + region) * chunk as usize;
+        let start = region_start(self.data_bytes, chunk, b, region);
         scratch.slice(start..start + len as usize)
     }
+}
+
+/// Bytes of each buffer: the same for every kind, so that a buffer's flags guard the same bytes
+/// whatever kind of call last used it.
+fn buffer_bytes(data_bytes: u64) -> u64 {
+    data_bytes / BUFFERS as u64 / ALIGN * ALIGN
+}
+
+/// Bytes of one chunk per destination: the data of a buffer, which all-to-all splits into a
+/// region per rank.
+fn chunk_bytes(data_bytes: u64, kind: CollectiveKind, n: usize) -> u64 {
+    let buffer = buffer_bytes(data_bytes);
+    let per = match kind {
+        CollectiveKind::AllToAll => buffer / n as u64,
+        _ => buffer,
+    };
+    (per / ALIGN * ALIGN).max(ALIGN)
+}
+
+/// Byte offset in a rank's scratch of region `region` of buffer `b`.
+fn region_start(data_bytes: u64, chunk: u64, b: usize, region: usize) -> usize {
+    DATA + b * buffer_bytes(data_bytes) as usize + region * chunk as usize
 }
 
 /// One call as the publisher and consumer steps see it.
@@ -201,8 +216,6 @@ struct Step<'a> {
     call: &'a Checked<'a>,
     roles: Roles,
     chunk: u64,
-    /// Data regions per buffer.
-    per: usize,
 }
 
 impl Step<'_> {
@@ -225,11 +238,11 @@ impl Step<'_> {
             let block = self.call.block_bytes;
             for p in (0..n).filter(|&p| p != rank) {
                 let src = Step::sub(c.input, p as u64 * block + off, len)?;
-                stream.copy(&Ce::data(&mine, self.chunk, self.per, b, p, len)?, &src)?;
+                stream.copy(&self.ce.data(&mine, self.chunk, b, p, len)?, &src)?;
             }
         } else {
             let src = Step::sub(c.input, off, len)?;
-            stream.copy(&Ce::data(&mine, self.chunk, self.per, b, 0, len)?, &src)?;
+            stream.copy(&self.ce.data(&mine, self.chunk, b, 0, len)?, &src)?;
         }
         for p in (0..n).filter(|&p| self.roles.consumed_by[p]) {
             stream.write_value64(&Ce::flag(self.ce.peer(p)?, READY, b, rank)?, 1)?;
@@ -253,7 +266,7 @@ impl Step<'_> {
                 CollectiveKind::AllGather => (0, p as u64 * block + off),
                 _ => (0, off),
             };
-            let src = Ce::data(theirs, self.chunk, self.per, b, region, len)?;
+            let src = self.ce.data(theirs, self.chunk, b, region, len)?;
             stream.copy(&Step::sub(c.output, dst_at, len)?, &src)?;
             stream.write_value64(&Ce::flag(theirs, DONE, b, rank)?, 1)?;
         }
@@ -316,11 +329,6 @@ impl Algorithm for Ce {
             call,
             roles: roles(kind, rank, n, c.root),
             chunk,
-            per: if kind == CollectiveKind::AllToAll {
-                n
-            } else {
-                1
-            },
         };
         let chunks: Vec<(u64, u64)> = (0..block.div_ceil(chunk))
             .map(|k| (k * chunk, chunk.min(block - k * chunk)))
@@ -363,6 +371,39 @@ impl Algorithm for Ce {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A buffer is the same bytes whatever the kind: a publisher that waited for the consumers
+    /// of its buffer `b` never overwrites bytes of its other buffer, which a call of another
+    /// kind may still be copying out.
+    #[test]
+    fn each_buffer_keeps_to_its_own_bytes_for_every_kind() {
+        for data_bytes in [4096, 4096 + 256, 1 << 20, 64 << 20, (1 << 30) - 256] {
+            let buffer = buffer_bytes(data_bytes) as usize;
+            assert!(DATA + BUFFERS * buffer <= DATA + data_bytes as usize);
+            for n in 2..=MAX_RANKS {
+                for kind in [
+                    CollectiveKind::AllGather,
+                    CollectiveKind::Broadcast,
+                    CollectiveKind::AllToAll,
+                ] {
+                    let chunk = chunk_bytes(data_bytes, kind, n);
+                    let regions = if kind == CollectiveKind::AllToAll {
+                        n
+                    } else {
+                        1
+                    };
+                    for b in 0..BUFFERS {
+                        let lo = region_start(data_bytes, chunk, b, 0);
+                        let hi = region_start(data_bytes, chunk, b, regions - 1) + chunk as usize;
+                        assert!(
+                            lo >= DATA + b * buffer && hi <= DATA + (b + 1) * buffer,
+                            "{kind:?} n={n} D={data_bytes}: buffer {b} spans {lo}..{hi}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_consumer_has_its_publisher() {
