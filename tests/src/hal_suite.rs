@@ -39,6 +39,10 @@ pub const CASES: &[(&str, CaseFn)] = &[
         write_value64_is_ordered_and_checked,
     ),
     (
+        "wait_value64_holds_the_stream_until_the_flag",
+        wait_value64_holds_the_stream_until_the_flag,
+    ),
+    (
         "mismatched_lengths_are_errors",
         mismatched_lengths_are_errors,
     ),
@@ -306,6 +310,54 @@ fn write_value64_is_ordered_and_checked(f: &Fixture) -> Result<(), CaseError> {
         ensure!(
             s.write_value64(&bad, 1).is_err(),
             "misaligned or short write_value64 accepted"
+        );
+    }
+    Ok(())
+}
+
+/// A stream waiting on a flag runs nothing behind the wait until another stream writes the
+/// flag (`>=` and `==`), then everything; misaligned and short flags are refused.
+fn wait_value64_holds_the_stream_until_the_flag(f: &Fixture) -> Result<(), CaseError> {
+    use mscclpp::hal::WaitCmp;
+    let waiter = f.device.create_stream().ctx("create_stream")?;
+    let writer = f.device.create_stream().ctx("create_stream")?;
+    let buf = f.device.alloc(64, MemoryKind::Device).ctx("alloc")?;
+    waiter.fill(&buf.full(), 0).ctx("fill")?;
+    waiter.synchronize_timeout(SYNC).ctx("synchronize")?;
+    let flag = buf.slice(0..8).ctx("slice")?;
+    let data = buf.slice(32..40).ctx("slice")?;
+    waiter
+        .wait_value64(&flag, 2, WaitCmp::Geq)
+        .ctx("wait_value64")?;
+    waiter.fill(&data, 0x11).ctx("fill")?;
+    waiter
+        .wait_value64(&flag, 3, WaitCmp::Eq)
+        .ctx("wait_value64")?;
+    waiter.fill(&data, 0x22).ctx("fill")?;
+    // 1 satisfies neither wait: nothing behind them may run.
+    writer.write_value64(&flag, 1).ctx("write_value64")?;
+    writer.synchronize_timeout(SYNC).ctx("synchronize")?;
+    std::thread::sleep(Duration::from_millis(100));
+    let early = download(&*writer, &data)?;
+    // Released before any check can return, so that no stream is left waiting.
+    writer.write_value64(&flag, 3).ctx("write_value64")?;
+    ensure!(
+        early == [0; 8],
+        "work behind a wait ran before the flag reached its value"
+    );
+    writer.synchronize_timeout(SYNC).ctx("synchronize")?;
+    waiter
+        .synchronize_timeout(SYNC)
+        .ctx("synchronize after the flag")?;
+    ensure!(
+        download(&*waiter, &data)? == [0x22; 8],
+        "work behind the waits did not run once the flag allowed it"
+    );
+    for bad in [buf.slice(4..12), buf.slice(8..12)] {
+        let bad = bad.ctx("slice")?;
+        ensure!(
+            waiter.wait_value64(&bad, 1, WaitCmp::Eq).is_err(),
+            "misaligned or short wait_value64 accepted"
         );
     }
     Ok(())
