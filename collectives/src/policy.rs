@@ -2,10 +2,12 @@
 //!
 //! By default: LL128 for all-reduces of 256 KiB up to 2 MiB per rank where it runs; the direct
 //! algorithm from a size per collective on; LL below (its short kernels wherever a call fits
-//! them). The read algorithm only when forced. `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and
-//! `ll128`, `read` for all-reduce) forces one per collective; a forced algorithm that cannot
-//! serve a call (too large, or not set up here) leaves that call to the default choice. The
-//! thresholds are where the measurements in docs/performance.md cross over.
+//! them). The read and copy-engine algorithms only when forced (or asked by a call,
+//! [`crate::CollectiveCall::algorithm`]). `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and `ll128`,
+//! `read` for all-reduce; `ce` for all-gather, broadcast, all-to-all) forces one per collective;
+//! a forced algorithm that cannot serve a call (too large, or not set up here) leaves that call
+//! to the default choice. The thresholds are where the measurements in docs/performance.md
+//! cross over.
 
 use std::ops::Range;
 
