@@ -79,8 +79,10 @@ fn inputs(seed: u64, case: usize, n: usize, elems: usize, dtype: DataType) -> Ve
 }
 
 fn child(role: &str) -> R<()> {
-    if role != "hier" {
-        return Err(format!("unknown role {role}"));
+    match role {
+        "hier" => {}
+        "hier-dies" => return dies(),
+        _ => return Err(format!("unknown role {role}")),
     }
     let (rank, n) = multiproc::rank_and_size();
     let get = |v: &str| std::env::var(v).map_err(|_| format!("{v} is not set"));
@@ -197,6 +199,52 @@ fn child(role: &str) -> R<()> {
     Ok(())
 }
 
+/// Two hosts of one rank: the last rank dies (SIGABRT, no goodbye) half a second after set-up,
+/// while the first's all-reduce waits for it; that call must fail naming it, within the deadline.
+fn dies() -> R<()> {
+    let (rank, n) = multiproc::rank_and_size();
+    let get = |v: &str| std::env::var(v).map_err(|_| format!("{v} is not set"));
+    let uid: UniqueId = get(UID_VAR)?.parse().map_err(|e| format!("uid: {e}"))?;
+    let boot =
+        Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e2s)?).map_err(e2s)?;
+    let backend = mscclpp::registry::probe(BackendKind::Host).map_err(e2s)?;
+    let device = backend.open_device(0).map_err(e2s)?;
+    let comm = Arc::new(Communicator::new(Arc::new(boot), device.clone()));
+    let coll = Collectives::new(comm).map_err(|e| format!("Collectives::new: {e}"))?;
+    if rank == n - 1 {
+        // Dies while the survivor's kernel waits for its signals.
+        std::thread::sleep(Duration::from_millis(500));
+        std::process::abort();
+    }
+    let stream = device.create_stream().map_err(e2s)?;
+    let buf = device.alloc(1 << 20, MemoryKind::Device).map_err(e2s)?;
+    let started = Instant::now();
+    let res = coll
+        .all_reduce(
+            &buf.full(),
+            &buf.full(),
+            1 << 18,
+            DataType::F32,
+            ReduceOp::Sum,
+            &*stream,
+        )
+        .and_then(|()| stream.synchronize_timeout(Duration::from_secs(50)));
+    let took = started.elapsed();
+    match res {
+        Ok(()) => Err("the all-reduce succeeded although its peer host died".into()),
+        Err(e) => {
+            let msg = e.to_string();
+            multiproc::report("error", &msg);
+            multiproc::report("error_ms", took.as_millis());
+            if !msg.contains(&format!("rank {}", n - 1)) {
+                return Err(format!("the error does not name the dead rank: {msg}"));
+            }
+            multiproc::report("hier", "ok");
+            Ok(())
+        }
+    }
+}
+
 fn start_root(addr: IpAddr, n: usize) -> (BootstrapRoot, Vec<(String, String)>, u64) {
     let cfg = BootstrapConfig {
         timeout: Duration::from_secs(60),
@@ -274,6 +322,45 @@ fn by_host_id(
         seed,
         &format!("{backend}: {hosts} hosts x {per_host} ranks by MSCCLPP_HOSTID"),
     )
+}
+
+/// A rank of the other host dies during a call: the survivor's call fails naming it, well
+/// before the kernels' own deadline.
+fn peer_host_dies() -> Result<(), Failed> {
+    let (_root, mut env, seed) = start_root(IpAddr::V4(Ipv4Addr::LOCALHOST), 2);
+    env.push(("MSCCLPP_BACKEND".into(), "host".into()));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let kids: Vec<_> = (0..2)
+        .map(|r| {
+            let mut env = env.clone();
+            env.push((
+                "MSCCLPP_HOSTID".into(),
+                format!("hier-dies-{}-host-{r}", std::process::id()),
+            ));
+            multiproc::spawn("hier-dies", r, 2, &env)
+        })
+        .collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| multiproc::wait(k, deadline))
+        .collect();
+    let survivor = &outs[0];
+    let r = survivor.reports();
+    if !survivor.ok() || r.get("hier").map(String::as_str) != Some("ok") {
+        return Err(format!("seed {seed}: {}", survivor.describe()).into());
+    }
+    let ms: u64 = r
+        .get("error_ms")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX);
+    if ms > 30_000 {
+        return Err(format!("the survivor took {ms} ms to fail: {}", survivor.describe()).into());
+    }
+    eprintln!(
+        "    survivor failed in {ms} ms: {}",
+        r.get("error").map(String::as_str).unwrap_or("?")
+    );
+    Ok(())
 }
 
 fn sh(args: &[&str]) -> Result<(), String> {
@@ -439,6 +526,10 @@ fn main() {
             ));
         }
     }
+    trials.push(Trial::test(
+        "multinode::hostid::peer_host_dies",
+        peer_host_dies,
+    ));
     trials.push(Trial::ignorable_test("multinode::netns::hosts_2x2", || {
         by_namespace(2, 2)
     }));
