@@ -263,6 +263,8 @@ fn two_hosts_of_two() -> Result<(), Failed> {
                 ),
             )
             .env("MSCCLPP_HIER_SLOT_BYTES", "4096")
+            // The sharded all-reduce, with an odd remainder.
+            .env("MSCCLPP_HIER_SMALL_BYTES", "1024")
             .env_remove("MSCCLPP_NCCL_LIB_PATH")
             .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
             .stdout(std::process::Stdio::piped())

@@ -49,7 +49,8 @@ fn cases(full: bool) -> Vec<(CollectiveKind, DataType, ReduceOp, usize, bool)> {
         ]
     };
     // Odd counts (uneven shards), a count the ranks per host divide, and counts that take
-    // several inter-host rounds (the tests run with 4 KiB slots).
+    // several inter-host rounds (the tests run with 4 KiB slots) and the sharded all-reduce
+    // (above 8 KiB per rank here).
     let counts: &[usize] = if full {
         &[1, 7, 1001, 4096, 6001]
     } else {
@@ -257,6 +258,8 @@ fn start_root(addr: IpAddr, n: usize) -> (BootstrapRoot, Vec<(String, String)>, 
         (SEED_VAR.to_string(), seed.to_string()),
         ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "60".to_string()),
         ("MSCCLPP_HIER_SLOT_BYTES".to_string(), "4096".to_string()),
+        // Both all-reduce paths: up to 8 KiB per rank the small one, above the sharded one.
+        ("MSCCLPP_HIER_SMALL_BYTES".to_string(), "8192".to_string()),
     ];
     (root, env, seed)
 }

@@ -41,6 +41,10 @@ pub static MODULE: KernelModule = KernelModule {
 
 /// Bytes per peer of one inter-host round (`MSCCLPP_HIER_SLOT_BYTES`, default 4 MiB).
 const DEFAULT_SLOT_BYTES: u64 = 4 << 20;
+/// All-reduce bytes per rank up to which the small path serves (`MSCCLPP_HIER_SMALL_BYTES`):
+/// below, the per-host reduce-scatter and all-gather cost more than carrying the whole message
+/// on every rail.
+const DEFAULT_SMALL_BYTES: u64 = 64 << 10;
 /// Proxy FIFO slots (two triggers per peer per round at most are in flight).
 const FIFO_SLOTS: usize = 512;
 
@@ -150,6 +154,9 @@ pub(crate) struct Hier {
     kernel: TypedKernel<HierArgs>,
     /// Threads of the one block (the host backend's one worker).
     threads: u32,
+    /// All-reduces of up to this many bytes per rank take the small path
+    /// (`MSCCLPP_HIER_SMALL_BYTES`).
+    small_bytes: u64,
     /// Staging for the steps that need a buffer of their own; grown, never shrunk. Buffers
     /// grown out of stay allocated (a call still queued may use them) until these collectives
     /// are dropped.
@@ -214,12 +221,17 @@ impl Hier {
             }
             None => DEFAULT_SLOT_BYTES,
         };
+        let small_bytes =
+            mscclpp_hal::env::parse::<u64>("MSCCLPP_HIER_SMALL_BYTES", "a byte count")?
+                .unwrap_or(DEFAULT_SMALL_BYTES);
         let transport = choose_transport(&rail)?;
+        // Every rank of the communicator takes the same path: agreed over the whole of it.
         crate::agree::agree(
-            &rail,
+            comm,
             "multi-host settings",
-            format!("transport {transport}, slot {slot_bytes} B"),
+            format!("slot {slot_bytes} B, small all-reduce up to {small_bytes} B"),
         )?;
+        crate::agree::agree(&rail, "multi-host transport", format!("{transport}"))?;
         let flags = TransportFlags::single(transport);
         let bytes = usize::try_from(g as u64 * slot_bytes)
             .map_err(|_| Error::invalid("inter-host scratch does not fit this host"))?;
@@ -292,6 +304,7 @@ impl Hier {
             chans,
             slot_bytes,
             threads,
+            small_bytes,
             kernel,
             stage: Mutex::new(Vec::new()),
         })
@@ -392,37 +405,40 @@ impl Hier {
             CollectiveKind::AllReduce => {
                 if l_n == 1 {
                     // SAFETY: see the note above the match.
-                    unsafe { self.xchg(&vec![ip; g], &[op_], cb, true, dtype, op, stream) }
-                } else if count % l_n == 0 {
-                    let shard = count / l_n;
-                    let sb = shard as u64 * es;
-                    let mine = sub(output, l as u64 * sb, sb)?;
-                    let intra = self.intra()?;
-                    intra.reduce_scatter(input, &mine, shard, dtype, op, stream)?;
-                    let m = mine.ptr().0;
-                    // SAFETY: see the note above the match.
-                    unsafe { self.xchg(&vec![m; g], &[m], sb, true, dtype, op, stream)? };
-                    intra.all_gather(&mine, output, shard, dtype, stream)
-                } else {
-                    // Shards of unequal size: each local rank crosses hosts with its own, then
-                    // hands it to the others.
-                    let intra = self.intra()?;
-                    intra.all_reduce(input, output, count, dtype, op, stream)?;
-                    let start = |j: usize| (j * count / l_n) as u64 * es;
-                    let (s, e) = (start(l), start(l + 1));
-                    let m = op_ + s;
-                    // SAFETY: see the note above the match.
-                    unsafe { self.xchg(&vec![m; g], &[m], e - s, true, dtype, op, stream)? };
-                    for j in 0..l_n {
-                        let (s, e) = (start(j), start(j + 1));
-                        if e > s {
-                            let piece = sub(output, s, e - s)?;
-                            let n = ((e - s) / es) as usize;
-                            intra.broadcast(&piece, &piece, n, dtype, j, stream)?;
-                        }
-                    }
-                    Ok(())
+                    return unsafe { self.xchg(&vec![ip; g], &[op_], cb, true, dtype, op, stream) };
                 }
+                let intra = self.intra()?;
+                // Small messages: fewer steps; every rail carries the whole message.
+                let whole = |i: &BufferSlice, o: &BufferSlice, n: usize| -> Result<()> {
+                    intra.all_reduce(i, o, n, dtype, op, stream)?;
+                    let m = o.ptr().0;
+                    let b = n as u64 * es;
+                    // SAFETY: see the note above the match.
+                    unsafe { self.xchg(&vec![m; g], &[m], b, true, dtype, op, stream) }
+                };
+                if cb <= self.small_bytes {
+                    return whole(input, output, count);
+                }
+                // Large: a shard per local rank crosses hosts; the last `count % L` elements
+                // (fewer than the ranks of a host) take the small path.
+                let body = count - count % l_n;
+                let shard = body / l_n;
+                let sb = shard as u64 * es;
+                let body_in = sub(input, 0, body as u64 * es)?;
+                let body_out = sub(output, 0, body as u64 * es)?;
+                let mine = sub(&body_out, l as u64 * sb, sb)?;
+                intra.reduce_scatter(&body_in, &mine, shard, dtype, op, stream)?;
+                let m = mine.ptr().0;
+                // SAFETY: see the note above the match.
+                unsafe { self.xchg(&vec![m; g], &[m], sb, true, dtype, op, stream)? };
+                intra.all_gather(&mine, &body_out, shard, dtype, stream)?;
+                let rest = count - body;
+                if rest > 0 {
+                    let at = body as u64 * es;
+                    let len = rest as u64 * es;
+                    whole(&sub(input, at, len)?, &sub(output, at, len)?, rest)?;
+                }
+                Ok(())
             }
             CollectiveKind::AllGather => {
                 let host_block = sub(output, h as u64 * hb, hb)?;
