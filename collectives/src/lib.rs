@@ -1,7 +1,9 @@
 //! # mscclpp-collectives — collectives written once against the HAL
 //!
 //! [`Collectives`] serves all-reduce, all-gather, reduce-scatter, broadcast and all-to-all for
-//! the ranks of one node, on whatever backend the communicator's device belongs to: every
+//! the ranks of one node — and, through the hierarchical family (`algorithms/hier/`: the
+//! single-host algorithms within each host, port channels between hosts), for communicators that
+//! span hosts — on whatever backend the communicator's device belongs to: every
 //! operation is one kernel of a [`KernelModule`] this crate owns ([`MODULES`]: the device
 //! sources `kernels/collectives/{ll,direct}.cu`, which CUDA and HIP compile, and the Rust host
 //! kernels the host backend runs). Nothing here names a vendor. Every caller describes a call
