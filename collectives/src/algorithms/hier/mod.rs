@@ -113,9 +113,9 @@ impl Topology {
 }
 
 /// The transport between hosts: `MSCCLPP_HIER_TRANSPORT` when set, else IB0 where this build
-/// and this machine have it, else Ethernet — the same on every rank of the rail (Ethernet
-/// unless all can use IB).
-fn choose_transport(rail: &Communicator) -> Result<Transport> {
+/// and this machine have it and it can register `probe` (device memory needs peer memory or
+/// dma-buf), else Ethernet — the same on every rank of the rail (Ethernet unless all can use IB).
+fn choose_transport(rail: &Communicator, probe: &BufferSlice) -> Result<Transport> {
     if let Some(v) = mscclpp_hal::env::get("MSCCLPP_HIER_TRANSPORT") {
         let t = Transport::from_str(&v).map_err(|e| {
             Error::invalid(format!("MSCCLPP_HIER_TRANSPORT={v:?} is malformed: {e}"))
@@ -128,7 +128,12 @@ fn choose_transport(rail: &Communicator) -> Result<Transport> {
         return Ok(t);
     }
     let ib = Transport::Ib(0);
-    let here = ib.built().is_ok() && Endpoint::new(rail.context(), EndpointConfig::new(ib)).is_ok();
+    let here = ib.built().is_ok()
+        && Endpoint::new(rail.context(), EndpointConfig::new(ib)).is_ok()
+        && rail
+            .register_memory(probe, TransportFlags::single(ib))
+            .inspect_err(|e| tracing::info!("IB0 cannot register the rail's scratch: {e}"))
+            .is_ok();
     let all = rail.bootstrap().all_gather(&[u8::from(here)])?;
     Ok(if all.iter().all(|v| v.as_slice() == [1]) {
         ib
@@ -224,7 +229,11 @@ impl Hier {
         let small_bytes =
             mscclpp_hal::env::parse::<u64>("MSCCLPP_HIER_SMALL_BYTES", "a byte count")?
                 .unwrap_or(DEFAULT_SMALL_BYTES);
-        let transport = choose_transport(&rail)?;
+        let bytes = usize::try_from(g as u64 * slot_bytes)
+            .map_err(|_| Error::invalid("inter-host scratch does not fit this host"))?;
+        let send = device.alloc(bytes, MemoryKind::Device)?;
+        let recv = device.alloc(bytes, MemoryKind::Device)?;
+        let transport = choose_transport(&rail, &send.full())?;
         // Every rank of the communicator takes the same path: agreed over the whole of it.
         crate::agree::agree(
             comm,
@@ -233,10 +242,6 @@ impl Hier {
         )?;
         crate::agree::agree(&rail, "multi-host transport", format!("{transport}"))?;
         let flags = TransportFlags::single(transport);
-        let bytes = usize::try_from(g as u64 * slot_bytes)
-            .map_err(|_| Error::invalid("inter-host scratch does not fit this host"))?;
-        let send = device.alloc(bytes, MemoryKind::Device)?;
-        let recv = device.alloc(bytes, MemoryKind::Device)?;
         let send_mem = Arc::new(rail.register_memory(&send.full(), flags)?);
         let recv_mem = rail.register_memory(&recv.full(), flags)?;
         let mut service = ProxyService::new(&device, FIFO_SLOTS)?;
@@ -322,10 +327,18 @@ impl Hier {
             .ok_or_else(|| Error::Internal("per-host step with one rank per host".into()))
     }
 
-    /// A staging buffer of at least `bytes` (see [`Hier::stage`]).
-    fn stage(&self, bytes: u64) -> Result<BufferSlice> {
+    /// A staging buffer of at least `bytes` (see [`Hier::stage`]). Growing it allocates, which a
+    /// stream capture forbids: then the error says to run the call once outside the capture.
+    fn stage(&self, bytes: u64, stream: &dyn Stream) -> Result<BufferSlice> {
         let mut st = self.stage.lock().unwrap_or_else(|p| p.into_inner());
         if st.last().is_none_or(|b| (b.len() as u64) < bytes) {
+            if stream.is_capturing()? {
+                return Err(Error::invalid(format!(
+                    "a multi-host reduce-scatter or all-to-all needs {bytes} bytes of staging, \
+                     more than it has grown to, and the stream is capturing (no allocation \
+                     there): run a call of this size once before capturing"
+                )));
+            }
             let want = usize::try_from(bytes.next_power_of_two().max(4096))
                 .map_err(|_| Error::invalid(format!("{bytes} bytes of staging")))?;
             st.push(self.rail.device().alloc(want, MemoryKind::Device)?);
@@ -461,7 +474,7 @@ impl Hier {
                     // SAFETY: see the note above the match.
                     unsafe { self.xchg(&src, &[op_], hb, true, dtype, op, stream) },
                     Some(intra) => {
-                        let t = self.stage(hb)?;
+                        let t = self.stage(hb, stream)?;
                         let tp = t.ptr().0;
                         // SAFETY: see the note above the match.
                         unsafe { self.xchg(&src, &[tp], hb, true, dtype, op, stream)? };
@@ -481,7 +494,7 @@ impl Hier {
                         // Host `q`'s ranks sent this rank, as one piece, what they have for
                         // every rank of this host; the per-host all-to-all of each piece puts
                         // every block where it belongs.
-                        let t = self.stage(g as u64 * hb)?;
+                        let t = self.stage(g as u64 * hb, stream)?;
                         let dst: Vec<u64> = (0..g).map(|p| t.ptr().0 + p as u64 * hb).collect();
                         // SAFETY: see the note above the match.
                         unsafe { self.xchg(&src, &dst, hb, false, dtype, op, stream)? };
