@@ -42,10 +42,13 @@ pub struct ScaleArgs {
     pub dtype: u32,
     /// Zero.
     pub _pad: u32,
+    /// Device address of `count` source elements (not overlapping `data` unless equal); 0: in
+    /// place.
+    pub src: u64,
 }
 
-// SAFETY: repr(C), integers only, no implicit padding (four u64, two u32); every bit pattern is
-// valid.
+// SAFETY: repr(C), integers only, no implicit padding (four u64, two u32, one u64); every bit
+// pattern is valid.
 unsafe impl KernelArgs for ScaleArgs {}
 
 /// The factor of a [`Scaler::scale`] call.
@@ -129,6 +132,21 @@ impl Scaler {
         factor: &Factor,
         stream: &dyn Stream,
     ) -> Result<()> {
+        self.scale_from(data, None, count, dtype, factor, stream)
+    }
+
+    /// As [`Scaler::scale`], reading the elements from `src` (when given) instead of `data`:
+    /// `data[i] = src[i] * factor`. `src` holds at least `count` elements and does not overlap
+    /// `data` unless it starts at the same address.
+    pub fn scale_from(
+        &self,
+        data: &BufferSlice,
+        src: Option<&BufferSlice>,
+        count: usize,
+        dtype: DataType,
+        factor: &Factor,
+        stream: &dyn Stream,
+    ) -> Result<()> {
         let backend = self.device.info().backend;
         let size = dtype.size();
         let bytes = count
@@ -146,6 +164,31 @@ impl Scaler {
                 "scale: the data belongs to the {} backend, the device to {backend}",
                 data.buffer().backend()
             )));
+        }
+        if let Some(s) = src {
+            if s.len() < bytes {
+                return Err(Error::invalid(format!(
+                    "scale: the source's {} bytes hold fewer than {count} {dtype} elements",
+                    s.len()
+                )));
+            }
+            if s.buffer().backend() != backend {
+                return Err(Error::invalid(format!(
+                    "scale: the source belongs to the {} backend, the device to {backend}",
+                    s.buffer().backend()
+                )));
+            }
+            let (a, b) = (s.ptr().0, data.ptr().0);
+            if a != b && a < b + bytes as u64 && b < a + bytes as u64 {
+                return Err(Error::invalid(format!(
+                    "scale: source {a:#x} and destination {b:#x} overlap ({bytes} bytes)"
+                )));
+            }
+            if a % size as u64 != 0 {
+                return Err(Error::invalid(format!(
+                    "scale: the source at {a:#x} is not aligned to its {size}-byte type"
+                )));
+            }
         }
         let (scalar, imm) = match factor {
             Factor::Value(v) => (0, *v),
@@ -187,6 +230,7 @@ impl Scaler {
             imm,
             dtype: dtype as u32,
             _pad: 0,
+            src: src.map_or(0, |s| s.ptr().0),
         };
         let info = self.device.info();
         let cfg = if info.warp_size == 1 {
@@ -270,6 +314,18 @@ pub fn host_scale(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         unsafe { std::ptr::copy_nonoverlapping(a.scalar as *const u8, w.as_mut_ptr(), size) };
         u64::from_le_bytes(w)
     };
+    if a.src != 0 && a.src != a.data {
+        // SAFETY: the launcher passed `count` source elements at `src` and `count` at `data` in
+        // this process's memory, not overlapping (checked by the launcher), which no other work
+        // of the stream touches while this kernel runs (stream order).
+        let (src, data) = unsafe {
+            (
+                std::slice::from_raw_parts(a.src as *const u8, bytes),
+                std::slice::from_raw_parts_mut(a.data as *mut u8, bytes),
+            )
+        };
+        data.copy_from_slice(src);
+    }
     // SAFETY: the launcher passed `count` elements at `data` in this process's memory, which no
     // other work of the stream touches while this kernel runs (stream order).
     let data = unsafe { std::slice::from_raw_parts_mut(a.data as *mut u8, bytes) };

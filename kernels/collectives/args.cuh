@@ -112,6 +112,7 @@ struct ScaleArgs {
   uint64_t imm;
   uint32_t dtype;
   uint32_t _pad;
+  uint64_t src;
 };
 
 }  // namespace mscclpp

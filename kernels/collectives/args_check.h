@@ -89,7 +89,7 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, max_blocks) =
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, _pad) == 140, "offset of ReadCollectiveArgs::_pad");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ReadCollectiveArgs, abort) == 144, "offset of ReadCollectiveArgs::abort");
 
-static_assert(sizeof(mscclpp::ScaleArgs) == 40, "size of ScaleArgs");
+static_assert(sizeof(mscclpp::ScaleArgs) == 48, "size of ScaleArgs");
 static_assert(alignof(mscclpp::ScaleArgs) == 8, "alignment of ScaleArgs");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, data) == 0, "offset of ScaleArgs::data");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, count) == 8, "offset of ScaleArgs::count");
@@ -97,5 +97,6 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, scalar) == 16, "offset
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, imm) == 24, "offset of ScaleArgs::imm");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, dtype) == 32, "offset of ScaleArgs::dtype");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, _pad) == 36, "offset of ScaleArgs::_pad");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, src) == 40, "offset of ScaleArgs::src");
 
 #undef MSCCLPP_LAYOUT_OFFSETOF

@@ -1,8 +1,7 @@
-// Scales an array in place by a factor of its own element type: the second half of
-// ncclRedOpCreatePreMulSum, which the library serves as a sum followed by this kernel (the
-// factor's rounding differs from multiplying every input first only for float types; integers
-// wrap, and scalar * sum equals the sum of scalar * x modulo 2^n). The factor is read when the
-// kernel runs when it lives in device memory, so that a graph replay sees its current value.
+// Scales an array by a factor of its own element type, in place or from a source array: the
+// first half of ncclRedOpCreatePreMulSum, which the library serves as each rank's input scaled by
+// that rank's own factor, then a sum. The factor is read when the kernel runs when it lives in
+// device memory, so that a graph replay sees its current value.
 // Vendor-neutral: the same text is compiled by NVRTC and by hipRTC (the module of
 // collectives/src/scale.rs, with the host kernel beside it).
 #include "mscclpp/core.cuh"
@@ -30,32 +29,35 @@ template <uint32_t DTYPE>
 MSCCLPP_DEVICE_INLINE void scaleLoop(const ScaleArgs& a, uint64_t f) {
   const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
   const uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  // Out of place when `src` is set (PreMulSum scales each rank's input before the sum).
+  const uint64_t src = a.src != 0 ? a.src : a.data;
   for (uint64_t i = first; i < a.count; i += stride) {
     if (DTYPE == kDataTypeF32) {
       float* p = (float*)a.data + i;
-      *p = *p * bitsFloat((uint32_t)f);
+      *p = ((const float*)src)[i] * bitsFloat((uint32_t)f);
     } else if (DTYPE == kDataTypeF64) {
       double* p = (double*)a.data + i;
-      *p = *p * bitsDouble(f);
+      *p = ((const double*)src)[i] * bitsDouble(f);
     } else if (DTYPE == kDataTypeF16) {
       uint16_t* p = (uint16_t*)a.data + i;
-      *p = (uint16_t)floatToHalf(halfToFloat(*p) * halfToFloat((uint32_t)f));
+      *p = (uint16_t)floatToHalf(halfToFloat(((const uint16_t*)src)[i]) * halfToFloat((uint32_t)f));
     } else if (DTYPE == kDataTypeBF16) {
       uint16_t* p = (uint16_t*)a.data + i;
-      *p = (uint16_t)floatToBf16(bf16ToFloat(*p) * bf16ToFloat((uint32_t)f));
+      *p = (uint16_t)floatToBf16(bf16ToFloat(((const uint16_t*)src)[i]) * bf16ToFloat((uint32_t)f));
     } else if (DTYPE == kDataTypeF8E4M3 || DTYPE == kDataTypeF8E5M2) {
       constexpr bool E4M3 = DTYPE == kDataTypeF8E4M3;
       uint8_t* p = (uint8_t*)a.data + i;
-      *p = (uint8_t)floatToFp8<E4M3>(fp8ToFloat<E4M3>(*p) * fp8ToFloat<E4M3>((uint32_t)f));
+      *p = (uint8_t)floatToFp8<E4M3>(fp8ToFloat<E4M3>(((const uint8_t*)src)[i]) *
+                                     fp8ToFloat<E4M3>((uint32_t)f));
     } else if (DTYPE == kDataTypeI32 || DTYPE == kDataTypeU32) {
       uint32_t* p = (uint32_t*)a.data + i;
-      *p = *p * (uint32_t)f;
+      *p = ((const uint32_t*)src)[i] * (uint32_t)f;
     } else if (DTYPE == kDataTypeI64 || DTYPE == kDataTypeU64) {
       uint64_t* p = (uint64_t*)a.data + i;
-      *p = *p * f;
+      *p = ((const uint64_t*)src)[i] * f;
     } else {
       uint8_t* p = (uint8_t*)a.data + i;
-      *p = (uint8_t)((uint32_t)*p * (uint32_t)f);
+      *p = (uint8_t)((uint32_t)((const uint8_t*)src)[i] * (uint32_t)f);
     }
   }
 }

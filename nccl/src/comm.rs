@@ -192,6 +192,10 @@ pub struct Native {
     reduce_sink: Option<DeviceBuffer>,
     /// Execution plans of `MSCCLPP_EXECUTION_PLAN_DIR`, tried ahead of the collectives.
     plans: Option<crate::plans::Plans>,
+    /// Where a PreMulSum reduce-scatter or reduce scales this rank's input (the caller's send
+    /// buffer is read-only): the current buffer last, grown on demand; the earlier ones stay
+    /// allocated with the communicator since calls already enqueued may still read them.
+    premul_staging: Mutex<Vec<DeviceBuffer>>,
 }
 
 /// Bytes of the all-reduces `ncclReduce` is made of (the last may be shorter).
@@ -677,6 +681,7 @@ pub fn build(
             streams: Mutex::new(HashMap::new()),
             reduce_sink,
             plans,
+            premul_staging: Mutex::new(Vec::new()),
         })
     })();
     let c = Comm {
@@ -1009,10 +1014,12 @@ impl Comm {
                 if call.count == 0 {
                     return Ok(());
                 }
-                self.run_native(call, dt, count, op)?;
                 match &user {
-                    Some(u) => self.post_scale(call, dt, count, u),
-                    None => Ok(()),
+                    Some(u) => {
+                        let scaled = self.pre_scale(call, dt, count, u)?;
+                        self.run_native(scaled, dt, count, op)
+                    }
+                    None => self.run_native(call, dt, count, op),
                 }
             }
             Err(why) => {
@@ -1453,15 +1460,18 @@ impl Comm {
         lib.check("ncclRedOpDestroy", unsafe { f(op, rc) })
     }
 
-    /// Scales the output of a native reduction by a PreMulSum operator's factor, on the
-    /// operation's stream (the root's output only for `ncclReduce`).
-    fn post_scale(
+    /// The first half of a PreMulSum reduction: this rank's input times its own factor (NCCL
+    /// sums `factor_r * x_r`, and ranks may pass different factors), enqueued on the operation's
+    /// stream. All-reduce scales into the receive buffer and then runs in place there;
+    /// reduce-scatter and reduce scale into the communicator's staging buffer. Returns the call
+    /// that sums the scaled input.
+    fn pre_scale(
         &self,
         call: Call,
         dt: DataType,
         count: usize,
         u: &crate::premul::UserOp,
-    ) -> Res<()> {
+    ) -> Res<Call> {
         let native = self
             .native
             .as_ref()
@@ -1469,20 +1479,53 @@ impl Comm {
         let (Some(scaler), Some(factor)) = (&u.scaler, &u.factor) else {
             return Err(Failure::internal("a PreMulSum operator without its factor"));
         };
-        if call.op == Op::Reduce && usize::try_from(call.root).ok() != Some(self.rank) {
-            return Ok(());
+        let in_elems = match call.op {
+            Op::ReduceScatter => count.checked_mul(self.nranks),
+            _ => Some(count),
         }
-        let device = native.comm.device();
-        let bytes = count
+        .ok_or_else(|| Failure::argument("count overflows"))?;
+        let bytes = in_elems
             .checked_mul(dt.size())
             .ok_or_else(|| Failure::argument("count overflows"))?;
+        let device = native.comm.device();
         let stream = self.stream_of(native, call.stream)?;
-        // SAFETY: NCCL's contract: `count` elements at `recvbuff`, alive until the operation
-        // has run on `stream` (the reduction just enqueued there wrote them).
-        let out = unsafe { device.wrap_external(DevicePtr(call.recv as u64), bytes)? };
-        let res = scaler.scale(&out.full(), count, dt, factor, &*stream);
-        let host = device.info().backend == BackendKind::Host;
-        let res = res.and_then(|()| if host { stream.synchronize() } else { Ok(()) });
-        res.map_err(|e| self.note(e))
+        // SAFETY: NCCL's contract: `in_elems` elements at `sendbuff`, alive until the operation
+        // has run on `stream`.
+        let src = unsafe { device.wrap_external(DevicePtr(call.send as u64), bytes)? };
+        let (dst, dst_ptr): (DeviceBuffer, u64) = if call.op == Op::AllReduce {
+            // SAFETY: as above, for the `count` elements at `recvbuff`.
+            let out = unsafe { device.wrap_external(DevicePtr(call.recv as u64), bytes)? };
+            (out, call.recv as u64)
+        } else {
+            let mut staged = self
+                .native
+                .as_ref()
+                .map(|n| n.premul_staging.lock().unwrap_or_else(|p| p.into_inner()))
+                .ok_or_else(|| Failure::internal("native path without a native communicator"))?;
+            if staged.last().is_none_or(|b| b.len() < bytes) {
+                let b = device.alloc(bytes.max(4096), MemoryKind::Device)?;
+                staged.push(b);
+            }
+            let b = staged
+                .last()
+                .cloned()
+                .ok_or_else(|| Failure::internal("PreMulSum staging buffer missing"))?;
+            let p = b.ptr().0;
+            (b, p)
+        };
+        let (s, d) = (src.full(), dst.full());
+        let same = s.ptr() == d.ptr();
+        let enqueue =
+            || scaler.scale_from(&d, (!same).then_some(&s), in_elems, dt, factor, &*stream);
+        let res = match &native.colls {
+            // The staging buffer is the communicator's: ordered as its collectives are.
+            Some(c) => c.ordered(&*stream, enqueue),
+            None => enqueue(),
+        };
+        res.map_err(|e| self.note(e))?;
+        Ok(Call {
+            send: dst_ptr as *const c_void,
+            ..call
+        })
     }
 }

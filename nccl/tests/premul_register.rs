@@ -72,22 +72,30 @@ fn data_of(t: DataType, rank: usize, salt: usize, n: usize) -> Vec<u8> {
     out
 }
 
-/// `factor * sum over ranks`, element by element (exact: the values are small integers).
-fn reference(t: DataType, parts: &[Vec<u8>], factor: f64) -> Vec<u8> {
+/// The sum over ranks of `factor(r) * x_r` (NCCL's PreMulSum: every rank multiplies its own
+/// input by its own factor), each product rounded to the type, then summed in rank order.
+fn reference(t: DataType, parts: &[Vec<u8>], factor: impl Fn(usize) -> f64) -> Vec<u8> {
     let s = t.size();
-    let mut acc = parts[0].clone();
+    let scaled: Vec<Vec<u8>> = parts
+        .iter()
+        .enumerate()
+        .map(|(r, p)| {
+            let mut out = Vec::with_capacity(p.len());
+            for x in p.chunks_exact(s) {
+                t.encode_f64(t.decode_f64(x) * factor(r), &mut out);
+            }
+            out
+        })
+        .collect();
+    let mut acc = scaled[0].clone();
     let mut tmp = vec![0u8; s];
-    for p in &parts[1..] {
+    for p in &scaled[1..] {
         for (a, b) in acc.chunks_exact_mut(s).zip(p.chunks_exact(s)) {
             t.combine_elem(a, b, ReduceOp::Sum, &mut tmp);
             a.copy_from_slice(&tmp);
         }
     }
-    let mut out = Vec::with_capacity(acc.len());
-    for a in acc.chunks_exact(s) {
-        t.encode_f64(t.decode_f64(a) * factor, &mut out);
-    }
-    out
+    acc
 }
 
 fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
@@ -259,8 +267,10 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     for t in DataType::ALL {
         let code = nccl_code(t);
         let s = t.size();
+        // Every rank its own factors (NCCL's nccl-tests do the same): host 3 + rank, device
+        // 2 + rank, then 5 + rank.
         let mut host3 = Vec::new();
-        t.encode_f64(3.0, &mut host3);
+        t.encode_f64(3.0 + rank as f64, &mut host3);
         host3.resize(8, 0);
         let mut op_host: c_int = -1;
         // SAFETY: a host scalar of the type, copied at creation.
@@ -273,7 +283,7 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         // The host scalar was copied: changing it now changes nothing.
         host3.fill(0);
         let mut dev = Vec::new();
-        t.encode_f64(2.0, &mut dev);
+        t.encode_f64(2.0 + rank as f64, &mut dev);
         put(scalar_buf, &dev);
         let mut op_dev: c_int = -1;
         // SAFETY: a device scalar of the type (host-backend device memory), alive to the end.
@@ -286,7 +296,8 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         if op_host < 5 || op_dev < 5 || op_host == op_dev {
             return Err(format!("operator codes {op_host} and {op_dev}"));
         }
-        for (op, factor, label) in [(op_host, 3.0, "host"), (op_dev, 2.0, "device")] {
+        for (op, base, label) in [(op_host, 3.0, "host"), (op_dev, 2.0, "device")] {
+            let factor = |r: usize| base + r as f64;
             let parts: Vec<Vec<u8>> = (0..NRANKS).map(|r| data_of(t, r, 1, N)).collect();
             // all-reduce
             put(send_buf, &parts[rank]);
@@ -348,7 +359,7 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         }
         // The device scalar is read when the call runs.
         let mut five = Vec::new();
-        t.encode_f64(5.0, &mut five);
+        t.encode_f64(5.0 + rank as f64, &mut five);
         put(scalar_buf, &five);
         let parts: Vec<Vec<u8>> = (0..NRANKS).map(|r| data_of(t, r, 3, N)).collect();
         put(send_buf, &parts[rank]);
@@ -364,7 +375,7 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
             "allreduce premul after the device scalar changed",
             t,
             &get(recv_buf, N * s),
-            &reference(t, &parts, 5.0),
+            &reference(t, &parts, |r| 5.0 + r as f64),
         )?;
         // Errors: another type, another communicator, destroyed.
         let other = nccl_code(if t == DataType::F32 {

@@ -93,6 +93,7 @@ fn layout_table() -> Vec<LayoutEntry> {
             imm,
             dtype,
             _pad,
+            src,
         }),
     ]
 }
