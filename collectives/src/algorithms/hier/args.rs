@@ -16,7 +16,7 @@ pub struct HierArgs {
     pub send: u64,
     /// This rank's receive scratch: `nranks` slots (slot `p`: what came from `p`).
     pub recv: u64,
-    /// Bytes of one slot (a multiple of 8).
+    /// Bytes of one slot (a multiple of 16): two halves, used by alternate rounds.
     pub slot_bytes: u64,
     /// Bytes of the piece exchanged with each peer.
     pub bytes: u64,
@@ -32,6 +32,9 @@ pub struct HierArgs {
     pub _pad: u32,
     /// The communicator's abort word (device kernels' waits give up once it is set; 0: none).
     pub abort: u64,
+    /// Device address of the rail's round counter (8 bytes, zeroed at set-up; the kernel
+    /// advances it by the rounds of each call).
+    pub counter: u64,
     /// Per peer: where the piece for it starts (0: nothing is sent to it, only the signals).
     pub src: [u64; MAX_HOSTS],
     /// Per peer: where its piece is stored (0: dropped); `dst[0]` is the result of a reduction.
@@ -57,6 +60,7 @@ impl Default for HierArgs {
             op: 0,
             _pad: 0,
             abort: 0,
+            counter: 0,
             src: [0; MAX_HOSTS],
             dst: [0; MAX_HOSTS],
         }
@@ -71,18 +75,20 @@ mod tests {
     /// The layout `kernels/collectives/hier.cu` asserts.
     #[test]
     fn layout_matches_the_device_source() {
-        assert_eq!(std::mem::size_of::<HierArgs>(), 1096);
+        assert_eq!(std::mem::size_of::<HierArgs>(), 1104);
         assert_eq!(offset_of!(HierArgs, rank), 40);
         assert_eq!(offset_of!(HierArgs, abort), 64);
-        assert_eq!(offset_of!(HierArgs, src), 72);
-        assert_eq!(offset_of!(HierArgs, dst), 584);
+        assert_eq!(offset_of!(HierArgs, counter), 72);
+        assert_eq!(offset_of!(HierArgs, src), 80);
+        assert_eq!(offset_of!(HierArgs, dst), 592);
         let src = include_str!("../../../../kernels/collectives/hier.cu");
         for line in [
-            "sizeof(HierArgs) == 1096",
+            "sizeof(HierArgs) == 1104",
+            "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, counter) == 72",
             "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, rank) == 40",
             "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, abort) == 64",
-            "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, src) == 72",
-            "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, dst) == 584",
+            "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, src) == 80",
+            "MSCCLPP_LAYOUT_OFFSETOF(HierArgs, dst) == 592",
         ] {
             assert!(src.contains(line), "hier.cu lacks {line}");
         }

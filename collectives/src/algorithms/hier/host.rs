@@ -1,10 +1,12 @@
 //! The host kernel of `mscclpp_hier_xchg`: the rounds of `spec.md`, one worker.
 
+use std::sync::atomic::Ordering;
+
 use mscclpp_hal::dev::{DEFAULT_WAIT, PortChannelDeviceHandle};
 use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, ReduceOp, Result};
 
 use super::args::{HierArgs, MAX_HOSTS};
-use crate::algorithms::host_common::{copy, reduce_ranks, store};
+use crate::algorithms::host_common::{copy, reduce_ranks, store, word};
 
 fn check(a: &HierArgs) -> Result<(DataType, ReduceOp)> {
     let n = a.nranks as usize;
@@ -53,18 +55,26 @@ pub(crate) fn hier_xchg(_cfg: &LaunchConfig, bytes: &[u8]) -> Result<()> {
             unsafe { channel(&a, p) }
         })
         .collect();
+    // Rounds are numbered across calls (the counter in device memory, advanced here): round
+    // `k` uses half `k % 2` of every slot, and its waits consume the peer's acknowledgement of
+    // round `k - 1` and then its data of round `k` (spec.md).
+    let counter = word(a.counter, 0);
+    let first = counter.load(Ordering::Acquire);
+    let half = a.slot_bytes / 2;
     let mut off = 0;
+    let mut k = first;
     while off < a.bytes {
-        let len = (a.bytes - off).min(a.slot_bytes);
+        let len = (a.bytes - off).min(half);
+        let h = (k % 2) * half;
         for p in peers() {
             if a.src[p] != 0 {
-                let slot = a.send + p as u64 * a.slot_bytes;
+                let slot = a.send + p as u64 * a.slot_bytes + h;
                 // SAFETY: see above.
                 unsafe {
                     copy(slot, a.src[p] + off, len);
                     chans[p].put_with_signal(
-                        me as u64 * a.slot_bytes,
-                        p as u64 * a.slot_bytes,
+                        me as u64 * a.slot_bytes + h,
+                        p as u64 * a.slot_bytes + h,
                         len,
                         DEFAULT_WAIT,
                     )?;
@@ -74,22 +84,22 @@ pub(crate) fn hier_xchg(_cfg: &LaunchConfig, bytes: &[u8]) -> Result<()> {
                 unsafe { chans[p].signal(DEFAULT_WAIT)? };
             }
         }
+        let recv = |p: usize| a.recv + p as u64 * a.slot_bytes + h;
         for p in peers() {
             // SAFETY: see above.
-            unsafe { chans[p].wait(DEFAULT_WAIT)? };
+            unsafe {
+                if k > 0 {
+                    chans[p].wait(DEFAULT_WAIT)?;
+                }
+                chans[p].wait(DEFAULT_WAIT)?;
+            }
             if a.reduce == 0 && a.dst[p] != 0 {
                 // SAFETY: see above.
-                unsafe { copy(a.dst[p] + off, a.recv + p as u64 * a.slot_bytes, len) };
+                unsafe { copy(a.dst[p] + off, recv(p), len) };
             }
         }
         if a.reduce == 1 {
-            let src = |p: usize| {
-                if p == me {
-                    a.src[me] + off
-                } else {
-                    a.recv + p as u64 * a.slot_bytes
-                }
-            };
+            let src = |p: usize| if p == me { a.src[me] + off } else { recv(p) };
             let out = a.dst[0] + off;
             // SAFETY: see above; every word is read before its result is stored (in place).
             unsafe {
@@ -99,17 +109,14 @@ pub(crate) fn hier_xchg(_cfg: &LaunchConfig, bytes: &[u8]) -> Result<()> {
             // SAFETY: see above (identical ranges are left alone).
             unsafe { copy(a.dst[me] + off, a.src[me] + off, len) };
         }
-        // Slots are reused next round (and next call): every peer acknowledges it has read
-        // what this rank put into it.
+        // This rank has read the peers' half: they may write it again two rounds on.
         for p in peers() {
             // SAFETY: see above.
             unsafe { chans[p].signal(DEFAULT_WAIT)? };
         }
-        for p in peers() {
-            // SAFETY: see above.
-            unsafe { chans[p].wait(DEFAULT_WAIT)? };
-        }
         off += len;
+        k += 1;
     }
+    counter.store(k, Ordering::Release);
     Ok(())
 }

@@ -155,6 +155,8 @@ pub(crate) struct Hier {
     send: DeviceBuffer,
     recv: DeviceBuffer,
     chans: DeviceBuffer,
+    /// The rail's round counter (see [`HierArgs::counter`]).
+    counter: DeviceBuffer,
     slot_bytes: u64,
     kernel: TypedKernel<HierArgs>,
     /// Threads of the one block (the host backend's one worker).
@@ -289,6 +291,8 @@ impl Hier {
             .collect();
         let stream = device.create_stream()?;
         stream.write_from_host(&chans.full(), &raw)?;
+        let counter = device.alloc(8, MemoryKind::Device)?;
+        stream.write_from_host(&counter.full(), &0u64.to_le_bytes())?;
         service.start()?;
         tracing::debug!(
             rank,
@@ -307,6 +311,7 @@ impl Hier {
             send,
             recv,
             chans,
+            counter,
             slot_bytes,
             threads,
             small_bytes,
@@ -379,6 +384,7 @@ impl Hier {
             dtype: dtype as u32,
             op: op as u32,
             abort: self.rail.abort_addr(),
+            counter: self.counter.ptr().0,
             ..HierArgs::default()
         };
         a.src[..src.len()].copy_from_slice(src);
