@@ -4,7 +4,7 @@
 //! algorithm from a size per collective on; LL below (its short kernels wherever a call fits
 //! them). The read and copy-engine algorithms only when forced (or asked by a call,
 //! [`crate::CollectiveCall::algorithm`]). `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and `ll128`,
-//! `read` for all-reduce; `ce` for all-gather, broadcast, all-to-all) forces one per collective;
+//! `read` for all-reduce; `ce` for the other collectives) forces one per collective;
 //! a forced algorithm that cannot serve a call (too large, or not set up here) leaves that call
 //! to the default choice. The thresholds are where the measurements in docs/performance.md
 //! cross over.
@@ -51,12 +51,10 @@ fn algo_var(kind: CollectiveKind) -> String {
     format!("MSCCLPP_ALGO_{}", kind.name().to_ascii_uppercase())
 }
 
-/// Whether the copy-engine algorithm serves `kind` (it moves data, it does not reduce).
+/// Whether the copy-engine algorithm serves `kind` (reduce-scatter with a small reduction kernel;
+/// not all-reduce).
 pub(crate) fn ce_serves(kind: CollectiveKind) -> bool {
-    matches!(
-        kind,
-        CollectiveKind::AllGather | CollectiveKind::Broadcast | CollectiveKind::AllToAll
-    )
+    kind != CollectiveKind::AllReduce
 }
 
 /// `MSCCLPP_ALGO_<KIND>`'s value `value` (unset: `None`).
@@ -320,17 +318,15 @@ mod tests {
     #[test]
     fn ce_is_forced_for_the_collectives_it_serves_and_never_chosen_by_size() {
         let with_ce = |kind, b| move |a| a == Ce || h200(kind, b)(a);
-        for kind in [AllGather, Broadcast, AllToAll] {
+        for kind in [AllGather, Broadcast, AllToAll, ReduceScatter] {
             let ce = forced(kind, "CE");
             for b in [0, KIB, 64 * MIB, 1 << 30] {
                 assert_eq!(ce.choose(kind, b, with_ce(kind, b)), Ce, "{kind:?} {b}");
                 assert_ne!(auto().choose(kind, b, with_ce(kind, b)), Ce, "{kind:?} {b}");
             }
         }
-        for kind in [AllReduce, ReduceScatter] {
-            let e = parse_choice(kind, Some("ce")).unwrap_err().to_string();
-            assert!(e.contains(&algo_var(kind)), "{e}");
-        }
+        let e = parse_choice(AllReduce, Some("ce")).unwrap_err().to_string();
+        assert!(e.contains(&algo_var(AllReduce)), "{e}");
         let e = parse_choice(AllGather, Some("fast"))
             .unwrap_err()
             .to_string();

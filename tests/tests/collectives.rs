@@ -254,6 +254,7 @@ fn role_matrix() -> R<()> {
             CollectiveKind::AllGather,
             CollectiveKind::Broadcast,
             CollectiveKind::AllToAll,
+            CollectiveKind::ReduceScatter,
         ] {
             for bytes in [0, 1, 1 << 20, 1 << 30] {
                 let id = coll.algorithm(kind, bytes);
@@ -279,8 +280,8 @@ fn burst_byte(i: usize, p: usize, q: usize) -> u8 {
 }
 
 /// Copy-engine calls back to back on one stream with no synchronisation (all-gather, broadcast
-/// from every root, all-to-all, each into its own output slice, inputs refilled on the stream
-/// between calls), then the same three captured in a graph and replayed into poisoned outputs.
+/// from every root, all-to-all, reduce-scatter, each into its own output slice, inputs refilled on the stream
+/// between calls), then the first four captured in a graph and replayed into poisoned outputs.
 /// Returns (calls, wrong bytes).
 fn ce_burst(
     coll: &Collectives,
@@ -292,11 +293,12 @@ fn ce_burst(
     use CollectiveKind::*;
     // Odd, and several chunks of a 4 KiB scratch.
     const COUNT: usize = 9001;
-    let plan: Vec<(CollectiveKind, usize)> = (0..12)
-        .map(|i| match i % 3 {
+    let plan: Vec<(CollectiveKind, usize)> = (0..16)
+        .map(|i| match i % 4 {
             0 => (AllGather, 0),
             1 => (Broadcast, i % n),
-            _ => (AllToAll, 0),
+            2 => (AllToAll, 0),
+            _ => (ReduceScatter, 0),
         })
         .collect();
     let input = device.alloc(n * COUNT, MemoryKind::Device).map_err(e)?;
@@ -330,6 +332,10 @@ fn ce_burst(
                 AllGather => burst_byte(i, p, 0),
                 Broadcast if at < COUNT => burst_byte(i, root, 0),
                 AllToAll => burst_byte(i, p, rank),
+                // u8 sums wrap.
+                ReduceScatter if at < COUNT => (0..n)
+                    .map(|q| burst_byte(i, q, rank))
+                    .fold(0u8, u8::wrapping_add),
                 _ => POISON,
             }
         };
@@ -361,7 +367,7 @@ fn ce_burst(
     // A graph of three calls, replayed twice into poisoned outputs.
     match stream.begin_capture() {
         Ok(()) => {
-            for (i, &(kind, root)) in plan.iter().enumerate().take(3) {
+            for (i, &(kind, root)) in plan.iter().enumerate().take(4) {
                 enqueue(i, kind, root)?;
             }
             let graph = stream.end_capture().map_err(e)?;
@@ -371,10 +377,10 @@ fn ce_burst(
                 stream
                     .synchronize_timeout(Duration::from_secs(60))
                     .map_err(|x| format!("ce graph replay: {x}"))?;
-                for (i, &(kind, root)) in plan.iter().enumerate().take(3) {
+                for (i, &(kind, root)) in plan.iter().enumerate().take(4) {
                     wrong += check(i, kind, root)?;
                 }
-                calls += 3;
+                calls += 4;
             }
         }
         Err(x) if x.class() == ErrorClass::Unavailable => {
@@ -383,14 +389,14 @@ fn ce_burst(
         Err(x) => return Err(format!("begin_capture: {x}")),
     }
     // The per-call setting: asking for the copy engines where they serve takes them; asking
-    // for them for a reduction is an error naming the algorithm, not another algorithm.
-    let inp = input.slice(..n * COUNT).map_err(e)?;
+    // for them for an all-reduce is an error naming the algorithm, not another algorithm.
+    let inp = input.slice(..COUNT).map_err(e)?;
     let out = outs.slice(..COUNT).map_err(e)?;
-    let rs = CollectiveCall::new(ReduceScatter, &inp, &out, COUNT, DataType::U8)
+    let ar = CollectiveCall::new(AllReduce, &inp, &out, COUNT, DataType::U8)
         .algorithm(Some(AlgorithmId::Ce));
-    match coll.run(&rs, stream) {
+    match coll.run(&ar, stream) {
         Err(x) if x.class() == ErrorClass::InvalidUsage && x.to_string().contains("ce") => {}
-        other => return Err(format!("reduce-scatter asking for ce: {other:?}")),
+        other => return Err(format!("all-reduce asking for ce: {other:?}")),
     }
     stream.fill(&outs.full(), POISON).map_err(e)?;
     fill_input(0)?;
@@ -874,14 +880,19 @@ const GPU_COUNTS: &str = "1,7,1001,65537,262147,1048573,2097155";
 /// Odd ranks keep one-round calls on the general LL kernel, even ranks take the short kernels.
 const SHORT_MIXED: &[(&str, &str)] = &[("MSCCLPP_TEST_SHORT_ODD_OFF", "1")];
 
-/// The copy-engine algorithm forced for the collectives it serves, with 4 KiB of scratch so
+/// The copy-engine algorithm forced for the collectives it serves (reduce-scatter with its
+/// small reduction kernel), with 4 KiB of scratch so
 /// that larger counts take many chunks (GPUs: the default scratch), and its burst and graph
 /// checks.
 const CE: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_ALLGATHER", "ce"),
     ("MSCCLPP_ALGO_BROADCAST", "ce"),
     ("MSCCLPP_ALGO_ALLTOALL", "ce"),
-    ("MSCCLPP_TEST_KINDS", "allgather,broadcast,alltoall"),
+    ("MSCCLPP_ALGO_REDUCESCATTER", "ce"),
+    (
+        "MSCCLPP_TEST_KINDS",
+        "allgather,broadcast,alltoall,reducescatter",
+    ),
     ("MSCCLPP_TEST_ALGO", "ce"),
     ("MSCCLPP_CE_SCRATCH_BYTES", "4096"),
     ("MSCCLPP_TEST_DTYPES", SOME_DTYPES),
@@ -893,7 +904,11 @@ const CE_GPU: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_ALLGATHER", "ce"),
     ("MSCCLPP_ALGO_BROADCAST", "ce"),
     ("MSCCLPP_ALGO_ALLTOALL", "ce"),
-    ("MSCCLPP_TEST_KINDS", "allgather,broadcast,alltoall"),
+    ("MSCCLPP_ALGO_REDUCESCATTER", "ce"),
+    (
+        "MSCCLPP_TEST_KINDS",
+        "allgather,broadcast,alltoall,reducescatter",
+    ),
     ("MSCCLPP_TEST_ALGO", "ce"),
     ("MSCCLPP_TEST_DTYPES", SOME_DTYPES),
 ];

@@ -53,6 +53,7 @@ pub static MODULES: &[&KernelModule] = &[
     &p2p::MODULE,
     &crate::scale::SCALE_MODULE,
     &hier::MODULE,
+    &ce::reduce::MODULE,
 ];
 
 /// The headers of the collective modules: the argument structs and their layout checks, the
@@ -205,8 +206,9 @@ pub enum AlgorithmId {
     /// Every rank reads the peers' inputs where they lie — registered windows, or a staging
     /// copy — and reduces locally (all-reduce).
     Read,
-    /// No kernel: the copy engines move the data through the peers' mapped scratch, ordered by
-    /// stream flag writes and waits (all-gather, broadcast, all-to-all; only when forced).
+    /// No data kernel: the copy engines move the data through the peers' mapped scratch, ordered
+    /// by stream flag writes and waits (all-gather, broadcast, all-to-all; reduce-scatter with a
+    /// reduction on a few blocks; only when forced or asked by a call).
     Ce,
     /// Communicators that span hosts: the others within each host, port channels between
     /// hosts (every collective; `hier/spec.md`). Chosen for every call of such a communicator.

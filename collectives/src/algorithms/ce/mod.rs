@@ -2,6 +2,8 @@
 //! by [`Stream::copy`] (the copy engines on GPUs) and ranks order each other with flags written
 //! by [`Stream::write_value64`] and waited on by [`Stream::wait_value64`], all enqueued on the
 //! caller's stream and capturable in a graph. It leaves every SM to the caller's compute.
+//! Reduce-scatter moves its data the same way and reduces with a few blocks of a small kernel
+//! ([`reduce`]).
 //!
 #![doc = include_str!("spec.md")]
 
@@ -13,12 +15,16 @@ use mscclpp_hal::{
 };
 use mscclpp_transports::RegisteredMemory;
 
-use super::{Algorithm, AlgorithmId, MAX_RANKS, Plan};
+use super::{Algorithm, AlgorithmId, LazyKernel, MAX_RANKS, Plan};
+
+pub(crate) mod reduce;
+
 use crate::CollectiveKind;
 use crate::agree::agree;
 use crate::call::Checked;
 use crate::policy::Settings;
 use crate::scratch::map_peers;
+use reduce::{CE_REDUCE, CeReduceArgs};
 
 /// Byte offset of the `ready[BUFFERS][MAX_RANKS]` words in a rank's CE scratch.
 const READY: usize = 0;
@@ -53,6 +59,13 @@ pub(crate) struct Ce {
     side: Arc<dyn Stream>,
     fork: Arc<dyn Event>,
     join: Arc<dyn Event>,
+    /// Reduce-scatter: where the peers' pieces are gathered before the reduction (this rank's
+    /// only, not mapped), laid out as the scratch's buffers; and the reduction, loaded (compiled,
+    /// on a GPU) at the first reduce-scatter.
+    gather: DeviceBuffer,
+    reduce: LazyKernel<CeReduceArgs>,
+    /// Blocks and threads of the reduction.
+    reduce_grid: LaunchConfig,
 }
 
 /// What a rank does with chunk `k` of a call: publish (stage into its own scratch) and/or
@@ -153,6 +166,14 @@ impl Ce {
             side: device.create_stream()?,
             fork: device.create_ordering_event()?,
             join: device.create_ordering_event()?,
+            gather: device.alloc(total, MemoryKind::Device)?,
+            reduce: LazyKernel::new(comm, &reduce::MODULE, CE_REDUCE),
+            // A few blocks: the SMs belong to the caller's compute (GPUs: 4 of 512 threads).
+            reduce_grid: if host {
+                LaunchConfig::linear(1, 1)
+            } else {
+                LaunchConfig::linear(4, 512)
+            },
         })
     }
 
@@ -199,7 +220,7 @@ fn buffer_bytes(data_bytes: u64) -> u64 {
 fn chunk_bytes(data_bytes: u64, kind: CollectiveKind, n: usize) -> u64 {
     let buffer = buffer_bytes(data_bytes);
     let per = match kind {
-        CollectiveKind::AllToAll => buffer / n as u64,
+        CollectiveKind::AllToAll | CollectiveKind::ReduceScatter => buffer / n as u64,
         _ => buffer,
     };
     (per / ALIGN * ALIGN).max(ALIGN)
@@ -234,7 +255,10 @@ impl Step<'_> {
             stream.wait_value64(&done, 1, WaitCmp::Eq)?;
             stream.write_value64(&done, 0)?;
         }
-        if c.kind == CollectiveKind::AllToAll {
+        if matches!(
+            c.kind,
+            CollectiveKind::AllToAll | CollectiveKind::ReduceScatter
+        ) {
             let block = self.call.block_bytes;
             for p in (0..n).filter(|&p| p != rank) {
                 let src = Step::sub(c.input, p as u64 * block + off, len)?;
@@ -262,15 +286,58 @@ impl Step<'_> {
             stream.write_value64(&ready, 0)?;
             let theirs = self.ce.peer(p)?;
             let (region, dst_at) = match c.kind {
-                CollectiveKind::AllToAll => (rank, p as u64 * block + off),
+                CollectiveKind::AllToAll | CollectiveKind::ReduceScatter => {
+                    (rank, p as u64 * block + off)
+                }
                 CollectiveKind::AllGather => (0, p as u64 * block + off),
                 _ => (0, off),
             };
             let src = self.ce.data(theirs, self.chunk, b, region, len)?;
-            stream.copy(&Step::sub(c.output, dst_at, len)?, &src)?;
+            let dst = if c.kind == CollectiveKind::ReduceScatter {
+                self.ce
+                    .data(&self.ce.gather.full(), self.chunk, b, p, len)?
+            } else {
+                Step::sub(c.output, dst_at, len)?
+            };
+            stream.copy(&dst, &src)?;
             stream.write_value64(&Ce::flag(theirs, DONE, b, rank)?, 1)?;
         }
+        if c.kind == CollectiveKind::ReduceScatter {
+            self.reduce(b, off, len, stream)?;
+        }
         Ok(())
+    }
+
+    /// Reduce-scatter: output chunk = the combination, in rank order, of the own input block's
+    /// chunk and the peers' pieces gathered in buffer `b` (on the consuming stream, so the next
+    /// pull into buffer `b` waits for it).
+    fn reduce(&self, b: usize, off: u64, len: u64, stream: &dyn Stream) -> Result<()> {
+        let (rank, n, c) = (self.call.rank, self.call.nranks, self.call.call);
+        let gather = self.ce.gather.full();
+        let mut srcs = [0u64; MAX_RANKS];
+        for (p, src) in srcs.iter_mut().enumerate().take(n) {
+            *src = if p == rank {
+                Step::sub(c.input, rank as u64 * self.call.block_bytes + off, len)?
+                    .ptr()
+                    .0
+            } else {
+                self.ce.data(&gather, self.chunk, b, p, len)?.ptr().0
+            };
+        }
+        let args = CeReduceArgs {
+            dst: Step::sub(c.output, off, len)?.ptr().0,
+            srcs,
+            bytes: len,
+            nsrc: n as u32,
+            dtype: c.dtype as u32,
+            op: c.op as u32,
+            _pad: 0,
+        };
+        let (kernel, _) = self.ce.reduce.get()?;
+        // SAFETY: the caller's checked slices (kept alive until the stream passes the call) and
+        // the gather buffer held by the algorithm; every source and the destination hold `len`
+        // bytes (sub-slices made above).
+        unsafe { kernel.launch(stream, self.ce.reduce_grid, &args) }
     }
 }
 
@@ -280,10 +347,7 @@ impl Algorithm for Ce {
     }
 
     fn fits(&self, kind: CollectiveKind, _block_bytes: u64) -> bool {
-        matches!(
-            kind,
-            CollectiveKind::AllGather | CollectiveKind::Broadcast | CollectiveKind::AllToAll
-        )
+        crate::policy::ce_serves(kind)
     }
 
     fn plan(&self, call: &Checked) -> Result<Plan> {
