@@ -7,11 +7,12 @@
 //!
 #![doc = include_str!("spec.md")]
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    BufferSlice, DeviceBuffer, Error, Event, LaunchConfig, MemoryKind, Result, Stream, WaitCmp,
+    BufferSlice, Device, DeviceBuffer, Error, Event, LaunchConfig, MemoryKind, Result, Stream,
+    WaitCmp,
 };
 use mscclpp_transports::RegisteredMemory;
 
@@ -60,9 +61,11 @@ pub(crate) struct Ce {
     fork: Arc<dyn Event>,
     join: Arc<dyn Event>,
     /// Reduce-scatter: where the peers' pieces are gathered before the reduction (this rank's
-    /// only, not mapped), laid out as the scratch's buffers; and the reduction, loaded (compiled,
-    /// on a GPU) at the first reduce-scatter.
-    gather: DeviceBuffer,
+    /// only, not mapped), laid out as the scratch's buffers, allocated at the first
+    /// reduce-scatter (communicators that never run one do not pay for it); and the reduction,
+    /// loaded (compiled, on a GPU) then too.
+    gather: OnceLock<DeviceBuffer>,
+    device: Arc<dyn Device>,
     reduce: LazyKernel<CeReduceArgs>,
     /// Blocks and threads of the reduction.
     reduce_grid: LaunchConfig,
@@ -166,7 +169,8 @@ impl Ce {
             side: device.create_stream()?,
             fork: device.create_ordering_event()?,
             join: device.create_ordering_event()?,
-            gather: device.alloc(total, MemoryKind::Device)?,
+            gather: OnceLock::new(),
+            device: device.clone(),
             reduce: LazyKernel::new(comm, &reduce::MODULE, CE_REDUCE),
             // A few blocks: the SMs belong to the caller's compute (GPUs: 4 of 512 threads).
             reduce_grid: if host {
@@ -179,6 +183,33 @@ impl Ce {
 
     fn chunk_bytes(&self, kind: CollectiveKind, n: usize) -> u64 {
         chunk_bytes(self.data_bytes, kind, n)
+    }
+
+    /// The gather buffer of reduce-scatter (allocated by [`Ce::prepare_reduce`]).
+    fn gather(&self) -> Result<&DeviceBuffer> {
+        self.gather
+            .get()
+            .ok_or_else(|| Error::Internal("copy-engine gather buffer not allocated".into()))
+    }
+
+    /// Allocates the gather buffer and loads the reduction at the first reduce-scatter; refused
+    /// while capturing (an allocation cannot be part of a graph): the first one must be eager.
+    fn prepare_reduce(&self, stream: &dyn Stream) -> Result<()> {
+        if self.gather.get().is_some() {
+            return Ok(());
+        }
+        if stream.is_capturing()? {
+            return Err(Error::invalid(
+                "reduce-scatter by the copy engines: the first call allocates its gather buffer, \
+                 which cannot happen while the stream is captured; make one call before capturing",
+            ));
+        }
+        self.reduce.get()?;
+        let bytes = DATA + self.data_bytes as usize;
+        let buffer = self.device.alloc(bytes, MemoryKind::Device)?;
+        // Two threads may race here: either buffer serves, the other is dropped.
+        let _ = self.gather.set(buffer);
+        Ok(())
     }
 
     fn peer(&self, p: usize) -> Result<&BufferSlice> {
@@ -295,7 +326,7 @@ impl Step<'_> {
             let src = self.ce.data(theirs, self.chunk, b, region, len)?;
             let dst = if c.kind == CollectiveKind::ReduceScatter {
                 self.ce
-                    .data(&self.ce.gather.full(), self.chunk, b, p, len)?
+                    .data(&self.ce.gather()?.full(), self.chunk, b, p, len)?
             } else {
                 Step::sub(c.output, dst_at, len)?
             };
@@ -313,7 +344,7 @@ impl Step<'_> {
     /// pull into buffer `b` waits for it).
     fn reduce(&self, b: usize, off: u64, len: u64, stream: &dyn Stream) -> Result<()> {
         let (rank, n, c) = (self.call.rank, self.call.nranks, self.call.call);
-        let gather = self.ce.gather.full();
+        let gather = self.ce.gather()?.full();
         let mut srcs = [0u64; MAX_RANKS];
         for (p, src) in srcs.iter_mut().enumerate().take(n) {
             *src = if p == rank {
@@ -387,6 +418,9 @@ impl Algorithm for Ce {
                 stream.copy(&sub(c.output, 0, block)?, &sub(c.input, 0, block)?)?;
             }
             _ => {}
+        }
+        if kind == CollectiveKind::ReduceScatter {
+            self.prepare_reduce(stream)?;
         }
         let step = Step {
             ce: self,
