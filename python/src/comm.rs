@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyType};
 
 use crate::array::{self, ArrayView, Elem, Place};
+use crate::channels;
 use crate::errors::{IntoPy, usage};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -374,6 +375,56 @@ fn open(
 }
 
 impl Communicator {
+    fn parts(&self) -> PyResult<channels::Parts> {
+        let inner = self.inner()?;
+        Ok(channels::Parts {
+            comm: inner.comm.clone(),
+            stream: inner.internal.clone(),
+        })
+    }
+
+    /// Local memory of a channel: a `Buffer` of this communicator's device, or on a GPU a
+    /// caller's array (wrapped, not copied).
+    fn channel_memory(&self, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<channels::Memory> {
+        let inner = self.inner()?;
+        if let Ok(b) = obj.cast::<channels::Buffer>() {
+            let buf = &b.get().buf;
+            let dev = inner.device().info();
+            let mine = buf.backend() == dev.backend;
+            if !mine {
+                return Err(usage(format!(
+                    "{what}: a Buffer of the {} backend, but this communicator runs on {}",
+                    buf.backend(),
+                    dev.backend
+                )));
+            }
+            return Ok((buf.full(), obj.clone().unbind()));
+        }
+        if inner.host() {
+            return Err(usage(format!(
+                "{what}: on the host backend channel memory must come from \
+                 Communicator.alloc() (shared memory the peer can map), not {}",
+                obj.get_type().name()?
+            )));
+        }
+        let v = inner.view(obj, what, None)?;
+        if v.nbytes() == 0 {
+            return Err(usage(format!("{what}: an empty array")));
+        }
+        Ok((inner.wrap(&v)?.full(), obj.clone().unbind()))
+    }
+
+    pub(crate) fn compile_kernel_on(
+        &self,
+        py: Python<'_>,
+        source: &str,
+        name: &str,
+        arg_size: Option<usize>,
+    ) -> PyResult<channels::Kernel> {
+        let dev = self.inner()?.device().clone();
+        channels::compile(py, dev, source, name, arg_size)
+    }
+
     fn inner(&self) -> PyResult<Arc<Inner>> {
         self.inner
             .read()
@@ -1071,6 +1122,83 @@ impl Communicator {
         })
         .py_err()?;
         Ok(recv.clone().unbind())
+    }
+
+    /// Allocates `nbytes` of this communicator's device memory (zeroed; shared memory on the
+    /// host backend): memory for channels, which on the host backend cannot use NumPy arrays.
+    fn alloc(&self, nbytes: usize) -> PyResult<channels::Buffer> {
+        let inner = self.inner()?;
+        channels::Buffer::new(inner.device(), inner.internal.clone(), nbytes)
+    }
+
+    /// A device-to-device semaphore with `peer` over a CudaIpc connection (same host).
+    /// Collective set-up: `peer` makes the matching call at the same point.
+    fn memory_semaphore(&self, py: Python<'_>, peer: usize) -> PyResult<channels::MemorySemaphore> {
+        channels::memory_semaphore(py, self.parts()?, peer)
+    }
+
+    /// A host-to-device semaphore with `peer`: this host signals, the peer's device waits.
+    /// Collective set-up with `peer`. `transport`: "CudaIpc", "Ethernet" or "IB0".."IB7".
+    #[pyo3(signature = (peer, *, transport = "CudaIpc"))]
+    fn host_semaphore(
+        &self,
+        py: Python<'_>,
+        peer: usize,
+        transport: &str,
+    ) -> PyResult<channels::HostSemaphore> {
+        channels::host_semaphore(py, self.parts()?, peer, transport)
+    }
+
+    /// A memory channel with `peer` (same host): device code puts from `send` into the peer's
+    /// `recv` (which this rank's `recv` is for the peer) and signals/waits. `packet_buffer`:
+    /// local memory the peer's packet puts land in. Collective set-up with `peer`; `recv` may be
+    /// written by the peer from then on. Arrays and Buffers must outlive the channel.
+    #[pyo3(signature = (peer, send, recv, *, packet_buffer = None))]
+    fn memory_channel(
+        &self,
+        py: Python<'_>,
+        peer: usize,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        packet_buffer: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<channels::MemoryChannel> {
+        let s = self.channel_memory(send, "memory_channel send")?;
+        let r = self.channel_memory(recv, "memory_channel recv")?;
+        let pk = packet_buffer
+            .map(|b| self.channel_memory(b, "memory_channel packet_buffer"))
+            .transpose()?;
+        channels::memory_channel(py, self.parts()?, peer, s, r, pk)
+    }
+
+    /// A port channel with `peer` over `transport`: device code posts puts from `send` into the
+    /// peer's `recv`, signals and flushes; a proxy thread of its own carries them out.
+    /// Collective set-up with `peer`.
+    #[pyo3(signature = (peer, send, recv, *, transport = "CudaIpc", fifo_size = 64))]
+    #[allow(clippy::too_many_arguments)]
+    fn port_channel(
+        &self,
+        py: Python<'_>,
+        peer: usize,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        transport: &str,
+        fifo_size: usize,
+    ) -> PyResult<channels::PortChannel> {
+        let s = self.channel_memory(send, "port_channel send")?;
+        let r = self.channel_memory(recv, "port_channel recv")?;
+        channels::port_channel(py, self.parts()?, peer, s, r, transport, fifo_size)
+    }
+
+    /// Compiles `source` for this communicator's device (see `mscclpp_rs.compile_kernel`).
+    #[pyo3(signature = (source, name, *, arg_size = None))]
+    fn compile_kernel(
+        &self,
+        py: Python<'_>,
+        source: &str,
+        name: &str,
+        arg_size: Option<usize>,
+    ) -> PyResult<channels::Kernel> {
+        self.compile_kernel_on(py, source, name, arg_size)
     }
 
     /// Releases the communicator (its memory, connections and threads). Make sure the other

@@ -3,6 +3,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod array;
+mod channels;
 mod comm;
 mod errors;
 
@@ -40,6 +41,51 @@ fn compiled_backends() -> Vec<String> {
         .collect()
 }
 
+/// Compiles CUDA/HIP `source` with the library's device headers (`#include
+/// "mscclpp/memory_channel.cuh"`, ...) through the backend's run-time compiler (NVRTC, hipRTC)
+/// and loads `name`, an `extern "C" __global__` function taking one argument struct by value of
+/// `arg_size` bytes (given: compiled now; else at the first launch, by the args' size).
+/// `device`: a Communicator (its device) or an ordinal; `backend` as for Communicator. The host
+/// backend has no device compiler: UnavailableError.
+#[pyfunction]
+#[pyo3(signature = (source, name, *, arg_size = None, device = None, backend = None))]
+fn compile_kernel(
+    py: Python<'_>,
+    source: &str,
+    name: &str,
+    arg_size: Option<usize>,
+    device: Option<&Bound<'_, PyAny>>,
+    backend: Option<&str>,
+) -> PyResult<Py<PyAny>> {
+    let dev = match device {
+        Some(d) if d.cast::<comm::Communicator>().is_ok() => {
+            if backend.is_some() {
+                return Err(errors::usage(
+                    "compile_kernel: pass backend= with an ordinal device, not with a Communicator",
+                ));
+            }
+            let c = d.cast::<comm::Communicator>()?;
+            return Ok(c
+                .get()
+                .compile_kernel_on(py, source, name, arg_size)?
+                .into_pyobject(py)?
+                .into_any()
+                .unbind());
+        }
+        Some(d) => {
+            let n: usize = d.extract().map_err(|_| {
+                errors::usage("compile_kernel: device= expects a Communicator or a device ordinal")
+            })?;
+            channels::open_device(py, n, backend)?
+        }
+        None => channels::open_device(py, 0, backend)?,
+    };
+    Ok(channels::compile(py, dev, source, name, arg_size)?
+        .into_pyobject(py)?
+        .into_any()
+        .unbind())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // `MSCCLPP_LOG_LEVEL` / `MSCCLPP_DEBUG` (else RUST_LOG, else warn), to standard error.
@@ -48,6 +94,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyUniqueId>()?;
     m.add_class::<comm::Group>()?;
     m.add_class::<comm::RegisteredBuffer>()?;
+    m.add_class::<channels::Buffer>()?;
+    m.add_class::<channels::MemorySemaphore>()?;
+    m.add_class::<channels::HostSemaphore>()?;
+    m.add_class::<channels::MemoryChannel>()?;
+    m.add_class::<channels::PortChannel>()?;
+    m.add_class::<channels::Kernel>()?;
+    m.add_function(wrap_pyfunction!(compile_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(probe_backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_backend, m)?)?;
     m.add_function(wrap_pyfunction!(compiled_backends, m)?)?;
