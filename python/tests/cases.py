@@ -430,3 +430,178 @@ def registered_all_reduce(comm, count):
     comm.barrier()
     comm.deregister(reg)
     assert not reg.registered
+
+
+# --- channels, semaphores and compiled kernels -------------------------------------------------
+
+import ctypes  # noqa: E402
+import struct  # noqa: E402
+
+#: Bytes of the device handles (kernels/include/mscclpp/*.cuh, hal/src/dev/*.rs).
+HANDLE_SIZES = {"memory_semaphore": 32, "base_channel": 32, "host_semaphore": 16,
+                "memory_channel": 56, "port_channel": 64}
+
+
+def channel_handles(comm, nbytes=4096):
+    """Builds every channel and semaphore with the other rank (2 ranks) on the host backend and
+    checks their handles: sizes, stability, and the addresses they carry. On the host backend
+    device addresses are addresses of this process, so the test also moves data and signals
+    through them with ctypes: what a kernel would do."""
+    peer = 1 - comm.rank
+    sem = comm.memory_semaphore(peer)
+    hsem = comm.host_semaphore(peer)
+    send, recv, packets = comm.alloc(nbytes), comm.alloc(nbytes), comm.alloc(256)
+    mc = comm.memory_channel(peer, send, recv, packet_buffer=packets)
+    mc_plain = comm.memory_channel(peer, send, recv)
+    pc = comm.port_channel(peer, send, recv, transport="Ethernet")
+    got = {"memory_semaphore": sem.device_handle(), "base_channel": sem.channel_handle(),
+           "host_semaphore": hsem.device_handle(), "memory_channel": mc.device_handle(),
+           "port_channel": pc.device_handle()}
+    for k, h in got.items():
+        assert isinstance(h, bytes) and len(h) == HANDLE_SIZES[k], (k, len(h))
+    assert sem.device_handle() == got["memory_semaphore"] and mc.device_handle() == got["memory_channel"]
+    assert pc.device_handle() == got["port_channel"]
+    assert sem.peer == hsem.peer == mc.peer == pc.peer == peer
+    assert (mc.src_nbytes, mc.dst_nbytes) == (nbytes, nbytes)
+    # A base channel is its semaphore's handle.
+    assert got["base_channel"] == got["memory_semaphore"]
+    inbound, outbound, remote_inbound, expected = struct.unpack("<4Q", got["memory_semaphore"])
+    assert outbound == inbound + 8 and expected == inbound + 16 and remote_inbound not in (0, inbound)
+    dst, src, pkt = struct.unpack("<3Q", got["memory_channel"][32:])
+    assert src == send.ptr and pkt == packets.ptr and dst not in (0, recv.ptr)
+    assert struct.unpack("<3Q", mc_plain.device_handle()[32:])[2] == 0  # no packet buffer
+    sem_id, dst_id, src_id, _ = struct.unpack("<4I", got["port_channel"][:16])
+    assert (sem_id, dst_id, src_id) == (0, 0, 1)
+    p_inbound, p_expected = struct.unpack("<2Q", got["port_channel"][16:32])
+    assert p_expected == p_inbound + 16  # the channel's own host-to-device semaphore
+    # A put through the channel's mapping of the peer's `recv`, then a host signal: the peer
+    # sees the bytes in its `recv` and the token in its host semaphore's inbound word.
+    mine = bytes((comm.rank * 7 + i) % 251 for i in range(nbytes))
+    comm.barrier()
+    ctypes.memmove(dst, mine, nbytes)
+    hsem.signal()
+    comm.barrier()
+    theirs = bytes((peer * 7 + i) % 251 for i in range(nbytes))
+    assert recv.read() == theirs
+    assert recv.read(8, 16) == theirs[8:24]
+    h_inbound, _ = struct.unpack("<2Q", got["host_semaphore"])
+    assert ctypes.c_uint64.from_address(h_inbound).value == 1
+    # A device-to-device signal: store into the peer's inbound token, as `signal()` does.
+    ctypes.c_uint64.from_address(remote_inbound).value = 5
+    comm.barrier()
+    assert ctypes.c_uint64.from_address(inbound).value == 5
+    pc.stop()
+    pc.stop()  # twice is fine
+    comm.barrier()
+    return list(got.values())
+
+
+def bad_channel_call(comm, which):
+    """Makes a wrong channel or kernel call (the same on every rank); reports the exception."""
+    peer = 1 - comm.rank
+    buf = comm.alloc(64)
+    calls = {
+        "peer_self": lambda: comm.memory_semaphore(comm.rank),
+        "peer_range": lambda: comm.memory_channel(comm.size + 1, buf, buf),
+        "numpy_on_host": lambda: comm.memory_channel(peer, np.zeros(16, np.float32), buf),
+        "transport": lambda: comm.host_semaphore(peer, transport="carrier-pigeon"),
+        "fifo_size": lambda: comm.port_channel(peer, buf, buf, fifo_size=3),
+        "alloc_zero": lambda: comm.alloc(0),
+        "read_range": lambda: buf.read(60, 8),
+        "write_range": lambda: buf.write(b"x" * 65),
+        "compile_host": lambda: comm.compile_kernel("extern \"C\" __global__ void k() {}", "k"),
+        "compile_module_host": lambda: mscclpp_rs.compile_kernel("__global__ void k() {}", "k", device=comm),
+    }
+    try:
+        calls[which]()
+    except Exception as e:
+        return [c.__name__ for c in type(e).__mro__], str(e)
+    raise AssertionError(f"{which}: no exception")
+
+
+PING_PONG = r"""
+#include "mscclpp/memory_channel.cuh"
+
+struct Args {
+  mscclpp::MemoryChannelDeviceHandle ch;  // 56 bytes: the channel's device_handle()
+  uint64_t recv;                          // this rank's recv (where the peer's puts land)
+  uint64_t rounds;
+  uint64_t count;                         // int32 elements of send and recv
+  uint64_t errors;                        // device address of an int32 counter
+  uint32_t rank;
+  uint32_t pad;
+};
+
+// Round r: rank 0 puts r * 1000 + i into rank 1's recv and signals; rank 1 waits, puts every
+// value plus one into rank 0's recv and signals back; rank 0 waits and counts wrong answers.
+extern "C" __global__ void ping_pong(Args a) {
+  int* send = (int*)a.ch.src;
+  const volatile int* recv = (const volatile int*)a.recv;
+  const uint32_t tid = threadIdx.x, nt = blockDim.x;
+  for (uint64_t r = 0; r < a.rounds; ++r) {
+    if (a.rank == 1) {
+      if (tid == 0) a.ch.wait();
+      __syncthreads();
+      for (uint64_t i = tid; i < a.count; i += nt) send[i] = recv[i] + 1;
+    } else {
+      for (uint64_t i = tid; i < a.count; i += nt) send[i] = (int)(r * 1000 + i);
+    }
+    __syncthreads();
+    a.ch.put(0, a.count * 4, tid, nt);
+    __syncthreads();
+    if (tid == 0) {
+      __threadfence_system();
+      a.ch.signal();
+    }
+    if (a.rank == 0) {
+      if (tid == 0) a.ch.wait();
+      __syncthreads();
+      for (uint64_t i = tid; i < a.count; i += nt)
+        if (recv[i] != (int)(r * 1000 + i + 1)) atomicAdd((int*)a.errors, 1);
+      __syncthreads();
+    }
+  }
+}
+"""
+
+
+def gpu_ping_pong(comm, rounds, count):
+    """A kernel compiled from the string above ping-pongs over a memory channel for ``rounds``
+    rounds; rank 0 counts wrong answers on the device, both check the last data here."""
+    import torch
+
+    dev = _device(comm)
+    peer = 1 - comm.rank
+    send = torch.zeros(count, dtype=torch.int32, device=dev)
+    recv = torch.full((count,), -1, dtype=torch.int32, device=dev)
+    errors = torch.zeros(1, dtype=torch.int32, device=dev)
+    torch.cuda.synchronize()
+    ch = comm.memory_channel(peer, send, recv)
+    handle = ch.device_handle()
+    assert len(handle) == 56 and struct.unpack("<Q", handle[40:48])[0] == send.data_ptr()
+    args = handle + struct.pack("<QQQQII", recv.data_ptr(), rounds, count, errors.data_ptr(), comm.rank, 0)
+    kernel = comm.compile_kernel(PING_PONG, "ping_pong", arg_size=len(args))
+    comm.barrier()
+    stream = torch.cuda.current_stream().cuda_stream
+    kernel.launch(1, 256, args, stream=stream)
+    kernel.synchronize(stream=stream, timeout=120)
+    last = rounds - 1
+    want = [last * 1000 + i + (1 if comm.rank == 0 else 0) for i in range(count)]
+    assert recv.cpu().tolist() == want, f"rank {comm.rank}: recv after {rounds} rounds"
+    assert errors.item() == 0, f"rank 0 saw {errors.item()} wrong answers"
+    with pytest_raises_usage():
+        kernel.launch(1, 256, args[:-8], stream=stream)
+    comm.barrier()
+    return rounds
+
+
+class pytest_raises_usage:
+    """``pytest.raises(InvalidUsageError)`` without pytest in the rank processes."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is None:
+            raise AssertionError("expected an InvalidUsageError")
+        return issubclass(kind, mscclpp_rs.InvalidUsageError)
