@@ -385,7 +385,12 @@ impl Communicator {
 
     /// Local memory of a channel: a `Buffer` of this communicator's device, or on a GPU a
     /// caller's array (wrapped, not copied).
-    fn channel_memory(&self, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<channels::Memory> {
+    fn channel_memory(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        what: &str,
+        exported: bool,
+    ) -> PyResult<channels::Memory> {
         let inner = self.inner()?;
         if let Ok(b) = obj.cast::<channels::Buffer>() {
             let buf = &b.get().buf;
@@ -404,6 +409,15 @@ impl Communicator {
             return Err(usage(format!(
                 "{what}: on the host backend channel memory must come from \
                  Communicator.alloc() (shared memory the peer can map), not {}",
+                obj.get_type().name()?
+            )));
+        }
+        if exported {
+            // CudaIpc exports whole allocations the backend made itself; a caller's array lives
+            // in its library's pool (torch's caching allocator), which cannot be exported.
+            return Err(usage(format!(
+                "{what}: memory a peer maps over CudaIpc must come from Communicator.alloc(), \
+                 not a caller's array ({})",
                 obj.get_type().name()?
             )));
         }
@@ -1149,10 +1163,10 @@ impl Communicator {
         channels::host_semaphore(py, self.parts()?, peer, transport)
     }
 
-    /// A memory channel with `peer` (same host): device code puts from `send` into the peer's
-    /// `recv` (which this rank's `recv` is for the peer) and signals/waits. `packet_buffer`:
-    /// local memory the peer's packet puts land in. Collective set-up with `peer`; `recv` may be
-    /// written by the peer from then on. Arrays and Buffers must outlive the channel.
+    /// A memory channel with `peer` (same host): device code puts from this rank's `send` into
+    /// the peer's `recv`, and signals/waits. `recv` (written by the peer from now on) must be a
+    /// `Buffer` of `alloc()`; `send` and `packet_buffer` (local memory that packet reads poll)
+    /// may also be arrays of the device. Collective set-up with `peer`.
     #[pyo3(signature = (peer, send, recv, *, packet_buffer = None))]
     fn memory_channel(
         &self,
@@ -1162,17 +1176,17 @@ impl Communicator {
         recv: &Bound<'_, PyAny>,
         packet_buffer: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<channels::MemoryChannel> {
-        let s = self.channel_memory(send, "memory_channel send")?;
-        let r = self.channel_memory(recv, "memory_channel recv")?;
+        let s = self.channel_memory(send, "memory_channel send", false)?;
+        let r = self.channel_memory(recv, "memory_channel recv", true)?;
         let pk = packet_buffer
-            .map(|b| self.channel_memory(b, "memory_channel packet_buffer"))
+            .map(|b| self.channel_memory(b, "memory_channel packet_buffer", false))
             .transpose()?;
         channels::memory_channel(py, self.parts()?, peer, s, r, pk)
     }
 
     /// A port channel with `peer` over `transport`: device code posts puts from `send` into the
-    /// peer's `recv`, signals and flushes; a proxy thread of its own carries them out.
-    /// Collective set-up with `peer`.
+    /// peer's `recv`, signals and flushes; a proxy thread of its own carries them out. Over
+    /// CudaIpc both must be `Buffer`s of `alloc()`. Collective set-up with `peer`.
     #[pyo3(signature = (peer, send, recv, *, transport = "CudaIpc", fifo_size = 64))]
     #[allow(clippy::too_many_arguments)]
     fn port_channel(
@@ -1184,8 +1198,10 @@ impl Communicator {
         transport: &str,
         fifo_size: usize,
     ) -> PyResult<channels::PortChannel> {
-        let s = self.channel_memory(send, "port_channel send")?;
-        let r = self.channel_memory(recv, "port_channel recv")?;
+        let ipc =
+            transport.eq_ignore_ascii_case("cudaipc") || transport.eq_ignore_ascii_case("cuda_ipc");
+        let s = self.channel_memory(send, "port_channel send", ipc)?;
+        let r = self.channel_memory(recv, "port_channel recv", ipc)?;
         channels::port_channel(py, self.parts()?, peer, s, r, transport, fifo_size)
     }
 

@@ -522,14 +522,18 @@ def bad_channel_call(comm, which):
 PING_PONG = r"""
 #include "mscclpp/memory_channel.cuh"
 
+// Plain C types: the headers' fixed-width ones live in namespace mscclpp (no <cstdint> here).
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
 struct Args {
   mscclpp::MemoryChannelDeviceHandle ch;  // 56 bytes: the channel's device_handle()
-  uint64_t recv;                          // this rank's recv (where the peer's puts land)
-  uint64_t rounds;
-  uint64_t count;                         // int32 elements of send and recv
-  uint64_t errors;                        // device address of an int32 counter
-  uint32_t rank;
-  uint32_t pad;
+  u64 recv;     // this rank's recv (where the peer's puts land)
+  u64 rounds;
+  u64 count;    // int32 elements of send and recv
+  u64 errors;   // device address of an int32 counter
+  u32 rank;
+  u32 pad;
 };
 
 // Round r: rank 0 puts r * 1000 + i into rank 1's recv and signals; rank 1 waits, puts every
@@ -537,14 +541,14 @@ struct Args {
 extern "C" __global__ void ping_pong(Args a) {
   int* send = (int*)a.ch.src;
   const volatile int* recv = (const volatile int*)a.recv;
-  const uint32_t tid = threadIdx.x, nt = blockDim.x;
-  for (uint64_t r = 0; r < a.rounds; ++r) {
+  const u32 tid = threadIdx.x, nt = blockDim.x;
+  for (u64 r = 0; r < a.rounds; ++r) {
     if (a.rank == 1) {
       if (tid == 0) a.ch.wait();
       __syncthreads();
-      for (uint64_t i = tid; i < a.count; i += nt) send[i] = recv[i] + 1;
+      for (u64 i = tid; i < a.count; i += nt) send[i] = recv[i] + 1;
     } else {
-      for (uint64_t i = tid; i < a.count; i += nt) send[i] = (int)(r * 1000 + i);
+      for (u64 i = tid; i < a.count; i += nt) send[i] = (int)(r * 1000 + i);
     }
     __syncthreads();
     a.ch.put(0, a.count * 4, tid, nt);
@@ -556,7 +560,7 @@ extern "C" __global__ void ping_pong(Args a) {
     if (a.rank == 0) {
       if (tid == 0) a.ch.wait();
       __syncthreads();
-      for (uint64_t i = tid; i < a.count; i += nt)
+      for (u64 i = tid; i < a.count; i += nt)
         if (recv[i] != (int)(r * 1000 + i + 1)) atomicAdd((int*)a.errors, 1);
       __syncthreads();
     }
@@ -572,14 +576,15 @@ def gpu_ping_pong(comm, rounds, count):
 
     dev = _device(comm)
     peer = 1 - comm.rank
-    send = torch.zeros(count, dtype=torch.int32, device=dev)
-    recv = torch.full((count,), -1, dtype=torch.int32, device=dev)
+    send, recv = comm.alloc(count * 4), comm.alloc(count * 4)
+    recv.write(b"\xff" * (count * 4))  # poison: -1 everywhere
     errors = torch.zeros(1, dtype=torch.int32, device=dev)
     torch.cuda.synchronize()
     ch = comm.memory_channel(peer, send, recv)
     handle = ch.device_handle()
-    assert len(handle) == 56 and struct.unpack("<Q", handle[40:48])[0] == send.data_ptr()
-    args = handle + struct.pack("<QQQQII", recv.data_ptr(), rounds, count, errors.data_ptr(), comm.rank, 0)
+    assert len(handle) == 56 and struct.unpack("<Q", handle[40:48])[0] == send.ptr
+    args = handle + struct.pack("<QQQQII", recv.ptr, rounds, count, errors.data_ptr(), comm.rank, 0)
+    assert len(args) == 96
     kernel = comm.compile_kernel(PING_PONG, "ping_pong", arg_size=len(args))
     comm.barrier()
     stream = torch.cuda.current_stream().cuda_stream
@@ -587,10 +592,11 @@ def gpu_ping_pong(comm, rounds, count):
     kernel.synchronize(stream=stream, timeout=120)
     last = rounds - 1
     want = [last * 1000 + i + (1 if comm.rank == 0 else 0) for i in range(count)]
-    assert recv.cpu().tolist() == want, f"rank {comm.rank}: recv after {rounds} rounds"
+    got = list(struct.unpack(f"<{count}i", recv.read()))
+    assert got == want, f"rank {comm.rank}: recv after {rounds} rounds: {got[:4]}... want {want[:4]}..."
     assert errors.item() == 0, f"rank 0 saw {errors.item()} wrong answers"
     with pytest_raises_usage():
-        kernel.launch(1, 256, args[:-8], stream=stream)
+        kernel.launch(1, 256, args[:-8], stream=stream)  # not the compiled arg_size
     comm.barrier()
     return rounds
 
