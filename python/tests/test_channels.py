@@ -51,3 +51,27 @@ def test_compile_kernel_on_host():
 
 def test_gpu_memory_channel_ping_pong(gpu2):
     assert gpu2.run("gpu_ping_pong", rounds=100, count=1000) == [100, 100]
+
+
+def test_stubs_name_the_channel_api():
+    """The stubs declare every channel class and method the extension has, and each has a
+    docstring."""
+    import ast
+    import os
+
+    here = os.path.dirname(mscclpp_rs.__file__)
+    tree = ast.parse(open(os.path.join(here, "__init__.pyi")).read())
+    stubs = {n.name: {f.name for f in n.body if isinstance(f, ast.FunctionDef)}
+             for n in tree.body if isinstance(n, ast.ClassDef)}
+    stubs[""] = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for cls in ("Buffer", "MemorySemaphore", "HostSemaphore", "MemoryChannel", "PortChannel", "Kernel"):
+        obj = getattr(mscclpp_rs, cls)
+        public = {m for m in dir(obj) if not m.startswith("_")}
+        assert public <= stubs[cls], (cls, public - stubs[cls])
+        for m in public:
+            assert getattr(obj, m).__doc__, (cls, m)
+    comm_methods = {"alloc", "memory_semaphore", "host_semaphore", "memory_channel", "port_channel", "compile_kernel"}
+    assert comm_methods <= stubs["Communicator"]
+    for m in comm_methods:
+        assert getattr(mscclpp_rs.Communicator, m).__doc__, m
+    assert "compile_kernel" in stubs[""] and mscclpp_rs.compile_kernel.__doc__
