@@ -395,12 +395,13 @@ impl Communicator {
         if let Ok(b) = obj.cast::<channels::Buffer>() {
             let buf = &b.get().buf;
             let dev = inner.device().info();
-            let mine = buf.backend() == dev.backend;
-            if !mine {
+            let ordinal = buf.allocation().device_ordinal();
+            if buf.backend() != dev.backend || ordinal != dev.ordinal {
                 return Err(usage(format!(
-                    "{what}: a Buffer of the {} backend, but this communicator runs on {}",
+                    "{what}: a Buffer of {}:{ordinal}, but this communicator runs on {}:{}",
                     buf.backend(),
-                    dev.backend
+                    dev.backend,
+                    dev.ordinal
                 )));
             }
             return Ok((buf.full(), obj.clone().unbind()));
