@@ -3,58 +3,26 @@
 //! backend) running every native collective against a CPU reference, plus the error paths.
 //! Runs with `cargo test -p mscclpp-nccl --test abi`.
 
+#[macro_use]
+mod support;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Failed, Trial};
 use mscclpp::hal::{DataType, ReduceOp};
 use mscclpp_nccl::EXPORTS;
 use mscclpp_nccl::abi::NcclUniqueId;
+use support::{
+    Comm, fresh_dir, lib_path, open_lib, output_text, rank_command, rank_failure, run_if_rank,
+    self_command, wait_or_kill,
+};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_DIR";
 
-type Comm = *mut c_void;
-
-/// The cdylib cargo built for this package's tests: beside the test executable (`deps/`, where
-/// `cargo test` leaves it) or one level up (where `cargo build` puts it).
-fn lib_path() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let deps = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    let candidates = [Some(deps), deps.parent()];
-    candidates
-        .into_iter()
-        .flatten()
-        .map(|d| d.join("libmscclpp_nccl.so"))
-        .find(|p| p.exists())
-        .ok_or_else(|| {
-            format!(
-                "libmscclpp_nccl.so not found in {} or its parent: cargo builds the cdylib with this package's tests",
-                deps.display()
-            )
-        })
-}
-
-fn open() -> Result<libloading::Library, String> {
-    let p = lib_path()?;
-    // SAFETY: our own library; its initialisers are Rust statics only.
-    unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen {}: {e}", p.display()))
-}
-
-macro_rules! sym {
-    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
-        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
-        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("{}: {e}", $name))?
-    }};
-}
-
 fn symbols_resolve() -> Result<(), Failed> {
-    let lib = open()?;
+    let lib = open_lib()?;
     let missing: Vec<&str> = EXPORTS
         .iter()
         .copied()
@@ -85,7 +53,7 @@ fn symbols_resolve() -> Result<(), Failed> {
 }
 
 fn version_and_strings() -> Result<(), Failed> {
-    let lib = open()?;
+    let lib = open_lib()?;
     let get_version = sym!(lib, "ncclGetVersion", fn(*mut c_int) -> c_int);
     let err_str = sym!(lib, "ncclGetErrorString", fn(c_int) -> *const c_char);
     let mut v = 0;
@@ -196,7 +164,7 @@ fn reduced(dtype: DataType, op: ReduceOp, parts: &[Vec<u8>]) -> Vec<u8> {
 fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     const N: usize = 1000;
     let nranks = 2usize;
-    let lib = open()?;
+    let lib = open_lib()?;
     let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
     let init = sym!(
         lib,
@@ -964,48 +932,20 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
 
 fn two_ranks_host() -> Result<(), Failed> {
     lib_path()?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-abi-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let dir = fresh_dir("abi")?;
     let mut children = Vec::new();
     for rank in 0..2 {
-        let child = Command::new(&exe)
-            .env(ROLE_VAR, rank.to_string())
-            .env(DIR_VAR, &dir)
-            .env("MSCCLPP_BACKEND", "host")
-            .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
-            .env_remove("MSCCLPP_NCCL_LIB_PATH")
-            .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
+        let child = rank_command(ROLE_VAR, DIR_VAR, rank, &dir)?
             .spawn()
             .map_err(|e| format!("spawning rank {rank}: {e}"))?;
         children.push(child);
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut failures = Vec::new();
-    for (rank, mut child) in children.into_iter().enumerate() {
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
-                    break;
-                }
-            }
-        }
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    for (rank, child) in children.into_iter().enumerate() {
+        let (out, _) = wait_or_kill(child, deadline, Duration::from_millis(20))?;
         if !out.status.success() {
-            failures.push(format!(
-                "rank {rank}: {}\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
+            failures.push(rank_failure(rank, &out));
         }
     }
     for rank in 0..2 {
@@ -1047,7 +987,7 @@ const STALE_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_STALE";
 /// The child's body for [`stale_handles_are_refused`]: one-rank communicators created and
 /// destroyed 20 times; every destroyed handle must be refused, whatever the new one's value.
 fn stale_handles_child() -> Result<String, String> {
-    let lib = open()?;
+    let lib = open_lib()?;
     let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
     let init = sym!(
         lib,
@@ -1112,19 +1052,13 @@ fn stale_handles_child() -> Result<String, String> {
 /// (handles used to be addresses, reused by the next communicator, so a stale one worked).
 fn stale_handles_are_refused() -> Result<(), Failed> {
     lib_path()?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = Command::new(exe)
+    let out = self_command()?
         .env(STALE_VAR, "1")
         .env("MSCCLPP_BACKEND", "host")
         .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
-        .env_remove("MSCCLPP_NCCL_LIB_PATH")
         .output()
         .map_err(|e| e.to_string())?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     if !out.status.success() || !text.contains("stale handles accepted 0") {
         return Err(format!("{}: {text}", out.status).into());
     }
@@ -1169,17 +1103,7 @@ fn main() {
             }
         }
     }
-    if let Ok(rank) = std::env::var(ROLE_VAR) {
-        let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
-        let rank: usize = rank.parse().unwrap_or(usize::MAX);
-        match rank_main(rank, &dir) {
-            Ok(()) => std::process::exit(0),
-            Err(e) => {
-                eprintln!("rank {rank} failed: {e}");
-                std::process::exit(1);
-            }
-        }
-    }
+    run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
     let args = libtest_mimic::Arguments::from_args();
     let trials = vec![
         Trial::test("abi::symbols_resolve", symbols_resolve),

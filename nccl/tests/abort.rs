@@ -12,9 +12,11 @@
 //! `ncclAllReduce`, and the device must still work afterwards (a synchronisation, an allocation,
 //! a copy read back): `cargo test -p mscclpp-nccl --features cuda --test abort -- cuda::`.
 
+#[macro_use]
+mod support;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
@@ -22,6 +24,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::hal::{BackendKind, MemoryKind};
 use mscclpp_nccl::abi::NcclUniqueId;
+use support::{Comm, fresh_dir, lib_path, open_lib, run_if_rank, self_command, wait_or_kill};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_DIR";
@@ -34,29 +37,6 @@ const GPU_REPORT_DEADLINE: Duration = Duration::from_secs(2);
 /// How long ranks may take to get ready: on GPUs the first all-reduce compiles its kernels
 /// (NVRTC or hipRTC; tens of seconds with a cold kernel cache).
 const READY_DEADLINE: Duration = Duration::from_secs(300);
-
-type Comm = *mut c_void;
-
-fn lib_path() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let deps = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    [Some(deps), deps.parent()]
-        .into_iter()
-        .flatten()
-        .map(|d| d.join("libmscclpp_nccl.so"))
-        .find(|p| p.exists())
-        .ok_or_else(|| format!("libmscclpp_nccl.so not found in {}", deps.display()))
-}
-
-macro_rules! sym {
-    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
-        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
-        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("{}: {e}", $name))?
-    }};
-}
 
 fn unix_us() -> u128 {
     std::time::SystemTime::now()
@@ -73,9 +53,7 @@ struct SendComm(Comm);
 unsafe impl Send for SendComm {}
 
 fn rank_main(rank: usize, n: usize, dir: &Path) -> Result<(), String> {
-    let p = lib_path()?;
-    // SAFETY: our own library; its initialisers are Rust statics only.
-    let lib = unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen: {e}"))?;
+    let lib = open_lib()?;
     let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
     let init = sym!(
         lib,
@@ -265,14 +243,10 @@ fn device_after(kind: BackendKind) -> String {
 fn killed_rank_reaches_the_c_api(kind: BackendKind, n: usize, victim: usize) -> Result<(), Failed> {
     let gpu = kind != BackendKind::Host;
     lib_path()?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir =
-        std::env::temp_dir().join(format!("mscclpp-nccl-abort-{kind}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let dir = fresh_dir(&format!("abort-{kind}"))?;
     let mut children: Vec<Child> = (0..n)
         .map(|rank| {
-            let mut cmd = Command::new(&exe);
+            let mut cmd = self_command()?;
             if gpu {
                 // A rank that compiled its kernels first waits for the others in the first call.
                 cmd.env(
@@ -286,10 +260,7 @@ fn killed_rank_reaches_the_c_api(kind: BackendKind, n: usize, victim: usize) -> 
                 .env(NRANKS_VAR, n.to_string())
                 .env(DIR_VAR, &dir)
                 .env("MSCCLPP_BACKEND", kind.to_string())
-                .env_remove("MSCCLPP_NCCL_LIB_PATH")
                 .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("spawning rank {rank}: {e}"))
         })
@@ -315,21 +286,11 @@ fn killed_rank_reaches_the_c_api(kind: BackendKind, n: usize, victim: usize) -> 
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut problems = Vec::new();
     let mut times = Vec::new();
-    for (rank, mut child) in children.into_iter().enumerate() {
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                _ => {
-                    let _ = child.kill();
-                    problems.push(format!("rank {rank} hung"));
-                    break;
-                }
-            }
+    for (rank, child) in children.into_iter().enumerate() {
+        let (out, killed) = wait_or_kill(child, deadline, Duration::from_millis(5))?;
+        if killed {
+            problems.push(format!("rank {rank} hung"));
         }
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
         if rank == victim {
             continue;
         }
@@ -402,21 +363,13 @@ fn killed_rank_reaches_the_c_api(kind: BackendKind, n: usize, victim: usize) -> 
 }
 
 fn main() {
-    if let Ok(rank) = std::env::var(ROLE_VAR) {
-        let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
-        let rank: usize = rank.parse().unwrap_or(usize::MAX);
+    run_if_rank(ROLE_VAR, DIR_VAR, |rank, dir| {
         let n: usize = std::env::var(NRANKS_VAR)
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        match rank_main(rank, n, &dir) {
-            Ok(()) => std::process::exit(0),
-            Err(e) => {
-                eprintln!("rank {rank}: {e}");
-                std::process::exit(1);
-            }
-        }
-    }
+        rank_main(rank, n, dir)
+    });
     let args = libtest_mimic::Arguments::from_args();
     let mut trials = vec![Trial::test("abort::killed_rank_reaches_the_c_api", || {
         killed_rank_reaches_the_c_api(BackendKind::Host, 4, 2)

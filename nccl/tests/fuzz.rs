@@ -12,15 +12,16 @@
 //! default 12 s) and by a watchdog: a hang fails the test. Every export must have been called.
 //! Runs with `cargo test -p mscclpp-nccl --test fuzz`.
 
+#[macro_use]
+mod support;
 use std::collections::BTreeSet;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Failed, Trial};
 use mscclpp_nccl::EXPORTS;
 use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
+use support::{Comm, lib_path, open_lib, output_text, self_command, wait_or_kill};
 
 const CHILD_VAR: &str = "MSCCLPP_NCCL_FUZZ_CHILD";
 const SEED_VAR: &str = "MSCCLPP_NCCL_FUZZ_SEED";
@@ -28,29 +29,7 @@ const SECS_VAR: &str = "MSCCLPP_NCCL_FUZZ_SECS";
 const IN_PROGRESS: c_int = 7;
 const MAX_RESULT: c_int = 8;
 
-type Comm = *mut c_void;
 type P = *mut c_void;
-
-fn lib_path() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let deps = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    [Some(deps), deps.parent()]
-        .into_iter()
-        .flatten()
-        .map(|d| d.join("libmscclpp_nccl.so"))
-        .find(|p| p.exists())
-        .ok_or_else(|| format!("libmscclpp_nccl.so not found in {}", deps.display()))
-}
-
-macro_rules! sym {
-    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
-        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
-        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("{}: {e}", $name))?
-    }};
-}
 
 struct Rng(u64);
 impl Rng {
@@ -1007,9 +986,7 @@ fn args_of(k: usize) -> &'static [Arg] {
 }
 
 fn child() -> Result<String, String> {
-    let p = lib_path()?;
-    // SAFETY: our own library; its initialisers are Rust statics only.
-    let lib = unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen: {e}"))?;
+    let lib = open_lib()?;
     let seed: u64 = std::env::var(SEED_VAR)
         .ok()
         .and_then(|s| s.parse().ok())
@@ -1089,40 +1066,24 @@ fn child() -> Result<String, String> {
 
 fn fuzz_every_export() -> Result<(), Failed> {
     lib_path()?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut c = Command::new(exe)
+    let c = self_command()?
         .env(CHILD_VAR, "1")
         .env("MSCCLPP_BACKEND", "host")
         .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "10")
         .env("MSCCLPP_LOG_LEVEL", "off")
-        .env_remove("MSCCLPP_NCCL_LIB_PATH")
         .env_remove("NCCL_COMM_BLOCKING")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        match c.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = c.kill();
-                let out = c.wait_with_output().map_err(|e| e.to_string())?;
-                return Err(format!(
-                    "the fuzz hung (killed after 90 s)\n{}",
-                    String::from_utf8_lossy(&out.stdout)
-                )
-                .into());
-            }
-        }
+    let (out, killed) = wait_or_kill(c, deadline, Duration::from_millis(20))?;
+    if killed {
+        return Err(format!(
+            "the fuzz hung (killed after 90 s)\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+        .into());
     }
-    let out = c.wait_with_output().map_err(|e| e.to_string())?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     if !out.status.success() {
         return Err(format!("{} (a signal is a crash)\n{text}", out.status).into());
     }

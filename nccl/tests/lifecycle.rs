@@ -14,13 +14,18 @@
 //!
 //! Runs with `cargo test -p mscclpp-nccl --test lifecycle`.
 
+#[macro_use]
+mod support;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Failed, Trial};
 use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
+use support::{
+    Comm, fresh_dir, lib_path, open_lib, rank_command, rank_failure, run_if_rank, self_command,
+    wait_or_kill,
+};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_LIFECYCLE_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_LIFECYCLE_TEST_DIR";
@@ -37,29 +42,6 @@ const NOCOLOR: c_int = -1;
 const SHRINK_ABORT: c_int = 1;
 const F32: c_int = 7;
 const SUM: c_int = 0;
-
-type Comm = *mut c_void;
-
-fn lib_path() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let deps = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    [Some(deps), deps.parent()]
-        .into_iter()
-        .flatten()
-        .map(|d| d.join("libmscclpp_nccl.so"))
-        .find(|p| p.exists())
-        .ok_or_else(|| format!("libmscclpp_nccl.so not found in {}", deps.display()))
-}
-
-macro_rules! sym {
-    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
-        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
-        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("{}: {e}", $name))?
-    }};
-}
 
 type AllReduce = unsafe extern "C" fn(
     *const c_void,
@@ -103,9 +85,7 @@ struct Api {
 
 impl Api {
     fn open() -> Result<Self, String> {
-        let p = lib_path()?;
-        // SAFETY: our own library; its initialisers are Rust statics only.
-        let lib = unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen: {e}"))?;
+        let lib = open_lib()?;
         Ok(Api {
             get_id: sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int),
             init: sym!(
@@ -545,22 +525,11 @@ fn torch_rank(rank: usize, dir: &Path) -> Result<(), String> {
 
 fn torch_sequence() -> Result<(), Failed> {
     lib_path()?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-lifecycle-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let dir = fresh_dir("lifecycle")?;
     let mut children = Vec::new();
     for rank in 0..NRANKS {
-        let child = Command::new(&exe)
-            .env(ROLE_VAR, rank.to_string())
-            .env(DIR_VAR, &dir)
-            .env("MSCCLPP_BACKEND", "host")
-            .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
-            .env_remove("MSCCLPP_NCCL_LIB_PATH")
+        let child = rank_command(ROLE_VAR, DIR_VAR, rank, &dir)?
             .env_remove("NCCL_COMM_BLOCKING")
-            .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| format!("spawning rank {rank}: {e}"))?;
         children.push(child);
@@ -584,28 +553,16 @@ fn torch_sequence() -> Result<(), Failed> {
 fn reap(children: Vec<std::process::Child>, limit: Duration) -> Vec<String> {
     let deadline = Instant::now() + limit;
     let mut failures = Vec::new();
-    for (rank, mut child) in children.into_iter().enumerate() {
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
+    for (rank, child) in children.into_iter().enumerate() {
+        match wait_or_kill(child, deadline, Duration::from_millis(20)) {
+            Ok((out, killed)) => {
+                if killed {
                     failures.push(format!("rank {rank}: killed at the deadline (a hang)"));
-                    break;
+                }
+                if !out.status.success() {
+                    failures.push(rank_failure(rank, &out));
                 }
             }
-        }
-        match child.wait_with_output() {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => failures.push(format!(
-                "rank {rank}: {}\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )),
             Err(e) => failures.push(format!("rank {rank}: {e}")),
         }
     }
@@ -811,15 +768,11 @@ fn inproc_main() -> Result<(), String> {
 
 fn nccl_tests_sequence() -> Result<(), Failed> {
     lib_path()?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let child = Command::new(exe)
+    let child = self_command()?
         .env(INPROC_VAR, "1")
         .env("MSCCLPP_BACKEND", "host")
         .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
-        .env_remove("MSCCLPP_NCCL_LIB_PATH")
         .env_remove("NCCL_COMM_BLOCKING")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| e.to_string())?;
     let failures = reap(vec![child], Duration::from_secs(120));
@@ -840,17 +793,7 @@ fn main() {
             }
         }
     }
-    if let Ok(rank) = std::env::var(ROLE_VAR) {
-        let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
-        let rank: usize = rank.parse().unwrap_or(usize::MAX);
-        match torch_rank(rank, &dir) {
-            Ok(()) => std::process::exit(0),
-            Err(e) => {
-                eprintln!("rank {rank} failed: {e}");
-                std::process::exit(1);
-            }
-        }
-    }
+    run_if_rank(ROLE_VAR, DIR_VAR, torch_rank);
     let args = libtest_mimic::Arguments::from_args();
     let trials = vec![
         Trial::test(

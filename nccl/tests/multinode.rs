@@ -4,13 +4,17 @@
 //! each collective against a CPU reference with poisoned outputs. Runs with
 //! `cargo test -p mscclpp-nccl --test multinode`.
 
+#[macro_use]
+mod support;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Failed, Trial};
 use mscclpp_nccl::abi::NcclUniqueId;
+use support::{
+    Comm, fresh_dir, lib_path, open_lib, rank_command, rank_failure, run_if_rank, wait_or_kill,
+};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_MULTINODE_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_MULTINODE_TEST_DIR";
@@ -22,38 +26,13 @@ const N: usize = 1001;
 const FLOAT32: c_int = 7;
 const SUM: c_int = 0;
 
-type Comm = *mut c_void;
-
-fn lib_path() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let deps = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    [Some(deps), deps.parent()]
-        .into_iter()
-        .flatten()
-        .map(|d| d.join("libmscclpp_nccl.so"))
-        .find(|p| p.exists())
-        .ok_or_else(|| format!("libmscclpp_nccl.so not found in {}", deps.display()))
-}
-
-macro_rules! sym {
-    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
-        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
-        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("{}: {e}", $name))?
-    }};
-}
-
 /// Rank `rank`'s element `i` of data set `salt`: small integers, so every sum is exact.
 fn value(rank: usize, salt: usize, i: usize) -> f32 {
     ((rank * 31 + salt * 17 + i * 7) % 13) as f32
 }
 
 fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
-    let p = lib_path()?;
-    // SAFETY: our own library; its initialisers are Rust statics only.
-    let lib = unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen: {e}"))?;
+    let lib = open_lib()?;
     let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
     let init = sym!(
         lib,
@@ -243,17 +222,10 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
 
 fn two_hosts_of_two() -> Result<(), Failed> {
     lib_path()?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-multinode-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let dir = fresh_dir("multinode")?;
     let mut children = Vec::new();
     for rank in 0..NRANKS {
-        let child = Command::new(&exe)
-            .env(ROLE_VAR, rank.to_string())
-            .env(DIR_VAR, &dir)
-            .env("MSCCLPP_BACKEND", "host")
-            .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
+        let child = rank_command(ROLE_VAR, DIR_VAR, rank, &dir)?
             .env(
                 "MSCCLPP_HOSTID",
                 format!(
@@ -265,29 +237,16 @@ fn two_hosts_of_two() -> Result<(), Failed> {
             .env("MSCCLPP_HIER_SLOT_BYTES", "4096")
             // The sharded all-reduce, with an odd remainder.
             .env("MSCCLPP_HIER_SMALL_BYTES", "1024")
-            .env_remove("MSCCLPP_NCCL_LIB_PATH")
-            .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| format!("spawning rank {rank}: {e}"))?;
         children.push(child);
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut failures = Vec::new();
-    for (rank, mut child) in children.into_iter().enumerate() {
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    for (rank, child) in children.into_iter().enumerate() {
+        let (out, _) = wait_or_kill(child, deadline, Duration::from_millis(20))?;
         if !out.status.success() || !dir.join(format!("done-{rank}")).exists() {
-            failures.push(format!(
-                "rank {rank}: {}\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
+            failures.push(rank_failure(rank, &out));
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -299,17 +258,7 @@ fn two_hosts_of_two() -> Result<(), Failed> {
 }
 
 fn main() {
-    if let Ok(rank) = std::env::var(ROLE_VAR) {
-        let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
-        let rank: usize = rank.parse().unwrap_or(usize::MAX);
-        match rank_main(rank, &dir) {
-            Ok(()) => std::process::exit(0),
-            Err(e) => {
-                eprintln!("rank {rank} failed: {e}");
-                std::process::exit(1);
-            }
-        }
-    }
+    run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
     let args = libtest_mimic::Arguments::from_args();
     let trials = vec![Trial::test(
         "multinode::host::2_hosts_of_2_ranks_native",

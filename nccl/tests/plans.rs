@@ -7,14 +7,16 @@
 //! with the reader's error; calls no plan can run (avg; a size the chunks do not divide) take the
 //! built-in algorithms. Runs with `cargo test -p mscclpp-nccl --test plans`.
 
+#[macro_use]
+mod support;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Failed, Trial};
 use mscclpp_executor::testgen;
 use mscclpp_nccl::abi::NcclUniqueId;
+use support::{Comm, fresh_dir, lib_path, open_lib, rank_command, run_if_rank, wait_or_kill};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_PLANS_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_PLANS_TEST_DIR";
@@ -26,43 +28,13 @@ const SUM: c_int = 0;
 const MAX: c_int = 2;
 const AVG: c_int = 4;
 
-type Comm = *mut c_void;
-
-fn lib_path() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let deps = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    [Some(deps), deps.parent()]
-        .into_iter()
-        .flatten()
-        .map(|d| d.join("libmscclpp_nccl.so"))
-        .find(|p| p.exists())
-        .ok_or_else(|| {
-            format!(
-                "libmscclpp_nccl.so not found in {} or its parent",
-                deps.display()
-            )
-        })
-}
-
-macro_rules! sym {
-    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
-        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
-        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("{}: {e}", $name))?
-    }};
-}
-
 /// Input element `i` of rank `r` for call `salt`: small integers, exact in f32 sums.
 fn value(salt: usize, r: usize, i: usize) -> i32 {
     ((i * 7 + r * 13 + salt * 5) % 23) as i32 - 11
 }
 
 fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
-    let p = lib_path()?;
-    // SAFETY: our own library; its initialisers are Rust statics only.
-    let lib = unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen: {e}"))?;
+    let lib = open_lib()?;
     let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
     let init = sym!(
         lib,
@@ -267,38 +239,24 @@ fn write_plans(dir: &Path) -> Result<(), String> {
 
 fn plans_host() -> Result<(), Failed> {
     lib_path()?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-plans-{}", std::process::id()));
+    let dir = fresh_dir("plans")?;
     let plan_dir = dir.join("plans");
-    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&plan_dir).map_err(|e| e.to_string())?;
     write_plans(&plan_dir)?;
     let mut children = Vec::new();
     for rank in 0..NRANKS {
-        let child = Command::new(&exe)
-            .env(ROLE_VAR, rank.to_string())
-            .env(DIR_VAR, &dir)
+        let child = rank_command(ROLE_VAR, DIR_VAR, rank, &dir)?
             .env("MSCCLPP_EXECUTION_PLAN_DIR", &plan_dir)
             .env("MSCCLPP_LOG_LEVEL", "info")
             .env("NO_COLOR", "1")
-            .env("MSCCLPP_BACKEND", "host")
-            .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
-            .env_remove("MSCCLPP_NCCL_LIB_PATH")
-            .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("spawning rank {rank}: {e}"))?;
         children.push(child);
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut failures = Vec::new();
-    for (rank, mut child) in children.into_iter().enumerate() {
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    for (rank, child) in children.into_iter().enumerate() {
+        let (out, _) = wait_or_kill(child, deadline, Duration::from_millis(20))?;
         let log = String::from_utf8_lossy(&out.stderr).into_owned();
         if !out.status.success() || !dir.join(format!("done-{rank}")).exists() {
             failures.push(format!("rank {rank}: {}\n{log}", out.status));
@@ -353,17 +311,7 @@ fn plans_host() -> Result<(), Failed> {
 }
 
 fn main() {
-    if let Ok(rank) = std::env::var(ROLE_VAR) {
-        let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
-        let rank: usize = rank.parse().unwrap_or(usize::MAX);
-        match rank_main(rank, &dir) {
-            Ok(()) => std::process::exit(0),
-            Err(e) => {
-                eprintln!("rank {rank} failed: {e}");
-                std::process::exit(1);
-            }
-        }
-    }
+    run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
     let args = libtest_mimic::Arguments::from_args();
     let trials = vec![Trial::test("plans::host::2_ranks_plan_dir", plans_host)];
     libtest_mimic::run(&args, trials).exit();

@@ -8,40 +8,21 @@
 //! deregistering leaves later calls working. Runs with
 //! `cargo test -p mscclpp-nccl --test premul_register`.
 
+#[macro_use]
+mod support;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mscclpp::hal::{DataType, ReduceOp};
 use mscclpp_nccl::abi::NcclUniqueId;
+use support::{
+    Comm, fresh_dir, lib_path, open_lib, rank_command, rank_failure, run_if_rank, wait_or_kill,
+};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_PREMUL_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_PREMUL_TEST_DIR";
 const NRANKS: usize = 2;
-
-type Comm = *mut c_void;
-
-fn lib_path() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let deps = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    [Some(deps), deps.parent()]
-        .into_iter()
-        .flatten()
-        .map(|d| d.join("libmscclpp_nccl.so"))
-        .find(|p| p.exists())
-        .ok_or_else(|| format!("libmscclpp_nccl.so not found in {}", deps.display()))
-}
-
-macro_rules! sym {
-    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
-        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
-        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("{}: {e}", $name))?
-    }};
-}
 
 /// NCCL's type codes in DataType order of `DataType::ALL`.
 fn nccl_code(t: DataType) -> c_int {
@@ -100,9 +81,7 @@ fn reference(t: DataType, parts: &[Vec<u8>], factor: impl Fn(usize) -> f64) -> V
 
 fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     const N: usize = 999;
-    let p = lib_path()?;
-    // SAFETY: our own library; its initialisers are Rust statics only.
-    let lib = unsafe { libloading::Library::new(&p) }.map_err(|e| e.to_string())?;
+    let lib = open_lib()?;
     let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
     let init = sym!(
         lib,
@@ -600,61 +579,40 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The test's failure outside a rank: this runner has no harness to report it.
+fn fail(e: &str) -> ! {
+    eprintln!("premul_register: {e}");
+    std::process::exit(1);
+}
+
 fn main() {
-    if let Ok(rank) = std::env::var(ROLE_VAR) {
-        let dir = PathBuf::from(std::env::var(DIR_VAR).unwrap_or_default());
-        let rank: usize = rank.parse().unwrap_or(usize::MAX);
-        match rank_main(rank, &dir) {
-            Ok(()) => std::process::exit(0),
-            Err(e) => {
-                eprintln!("rank {rank} failed: {e}");
-                std::process::exit(1);
-            }
-        }
-    }
+    run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
+    // cargo builds the cdylib with the package's tests; without it nothing can run.
     if let Err(e) = lib_path() {
-        // cargo builds the cdylib with the package's tests; without it nothing can run.
-        eprintln!("premul_register: {e}");
-        std::process::exit(1);
+        fail(&e);
     }
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-premul-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = fresh_dir("premul").unwrap_or_else(|e| fail(&e));
     let mut children = Vec::new();
     for rank in 0..NRANKS {
-        let child = Command::new(&exe)
-            .env(ROLE_VAR, rank.to_string())
-            .env(DIR_VAR, &dir)
-            .env("MSCCLPP_BACKEND", "host")
-            .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
-            .env_remove("MSCCLPP_NCCL_LIB_PATH")
-            .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION")
-            .env_remove("MSCCLPP_ALGO_ALLREDUCE")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawning a rank");
+        let child = rank_command(ROLE_VAR, DIR_VAR, rank, &dir)
+            .and_then(|mut c| {
+                c.env_remove("MSCCLPP_ALGO_ALLREDUCE")
+                    .spawn()
+                    .map_err(|e| format!("spawning rank {rank}: {e}"))
+            })
+            .unwrap_or_else(|e| fail(&e));
         children.push(child);
     }
     let deadline = Instant::now() + Duration::from_secs(240);
     let mut failures = Vec::new();
-    for (rank, mut child) in children.into_iter().enumerate() {
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if matches!(child.try_wait(), Ok(None)) {
-            let _ = child.kill();
+    for (rank, child) in children.into_iter().enumerate() {
+        let (out, killed) = wait_or_kill(child, deadline, Duration::from_millis(20))
+            .unwrap_or_else(|e| fail(&format!("rank {rank} output: {e}")));
+        if killed {
             failures.push(format!("rank {rank}: no result within 240 s (killed)"));
         }
-        let out = child.wait_with_output().expect("rank output");
         if !out.status.success() {
-            failures.push(format!(
-                "rank {rank}: {}\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
+            failures.push(rank_failure(rank, &out));
         } else if !dir.join(format!("done-{rank}")).exists() {
             failures.push(format!("rank {rank} exited 0 without finishing its checks"));
         }

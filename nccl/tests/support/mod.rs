@@ -1,0 +1,140 @@
+//! What the C-ABI tests of `libmscclpp_nccl.so` share: finding and `dlopen`ing the library, the
+//! symbol lookup, and running this test binary again as child processes (the ranks) with a
+//! deadline. Each test binary uses a different part of it.
+#![allow(dead_code)]
+
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// An `ncclComm_t`.
+pub type Comm = *mut c_void;
+
+/// The cdylib cargo builds with this package's tests: next to the test binary (`deps/`) or one
+/// directory up.
+pub fn lib_path() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let deps = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
+    [Some(deps), deps.parent()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("libmscclpp_nccl.so"))
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            format!(
+                "libmscclpp_nccl.so not found in {} or its parent: cargo builds the cdylib with this package's tests",
+                deps.display()
+            )
+        })
+}
+
+/// `dlopen`s the library, as a C program would.
+pub fn open_lib() -> Result<libloading::Library, String> {
+    let p = lib_path()?;
+    // SAFETY: our own library; its initialisers are Rust statics only.
+    unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen {}: {e}", p.display()))
+}
+
+/// An export of `$lib` as the C function type given, or an early `Err` naming the missing export.
+macro_rules! sym {
+    ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
+        // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
+        *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
+            .map_err(|e| format!("{}: {e}", $name))?
+    }};
+}
+
+/// This test binary again, output captured, without a real NCCL to forward to.
+pub fn self_command() -> Result<Command, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.env_remove("MSCCLPP_NCCL_LIB_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Ok(cmd)
+}
+
+/// Rank `rank` of a host-backend test: this binary with `role_var` set to the rank and `dir_var`
+/// to the directory the ranks share, served natively (no fallback operation forced).
+pub fn rank_command(
+    role_var: &str,
+    dir_var: &str,
+    rank: usize,
+    dir: &Path,
+) -> Result<Command, String> {
+    let mut cmd = self_command()?;
+    cmd.env(role_var, rank.to_string())
+        .env(dir_var, dir)
+        .env("MSCCLPP_BACKEND", "host")
+        .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "30")
+        .env_remove("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION");
+    Ok(cmd)
+}
+
+/// In a child started by [`rank_command`] (`role_var` set): runs `rank_main` and exits with its
+/// result. Returns in the test runner.
+pub fn run_if_rank(
+    role_var: &str,
+    dir_var: &str,
+    rank_main: impl FnOnce(usize, &Path) -> Result<(), String>,
+) {
+    if let Ok(rank) = std::env::var(role_var) {
+        let dir = PathBuf::from(std::env::var(dir_var).unwrap_or_default());
+        let rank: usize = rank.parse().unwrap_or(usize::MAX);
+        match rank_main(rank, &dir) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("rank {rank} failed: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+/// An empty directory of this test run (`mscclpp-nccl-<tag>-<pid>` in the temp directory).
+pub fn fresh_dir(tag: &str) -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("mscclpp-nccl-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Waits for `child` until `deadline`, polling every `poll`, and kills it if it is still running
+/// then; its output, and whether it had to be killed (a hang).
+pub fn wait_or_kill(
+    mut child: Child,
+    deadline: Instant,
+    poll: Duration,
+) -> Result<(Output, bool), String> {
+    let mut killed = false;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(poll),
+            _ => {
+                let _ = child.kill();
+                killed = true;
+                break;
+            }
+        }
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    Ok((out, killed))
+}
+
+/// A child's stdout then stderr.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A failed rank as the tests report it: its exit status and everything it printed.
+pub fn rank_failure(rank: usize, out: &Output) -> String {
+    format!("rank {rank}: {}\n{}", out.status, output_text(out))
+}
