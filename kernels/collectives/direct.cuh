@@ -23,6 +23,7 @@
 #endif
 
 #include "mscclpp/core.cuh"
+#include "mscclpp/spin.cuh"
 #include "mscclpp/memory_channel.cuh"  // Bytes16
 #include "mscclpp/numeric.cuh"
 #include "mscclpp/packet.cuh"

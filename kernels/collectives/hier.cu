@@ -6,6 +6,7 @@
 // up on the communicator's abort word (HierArgs::abort; mscclpp/core.cuh).
 #define MSCCLPP_DEVICE_ABORT 1
 #include "mscclpp/core.cuh"
+#include "mscclpp/spin.cuh"
 #include "mscclpp/numeric.cuh"
 #include "mscclpp/port_channel.cuh"
 #include "mscclpp/word.cuh"

@@ -50,6 +50,7 @@
 #endif
 
 #include "mscclpp/core.cuh"
+#include "mscclpp/spin.cuh"
 #include "mscclpp/device_syncer.cuh"
 #include "mscclpp/memory_channel.cuh"  // Bytes16
 #include "mscclpp/numeric.cuh"

@@ -8,6 +8,7 @@
 // Waits give up on the communicator's abort word (P2pArgs::abort; mscclpp/core.cuh).
 #define MSCCLPP_DEVICE_ABORT 1
 #include "mscclpp/core.cuh"
+#include "mscclpp/spin.cuh"
 #include "mscclpp/packet.cuh"
 #include "mscclpp/word.cuh"
 #include "collectives/args.cuh"

@@ -29,6 +29,7 @@
 // execSpin reads the abort word; nothing here inlines spinUntil, whose trap would be another site.
 #define MSCCLPP_DEVICE_ABORT 1
 #include "mscclpp/core.cuh"
+#include "mscclpp/spin.cuh"
 #include "mscclpp/device_syncer.cuh"
 #include "mscclpp/memory_channel.cuh"
 #include "mscclpp/numeric.cuh"

@@ -22,7 +22,7 @@ pub const CUDA_CORE: &str = include_str!("../../../kernels/cuda/include/mscclpp/
 pub const HIP_CORE: &str = include_str!("../../../kernels/hip/include/mscclpp/core.cuh");
 
 /// How many headers the device API has.
-pub const HEADER_COUNT: usize = 12;
+pub const HEADER_COUNT: usize = 13;
 
 /// Every header of the device API with `core` as `mscclpp/core.cuh`, as `(include name,
 /// contents)`: what `#include "mscclpp/<name>"` resolves to inside a run-time compile.
@@ -38,6 +38,7 @@ pub const fn headers(core: &'static str) -> [(&'static str, &'static str); HEADE
         header!("packet.cuh"),
         header!("port_channel.cuh"),
         header!("semaphore.cuh"),
+        header!("spin.cuh"),
         header!("switch_channel.cuh"),
         header!("word.cuh"),
     ]

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "mscclpp/core.cuh"
+#include "mscclpp/spin.cuh"
 
 namespace mscclpp {
 

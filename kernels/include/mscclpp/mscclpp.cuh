@@ -3,6 +3,7 @@
 #pragma once
 
 #include "mscclpp/core.cuh"
+#include "mscclpp/spin.cuh"
 #include "mscclpp/device_syncer.cuh"
 #include "mscclpp/fifo.cuh"
 #include "mscclpp/memory_channel.cuh"
