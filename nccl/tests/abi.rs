@@ -14,8 +14,8 @@ use mscclpp::hal::{DataType, ReduceOp};
 use mscclpp_nccl::EXPORTS;
 use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    Comm, fresh_dir, lib_path, open_lib, output_text, rank_command, rank_failure, run_if_rank,
-    self_command, wait_or_kill,
+    Comm, fresh_dir, lib_path, open_lib, output_text, publish, rank_command, rank_failure,
+    run_if_rank, self_command, wait_or_kill, wait_published,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_RANK";
@@ -274,7 +274,6 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     };
 
     // The id: rank 0 makes it (and runs the root); rank 1 reads it from a file.
-    let id_file = dir.join("id");
     let (id, seed) = if rank == 0 {
         let mut id = NcclUniqueId { internal: [0; 128] };
         // SAFETY: valid out-pointer.
@@ -283,27 +282,15 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         getrandom::fill(&mut seed).map_err(|e| e.to_string())?;
         let mut bytes = id.internal.to_vec();
         bytes.extend_from_slice(&seed);
-        let tmp = dir.join("id.tmp");
-        std::fs::write(&tmp, &bytes).map_err(|e| e.to_string())?;
-        std::fs::rename(&tmp, &id_file).map_err(|e| e.to_string())?;
+        publish(dir, &bytes)?;
         (id, u64::from_le_bytes(seed))
     } else {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(b) = std::fs::read(&id_file) {
-                if b.len() == 136 {
-                    let mut id = NcclUniqueId { internal: [0; 128] };
-                    id.internal.copy_from_slice(&b[..128]);
-                    let mut s = [0u8; 8];
-                    s.copy_from_slice(&b[128..]);
-                    break (id, u64::from_le_bytes(s));
-                }
-            }
-            if Instant::now() > deadline {
-                return Err("rank 0 never wrote the unique id".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let b = wait_published(dir, 136)?;
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        id.internal.copy_from_slice(&b[..128]);
+        let mut s = [0u8; 8];
+        s.copy_from_slice(&b[128..]);
+        (id, u64::from_le_bytes(s))
     };
     let mut comm: Comm = std::ptr::null_mut();
     // SAFETY: valid out-pointer.

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::hal::{BackendKind, MemoryKind};
 use mscclpp_nccl::abi::NcclUniqueId;
-use support::{Comm, fresh_dir, lib_path, open_lib, run_if_rank, self_command, wait_or_kill};
+use support::{
+    Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, self_command, wait_or_kill,
+};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_DIR";
@@ -69,7 +71,6 @@ fn rank_main(rank: usize, n: usize, dir: &Path) -> Result<(), String> {
         "ncclAllReduce",
         fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
     );
-    let id_file = dir.join("id");
     let id = if rank == 0 {
         let mut id = NcclUniqueId { internal: [0; 128] };
         // SAFETY: valid out-pointer.
@@ -77,25 +78,10 @@ fn rank_main(rank: usize, n: usize, dir: &Path) -> Result<(), String> {
         if rc != 0 {
             return Err(format!("ncclGetUniqueId: {rc}"));
         }
-        let tmp = dir.join("id.tmp");
-        std::fs::write(&tmp, id.internal).map_err(|e| e.to_string())?;
-        std::fs::rename(&tmp, &id_file).map_err(|e| e.to_string())?;
+        publish(dir, &id.internal)?;
         id
     } else {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(b) = std::fs::read(&id_file)
-                && b.len() == 128
-            {
-                let mut id = NcclUniqueId { internal: [0; 128] };
-                id.internal.copy_from_slice(&b);
-                break id;
-            }
-            if Instant::now() > deadline {
-                return Err("rank 0 never wrote the unique id".into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        read_id(dir)?
     };
     let mut comm: Comm = std::ptr::null_mut();
     // SAFETY: valid out-pointer.

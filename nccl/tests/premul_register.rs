@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use mscclpp::hal::{DataType, ReduceOp};
 use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    Comm, fresh_dir, lib_path, open_lib, rank_command, rank_failure, run_if_rank, wait_or_kill,
+    Comm, fresh_dir, lib_path, open_lib, publish, rank_command, rank_failure, read_id, run_if_rank,
+    wait_or_kill,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_PREMUL_TEST_RANK";
@@ -166,30 +167,14 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     };
 
     // The id: rank 0 makes it; rank 1 reads it from a file.
-    let id_file = dir.join("id");
     let id = if rank == 0 {
         let mut id = NcclUniqueId { internal: [0; 128] };
         // SAFETY: valid out-pointer.
         expect("ncclGetUniqueId", unsafe { get_id(&mut id) }, 0)?;
-        let tmp = dir.join("id.tmp");
-        std::fs::write(&tmp, id.internal).map_err(|e| e.to_string())?;
-        std::fs::rename(&tmp, &id_file).map_err(|e| e.to_string())?;
+        publish(dir, &id.internal)?;
         id
     } else {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(b) = std::fs::read(&id_file) {
-                if b.len() == 128 {
-                    let mut id = NcclUniqueId { internal: [0; 128] };
-                    id.internal.copy_from_slice(&b);
-                    break id;
-                }
-            }
-            if Instant::now() > deadline {
-                return Err("rank 0 never wrote the unique id".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        read_id(dir)?
     };
     let mut comm: Comm = std::ptr::null_mut();
     // SAFETY: valid out-pointer.

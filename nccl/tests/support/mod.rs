@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use mscclpp_nccl::abi::NcclUniqueId;
+
 /// An `ncclComm_t`.
 pub type Comm = *mut c_void;
 
@@ -137,4 +139,36 @@ pub fn output_text(out: &Output) -> String {
 /// A failed rank as the tests report it: its exit status and everything it printed.
 pub fn rank_failure(rank: usize, out: &Output) -> String {
     format!("rank {rank}: {}\n{}", out.status, output_text(out))
+}
+
+/// Rank 0's side of the unique-id exchange through `dir`: `bytes` written whole, then renamed to
+/// `dir/id`, so that no rank reads a part.
+pub fn publish(dir: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = dir.join("id.tmp");
+    std::fs::write(&tmp, bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, dir.join("id")).map_err(|e| format!("{}: {e}", tmp.display()))
+}
+
+/// The other ranks' side: the `len` bytes rank 0 published, waited for up to 60 s.
+pub fn wait_published(dir: &Path, len: usize) -> Result<Vec<u8>, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(b) = std::fs::read(dir.join("id"))
+            && b.len() == len
+        {
+            return Ok(b);
+        }
+        if Instant::now() > deadline {
+            return Err("rank 0 never wrote the unique id".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The unique id rank 0 published alone.
+pub fn read_id(dir: &Path) -> Result<NcclUniqueId, String> {
+    let b = wait_published(dir, 128)?;
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    id.internal.copy_from_slice(&b);
+    Ok(id)
 }
