@@ -14,8 +14,8 @@ use mscclpp::hal::{DataType, ReduceOp};
 use mscclpp_nccl::EXPORTS;
 use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    Comm, fresh_dir, lib_path, open_lib, output_text, publish, rank_command, rank_failure,
-    run_if_rank, self_command, wait_or_kill, wait_published,
+    CollFn, Comm, MoveFn, fresh_dir, lib_path, open_lib, output_text, publish, rank_command,
+    rank_failure, run_if_rank, self_command, wait_or_kill, wait_published,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_RANK";
@@ -178,42 +178,11 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
     let mem_free = sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int);
     let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
-    type Red = unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        Comm,
-        *mut c_void,
-    ) -> c_int;
-    type Mov =
-        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int;
-    let all_reduce: Red = sym!(
-        lib,
-        "ncclAllReduce",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
-    let reduce_scatter: Red = sym!(
-        lib,
-        "ncclReduceScatter",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
-    let all_gather: Mov = sym!(
-        lib,
-        "ncclAllGather",
-        fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int
-    );
-    let all_to_all: Mov = sym!(
-        lib,
-        "ncclAlltoAll",
-        fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int
-    );
-    let broadcast = sym!(
-        lib,
-        "ncclBroadcast",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
+    let all_reduce: CollFn = sym!(lib, "ncclAllReduce" as CollFn);
+    let reduce_scatter: CollFn = sym!(lib, "ncclReduceScatter" as CollFn);
+    let all_gather: MoveFn = sym!(lib, "ncclAllGather" as MoveFn);
+    let all_to_all: MoveFn = sym!(lib, "ncclAlltoAll" as MoveFn);
+    let broadcast = sym!(lib, "ncclBroadcast" as CollFn);
     let bcast = sym!(
         lib,
         "ncclBcast",
@@ -234,16 +203,8 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         "ncclRecv",
         fn(*mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
     );
-    let gather = sym!(
-        lib,
-        "ncclGather",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
-    let scatter = sym!(
-        lib,
-        "ncclScatter",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
+    let gather = sym!(lib, "ncclGather" as CollFn);
+    let scatter = sym!(lib, "ncclScatter" as CollFn);
     let group_start = sym!(lib, "ncclGroupStart", fn() -> c_int);
     let group_end = sym!(lib, "ncclGroupEnd", fn() -> c_int);
     let split = sym!(

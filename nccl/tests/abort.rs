@@ -25,7 +25,8 @@ use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::hal::{BackendKind, MemoryKind};
 use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, self_command, wait_or_kill,
+    CollFn, Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, self_command,
+    wait_or_kill,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_ABORT_TEST_RANK";
@@ -66,11 +67,7 @@ fn rank_main(rank: usize, n: usize, dir: &Path) -> Result<(), String> {
     let abort = sym!(lib, "ncclCommAbort", fn(Comm) -> c_int);
     let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
     let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
-    let all_reduce = sym!(
-        lib,
-        "ncclAllReduce",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
+    let all_reduce = sym!(lib, "ncclAllReduce" as CollFn);
     let id = if rank == 0 {
         let mut id = NcclUniqueId { internal: [0; 128] };
         // SAFETY: valid out-pointer.

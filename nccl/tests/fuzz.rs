@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Failed, Trial};
 use mscclpp_nccl::EXPORTS;
 use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
-use support::{Comm, lib_path, open_lib, output_text, self_command, wait_or_kill};
+use support::{CollFn, Comm, MoveFn, lib_path, open_lib, output_text, self_command, wait_or_kill};
 
 const CHILD_VAR: &str = "MSCCLPP_NCCL_FUZZ_CHILD";
 const SEED_VAR: &str = "MSCCLPP_NCCL_FUZZ_SEED";
@@ -50,8 +50,6 @@ impl Rng {
     }
 }
 
-type Coll7 = unsafe extern "C" fn(*const c_void, P, usize, c_int, c_int, Comm, P) -> c_int;
-type Mov6 = unsafe extern "C" fn(*const c_void, P, usize, c_int, Comm, P) -> c_int;
 type Red8 = unsafe extern "C" fn(*const c_void, P, usize, c_int, c_int, c_int, Comm, P) -> c_int;
 type P2p = unsafe extern "C" fn(P, usize, c_int, c_int, Comm, P) -> c_int;
 type Out = unsafe extern "C" fn(Comm, *mut c_int) -> c_int;
@@ -273,47 +271,15 @@ impl Fuzz {
         let null: P = std::ptr::null_mut();
         match k {
             0..=4 => {
-                let (name, f): (&'static str, Coll7) = match k {
-                    0 => (
-                        "ncclAllReduce",
-                        sym!(
-                            lib,
-                            "ncclAllReduce",
-                            fn(*const c_void, P, usize, c_int, c_int, Comm, P) -> c_int
-                        ),
-                    ),
+                let (name, f): (&'static str, CollFn) = match k {
+                    0 => ("ncclAllReduce", sym!(lib, "ncclAllReduce" as CollFn)),
                     1 => (
                         "ncclReduceScatter",
-                        sym!(
-                            lib,
-                            "ncclReduceScatter",
-                            fn(*const c_void, P, usize, c_int, c_int, Comm, P) -> c_int
-                        ),
+                        sym!(lib, "ncclReduceScatter" as CollFn),
                     ),
-                    2 => (
-                        "ncclBroadcast",
-                        sym!(
-                            lib,
-                            "ncclBroadcast",
-                            fn(*const c_void, P, usize, c_int, c_int, Comm, P) -> c_int
-                        ),
-                    ),
-                    3 => (
-                        "ncclGather",
-                        sym!(
-                            lib,
-                            "ncclGather",
-                            fn(*const c_void, P, usize, c_int, c_int, Comm, P) -> c_int
-                        ),
-                    ),
-                    _ => (
-                        "ncclScatter",
-                        sym!(
-                            lib,
-                            "ncclScatter",
-                            fn(*const c_void, P, usize, c_int, c_int, Comm, P) -> c_int
-                        ),
-                    ),
+                    2 => ("ncclBroadcast", sym!(lib, "ncclBroadcast" as CollFn)),
+                    3 => ("ncclGather", sym!(lib, "ncclGather" as CollFn)),
+                    _ => ("ncclScatter", sym!(lib, "ncclScatter" as CollFn)),
                 };
                 let reduces = k < 2;
                 let bad_arg = if reduces { Arg::Op } else { Arg::Root };
@@ -338,24 +304,10 @@ impl Fuzz {
                 self.check(name, rc, must, null)
             }
             5..=6 => {
-                let (name, f): (&'static str, Mov6) = if k == 5 {
-                    (
-                        "ncclAllGather",
-                        sym!(
-                            lib,
-                            "ncclAllGather",
-                            fn(*const c_void, P, usize, c_int, Comm, P) -> c_int
-                        ),
-                    )
+                let (name, f): (&'static str, MoveFn) = if k == 5 {
+                    ("ncclAllGather", sym!(lib, "ncclAllGather" as MoveFn))
                 } else {
-                    (
-                        "ncclAlltoAll",
-                        sym!(
-                            lib,
-                            "ncclAlltoAll",
-                            fn(*const c_void, P, usize, c_int, Comm, P) -> c_int
-                        ),
-                    )
+                    ("ncclAlltoAll", sym!(lib, "ncclAlltoAll" as MoveFn))
                 };
                 let (cb, bb, nb, db, sb) = (
                     flag!(Arg::Comm),

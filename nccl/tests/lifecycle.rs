@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Failed, Trial};
 use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
 use support::{
-    Comm, fresh_dir, lib_path, open_lib, rank_command, rank_failure, run_if_rank, self_command,
-    wait_or_kill,
+    CollFn, Comm, fresh_dir, lib_path, open_lib, rank_command, rank_failure, run_if_rank,
+    self_command, wait_or_kill,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_LIFECYCLE_TEST_RANK";
@@ -42,16 +42,6 @@ const NOCOLOR: c_int = -1;
 const SHRINK_ABORT: c_int = 1;
 const F32: c_int = 7;
 const SUM: c_int = 0;
-
-type AllReduce = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    c_int,
-    c_int,
-    Comm,
-    *mut c_void,
-) -> c_int;
 
 /// The exports these sequences use.
 struct Api {
@@ -79,7 +69,7 @@ struct Api {
     group_start: unsafe extern "C" fn() -> c_int,
     group_end: unsafe extern "C" fn() -> c_int,
     mem_alloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int,
-    all_reduce: AllReduce,
+    all_reduce: CollFn,
     last_err: unsafe extern "C" fn(Comm) -> *const c_char,
 }
 
@@ -127,11 +117,7 @@ impl Api {
             group_start: sym!(lib, "ncclGroupStart", fn() -> c_int),
             group_end: sym!(lib, "ncclGroupEnd", fn() -> c_int),
             mem_alloc: sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int),
-            all_reduce: sym!(
-                lib,
-                "ncclAllReduce",
-                fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-            ),
+            all_reduce: sym!(lib, "ncclAllReduce" as CollFn),
             last_err: sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char),
             _lib: lib,
         })

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Failed, Trial};
 use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    Comm, fresh_dir, lib_path, open_lib, publish, rank_command, rank_failure, read_id, run_if_rank,
-    wait_or_kill,
+    CollFn, Comm, MoveFn, fresh_dir, lib_path, open_lib, publish, rank_command, rank_failure,
+    read_id, run_if_rank, wait_or_kill,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_MULTINODE_TEST_RANK";
@@ -43,42 +43,11 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
     let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
     let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
-    type Red = unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        Comm,
-        *mut c_void,
-    ) -> c_int;
-    type Mov =
-        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int;
-    let all_reduce: Red = sym!(
-        lib,
-        "ncclAllReduce",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
-    let reduce_scatter: Red = sym!(
-        lib,
-        "ncclReduceScatter",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
-    let broadcast: Red = sym!(
-        lib,
-        "ncclBroadcast",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
-    let all_gather: Mov = sym!(
-        lib,
-        "ncclAllGather",
-        fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int
-    );
-    let all_to_all: Mov = sym!(
-        lib,
-        "ncclAlltoAll",
-        fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int
-    );
+    let all_reduce: CollFn = sym!(lib, "ncclAllReduce" as CollFn);
+    let reduce_scatter: CollFn = sym!(lib, "ncclReduceScatter" as CollFn);
+    let broadcast: CollFn = sym!(lib, "ncclBroadcast" as CollFn);
+    let all_gather: MoveFn = sym!(lib, "ncclAllGather" as MoveFn);
+    let all_to_all: MoveFn = sym!(lib, "ncclAlltoAll" as MoveFn);
     let expect = |what: &str, got: c_int| -> Result<(), String> {
         if got != 0 {
             // SAFETY: the library's thread-local NUL-terminated message.

@@ -17,7 +17,8 @@ use libtest_mimic::{Failed, Trial};
 use mscclpp_executor::testgen;
 use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    Comm, fresh_dir, lib_path, open_lib, publish, rank_command, read_id, run_if_rank, wait_or_kill,
+    CollFn, Comm, MoveFn, fresh_dir, lib_path, open_lib, publish, rank_command, read_id,
+    run_if_rank, wait_or_kill,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_PLANS_TEST_RANK";
@@ -46,16 +47,8 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
     let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
     let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
-    let all_reduce = sym!(
-        lib,
-        "ncclAllReduce",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
-    let all_gather = sym!(
-        lib,
-        "ncclAllGather",
-        fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int
-    );
+    let all_reduce = sym!(lib, "ncclAllReduce" as CollFn);
+    let all_gather = sym!(lib, "ncclAllGather" as MoveFn);
     let check_rc = |what: &str, rc: c_int| -> Result<(), String> {
         if rc == 0 {
             return Ok(());

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use mscclpp::hal::{DataType, ReduceOp};
 use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    Comm, fresh_dir, lib_path, open_lib, publish, rank_command, rank_failure, read_id, run_if_rank,
-    wait_or_kill,
+    CollFn, Comm, fresh_dir, lib_path, open_lib, publish, rank_command, rank_failure, read_id,
+    run_if_rank, wait_or_kill,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_PREMUL_TEST_RANK";
@@ -99,25 +99,8 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         fn(*mut c_int, *mut c_void, c_int, c_int, Comm) -> c_int
     );
     let destroy_op = sym!(lib, "ncclRedOpDestroy", fn(c_int, Comm) -> c_int);
-    type Red = unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        Comm,
-        *mut c_void,
-    ) -> c_int;
-    let all_reduce: Red = sym!(
-        lib,
-        "ncclAllReduce",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
-    let reduce_scatter: Red = sym!(
-        lib,
-        "ncclReduceScatter",
-        fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int
-    );
+    let all_reduce: CollFn = sym!(lib, "ncclAllReduce" as CollFn);
+    let reduce_scatter: CollFn = sym!(lib, "ncclReduceScatter" as CollFn);
     let reduce = sym!(
         lib,
         "ncclReduce",

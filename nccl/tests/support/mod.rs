@@ -3,7 +3,7 @@
 //! deadline. Each test binary uses a different part of it.
 #![allow(dead_code)]
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -12,6 +12,21 @@ use mscclpp_nccl::abi::NcclUniqueId;
 
 /// An `ncclComm_t`.
 pub type Comm = *mut c_void;
+
+/// `ncclAllReduce`, `ncclReduceScatter`, `ncclBroadcast`, `ncclReduce` without its root:
+/// (send, recv, count, datatype, op or root, comm, stream).
+pub type CollFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    Comm,
+    *mut c_void,
+) -> c_int;
+/// `ncclAllGather`, `ncclAlltoAll`: (send, recv, count, datatype, comm, stream).
+pub type MoveFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int;
 
 /// The cdylib cargo builds with this package's tests: next to the test binary (`deps/`) or one
 /// directory up.
@@ -40,8 +55,14 @@ pub fn open_lib() -> Result<libloading::Library, String> {
     unsafe { libloading::Library::new(&p) }.map_err(|e| format!("dlopen {}: {e}", p.display()))
 }
 
-/// An export of `$lib` as the C function type given, or an early `Err` naming the missing export.
+/// An export of `$lib` as the C function type given (or as one of the aliases below), or an early
+/// `Err` naming the missing export.
 macro_rules! sym {
+    ($lib:expr, $name:literal as $t:ty) => {{
+        // SAFETY: the alias is the export's C signature (NCCL 2.28 nccl.h).
+        *unsafe { $lib.get::<$t>(concat!($name, "\0").as_bytes()) }
+            .map_err(|e| format!("{}: {e}", $name))?
+    }};
     ($lib:expr, $name:literal, fn($($a:ty),*) -> $r:ty) => {{
         // SAFETY: the type is the export's C signature (NCCL 2.28 nccl.h).
         *unsafe { $lib.get::<unsafe extern "C" fn($($a),*) -> $r>(concat!($name, "\0").as_bytes()) }
