@@ -194,11 +194,22 @@ pub fn gpu_allocation<R: Runtime>(buf: &DeviceBuffer) -> Result<&GpuAllocation<R
         .as_any()
         .downcast_ref::<GpuAllocation<R>>()
         .ok_or_else(|| {
-            Error::invalid(format!(
-                "buffer of the {} backend used with the {} backend",
-                buf.backend(),
-                R::VENDOR.name
-            ))
+            if buf.backend() == R::VENDOR.kind {
+                // The one other kind of buffer of this backend: a caller's pointer wrapped by
+                // `Device::wrap_external` (PyTorch's memory, a plain cudaMalloc).
+                Error::invalid(format!(
+                    "a {} buffer wrapped from a caller's pointer is not this library's allocation: \
+                     only memory the library allocated (Device::alloc, ncclMemAlloc, \
+                     Communicator.alloc in Python) can be shared with peers",
+                    R::VENDOR.name
+                ))
+            } else {
+                Error::invalid(format!(
+                    "buffer of the {} backend used with the {} backend",
+                    buf.backend(),
+                    R::VENDOR.name
+                ))
+            }
         })
 }
 

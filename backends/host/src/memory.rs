@@ -240,10 +240,20 @@ pub fn host_allocation(buf: &DeviceBuffer) -> Result<&ShmAllocation> {
         .as_any()
         .downcast_ref::<ShmAllocation>()
         .ok_or_else(|| {
-            Error::invalid(format!(
-                "buffer of the {} backend used with the host backend",
-                buf.backend()
-            ))
+            if buf.backend() == mscclpp_hal::BackendKind::Host {
+                // The one other kind of host buffer: a caller's pointer wrapped by
+                // `Device::wrap_external` (NumPy memory), which no other process can map.
+                Error::invalid(
+                    "a host buffer wrapped from a caller's pointer is not this library's \
+                     allocation: only memory the library allocated (Device::alloc, ncclMemAlloc, \
+                     Communicator.alloc in Python) can be shared with peers",
+                )
+            } else {
+                Error::invalid(format!(
+                    "buffer of the {} backend used with the host backend",
+                    buf.backend()
+                ))
+            }
         })
 }
 
