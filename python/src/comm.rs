@@ -127,9 +127,9 @@ struct Inner {
     executor: Mutex<Option<Arc<Executor>>>,
     /// Decoded plans by their JSON text.
     plans: Mutex<HashMap<Vec<u8>, Arc<Plan>>>,
-    /// Host backend: the shared-memory buffers plans run on, by (input, output) bytes. The
-    /// executor maps its peers' buffers, which caller memory (NumPy's heap) cannot be; the
-    /// same buffers on every call keep the executor's set-up cached.
+    /// The library's buffers plans run on, by (input, output) bytes. The executor maps its
+    /// peers' buffers, which caller memory (NumPy's heap, torch's allocator) cannot be; the same
+    /// buffers on every call keep the executor's set-up cached.
     staging: Mutex<HashMap<(usize, usize), Staged>>,
 }
 
@@ -1106,9 +1106,9 @@ impl Communicator {
                     }
                 }
             };
-            if !host {
-                return executor.execute(&plan, &bin.full(), &bout.full(), dt, op, &*s);
-            }
+            // The peers map the plan's buffers, and only the library's own allocations can be
+            // exported to them (a NumPy array or a torch tensor cannot): the plan runs on staged
+            // buffers between two copies on the call's stream, as the C library's plans do.
             let key = (bin.len(), bout.len());
             let cached = lock(&inner.staging).get(&key).cloned();
             let staged = match cached {
@@ -1133,7 +1133,8 @@ impl Communicator {
                 executor.execute(&plan, &sin, &sout, dt, op, &*s)?;
             }
             s.copy(&bout.full(), &sout)?;
-            s.synchronize()
+            // The host backend returns once done; GPU calls return once enqueued.
+            if host { s.synchronize() } else { Ok(()) }
         })
         .py_err()?;
         Ok(recv.clone().unbind())
