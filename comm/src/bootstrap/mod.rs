@@ -1587,6 +1587,21 @@ fn tree_size(v: usize, n: usize) -> usize {
 /// Dials bootstrap rank `peer`: `Ok(Some)` once it acknowledged, `Ok(None)` when it refused
 /// because it is dialling us at the same time (its connection wins, see [`accept_hello`]).
 fn dial(sh: &Shared, peer: usize, deadline: Instant) -> Result<Option<TcpStream>> {
+    dial_attempt(sh, peer, deadline, DIAL_RETRIES)
+}
+
+/// Dials again after a connection the peer's listener closed without an answer: a listener
+/// that still accepts is alive (a dead rank's refuses at once, which is final), and CI saw one
+/// such close of a healthy peer under load (`garbage_to_a_rank_listener_is_refused`) turn into
+/// a rank reported dead.
+const DIAL_RETRIES: u32 = 3;
+
+fn dial_attempt(
+    sh: &Shared,
+    peer: usize,
+    deadline: Instant,
+    retries: u32,
+) -> Result<Option<TcpStream>> {
     let addr = sh.table[peer];
     let mut s = loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -1637,7 +1652,16 @@ fn dial(sh: &Shared, peer: usize, deadline: Instant) -> Result<Option<TcpStream>
             format!("rank {peer} answered the hello with a {kind:?} frame"),
         )),
         Err(Error::Remote { message, .. }) if message.contains(CROSSED) => Ok(None),
-        // The connection ended without an answer: the peer is gone (or going).
+        // The connection ended without an answer: the peer is gone (or going) — unless its
+        // listener takes a new connection, or its own dial reached us meanwhile.
+        Err(e) if root_turned_us_away(&e) && retries > 0 && Instant::now() < deadline => {
+            if matches!(sh.lock().links.get(&peer), Some(Link::Up(_))) {
+                return Ok(None);
+            }
+            tracing::debug!(peer, error = %e, "bootstrap hello closed without an answer; dialling again");
+            std::thread::sleep(Duration::from_millis(20));
+            dial_attempt(sh, peer, deadline, retries - 1)
+        }
         Err(e) if root_turned_us_away(&e) => {
             let reason = format!("no acknowledgement: {e}");
             sh.mark_dead(peer, reason.clone());
