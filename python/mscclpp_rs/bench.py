@@ -69,6 +69,9 @@ def _rank_main(args):
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
+    # torch.distributed loads the real NCCL, which reads only NCCL_NVLS_ENABLE: refuse where
+    # multicast is disabled for us but not for it (never create multicast objects there).
+    mscclpp_rs._native.check_nccl_nvls("python -m mscclpp_rs.bench")
     dist.init_process_group("nccl", device_id=dev)
     comm = mscclpp_rs.Communicator.from_env(device=dev.index)
     if rank == 0:

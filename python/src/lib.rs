@@ -31,6 +31,15 @@ fn default_backend(py: Python<'_>) -> PyResult<String> {
     Ok(b.kind().to_string())
 }
 
+/// Raises unless the real NCCL, about to be loaded by `what` (torch.distributed in the
+/// benchmark), cannot create NVLink multicast objects where this process has them disabled
+/// (`MSCCLPP_FORCE_DISABLE_NVLS`, `MSCCLPP_DISABLE_NVLS`, `NCCL_NVLS_ENABLE=0`): the check the
+/// library makes before it loads NCCL itself.
+#[pyfunction]
+fn check_nccl_nvls(what: &str) -> PyResult<()> {
+    mscclpp::hal::env::check_nccl_nvls(what).map_err(errors::to_py)
+}
+
 /// The names of the backends compiled in.
 #[pyfunction]
 fn compiled_backends() -> Vec<String> {
@@ -104,6 +113,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(probe_backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_backend, m)?)?;
     m.add_function(wrap_pyfunction!(compiled_backends, m)?)?;
+    m.add_function(wrap_pyfunction!(check_nccl_nvls, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

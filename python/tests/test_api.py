@@ -147,3 +147,14 @@ def test_package():
     assert os.path.exists(os.path.join(here, "py.typed"))
     assert os.path.exists(os.path.join(here, "__init__.pyi"))
     assert mscclpp_rs.Communicator.all_reduce.__doc__
+
+
+def test_nccl_nvls_check_refuses_where_multicast_is_disabled_only_for_us(monkeypatch):
+    # The benchmark runs it before torch.distributed loads the real NCCL.
+    check = mscclpp_rs._native.check_nccl_nvls
+    monkeypatch.setenv("MSCCLPP_FORCE_DISABLE_NVLS", "1")
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    with pytest.raises(mscclpp_rs.InvalidUsageError, match="NCCL_NVLS_ENABLE"):
+        check("the test")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    check("the test")
