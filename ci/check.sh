@@ -18,7 +18,7 @@ cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
 step "host-only build (no GPU features)"
 cargo check -p mscclpp -p mscclpp-perf --no-default-features
 
-step "tests (the README's test command; the Python package's too, through tests/tests/python.rs)"
+step "tests (the README's test command; tests/tests/python.rs runs ci/python.sh, the Python package's build and pytest)"
 MSCCLPP_REQUIRE_PYTHON=1 cargo test --workspace
 
 step "main job smoke run (debug build, small sizes)"
