@@ -400,10 +400,10 @@ MSCCLPP_DEVICE_INLINE void llEntry(const LlCollectiveArgs& a) {
 // All-reduce, reduce-scatter, all-gather and all-to-all of one round by the general kernel's
 // protocol, with nothing else on the path: thread i sends packet i (of the input block of each
 // peer for reduce-scatter and all-to-all) and receives packet i from every peer. NRANKS is 2
-// (one peer, no loops over ranks) or 0 (any). Measured on 2 x H200 (experiments/ll-latency): every instruction before the
-// send is on the latency, so the input words are loaded before anything waits for the counter
-// (the loads overlap) and, for two ranks, the argument checks follow the send (0.1 µs each at
-// 1 KiB).
+// (one peer, no loops over ranks) or 0 (any). Every instruction before the send is on the
+// latency, so the input words are loaded before anything waits for the counter (the loads
+// overlap) and, for two ranks, the argument checks follow the send (what each costs:
+// docs/performance.md, "Figures formerly in code comments").
 
 // Whether KIND sends each peer its own input block (reduce-scatter, all-to-all), and whether it
 // copies what it receives (all-gather, all-to-all) rather than reducing it.
