@@ -155,7 +155,7 @@ impl Pending {
 ///
 /// One thread reads every Hello, non-blocking: a client that connects and stays silent, or
 /// sends a byte now and then, delays nobody and is closed `expect.hello_limit` after it connected;
-/// at most [`MAX_PENDING_HELLOS`] handshakes are open at once. Refused connections get an Error
+/// at most [`MAX_PENDING_HELLOS`] handshakes are open at once (past that, the oldest is closed). Refused connections get an Error
 /// frame naming the reason and are closed; the loop keeps waiting for the legitimate ranks.
 pub(crate) fn accept_ranks(
     listener: &TcpListener,
@@ -201,12 +201,22 @@ pub(crate) fn accept_ranks(
             match p.poll() {
                 Some(hello) => done.push((p.stream, p.from, hello)),
                 None if pending.len() < MAX_PENDING_HELLOS => pending.push(p),
-                None => tracing::debug!(
-                    %from,
-                    who = %expect.who,
-                    pending = pending.len(),
-                    "bootstrap connection closed at once: too many handshakes in progress"
-                ),
+                None => {
+                    // The oldest handshake gives way, not the newest: a legitimate rank sends
+                    // its hello right after connecting, but it may not have arrived when the
+                    // connection is accepted (closing the newest dropped such a rank behind a
+                    // flood of silent connections, seen in CI under load).
+                    if let Some(oldest) = (0..pending.len()).min_by_key(|&i| pending[i].deadline) {
+                        let old = pending.swap_remove(oldest);
+                        tracing::debug!(
+                            from = %old.from,
+                            who = %expect.who,
+                            pending = pending.len() + 1,
+                            "bootstrap connection closed: too many handshakes in progress, the oldest gives way"
+                        );
+                    }
+                    pending.push(p);
+                }
             }
         }
         let now = Instant::now();

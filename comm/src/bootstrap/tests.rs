@@ -607,7 +607,7 @@ fn slow_loris_hello_is_cut_at_its_total_deadline() {
     let _ = trickle.join();
 }
 
-/// Silent connections beyond the bound on open handshakes are closed at once, without a
+/// Beyond the bound on open handshakes the oldest silent connections are closed at once, without a
 /// thread each, and the legitimate rank is accepted while the others are pending.
 #[test]
 fn flood_of_silent_connections_is_bounded() {
