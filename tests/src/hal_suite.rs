@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use mscclpp::hal::{
-    BufferSlice, Device, ErrorClass, IpcHandle, KernelId, LaunchConfig, MemoryKind,
-    MulticastAddress, MulticastSupport, Stream,
+    BackendKind, BufferSlice, Device, DevicePtr, ErrorClass, IpcHandle, KernelId, LaunchConfig,
+    MemoryKind, MulticastAddress, MulticastSupport, Stream,
 };
 
 use crate::ensure;
@@ -63,6 +63,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ),
     ("ipc_across_processes", ipc_across_processes),
     ("ipc_import_after_free_fails", ipc_import_after_free_fails),
+    ("ipc_of_wrapped_memory", ipc_of_wrapped_memory),
     ("kernel_fill_u32", kernel_fill_u32),
     (
         "kernel_atomics_from_every_thread",
@@ -607,6 +608,97 @@ fn ipc_across_processes(f: &Fixture) -> Result<(), CaseError> {
         "parent does not see the child's write: first difference at {:?} (seed {seed})",
         first_difference(&got, &theirs)
     );
+    Ok(())
+}
+
+/// Memory the caller owns (a PyTorch tensor: a piece of one of its allocator's segments),
+/// wrapped, exported and mapped by another process: the importer sees exactly the wrapped
+/// bytes, at their offset in the allocation, and writes nothing outside them. The host backend
+/// maps only its own allocations and must say so.
+fn ipc_of_wrapped_memory(f: &Fixture) -> Result<(), CaseError> {
+    if !f.device.info().caps.ipc {
+        return Err(skipped("the device has no IPC"));
+    }
+    let s = f.device.create_stream().ctx("create_stream")?;
+    let (pad, len) = (64 << 10, 2 << 20);
+    let buf = f
+        .device
+        .alloc(pad + len + pad, MemoryKind::Device)
+        .ctx("alloc")?;
+    s.fill(&buf.full(), 0x5A).ctx("poison")?;
+    // SAFETY: `buf` outlives the view and every operation enqueued with it (this function
+    // synchronises before returning).
+    let view = unsafe {
+        f.device
+            .wrap_external(DevicePtr(buf.ptr().0 + pad as u64), len)
+    }
+    .ctx("wrap_external")?;
+    if f.backend.kind() == BackendKind::Host {
+        let e = f
+            .device
+            .ipc_export(&view)
+            .err()
+            .ok_or("the host backend exported memory it did not allocate")?;
+        ensure!(e.class() == ErrorClass::InvalidUsage, "wrong class: {e}");
+        return Ok(());
+    }
+    let seed = seeded().1;
+    let mut rng = Rng::new(seed);
+    let mine = rng.bytes(len / 2);
+    let theirs = rng.bytes(len / 2);
+    upload(&*s, &view.slice(..len / 2).ctx("slice")?, &mine)?;
+    let handle = f
+        .device
+        .ipc_export(&view)
+        .ctx("ipc_export of wrapped memory")?;
+    let again = f.device.ipc_export(&view).ctx("second ipc_export")?;
+    ensure!(
+        again.to_bytes() == handle.to_bytes(),
+        "two exports of one wrapped range differ (the allocation's id must be stable)"
+    );
+    let here = f
+        .device
+        .ipc_import(&IpcHandle::from_bytes(&handle.to_bytes()).ctx("decode")?)
+        .ctx("ipc_import in the exporting process")?;
+    ensure!(
+        here.len() == len && here.ptr() == view.ptr(),
+        "in-process import is {} bytes at {:?}, not {len} at {:?}",
+        here.len(),
+        here.ptr(),
+        view.ptr()
+    );
+    let env = vec![
+        (
+            "MSCCLPP_BACKEND".to_string(),
+            f.backend.kind().name().to_string(),
+        ),
+        ("MSCCLPP_TEST_HANDLE".to_string(), hex(&handle.to_bytes())),
+        ("MSCCLPP_TEST_SEED".to_string(), seed.to_string()),
+    ];
+    let child = multiproc::wait(
+        multiproc::spawn(IPC_CHILD_ROLE, 1, 2, &env),
+        Instant::now() + SYNC,
+    );
+    ensure!(child.ok(), "child failed:\n{}", child.describe());
+    ensure!(
+        child.reports().get("read_parent").map(String::as_str) == Some("ok"),
+        "child did not see the wrapped bytes:\n{}",
+        child.describe()
+    );
+    let got = download(&*s, &view.slice(len / 2..).ctx("slice")?)?;
+    ensure!(
+        got == theirs,
+        "the child's write did not land in the wrapped range: first difference at {:?} (seed {seed})",
+        first_difference(&got, &theirs)
+    );
+    for (what, range) in [("before", 0..pad), ("after", pad + len..pad + len + pad)] {
+        let outside = download(&*s, &buf.slice(range).ctx("slice")?)?;
+        ensure!(
+            outside.iter().all(|&b| b == 0x5A),
+            "bytes {what} the wrapped range were written"
+        );
+    }
+    drop((here, view));
     Ok(())
 }
 

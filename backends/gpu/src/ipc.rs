@@ -1,10 +1,20 @@
 //! Memory IPC of the GPU backends: the payload of a handle, the same-process alias registry,
 //! export and import.
 //!
-//! **Payload.** Who exported the memory (host, process, device, allocation id), how large it is,
-//! and the vendor's opaque 64-byte handle, encoded through [`mscclpp_hal::wire`] under the
-//! vendor's magic. One field order for every vendor (version 2; version 1 had two drifted
-//! orders). Decoding is bounded and never panics on garbage: a handle comes from another process.
+//! **Payload.** Who exported the memory (host, process, device, allocation id), the bytes the
+//! importer gets and where they start in the allocation, how large the allocation is, and the
+//! vendor's opaque 64-byte handle, encoded through [`mscclpp_hal::wire`] under the vendor's
+//! magic. One field order for every vendor (version 3; version 2 had no offset, version 1 two
+//! drifted orders). Decoding is bounded and never panics on garbage: a handle comes from another
+//! process.
+//!
+//! **Wrapped memory.** A caller's pointer wrapped by `Device::wrap_external` (a PyTorch tensor:
+//! a piece of one of the caching allocator's `cudaMalloc` segments) is exported as the runtime
+//! allocation that contains it — the vendor handle names only whole allocations — plus the
+//! view's offset and length; the importer maps the whole allocation once and hands out the view.
+//! The exporter gives each such allocation a stable id (kept with its handle in
+//! [`ExternalBases`]), so that views of one segment share one mapping in every importer: a
+//! vendor may refuse to open one handle twice in a process.
 //!
 //! **Same-process IPC.** A GPU runtime refuses (CUDA) or leaves undefined (HIP) opening an IPC
 //! handle in the process that exported it, yet the HAL allows an import anywhere on the host.
@@ -19,7 +29,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use mscclpp_hal::wire::{Reader, Writer};
 use mscclpp_hal::{
-    Allocation, BackendKind, DeviceBuffer, Error, IpcHandle, IpcHandleKind, MemoryKind, Result,
+    Allocation, BackendKind, DeviceBuffer, Error, ExternalAllocation, IpcHandle, IpcHandleKind,
+    MemoryKind, Result,
 };
 
 use crate::context::Context;
@@ -28,7 +39,7 @@ use crate::memory::{Backing, GpuAllocation, gpu_allocation};
 use crate::runtime::{IPC_HANDLE_SIZE, IpcBytes, Runtime, Vendor};
 
 /// Payload version.
-pub const PAYLOAD_VERSION: u16 = 2;
+pub const PAYLOAD_VERSION: u16 = 3;
 /// Longest host id accepted in a handle.
 pub const MAX_HOST_ID: usize = 256;
 
@@ -43,14 +54,18 @@ pub struct IpcPayload {
     pub device: u32,
     /// The exporter's process-unique allocation id.
     pub alloc_id: u64,
-    /// Bytes of the allocation.
+    /// Bytes the importer gets.
     pub len: u64,
+    /// Where they start in the allocation.
+    pub offset: u64,
+    /// Bytes of the whole allocation (what the vendor handle maps).
+    pub alloc_len: u64,
     /// The vendor's IPC handle.
     pub handle: IpcBytes,
 }
 
 impl IpcPayload {
-    /// The payload of an allocation this process exports now (this host, this process).
+    /// The payload of a whole allocation this process exports now (this host, this process).
     pub fn this_process(device: usize, alloc_id: u64, len: usize, handle: IpcBytes) -> Self {
         IpcPayload {
             host_id: mscclpp_hal::env::host_id(),
@@ -58,8 +73,22 @@ impl IpcPayload {
             device: device as u32,
             alloc_id,
             len: len as u64,
+            offset: 0,
+            alloc_len: len as u64,
             handle,
         }
+    }
+
+    /// The same payload for `len` bytes at `offset` of the allocation.
+    pub fn view(mut self, offset: u64, len: u64) -> Self {
+        self.offset = offset;
+        self.len = len;
+        self
+    }
+
+    /// Whether the payload names the whole allocation.
+    pub fn is_whole(&self) -> bool {
+        self.offset == 0 && self.len == self.alloc_len
     }
 
     /// Encodes the payload under `vendor`'s magic.
@@ -70,6 +99,8 @@ impl IpcPayload {
             .u32(self.device)
             .u64(self.alloc_id)
             .u64(self.len)
+            .u64(self.offset)
+            .u64(self.alloc_len)
             .raw(&self.handle);
         w.finish()
     }
@@ -89,10 +120,18 @@ impl IpcPayload {
         let device = r.u32()?;
         let alloc_id = r.u64()?;
         let len = r.usize_at_most("length", MAX_ALLOCATION)? as u64;
+        let offset = r.usize_at_most("offset", MAX_ALLOCATION)? as u64;
+        let alloc_len = r.usize_at_most("allocation length", MAX_ALLOCATION)? as u64;
         let handle = r.array::<IPC_HANDLE_SIZE>()?;
         r.finish()?;
         if len == 0 {
             return Err(Error::malformed(what, "zero length"));
+        }
+        if offset + len > alloc_len {
+            return Err(Error::malformed(
+                what,
+                format!("{len} bytes at offset {offset} run past the {alloc_len}-byte allocation"),
+            ));
         }
         if pid == 0 {
             return Err(Error::malformed(what, "process id 0"));
@@ -103,6 +142,8 @@ impl IpcPayload {
             device,
             alloc_id,
             len,
+            offset,
+            alloc_len,
             handle,
         })
     }
@@ -218,12 +259,12 @@ impl IpcRegistry {
                 .get(&p.alloc_id)
                 .and_then(Weak::upgrade);
             return match original {
-                Some(o) if o.len() as u64 == p.len => Ok(alias(o)),
+                Some(o) if o.len() as u64 == p.alloc_len => Ok(alias(o)),
                 Some(o) => Err(Error::malformed(
                     what,
                     format!(
-                        "handle claims {} bytes but the exported allocation has {}",
-                        p.len,
+                        "handle claims an allocation of {} bytes but the exported one has {}",
+                        p.alloc_len,
                         o.len()
                     ),
                 )),
@@ -248,9 +289,13 @@ impl IpcRegistry {
 /// Allocations this process exported and mappings it imported.
 static REGISTRY: IpcRegistry = IpcRegistry::new();
 
-/// Exports `buf` (a Device or Uncached allocation made by the device of `ctx`).
+/// Exports `buf`: a Device or Uncached allocation made by the device of `ctx`, or memory of that
+/// device wrapped from a caller's pointer (see the module's doc).
 pub fn export<R: Runtime>(ctx: &Arc<Context<R>>, buf: &DeviceBuffer) -> Result<IpcHandle> {
     let vendor = &R::VENDOR;
+    if buf.allocation().as_any().is::<ExternalAllocation>() && buf.backend() == vendor.kind {
+        return export_wrapped(ctx, buf.allocation().as_ref());
+    }
     let a = gpu_allocation::<R>(buf)?;
     check_exportable(vendor, a, ctx.ordinal())?;
     a.ctx.bind()?;
@@ -260,17 +305,123 @@ pub fn export<R: Runtime>(ctx: &Arc<Context<R>>, buf: &DeviceBuffer) -> Result<I
     Ok(IpcPayload::this_process(ctx.ordinal(), a.id, a.len, handle).to_handle(vendor))
 }
 
+/// Exports the runtime allocation that holds the wrapped memory `w`, with `w`'s place in it.
+fn export_wrapped<R: Runtime>(ctx: &Arc<Context<R>>, w: &dyn Allocation) -> Result<IpcHandle> {
+    let vendor = &R::VENDOR;
+    check_exportable(vendor, w, ctx.ordinal())?;
+    let (ptr, len) = (w.device_ptr().0, w.len());
+    ctx.bind()?;
+    let rt = ctx.runtime();
+    // SAFETY: the context is current; the runtime only looks the address up.
+    let (base, size) = unsafe { rt.mem_address_range(ptr) }.map_err(|e| {
+        e.with_context(|| format!("finding the allocation behind wrapped memory at {ptr:#x}"))
+    })?;
+    let offset = ptr.wrapping_sub(base);
+    if ptr < base || (size as u64).saturating_sub(offset) < len as u64 {
+        return Err(Error::invalid(format!(
+            "wrapped memory of {len} bytes at {ptr:#x} is no longer inside one allocation \
+             ({size} bytes at {base:#x}): was it freed?"
+        )));
+    }
+    // SAFETY: the context is current; `base` is the base of a live allocation, as just asked.
+    let handle = unsafe { rt.ipc_get_handle(base) }.map_err(|e| {
+        e.with_context(|| {
+            format!(
+                "exporting the {size}-byte allocation at {base:#x} behind wrapped memory at \
+                 {ptr:#x} ({} gives handles only to memory of its plain allocator: memory \
+                 mapped by the virtual memory calls, such as PyTorch's expandable segments, \
+                 has none)",
+                vendor.ipc_export_call
+            )
+        })
+    })?;
+    let (whole, id) = EXTERNAL_BASES.base(ctx, base, size, handle);
+    REGISTRY.record_export(id, &whole);
+    Ok(IpcPayload::this_process(ctx.ordinal(), id, size, handle)
+        .view(offset, len as u64)
+        .to_handle(vendor))
+}
+
+/// Keyed by backend, device, base address and the vendor handle: memory freed and allocated
+/// again at the same address gets another handle, hence another record and id.
+type BaseKey = (BackendKind, usize, u64, IpcBytes);
+/// An allocation's record and its id.
+type BaseRecord = (Arc<dyn Allocation>, u64);
+
+/// The runtime allocations behind exported wrapped memory: a record per allocation
+/// ([`Backing::External`], which frees nothing), with the id its handles carry. Records are
+/// kept for the life of the process (an importer may map the allocation at any time while the
+/// caller keeps it); one of a base address whose handle changed (freed and allocated again) is
+/// replaced.
+#[derive(Debug, Default)]
+pub struct ExternalBases {
+    bases: OnceLock<Mutex<HashMap<BaseKey, BaseRecord>>>,
+}
+
+impl ExternalBases {
+    /// An empty table (for a `static`).
+    pub const fn new() -> Self {
+        ExternalBases {
+            bases: OnceLock::new(),
+        }
+    }
+
+    /// The record of the `size`-byte allocation at `base` whose vendor handle is `handle`, and
+    /// its id.
+    fn base<R: Runtime>(
+        &self,
+        ctx: &Arc<Context<R>>,
+        base: u64,
+        size: usize,
+        handle: IpcBytes,
+    ) -> BaseRecord {
+        let mut m = self
+            .bases
+            .get_or_init(|| Mutex::new(HashMap::new()))
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let key = (R::VENDOR.kind, ctx.ordinal(), base, handle);
+        if let Some(found) = m.get(&key).filter(|(a, _)| a.len() == size) {
+            return found.clone();
+        }
+        m.retain(|k, _| !(k.0 == key.0 && k.1 == key.1 && k.2 == key.2));
+        let record = GpuAllocation::from_raw(
+            ctx.clone(),
+            base,
+            size,
+            MemoryKind::Device,
+            Backing::External,
+        );
+        let id = record.id;
+        let found: BaseRecord = (Arc::new(record), id);
+        m.insert(key, found.clone());
+        found
+    }
+}
+
+/// Allocations behind the wrapped memory this process exported.
+static EXTERNAL_BASES: ExternalBases = ExternalBases::new();
+
 /// Maps memory exported by [`export`] in this process or another of the same host.
 pub fn import<R: Runtime>(ctx: &Arc<Context<R>>, handle: &IpcHandle) -> Result<DeviceBuffer> {
     let vendor = &R::VENDOR;
     let p = IpcPayload::from_handle(vendor, handle)?;
-    REGISTRY.import(
+    let whole = REGISTRY.import(
         (vendor.kind, vendor.ipc_what),
         &p,
         ctx.ordinal(),
         |o| DeviceBuffer::new(Arc::new(GpuAllocation::alias(ctx, o))),
         || open(ctx, &p),
-    )
+    )?;
+    if p.is_whole() {
+        return Ok(whole);
+    }
+    Ok(DeviceBuffer::new(Arc::new(GpuAllocation::view(
+        ctx,
+        whole.allocation().clone(),
+        p.offset as usize,
+        p.len as usize,
+    ))))
 }
 
 /// Opens another process's memory and checks that the mapping holds the bytes the handle
@@ -290,19 +441,19 @@ fn open<R: Runtime>(ctx: &Arc<Context<R>>, p: &IpcPayload) -> Result<Arc<dyn All
     let a = GpuAllocation::from_raw(
         ctx.clone(),
         ptr,
-        p.len as usize,
+        p.alloc_len as usize,
         MemoryKind::Device,
         Backing::Imported,
     );
     // SAFETY: the context is current; `ptr` is a live mapping.
     let (base, size) = unsafe { rt.mem_address_range(ptr) }?;
     let offset = ptr.wrapping_sub(base);
-    if ptr < base || (size as u64).saturating_sub(offset) < p.len {
+    if ptr < base || (size as u64).saturating_sub(offset) < p.alloc_len {
         return Err(Error::Remote {
             rank: usize::MAX,
             message: format!(
                 "IPC handle claims {} bytes but the mapped allocation has {size} bytes at offset {offset}",
-                p.len
+                p.alloc_len
             ),
         });
     }
@@ -323,7 +474,9 @@ mod tests {
             pid: 4242,
             device: 1,
             alloc_id: 7,
-            len: 1 << 20,
+            len: 1 << 19,
+            offset: 4096,
+            alloc_len: 1 << 20,
             handle: [0xAB; IPC_HANDLE_SIZE],
         }
     }
@@ -337,16 +490,30 @@ mod tests {
     }
 
     #[test]
-    fn payload_bytes_are_the_wire_layout_of_version_2() {
+    fn payload_bytes_are_the_wire_layout_of_version_3() {
         let p = sample();
-        let mut w = Writer::new(VENDOR.ipc_magic, 2);
+        let mut w = Writer::new(VENDOR.ipc_magic, 3);
         w.str(&p.host_id)
             .u32(p.pid)
             .u32(p.device)
             .u64(p.alloc_id)
             .u64(p.len)
+            .u64(p.offset)
+            .u64(p.alloc_len)
             .raw(&p.handle);
         assert_eq!(p.encode(&VENDOR), w.finish());
+    }
+
+    #[test]
+    fn a_view_must_lie_inside_its_allocation() {
+        let whole = IpcPayload::this_process(0, 1, 1 << 20, [0u8; IPC_HANDLE_SIZE]);
+        assert!(whole.is_whole());
+        let v = whole.clone().view(4096, (1 << 20) - 4096);
+        assert!(!v.is_whole());
+        assert_eq!(IpcPayload::decode(&VENDOR, &v.encode(&VENDOR)).unwrap(), v);
+        let past = whole.view(4096, 1 << 20).encode(&VENDOR);
+        let e = IpcPayload::decode(&VENDOR, &past).unwrap_err().to_string();
+        assert!(e.contains("run past the 1048576-byte allocation"), "{e}");
     }
 
     #[test]
@@ -387,20 +554,21 @@ mod tests {
         }
 
         #[test]
-        fn every_truncation_is_an_error(cut in 0usize..120) {
+        fn every_truncation_is_an_error(cut in 0usize..140) {
             let buf = sample().encode(&VENDOR);
             prop_assume!(cut < buf.len());
             prop_assert!(IpcPayload::decode(&VENDOR, &buf[..cut]).is_err());
         }
 
         #[test]
-        fn mutated_payloads_never_panic(pos in 0usize..120, byte in any::<u8>()) {
+        fn mutated_payloads_never_panic(pos in 0usize..140, byte in any::<u8>()) {
             let mut buf = sample().encode(&VENDOR);
             if pos < buf.len() {
                 buf[pos] = byte;
             }
             if let Ok(p) = IpcPayload::decode(&VENDOR, &buf) {
                 prop_assert!(p.len > 0 && p.len <= MAX_ALLOCATION as u64 && p.pid != 0);
+                prop_assert!(p.offset + p.len <= p.alloc_len);
             }
         }
 
@@ -467,9 +635,10 @@ mod tests {
         let b = reg.import(WHO, &p, 0, DeviceBuffer::new, never).unwrap();
         assert!(Arc::ptr_eq(b.allocation(), &a));
         let mut wrong = p.clone();
-        wrong.len = 32;
+        wrong.alloc_len = 32;
         let e = reg.import(WHO, &wrong, 0, DeviceBuffer::new, never);
-        assert!(e.unwrap_err().to_string().contains("claims 32 bytes"));
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("claims an allocation of 32 bytes"), "{e}");
         drop((a, b));
         let e = reg.import(WHO, &p, 0, DeviceBuffer::new, never);
         assert!(e.unwrap_err().to_string().contains("stale IPC handle"));

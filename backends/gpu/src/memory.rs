@@ -26,8 +26,12 @@ pub(crate) enum Backing {
     HostMapped { host: *mut u8 },
     /// Another process's memory ([`Runtime::ipc_open_handle`]); closed on drop.
     Imported,
-    /// Another allocation of this process (same-process import); nothing to free here.
+    /// Another allocation of this process (same-process import), or a part of one (an
+    /// imported view of wrapped memory); nothing to free here.
     Alias(Arc<dyn Allocation>),
+    /// The runtime allocation behind memory a caller wrapped (`Device::wrap_external`),
+    /// described so that it can be exported; the caller owns it, nothing to free here.
+    External,
 }
 
 /// One allocation or imported mapping of a GPU backend.
@@ -118,6 +122,18 @@ impl<R: Runtime> GpuAllocation<R> {
         Self::from_raw(ctx.clone(), ptr, len, kind, Backing::Alias(original))
     }
 
+    /// `len` bytes at `offset` of `original` (checked by the caller), seen through `ctx`'s
+    /// device; keeps `original` alive.
+    pub(crate) fn view(
+        ctx: &Arc<Context<R>>,
+        original: Arc<dyn Allocation>,
+        offset: usize,
+        len: usize,
+    ) -> Self {
+        let (ptr, kind) = (original.device_ptr().0 + offset as u64, original.kind());
+        Self::from_raw(ctx.clone(), ptr, len, kind, Backing::Alias(original))
+    }
+
     /// The context the allocation belongs to.
     pub fn context(&self) -> &Arc<Context<R>> {
         &self.ctx
@@ -126,7 +142,7 @@ impl<R: Runtime> GpuAllocation<R> {
 
 impl<R: Runtime> Drop for GpuAllocation<R> {
     fn drop(&mut self) {
-        if matches!(self.backing, Backing::Alias(_)) {
+        if matches!(self.backing, Backing::Alias(_) | Backing::External) {
             return;
         }
         if self.ctx.bind().is_err() {
@@ -143,7 +159,7 @@ impl<R: Runtime> Drop for GpuAllocation<R> {
         // once, here; no stream uses it any more, since every enqueued operation keeps a clone
         // of the buffer until it has run.
         let r = match &self.backing {
-            Backing::Alias(_) => Ok(()),
+            Backing::Alias(_) | Backing::External => Ok(()),
             // SAFETY: see above; `ptr` came from mem_alloc.
             Backing::Device => unsafe { rt.mem_free(self.ptr) },
             // SAFETY: see above; `host` came from host_alloc_mapped.
@@ -176,7 +192,10 @@ impl<R: Runtime> Allocation for GpuAllocation<R> {
     fn host_ptr(&self) -> Option<*mut u8> {
         match &self.backing {
             Backing::HostMapped { host } => Some(*host),
-            Backing::Alias(a) => a.host_ptr(),
+            // A view starts `ptr - original's ptr` bytes into the original.
+            Backing::Alias(a) => a
+                .host_ptr()
+                .map(|h| h.wrapping_add(self.ptr.wrapping_sub(a.device_ptr().0) as usize)),
             _ => None,
         }
     }
@@ -195,13 +214,12 @@ pub fn gpu_allocation<R: Runtime>(buf: &DeviceBuffer) -> Result<&GpuAllocation<R
         .downcast_ref::<GpuAllocation<R>>()
         .ok_or_else(|| {
             if buf.backend() == R::VENDOR.kind {
-                // The one other kind of buffer of this backend: a caller's pointer wrapped by
-                // `Device::wrap_external` (PyTorch's memory, a plain cudaMalloc).
+                // Wrapped memory (`ExternalAllocation`) is exported by the IPC module itself.
                 Error::invalid(format!(
-                    "a {} buffer wrapped from a caller's pointer is not this library's allocation: \
-                     only memory the library allocated (Device::alloc, ncclMemAlloc, \
-                     Communicator.alloc in Python) can be shared with peers",
-                    R::VENDOR.name
+                    "a {} buffer that is neither this library's allocation nor a wrapped pointer \
+                     ({:?}) cannot be shared with peers",
+                    R::VENDOR.name,
+                    buf.allocation()
                 ))
             } else {
                 Error::invalid(format!(
