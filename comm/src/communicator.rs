@@ -41,6 +41,24 @@ struct AbortState {
     word: Option<BufferSlice>,
     /// The first failure, with how it was learned.
     failure: Mutex<Option<PeerFailure>>,
+    /// Called once, when the first failure is stored ([`Communicator::on_abort`]), by id.
+    listeners: Mutex<AbortListeners>,
+}
+
+/// A callback run when a communicator fails: the work that cannot poll the abort word (stream
+/// waits on memory) is released by it.
+pub type AbortListener = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
+struct AbortListeners {
+    next: u64,
+    by_id: Vec<(u64, AbortListener)>,
+}
+
+impl std::fmt::Debug for AbortListeners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} abort listeners", self.by_id.len())
+    }
 }
 
 impl AbortState {
@@ -57,6 +75,18 @@ impl AbortState {
             // SAFETY: `p` is the host pointer of the 8-byte, 8-aligned allocation this state
             // keeps alive; the word is only accessed atomically (here and by kernels' polls).
             unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }.store(v, Ordering::Release);
+        }
+        // Run outside the lock: a listener may register or remove listeners itself.
+        let listeners: Vec<AbortListener> = self
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_id
+            .iter()
+            .map(|(_, l)| Arc::clone(l))
+            .collect();
+        for l in listeners {
+            l();
         }
     }
 }
@@ -91,6 +121,7 @@ impl Communicator {
             host: AtomicU64::new(0),
             word,
             failure: Mutex::new(None),
+            listeners: Mutex::new(AbortListeners::default()),
         });
         let a = Arc::clone(&abort);
         let handler = boot.on_failure(Box::new(move |f: &PeerFailure| {
@@ -171,6 +202,42 @@ impl Communicator {
     /// times; a failure already recorded stays the reported cause.
     pub fn abort(&self) {
         self.abort.set(ABORTED_LOCALLY);
+    }
+
+    /// Calls `listener` once when this communicator fails (a peer found dead or
+    /// [`Communicator::abort`]), at once if it has failed already; returns its id for
+    /// [`Communicator::remove_abort_listener`]. For device work that cannot poll the abort word
+    /// (a stream's wait on a memory word): the listener releases it. It runs on the thread that
+    /// learned the failure (the bootstrap's event loop, or the caller of `abort`), so it must
+    /// not block.
+    pub fn on_abort(&self, listener: AbortListener) -> u64 {
+        let id = {
+            let mut ls = self
+                .abort
+                .listeners
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            ls.next += 1;
+            let id = ls.next;
+            ls.by_id.push((id, Arc::clone(&listener)));
+            id
+        };
+        // A failure stored before the registration has already run the listeners; this one
+        // missed it. One stored in between may run it twice: listeners must be idempotent.
+        if self.abort.host.load(Ordering::Acquire) != 0 {
+            listener();
+        }
+        id
+    }
+
+    /// Forgets the listener `id` of [`Communicator::on_abort`] (unknown ids are ignored).
+    pub fn remove_abort_listener(&self, id: u64) {
+        self.abort
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_id
+            .retain(|(i, _)| *i != id);
     }
 
     /// Makes the waits of kernels launched from this thread poll this communicator's abort
@@ -271,5 +338,52 @@ impl Drop for Communicator {
             // (ncclCommAbort); one may still be polling the word, so it is never unmapped.
             std::mem::forget(self.abort.word.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use mscclpp_hal::Backend;
+
+    use super::*;
+    use crate::bootstrap::{BootstrapConfig, BootstrapRoot};
+
+    fn one_rank() -> (BootstrapRoot, Communicator) {
+        let cfg = BootstrapConfig::default();
+        let (root, uid) =
+            BootstrapRoot::start("127.0.0.1:0".parse().unwrap(), 1, &cfg).expect("root");
+        let boot = Arc::new(Bootstrap::new(&uid, 0, 1, cfg).expect("bootstrap"));
+        let device = mscclpp_host::HostBackend::new()
+            .open_device(0)
+            .expect("host device");
+        (root, Communicator::new(boot, device))
+    }
+
+    /// A listener runs once at the first failure (not again at a second), at once when
+    /// registered after it, and never once removed.
+    #[test]
+    fn abort_listeners_run_once_at_the_first_failure() {
+        let (_root, comm) = one_rank();
+        let count = |c: &Arc<AtomicUsize>| {
+            let c = Arc::clone(c);
+            Arc::new(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+            }) as AbortListener
+        };
+        let (a, gone) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        comm.on_abort(count(&a));
+        let id = comm.on_abort(count(&gone));
+        comm.remove_abort_listener(id);
+        assert_eq!(a.load(Ordering::SeqCst), 0);
+        comm.abort();
+        comm.abort();
+        assert_eq!(a.load(Ordering::SeqCst), 1);
+        assert_eq!(gone.load(Ordering::SeqCst), 0);
+        let late = Arc::new(AtomicUsize::new(0));
+        comm.on_abort(count(&late));
+        assert_eq!(late.load(Ordering::SeqCst), 1);
+        assert!(comm.check_live().is_err());
     }
 }

@@ -1,12 +1,13 @@
 //! A rank killed (SIGKILL) at each phase — bootstrap init, connection set-up, an LL all-reduce,
-//! a direct all-reduce, a port-channel exchange — and a chaos run of random kills: every
+//! a direct all-reduce, a port-channel exchange, copy-engine calls — and a chaos run of random kills: every
 //! survivor must fail, naming the dead rank, within a few seconds of the kill, with the default
 //! settings; none may hang or exit 0. Ranks are processes of this binary on the host backend.
 //! The `gpu` trials (`faults::cuda::*`, `faults::rocm::*`; ignored, with the reason, where the
 //! backend cannot be probed) run two ranks on the GPUs there are (one GPU shared is fine) and kill
-//! one mid LL all-reduce, mid direct all-reduce and mid send/receive: the survivor's kernel must
-//! give up on the communicator's abort word, so that its call fails naming the dead rank within
-//! 2 s, and its device must still work afterwards (no trap, no CUDA error).
+//! one mid LL all-reduce, mid direct all-reduce, mid send/receive and mid copy-engine calls: the
+//! survivor's kernel must give up on the communicator's abort word (the copy-engine calls' stream
+//! waits are released instead), so that its call fails naming the dead rank within 2 s, and its
+//! device must still work afterwards (no trap, no CUDA error).
 //! Runs with `cargo test -p mscclpp-conformance --test faults -- --nocapture` (the chaos trial
 //! prints its summary; `MSCCLPP_CHAOS_TRIALS` sets the number of trials).
 
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::collectives::{
-    AlgorithmId, CollectiveKind, Collectives, DataType, P2pKind, P2pOp, ReduceOp,
+    AlgorithmId, CollectiveCall, CollectiveKind, Collectives, DataType, P2pKind, P2pOp, ReduceOp,
 };
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
@@ -204,11 +205,40 @@ fn body(r: &Rank, phase: &str, victim: Option<usize>) -> R<()> {
                 r.stream.synchronize().map_err(e)?;
             }
         }
+        "ce" => ce_loop(r),
         "p2p" => p2p_loop(r),
         "port" => port_loop(r),
         "chaos" => chaos_loop(r),
         other => Err(format!("unknown phase {other}")),
     }
+}
+
+/// Copy-engine calls (asked for per call), each several chunks of the host backend's scratch:
+/// their streams wait on flags with no kernel, so a dead peer is seen through the release of
+/// the waits (GPUs; on the host backend the waits also poll the abort word) and the next call's
+/// refusal.
+fn ce_loop(r: &Rank) -> R<()> {
+    let coll = Collectives::with_slot_bytes(r.comm.clone(), 4096).map_err(e)?;
+    // 2 MiB per rank block: 4 chunks of the host backend's default scratch.
+    let count = 512 << 10;
+    let input = r
+        .device
+        .alloc(count * 4 * r.n, MemoryKind::Device)
+        .map_err(e)?;
+    let output = r
+        .device
+        .alloc(count * 4 * r.n, MemoryKind::Device)
+        .map_err(e)?;
+    let (inp, out) = (input.full(), output.full());
+    let kinds = [CollectiveKind::AllGather, CollectiveKind::ReduceScatter];
+    mark("ready");
+    for i in 0.. {
+        let call = CollectiveCall::new(kinds[i % kinds.len()], &inp, &out, count, DataType::F32)
+            .algorithm(Some(AlgorithmId::Ce));
+        coll.run(&call, &*r.stream).map_err(e)?;
+        r.stream.synchronize().map_err(e)?;
+    }
+    Ok(())
 }
 
 /// Send/receive rings of 64 KiB (several rounds of the point-to-point kernel per call).
@@ -710,6 +740,7 @@ fn main() {
         phase_trial("ll", &[]),
         phase_trial("direct", &[]),
         phase_trial("port", &[]),
+        phase_trial("ce", &[]),
         Trial::test("faults::chaos_random_kills", chaos),
     ];
     let mut trials = trials;
@@ -717,6 +748,7 @@ fn main() {
         trials.push(gpu_trial(kind, "ll", "ll"));
         trials.push(gpu_trial(kind, "direct", "direct"));
         trials.push(gpu_trial(kind, "p2p", ""));
+        trials.push(gpu_trial(kind, "ce", ""));
     }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -12,13 +12,13 @@ use std::sync::{Arc, OnceLock};
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
     BufferSlice, Device, DeviceBuffer, Error, Event, LaunchConfig, MemoryKind, Result, Stream,
-    WaitCmp,
 };
 use mscclpp_transports::RegisteredMemory;
 
 use super::{Algorithm, AlgorithmId, LazyKernel, MAX_RANKS, Plan};
 
 pub(crate) mod reduce;
+mod release;
 
 use crate::CollectiveKind;
 use crate::agree::agree;
@@ -26,6 +26,7 @@ use crate::call::Checked;
 use crate::policy::Settings;
 use crate::scratch::map_peers;
 use reduce::{CE_REDUCE, CeReduceArgs};
+use release::{Release, take};
 
 /// Byte offset of the `ready[BUFFERS][MAX_RANKS]` words in a rank's CE scratch.
 const READY: usize = 0;
@@ -69,6 +70,16 @@ pub(crate) struct Ce {
     reduce: LazyKernel<CeReduceArgs>,
     /// Blocks and threads of the reduction.
     reduce_grid: LaunchConfig,
+    /// The listener that releases this rank's waits when the communicator fails
+    /// ([`release`]), removed from `comm` on drop.
+    comm: Arc<Communicator>,
+    abort_listener: u64,
+}
+
+impl Drop for Ce {
+    fn drop(&mut self) {
+        self.comm.remove_abort_listener(self.abort_listener);
+    }
 }
 
 /// What a rank does with chunk `k` of a call: publish (stage into its own scratch) and/or
@@ -109,7 +120,7 @@ fn roles(kind: CollectiveKind, rank: usize, n: usize, root: usize) -> Roles {
 
 impl Ce {
     /// The scratch, mapped by every peer (a collective call). `data_bytes` must agree.
-    pub fn setup(comm: &Communicator, settings: &Settings) -> Result<Ce> {
+    pub fn setup(comm: &Arc<Communicator>, settings: &Settings) -> Result<Ce> {
         let (rank, n) = (comm.rank(), comm.nranks());
         let host = comm.device().info().warp_size == 1;
         let data_bytes = settings.ce_scratch_bytes.unwrap_or(if host {
@@ -161,6 +172,9 @@ impl Ce {
             }
             peers[p] = Some(view);
         }
+        // Its own stream: the caller's and the side stream may be blocked in a wait it must end.
+        let release = Release::new(device.create_stream()?, mine.full(), rank, n);
+        let abort_listener = comm.on_abort(Arc::new(move || release.start()));
         Ok(Ce {
             mine,
             peers,
@@ -178,6 +192,8 @@ impl Ce {
             } else {
                 LaunchConfig::linear(4, 512)
             },
+            comm: Arc::clone(comm),
+            abort_listener,
         })
     }
 
@@ -282,9 +298,7 @@ impl Step<'_> {
         let b = k % BUFFERS;
         let mine = self.ce.mine.full();
         for p in (0..n).filter(|&p| self.roles.consumed_by[p]) {
-            let done = Ce::flag(&mine, DONE, b, p)?;
-            stream.wait_value64(&done, 1, WaitCmp::Eq)?;
-            stream.write_value64(&done, 0)?;
+            take(stream, &mine, &Ce::flag(&mine, DONE, b, p)?)?;
         }
         if matches!(
             c.kind,
@@ -312,9 +326,7 @@ impl Step<'_> {
         let (b, block) = (k % BUFFERS, self.call.block_bytes);
         let mine = self.ce.mine.full();
         for p in (0..n).filter(|&p| self.roles.consume_from[p]) {
-            let ready = Ce::flag(&mine, READY, b, p)?;
-            stream.wait_value64(&ready, 1, WaitCmp::Eq)?;
-            stream.write_value64(&ready, 0)?;
+            take(stream, &mine, &Ce::flag(&mine, READY, b, p)?)?;
             let theirs = self.ce.peer(p)?;
             let (region, dst_at) = match c.kind {
                 CollectiveKind::AllToAll | CollectiveKind::ReduceScatter => {
