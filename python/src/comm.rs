@@ -131,6 +131,10 @@ struct Inner {
     /// peers' buffers, which caller memory (NumPy's heap, torch's allocator) cannot be; the same
     /// buffers on every call keep the executor's set-up cached.
     staging: Mutex<HashMap<(usize, usize), Staged>>,
+    /// Device ranges (address, bytes) registered by `register`: an all-reduce whose input lies
+    /// inside one is a zero-copy call (registration is collective, so every rank's input is
+    /// registered likewise).
+    registered: Mutex<Vec<(u64, u64)>>,
 }
 
 impl Inner {
@@ -140,6 +144,13 @@ impl Inner {
 
     fn backend(&self) -> BackendKind {
         self.device().info().backend
+    }
+
+    /// Whether `bytes` at `ptr` lie inside a registered buffer.
+    fn is_registered(&self, ptr: u64, bytes: u64) -> bool {
+        lock(&self.registered)
+            .iter()
+            .any(|&(p, n)| ptr >= p && ptr.saturating_add(bytes) <= p.saturating_add(n))
     }
 
     fn host(&self) -> bool {
@@ -366,6 +377,7 @@ fn open(
             executor: Mutex::new(None),
             plans: Mutex::new(HashMap::new()),
             staging: Mutex::new(HashMap::new()),
+            registered: Mutex::new(Vec::new()),
         })
     });
     Ok(Communicator {
@@ -509,6 +521,8 @@ impl Communicator {
         let bin = inner.wrap(&vin)?;
         let bout = inner.wrap(&vout)?;
         let host = inner.host();
+        let registered =
+            kind == CollectiveKind::AllReduce && inner.is_registered(vin.ptr, vin.nbytes() as u64);
         let inner2 = inner.clone();
         py.detach(move || {
             let (i, o) = (bin.full(), bout.full());
@@ -516,7 +530,8 @@ impl Communicator {
                 Some(c) => c.run(
                     &CollectiveCall::new(kind, &i, &o, count, dt)
                         .op(op)
-                        .root(root),
+                        .root(root)
+                        .registered(registered),
                     &*s,
                 )?,
                 None if i.ptr() != o.ptr() => s.copy(&o, &i)?,
@@ -652,6 +667,8 @@ fn self_copies(ops: &[P2pOp], stream: &dyn Stream) -> mscclpp::hal::Result<()> {
 #[derive(Debug)]
 pub struct RegisteredBuffer {
     window: Mutex<Option<Window>>,
+    /// Its device range, as `Inner::registered` holds it.
+    range: (u64, u64),
     /// The wrapper of the caller's memory and the caller's object: both live as long as the
     /// registration.
     _buffer: DeviceBuffer,
@@ -789,6 +806,17 @@ impl Communicator {
         backend: Option<&str>,
     ) -> PyResult<Self> {
         open(py, None, device, backend)
+    }
+
+    /// All-reduces so far whose peers read a registered input in place instead of a copy
+    /// (see `register`): the zero-copy path at the sizes where it pays.
+    #[getter]
+    fn zero_copy_calls(&self) -> PyResult<u64> {
+        Ok(self
+            .inner()?
+            .colls
+            .as_ref()
+            .map_or(0, Collectives::zero_copy_calls))
     }
 
     /// This rank.
@@ -1020,8 +1048,12 @@ impl Communicator {
                 "a communicator of one rank has no collectives to register with",
             )),
         });
+        let window = window.py_err()?;
+        let range = (buffer.ptr().0, buffer.len() as u64);
+        lock(&inner.registered).push(range);
         Ok(RegisteredBuffer {
-            window: Mutex::new(Some(window.py_err()?)),
+            window: Mutex::new(Some(window)),
+            range,
             _buffer: buffer,
             array: tensor.clone().unbind(),
         })
@@ -1034,6 +1066,12 @@ impl Communicator {
         let w = lock(&buffer.window)
             .take()
             .ok_or_else(|| usage("deregister: this buffer is not registered (any more)"))?;
+        {
+            let mut reg = lock(&inner.registered);
+            if let Some(i) = reg.iter().position(|r| *r == buffer.range) {
+                reg.swap_remove(i);
+            }
+        }
         let colls = inner.colls("deregister")?.is_some();
         py.detach(move || match colls_of(&inner, colls) {
             Some(c) => c.deregister(w),

@@ -418,15 +418,22 @@ def registered_all_reduce(comm, count):
     import torch
 
     dev = _device(comm)
-    x = torch.zeros(count, dtype=torch.float32, device=dev)
+    # A view at an offset into a larger tensor: the peers map the caching allocator's whole
+    # segment and must read exactly this range of it.
+    whole = torch.zeros(count + 2048, dtype=torch.float32, device=dev)
+    x = whole[1024 : 1024 + count]
     reg = comm.register(x)
+    zero_copy = comm.zero_copy_calls
     out = torch.zeros_like(x)
     for i in range(3):
         ins = [values("float32", 60 + i, p, count) for p in range(comm.size)]
         x.copy_(torch.from_numpy(ins[comm.rank]).to(dev))
+        out.fill_(float("nan"))
         comm.all_reduce(x, out=out)
         torch.cuda.synchronize()
         check(f"registered {i}", out.double().cpu().numpy(), reduce("sum", ins, "float32"), "float32")
+    # 4 MiB in all is inside the range where reading in place pays: every call was zero copy.
+    assert comm.zero_copy_calls - zero_copy == 3, (zero_copy, comm.zero_copy_calls)
     comm.barrier()
     comm.deregister(reg)
     assert not reg.registered
