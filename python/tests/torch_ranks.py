@@ -1,0 +1,144 @@
+"""Rank processes of ``test_torch_backend.py``: each initialises ``torch.distributed`` with the
+``mscclpp`` backend and runs PyTorch's own collective API and DDP against references computed
+locally (every rank generates every rank's input from the same seeds)."""
+
+import os
+import traceback
+
+DEADLINE_S = float(os.environ.get("MSCCLPP_PYTEST_DEADLINE", "120"))
+
+
+def _inputs(torch, case, size, shape, dtype, device):
+    out = []
+    for r in range(size):
+        g = torch.Generator().manual_seed(1000 * case + r)
+        x = torch.randn(shape, generator=g, dtype=torch.float32)
+        out.append(x.to(dtype).to(device))
+    return out
+
+
+def _close(torch, got, want, what, dtype):
+    tol = 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5
+    got, want = got.double().cpu(), want.double().cpu()
+    if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=tol):
+        bad = (got - want).abs().max().item() if got.shape == want.shape else "shape"
+        raise AssertionError(f"{what}: wrong result (max error {bad})")
+
+
+def checks(torch, dist, rank, size, device):
+    """The cases; raises on the first wrong result."""
+    case = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (1, 1000, (1 << 16) + 3):
+            for op, ref in (
+                (dist.ReduceOp.SUM, lambda xs: sum(x.double() for x in xs)),
+                (dist.ReduceOp.MAX, lambda xs: torch.stack([x.double() for x in xs]).amax(0)),
+                (dist.ReduceOp.AVG, lambda xs: sum(x.double() for x in xs) / len(xs)),
+            ):
+                case += 1
+                xs = _inputs(torch, case, size, (n,), dtype, device)
+                t = xs[rank].clone()
+                dist.all_reduce(t, op=op)
+                _close(torch, t, ref(xs).to(dtype), f"all_reduce {dtype} n={n} {op}", dtype)
+            case += 1
+            xs = _inputs(torch, case, size, (n,), dtype, device)
+            out = torch.full((size * n,), float("nan"), dtype=dtype, device=device)
+            dist.all_gather_into_tensor(out, xs[rank])
+            _close(torch, out, torch.cat(xs), f"all_gather_into_tensor {dtype} n={n}", dtype)
+            outs = [torch.full((n,), float("nan"), dtype=dtype, device=device) for _ in range(size)]
+            dist.all_gather(outs, xs[rank])
+            _close(torch, torch.cat(outs), torch.cat(xs), f"all_gather {dtype} n={n}", dtype)
+            case += 1
+            xs = _inputs(torch, case, size, (size * n,), dtype, device)
+            out = torch.full((n,), float("nan"), dtype=dtype, device=device)
+            dist.reduce_scatter_tensor(out, xs[rank])
+            want = sum(x.double() for x in xs)[rank * n : (rank + 1) * n].to(dtype)
+            _close(torch, out, want, f"reduce_scatter_tensor {dtype} n={n}", dtype)
+            for root in range(size):
+                case += 1
+                xs = _inputs(torch, case, size, (n,), dtype, device)
+                t = xs[rank].clone() if rank == root else torch.full_like(xs[0], float("nan"))
+                dist.broadcast(t, src=root)
+                _close(torch, t, xs[root], f"broadcast {dtype} n={n} root={root}", dtype)
+    # all_to_all_single, equal and uneven parts (rank r sends r + p + 1 rows to rank p).
+    case += 1
+    xs = _inputs(torch, case, size, (size * 4, 3), torch.float32, device)
+    out = torch.full_like(xs[0], float("nan"))
+    dist.all_to_all_single(out, xs[rank])
+    want = torch.cat([xs[p][rank * 4 : (rank + 1) * 4] for p in range(size)])
+    _close(torch, out, want, "all_to_all_single", torch.float32)
+    rows = lambda s, d: s + d + 1  # noqa: E731
+    case += 1
+    xs = [
+        x[: sum(rows(r, p) for p in range(size))]
+        for r, x in enumerate(_inputs(torch, case, size, (64, 3), torch.float32, device))
+    ]
+    in_splits = [rows(rank, p) for p in range(size)]
+    out_splits = [rows(p, rank) for p in range(size)]
+    out = torch.full((sum(out_splits), 3), float("nan"), device=device)
+    dist.all_to_all_single(out, xs[rank], out_splits, in_splits)
+    parts = []
+    for p in range(size):
+        start = sum(rows(p, q) for q in range(rank))
+        parts.append(xs[p][start : start + rows(p, rank)])
+    _close(torch, out, torch.cat(parts), "all_to_all_single uneven", torch.float32)
+    # A ring of sends and receives through batch_isend_irecv.
+    case += 1
+    xs = _inputs(torch, case, size, (777,), torch.float32, device)
+    got = torch.full_like(xs[0], float("nan"))
+    ops = [
+        dist.P2POp(dist.isend, xs[rank], (rank + 1) % size),
+        dist.P2POp(dist.irecv, got, (rank - 1) % size),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    _close(torch, got, xs[(rank - 1) % size], "batch_isend_irecv ring", torch.float32)
+    dist.barrier()
+    # DDP: after backward, every rank's gradient is the mean of every rank's own gradient.
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = model.to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    grads = []
+    for r in range(size):
+        g = torch.Generator().manual_seed(99 + r)
+        x = torch.randn(8, 16, generator=g).to(device)
+        ref = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+        h = torch.nn.functional.linear(x, ref[0], ref[1]).relu()
+        torch.nn.functional.linear(h, ref[2], ref[3]).sum().backward()
+        grads.append([p.grad for p in ref])
+        if r == rank:
+            mine = x
+    ddp(mine).sum().backward()
+    for i, p in enumerate(ddp.module.parameters()):
+        want = sum(g[i].double() for g in grads) / size
+        _close(torch, p.grad, want, f"DDP gradient of parameter {i}", torch.float32)
+
+
+def main(rank, size, port, kind, queue):
+    """One rank: ``kind`` is "cuda" (torch tensors on the GPU) or "host" (CPU tensors)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if kind == "host":
+        os.environ["MSCCLPP_BACKEND"] = "host"
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import mscclpp_rs.torch_backend  # noqa: F401  (registers "mscclpp")
+
+        if kind == "cuda":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            device = torch.device("cuda", torch.cuda.current_device())
+            backend = "cuda:mscclpp"
+        else:
+            device = torch.device("cpu")
+            backend = "cpu:mscclpp"
+        dist.init_process_group(backend, rank=rank, world_size=size)
+        pg = dist.distributed_c10d._get_default_group()
+        name = pg.name() if hasattr(pg, "name") else "?"
+        checks(torch, dist, rank, size, device)
+        dist.destroy_process_group()
+        queue.put((rank, "ok", name))
+    except BaseException as e:  # the test shows every rank's failure
+        queue.put((rank, type(e).__name__, f"{e}\n{traceback.format_exc()}"))
