@@ -27,6 +27,16 @@ pub const QUEUE_WAIT: Duration = Duration::from_secs(3600);
 /// One enqueued operation. `Fn` (not `FnOnce`) so that a captured graph can replay it.
 type Job = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
+/// What a job does instead when it is skipped behind an earlier error (an event record: the
+/// event is reached, failed, so that a stream waiting for it does not wait forever).
+type OnSkip = Arc<dyn Fn(&Error) + Send + Sync>;
+
+/// A job in a stream's queue.
+struct Queued {
+    job: Job,
+    on_skip: Option<OnSkip>,
+}
+
 /// Progress of a stream, shared with its worker.
 #[derive(Default)]
 struct Progress {
@@ -36,7 +46,7 @@ struct Progress {
     /// since they usually depend on the failed one.
     error: Option<Error>,
     /// Jobs not yet taken by the worker; at most the stream's depth.
-    queue: VecDeque<Job>,
+    queue: VecDeque<Queued>,
     /// Set when the stream is dropped: the worker finishes the queue and exits.
     closed: bool,
 }
@@ -147,6 +157,11 @@ impl HostStream {
 
     /// Queues a job, waiting (up to the stream's wait) while the queue is full.
     fn enqueue(&self, job: Job) -> Result<()> {
+        self.enqueue_with(job, None)
+    }
+
+    /// [`HostStream::enqueue`], with what the job does when it is skipped.
+    fn enqueue_with(&self, job: Job, on_skip: Option<OnSkip>) -> Result<()> {
         let mut p = self.shared.lock();
         if p.queue.len() >= self.depth {
             let deadline = Instant::now() + self.wait;
@@ -174,7 +189,7 @@ impl HostStream {
             return Err(Error::Internal("host stream used after shutdown".into()));
         }
         p.enqueued += 1;
-        p.queue.push_back(job);
+        p.queue.push_back(Queued { job, on_skip });
         drop(p);
         self.shared.queued.notify_one();
         Ok(())
@@ -220,7 +235,7 @@ impl Drop for HostStream {
 fn worker(shared: &Shared) {
     loop {
         let mut p = shared.lock();
-        let job = loop {
+        let Queued { job, on_skip } = loop {
             if let Some(job) = p.queue.pop_front() {
                 break job;
             }
@@ -229,9 +244,12 @@ fn worker(shared: &Shared) {
             }
             p = shared.queued.wait(p).unwrap_or_else(|e| e.into_inner());
         };
-        let skip = p.error.is_some();
+        let skipped = p.error.as_ref().map(relay);
         drop(p);
-        let result = if skip {
+        let result = if let Some(e) = skipped {
+            if let Some(f) = on_skip {
+                f(&e);
+            }
             Ok(())
         } else {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job())).unwrap_or_else(|p| {
@@ -441,16 +459,19 @@ impl Stream for HostStream {
             s.recorded += 1;
             s.recorded
         };
-        self.submit(Arc::new(move || {
-            let mut s = ev.lock();
-            if generation > s.reached {
-                s.reached = generation;
-                s.at = Some(Instant::now());
-            }
-            drop(s);
-            ev.changed.notify_all();
-            Ok(())
-        }))
+        let skipped = ev.clone();
+        // Not `submit`: a record is refused while capturing (above).
+        self.enqueue_with(
+            Arc::new(move || {
+                ev.reach(generation, None);
+                Ok(())
+            }),
+            // Behind an error the event is still reached, carrying the error, so that a stream
+            // waiting for it fails with it instead of waiting for its deadline.
+            Some(Arc::new(move |e: &Error| {
+                skipped.reach(generation, Some(relay(e)))
+            })),
+        )
     }
 
     fn is_capturing(&self) -> Result<bool> {
@@ -555,6 +576,9 @@ struct EventState {
     recorded: u64,
     reached: u64,
     at: Option<Instant>,
+    /// The error of the stream that reached the last generation, when it reached it skipping
+    /// its work behind that error.
+    failed: Option<Error>,
 }
 
 #[derive(Debug, Default)]
@@ -566,6 +590,18 @@ struct EventInner {
 impl EventInner {
     fn lock(&self) -> MutexGuard<'_, EventState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks `generation` reached (`failed`: behind that error of the recording stream).
+    fn reach(&self, generation: u64, failed: Option<Error>) {
+        let mut s = self.lock();
+        if generation > s.reached {
+            s.reached = generation;
+            s.at = Some(Instant::now());
+            s.failed = failed;
+        }
+        drop(s);
+        self.changed.notify_all();
     }
 
     fn wait_for(&self, generation: u64, timeout: Duration) -> Result<()> {
@@ -585,7 +621,50 @@ impl EventInner {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        Ok(())
+        match &s.failed {
+            Some(e) => Err(relay(e)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A copy of `e` for another stream (errors are not `Clone`: an I/O error keeps its kind and
+/// message).
+fn relay(e: &Error) -> Error {
+    match e {
+        Error::InvalidUsage(m) => Error::InvalidUsage(m.clone()),
+        Error::Unavailable { what, reason } => Error::Unavailable {
+            what: what.clone(),
+            reason: reason.clone(),
+        },
+        Error::Io { context, source } => Error::Io {
+            context: context.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+        Error::Driver {
+            backend,
+            call,
+            code,
+            message,
+        } => Error::Driver {
+            backend,
+            call,
+            code: *code,
+            message: message.clone(),
+        },
+        Error::Timeout { waiting_for, after } => Error::Timeout {
+            waiting_for: waiting_for.clone(),
+            after: *after,
+        },
+        Error::Remote { rank, message } => Error::Remote {
+            rank: *rank,
+            message: message.clone(),
+        },
+        Error::Malformed { what, why } => Error::Malformed {
+            what,
+            why: why.clone(),
+        },
+        Error::Internal(m) => Error::Internal(m.clone()),
     }
 }
 
@@ -730,6 +809,38 @@ mod tests {
         let e = s.synchronize_timeout(Duration::from_secs(30)).unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(10), "{e}");
         assert!(e.to_string().contains("rank 1"), "{e}");
+    }
+
+    /// A stream that failed still reaches the events it records after the failure, carrying the
+    /// error: a stream waiting for one fails with it (naming the dead rank) at once instead of
+    /// waiting for its deadline; a later record on a healthy stream clears it.
+    #[test]
+    fn an_event_recorded_behind_an_error_fails_its_waiters() {
+        use mscclpp_hal::WaitCmp;
+        let dev = HostBackend::new().open_device(0).unwrap();
+        let flag = dev.alloc(16, MemoryKind::Device).unwrap();
+        let (a, b) = (HostStream::new().unwrap(), HostStream::new().unwrap());
+        a.fill(&flag.full(), 0).unwrap();
+        let abort = flag.slice(8..16).unwrap();
+        a.write_value64(&abort, 3).unwrap();
+        a.synchronize().unwrap();
+        let ev = super::HostEvent::default();
+        {
+            let _scope = mscclpp_hal::dev::abort_scope(abort.ptr().0);
+            a.wait_value64(&flag.slice(0..8).unwrap(), 1, WaitCmp::Eq)
+                .unwrap();
+        }
+        a.record(&ev).unwrap();
+        b.wait_event(&ev).unwrap();
+        let t = Instant::now();
+        let e = b.synchronize_timeout(Duration::from_secs(30)).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(10), "{e}");
+        assert!(e.to_string().contains("rank 2"), "{e}");
+        assert!(a.synchronize().is_err());
+        // Healthy again (the errors were taken by the synchronisations): records clear it.
+        a.record(&ev).unwrap();
+        b.wait_event(&ev).unwrap();
+        b.synchronize_timeout(Duration::from_secs(10)).unwrap();
     }
 
     const RSS_OPS_VAR: &str = "MSCCLPP_HOST_STREAM_RSS_OPS";
