@@ -4,7 +4,7 @@
 //! algorithm from a size per collective on; LL below (its short kernels wherever a call fits
 //! them). The read and copy-engine algorithms only when forced (or asked by a call,
 //! [`crate::CollectiveCall::algorithm`]). `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and `ll128`,
-//! `read` for all-reduce; `ce` for the other collectives) forces one per collective;
+//! `read` for all-reduce; `ce` for every collective) forces one per collective;
 //! a forced algorithm that cannot serve a call (too large, or not set up here) leaves that call
 //! to the default choice. The thresholds are where the measurements in docs/performance.md
 //! cross over.
@@ -51,12 +51,6 @@ fn algo_var(kind: CollectiveKind) -> String {
     format!("MSCCLPP_ALGO_{}", kind.name().to_ascii_uppercase())
 }
 
-/// Whether the copy-engine algorithm serves `kind` (reduce-scatter with a small reduction kernel;
-/// not all-reduce).
-pub(crate) fn ce_serves(kind: CollectiveKind) -> bool {
-    kind != CollectiveKind::AllReduce
-}
-
 /// `MSCCLPP_ALGO_<KIND>`'s value `value` (unset: `None`).
 pub(crate) fn parse_choice(kind: CollectiveKind, value: Option<&str>) -> Result<Choice> {
     let Some(v) = value else {
@@ -69,17 +63,16 @@ pub(crate) fn parse_choice(kind: CollectiveKind, value: Option<&str>) -> Result<
         "direct" => Choice::Forced(AlgorithmId::Direct),
         "read" if all_reduce => Choice::Forced(AlgorithmId::Read),
         "ll128" if all_reduce => Choice::Forced(AlgorithmId::Ll128),
-        "ce" if ce_serves(kind) => Choice::Forced(AlgorithmId::Ce),
+        // Every collective (reduce-scatter and all-reduce with a small reduction kernel).
+        "ce" => Choice::Forced(AlgorithmId::Ce),
         _ => {
             return Err(Error::invalid(format!(
                 "environment variable {}={v:?} is malformed: expected auto, ll or direct{}",
                 algo_var(kind),
                 if all_reduce {
-                    " (or ll128, read)"
-                } else if ce_serves(kind) {
-                    " (or ce)"
+                    " (or ll128, read, ce)"
                 } else {
-                    ""
+                    " (or ce)"
                 }
             )));
         }
@@ -316,17 +309,19 @@ mod tests {
     }
 
     #[test]
-    fn ce_is_forced_for_the_collectives_it_serves_and_never_chosen_by_size() {
+    fn ce_is_forced_for_every_collective_and_never_chosen_by_size() {
         let with_ce = |kind, b| move |a| a == Ce || h200(kind, b)(a);
-        for kind in [AllGather, Broadcast, AllToAll, ReduceScatter] {
+        for kind in CollectiveKind::ALL {
             let ce = forced(kind, "CE");
             for b in [0, KIB, 64 * MIB, 1 << 30] {
                 assert_eq!(ce.choose(kind, b, with_ce(kind, b)), Ce, "{kind:?} {b}");
                 assert_ne!(auto().choose(kind, b, with_ce(kind, b)), Ce, "{kind:?} {b}");
             }
         }
-        let e = parse_choice(AllReduce, Some("ce")).unwrap_err().to_string();
-        assert!(e.contains(&algo_var(AllReduce)), "{e}");
+        assert_eq!(
+            parse_choice(AllReduce, Some("ce")).unwrap(),
+            Choice::Forced(Ce)
+        );
         let e = parse_choice(AllGather, Some("fast"))
             .unwrap_err()
             .to_string();
@@ -348,7 +343,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("MSCCLPP_ALGO_ALLREDUCE") && e.contains("ll128, read"),
+            e.contains("MSCCLPP_ALGO_ALLREDUCE") && e.contains("ll128, read, ce"),
             "{e}"
         );
     }

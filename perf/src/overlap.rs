@@ -431,9 +431,6 @@ pub fn run(
         };
         for &size in &sizes {
             for &path in &paths {
-                if path == Path::Ce && kind == CollectiveKind::AllReduce {
-                    continue;
-                }
                 let Some((count, t)) = bench.measure(args, &spec, path, size)? else {
                     continue;
                 };
@@ -486,9 +483,6 @@ pub fn run(
                     );
                 }
             }
-        }
-        if kind == CollectiveKind::AllReduce {
-            say("# allreduce: no copy-engine path yet: sm and nccl only".into());
         }
     }
     say(format!("# wrong elements: {wrong_total}"));

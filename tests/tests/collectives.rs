@@ -66,6 +66,10 @@ fn role_matrix() -> R<()> {
         coll.use_short_kernels(false);
     }
     let stream = device.create_stream().map_err(e)?;
+    let mut first_calls = 0;
+    if std::env::var("MSCCLPP_TEST_ALGO").is_ok_and(|v| v == "ce") {
+        first_calls = ce_first_call_captured(&coll, &device, &*stream, rank, n)?;
+    }
     let max_elems = counts.iter().max().copied().unwrap_or(1) * n;
     let inbuf = device
         .alloc(max_elems * 8 + GUARD, MemoryKind::Device)
@@ -108,7 +112,7 @@ fn role_matrix() -> R<()> {
     };
 
     let mut case = 0usize;
-    let (mut calls, mut wrong_total) = (0usize, 0usize);
+    let (mut calls, mut wrong_total) = (first_calls, 0usize);
     let t = Instant::now();
     for kind in kinds {
         for &dtype in &dtypes {
@@ -250,12 +254,7 @@ fn role_matrix() -> R<()> {
     // MSCCLPP_TEST_ALGO=ce: the matrix's kinds took the copy-engine algorithm, and it also holds
     // for calls back to back with no synchronisation and for replays of a captured graph.
     if std::env::var("MSCCLPP_TEST_ALGO").is_ok_and(|v| v == "ce") {
-        for kind in [
-            CollectiveKind::AllGather,
-            CollectiveKind::Broadcast,
-            CollectiveKind::AllToAll,
-            CollectiveKind::ReduceScatter,
-        ] {
+        for kind in CollectiveKind::ALL {
             for bytes in [0, 1, 1 << 20, 1 << 30] {
                 let id = coll.algorithm(kind, bytes);
                 if id != AlgorithmId::Ce {
@@ -274,15 +273,61 @@ fn role_matrix() -> R<()> {
     Ok(())
 }
 
+/// The copy engines forced for all-reduce: the communicator's very first all-reduce may be
+/// captured in a graph (its gather buffer was allocated at set-up), and the graph's replays are
+/// right. Returns the calls made.
+fn ce_first_call_captured(
+    coll: &Collectives,
+    device: &Arc<dyn mscclpp::hal::Device>,
+    stream: &dyn mscclpp::hal::Stream,
+    rank: usize,
+    n: usize,
+) -> R<usize> {
+    const COUNT: usize = 1001;
+    let input = device.alloc(COUNT, MemoryKind::Device).map_err(e)?;
+    let output = device.alloc(COUNT, MemoryKind::Device).map_err(e)?;
+    let (inp, out) = (input.full(), output.full());
+    let call = CollectiveCall::new(CollectiveKind::AllReduce, &inp, &out, COUNT, DataType::U8);
+    match stream.begin_capture() {
+        Ok(()) => {}
+        Err(x) if x.class() == ErrorClass::Unavailable => {
+            eprintln!("rank {rank}: ce first call captured: skipped: {x}");
+            return Ok(0);
+        }
+        Err(x) => return Err(format!("begin_capture: {x}")),
+    }
+    let r = coll.run(&call, stream);
+    let graph = stream.end_capture().map_err(e)?;
+    r.map_err(|x| format!("the first all-reduce by the copy engines, captured: {x}"))?;
+    let want: u8 = (1..=n as u8).fold(0, u8::wrapping_add);
+    for replay in 0..2 {
+        stream.fill(&inp, rank as u8 + 1).map_err(e)?;
+        stream.fill(&out, POISON).map_err(e)?;
+        graph.launch(stream).map_err(e)?;
+        stream
+            .synchronize_timeout(Duration::from_secs(60))
+            .map_err(|x| format!("ce first call captured, replay {replay}: {x}"))?;
+        let mut got = vec![0u8; COUNT];
+        stream.read_to_host(&mut got, &out).map_err(e)?;
+        let wrong = got.iter().filter(|&&b| b != want).count();
+        if wrong > 0 {
+            return Err(format!(
+                "ce first call captured, replay {replay}: {wrong} of {COUNT} bytes wrong"
+            ));
+        }
+    }
+    Ok(2)
+}
+
 /// Byte of input block `q` of rank `p` in burst call `i`.
 fn burst_byte(i: usize, p: usize, q: usize) -> u8 {
     ((i * 31 + p * 7 + q * 3) % 251) as u8 + 1
 }
 
 /// Copy-engine calls back to back on one stream with no synchronisation (all-gather, broadcast
-/// from every root, all-to-all, reduce-scatter, each into its own output slice, inputs refilled on the stream
-/// between calls), then the first four captured in a graph and replayed into poisoned outputs.
-/// Returns (calls, wrong bytes).
+/// from every root, all-to-all, reduce-scatter, all-reduce, each into its own output slice,
+/// inputs refilled on the stream between calls), then the first five captured in a graph and
+/// replayed into poisoned outputs. Returns (calls, wrong bytes).
 fn ce_burst(
     coll: &Collectives,
     device: &Arc<dyn mscclpp::hal::Device>,
@@ -293,12 +338,13 @@ fn ce_burst(
     use CollectiveKind::*;
     // Odd, and several chunks of a 4 KiB scratch.
     const COUNT: usize = 9001;
-    let plan: Vec<(CollectiveKind, usize)> = (0..16)
-        .map(|i| match i % 4 {
+    let plan: Vec<(CollectiveKind, usize)> = (0..20)
+        .map(|i| match i % 5 {
             0 => (AllGather, 0),
             1 => (Broadcast, i % n),
             2 => (AllToAll, 0),
-            _ => (ReduceScatter, 0),
+            3 => (ReduceScatter, 0),
+            _ => (AllReduce, 0),
         })
         .collect();
     let input = device.alloc(n * COUNT, MemoryKind::Device).map_err(e)?;
@@ -336,6 +382,11 @@ fn ce_burst(
                 ReduceScatter if at < COUNT => (0..n)
                     .map(|q| burst_byte(i, q, rank))
                     .fold(0u8, u8::wrapping_add),
+                // The input is filled block by block (`COUNT` bytes each): element `at` of an
+                // all-reduce lies in input block 0.
+                AllReduce if at < COUNT => (0..n)
+                    .map(|q| burst_byte(i, q, 0))
+                    .fold(0u8, u8::wrapping_add),
                 _ => POISON,
             }
         };
@@ -364,10 +415,10 @@ fn ce_burst(
         wrong += check(i, kind, root)?;
     }
     let mut calls = plan.len();
-    // A graph of three calls, replayed twice into poisoned outputs.
+    // A graph of five calls (one of each kind), replayed twice into poisoned outputs.
     match stream.begin_capture() {
         Ok(()) => {
-            for (i, &(kind, root)) in plan.iter().enumerate().take(4) {
+            for (i, &(kind, root)) in plan.iter().enumerate().take(5) {
                 enqueue(i, kind, root)?;
             }
             let graph = stream.end_capture().map_err(e)?;
@@ -377,10 +428,10 @@ fn ce_burst(
                 stream
                     .synchronize_timeout(Duration::from_secs(60))
                     .map_err(|x| format!("ce graph replay: {x}"))?;
-                for (i, &(kind, root)) in plan.iter().enumerate().take(4) {
+                for (i, &(kind, root)) in plan.iter().enumerate().take(5) {
                     wrong += check(i, kind, root)?;
                 }
-                calls += 4;
+                calls += 5;
             }
         }
         Err(x) if x.class() == ErrorClass::Unavailable => {
@@ -388,16 +439,7 @@ fn ce_burst(
         }
         Err(x) => return Err(format!("begin_capture: {x}")),
     }
-    // The per-call setting: asking for the copy engines where they serve takes them; asking
-    // for them for an all-reduce is an error naming the algorithm, not another algorithm.
-    let inp = input.slice(..COUNT).map_err(e)?;
-    let out = outs.slice(..COUNT).map_err(e)?;
-    let ar = CollectiveCall::new(AllReduce, &inp, &out, COUNT, DataType::U8)
-        .algorithm(Some(AlgorithmId::Ce));
-    match coll.run(&ar, stream) {
-        Err(x) if x.class() == ErrorClass::InvalidUsage && x.to_string().contains("ce") => {}
-        other => return Err(format!("all-reduce asking for ce: {other:?}")),
-    }
+    // The per-call setting: asking for the copy engines takes them.
     stream.fill(&outs.full(), POISON).map_err(e)?;
     fill_input(0)?;
     let ag_out = outs.slice(..n * COUNT).map_err(e)?;
@@ -410,7 +452,18 @@ fn ce_burst(
         .synchronize_timeout(Duration::from_secs(60))
         .map_err(|x| format!("ce per-call all-gather: {x}"))?;
     wrong += check(0, AllGather, 0)?;
-    calls += 1;
+    fill_input(4)?;
+    let ar_io = (input.slice(..COUNT).map_err(e)?, out_of(4)?);
+    let ar_out = ar_io.1.slice(..COUNT).map_err(e)?;
+    let ar = CollectiveCall::new(AllReduce, &ar_io.0, &ar_out, COUNT, DataType::U8)
+        .algorithm(Some(AlgorithmId::Ce));
+    coll.run(&ar, stream)
+        .map_err(|x| format!("all-reduce asking for ce: {x}"))?;
+    stream
+        .synchronize_timeout(Duration::from_secs(60))
+        .map_err(|x| format!("ce per-call all-reduce: {x}"))?;
+    wrong += check(4, AllReduce, 0)?;
+    calls += 2;
     Ok((calls, wrong))
 }
 
@@ -880,18 +933,18 @@ const GPU_COUNTS: &str = "1,7,1001,65537,262147,1048573,2097155";
 /// Odd ranks keep one-round calls on the general LL kernel, even ranks take the short kernels.
 const SHORT_MIXED: &[(&str, &str)] = &[("MSCCLPP_TEST_SHORT_ODD_OFF", "1")];
 
-/// The copy-engine algorithm forced for the collectives it serves (reduce-scatter with its
-/// small reduction kernel), with 4 KiB of scratch so
-/// that larger counts take many chunks (GPUs: the default scratch), and its burst and graph
-/// checks.
+/// The copy-engine algorithm forced for every collective (reduce-scatter and all-reduce with
+/// their small reduction kernel), with 4 KiB of scratch so that larger counts take many chunks
+/// (GPUs: the default scratch), and its burst and graph checks.
 const CE: &[(&str, &str)] = &[
+    ("MSCCLPP_ALGO_ALLREDUCE", "ce"),
     ("MSCCLPP_ALGO_ALLGATHER", "ce"),
     ("MSCCLPP_ALGO_BROADCAST", "ce"),
     ("MSCCLPP_ALGO_ALLTOALL", "ce"),
     ("MSCCLPP_ALGO_REDUCESCATTER", "ce"),
     (
         "MSCCLPP_TEST_KINDS",
-        "allgather,broadcast,alltoall,reducescatter",
+        "allreduce,allgather,broadcast,alltoall,reducescatter",
     ),
     ("MSCCLPP_TEST_ALGO", "ce"),
     ("MSCCLPP_CE_SCRATCH_BYTES", "4096"),
@@ -901,13 +954,14 @@ const CE: &[(&str, &str)] = &[
 /// The same on GPUs, with the default scratch (two 32 MiB buffers: the largest GPU count is one
 /// chunk; the host trials cover many).
 const CE_GPU: &[(&str, &str)] = &[
+    ("MSCCLPP_ALGO_ALLREDUCE", "ce"),
     ("MSCCLPP_ALGO_ALLGATHER", "ce"),
     ("MSCCLPP_ALGO_BROADCAST", "ce"),
     ("MSCCLPP_ALGO_ALLTOALL", "ce"),
     ("MSCCLPP_ALGO_REDUCESCATTER", "ce"),
     (
         "MSCCLPP_TEST_KINDS",
-        "allgather,broadcast,alltoall,reducescatter",
+        "allreduce,allgather,broadcast,alltoall,reducescatter",
     ),
     ("MSCCLPP_TEST_ALGO", "ce"),
     ("MSCCLPP_TEST_DTYPES", SOME_DTYPES),

@@ -230,7 +230,11 @@ fn ce_loop(r: &Rank) -> R<()> {
         .alloc(count * 4 * r.n, MemoryKind::Device)
         .map_err(e)?;
     let (inp, out) = (input.full(), output.full());
-    let kinds = [CollectiveKind::AllGather, CollectiveKind::ReduceScatter];
+    let kinds = [
+        CollectiveKind::AllGather,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::AllReduce,
+    ];
     mark("ready");
     for i in 0.. {
         let call = CollectiveCall::new(kinds[i % kinds.len()], &inp, &out, count, DataType::F32)

@@ -3,7 +3,7 @@
 //! by [`Stream::write_value64`] and waited on by [`Stream::wait_value64`], all enqueued on the
 //! caller's stream and capturable in a graph. It leaves every SM to the caller's compute.
 //! Reduce-scatter moves its data the same way and reduces with a few blocks of a small kernel
-//! ([`reduce`]).
+//! ([`reduce`]); all-reduce is that reduce-scatter followed by an all-gather in place.
 //!
 #![doc = include_str!("spec.md")]
 
@@ -23,7 +23,7 @@ mod release;
 use crate::CollectiveKind;
 use crate::agree::agree;
 use crate::call::Checked;
-use crate::policy::Settings;
+use crate::policy::{Choice, Settings};
 use crate::scratch::map_peers;
 use reduce::{CE_REDUCE, CeReduceArgs};
 use release::{Release, take};
@@ -175,7 +175,7 @@ impl Ce {
         // Its own stream: the caller's and the side stream may be blocked in a wait it must end.
         let release = Release::new(device.create_stream()?, mine.full(), rank, n);
         let abort_listener = comm.on_abort(Arc::new(move || release.start()));
-        Ok(Ce {
+        let ce = Ce {
             mine,
             peers,
             _maps: maps.peers,
@@ -194,7 +194,15 @@ impl Ce {
             },
             comm: Arc::clone(comm),
             abort_listener,
-        })
+        };
+        let forced = |k: CollectiveKind| {
+            settings.policy.choices[k as usize] == Choice::Forced(AlgorithmId::Ce)
+        };
+        if forced(CollectiveKind::AllReduce) || forced(CollectiveKind::ReduceScatter) {
+            // Forced: calls of these kinds are expected, and may first come in a capture.
+            ce.alloc_gather()?;
+        }
+        Ok(ce)
     }
 
     fn chunk_bytes(&self, kind: CollectiveKind, n: usize) -> u64 {
@@ -208,18 +216,26 @@ impl Ce {
             .ok_or_else(|| Error::Internal("copy-engine gather buffer not allocated".into()))
     }
 
-    /// Allocates the gather buffer and loads the reduction at the first reduce-scatter; refused
-    /// while capturing (an allocation cannot be part of a graph): the first one must be eager.
+    /// Allocates the gather buffer and loads the reduction at the first reduce-scatter or
+    /// all-reduce; refused while capturing (an allocation cannot be part of a graph): the first
+    /// one must be eager, unless the environment forced the copy engines for a reducing
+    /// collective, which prepares at set-up.
     fn prepare_reduce(&self, stream: &dyn Stream) -> Result<()> {
         if self.gather.get().is_some() {
             return Ok(());
         }
         if stream.is_capturing()? {
             return Err(Error::invalid(
-                "reduce-scatter by the copy engines: the first call allocates its gather buffer, \
-                 which cannot happen while the stream is captured; make one call before capturing",
+                "reduce-scatter or all-reduce by the copy engines: the first call allocates its \
+                 gather buffer, which cannot happen while the stream is captured; make one call \
+                 before capturing (or force them with MSCCLPP_ALGO_ALLREDUCE=ce or \
+                 MSCCLPP_ALGO_REDUCESCATTER=ce, which allocates it at set-up)",
             ));
         }
+        self.alloc_gather()
+    }
+
+    fn alloc_gather(&self) -> Result<()> {
         self.reduce.get()?;
         let bytes = DATA + self.data_bytes as usize;
         let buffer = self.device.alloc(bytes, MemoryKind::Device)?;
@@ -278,12 +294,41 @@ fn region_start(data_bytes: u64, chunk: u64, b: usize, region: usize) -> usize {
     DATA + b * buffer_bytes(data_bytes) as usize + region * chunk as usize
 }
 
-/// One call as the publisher and consumer steps see it.
+/// How one pass over the chunks moves the data (a call of one kind, or one phase of an
+/// all-reduce).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The rank's own block (at `own_at` of the source) to every peer, which copies it into
+    /// the sender's block of its destination (all-gather; the all-reduce's second phase).
+    Gather,
+    /// The root's whole source into every destination.
+    Broadcast,
+    /// Block `q` of the source to rank `q`, which copies it into the sender's block of its
+    /// destination (all-to-all).
+    Scatter,
+    /// As [`Mode::Scatter`] into the gather buffer, then reduced with the own block into the
+    /// destination at `own_at` (reduce-scatter; the all-reduce's first phase).
+    ReduceScatter,
+}
+
+/// One pass over the chunks as the publisher and consumer steps see it. Rank block `q` spans
+/// bytes `[q stride, q stride + len_q)` of the block-structured buffer, `len_q = min(stride,
+/// total - q stride)`, so that blocks may differ (an all-reduce's count need not divide by the
+/// number of ranks: the last blocks are shorter, some empty); every rank computes the same
+/// blocks, hence the same chunks and flags.
 struct Step<'a> {
     ce: &'a Ce,
     call: &'a Checked<'a>,
+    mode: Mode,
     roles: Roles,
     chunk: u64,
+    src: &'a BufferSlice,
+    dst: &'a BufferSlice,
+    stride: u64,
+    total: u64,
+    /// Where the own block lies in the buffer that is not block-structured (the source of
+    /// [`Mode::Gather`], the destination of [`Mode::ReduceScatter`]).
+    own_at: u64,
 }
 
 impl Step<'_> {
@@ -291,27 +336,48 @@ impl Step<'_> {
         s.slice(off as usize..(off + len) as usize)
     }
 
-    /// Chunk `k` (bytes `[off, off + len)` of each rank block) staged into the own buffer
+    /// Offset and length of rank block `q`.
+    fn block(&self, q: usize) -> (u64, u64) {
+        let at = q as u64 * self.stride;
+        (at, self.stride.min(self.total.saturating_sub(at)))
+    }
+
+    /// Bytes of block `q`'s chunk at offset `off` (0 past its end).
+    fn piece(&self, q: usize, off: u64) -> u64 {
+        self.chunk.min(self.block(q).1.saturating_sub(off))
+    }
+
+    /// The chunks' offsets in every block: as many as the longest block (block 0) needs.
+    fn chunks(&self) -> Vec<u64> {
+        (0..self.block(0).1.div_ceil(self.chunk))
+            .map(|k| k * self.chunk)
+            .collect()
+    }
+
+    /// Chunk `k` (from byte `off` of each rank block) staged into the own buffer
     /// `k % BUFFERS` once every consumer has copied out what was there, then announced.
-    fn publish(&self, k: usize, off: u64, len: u64, stream: &dyn Stream) -> Result<()> {
-        let (rank, n, c) = (self.call.rank, self.call.nranks, self.call.call);
+    fn publish(&self, k: usize, off: u64, stream: &dyn Stream) -> Result<()> {
+        let (rank, n) = (self.call.rank, self.call.nranks);
         let b = k % BUFFERS;
         let mine = self.ce.mine.full();
         for p in (0..n).filter(|&p| self.roles.consumed_by[p]) {
             take(stream, &mine, &Ce::flag(&mine, DONE, b, p)?)?;
         }
-        if matches!(
-            c.kind,
-            CollectiveKind::AllToAll | CollectiveKind::ReduceScatter
-        ) {
-            let block = self.call.block_bytes;
-            for p in (0..n).filter(|&p| p != rank) {
-                let src = Step::sub(c.input, p as u64 * block + off, len)?;
-                stream.copy(&self.ce.data(&mine, self.chunk, b, p, len)?, &src)?;
+        match self.mode {
+            Mode::Scatter | Mode::ReduceScatter => {
+                for q in (0..n).filter(|&q| q != rank && self.piece(q, off) > 0) {
+                    let len = self.piece(q, off);
+                    let src = Step::sub(self.src, self.block(q).0 + off, len)?;
+                    stream.copy(&self.ce.data(&mine, self.chunk, b, q, len)?, &src)?;
+                }
             }
-        } else {
-            let src = Step::sub(c.input, off, len)?;
-            stream.copy(&self.ce.data(&mine, self.chunk, b, 0, len)?, &src)?;
+            Mode::Gather | Mode::Broadcast => {
+                let len = self.piece(if self.mode == Mode::Gather { rank } else { 0 }, off);
+                if len > 0 {
+                    let src = Step::sub(self.src, self.own_at + off, len)?;
+                    stream.copy(&self.ce.data(&mine, self.chunk, b, 0, len)?, &src)?;
+                }
+            }
         }
         for p in (0..n).filter(|&p| self.roles.consumed_by[p]) {
             stream.write_value64(&Ce::flag(self.ce.peer(p)?, READY, b, rank)?, 1)?;
@@ -321,54 +387,61 @@ impl Step<'_> {
 
     /// Chunk `k` copied out of every publisher's buffer `k % BUFFERS` into the output, each
     /// publisher told when its buffer is free again.
-    fn consume(&self, k: usize, off: u64, len: u64, stream: &dyn Stream) -> Result<()> {
-        let (rank, n, c) = (self.call.rank, self.call.nranks, self.call.call);
-        let (b, block) = (k % BUFFERS, self.call.block_bytes);
+    fn consume(&self, k: usize, off: u64, stream: &dyn Stream) -> Result<()> {
+        let (rank, n) = (self.call.rank, self.call.nranks);
+        let b = k % BUFFERS;
         let mine = self.ce.mine.full();
         for p in (0..n).filter(|&p| self.roles.consume_from[p]) {
             take(stream, &mine, &Ce::flag(&mine, READY, b, p)?)?;
             let theirs = self.ce.peer(p)?;
-            let (region, dst_at) = match c.kind {
-                CollectiveKind::AllToAll | CollectiveKind::ReduceScatter => {
-                    (rank, p as u64 * block + off)
-                }
-                CollectiveKind::AllGather => (0, p as u64 * block + off),
-                _ => (0, off),
+            // The region of `p`'s buffer to copy out and its bytes (0: nothing for this rank
+            // in this chunk, but the flags still complete their cycle).
+            let (region, len) = match self.mode {
+                Mode::Scatter | Mode::ReduceScatter => (rank, self.piece(rank, off)),
+                Mode::Gather => (0, self.piece(p, off)),
+                Mode::Broadcast => (0, self.piece(0, off)),
             };
-            let src = self.ce.data(theirs, self.chunk, b, region, len)?;
-            let dst = if c.kind == CollectiveKind::ReduceScatter {
-                self.ce
-                    .data(&self.ce.gather()?.full(), self.chunk, b, p, len)?
-            } else {
-                Step::sub(c.output, dst_at, len)?
-            };
-            stream.copy(&dst, &src)?;
+            if len > 0 {
+                let dst = match self.mode {
+                    Mode::Scatter | Mode::Gather => {
+                        Step::sub(self.dst, self.block(p).0 + off, len)?
+                    }
+                    Mode::ReduceScatter => {
+                        let gather = self.ce.gather()?.full();
+                        self.ce.data(&gather, self.chunk, b, p, len)?
+                    }
+                    Mode::Broadcast => Step::sub(self.dst, off, len)?,
+                };
+                stream.copy(&dst, &self.ce.data(theirs, self.chunk, b, region, len)?)?;
+            }
             stream.write_value64(&Ce::flag(theirs, DONE, b, rank)?, 1)?;
         }
-        if c.kind == CollectiveKind::ReduceScatter {
-            self.reduce(b, off, len, stream)?;
+        if self.mode == Mode::ReduceScatter {
+            self.reduce(b, off, stream)?;
         }
         Ok(())
     }
 
-    /// Reduce-scatter: output chunk = the combination, in rank order, of the own input block's
+    /// Reduce-scatter: the own chunk = the combination, in rank order, of the own source block's
     /// chunk and the peers' pieces gathered in buffer `b` (on the consuming stream, so the next
     /// pull into buffer `b` waits for it).
-    fn reduce(&self, b: usize, off: u64, len: u64, stream: &dyn Stream) -> Result<()> {
+    fn reduce(&self, b: usize, off: u64, stream: &dyn Stream) -> Result<()> {
         let (rank, n, c) = (self.call.rank, self.call.nranks, self.call.call);
+        let len = self.piece(rank, off);
+        if len == 0 {
+            return Ok(());
+        }
         let gather = self.ce.gather()?.full();
         let mut srcs = [0u64; MAX_RANKS];
         for (p, src) in srcs.iter_mut().enumerate().take(n) {
             *src = if p == rank {
-                Step::sub(c.input, rank as u64 * self.call.block_bytes + off, len)?
-                    .ptr()
-                    .0
+                Step::sub(self.src, self.block(rank).0 + off, len)?.ptr().0
             } else {
                 self.ce.data(&gather, self.chunk, b, p, len)?.ptr().0
             };
         }
         let args = CeReduceArgs {
-            dst: Step::sub(c.output, off, len)?.ptr().0,
+            dst: Step::sub(self.dst, self.own_at + off, len)?.ptr().0,
             srcs,
             bytes: len,
             nsrc: n as u32,
@@ -382,6 +455,38 @@ impl Step<'_> {
         // bytes (sub-slices made above).
         unsafe { kernel.launch(stream, self.ce.reduce_grid, &args) }
     }
+
+    /// Every chunk: on the side stream (publish) and `stream` (consume) at once, or on
+    /// `stream` alone, chunk by chunk, when `serial`.
+    fn run(&self, stream: &dyn Stream, serial: bool) -> Result<()> {
+        let chunks = self.chunks();
+        if serial || chunks.is_empty() {
+            for (k, &off) in chunks.iter().enumerate() {
+                if self.roles.publish {
+                    self.publish(k, off, stream)?;
+                }
+                self.consume(k, off, stream)?;
+            }
+            return Ok(());
+        }
+        let side = &*self.ce.side;
+        if self.roles.publish {
+            stream.record(&*self.ce.fork)?;
+            side.wait_event(&*self.ce.fork)?;
+            for (k, &off) in chunks.iter().enumerate() {
+                self.publish(k, off, side)?;
+            }
+        }
+        for (k, &off) in chunks.iter().enumerate() {
+            self.consume(k, off, stream)?;
+        }
+        if self.roles.publish {
+            // The pass ends when both have: the caller may overwrite its input after it.
+            side.record(&*self.ce.join)?;
+            stream.wait_event(&*self.ce.join)?;
+        }
+        Ok(())
+    }
 }
 
 impl Algorithm for Ce {
@@ -389,15 +494,21 @@ impl Algorithm for Ce {
         AlgorithmId::Ce
     }
 
-    fn fits(&self, kind: CollectiveKind, _block_bytes: u64) -> bool {
-        crate::policy::ce_serves(kind)
+    fn fits(&self, _kind: CollectiveKind, _block_bytes: u64) -> bool {
+        // Every collective, every size (chunked through the scratch).
+        true
     }
 
     fn plan(&self, call: &Checked) -> Result<Plan> {
+        // All-reduce: the chunk of its first phase (a reduce-scatter).
+        let kind = match call.kind() {
+            CollectiveKind::AllReduce => CollectiveKind::ReduceScatter,
+            k => k,
+        };
         Ok(Plan {
             // No kernel: the grid is never launched.
             config: LaunchConfig::linear(1, 1),
-            chunk_bytes: self.chunk_bytes(call.kind(), call.nranks),
+            chunk_bytes: self.chunk_bytes(kind, call.nranks),
         })
     }
 
@@ -405,11 +516,10 @@ impl Algorithm for Ce {
         let c = call.call;
         let (rank, n, kind) = (call.rank, call.nranks, c.kind);
         let block = call.block_bytes;
-        let chunk = plan.chunk_bytes;
         tracing::trace!(
             collective = kind.name(),
             count = c.count,
-            chunk,
+            chunk = plan.chunk_bytes,
             "launch ce"
         );
         let sub = |s: &BufferSlice, off: u64, len: u64| s.slice(off as usize..(off + len) as usize);
@@ -431,50 +541,59 @@ impl Algorithm for Ce {
             }
             _ => {}
         }
-        if kind == CollectiveKind::ReduceScatter {
+        if matches!(
+            kind,
+            CollectiveKind::ReduceScatter | CollectiveKind::AllReduce
+        ) {
             self.prepare_reduce(stream)?;
         }
-        let step = Step {
-            ce: self,
-            call,
-            roles: roles(kind, rank, n, c.root),
-            chunk,
-        };
-        let chunks: Vec<(u64, u64)> = (0..block.div_ceil(chunk))
-            .map(|k| (k * chunk, chunk.min(block - k * chunk)))
-            .collect();
         // The side stream stages while this one copies out, unless this stream is being
         // captured (the side stream's work would not be part of the graph the way this code
         // keeps it alive) or an in-place all-to-all must stage a chunk before overwriting it.
-        let serial = chunks.is_empty()
-            || (kind == CollectiveKind::AllToAll && in_place)
-            || stream.is_capturing()?;
-        if serial {
-            for (k, &(off, len)) in chunks.iter().enumerate() {
-                if step.roles.publish {
-                    step.publish(k, off, len, stream)?;
-                }
-                step.consume(k, off, len, stream)?;
+        let serial = (kind == CollectiveKind::AllToAll && in_place) || stream.is_capturing()?;
+        let step = |mode, src, dst, stride, total, own_at| Step {
+            ce: self,
+            call,
+            mode,
+            roles: roles(kind, rank, n, c.root),
+            chunk: self.chunk_bytes(
+                match mode {
+                    Mode::Scatter | Mode::ReduceScatter => CollectiveKind::AllToAll,
+                    Mode::Gather | Mode::Broadcast => CollectiveKind::AllGather,
+                },
+                n,
+            ),
+            src,
+            dst,
+            stride,
+            total,
+            own_at,
+        };
+        let all = n as u64 * block;
+        match kind {
+            CollectiveKind::AllGather => {
+                step(Mode::Gather, c.input, c.output, block, all, 0).run(stream, serial)
             }
-            return Ok(());
-        }
-        let side = &*self.side;
-        if step.roles.publish {
-            stream.record(&*self.fork)?;
-            side.wait_event(&*self.fork)?;
-            for (k, &(off, len)) in chunks.iter().enumerate() {
-                step.publish(k, off, len, side)?;
+            CollectiveKind::Broadcast => {
+                step(Mode::Broadcast, c.input, c.output, block, block, 0).run(stream, serial)
+            }
+            CollectiveKind::AllToAll => {
+                step(Mode::Scatter, c.input, c.output, block, all, 0).run(stream, serial)
+            }
+            CollectiveKind::ReduceScatter => {
+                step(Mode::ReduceScatter, c.input, c.output, block, all, 0).run(stream, serial)
+            }
+            CollectiveKind::AllReduce => {
+                // Rank blocks of ceil(count / n) elements, the last ones shorter or empty:
+                // reduce-scatter into the output's own block, then all-gather it in place.
+                let size = c.dtype.size() as u64;
+                let stride = (c.count as u64).div_ceil(n as u64) * size;
+                let own = rank as u64 * stride;
+                step(Mode::ReduceScatter, c.input, c.output, stride, block, own)
+                    .run(stream, serial)?;
+                step(Mode::Gather, c.output, c.output, stride, block, own).run(stream, serial)
             }
         }
-        for (k, &(off, len)) in chunks.iter().enumerate() {
-            step.consume(k, off, len, stream)?;
-        }
-        if step.roles.publish {
-            // The call ends when both have: the caller may overwrite its input after it.
-            side.record(&*self.join)?;
-            stream.wait_event(&*self.join)?;
-        }
-        Ok(())
     }
 }
 
