@@ -294,6 +294,19 @@ fn region_start(data_bytes: u64, chunk: u64, b: usize, region: usize) -> usize {
     DATA + b * buffer_bytes(data_bytes) as usize + region * chunk as usize
 }
 
+/// Offset and length of rank block `q` of a buffer of `total` bytes cut every `stride` bytes
+/// (the last blocks shorter, some empty).
+fn block(stride: u64, total: u64, q: usize) -> (u64, u64) {
+    let at = q as u64 * stride;
+    (at, stride.min(total.saturating_sub(at)))
+}
+
+/// Bytes of every rank block of an all-reduce of `count` elements of `size` bytes on `n` ranks:
+/// `ceil(count / n)` elements.
+fn all_reduce_stride(count: u64, size: u64, n: usize) -> u64 {
+    count.div_ceil(n as u64) * size
+}
+
 /// How one pass over the chunks moves the data (a call of one kind, or one phase of an
 /// all-reduce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,8 +351,7 @@ impl Step<'_> {
 
     /// Offset and length of rank block `q`.
     fn block(&self, q: usize) -> (u64, u64) {
-        let at = q as u64 * self.stride;
-        (at, self.stride.min(self.total.saturating_sub(at)))
+        block(self.stride, self.total, q)
     }
 
     /// Bytes of block `q`'s chunk at offset `off` (0 past its end).
@@ -586,8 +598,7 @@ impl Algorithm for Ce {
             CollectiveKind::AllReduce => {
                 // Rank blocks of ceil(count / n) elements, the last ones shorter or empty:
                 // reduce-scatter into the output's own block, then all-gather it in place.
-                let size = c.dtype.size() as u64;
-                let stride = (c.count as u64).div_ceil(n as u64) * size;
+                let stride = all_reduce_stride(c.count as u64, c.dtype.size() as u64, n);
                 let own = rank as u64 * stride;
                 step(Mode::ReduceScatter, c.input, c.output, stride, block, own)
                     .run(stream, serial)?;
@@ -629,6 +640,31 @@ mod tests {
                             "{kind:?} n={n} D={data_bytes}: buffer {b} spans {lo}..{hi}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// Every all-reduce count from 0 up: the blocks cut the array into `n` contiguous pieces on
+    /// element boundaries, none longer than block 0 (whose chunks every pass counts).
+    #[test]
+    fn all_reduce_blocks_cover_every_count_exactly() {
+        for n in 2..=MAX_RANKS {
+            for size in [1u64, 2, 4, 8] {
+                for count in 0..300u64 {
+                    let (stride, total) = (all_reduce_stride(count, size, n), count * size);
+                    let mut next = 0;
+                    for q in 0..n {
+                        let (at, len) = block(stride, total, q);
+                        assert!(len <= block(stride, total, 0).1);
+                        if len > 0 {
+                            assert_eq!(at, next, "n={n} size={size} count={count} q={q}");
+                            assert_eq!(at % size, 0);
+                            assert_eq!(len % size, 0);
+                            next = at + len;
+                        }
+                    }
+                    assert_eq!(next, total, "n={n} size={size} count={count}");
                 }
             }
         }
