@@ -83,8 +83,12 @@ impl Collectives {
             &comm,
             "collective settings",
             format!(
-                "slot {slot_bytes} B, algorithms {:?}, LL threads {:?}, LL packets per block {}",
-                settings.policy.choices, settings.ll_threads, settings.ll_packets_per_block
+                "slot {slot_bytes} B, algorithms {:?}, copy engines by size from {:?} B, LL \
+                 threads {:?}, LL packets per block {}",
+                settings.policy.choices,
+                settings.policy.ce_from,
+                settings.ll_threads,
+                settings.ll_packets_per_block
             ),
         )?;
         let ll128 = ll128::candidate(&comm, slot_bytes, settings.ll_threads)?;

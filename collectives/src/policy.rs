@@ -3,7 +3,10 @@
 //! By default: LL128 for all-reduces of 256 KiB up to 2 MiB per rank where it runs; the direct
 //! algorithm from a size per collective on; LL below (its short kernels wherever a call fits
 //! them). The read and copy-engine algorithms only when forced (or asked by a call,
-//! [`crate::CollectiveCall::algorithm`]). `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and `ll128`,
+//! [`crate::CollectiveCall::algorithm`]), except that `MSCCLPP_CE_AUTO_BYTES` lets the choice by
+//! size take the copy-engine path from that many bytes per rank block on: whether the copy
+//! engines pay depends on what else occupies the SMs, which only the caller knows.
+//! `MSCCLPP_ALGO_<COLLECTIVE>=auto|ll|direct` (and `ll128`,
 //! `read` for all-reduce; `ce` for every collective) forces one per collective;
 //! a forced algorithm that cannot serve a call (too large, or not set up here) leaves that call
 //! to the default choice. The thresholds are where the measurements in docs/performance.md
@@ -83,6 +86,9 @@ pub(crate) fn parse_choice(kind: CollectiveKind, value: Option<&str>) -> Result<
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Policy {
     pub choices: [Choice; 5],
+    /// `MSCCLPP_CE_AUTO_BYTES`: rank-block bytes from which a collective chosen by size takes
+    /// the copy-engine path where it serves the call (`None`: never).
+    pub ce_from: Option<u64>,
 }
 
 impl Policy {
@@ -101,6 +107,12 @@ impl Policy {
     ) -> AlgorithmId {
         let family = match self.choices[kind as usize] {
             Choice::Forced(a) if fits(a) => a,
+            Choice::Auto
+                if self.ce_from.is_some_and(|from| block_bytes >= from)
+                    && fits(AlgorithmId::Ce) =>
+            {
+                AlgorithmId::Ce
+            }
             _ if fits(AlgorithmId::Ll128) && LL128_RANGE.contains(&block_bytes) => {
                 AlgorithmId::Ll128
             }
@@ -169,8 +181,17 @@ impl Settings {
             }
             None => None,
         };
+        let ce_from = match env::parse::<u64>("MSCCLPP_CE_AUTO_BYTES", "a byte count")? {
+            Some(0) => {
+                return Err(Error::invalid(
+                    "MSCCLPP_CE_AUTO_BYTES=0: expected the rank-block bytes from which the \
+                     copy engines serve collectives chosen by size (unset: never)",
+                ));
+            }
+            b => b,
+        };
         Ok(Settings {
-            policy: Policy { choices },
+            policy: Policy { choices, ce_from },
             ll_threads: env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
                 .map(|t| t.clamp(32, 1024)),
             // 256 packets (4 KiB of data) per block.
@@ -201,6 +222,7 @@ mod tests {
     fn auto() -> Policy {
         Policy {
             choices: [Choice::Auto; 5],
+            ce_from: None,
         }
     }
 
@@ -239,6 +261,46 @@ mod tests {
         assert_eq!(at(1920 * KIB + 4), Ll);
         assert_eq!(at(2 * MIB), Direct);
         assert_eq!(at(1 << 30), Direct);
+    }
+
+    #[test]
+    fn the_copy_engines_serve_auto_calls_from_their_threshold_only() {
+        let mut p = auto();
+        p.ce_from = Some(16 * MIB);
+        let with_ce = |k, b| move |a| a == Ce || h200(k, b)(a);
+        for kind in CollectiveKind::ALL {
+            assert_eq!(
+                p.choose(kind, 16 * MIB, with_ce(kind, 16 * MIB)),
+                Ce,
+                "{kind:?}"
+            );
+            assert_eq!(
+                p.choose(kind, 1 << 30, with_ce(kind, 1 << 30)),
+                Ce,
+                "{kind:?}"
+            );
+            assert_eq!(
+                p.choose(kind, 8 * MIB, with_ce(kind, 8 * MIB)),
+                Direct,
+                "{kind:?}"
+            );
+            // Where the copy-engine path cannot serve the call, the usual choice.
+            assert_eq!(
+                p.choose(kind, 16 * MIB, h200(kind, 16 * MIB)),
+                Direct,
+                "{kind:?}"
+            );
+        }
+        // A forced algorithm wins over the threshold.
+        let mut f = forced(AllGather, "direct");
+        f.ce_from = Some(KIB);
+        assert_eq!(f.choose(AllGather, MIB, with_ce(AllGather, MIB)), Direct);
+        // Unset: never.
+        let q = auto();
+        assert_eq!(
+            q.choose(AllGather, 1 << 30, with_ce(AllGather, 1 << 30)),
+            Direct
+        );
     }
 
     #[test]

@@ -266,6 +266,18 @@ fn role_matrix() -> R<()> {
         calls += c;
         wrong_total += w;
     }
+    // MSCCLPP_TEST_ALGO=ce_by_size (with MSCCLPP_CE_AUTO_BYTES=4096): the choice by size takes
+    // the copy engines from the threshold on, and only there.
+    if std::env::var("MSCCLPP_TEST_ALGO").is_ok_and(|v| v == "ce_by_size") {
+        for kind in CollectiveKind::ALL {
+            for (bytes, want_ce) in [(4095, false), (4096, true), (1 << 30, true)] {
+                let id = coll.algorithm(kind, bytes);
+                if (id == AlgorithmId::Ce) != want_ce {
+                    return Err(format!("{} of {bytes} B per rank took {id}", kind.name()));
+                }
+            }
+        }
+    }
     multiproc::report("calls", calls);
     multiproc::report("wrong", wrong_total);
     multiproc::report("seconds", format!("{:.1}", t.elapsed().as_secs_f64()));
@@ -967,6 +979,19 @@ const CE_GPU: &[(&str, &str)] = &[
     ("MSCCLPP_TEST_DTYPES", SOME_DTYPES),
 ];
 
+/// Nothing forced, the copy engines chosen by size from 4 KiB per rank block
+/// (`MSCCLPP_CE_AUTO_BYTES`): the matrix's small counts take LL, its large ones the copy engines.
+const CE_BY_SIZE: &[(&str, &str)] = &[
+    ("MSCCLPP_CE_AUTO_BYTES", "4096"),
+    (
+        "MSCCLPP_TEST_KINDS",
+        "allreduce,allgather,broadcast,alltoall,reducescatter",
+    ),
+    ("MSCCLPP_TEST_ALGO", "ce_by_size"),
+    ("MSCCLPP_CE_SCRATCH_BYTES", "4096"),
+    ("MSCCLPP_TEST_DTYPES", SOME_DTYPES),
+];
+
 /// The read algorithm with nothing registered: every input is staged.
 const READ_STAGED: &[(&str, &str)] = &[
     ("MSCCLPP_ALGO_ALLREDUCE", "read"),
@@ -1048,7 +1073,7 @@ fn main() {
     type Env = &'static [(&'static str, &'static str)];
     // Host trials: (name, ranks, slot bytes, counts, environment). Small slots force many
     // rounds: 256-byte slots carry 128 data bytes per peer per round.
-    let host: [(&str, usize, u64, &'static str, Env); 17] = [
+    let host: [(&str, usize, u64, &'static str, Env); 18] = [
         ("2_ranks", 2, 256, "1,3,37,1001", &[]),
         ("3_ranks", 3, 512, "1,5,333", &[]),
         ("4_ranks", 4, 1024, "1,7,300", &[]),
@@ -1072,6 +1097,7 @@ fn main() {
         ("ce::2_ranks", 2, 256, "1,3,37,5001", CE),
         ("ce::3_ranks", 3, 256, "1,5,3333", CE),
         ("ce::8_ranks", 8, 4096, "1,129", CE),
+        ("ce::by_size_2_ranks", 2, 256, "1,37,5001", CE_BY_SIZE),
     ];
     let mut trials: Vec<Trial> = host
         .into_iter()
