@@ -396,13 +396,8 @@ impl Communicator {
     }
 
     /// Local memory of a channel: a `Buffer` of this communicator's device, or on a GPU a
-    /// caller's array (wrapped, not copied).
-    fn channel_memory(
-        &self,
-        obj: &Bound<'_, PyAny>,
-        what: &str,
-        exported: bool,
-    ) -> PyResult<channels::Memory> {
+    /// caller's array (wrapped, not copied; a peer may map it).
+    fn channel_memory(&self, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<channels::Memory> {
         let inner = self.inner()?;
         if let Ok(b) = obj.cast::<channels::Buffer>() {
             let buf = &b.get().buf;
@@ -425,15 +420,8 @@ impl Communicator {
                 obj.get_type().name()?
             )));
         }
-        if exported {
-            // CudaIpc exports whole allocations the backend made itself; a caller's array lives
-            // in its library's pool (torch's caching allocator), which cannot be exported.
-            return Err(usage(format!(
-                "{what}: memory a peer maps over CudaIpc must come from Communicator.alloc(), \
-                 not a caller's array ({})",
-                obj.get_type().name()?
-            )));
-        }
+        // Memory a peer maps may be a caller's array too: CudaIpc exports the allocation that
+        // holds it (torch's caching allocator's segment) with the array's offset in it.
         let v = inner.view(obj, what, None)?;
         if v.nbytes() == 0 {
             return Err(usage(format!("{what}: an empty array")));
@@ -1204,9 +1192,10 @@ impl Communicator {
     }
 
     /// A memory channel with `peer` (same host): device code puts from this rank's `send` into
-    /// the peer's `recv`, and signals/waits. `recv` (written by the peer from now on) must be a
-    /// `Buffer` of `alloc()`; `send` and `packet_buffer` (local memory that packet reads poll)
-    /// may also be arrays of the device. Collective set-up with `peer`.
+    /// the peer's `recv`, and signals/waits. Each of `send`, `recv` (written by the peer from now
+    /// on) and `packet_buffer` (local memory that packet reads poll) is a `Buffer` of `alloc()`
+    /// or, on a GPU, an array of the device (a torch tensor: the peer maps the allocator's
+    /// segment that holds it). Collective set-up with `peer`.
     #[pyo3(signature = (peer, send, recv, *, packet_buffer = None))]
     fn memory_channel(
         &self,
@@ -1216,17 +1205,17 @@ impl Communicator {
         recv: &Bound<'_, PyAny>,
         packet_buffer: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<channels::MemoryChannel> {
-        let s = self.channel_memory(send, "memory_channel send", false)?;
-        let r = self.channel_memory(recv, "memory_channel recv", true)?;
+        let s = self.channel_memory(send, "memory_channel send")?;
+        let r = self.channel_memory(recv, "memory_channel recv")?;
         let pk = packet_buffer
-            .map(|b| self.channel_memory(b, "memory_channel packet_buffer", false))
+            .map(|b| self.channel_memory(b, "memory_channel packet_buffer"))
             .transpose()?;
         channels::memory_channel(py, self.parts()?, peer, s, r, pk)
     }
 
     /// A port channel with `peer` over `transport`: device code posts puts from `send` into the
-    /// peer's `recv`, signals and flushes; a proxy thread of its own carries them out. Over
-    /// CudaIpc both must be `Buffer`s of `alloc()`. Collective set-up with `peer`.
+    /// peer's `recv`, signals and flushes; a proxy thread of its own carries them out. Both are
+    /// `Buffer`s of `alloc()` or, on a GPU, arrays of the device. Collective set-up with `peer`.
     #[pyo3(signature = (peer, send, recv, *, transport = "CudaIpc", fifo_size = 64))]
     #[allow(clippy::too_many_arguments)]
     fn port_channel(
@@ -1238,10 +1227,8 @@ impl Communicator {
         transport: &str,
         fifo_size: usize,
     ) -> PyResult<channels::PortChannel> {
-        let ipc =
-            transport.eq_ignore_ascii_case("cudaipc") || transport.eq_ignore_ascii_case("cuda_ipc");
-        let s = self.channel_memory(send, "port_channel send", ipc)?;
-        let r = self.channel_memory(recv, "port_channel recv", ipc)?;
+        let s = self.channel_memory(send, "port_channel send")?;
+        let r = self.channel_memory(recv, "port_channel recv")?;
         channels::port_channel(py, self.parts()?, peer, s, r, transport, fifo_size)
     }
 

@@ -576,21 +576,29 @@ extern "C" __global__ void ping_pong(Args a) {
 """
 
 
-def gpu_ping_pong(comm, rounds, count):
+def gpu_ping_pong(comm, rounds, count, tensors=False):
     """A kernel compiled from the string above ping-pongs over a memory channel for ``rounds``
-    rounds; rank 0 counts wrong answers on the device, both check the last data here."""
+    rounds; rank 0 counts wrong answers on the device, both check the last data here. With
+    ``tensors``, both channel buffers are torch tensors (the peer maps the torch allocator's
+    segment behind ``recv``), else ``alloc()`` buffers."""
     import torch
 
     dev = _device(comm)
     peer = 1 - comm.rank
-    send, recv = comm.alloc(count * 4), comm.alloc(count * 4)
-    recv.write(b"\xff" * (count * 4))  # poison: -1 everywhere
+    if tensors:
+        send = torch.zeros(count, dtype=torch.int32, device=dev)
+        recv = torch.full((count,), -1, dtype=torch.int32, device=dev)  # poison
+        send_ptr, recv_ptr = send.data_ptr(), recv.data_ptr()
+    else:
+        send, recv = comm.alloc(count * 4), comm.alloc(count * 4)
+        recv.write(b"\xff" * (count * 4))  # poison: -1 everywhere
+        send_ptr, recv_ptr = send.ptr, recv.ptr
     errors = torch.zeros(1, dtype=torch.int32, device=dev)
     torch.cuda.synchronize()
     ch = comm.memory_channel(peer, send, recv)
     handle = ch.device_handle()
-    assert len(handle) == 56 and struct.unpack("<Q", handle[40:48])[0] == send.ptr
-    args = handle + struct.pack("<QQQQII", recv.ptr, rounds, count, errors.data_ptr(), comm.rank, 0)
+    assert len(handle) == 56 and struct.unpack("<Q", handle[40:48])[0] == send_ptr
+    args = handle + struct.pack("<QQQQII", recv_ptr, rounds, count, errors.data_ptr(), comm.rank, 0)
     assert len(args) == 96
     kernel = comm.compile_kernel(PING_PONG, "ping_pong", arg_size=len(args))
     comm.barrier()
@@ -599,7 +607,7 @@ def gpu_ping_pong(comm, rounds, count):
     kernel.synchronize(stream=stream, timeout=120)
     last = rounds - 1
     want = [last * 1000 + i + (1 if comm.rank == 0 else 0) for i in range(count)]
-    got = list(struct.unpack(f"<{count}i", recv.read()))
+    got = recv.cpu().tolist() if tensors else list(struct.unpack(f"<{count}i", recv.read()))
     assert got == want, f"rank {comm.rank}: recv after {rounds} rounds: {got[:4]}... want {want[:4]}..."
     assert errors.item() == 0, f"rank 0 saw {errors.item()} wrong answers"
     with pytest_raises_usage():

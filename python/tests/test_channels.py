@@ -53,6 +53,10 @@ def test_gpu_memory_channel_ping_pong(gpu2):
     assert gpu2.run("gpu_ping_pong", rounds=100, count=1000) == [100, 100]
 
 
+def test_gpu_memory_channel_ping_pong_on_torch_tensors(gpu2):
+    assert gpu2.run("gpu_ping_pong", rounds=100, count=1000, tensors=True) == [100, 100]
+
+
 def test_stubs_name_the_channel_api():
     """The stubs declare every channel class and method the extension has, and each has a
     docstring."""
