@@ -11,11 +11,12 @@ No C++ build and no ``LD_PRELOAD``: PyTorch lets a Python subclass of
 the collectives of ``torch.distributed`` to the subclass's methods). The ranks bootstrap through
 PyTorch's store: rank 0 makes a ``UniqueId`` and publishes it there.
 
-Every operation is enqueued on the caller's current stream, as ``mscclpp_rs`` does, and its
-``Work`` is complete when returned: later work on that stream is ordered after it, so
-``wait()`` has nothing left to wait for. Work on *another* stream must be ordered by the caller
-(an event, or ``torch.cuda.current_stream().synchronize()``), where NCCL's ``Work.wait()`` would
-have made the current stream wait for NCCL's own.
+Every operation is enqueued on the caller's current stream, as ``mscclpp_rs`` does. Its
+``Work`` holds a CUDA-aware future that recorded an event on that stream when the operation was
+enqueued: ``wait()`` (or ``get_future().wait()``) makes the stream current *at the wait* wait for
+that event, as NCCL's ``Work.wait()`` makes it wait for NCCL's stream. A collective issued on a
+side stream with ``async_op=True`` and waited for on the default stream is therefore ordered,
+with no event of the caller's. On the host backend the operation is complete when returned.
 """
 
 from __future__ import annotations
@@ -60,12 +61,6 @@ def _op_name(op: Any) -> str:
     )
 
 
-def _done(result: Any) -> Any:
-    fut: Future = Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
-
-
 class ProcessGroupMscclpp(dist.ProcessGroup):
     """One group's ranks over an ``mscclpp_rs.Communicator`` (``comm``)."""
 
@@ -77,6 +72,15 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         self._uid = uid
         self._gpu = comm.backend != "host"
         self._coalescing: Optional[Any] = None
+        # A future over this device records an event on its current stream when completed, and
+        # its wait() makes the waiter's current stream wait for that event.
+        self._devices = [torch.device("cuda", comm.device)] if self._gpu else []
+
+    def _done(self, result: Any) -> Any:
+        """The ``Work`` of an operation just enqueued on the current stream (see the module doc)."""
+        fut: Future = Future(devices=self._devices)
+        fut.set_result(result)
+        return _create_work_from_future(fut)
 
     # --- identity ------------------------------------------------------------------------------
 
@@ -126,7 +130,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         self._check("allreduce", *tensors)
         for t in tensors:
             self._comm.all_reduce(t, op)
-        return _done(tensors)
+        return self._done(tensors)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
@@ -134,7 +138,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         self._check("all_gather_into_tensor", output, input)
         self._comm.all_gather(output, input)
-        return _done([output])
+        return self._done([output])
 
     all_gather_single = _allgather_base
 
@@ -143,7 +147,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
     ) -> Any:
         for o, i in zip(outputs, inputs):
             self._allgather_base(o, i, opts)
-        return _done(outputs)
+        return self._done(outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -160,13 +164,13 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
             self._comm.all_gather(flat, inp)
             for r, o in enumerate(outs):
                 o.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view_as(o))
-        return _done(output_tensors)
+        return self._done(output_tensors)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
         self._check("reduce_scatter_tensor", output, input)
         self._comm.reduce_scatter(output, input, op)
-        return _done([output])
+        return self._done([output])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -175,7 +179,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
     ) -> Any:
         for o, i in zip(outputs, inputs):
             self._reduce_scatter_base(o, i, opts)
-        return _done(outputs)
+        return self._done(outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -191,14 +195,14 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
             self._check("reduce_scatter", out)
             flat = torch.cat([t.reshape(-1) for t in ins])
             self._comm.reduce_scatter(out, flat, op)
-        return _done(output_tensors)
+        return self._done(output_tensors)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
         self._check("broadcast", *tensors)
         for t in tensors:
             self._comm.broadcast(t, root)
-        return _done(tensors)
+        return self._done(tensors)
 
     def alltoall_base(
         self,
@@ -211,7 +215,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         self._check("all_to_all_single", output, input)
         if not output_split_sizes and not input_split_sizes:
             self._comm.all_to_all(output, input)
-            return _done([output])
+            return self._done([output])
         n = self._size
         outs = _split_rows(output, output_split_sizes, n, "output")
         ins = _split_rows(input, input_split_sizes, n, "input")
@@ -221,7 +225,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
                     self._comm.send(ins[p], p)
                 if outs[p].numel():
                     self._comm.recv(outs[p], p)
-        return _done([output])
+        return self._done([output])
 
     all_to_all_single = alltoall_base
 
@@ -229,7 +233,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         if self._gpu:
             torch.cuda.current_stream().synchronize()
         self._comm.barrier()
-        return _done(None)
+        return self._done(None)
 
     # --- point to point ------------------------------------------------------------------------
 
@@ -237,7 +241,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         self._check("send", *tensors)
         for t in tensors:
             self._comm.send(t, dst)
-        return _done(tensors)
+        return self._done(tensors)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Any:
         if src < 0:
@@ -247,7 +251,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         self._check("recv", *tensors)
         for t in tensors:
             self._comm.recv(t, src)
-        return _done(tensors)
+        return self._done(tensors)
 
     # batch_isend_irecv: the sends and receives between start and end run as one group, in
     # which none waits for another (one at a time, a send may wait for a receive queued after
@@ -267,7 +271,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         if group is None:
             raise mscclpp_rs.InvalidUsageError("end_coalescing without start_coalescing")
         group.__exit__(None, None, None)
-        return _done(None)
+        return self._done(None)
 
     # PyTorch < 2.12 calls these names.
     _start_coalescing = start_coalescing

@@ -94,6 +94,26 @@ def checks(torch, dist, rank, size, device):
         w.wait()
     _close(torch, got, xs[(rank - 1) % size], "batch_isend_irecv ring", torch.float32)
     dist.barrier()
+    if device.type == "cuda":
+        # Work.wait() orders the waiting stream after the operation's, as NCCL's does: an
+        # all-reduce issued on a side stream behind a ~0.1 s sleep, waited for on the default
+        # stream, whose next kernel must read the reduced values (without the wait's event it
+        # reads the input, long before the side stream gets to the all-reduce).
+        side = torch.cuda.Stream(device)
+        x = torch.full((1 << 20,), float(rank + 1), device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)
+            work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        y = x * 1.0
+        want = torch.full_like(x, size * (size + 1) / 2)
+        _close(torch, y, want, "all_reduce on a side stream, consumed after Work.wait()", torch.float32)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)
+            fut = dist.all_reduce(x, async_op=True).get_future()
+        y = fut.wait()[0] * 1.0
+        _close(torch, y, want * size, "all_reduce on a side stream, consumed after its future", torch.float32)
     # DDP: after backward, every rank's gradient is the mean of every rank's own gradient.
     torch.manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
