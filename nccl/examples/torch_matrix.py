@@ -11,6 +11,10 @@ reference on every rank. Run on a GPU node (two ranks may share one GPU):
 order in which FSDP2 once faulted).
 Without MSCCLPP_NCCL_LIB_PATH nothing can fall back to the real NCCL: every feature is native.
 Exits non-zero if any feature failed.
+
+`--backend mscclpp` runs the same matrix through the Python package's `torch.distributed`
+backend instead (`mscclpp_rs.torch_backend`, `init_process_group("cuda:mscclpp")`, no
+`LD_PRELOAD`; `mscclpp_rs` must be importable).
 """
 import argparse
 import os
@@ -337,11 +341,20 @@ FEATURES = {
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--features", default=",".join(FEATURES))
+    ap.add_argument("--backend", choices=("nccl", "mscclpp"), default="nccl",
+                    help="nccl: the NCCL process group (our library under LD_PRELOAD); "
+                    "mscclpp: mscclpp_rs's torch.distributed backend")
     args = ap.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device("cuda", local % torch.cuda.device_count())
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", device_id=dev)
+    if args.backend == "mscclpp":
+        import mscclpp_rs.torch_backend  # noqa: F401  (registers "mscclpp")
+        dist.init_process_group("cuda:mscclpp")
+    else:
+        dist.init_process_group("nccl", device_id=dev)
+    if dist.get_rank() == 0:
+        print(f"# backend {dist.get_backend()}, torch {torch.__version__}", flush=True)
     c = Ctx(dev, dist.get_rank(), dist.get_world_size())
     for name in args.features.split(","):
         try:

@@ -75,9 +75,15 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         # A future over this device records an event on its current stream when completed, and
         # its wait() makes the waiter's current stream wait for that event.
         self._devices = [torch.device("cuda", comm.device)] if self._gpu else []
+        # (CPU tensor, its device copy) of the operation being enqueued; see _args.
+        self._staged: List[Any] = []
+        self._name: Optional[str] = None
 
     def _done(self, result: Any) -> Any:
         """The ``Work`` of an operation just enqueued on the current stream (see the module doc)."""
+        staged, self._staged = self._staged, []
+        for host, dev in staged:  # waits for the operation (a copy to pageable memory)
+            host.copy_(dev)
         fut: Future = Future(devices=self._devices)
         fut.set_result(result)
         return _create_work_from_future(fut)
@@ -99,9 +105,38 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         return self
 
     @property
+    def group_name(self) -> str:
+        # PyTorch keeps a group's name in its device backends, and a Python group is its own
+        # backend with none registered: the name PyTorch chose (it registered the group under
+        # it) comes from the creator. Functional collectives, DeviceMesh and FSDP2 ask for it.
+        if self._name is not None:
+            return self._name
+        return super().group_name
+
+    @property
     def communicator(self) -> mscclpp_rs.Communicator:
         """The communicator under the group (to register buffers, run plans, ...)."""
         return self._comm
+
+    def _args(self, what: str, *tensors: torch.Tensor) -> List[torch.Tensor]:
+        """The tensors a collective runs on: checked, and on a GPU group CPU tensors replaced by
+        device copies that ``_done`` copies back. PyTorch's object collectives
+        (``all_gather_object``, ``broadcast_object_list``, ...) hand CPU tensors to any backend
+        but NCCL's; NCCL's group would refuse them."""
+        out = []
+        for t in tensors:
+            if self._gpu and t.device.type == "cpu":
+                if self._coalescing is not None:
+                    raise mscclpp_rs.InvalidUsageError(
+                        f"{what}: a CPU tensor inside a coalescing block of a GPU group (it would "
+                        "be copied back before the block runs); use GPU tensors there"
+                    )
+                dev = t.to(self._devices[0])
+                self._staged.append((t, dev))
+                t = dev
+            out.append(t)
+        self._check(what, *out)
+        return out
 
     def _check(self, what: str, *tensors: torch.Tensor) -> None:
         for t in tensors:
@@ -127,8 +162,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
-        self._check("allreduce", *tensors)
-        for t in tensors:
+        for t in self._args("allreduce", *tensors):
             self._comm.all_reduce(t, op)
         return self._done(tensors)
 
@@ -136,8 +170,8 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        self._check("all_gather_into_tensor", output, input)
-        self._comm.all_gather(output, input)
+        o, i = self._args("all_gather_into_tensor", output, input)
+        self._comm.all_gather(o, i)
         return self._done([output])
 
     all_gather_single = _allgather_base
@@ -159,17 +193,17 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
                 raise mscclpp_rs.InvalidUsageError(
                     f"all_gather: {len(outs)} output tensors for {self._size} ranks"
                 )
-            self._check("all_gather", inp)
-            flat = torch.empty(self._size * inp.numel(), dtype=inp.dtype, device=inp.device)
-            self._comm.all_gather(flat, inp)
-            for r, o in enumerate(outs):
+            (i,) = self._args("all_gather", inp)
+            flat = torch.empty(self._size * inp.numel(), dtype=inp.dtype, device=i.device)
+            self._comm.all_gather(flat, i)
+            for r, o in enumerate(self._args("all_gather", *outs)):
                 o.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view_as(o))
         return self._done(output_tensors)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
-        self._check("reduce_scatter_tensor", output, input)
-        self._comm.reduce_scatter(output, input, op)
+        o, i = self._args("reduce_scatter_tensor", output, input)
+        self._comm.reduce_scatter(o, i, op)
         return self._done([output])
 
     reduce_scatter_single = _reduce_scatter_base
@@ -192,15 +226,77 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
                 raise mscclpp_rs.InvalidUsageError(
                     f"reduce_scatter: {len(ins)} input tensors for {self._size} ranks"
                 )
-            self._check("reduce_scatter", out)
-            flat = torch.cat([t.reshape(-1) for t in ins])
-            self._comm.reduce_scatter(out, flat, op)
+            (o,) = self._args("reduce_scatter", out)
+            flat = torch.cat([t.reshape(-1) for t in self._args("reduce_scatter", *ins)])
+            self._comm.reduce_scatter(o, flat, op)
+        return self._done(output_tensors)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+        # An all-reduce; ranks other than the root reduce a copy, so that their tensors are left
+        # as they were (NCCL's reduce reads them and writes only the root's).
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+        root = opts.rootRank if opts is not None else 0
+        for t in self._args("reduce", *tensors):
+            self._comm.all_reduce(t if self._rank == root else t.clone(), op)
+        return self._done(tensors)
+
+    def gather(
+        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> Any:
+        root = opts.rootRank if opts is not None else 0
+        (inp,) = self._args("gather", *input_tensors)
+        if self._rank == root:
+            outs = output_tensors[0] if output_tensors else []
+            if len(outs) != self._size:
+                raise mscclpp_rs.InvalidUsageError(
+                    f"gather: {len(outs)} output tensors on the root for {self._size} ranks"
+                )
+            outs = self._args("gather", *outs)
+            for p, o in enumerate(outs):
+                if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                    raise mscclpp_rs.InvalidUsageError(
+                        f"gather: output {p} has {o.numel()} {o.dtype} elements, the input "
+                        f"{inp.numel()} {inp.dtype}"
+                    )
+            with self._comm.group():
+                for p, o in enumerate(outs):
+                    if p != root and o.numel():
+                        self._comm.recv(o, p)
+            outs[root].copy_(inp.view_as(outs[root]))
+        elif inp.numel():
+            self._comm.send(inp, root)
+        return self._done(output_tensors)
+
+    def scatter(
+        self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
+    ) -> Any:
+        root = opts.rootRank if opts is not None else 0
+        (out,) = self._args("scatter", *output_tensors)
+        if self._rank == root:
+            ins = input_tensors[0] if input_tensors else []
+            if len(ins) != self._size:
+                raise mscclpp_rs.InvalidUsageError(
+                    f"scatter: {len(ins)} input tensors on the root for {self._size} ranks"
+                )
+            ins = self._args("scatter", *ins)
+            for p, i in enumerate(ins):
+                if i.numel() != out.numel() or i.dtype != out.dtype:
+                    raise mscclpp_rs.InvalidUsageError(
+                        f"scatter: input {p} has {i.numel()} {i.dtype} elements, the output "
+                        f"{out.numel()} {out.dtype}"
+                    )
+            with self._comm.group():
+                for p, i in enumerate(ins):
+                    if p != root and i.numel():
+                        self._comm.send(i, p)
+            out.copy_(ins[root].view_as(out))
+        elif out.numel():
+            self._comm.recv(out, root)
         return self._done(output_tensors)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
-        self._check("broadcast", *tensors)
-        for t in tensors:
+        for t in self._args("broadcast", *tensors):
             self._comm.broadcast(t, root)
         return self._done(tensors)
 
@@ -212,13 +308,13 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         input_split_sizes: Sequence[int],
         opts: Any = None,
     ) -> Any:
-        self._check("all_to_all_single", output, input)
+        o, i = self._args("all_to_all_single", output, input)
         if not output_split_sizes and not input_split_sizes:
-            self._comm.all_to_all(output, input)
+            self._comm.all_to_all(o, i)
             return self._done([output])
         n = self._size
-        outs = _split_rows(output, output_split_sizes, n, "output")
-        ins = _split_rows(input, input_split_sizes, n, "input")
+        outs = _split_rows(o, output_split_sizes, n, "output")
+        ins = _split_rows(i, input_split_sizes, n, "input")
         with self._comm.group():
             for p in range(n):
                 if ins[p].numel():
@@ -320,6 +416,14 @@ def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupMsccl
     return ProcessGroupMscclpp(comm, rank, size, uid)
 
 
+def _create_extended(opts: Any, options: Any = None) -> ProcessGroupMscclpp:
+    """The creator PyTorch calls with ``_DistributedBackendOptions`` (``extended_api``): the
+    group's name comes with them (see ``ProcessGroupMscclpp.group_name``)."""
+    pg = _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    pg._name = getattr(opts, "group_id", None) or None
+    return pg
+
+
 def register(name: str = NAME) -> None:
     """Registers the backend under ``name`` (idempotent; done on import for ``NAME``)."""
     if _create_work_from_future is None:
@@ -329,7 +433,7 @@ def register(name: str = NAME) -> None:
         )
     if getattr(dist.Backend, name.upper(), None) is not None:
         return
-    dist.Backend.register_backend(name, _create, devices=["cuda", "cpu"])
+    dist.Backend.register_backend(name, _create_extended, extended_api=True, devices=["cuda", "cpu"])
 
 
 register()

@@ -60,6 +60,26 @@ def checks(torch, dist, rank, size, device):
                 t = xs[rank].clone() if rank == root else torch.full_like(xs[0], float("nan"))
                 dist.broadcast(t, src=root)
                 _close(torch, t, xs[root], f"broadcast {dtype} n={n} root={root}", dtype)
+    # reduce, gather and scatter to and from each root (non-roots' reduce input left as it was).
+    for n in (1, 1001):
+        for root in range(size):
+            case += 1
+            xs = _inputs(torch, case, size, (n,), torch.float32, device)
+            t = xs[rank].clone()
+            dist.reduce(t, dst=root, op=dist.ReduceOp.MAX)
+            want = torch.stack(xs).amax(0) if rank == root else xs[rank]
+            _close(torch, t, want, f"reduce n={n} root={root}", torch.float32)
+            case += 1
+            xs = _inputs(torch, case, size, (n,), torch.float32, device)
+            outs = [torch.full_like(xs[0], float("nan")) for _ in range(size)] if rank == root else None
+            dist.gather(xs[rank], outs, dst=root)
+            if rank == root:
+                _close(torch, torch.cat(outs), torch.cat(xs), f"gather n={n} root={root}", torch.float32)
+            case += 1
+            xs = _inputs(torch, case, size, (n,), torch.float32, device)
+            got = torch.full_like(xs[0], float("nan"))
+            dist.scatter(got, xs if rank == root else None, src=root)
+            _close(torch, got, xs[rank], f"scatter n={n} root={root}", torch.float32)
     # all_to_all_single, equal and uneven parts (rank r sends r + p + 1 rows to rank p).
     case += 1
     xs = _inputs(torch, case, size, (size * 4, 3), torch.float32, device)
@@ -114,6 +134,25 @@ def checks(torch, dist, rank, size, device):
             fut = dist.all_reduce(x, async_op=True).get_future()
         y = fut.wait()[0] * 1.0
         _close(torch, y, want * size, "all_reduce on a side stream, consumed after its future", torch.float32)
+    # Object collectives: PyTorch hands them CPU tensors even on a GPU group (staged there).
+    objs = [None] * size
+    dist.all_gather_object(objs, {"rank": rank, "s": "x" * (rank + 3)})
+    assert objs == [{"rank": r, "s": "x" * (r + 3)} for r in range(size)], objs
+    lst = [{"k": [1, 2, 3]}, rank] if rank == size - 1 else [None, None]
+    dist.broadcast_object_list(lst, src=size - 1)
+    assert lst == [{"k": [1, 2, 3]}, size - 1], lst
+    got = [None] * size if rank == 0 else None
+    dist.gather_object(("r", rank), got, dst=0)
+    assert rank != 0 or got == [("r", r) for r in range(size)], got
+    # Functional collectives find the group by its name.
+    import torch.distributed._functional_collectives as fc
+
+    case += 1
+    xs = _inputs(torch, case, size, (1024,), torch.float32, device)
+    y = fc.all_reduce(xs[rank], "sum", dist.group.WORLD)
+    _close(torch, fc.wait_tensor(y), sum(x.double() for x in xs).float(), "functional all_reduce", torch.float32)
+    z = fc.all_gather_tensor(xs[rank], 0, dist.group.WORLD)
+    _close(torch, fc.wait_tensor(z), torch.cat(xs), "functional all_gather_tensor", torch.float32)
     # DDP: after backward, every rank's gradient is the mean of every rank's own gradient.
     torch.manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -134,6 +173,25 @@ def checks(torch, dist, rank, size, device):
     for i, p in enumerate(ddp.module.parameters()):
         want = sum(g[i].double() for g in grads) / size
         _close(torch, p.grad, want, f"DDP gradient of parameter {i}", torch.float32)
+    # FSDP2 (fully_shard: all-gathers and reduce-scatters on streams of its own, waited for
+    # through Work): the same gradients, unsharded for the comparison.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # The mesh names the device type: by default FSDP2 takes the accelerator where there is one,
+    # which the host case (CPU tensors) must not.
+    mesh = init_device_mesh(device.type, (size,))
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = model.to(device)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model(mine).sum().backward()
+    for i, p in enumerate(model.parameters()):
+        want = sum(g[i].double() for g in grads) / size
+        _close(torch, p.grad.full_tensor(), want, f"FSDP2 gradient of parameter {i}", torch.float32)
 
 
 def main(rank, size, port, kind, queue):
