@@ -250,6 +250,10 @@ pub fn describe(r: cudarc::driver::sys::CUresult) -> String {
         (Some(n), Some(d)) => format!("{n}: {d}"),
         (Some(n), None) => n,
         (None, Some(d)) => d,
+        // Past the driver's shutdown (a process exiting) even the names are refused.
+        (None, None) if r == sys::CUresult::CUDA_ERROR_DEINITIALIZED => {
+            "CUDA_ERROR_DEINITIALIZED: the driver is shutting down (the process is exiting)".into()
+        }
         (None, None) => format!("unknown CUresult {}", r as i64),
     }
 }
