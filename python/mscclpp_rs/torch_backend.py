@@ -21,6 +21,7 @@ with no event of the caller's. On the host backend the operation is complete whe
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, List, Optional, Sequence
 
@@ -59,6 +60,21 @@ def _op_name(op: Any) -> str:
     raise mscclpp_rs.InvalidUsageError(
         f"the mscclpp backend has no reduction {op!r}: sum, product, min, max and avg are offered"
     )
+
+
+def _staging(fn: Any) -> Any:
+    """An operation that may stage CPU tensors (``_args``): if it fails, its device copies are
+    dropped, not copied back into the caller's tensors by the next operation's ``_done``."""
+
+    @functools.wraps(fn)
+    def run(self: "ProcessGroupMscclpp", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except BaseException:
+            self._staged = []
+            raise
+
+    return run
 
 
 class ProcessGroupMscclpp(dist.ProcessGroup):
@@ -160,6 +176,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
 
     # --- collectives ---------------------------------------------------------------------------
 
+    @_staging
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
         for t in self._args("allreduce", *tensors):
@@ -169,6 +186,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
+    @_staging
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         o, i = self._args("all_gather_into_tensor", output, input)
         self._comm.all_gather(o, i)
@@ -185,6 +203,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    @_staging
     def allgather(
         self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -200,6 +219,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
                 o.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view_as(o))
         return self._done(output_tensors)
 
+    @_staging
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
         o, i = self._args("reduce_scatter_tensor", output, input)
@@ -217,6 +237,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    @_staging
     def reduce_scatter(
         self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
     ) -> Any:
@@ -231,6 +252,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
             self._comm.reduce_scatter(o, flat, op)
         return self._done(output_tensors)
 
+    @_staging
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         # An all-reduce; ranks other than the root reduce a copy, so that their tensors are left
         # as they were (NCCL's reduce reads them and writes only the root's).
@@ -240,6 +262,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
             self._comm.all_reduce(t if self._rank == root else t.clone(), op)
         return self._done(tensors)
 
+    @_staging
     def gather(
         self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -267,6 +290,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
             self._comm.send(inp, root)
         return self._done(output_tensors)
 
+    @_staging
     def scatter(
         self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
     ) -> Any:
@@ -294,12 +318,14 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
             self._comm.recv(out, root)
         return self._done(output_tensors)
 
+    @_staging
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
         for t in self._args("broadcast", *tensors):
             self._comm.broadcast(t, root)
         return self._done(tensors)
 
+    @_staging
     def alltoall_base(
         self,
         output: torch.Tensor,

@@ -144,6 +144,22 @@ def checks(torch, dist, rank, size, device):
     got = [None] * size if rank == 0 else None
     dist.gather_object(("r", rank), got, dst=0)
     assert rank != 0 or got == [("r", r) for r in range(size)], got
+    if device.type == "cuda":
+        # CPU tensors given to the GPU group directly are staged too; a call that fails after
+        # staging must not leave its copies to be written back by the next call (over what the
+        # caller wrote into its tensors since).
+        out = torch.full((3,), float("nan"))
+        try:
+            dist.reduce_scatter_tensor(out, torch.ones(7))
+        except Exception as e:  # noqa: BLE001
+            assert "7" in str(e) or "3" in str(e), f"reduce_scatter_tensor of 7 into 3: {e}"
+        else:
+            raise AssertionError("reduce_scatter_tensor of 7 elements into 3 per rank did not fail")
+        out.fill_(5.0)
+        t = torch.ones(5)
+        dist.all_reduce(t)
+        assert t.device.type == "cpu" and bool((t == size).all()), t
+        assert bool((out == 5.0).all()), f"a failed call's output was written by a later call: {out}"
     # Functional collectives find the group by its name.
     import torch.distributed._functional_collectives as fc
 
