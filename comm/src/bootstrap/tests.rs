@@ -866,6 +866,9 @@ impl Bootstrap {
 #[test]
 fn a_crash_reaches_every_rank_without_an_operation() {
     let uid = UniqueId::with_root(localhost0()).unwrap();
+    // Rank 4 may leave the bootstrap barrier while others are still in it (they wait for
+    // messages relayed after its own arrived): it severs only once every rank is out.
+    let all_out = Arc::new(std::sync::Barrier::new(6));
     let results = on_ranks(6, move |r| {
         let b = Bootstrap::new(&uid, r, 6, cfg(20_000)).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -874,6 +877,7 @@ fn a_crash_reaches_every_rank_without_an_operation() {
             let _ = tx.lock().unwrap().send(f.clone());
         }));
         b.barrier().unwrap();
+        all_out.wait();
         if r == 4 {
             b.sever();
             // Keep the view alive (no goodbye) until the others have seen it.
