@@ -89,6 +89,9 @@ def _rank_main(args):
               f"{size} ranks, float32, {args.iters} iterations after {args.warmup}")
         print(f"{'collective':>10} {'size':>6} {'count':>11} {'ours(us)':>10} {'busbw':>7} "
               f"{'nccl(us)':>10} {'busbw':>7} {'ours/nccl':>9}")
+    def baseline(fn):
+        return _time(fn, args.iters, args.warmup) if nccl else None
+
     ops = [o.strip() for o in args.ops.split(",")]
     nbytes = args.min
     while nbytes <= args.max:
@@ -101,7 +104,7 @@ def _rank_main(args):
                 want = size * (size + 1) / 2
                 wrong = int((x != want).sum())
                 ours = _time(lambda: comm.all_reduce(x), args.iters, args.warmup)
-                theirs = _time(lambda: dist.all_reduce(x), args.iters, args.warmup) if nccl else None
+                theirs = baseline(lambda: dist.all_reduce(x))
                 factor = 2 * (size - 1) / size
                 moved = count * 4
             elif op == "allgather":
@@ -112,8 +115,7 @@ def _rank_main(args):
                 want = torch.arange(1, size + 1, device=dev, dtype=torch.float32).repeat_interleave(count)
                 wrong = int((out != want).sum())
                 ours = _time(lambda: comm.all_gather(out, x), args.iters, args.warmup)
-                theirs = (_time(lambda: dist.all_gather_into_tensor(out, x), args.iters, args.warmup)
-                          if nccl else None)
+                theirs = baseline(lambda: dist.all_gather_into_tensor(out, x))
                 factor = (size - 1) / size
                 moved = count * 4 * size
             else:

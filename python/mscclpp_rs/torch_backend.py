@@ -80,7 +80,9 @@ def _staging(fn: Any) -> Any:
 class ProcessGroupMscclpp(dist.ProcessGroup):
     """One group's ranks over an ``mscclpp_rs.Communicator`` (``comm``)."""
 
-    def __init__(self, comm: mscclpp_rs.Communicator, rank: int, size: int, uid: Any = None):
+    def __init__(
+        self, comm: mscclpp_rs.Communicator, rank: int, size: int, uid: Any = None, name: Optional[str] = None
+    ):
         super().__init__(rank, size)
         self._comm = comm
         self._rank, self._size = rank, size
@@ -93,7 +95,7 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
         self._devices = [torch.device("cuda", comm.device)] if self._gpu else []
         # (CPU tensor, its device copy) of the operation being enqueued; see _args.
         self._staged: List[Any] = []
-        self._name: Optional[str] = None
+        self._name = name
 
     def _done(self, result: Any) -> Any:
         """The ``Work`` of an operation just enqueued on the current stream (see the module doc)."""
@@ -266,57 +268,45 @@ class ProcessGroupMscclpp(dist.ProcessGroup):
     def gather(
         self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
     ) -> Any:
-        root = opts.rootRank if opts is not None else 0
         (inp,) = self._args("gather", *input_tensors)
-        if self._rank == root:
-            outs = output_tensors[0] if output_tensors else []
-            if len(outs) != self._size:
-                raise mscclpp_rs.InvalidUsageError(
-                    f"gather: {len(outs)} output tensors on the root for {self._size} ranks"
-                )
-            outs = self._args("gather", *outs)
-            for p, o in enumerate(outs):
-                if o.numel() != inp.numel() or o.dtype != inp.dtype:
-                    raise mscclpp_rs.InvalidUsageError(
-                        f"gather: output {p} has {o.numel()} {o.dtype} elements, the input "
-                        f"{inp.numel()} {inp.dtype}"
-                    )
-            with self._comm.group():
-                for p, o in enumerate(outs):
-                    if p != root and o.numel():
-                        self._comm.recv(o, p)
-            outs[root].copy_(inp.view_as(outs[root]))
-        elif inp.numel():
-            self._comm.send(inp, root)
+        self._rooted("gather", inp, output_tensors, opts.rootRank if opts is not None else 0, True)
         return self._done(output_tensors)
 
     @_staging
     def scatter(
         self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
     ) -> Any:
-        root = opts.rootRank if opts is not None else 0
         (out,) = self._args("scatter", *output_tensors)
-        if self._rank == root:
-            ins = input_tensors[0] if input_tensors else []
-            if len(ins) != self._size:
-                raise mscclpp_rs.InvalidUsageError(
-                    f"scatter: {len(ins)} input tensors on the root for {self._size} ranks"
-                )
-            ins = self._args("scatter", *ins)
-            for p, i in enumerate(ins):
-                if i.numel() != out.numel() or i.dtype != out.dtype:
-                    raise mscclpp_rs.InvalidUsageError(
-                        f"scatter: input {p} has {i.numel()} {i.dtype} elements, the output "
-                        f"{out.numel()} {out.dtype}"
-                    )
-            with self._comm.group():
-                for p, i in enumerate(ins):
-                    if p != root and i.numel():
-                        self._comm.send(i, p)
-            out.copy_(ins[root].view_as(out))
-        elif out.numel():
-            self._comm.recv(out, root)
+        self._rooted("scatter", out, input_tensors, opts.rootRank if opts is not None else 0, False)
         return self._done(output_tensors)
+
+    def _rooted(self, what: str, mine: torch.Tensor, lists: List[List[torch.Tensor]], root: int,
+                to_root: bool) -> None:
+        """Gather (``to_root``: every rank's ``mine`` into the root's ``lists[0]``) or scatter
+        (the root's ``lists[0]`` into every rank's ``mine``), as sends and receives in a group."""
+        if self._rank != root:
+            if mine.numel():
+                (self._comm.send if to_root else self._comm.recv)(mine, root)
+            return
+        parts = lists[0] if lists else []
+        if len(parts) != self._size:
+            raise mscclpp_rs.InvalidUsageError(
+                f"{what}: {len(parts)} tensors in the root's list for {self._size} ranks"
+            )
+        parts = self._args(what, *parts)
+        for p, t in enumerate(parts):
+            if t.numel() != mine.numel() or t.dtype != mine.dtype:
+                raise mscclpp_rs.InvalidUsageError(
+                    f"{what}: the root's tensor {p} has {t.numel()} {t.dtype} elements, its own "
+                    f"{mine.numel()} {mine.dtype}"
+                )
+        move = self._comm.recv if to_root else self._comm.send
+        with self._comm.group():
+            for p, t in enumerate(parts):
+                if p != root and t.numel():
+                    move(t, p)
+        dst, src = (parts[root], mine) if to_root else (mine, parts[root])
+        dst.copy_(src.view_as(dst))
 
     @_staging
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
@@ -424,8 +414,11 @@ def _split_rows(t: torch.Tensor, splits: Sequence[int], n: int, what: str) -> Li
     return parts
 
 
-def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupMscclpp:
-    """The creator ``init_process_group`` / ``new_group`` call with the group's store."""
+def _create(opts: Any, options: Any = None) -> ProcessGroupMscclpp:
+    """The creator ``init_process_group`` / ``new_group`` call (``extended_api``: with
+    ``_DistributedBackendOptions``, which carry the group's store and its name; see
+    ``ProcessGroupMscclpp.group_name``)."""
+    rank, size, store = opts.group_rank, opts.group_size, opts.store
     uid = None
     if rank == 0:
         uid = mscclpp_rs.UniqueId()
@@ -439,15 +432,7 @@ def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupMsccl
         comm = mscclpp_rs.Communicator(raw, rank, size, device=device)
     else:
         comm = mscclpp_rs.Communicator(raw, rank, size, backend=backend)
-    return ProcessGroupMscclpp(comm, rank, size, uid)
-
-
-def _create_extended(opts: Any, options: Any = None) -> ProcessGroupMscclpp:
-    """The creator PyTorch calls with ``_DistributedBackendOptions`` (``extended_api``): the
-    group's name comes with them (see ``ProcessGroupMscclpp.group_name``)."""
-    pg = _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
-    pg._name = getattr(opts, "group_id", None) or None
-    return pg
+    return ProcessGroupMscclpp(comm, rank, size, uid, name=getattr(opts, "group_id", None) or None)
 
 
 def register(name: str = NAME) -> None:
@@ -459,7 +444,7 @@ def register(name: str = NAME) -> None:
         )
     if getattr(dist.Backend, name.upper(), None) is not None:
         return
-    dist.Backend.register_backend(name, _create_extended, extended_api=True, devices=["cuda", "cpu"])
+    dist.Backend.register_backend(name, _create, extended_api=True, devices=["cuda", "cpu"])
 
 
 register()
