@@ -71,6 +71,11 @@ impl AbortState {
         {
             return;
         }
+        // At process exit the vendor runtime may have freed the word already, and nothing is
+        // left to release (see `mscclpp_hal::exit`): the host copy above is all that is kept.
+        let Some(_live) = mscclpp_hal::exit::enter() else {
+            return;
+        };
         if let Some(p) = self.word.as_ref().and_then(|w| w.host_ptr()) {
             // SAFETY: `p` is the host pointer of the 8-byte, 8-aligned allocation this state
             // keeps alive; the word is only accessed atomically (here and by kernels' polls).
@@ -94,6 +99,9 @@ impl AbortState {
 impl Communicator {
     /// A communicator over an established bootstrap, using `device`.
     pub fn new(boot: Arc<Bootstrap>, device: Arc<dyn Device>) -> Self {
+        // The device is open, so its runtime's own exit handlers are registered: ours goes after
+        // them and runs before them.
+        mscclpp_hal::exit::install();
         let word = device
             .alloc(8, MemoryKind::HostMapped)
             .and_then(|b| b.slice(0..8))

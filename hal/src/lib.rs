@@ -32,6 +32,7 @@ pub mod device;
 pub mod dtype;
 pub mod env;
 pub mod error;
+pub mod exit;
 pub mod ipc;
 pub mod kernel;
 pub mod memory;

@@ -96,6 +96,7 @@ impl Backend for HostBackend {
     }
 
     fn open_device(&self, ordinal: usize) -> Result<Arc<dyn Device>> {
+        crate::memory::install_exit_teardown()?;
         Ok(Arc::new(HostDevice {
             info: self.device_info(ordinal)?,
         }))

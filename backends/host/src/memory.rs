@@ -23,6 +23,52 @@ const PAYLOAD_VERSION: u16 = 1;
 /// hostile handle can make us map.
 pub const MAX_ALLOCATION: usize = 1 << 40;
 
+/// The live mappings of this process (address, length), for [`install_exit_teardown`].
+fn live_mappings() -> &'static std::sync::Mutex<std::collections::HashMap<usize, usize>> {
+    static LIVE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<usize, usize>>> =
+        std::sync::OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+/// With `MSCCLPP_HOST_EXIT_TEARDOWN=1`, makes this process's host-backend memory inaccessible
+/// when it exits, as a GPU runtime's teardown frees its allocations at exit (see
+/// `mscclpp_hal::exit`): a background thread that touches it afterwards faults here as it would
+/// on a GPU. The handler is registered when a device is opened, before any communicator exists,
+/// as a vendor runtime's is. Tests of exit paths set it; by default memory stays mapped.
+pub fn install_exit_teardown() -> Result<()> {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if mscclpp_hal::env::flag("MSCCLPP_HOST_EXIT_TEARDOWN")? != Some(true) {
+        return Ok(());
+    }
+    ONCE.call_once(|| {
+        // SAFETY: a plain `extern "C" fn()` of static lifetime that never unwinds.
+        if unsafe { atexit(teardown_at_exit) } != 0 {
+            tracing::warn!("atexit refused the host backend's exit teardown");
+        }
+    });
+    Ok(())
+}
+
+// SAFETY: C's `atexit`, with this signature.
+unsafe extern "C" {
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+extern "C" fn teardown_at_exit() {
+    let live = live_mappings().lock().unwrap_or_else(|p| p.into_inner());
+    for (&addr, &len) in live.iter() {
+        // SAFETY: a mapping this process made and still holds (it is removed from the table
+        // before its munmap); nothing may use it after exit has begun, which is the point.
+        let _ = unsafe {
+            rustix::mm::mprotect(
+                addr as *mut std::ffi::c_void,
+                len,
+                rustix::mm::MprotectFlags::empty(),
+            )
+        };
+    }
+}
+
 /// One shared-memory mapping, made here or imported.
 #[derive(Debug)]
 pub struct ShmAllocation {
@@ -85,6 +131,10 @@ impl ShmAllocation {
                 e.into(),
             )
         })?;
+        live_mappings()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ptr as usize, len);
         Ok(ShmAllocation {
             fd,
             ptr: ptr.cast(),
@@ -199,6 +249,10 @@ impl ShmAllocation {
 
 impl Drop for ShmAllocation {
     fn drop(&mut self) {
+        live_mappings()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(self.ptr as usize));
         // SAFETY: `ptr`/`len` are exactly the mapping made in `map`, and nothing uses it any more:
         // every user holds the `Arc` that is being dropped.
         if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) } {

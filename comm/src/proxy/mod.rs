@@ -302,7 +302,8 @@ where
     let mut pos = fifo.tail();
     let mut idle = Idle::new(config);
     loop {
-        if shared.stop.load(Ordering::Relaxed) {
+        // At process exit the FIFO's host-mapped memory may be gone (`mscclpp_hal::exit`).
+        if shared.stop.load(Ordering::Relaxed) || mscclpp_hal::exit::exiting() {
             return Ok(());
         }
         let Some(trigger) = fifo.poll_at(pos) else {

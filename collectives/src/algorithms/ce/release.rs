@@ -103,6 +103,10 @@ impl Release {
     /// One pass: the release word first (clears from now on keep flags released), then every
     /// flag a stream of this rank may wait on.
     fn pass(&self) -> Result<()> {
+        // At process exit the scratch may be freed already, and no wait is left to release.
+        let Some(_live) = mscclpp_hal::exit::enter() else {
+            return Ok(());
+        };
         let s = &*self.stream;
         s.write_value64(&release_word(&self.scratch)?, RELEASED)?;
         for at in [READY, DONE] {
