@@ -7,14 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
-use mscclpp::collectives::{
-    CollectiveCall, CollectiveKind, Collectives, MAX_RANKS, P2pKind, P2pOp,
-};
+use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives, P2pKind, P2pOp};
 use mscclpp::comm::{Bootstrap, BootstrapConfig, Communicator, UniqueId};
 use mscclpp::hal::{
-    BackendKind, BufferSlice, DataType, Device, DeviceBuffer, DevicePtr, MemoryKind, ReduceOp,
-    Stream,
+    BufferSlice, DataType, Device, DeviceBuffer, DevicePtr, MemoryKind, ReduceOp, Stream,
 };
+
+use mscclpp_caller::{Caller, buffer_bytes};
 
 use crate::abi::*;
 use crate::error::{Failure, Res};
@@ -176,16 +175,11 @@ pub fn op_info(code: c_int) -> Res<Option<ReduceOp>> {
 /// The mscclpp side of a communicator.
 #[derive(Debug)]
 pub struct Native {
-    comm: Arc<Communicator>,
-    /// `None` with one rank (operations are copies) or where the collectives cannot serve the
-    /// ranks (several hosts, more than [`MAX_RANKS`]): then every operation falls back.
-    colls: Option<Collectives>,
-    /// Why `colls` is `None` with several ranks.
-    no_colls: Option<String>,
-    /// The communicator's own stream: what `stream == NULL` means on the host backend.
-    internal: Arc<dyn Stream>,
-    /// Wrappers of callers' native streams, by handle.
-    streams: Mutex<HashMap<u64, Arc<dyn Stream>>>,
+    /// The caller side the Python package shares: the communicator, its collectives (none with
+    /// one rank, where operations are copies, or where they cannot serve the ranks: then every
+    /// operation falls back), its own stream (what `stream == NULL` means on the host backend)
+    /// and the wrapped streams of callers.
+    caller: Caller,
     /// Where `ncclReduce` leaves the all-reduce's result on the ranks other than the root
     /// ([`REDUCE_CHUNK_BYTES`], allocated with the communicator: nothing is allocated while a
     /// stream may be capturing).
@@ -204,17 +198,30 @@ pub const REDUCE_CHUNK_BYTES: usize = 8 << 20;
 impl Native {
     /// The mscclpp communicator.
     pub fn communicator(&self) -> &Arc<Communicator> {
-        &self.comm
+        self.caller.communicator()
     }
 
     /// Whether the device is the host backend's.
     pub fn comm_backend_is_host(&self) -> bool {
-        self.comm.device().info().backend == BackendKind::Host
+        self.caller.is_host()
     }
 
     /// Waits for the communicator's own stream.
     pub fn sync_internal(&self) -> Res<()> {
-        Ok(self.internal.synchronize()?)
+        Ok(self.caller.internal().synchronize()?)
+    }
+
+    /// The stream of a call: NULL is the legacy default stream on GPUs and the communicator's
+    /// own on the host backend (which refuses any other).
+    fn stream(&self, stream: CudaStream) -> Res<Arc<dyn Stream>> {
+        let h = stream as u64;
+        if self.caller.is_host() && h != 0 {
+            // NCCL's code for a bad argument, as for any other bad pointer.
+            return Err(Failure::argument(format!(
+                "stream {stream:p}: the host backend has no native streams; pass NULL (the communicator's own stream)"
+            )));
+        }
+        Ok(self.caller.stream((h != 0).then_some(h))?)
     }
 }
 
@@ -627,58 +634,26 @@ pub fn build(
     let ordinal = device.info().ordinal;
     let one_host = boot.hosts().iter().all(|&h| h == boot.hosts()[r]);
     let made = (|| -> Res<Native> {
-        let internal = device.create_stream()?;
-        let comm = Arc::new(Communicator::new(boot, device));
-        let (colls, no_colls) = if n == 1 {
-            (None, None)
-        } else if !one_host {
-            // Across hosts: the hierarchical collectives, unless this layout or backend is one
-            // they cannot serve (the same answer on every rank: it depends on the host table
-            // and the backend only), which falls back with the reason.
-            match Collectives::new(comm.clone()) {
-                Ok(c) => (Some(c), None),
-                Err(
-                    e @ (mscclpp::hal::Error::InvalidUsage(_)
-                    | mscclpp::hal::Error::Unavailable { .. }),
-                ) => (
-                    None,
-                    Some(format!(
-                        "the ranks are on several hosts and the multi-host collectives cannot serve them: {e}"
-                    )),
-                ),
-                Err(e) => return Err(e.into()),
-            }
-        } else if n > MAX_RANKS {
-            (
-                None,
-                Some(format!(
-                    "{n} ranks: mscclpp's collectives serve at most {MAX_RANKS}"
-                )),
-            )
-        } else {
-            (Some(Collectives::new(comm.clone())?), None)
-        };
-        if let Some(why) = &no_colls {
+        let caller = Caller::new(Arc::new(Communicator::new(boot, device)))?;
+        if let Some(why) = caller.no_collectives() {
             tracing::info!("every collective of this communicator falls back: {why}");
         }
-        let reduce_sink = match &colls {
+        let reduce_sink = match caller.collectives() {
             Some(_) => Some(
-                comm.device()
+                caller
+                    .communicator()
+                    .device()
                     .alloc(REDUCE_CHUNK_BYTES, MemoryKind::Device)?,
             ),
             None => None,
         };
         // Execution plans connect the ranks of one host.
-        let plans = colls
-            .as_ref()
+        let plans = caller
+            .collectives()
             .filter(|_| one_host)
-            .and_then(|_| crate::plans::Plans::from_env(&comm));
+            .and_then(|_| crate::plans::Plans::from_env(&caller));
         Ok(Native {
-            comm,
-            colls,
-            no_colls,
-            internal,
-            streams: Mutex::new(HashMap::new()),
+            caller,
             reduce_sink,
             plans,
             premul_staging: Mutex::new(Vec::new()),
@@ -965,12 +940,19 @@ impl Comm {
                 .native
                 .as_ref()
                 .ok_or("the communicator was made by the real NCCL")?;
-            if n > 1 && native.colls.is_none() {
-                return Err(native.no_colls.clone().unwrap_or_default());
+            if !native.caller.serves() {
+                return Err(native
+                    .caller
+                    .no_collectives()
+                    .unwrap_or_default()
+                    .to_owned());
             }
             match call.op {
                 Op::Send | Op::Recv
-                    if native.colls.as_ref().is_some_and(|c| c.hosts().is_some()) =>
+                    if native
+                        .caller
+                        .collectives()
+                        .is_some_and(|c| c.hosts().is_some()) =>
                 {
                     Err("sends and receives between hosts are not served natively yet".into())
                 }
@@ -1042,41 +1024,17 @@ impl Comm {
         }
     }
 
-    /// The stream an operation runs on: the communicator's own on the host backend (which has
-    /// no native streams: `stream` must be NULL), else the caller's, wrapped once.
-    fn stream_of(&self, native: &Native, stream: CudaStream) -> Res<Arc<dyn Stream>> {
-        let device = native.comm.device();
-        if device.info().backend == BackendKind::Host {
-            if !stream.is_null() {
-                return Err(Failure::argument(format!(
-                    "stream {stream:p}: the host backend has no native streams; pass NULL (the communicator's own stream)"
-                )));
-            }
-            return Ok(native.internal.clone());
-        }
-        let h = stream as u64;
-        let mut cache = native.streams.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(match cache.get(&h) {
-            Some(s) => s.clone(),
-            None => {
-                // SAFETY: NCCL's contract: `stream` is a live stream of the communicator's
-                // device (NULL: the default stream); the wrapper neither destroys nor queries it.
-                let s = unsafe { device.wrap_stream(h)? };
-                cache.insert(h, s.clone());
-                s
-            }
-        })
-    }
-
     /// The native communicator's failure (a dead rank, named, or an abort), if any.
     pub fn native_failure(&self) -> Option<mscclpp::hal::Error> {
-        self.native.as_ref().and_then(|n| n.comm.failure())
+        self.native
+            .as_ref()
+            .and_then(|n| n.communicator().failure())
     }
 
     /// Marks the native communicator aborted: its kernels' waits end at their next poll.
     pub fn abort_native(&self) {
         if let Some(n) = &self.native {
-            n.comm.abort();
+            n.communicator().abort();
         }
     }
 
@@ -1094,42 +1052,29 @@ impl Comm {
             .native
             .as_ref()
             .ok_or_else(|| Failure::internal("native path without a native communicator"))?;
-        let n = self.nranks;
-        let device = native.comm.device();
-        let esz = dt.size();
-        let block = count
-            .checked_mul(esz)
-            .ok_or_else(|| Failure::argument("count overflows"))?;
-        let full = block
-            .checked_mul(n)
-            .ok_or_else(|| Failure::argument("count overflows"))?;
-        let stream = self.stream_of(native, call.stream)?;
-        let host = device.info().backend == BackendKind::Host;
+        let caller = &native.caller;
+        let stream = native.stream(call.stream)?;
         let root = usize::try_from(call.root).unwrap_or(0);
         if call.op == Op::Reduce {
+            let (block, _) = buffer_bytes(CollectiveKind::AllReduce, count, dt, self.nranks)?;
             // SAFETY: NCCL's contract: `count` elements at `sendbuff` on every rank, and at
             // `recvbuff` on the root, alive until the operation has run on `stream`.
-            let input = unsafe { device.wrap_external(DevicePtr(call.send as u64), block)? };
+            let input = unsafe { caller.wrap(call.send as u64, block)? };
             let output = if root == self.rank {
                 // SAFETY: as above.
-                Some(unsafe { device.wrap_external(DevicePtr(call.recv as u64), block)? })
+                Some(unsafe { caller.wrap(call.recv as u64, block)? })
             } else {
                 None
             };
             let res = self.reduce(native, &input, output.as_ref(), count, dt, op, &*stream);
-            let res = res.and_then(|()| if host { stream.synchronize() } else { Ok(()) });
+            let res = res.and_then(|()| caller.finish(&*stream));
             return res.map_err(|e| self.note(e));
         }
         let kind = call
             .op
             .collective()
             .ok_or_else(|| Failure::internal("not a native operation"))?;
-        let (in_bytes, out_bytes) = match kind {
-            CollectiveKind::AllReduce | CollectiveKind::Broadcast => (block, block),
-            CollectiveKind::AllGather => (block, full),
-            CollectiveKind::ReduceScatter => (full, block),
-            CollectiveKind::AllToAll => (full, full),
-        };
+        let (in_bytes, out_bytes) = buffer_bytes(kind, count, dt, self.nranks)?;
         // Broadcast: only the root's send buffer is read; the others may pass anything.
         let send_ptr = if call.op == Op::Broadcast && root != self.rank {
             call.recv as u64
@@ -1139,45 +1084,28 @@ impl Comm {
         // SAFETY: NCCL's contract: the caller's buffers are device memory of these sizes that
         // stays allocated until the operation has run on `stream` (the CUDA backend checks the
         // ranges with the driver).
-        let input = unsafe { device.wrap_external(DevicePtr(send_ptr), in_bytes)? };
+        let input = unsafe { caller.wrap(send_ptr, in_bytes)? };
         // SAFETY: as above.
-        let output = unsafe { device.wrap_external(DevicePtr(call.recv as u64), out_bytes)? };
+        let output = unsafe { caller.wrap(call.recv as u64, out_bytes)? };
         let (i, o) = (input.full(), output.full());
         // A plan of MSCCLPP_EXECUTION_PLAN_DIR that fits the call goes first (plans have no root).
         let planned = match &native.plans {
             Some(p) if kind != CollectiveKind::Broadcast => {
-                let reduces = matches!(
-                    kind,
-                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
-                );
                 let pc = crate::plans::PlanCall {
                     collective: call.op.name(),
                     send: &i,
                     recv: &o,
                     dtype: dt,
-                    op: reduces.then_some(op),
+                    op: kind.reduces().then_some(op),
                 };
-                // Staged buffers and plan state are the communicator's: ordered as its
-                // collectives are across streams.
-                match &native.colls {
-                    Some(c) => c.ordered(&*stream, || p.run(&pc, &*stream)),
-                    None => p.run(&pc, &*stream),
-                }
+                p.run(caller, &pc, &*stream)
             }
             _ => Ok(false),
         };
-        let res = match (planned, &native.colls) {
-            (Ok(true), _) => Ok(()),
-            (Err(e), _) => Err(e),
-            (Ok(false), None) => {
-                // One rank: every collective is a copy (in place: nothing to do).
-                if i.ptr() != o.ptr() {
-                    stream.copy(&o, &i)
-                } else {
-                    Ok(())
-                }
-            }
-            (Ok(false), Some(c)) => c.run(
+        let res = match planned {
+            Ok(true) => Ok(()),
+            Err(e) => Err(e),
+            Ok(false) => caller.collective(
                 // NCCL's rule: every rank passes registered buffers or none.
                 &CollectiveCall::new(kind, &i, &o, count, dt)
                     .op(op)
@@ -1186,9 +1114,6 @@ impl Comm {
                 &*stream,
             ),
         };
-        // The host backend orders work on the communicator's own stream and returns once it
-        // ran: callers have no stream of their own to wait on.
-        let res = res.and_then(|()| if host { stream.synchronize() } else { Ok(()) });
         res.map_err(|e| self.note(e))
     }
 
@@ -1207,7 +1132,7 @@ impl Comm {
         stream: &dyn Stream,
     ) -> mscclpp::hal::Result<()> {
         let esz = dt.size();
-        let Some(c) = &native.colls else {
+        let Some(c) = native.caller.collectives() else {
             // One rank: a copy on the root (in place: nothing to do).
             return match output {
                 Some(o) if o.ptr() != input.ptr() => stream.copy(&o.full(), &input.full()),
@@ -1249,9 +1174,8 @@ impl Comm {
                 first.stream, other.stream
             )));
         }
-        let device = native.comm.device();
-        let host = device.info().backend == BackendKind::Host;
-        let stream = self.stream_of(native, first.stream)?;
+        let caller = &native.caller;
+        let stream = native.stream(first.stream)?;
         let mut buffers = Vec::with_capacity(calls.len());
         for c in calls {
             let (esize, _) = dtype_info(c.dtype)?;
@@ -1269,7 +1193,7 @@ impl Comm {
             } else {
                 // SAFETY: NCCL's contract: `count` elements at the buffer, alive until the
                 // operation has run on `stream`.
-                Some(unsafe { device.wrap_external(DevicePtr(ptr), bytes)? })
+                Some(unsafe { caller.wrap(ptr, bytes)? })
             };
             buffers.push((buf, bytes));
         }
@@ -1294,12 +1218,7 @@ impl Comm {
                 })
             })
             .collect();
-        let res = match &native.colls {
-            Some(colls) => colls.send_recv(&ops, &*stream),
-            None => self_copies(&ops, &*stream),
-        };
-        let res = res.and_then(|()| if host { stream.synchronize() } else { Ok(()) });
-        res.map_err(|e| self.note(e))
+        caller.send_recv(&ops, &*stream).map_err(|e| self.note(e))
     }
 
     fn run_real(&self, call: Call, why: &str) -> Res<()> {
@@ -1359,8 +1278,8 @@ impl Comm {
     /// real communicator.
     pub fn finalize(&self) -> Res<()> {
         if let Some(n) = &self.native {
-            if n.comm.device().info().backend == BackendKind::Host {
-                n.internal.synchronize()?;
+            if n.comm_backend_is_host() {
+                n.sync_internal()?;
             }
         }
         if let Some((lib, c)) = self.real_comm() {
@@ -1378,42 +1297,19 @@ impl Comm {
     }
 }
 
-/// One rank: the k-th send to itself into the k-th receive from itself (same sizes).
-fn self_copies(ops: &[P2pOp], stream: &dyn Stream) -> mscclpp::hal::Result<()> {
-    let sends: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Send).collect();
-    let recvs: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Recv).collect();
-    if sends.len() != recvs.len() {
-        return Err(mscclpp::hal::Error::invalid(format!(
-            "{} sends and {} receives in a group of one rank: each send needs its receive in the same group",
-            sends.len(),
-            recvs.len()
-        )));
-    }
-    for (s, r) in sends.iter().zip(&recvs) {
-        if s.bytes != r.bytes {
-            return Err(mscclpp::hal::Error::invalid(format!(
-                "a send of {} bytes and its receive of {} bytes: they must have the same size",
-                s.bytes, r.bytes
-            )));
-        }
-        if s.buffer.ptr() != r.buffer.ptr() {
-            stream.copy(r.buffer, s.buffer)?;
-        }
-    }
-    Ok(())
-}
-
 impl Comm {
     /// The native collectives and communicator, where the collectives serve (several ranks of
     /// one host).
     pub fn native_collectives(&self) -> Option<(&Collectives, &Arc<Communicator>)> {
         let n = self.native.as_ref()?;
-        Some((n.colls.as_ref()?, &n.comm))
+        Some((n.caller.collectives()?, n.communicator()))
     }
 
     /// The native communicator's device, if it has a native side.
     pub fn native_device(&self) -> Option<Arc<dyn Device>> {
-        self.native.as_ref().map(|n| n.comm.device().clone())
+        self.native
+            .as_ref()
+            .map(|n| n.communicator().device().clone())
     }
 
     /// The real NCCL's PreMulSum operator made beside ours (for the operations that fall
@@ -1487,8 +1383,8 @@ impl Comm {
         let bytes = in_elems
             .checked_mul(dt.size())
             .ok_or_else(|| Failure::argument("count overflows"))?;
-        let device = native.comm.device();
-        let stream = self.stream_of(native, call.stream)?;
+        let device = native.communicator().device();
+        let stream = native.stream(call.stream)?;
         // SAFETY: NCCL's contract: `in_elems` elements at `sendbuff`, alive until the operation
         // has run on `stream`.
         let src = unsafe { device.wrap_external(DevicePtr(call.send as u64), bytes)? };
@@ -1517,11 +1413,8 @@ impl Comm {
         let same = s.ptr() == d.ptr();
         let enqueue =
             || scaler.scale_from(&d, (!same).then_some(&s), in_elems, dt, factor, &*stream);
-        let res = match &native.colls {
-            // The staging buffer is the communicator's: ordered as its collectives are.
-            Some(c) => c.ordered(&*stream, enqueue),
-            None => enqueue(),
-        };
+        // The staging buffer is the communicator's: ordered as its collectives are.
+        let res = native.caller.ordered(&*stream, enqueue);
         res.map_err(|e| self.note(e))?;
         Ok(Call {
             send: dst_ptr as *const c_void,

@@ -12,39 +12,27 @@
 //! ([`Executor::check`]); reducing plans take the call's operator (`avg` is not one a plan can
 //! compute: built-in). No plan: the built-in algorithm. Each plan's first use is logged at info.
 //!
-//! **Running**: the plan runs on buffers of this library (staged), arranged as the plan says
-//! (in place or not), between two copies on the caller's stream: in from the send buffer, out to
-//! the receive buffer. Peers reach a plan's buffers through IPC, which the caller's memory (a
-//! raw pointer of any allocator) does not offer; and with staging, whether a caller's call is in
-//! place plays no part in the choice, so every rank chooses the same plan whatever its pointers.
-//! The first call of a plan with a size is its collective set-up (memory, connections, a
-//! synchronisation): not capturable in a CUDA graph; later ones are stream-ordered copies and one
-//! kernel.
+//! **Running** (`mscclpp_caller::Caller::run_plan`): on buffers of this library arranged as the
+//! plan says, between two copies on the caller's stream, inside the communicator's launch order.
+//! With staging, whether a caller's call is in place plays no part in the choice, so every rank
+//! chooses the same plan whatever its pointers. The first call of a plan with a size is its
+//! collective set-up (memory, connections, a synchronisation): not capturable in a CUDA graph;
+//! later ones are stream-ordered copies and one kernel.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
-use mscclpp::comm::Communicator;
-use mscclpp::hal::{
-    BufferSlice, DataType, DeviceBuffer, Error, MemoryKind, ReduceOp, Result, Stream,
-};
-use mscclpp_executor::{Executor, Plan};
+use mscclpp::hal::{BufferSlice, DataType, Error, ReduceOp, Result, Stream};
+use mscclpp_caller::Caller;
+use mscclpp_executor::Plan;
 
 /// The variable naming the plan directory.
 pub const PLAN_DIR_VAR: &str = "MSCCLPP_EXECUTION_PLAN_DIR";
 
-/// Most (plan, size) pairs staged per communicator: each holds buffers and the executor's
-/// set-up for good; calls of further sizes take the built-in algorithm.
-pub const MAX_STAGED: usize = 64;
-
-/// The plans of one communicator and the executor that runs them.
+/// The plans of one communicator, in the order they are tried.
 #[derive(Debug)]
 pub struct Plans {
-    executor: Executor,
     plans: Vec<Loaded>,
-    staged: Mutex<HashMap<(usize, usize, usize), Arc<Staged>>>,
 }
 
 #[derive(Debug)]
@@ -53,14 +41,6 @@ struct Loaded {
     file: PathBuf,
     used: AtomicBool,
     runs: AtomicU64,
-}
-
-/// A plan's buffers for one (input, output) size pair, arranged as the plan says.
-#[derive(Debug)]
-struct Staged {
-    _buffers: Vec<DeviceBuffer>,
-    send: BufferSlice,
-    recv: BufferSlice,
 }
 
 /// One collective call, as the plans see it.
@@ -82,14 +62,14 @@ pub struct PlanCall<'a> {
 impl Plans {
     /// Loads the plans of `MSCCLPP_EXECUTION_PLAN_DIR` for `comm` (`None`: the variable is not
     /// set, or no plan there is for this communicator; the reasons are logged).
-    pub fn from_env(comm: &Arc<Communicator>) -> Option<Plans> {
+    pub fn from_env(caller: &Caller) -> Option<Plans> {
         let dir = mscclpp::hal::env::get(PLAN_DIR_VAR)?;
-        Plans::load(comm, Path::new(&dir))
+        Plans::load(caller, Path::new(&dir))
     }
 
     /// Loads the plans of `dir` for `comm` (see the module doc).
-    pub fn load(comm: &Arc<Communicator>, dir: &Path) -> Option<Plans> {
-        let n = comm.nranks();
+    pub fn load(caller: &Caller, dir: &Path) -> Option<Plans> {
+        let n = caller.communicator().nranks();
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) => {
@@ -152,12 +132,9 @@ impl Plans {
             );
             return None;
         }
-        match Executor::new(comm.clone()) {
-            Ok(executor) => Some(Plans {
-                executor,
-                plans,
-                staged: Mutex::new(HashMap::new()),
-            }),
+        // The executor loads its kernel now, so that a device that cannot run it says so at init.
+        match caller.executor() {
+            Ok(_) => Some(Plans { plans }),
             Err(e) => {
                 tracing::warn!(
                     "{PLAN_DIR_VAR}: the executor cannot run here ({e}); the built-in algorithms serve every call"
@@ -182,14 +159,14 @@ impl Plans {
 
     /// Runs `call` with the first plan that fits it, enqueued on `stream`: `Ok(false)` when no
     /// plan does (the caller runs its built-in algorithm), `Ok(true)` when one ran.
-    pub fn run(&self, call: &PlanCall<'_>, stream: &dyn Stream) -> Result<bool> {
+    pub fn run(&self, caller: &Caller, call: &PlanCall<'_>, stream: &dyn Stream) -> Result<bool> {
         let (ib, ob) = (call.send.len(), call.recv.len());
         let msg = (if call.collective == "allgather" {
             ob
         } else {
             ib
         }) as u64;
-        for (i, l) in self.plans.iter().enumerate() {
+        for l in &self.plans {
             let plan = &l.plan;
             if plan.collective != call.collective
                 || msg < plan.min_message_size
@@ -205,7 +182,7 @@ impl Plans {
                 );
                 continue;
             }
-            if let Err(e) = self.executor.check(plan, ib, ob, call.dtype) {
+            if let Err(e) = caller.check_plan(plan, ib, ob, call.dtype) {
                 tracing::debug!(
                     "execution plan {} not used for {} of {msg} bytes ({}): {e}",
                     plan.name,
@@ -214,9 +191,12 @@ impl Plans {
                 );
                 continue;
             }
-            let Some(staged) = self.staged(i, plan, ib, ob)? else {
+            let ran = caller
+                .run_plan(plan, call.send, call.recv, call.dtype, call.op, stream)
+                .map_err(|e| e.with_context(|| format!("execution plan {}", plan.name)))?;
+            if !ran {
                 continue;
-            };
+            }
             if !l.used.swap(true, Ordering::Relaxed) {
                 tracing::info!(
                     "using execution plan {} for {} of {msg} bytes",
@@ -224,75 +204,10 @@ impl Plans {
                     call.collective
                 );
             }
-            stream.copy(&staged.send, call.send)?;
-            self.executor
-                .execute(
-                    plan,
-                    &staged.send,
-                    &staged.recv,
-                    call.dtype,
-                    call.op,
-                    stream,
-                )
-                .map_err(|e| e.with_context(|| format!("execution plan {}", plan.name)))?;
-            stream.copy(call.recv, &staged.recv)?;
             l.runs.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }
         Ok(false)
-    }
-
-    /// The staged buffers of plan `i` for these sizes (`None`: [`MAX_STAGED`] pairs are staged
-    /// already).
-    fn staged(&self, i: usize, plan: &Plan, ib: usize, ob: usize) -> Result<Option<Arc<Staged>>> {
-        let mut map = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = map.get(&(i, ib, ob)) {
-            return Ok(Some(s.clone()));
-        }
-        if map.len() >= MAX_STAGED {
-            tracing::debug!(
-                "execution plan {} not used for {ib}/{ob} bytes: {MAX_STAGED} sizes are staged already",
-                plan.name
-            );
-            return Ok(None);
-        }
-        let device = self.executor.communicator().device();
-        let rank = self.executor.communicator().rank();
-        let alloc = |bytes: usize| device.alloc(bytes.max(1), MemoryKind::Device);
-        let s = if !plan.inplace {
-            let (a, b) = (alloc(ib)?, alloc(ob)?);
-            Staged {
-                send: a.slice(..ib)?,
-                recv: b.slice(..ob)?,
-                _buffers: vec![a, b],
-            }
-        } else if ob > ib {
-            // All-gather in place: the input is the rank's block of the output.
-            let b = alloc(ob)?;
-            Staged {
-                send: b.slice(rank * ib..(rank + 1) * ib)?,
-                recv: b.slice(..ob)?,
-                _buffers: vec![b],
-            }
-        } else if ib > ob {
-            // Reduce-scatter in place: the output is the rank's block of the input.
-            let a = alloc(ib)?;
-            Staged {
-                send: a.slice(..ib)?,
-                recv: a.slice(rank * ob..(rank + 1) * ob)?,
-                _buffers: vec![a],
-            }
-        } else {
-            let a = alloc(ib)?;
-            Staged {
-                send: a.slice(..ib)?,
-                recv: a.slice(..ob)?,
-                _buffers: vec![a],
-            }
-        };
-        let s = Arc::new(s);
-        map.insert((i, ib, ob), s.clone());
-        Ok(Some(s))
     }
 }
 

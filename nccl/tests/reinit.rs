@@ -128,11 +128,8 @@ impl Api {
         loop {
             let mut e = -1;
             // SAFETY: valid out-pointer; the handle is checked by the library.
-            self.expect(
-                "ncclCommGetAsyncError",
-                unsafe { (self.async_err)(c, &mut e) },
-                SUCCESS,
-            )?;
+            let rc = unsafe { (self.async_err)(c, &mut e) };
+            self.expect("ncclCommGetAsyncError", rc, SUCCESS)?;
             match e {
                 IN_PROGRESS if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(2))
@@ -152,11 +149,8 @@ impl Api {
     ) -> Result<(), String> {
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        self.expect(
-            "ncclMemAlloc",
-            unsafe { (self.mem_alloc)(&mut p, COUNT * 4) },
-            SUCCESS,
-        )?;
+        let rc = unsafe { (self.mem_alloc)(&mut p, COUNT * 4) };
+        self.expect("ncclMemAlloc", rc, SUCCESS)?;
         let buf: *mut f32 = p.cast();
         let input = |r: usize| -> Vec<f32> {
             (0..COUNT)
@@ -274,8 +268,8 @@ fn exit_rank(rank: usize, dir: &Path) -> Result<(), String> {
     let api: &'static Api = Box::leak(Box::new(Api::open()?));
     let n = 2;
     let ids = [
-        shared_id(&api, rank, dir, "a")?,
-        shared_id(&api, rank, dir, "b")?,
+        shared_id(api, rank, dir, "a")?,
+        shared_id(api, rank, dir, "b")?,
     ];
     let made: Vec<Send<Comm>> = ids
         .iter()

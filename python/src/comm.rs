@@ -4,15 +4,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use mscclpp::collectives::{
-    CollectiveCall, CollectiveKind, Collectives, MAX_RANKS, P2pKind, P2pOp, Window,
-};
+use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives, P2pKind, P2pOp, Window};
 use mscclpp::comm::{Bootstrap, BootstrapConfig, Communicator as RawComm, UniqueId as RawId};
 use mscclpp::hal::{
-    Backend, BackendKind, BufferSlice, DataType, Device, DeviceBuffer, DevicePtr, MemoryKind,
-    ReduceOp, Stream,
+    Backend, BackendKind, BufferSlice, DataType, Device, DeviceBuffer, ReduceOp, Stream,
 };
-use mscclpp_executor::{Executor, Plan};
+use mscclpp_caller::Caller;
+use mscclpp_executor::Plan;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyType};
 
@@ -108,29 +106,17 @@ fn place_name(p: Place) -> String {
     }
 }
 
-/// A plan's input and output in the host backend's shared memory.
-type Staged = Arc<(DeviceBuffer, DeviceBuffer)>;
+/// Most distinct plans (by JSON text) decoded and kept per communicator.
+const MAX_PLANS: usize = 64;
 
 /// What every rank's communicator holds.
 #[derive(Debug)]
 struct Inner {
-    comm: Arc<RawComm>,
-    /// `None` with one rank (collectives are copies) or where the collectives cannot serve the
-    /// ranks (`no_colls` says why).
-    colls: Option<Collectives>,
-    no_colls: Option<String>,
-    /// The communicator's own stream: the host backend's (it has no native streams).
-    internal: Arc<dyn Stream>,
-    /// Wrappers of callers' native streams, by handle.
-    streams: Mutex<HashMap<u64, Arc<dyn Stream>>>,
-    /// Made at the first `execute_plan`.
-    executor: Mutex<Option<Arc<Executor>>>,
-    /// Decoded plans by their JSON text.
+    /// The caller side the C library shares: the communicator, its collectives (or why there
+    /// are none), its own stream, callers' wrapped streams, the plans' staged buffers.
+    caller: Caller,
+    /// Decoded plans by their JSON text (at most [`MAX_PLANS`]).
     plans: Mutex<HashMap<Vec<u8>, Arc<Plan>>>,
-    /// The library's buffers plans run on, by (input, output) bytes. The executor maps its
-    /// peers' buffers, which caller memory (NumPy's heap, torch's allocator) cannot be; the same
-    /// buffers on every call keep the executor's set-up cached.
-    staging: Mutex<HashMap<(usize, usize), Staged>>,
     /// Device ranges (address, bytes) registered by `register`: an all-reduce whose input lies
     /// inside one is a zero-copy call (registration is collective, so every rank's input is
     /// registered likewise).
@@ -138,8 +124,12 @@ struct Inner {
 }
 
 impl Inner {
+    fn comm(&self) -> &Arc<RawComm> {
+        self.caller.communicator()
+    }
+
     fn device(&self) -> &Arc<dyn Device> {
-        self.comm.device()
+        self.comm().device()
     }
 
     fn backend(&self) -> BackendKind {
@@ -158,7 +148,7 @@ impl Inner {
     }
 
     fn colls(&self, what: &str) -> PyResult<Option<&Collectives>> {
-        match (&self.colls, &self.no_colls) {
+        match (self.caller.collectives(), self.caller.no_collectives()) {
             (Some(c), _) => Ok(Some(c)),
             (None, Some(why)) => Err(crate::errors::new(
                 crate::errors::Kind::Unavailable,
@@ -176,28 +166,13 @@ impl Inner {
         explicit: Option<u64>,
     ) -> PyResult<(Arc<dyn Stream>, Option<u64>)> {
         if self.host() {
-            if let Some(h) = explicit.filter(|&h| h != 0) {
-                return Err(usage(format!(
-                    "stream={h:#x}: the host backend has no native streams; pass no stream \
-                     (calls run on the communicator's own stream and return when done)"
-                )));
-            }
-            return Ok((self.internal.clone(), None));
+            return Ok((self.caller.stream(explicit).py_err()?, None));
         }
         let h = match explicit {
             Some(h) => h,
             None => array::current_stream(like)?,
         };
-        let mut cache = lock(&self.streams);
-        if let Some(s) = cache.get(&h) {
-            return Ok((s.clone(), Some(h)));
-        }
-        // SAFETY: the caller's contract (documented on every call): `stream` is a live stream of
-        // the communicator's device (0: the legacy default stream) that outlives the calls made
-        // on it; the wrapper neither destroys nor queries it.
-        let s = unsafe { self.device().wrap_stream(h) }.py_err()?;
-        cache.insert(h, s.clone());
-        Ok((s, Some(h)))
+        Ok((self.caller.stream(Some(h)).py_err()?, Some(h)))
     }
 
     /// Reads `obj` and checks that its memory belongs to this communicator's device.
@@ -229,7 +204,7 @@ impl Inner {
         // SAFETY: the view describes the memory of a live caller object on this device (checked
         // by `view`); the caller keeps it alive until the call has run on its stream, as
         // documented on every call.
-        unsafe { self.device().wrap_external(DevicePtr(v.ptr), v.nbytes()) }.py_err()
+        unsafe { self.caller.wrap(v.ptr, v.nbytes()) }.py_err()
     }
 }
 
@@ -337,46 +312,18 @@ fn open(
             None => boot.local_rank().unwrap_or_else(|| boot.host_rank()) % count,
         };
         let dev = backend.open_device(ordinal)?;
-        let n = boot.nranks();
-        let one_host = boot.hosts().iter().all(|&h| h == boot.hosts()[0]);
-        let internal = dev.create_stream()?;
-        let comm = Arc::new(RawComm::new(boot, dev));
-        let (colls, no_colls) = if n == 1 {
-            (None, None)
-        } else if n > MAX_RANKS {
-            (
-                None,
-                Some(format!(
-                    "{n} ranks: the collectives serve at most {MAX_RANKS}"
-                )),
-            )
-        } else if !one_host {
-            (
-                None,
-                Some(
-                    "the ranks are on several hosts: the collectives serve the ranks of one host"
-                        .into(),
-                ),
-            )
-        } else {
-            (Some(Collectives::new(comm.clone())?), None)
-        };
+        let caller = Caller::new(Arc::new(RawComm::new(boot, dev)))?;
+        let comm = caller.communicator();
         tracing::info!(
             rank = comm.rank(),
-            nranks = n,
+            nranks = comm.nranks(),
             device = ordinal,
             backend = %comm.device().info().backend,
             "python communicator ready"
         );
         Ok(Inner {
-            comm,
-            colls,
-            no_colls,
-            internal,
-            streams: Mutex::new(HashMap::new()),
-            executor: Mutex::new(None),
+            caller,
             plans: Mutex::new(HashMap::new()),
-            staging: Mutex::new(HashMap::new()),
             registered: Mutex::new(Vec::new()),
         })
     });
@@ -390,8 +337,8 @@ impl Communicator {
     fn parts(&self) -> PyResult<channels::Parts> {
         let inner = self.inner()?;
         Ok(channels::Parts {
-            comm: inner.comm.clone(),
-            stream: inner.internal.clone(),
+            comm: inner.comm().clone(),
+            stream: inner.caller.internal().clone(),
         })
     }
 
@@ -461,7 +408,7 @@ impl Communicator {
         dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let inner = self.inner()?;
-        let n = inner.comm.nranks();
+        let n = inner.comm().nranks();
         let name = match kind {
             CollectiveKind::AllReduce => "all_reduce",
             CollectiveKind::AllGather => "all_gather",
@@ -505,30 +452,20 @@ impl Communicator {
         if count == 0 {
             return Ok(());
         }
-        let colls = inner.colls(name)?.is_some();
+        inner.colls(name)?;
         let bin = inner.wrap(&vin)?;
         let bout = inner.wrap(&vout)?;
-        let host = inner.host();
         let registered =
             kind == CollectiveKind::AllReduce && inner.is_registered(vin.ptr, vin.nbytes() as u64);
-        let inner2 = inner.clone();
         py.detach(move || {
             let (i, o) = (bin.full(), bout.full());
-            match colls_of(&inner2, colls) {
-                Some(c) => c.run(
-                    &CollectiveCall::new(kind, &i, &o, count, dt)
-                        .op(op)
-                        .root(root)
-                        .registered(registered),
-                    &*s,
-                )?,
-                None if i.ptr() != o.ptr() => s.copy(&o, &i)?,
-                None => {}
-            }
-            if host {
-                s.synchronize()?;
-            }
-            Ok(())
+            inner.caller.collective(
+                &CollectiveCall::new(kind, &i, &o, count, dt)
+                    .op(op)
+                    .root(root)
+                    .registered(registered),
+                &*s,
+            )
         })
         .py_err()
     }
@@ -539,7 +476,7 @@ impl Communicator {
         ops: &[(P2pKind, Bound<'_, PyAny>, usize, Option<u64>)],
     ) -> PyResult<()> {
         let inner = self.inner()?;
-        let n = inner.comm.nranks();
+        let n = inner.comm().nranks();
         let Some(first) = ops.first() else {
             return Ok(());
         };
@@ -568,9 +505,7 @@ impl Communicator {
             };
             buffers.push((*kind, *peer, buf, v.nbytes()));
         }
-        let colls = inner.colls("send/recv")?.is_some();
-        let host = inner.host();
-        let inner2 = inner.clone();
+        inner.colls("send/recv")?;
         py.detach(move || {
             let slices: Vec<(P2pKind, usize, BufferSlice, usize)> = buffers
                 .iter()
@@ -585,14 +520,7 @@ impl Communicator {
                     bytes: *bytes,
                 })
                 .collect();
-            match colls_of(&inner2, colls) {
-                Some(c) => c.send_recv(&ops, &*s)?,
-                None => self_copies(&ops, &*s)?,
-            }
-            if host {
-                s.synchronize()?;
-            }
-            Ok(())
+            inner.caller.send_recv(&ops, &*s)
         })
         .py_err()
     }
@@ -619,35 +547,6 @@ impl Communicator {
         }
         self.p2p(py, &[(kind, obj.clone(), peer, stream)])
     }
-}
-
-fn colls_of(inner: &Inner, present: bool) -> Option<&Collectives> {
-    if present { inner.colls.as_ref() } else { None }
-}
-
-/// One rank: the k-th send to itself lands in the k-th receive.
-fn self_copies(ops: &[P2pOp], stream: &dyn Stream) -> mscclpp::hal::Result<()> {
-    let sends: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Send).collect();
-    let recvs: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Recv).collect();
-    if sends.len() != recvs.len() {
-        return Err(mscclpp::hal::Error::invalid(format!(
-            "{} sends and {} receives on a communicator of one rank: each send needs its receive in the same group",
-            sends.len(),
-            recvs.len()
-        )));
-    }
-    for (s, r) in sends.iter().zip(&recvs) {
-        if s.bytes != r.bytes {
-            return Err(mscclpp::hal::Error::invalid(format!(
-                "a send of {} bytes and its receive of {} bytes: they must have the same size",
-                s.bytes, r.bytes
-            )));
-        }
-        if s.buffer.ptr() != r.buffer.ptr() {
-            stream.copy(r.buffer, s.buffer)?;
-        }
-    }
-    Ok(())
 }
 
 /// A buffer registered with every rank's collectives ([`Communicator::register`]).
@@ -802,28 +701,28 @@ impl Communicator {
     fn zero_copy_calls(&self) -> PyResult<u64> {
         Ok(self
             .inner()?
-            .colls
-            .as_ref()
+            .caller
+            .collectives()
             .map_or(0, Collectives::zero_copy_calls))
     }
 
     /// This rank.
     #[getter]
     fn rank(&self) -> PyResult<usize> {
-        Ok(self.inner()?.comm.rank())
+        Ok(self.inner()?.comm().rank())
     }
 
     /// The number of ranks.
     #[getter]
     fn size(&self) -> PyResult<usize> {
-        Ok(self.inner()?.comm.nranks())
+        Ok(self.inner()?.comm().nranks())
     }
 
     /// This rank's index among the ranks of its host.
     #[getter]
     fn local_rank(&self) -> PyResult<usize> {
         let inner = self.inner()?;
-        let b = inner.comm.bootstrap();
+        let b = inner.comm().bootstrap();
         Ok(b.local_rank().unwrap_or_else(|| b.host_rank()))
     }
 
@@ -848,7 +747,8 @@ impl Communicator {
     /// Waits until every rank has called it (over the bootstrap, on the host).
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         let inner = self.inner()?;
-        py.detach(move || inner.comm.bootstrap().barrier()).py_err()
+        py.detach(move || inner.comm().bootstrap().barrier())
+            .py_err()
     }
 
     /// Reduces `tensor` over the ranks, in place (or into `out`), and returns the result's array.
@@ -1026,10 +926,10 @@ impl Communicator {
             return Err(usage("register: an empty array"));
         }
         let buffer = inner.wrap(&v)?;
-        let colls = inner.colls("register")?.is_some();
+        inner.colls("register")?;
         let slice = buffer.full();
         let inner2 = inner.clone();
-        let window = py.detach(move || match colls_of(&inner2, colls) {
+        let window = py.detach(move || match inner2.caller.collectives() {
             Some(c) => c.register(&slice),
             None => Err(mscclpp::hal::Error::unavailable(
                 "registering a buffer",
@@ -1060,8 +960,8 @@ impl Communicator {
                 reg.swap_remove(i);
             }
         }
-        let colls = inner.colls("deregister")?.is_some();
-        py.detach(move || match colls_of(&inner, colls) {
+        inner.colls("deregister")?;
+        py.detach(move || match inner.caller.collectives() {
             Some(c) => c.deregister(w),
             None => Ok(()),
         })
@@ -1097,70 +997,35 @@ impl Communicator {
         }
         let bin = inner.wrap(&vin)?;
         let bout = inner.wrap(&vout)?;
-        let host = inner.host();
-        if host
-            && vin.ptr < vout.ptr + vout.nbytes() as u64
-            && vout.ptr < vin.ptr + vin.nbytes() as u64
-            && vin.ptr != vout.ptr
-        {
-            return Err(usage(
-                "execute_plan on the host backend: send inside recv (an in-place all-gather) \
-                 is not supported; pass separate arrays",
-            ));
-        }
         py.detach(move || -> mscclpp::hal::Result<()> {
-            let n = inner.comm.nranks();
+            let n = inner.comm().nranks();
             let plan = {
                 let cached = lock(&inner.plans).get(&bytes).cloned();
                 match cached {
                     Some(p) => p,
                     None => {
                         let p = Arc::new(Plan::from_bytes(&bytes, n)?);
-                        lock(&inner.plans).insert(bytes, p.clone());
+                        let mut plans = lock(&inner.plans);
+                        if plans.len() < MAX_PLANS {
+                            plans.insert(bytes, p.clone());
+                        }
                         p
                     }
                 }
             };
-            let executor = {
-                let mut e = lock(&inner.executor);
-                match &*e {
-                    Some(x) => x.clone(),
-                    None => {
-                        let x = Arc::new(Executor::new(inner.comm.clone())?);
-                        *e = Some(x.clone());
-                        x
-                    }
-                }
-            };
-            // The peers map the plan's buffers, and only the library's own allocations can be
-            // exported to them (a NumPy array or a torch tensor cannot): the plan runs on staged
-            // buffers between two copies on the call's stream, as the C library's plans do.
-            let key = (bin.len(), bout.len());
-            let cached = lock(&inner.staging).get(&key).cloned();
-            let staged = match cached {
-                Some(b) => b,
-                None => {
-                    let dev = inner.device();
-                    let b = Arc::new((
-                        dev.alloc(key.0, MemoryKind::Device)?,
-                        dev.alloc(key.1, MemoryKind::Device)?,
-                    ));
-                    lock(&inner.staging).insert(key, b.clone());
-                    b
-                }
-            };
-            let (sin, sout) = (staged.0.full(), staged.1.full());
-            // In-place plans read the output too, and take the same memory twice.
-            s.copy(&sout, &bout.full())?;
-            if bin.ptr() == bout.ptr() {
-                executor.execute(&plan, &sout, &sout, dt, op, &*s)?;
+            // Staged as the plan says (the peers map only the library's own memory), in the
+            // communicator's launch order: in place or not, for any pair of arrays.
+            let ran = inner
+                .caller
+                .run_plan(&plan, &bin.full(), &bout.full(), dt, op, &*s)?;
+            if ran {
+                Ok(())
             } else {
-                s.copy(&sin, &bin.full())?;
-                executor.execute(&plan, &sin, &sout, dt, op, &*s)?;
+                Err(mscclpp::hal::Error::invalid(format!(
+                    "execute_plan: {} (plan, size) pairs are staged on this communicator already;                      its buffers are kept for good, so use fewer sizes or another communicator",
+                    mscclpp_caller::MAX_STAGED
+                )))
             }
-            s.copy(&bout.full(), &sout)?;
-            // The host backend returns once done; GPU calls return once enqueued.
-            if host { s.synchronize() } else { Ok(()) }
         })
         .py_err()?;
         Ok(recv.clone().unbind())
@@ -1170,7 +1035,7 @@ impl Communicator {
     /// host backend): memory for channels, which on the host backend cannot use NumPy arrays.
     fn alloc(&self, nbytes: usize) -> PyResult<channels::Buffer> {
         let inner = self.inner()?;
-        channels::Buffer::new(inner.device(), inner.internal.clone(), nbytes)
+        channels::Buffer::new(inner.device(), inner.caller.internal().clone(), nbytes)
     }
 
     /// A device-to-device semaphore with `peer` over a CudaIpc connection (same host).
@@ -1250,9 +1115,7 @@ impl Communicator {
         let taken = self.inner.write().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(inner) = taken {
             py.detach(move || {
-                if inner.host() {
-                    inner.internal.synchronize()?;
-                }
+                inner.caller.finish(&**inner.caller.internal())?;
                 drop(inner);
                 Ok(())
             })
@@ -1275,8 +1138,8 @@ impl Communicator {
         match self.inner() {
             Ok(i) => format!(
                 "Communicator(rank={}, size={}, backend={:?}, device={})",
-                i.comm.rank(),
-                i.comm.nranks(),
+                i.comm().rank(),
+                i.comm().nranks(),
                 i.backend().to_string(),
                 i.device().info().ordinal
             ),

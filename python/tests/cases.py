@@ -267,6 +267,29 @@ def ring(comm, dtype, counts, lib="numpy", seed=5):
         check_guard("ring", lib, buf, count, dtype)
 
 
+def pairwise(comm, dtype, counts, lib="numpy", seed=11):
+    """One group in which every rank sends a message to every other rank and receives one from
+    each (the all-to-all-v of batch_isend_irecv), at sizes of one and of several rounds of the
+    point-to-point slots; every receive checked, its guard bands untouched."""
+    n, r = comm.size, comm.rank
+    for count in counts:
+        xs, outs = {}, {}
+        for p in range(n):
+            if p == r:
+                continue
+            xs[p], _ = make(lib, comm, values(dtype, seed + 31 * p, r, count), dtype)
+            outs[p] = guarded(lib, comm, count, dtype)
+        with comm.group():
+            for p in xs:
+                comm.send(xs[p], p)
+                comm.recv(outs[p][1], p)
+        sync(lib)
+        for p, (buf, out, _) in outs.items():
+            want = values(dtype, seed + 31 * r, p, count)
+            check(f"pairwise {dtype} {count} from {p}", read(lib, out, dtype), want, dtype)
+            check_guard(f"pairwise from {p}", lib, buf, count, dtype)
+
+
 def ping(comm, count, lib="numpy"):
     """Rank 0 sends to rank 1 and gets it back, one operation at a time (no group)."""
     r = comm.rank
@@ -333,21 +356,24 @@ def all_reduce_expecting_failure(comm):
     raise AssertionError("all_reduce with a dead peer returned normally")
 
 
-def allreduce_plan(n):
-    """MSCCL++'s JSON plan format: an out-of-place all-reduce of ``n`` ranks in the Simple
-    protocol (each rank reduces its chunk by reading every peer's input and writes the result
-    into every output, between signal/wait rounds); executor/src/testgen.rs's allreduce_simple."""
+def allreduce_plan(n, inplace=False):
+    """MSCCL++'s JSON plan format: an all-reduce of ``n`` ranks in the Simple protocol (each rank
+    reduces its chunk by reading every peer's input and writes the result into every output,
+    between signal/wait rounds; in place, the input is the output, as in MSCCL++'s in-place
+    plans); executor/src/testgen.rs's allreduce_simple."""
+    out = "i" if inplace else "o"
     gpus = []
     for r in range(n):
         ps = [p for p in range(n) if p != r]
         k = len(ps)
         remote = [{"rank": p, "type": "i", "access_channel_types": ["memory"]} for p in ps]
-        remote += [{"rank": p, "type": "o", "access_channel_types": ["memory"]} for p in ps]
+        if not inplace:
+            remote += [{"rank": p, "type": "o", "access_channel_types": ["memory"]} for p in ps]
         src = [{"type": "i", "index": r, "size": 1}] + [
             {"buffer_id": j, "index": r, "size": 1} for j in range(k)
         ]
-        dst = [{"type": "o", "index": r, "size": 1}] + [
-            {"buffer_id": k + j, "index": r, "size": 1} for j in range(k)
+        dst = [{"type": out, "index": r, "size": 1}] + [
+            {"buffer_id": j if inplace else k + j, "index": r, "size": 1} for j in range(k)
         ]
         sync_ops = [
             {"name": "signal", "channel_type": "memory", "channel_ids": list(range(k))},
@@ -358,7 +384,7 @@ def allreduce_plan(n):
             {"name": "nop"},
         ] + sync_ops
         gpus.append({
-            "id": r, "input_chunks": n, "output_chunks": n, "scratch_chunks": 0,
+            "id": r, "input_chunks": n, "output_chunks": 0 if inplace else n, "scratch_chunks": 0,
             "channels": [{"channel_type": "memory", "connected_to": ps}],
             "remote_buffers": remote, "semaphores": [],
             "threadblocks": [{
@@ -368,25 +394,33 @@ def allreduce_plan(n):
             }],
         })
     return {
-        "name": f"allreduce_simple_{n}", "collective": "allreduce", "protocol": "Simple",
-        "inplace": False, "reuse_resources": False, "num_threads_per_block": 1024,
+        "name": f"allreduce_simple_{n}{'_ip' if inplace else ''}", "collective": "allreduce", "protocol": "Simple",
+        "inplace": inplace, "reuse_resources": False, "num_threads_per_block": 1024,
         "use_double_scratch_buffer": False, "buffer_alignment": 16, "min_message_size": 0,
         "max_message_size": 2**64 - 1, "gpus": gpus,
     }
 
 
-def execute_plan(comm, count, lib="numpy", seed=7, repeat=3):
+def execute_plan(comm, count, lib="numpy", seed=7, repeat=3, inplace_plan=False, same_array=False):
+    """A plan (in place or not, as its JSON says) with two distinct arrays or one: correct
+    either way, and a distinct input left as it was."""
     import json
 
     n, r = comm.size, comm.rank
-    plan = json.dumps(allreduce_plan(n))
+    plan = json.dumps(allreduce_plan(n, inplace_plan))
     for i in range(repeat):
         ins = [values("float32", seed + i, p, count) for p in range(n)]
         x, _ = make(lib, comm, ins[r], "float32")
-        out, _ = poisoned(lib, comm, count, "float32")
+        if same_array:
+            out = x
+        else:
+            out, _ = poisoned(lib, comm, count, "float32")
         comm.execute_plan(plan, x, out)
         sync(lib)
-        check(f"plan run {i}", read(lib, out, "float32"), reduce("sum", ins, "float32"), "float32")
+        what = f"plan (in place: {inplace_plan}, one array: {same_array}) run {i}"
+        check(what, read(lib, out, "float32"), reduce("sum", ins, "float32"), "float32")
+        if not same_array:
+            check(what + ": its input", read(lib, x, "float32"), ins[r], "float32")
 
 
 def graph_all_reduce(comm, count, replays):

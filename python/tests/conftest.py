@@ -23,6 +23,12 @@ def host2():
 
 
 @pytest.fixture(scope="session")
+def host4():
+    """Four ranks on the host backend."""
+    yield from _cluster(4, HOST, backend="host")
+
+
+@pytest.fixture(scope="session")
 def host3():
     """Three ranks on the host backend: a rank count that is not a power of two."""
     yield from _cluster(3, HOST, backend="host")

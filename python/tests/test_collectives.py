@@ -71,6 +71,17 @@ def test_execute_plan(host2, host3):
         c.run("execute_plan", count=c.size * 1024)
 
 
+@pytest.mark.parametrize("inplace_plan", [True, False], ids=["inplace_plan", "outofplace_plan"])
+@pytest.mark.parametrize("same_array", [True, False], ids=["one_array", "two_arrays"])
+def test_execute_plan_in_place_or_not(host2, inplace_plan, same_array):
+    host2.run("execute_plan", count=2 * 1024, inplace_plan=inplace_plan, same_array=same_array)
+
+
+def test_pairwise_batches_4_ranks(host4):
+    # 1 float, one slot round, and messages of several rounds and lanes of the p2p kernel.
+    host4.run("pairwise", dtype="float32", counts=[1, 10_000, 65_536, 300_001])
+
+
 def test_rank_info(host2, host3):
     for c in (host2, host3):
         got = c.run("info")

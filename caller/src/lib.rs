@@ -1,0 +1,320 @@
+//! # mscclpp-caller — the caller side the C library and the Python package share
+//!
+//! Both front ends take a caller's call — raw pointers or arrays, a stream handle or none, a
+//! count — and turn it into work of the collectives on the caller's stream. Everything between
+//! the front end's own types and [`mscclpp_collectives::Collectives`] is here, once:
+//!
+//! - **streams** ([`Caller::stream`]): a borrowed native handle is wrapped once per
+//!   communicator and cached; handle 0 is the device's legacy default stream. The host backend
+//!   has no native streams: there a call names none and runs on the communicator's own stream,
+//!   and returns once it has run ([`Caller::finish`]);
+//! - **caller memory** ([`Caller::wrap`]): a pointer and a byte count become a buffer of the
+//!   communicator's device, not owned;
+//! - **sizes** ([`buffer_bytes`]): the input and output bytes of a collective, checked for
+//!   overflow, from [`CollectiveKind::buffer_elements`];
+//! - **who serves the ranks** ([`Caller::new`]): one rank copies; the ranks of one host take the
+//!   collectives; ranks on several hosts take the hierarchical ones where they can; otherwise no
+//!   collectives, and [`Caller::no_collectives`] says why (the C library then falls back);
+//! - **point to point** ([`Caller::send_recv`]): a group's sends and receives, or with one rank
+//!   the copies between its sends and receives to itself;
+//! - **execution plans** ([`Caller::run_plan`]): a plan runs on buffers of the library, arranged
+//!   as the plan says (in place or not), between two copies on the caller's stream, inside the
+//!   communicator's launch order.
+//!
+//! What stays in the front ends is theirs alone: the C ABI, its handle registry and groups; the
+//! Python objects, array protocols and the GIL.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod plans;
+mod streams;
+
+use std::sync::Arc;
+
+use mscclpp_collectives::{CollectiveCall, CollectiveKind, Collectives, MAX_RANKS, P2pKind, P2pOp};
+use mscclpp_comm::Communicator;
+use mscclpp_hal::{
+    BackendKind, BufferSlice, DataType, DeviceBuffer, DevicePtr, Error, ReduceOp, Result, Stream,
+};
+
+pub use plans::MAX_STAGED;
+
+/// One communicator's caller side: its collectives (or why there are none), its own stream,
+/// the wrapped streams of its callers and the staged buffers of its plans.
+#[derive(Debug)]
+pub struct Caller {
+    comm: Arc<Communicator>,
+    colls: Option<Collectives>,
+    no_colls: Option<String>,
+    internal: Arc<dyn Stream>,
+    streams: streams::StreamCache,
+    plans: plans::PlanStage,
+    host: bool,
+}
+
+impl Caller {
+    /// The caller side of `comm` (collective over its ranks: the collectives connect them).
+    pub fn new(comm: Arc<Communicator>) -> Result<Caller> {
+        let n = comm.nranks();
+        let boot = comm.bootstrap();
+        let hosts = boot.hosts();
+        let one_host = hosts.iter().all(|&h| h == hosts[comm.rank()]);
+        let (colls, no_colls) = if n == 1 {
+            (None, None)
+        } else if !one_host {
+            // Across hosts: the hierarchical collectives, unless this layout or backend is one
+            // they cannot serve (the same answer on every rank: it depends on the host table and
+            // the backend only).
+            match Collectives::new(comm.clone()) {
+                Ok(c) => (Some(c), None),
+                Err(e @ (Error::InvalidUsage(_) | Error::Unavailable { .. })) => (
+                    None,
+                    Some(format!(
+                        "the ranks are on several hosts and the multi-host collectives cannot serve them: {e}"
+                    )),
+                ),
+                Err(e) => return Err(e),
+            }
+        } else if n > MAX_RANKS {
+            (
+                None,
+                Some(format!(
+                    "{n} ranks: mscclpp's collectives serve at most {MAX_RANKS}"
+                )),
+            )
+        } else {
+            (Some(Collectives::new(comm.clone())?), None)
+        };
+        if let Some(why) = &no_colls {
+            tracing::info!("no native collectives for this communicator: {why}");
+        }
+        let internal = comm.device().create_stream()?;
+        let host = comm.device().info().backend == BackendKind::Host;
+        Ok(Caller {
+            plans: plans::PlanStage::new(),
+            comm,
+            colls,
+            no_colls,
+            internal,
+            streams: streams::StreamCache::default(),
+            host,
+        })
+    }
+
+    /// The communicator.
+    pub fn communicator(&self) -> &Arc<Communicator> {
+        &self.comm
+    }
+
+    /// The collectives, where they serve these ranks (several ranks, see [`Caller::new`]).
+    pub fn collectives(&self) -> Option<&Collectives> {
+        self.colls.as_ref()
+    }
+
+    /// Why several ranks have no collectives (`None` with collectives, or with one rank).
+    pub fn no_collectives(&self) -> Option<&str> {
+        self.no_colls.as_deref()
+    }
+
+    /// Whether collectives-level work can run natively: one rank (copies) or collectives.
+    pub fn serves(&self) -> bool {
+        self.colls.is_some() || self.comm.nranks() == 1
+    }
+
+    /// Whether the device is the host backend's (no native streams; calls complete on return).
+    pub fn is_host(&self) -> bool {
+        self.host
+    }
+
+    /// The communicator's own stream.
+    pub fn internal(&self) -> &Arc<dyn Stream> {
+        &self.internal
+    }
+
+    /// The stream a call runs on. `handle`: the caller's native stream (`Some(0)`: the legacy
+    /// default stream), or `None` for none named. On the host backend only none (or 0) is
+    /// accepted, and the call runs on the communicator's own stream.
+    pub fn stream(&self, handle: Option<u64>) -> Result<Arc<dyn Stream>> {
+        if self.host {
+            return match handle {
+                None | Some(0) => Ok(self.internal.clone()),
+                Some(h) => Err(Error::invalid(format!(
+                    "stream {h:#x}: the host backend has no native streams; name none (the call runs on the communicator's own stream and returns once done)"
+                ))),
+            };
+        }
+        // SAFETY: the front ends' contract with their callers (NCCL's, and the Python
+        // package's documented one): a named handle is a live stream of the communicator's
+        // device that outlives the calls made on it; 0 is the legacy default stream.
+        unsafe {
+            self.streams
+                .get_or_wrap(&**self.comm.device(), handle.unwrap_or(0))
+        }
+    }
+
+    /// The caller's `bytes` at `ptr` as a buffer of the communicator's device (not owned, not
+    /// copied).
+    ///
+    /// # Safety
+    /// `bytes` of memory of the communicator's device at `ptr` (host memory on the host
+    /// backend) that stay allocated until every call using the buffer has run on its stream.
+    pub unsafe fn wrap(&self, ptr: u64, bytes: usize) -> Result<DeviceBuffer> {
+        // SAFETY: forwarded contract.
+        unsafe { self.comm.device().wrap_external(DevicePtr(ptr), bytes) }
+    }
+
+    /// Ends a call enqueued on `stream`: on the host backend it waits for it (its callers have
+    /// no stream of their own to wait on); on GPUs it returns at once.
+    pub fn finish(&self, stream: &dyn Stream) -> Result<()> {
+        if self.host {
+            stream.synchronize()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs `enqueue` in the communicator's launch order on `stream` (the order every launch
+    /// of its collectives keeps across streams), or at once without collectives.
+    pub fn ordered<T>(
+        &self,
+        stream: &dyn Stream,
+        enqueue: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        match &self.colls {
+            Some(c) => c.ordered(stream, enqueue),
+            None => enqueue(),
+        }
+    }
+
+    /// Enqueues a collective on `stream` (then [`Caller::finish`]): the collectives' with
+    /// several ranks, a copy with one (nothing in place). Several ranks without collectives
+    /// are an error saying why (a front end that can fall back checks
+    /// [`Caller::no_collectives`] first).
+    pub fn collective(&self, call: &CollectiveCall<'_>, stream: &dyn Stream) -> Result<()> {
+        match &self.colls {
+            Some(c) => c.run(call, stream)?,
+            None if self.comm.nranks() > 1 => return Err(self.unavailable(call.kind.name())),
+            None if call.input.ptr() != call.output.ptr() => {
+                stream.copy(call.output, call.input)?
+            }
+            None => {}
+        }
+        self.finish(stream)
+    }
+
+    /// Enqueues a group of sends and receives as one launch on `stream` (then
+    /// [`Caller::finish`]); with one rank, each send to itself lands in the matching receive.
+    pub fn send_recv(&self, ops: &[P2pOp<'_>], stream: &dyn Stream) -> Result<()> {
+        match &self.colls {
+            Some(c) => c.send_recv(ops, stream)?,
+            None if self.comm.nranks() > 1 => return Err(self.unavailable("send/recv")),
+            None => self_copies(ops, stream)?,
+        }
+        self.finish(stream)
+    }
+
+    /// Enqueues execution `plan` with `send` as its input and `recv` as its output (the
+    /// caller's memory, in place or not: the plan runs on staged buffers arranged as it says)
+    /// on `stream`, inside the communicator's launch order; then [`Caller::finish`]. `Ok(false)`
+    /// when [`MAX_STAGED`] (plan, size) pairs are staged already (nothing was enqueued).
+    pub fn run_plan(
+        &self,
+        plan: &mscclpp_executor::Plan,
+        send: &BufferSlice,
+        recv: &BufferSlice,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        stream: &dyn Stream,
+    ) -> Result<bool> {
+        let ran = self.ordered(stream, || {
+            self.plans
+                .run(&self.comm, plan, send, recv, dtype, op, stream)
+        })?;
+        if ran {
+            self.finish(stream)?;
+        }
+        Ok(ran)
+    }
+
+    /// The communicator's plan executor, made at its first use (it loads its kernel).
+    pub fn executor(&self) -> Result<Arc<mscclpp_executor::Executor>> {
+        self.plans.executor(&self.comm)
+    }
+
+    /// Whether `plan` can run here with buffers of these sizes and `dtype` (see
+    /// [`mscclpp_executor::Executor::check`]); makes the executor on first use.
+    pub fn check_plan(
+        &self,
+        plan: &mscclpp_executor::Plan,
+        input_bytes: usize,
+        output_bytes: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        self.plans
+            .executor(&self.comm)?
+            .check(plan, input_bytes, output_bytes, dtype)
+    }
+
+    fn unavailable(&self, what: &str) -> Error {
+        Error::unavailable(
+            what,
+            self.no_colls
+                .clone()
+                .unwrap_or_else(|| "no collectives for this communicator".into()),
+        )
+    }
+}
+
+/// Input and output bytes of `kind` for `count` elements of `dtype` per rank block over
+/// `nranks`, or an error naming the overflow.
+pub fn buffer_bytes(
+    kind: CollectiveKind,
+    count: usize,
+    dtype: DataType,
+    nranks: usize,
+) -> Result<(usize, usize)> {
+    let overflow = || {
+        Error::invalid(format!(
+            "{}: {count} elements of {dtype} per rank over {nranks} ranks overflow the address space",
+            kind.name()
+        ))
+    };
+    // `buffer_elements` multiplies by the rank count: that product must not wrap.
+    if (count as u64).checked_mul(nranks as u64).is_none() {
+        return Err(overflow());
+    }
+    let (i, o) = kind.buffer_elements(count as u64, nranks as u64);
+    let bytes = |e: u64| {
+        e.checked_mul(dtype.size() as u64)
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(overflow)
+    };
+    Ok((bytes(i)?, bytes(o)?))
+}
+
+/// One rank: the k-th send to itself lands in the k-th receive from itself (same sizes).
+fn self_copies(ops: &[P2pOp<'_>], stream: &dyn Stream) -> Result<()> {
+    let sends: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Send).collect();
+    let recvs: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Recv).collect();
+    if sends.len() != recvs.len() {
+        return Err(Error::invalid(format!(
+            "{} sends and {} receives in a group of one rank: each send needs its receive in the same group",
+            sends.len(),
+            recvs.len()
+        )));
+    }
+    for (s, r) in sends.iter().zip(&recvs) {
+        if s.bytes != r.bytes {
+            return Err(Error::invalid(format!(
+                "a send of {} bytes and its receive of {} bytes: they must have the same size",
+                s.bytes, r.bytes
+            )));
+        }
+        if s.buffer.ptr() != r.buffer.ptr() {
+            stream.copy(r.buffer, s.buffer)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
