@@ -64,6 +64,7 @@
 pub mod abi;
 pub mod comm;
 pub mod error;
+mod exports_229;
 pub mod lifecycle;
 pub mod plans;
 pub mod premul;

@@ -54,6 +54,9 @@ struct Reg {
     _keep: Option<DeviceBuffer>,
     /// The collective registration (windows of `ncclMemAlloc` memory on every rank).
     window: Option<Window>,
+    /// The caller's address of the range (`ncclWinGetUserPtr`), where it is known: ranges
+    /// inside `ncclMemAlloc` memory (the only ones whose owner and offset are recorded).
+    user: Option<usize>,
 }
 
 fn regs() -> &'static Mutex<HashMap<usize, Reg>> {
@@ -86,6 +89,7 @@ pub fn register_local(c: &Arc<Comm>, owner: Option<DeviceBuffer>) -> *mut c_void
         kind: Kind::Local,
         _keep: owner,
         window: None,
+        user: None,
     })
 }
 
@@ -113,12 +117,38 @@ pub fn register_window(
             ),
         }
     }
+    let user = owner
+        .as_ref()
+        .and_then(|(b, off)| (b.ptr().0 as usize).checked_add(*off));
     Ok(insert(Reg {
         comm: Arc::downgrade(c),
         kind: Kind::Window,
         _keep: owner.map(|(b, _)| b),
         window,
+        user,
     }))
+}
+
+/// `ncclWinGetUserPtr`: the caller's address of window `h` of `c`, where it was recorded
+/// (windows inside `ncclMemAlloc` memory); `Ok(None)` for a window of other memory.
+pub fn window_user_ptr(c: &Arc<Comm>, h: *mut c_void) -> Res<Option<*mut c_void>> {
+    let m = regs().lock().unwrap_or_else(|p| p.into_inner());
+    match m.get(&(h as usize)) {
+        None => Err(Failure::argument(format!(
+            "{} {h:p} was not returned by this library, or was deregistered already",
+            Kind::Window.what()
+        ))),
+        Some(r) if r.kind != Kind::Window => Err(Failure::argument(format!(
+            "{h:p} is a {}, not a {}",
+            r.kind.what(),
+            Kind::Window.what()
+        ))),
+        Some(r) if r.comm.as_ptr() != Arc::as_ptr(c) => Err(Failure::argument(format!(
+            "{} {h:p} belongs to another communicator",
+            Kind::Window.what()
+        ))),
+        Some(r) => Ok(r.user.map(|u| u as *mut c_void)),
+    }
 }
 
 /// `ncclCommDeregister` / `ncclCommWindowDeregister` (collective for a window registered for

@@ -20,17 +20,111 @@ use support::{
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_DIR";
+const ROLE_230_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_230_RANK";
+const DIR_230_VAR: &str = "MSCCLPP_NCCL_ABI_TEST_230_DIR";
+
+/// Every function NVIDIA/nccl v2.30.7's `src/nccl.h.in` declares (the `ncclX` names; NCCL also
+/// exports `pncclX` twins, which this library does not). Each must be ours: under `LD_PRELOAD` an
+/// undefined one resolves to the real `libnccl.so`, which would be handed our handle.
+const NCCL_H_2_30_7: &[&str] = &[
+    "ncclMemAlloc",
+    "ncclMemFree",
+    "ncclGetVersion",
+    "ncclGetUniqueId",
+    "ncclCommInitRankConfig",
+    "ncclCommInitRank",
+    "ncclCommInitAll",
+    "ncclCommFinalize",
+    "ncclCommDestroy",
+    "ncclCommAbort",
+    "ncclCommRevoke",
+    "ncclCommSplit",
+    "ncclCommShrink",
+    "ncclCommGetUniqueId",
+    "ncclCommGrow",
+    "ncclCommInitRankScalable",
+    "ncclGetErrorString",
+    "ncclGetLastError",
+    "ncclResetDebugInit",
+    "ncclCommGetAsyncError",
+    "ncclCommCount",
+    "ncclCommCuDevice",
+    "ncclCommUserRank",
+    "ncclCommRegister",
+    "ncclCommDeregister",
+    "ncclCommSuspend",
+    "ncclCommResume",
+    "ncclCommMemStats",
+    "ncclCommWindowRegister",
+    "ncclCommWindowDeregister",
+    "ncclWinGetUserPtr",
+    "ncclRedOpCreatePreMulSum",
+    "ncclRedOpDestroy",
+    "ncclReduce",
+    "ncclBcast",
+    "ncclBroadcast",
+    "ncclAllReduce",
+    "ncclReduceScatter",
+    "ncclAllGather",
+    "ncclAlltoAll",
+    "ncclGather",
+    "ncclScatter",
+    "ncclSend",
+    "ncclRecv",
+    "ncclPutSignal",
+    "ncclSignal",
+    "ncclWaitSignal",
+    "ncclGroupStart",
+    "ncclGroupEnd",
+    "ncclGroupSimulateEnd",
+    "ncclParamBind",
+    "ncclParamGetI8",
+    "ncclParamGetI16",
+    "ncclParamGetI32",
+    "ncclParamGetI64",
+    "ncclParamGetU8",
+    "ncclParamGetU16",
+    "ncclParamGetU32",
+    "ncclParamGetU64",
+    "ncclParamGetStr",
+    "ncclParamGet",
+    "ncclParamGetParameter",
+    "ncclParamGetAllParameterKeys",
+    "ncclParamDumpAll",
+];
+
+/// Host functions of v2.30.7's device-API headers (`nccl_device/*.h`, exported by `libnccl.so`
+/// too) that take a communicator or a window, so must be ours as well.
+const NCCL_DEVICE_HOST_2_30_7: &[&str] = &[
+    "ncclCommQueryProperties",
+    "ncclDevCommCreate",
+    "ncclDevCommDestroy",
+    "ncclGetLsaMultimemDevicePointer",
+    "ncclGetMultimemDevicePointer",
+    "ncclGetLsaDevicePointer",
+    "ncclGetPeerDevicePointer",
+    "ncclGinBarrierCreateRequirement",
+];
 
 fn symbols_resolve() -> Result<(), Failed> {
     let lib = open_lib()?;
     let missing: Vec<&str> = EXPORTS
         .iter()
         .copied()
+        .chain(NCCL_H_2_30_7.iter().copied())
+        .chain(NCCL_DEVICE_HOST_2_30_7.iter().copied())
         // SAFETY: only the address is looked up.
         .filter(|n| unsafe { lib.get::<*const c_void>(format!("{n}\0").as_bytes()) }.is_err())
         .collect();
     if !missing.is_empty() {
         return Err(format!("unresolved exports: {missing:?}").into());
+    }
+    if NCCL_H_2_30_7.len() != 64 {
+        return Err(format!(
+            "expected nccl.h 2.30.7's 64 functions, listed {}",
+            NCCL_H_2_30_7.len()
+        )
+        .into());
     }
     // GPU.md's list of PyTorch 2.11's imports: all 38 are in EXPORTS.
     let torch = "ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCommAbort ncclCommCount \
@@ -878,12 +972,596 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// `ncclCommProperties_t` of NCCL 2.30 (`nccl_device/core.h`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct Props {
+    size: usize,
+    magic: u32,
+    version: u32,
+    rank: c_int,
+    n_ranks: c_int,
+    cuda_dev: c_int,
+    nvml_dev: c_int,
+    device_api: bool,
+    multimem: bool,
+    gin: c_int,
+    n_lsa: c_int,
+    host_rma: bool,
+    railed_gin: c_int,
+}
+
+/// `ncclTeam_t` (passed by value).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Team {
+    n_ranks: c_int,
+    rank: c_int,
+    stride: c_int,
+}
+
+/// `ncclPutSignal`: (localbuff, count, datatype, peer, peerWin, peerWinOffset, sigIdx, ctx,
+/// flags, comm, stream).
+type PutSignalFn = unsafe extern "C" fn(
+    *const c_void,
+    usize,
+    c_int,
+    c_int,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    u32,
+    Comm,
+    *mut c_void,
+) -> c_int;
+
+/// One rank's body for the exports NCCL added after 2.28 (a child process): each one works on
+/// the host backend or returns its documented error, naming itself in `ncclGetLastError`.
+fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
+    let lib = open_lib()?;
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRank",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
+    );
+    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
+    let cu_device = sym!(lib, "ncclCommCuDevice", fn(Comm, *mut c_int) -> c_int);
+    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
+    let mem_free = sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int);
+    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    let all_reduce: CollFn = sym!(lib, "ncclAllReduce" as CollFn);
+    let shrink = sym!(
+        lib,
+        "ncclCommShrink",
+        fn(Comm, *mut c_int, c_int, *mut Comm, *mut c_void, c_int) -> c_int
+    );
+    let win_reg = sym!(
+        lib,
+        "ncclCommWindowRegister",
+        fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int
+    );
+    let win_dereg = sym!(
+        lib,
+        "ncclCommWindowDeregister",
+        fn(Comm, *mut c_void) -> c_int
+    );
+    let revoke = sym!(lib, "ncclCommRevoke", fn(Comm, c_int) -> c_int);
+    let comm_get_id = sym!(
+        lib,
+        "ncclCommGetUniqueId",
+        fn(Comm, *mut NcclUniqueId) -> c_int
+    );
+    let grow = sym!(
+        lib,
+        "ncclCommGrow",
+        fn(Comm, c_int, *const NcclUniqueId, c_int, *mut Comm, *mut c_void) -> c_int
+    );
+    let suspend = sym!(lib, "ncclCommSuspend", fn(Comm, c_int) -> c_int);
+    let resume = sym!(lib, "ncclCommResume", fn(Comm) -> c_int);
+    let mem_stats = sym!(lib, "ncclCommMemStats", fn(Comm, c_int, *mut u64) -> c_int);
+    let user_ptr = sym!(
+        lib,
+        "ncclWinGetUserPtr",
+        fn(Comm, *mut c_void, *mut *mut c_void) -> c_int
+    );
+    let put_signal = sym!(lib, "ncclPutSignal" as PutSignalFn);
+    let signal = sym!(
+        lib,
+        "ncclSignal",
+        fn(c_int, c_int, c_int, u32, Comm, *mut c_void) -> c_int
+    );
+    let wait_signal = sym!(
+        lib,
+        "ncclWaitSignal",
+        fn(c_int, *mut c_void, Comm, *mut c_void) -> c_int
+    );
+    let query = sym!(
+        lib,
+        "ncclCommQueryProperties",
+        fn(Comm, *mut Props) -> c_int
+    );
+    let peer_ptr = sym!(
+        lib,
+        "ncclGetPeerDevicePointer",
+        fn(*mut c_void, usize, c_int, *mut *mut c_void) -> c_int
+    );
+    let gin_barrier = sym!(
+        lib,
+        "ncclGinBarrierCreateRequirement",
+        fn(Comm, Team, c_int, *mut c_void, *mut c_void) -> c_int
+    );
+    let param_bind = sym!(
+        lib,
+        "ncclParamBind",
+        fn(*mut *mut c_void, *const c_char) -> c_int
+    );
+    let param_i32 = sym!(lib, "ncclParamGetI32", fn(*mut c_void, *mut i32) -> c_int);
+    let param_str = sym!(
+        lib,
+        "ncclParamGetStr",
+        fn(*mut c_void, *mut *const c_char) -> c_int
+    );
+    let param_get = sym!(
+        lib,
+        "ncclParamGet",
+        fn(*mut c_void, *mut c_void, c_int, *mut c_int) -> c_int
+    );
+    let param_value = sym!(
+        lib,
+        "ncclParamGetParameter",
+        fn(*const c_char, *mut *const c_char, *mut c_int) -> c_int
+    );
+    let param_keys = sym!(
+        lib,
+        "ncclParamGetAllParameterKeys",
+        fn(*mut *const *const c_char, *mut c_int) -> c_int
+    );
+    // SAFETY: `void ncclParamDumpAll(void)` and `void ncclResetDebugInit(void)`.
+    let (param_dump, reset_debug) = unsafe {
+        (
+            *lib.get::<unsafe extern "C" fn()>(b"ncclParamDumpAll\0")
+                .map_err(|e| format!("ncclParamDumpAll: {e}"))?,
+            *lib.get::<unsafe extern "C" fn()>(b"ncclResetDebugInit\0")
+                .map_err(|e| format!("ncclResetDebugInit: {e}"))?,
+        )
+    };
+    let last = || {
+        // SAFETY: the library's thread-local NUL-terminated message.
+        unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let expect = |what: &str, got: c_int, want: c_int| -> Result<(), String> {
+        if got != want {
+            return Err(format!(
+                "{what}: returned {got}, expected {want} (last error: {})",
+                last()
+            ));
+        }
+        Ok(())
+    };
+    // The error and a message that names the function and says why.
+    let refused = |what: &str, got: c_int, want: c_int, words: &[&str]| -> Result<(), String> {
+        expect(what, got, want)?;
+        let m = last();
+        if let Some(w) = words.iter().find(|w| !m.contains(*w)) {
+            return Err(format!("{what}: last error {m:?} lacks {w:?}"));
+        }
+        Ok(())
+    };
+
+    let id = if rank == 0 {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        // SAFETY: valid out-pointer.
+        expect("ncclGetUniqueId", unsafe { get_id(&mut id) }, 0)?;
+        publish(dir, &id.internal)?;
+        id
+    } else {
+        let b = wait_published(dir, 128)?;
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        id.internal.copy_from_slice(&b[..128]);
+        id
+    };
+    let mut comm: Comm = std::ptr::null_mut();
+    expect(
+        "ncclCommInitRank",
+        // SAFETY: valid out-pointer.
+        unsafe { init(&mut comm, 2, id, rank as c_int) },
+        0,
+    )?;
+    let null = std::ptr::null_mut::<c_void>();
+    let peer = (1 - rank) as c_int;
+    let bogus = 0x1234 as *mut c_void;
+
+    // ncclCommQueryProperties: NCCL 2.30's struct filled; 2.29.2's (40 bytes) only as far as
+    // its size; the magic checked
+    let mut dev: c_int = -1;
+    // SAFETY: valid out-pointer.
+    expect("ncclCommCuDevice", unsafe { cu_device(comm, &mut dev) }, 0)?;
+    let fresh = |size: usize, version: u32| Props {
+        size,
+        magic: 0xcafe_beef,
+        version,
+        rank: -7,
+        n_ranks: -7,
+        cuda_dev: -7,
+        nvml_dev: -7,
+        device_api: true,
+        multimem: true,
+        gin: 77,
+        n_lsa: 77,
+        host_rma: true,
+        railed_gin: 77,
+    };
+    let mut p = fresh(std::mem::size_of::<Props>(), 23007);
+    // SAFETY: a whole 2.30 struct.
+    expect("ncclCommQueryProperties", unsafe { query(comm, &mut p) }, 0)?;
+    let got = (
+        p.rank,
+        p.n_ranks,
+        p.cuda_dev,
+        p.nvml_dev,
+        p.device_api,
+        p.multimem,
+        p.gin,
+        p.n_lsa,
+        p.host_rma,
+        p.railed_gin,
+    );
+    if got != (rank as c_int, 2, dev, -1, false, false, 0, 0, false, 0) {
+        return Err(format!("ncclCommQueryProperties (2.30 struct): {p:?}"));
+    }
+    let mut p = fresh(40, 22902);
+    expect(
+        "ncclCommQueryProperties 2.29.2",
+        // SAFETY: the struct is larger than the 40 bytes it claims.
+        unsafe { query(comm, &mut p) },
+        0,
+    )?;
+    if (p.rank, p.n_ranks, p.gin, p.n_lsa, p.host_rma, p.railed_gin)
+        != (rank as c_int, 2, 0, 77, true, 77)
+    {
+        return Err(format!("ncclCommQueryProperties (2.29.2 struct): {p:?}"));
+    }
+    let mut p = fresh(std::mem::size_of::<Props>(), 23007);
+    p.magic = 0;
+    // SAFETY: as above.
+    unsafe {
+        refused(
+            "ncclCommQueryProperties without the magic",
+            query(comm, &mut p),
+            5,
+            &[
+                "ncclCommQueryProperties",
+                "NCCL_COMM_PROPERTIES_INITIALIZER",
+            ],
+        )?;
+        refused(
+            "ncclCommQueryProperties NULL",
+            query(comm, std::ptr::null_mut()),
+            4,
+            &["ncclCommQueryProperties", "props"],
+        )?;
+        expect(
+            "ncclCommQueryProperties bogus comm",
+            query(bogus, &mut p),
+            4,
+        )?;
+    }
+
+    // ncclWinGetUserPtr: the window's address (ncclMemAlloc memory, at an offset); a window of
+    // other memory, NULLs, foreign and stale windows refused
+    let mut buf: *mut c_void = null;
+    // SAFETY: valid out-pointer.
+    expect("ncclMemAlloc", unsafe { mem_alloc(&mut buf, 8192) }, 0)?;
+    let at = buf.cast::<u8>().wrapping_add(64).cast::<c_void>();
+    let mut host = vec![0u8; 4096];
+    let (mut w, mut w2, mut up) = (null, null, null);
+    // SAFETY: ranges within the buffers; valid out-pointers; every rank makes the same calls.
+    unsafe {
+        expect(
+            "ncclCommWindowRegister",
+            win_reg(comm, at, 1024, &mut w, 0),
+            0,
+        )?;
+        expect("ncclWinGetUserPtr", user_ptr(comm, w, &mut up), 0)?;
+        if up != at {
+            return Err(format!(
+                "ncclWinGetUserPtr gave {up:p}, registered at {at:p}"
+            ));
+        }
+        refused(
+            "ncclWinGetUserPtr NULL out",
+            user_ptr(comm, w, std::ptr::null_mut()),
+            4,
+            &["ncclWinGetUserPtr", "outUserPtr"],
+        )?;
+        expect(
+            "ncclWinGetUserPtr NULL win",
+            user_ptr(comm, null, &mut up),
+            4,
+        )?;
+        expect(
+            "ncclWinGetUserPtr bogus win",
+            user_ptr(comm, bogus, &mut up),
+            4,
+        )?;
+        refused(
+            "ncclGetPeerDevicePointer",
+            peer_ptr(w, 0, peer, &mut up),
+            5,
+            &["ncclGetPeerDevicePointer", "not supported"],
+        )?;
+        expect(
+            "ncclCommWindowRegister of host memory",
+            win_reg(comm, host.as_mut_ptr().cast(), host.len(), &mut w2, 0),
+            0,
+        )?;
+        refused(
+            "ncclWinGetUserPtr of a window not in ncclMemAlloc memory",
+            user_ptr(comm, w2, &mut up),
+            5,
+            &["ncclWinGetUserPtr", "ncclMemAlloc"],
+        )?;
+        expect("ncclCommWindowDeregister", win_dereg(comm, w2), 0)?;
+        expect("ncclCommWindowDeregister", win_dereg(comm, w), 0)?;
+        expect("ncclWinGetUserPtr stale win", user_ptr(comm, w, &mut up), 4)?;
+    }
+
+    // memory: nothing suspendable, as NCCL with its memory manager disabled
+    let mut v: u64 = 99;
+    // SAFETY: valid out-pointers.
+    unsafe {
+        expect("ncclCommMemStats Suspend", mem_stats(comm, 0, &mut v), 0)?;
+        expect("ncclCommMemStats Suspend value", v as c_int, 0)?;
+        v = 99;
+        expect("ncclCommMemStats Suspended", mem_stats(comm, 1, &mut v), 0)?;
+        expect("ncclCommMemStats Suspended value", v as c_int, 0)?;
+        refused(
+            "ncclCommMemStats Persist",
+            mem_stats(comm, 2, &mut v),
+            5,
+            &["ncclCommMemStats"],
+        )?;
+        expect("ncclCommMemStats Total", mem_stats(comm, 3, &mut v), 5)?;
+        expect("ncclCommMemStats stat 9", mem_stats(comm, 9, &mut v), 4)?;
+        expect(
+            "ncclCommMemStats NULL",
+            mem_stats(comm, 0, std::ptr::null_mut()),
+            4,
+        )?;
+        expect("ncclCommSuspend no flag", suspend(comm, 0), 0)?;
+        refused(
+            "ncclCommSuspend NCCL_SUSPEND_MEM",
+            suspend(comm, 1),
+            5,
+            &["ncclCommSuspend", "NCCL_SUSPEND_MEM"],
+        )?;
+        expect("ncclCommSuspend unknown flag", suspend(comm, 4), 4)?;
+        refused("ncclCommResume", resume(comm), 5, &["ncclCommResume"])?;
+        expect("ncclCommSuspend bogus comm", suspend(bogus, 0), 4)?;
+    }
+
+    // grow: not supported, after NCCL's argument checks
+    let mut gid = NcclUniqueId { internal: [0; 128] };
+    let mut nc: Comm = null;
+    // SAFETY: valid pointers; nothing is created.
+    unsafe {
+        refused(
+            "ncclCommGetUniqueId",
+            comm_get_id(comm, &mut gid),
+            5,
+            &["ncclCommGetUniqueId", "ncclCommGrow"],
+        )?;
+        expect(
+            "ncclCommGetUniqueId NULL",
+            comm_get_id(comm, std::ptr::null_mut()),
+            4,
+        )?;
+        refused(
+            "ncclCommGrow",
+            grow(comm, 3, std::ptr::null(), -1, &mut nc, null),
+            5,
+            &["ncclCommGrow", "not supported"],
+        )?;
+        expect(
+            "ncclCommGrow not larger",
+            grow(comm, 2, std::ptr::null(), -1, &mut nc, null),
+            4,
+        )?;
+        expect(
+            "ncclCommGrow NULL newcomm",
+            grow(comm, 3, std::ptr::null(), -1, std::ptr::null_mut(), null),
+            4,
+        )?;
+        expect(
+            "ncclCommGrow as a new rank",
+            grow(std::ptr::null_mut(), 3, &gid, 2, &mut nc, null),
+            5,
+        )?;
+        if !nc.is_null() {
+            return Err(format!("ncclCommGrow wrote {nc:p}"));
+        }
+    }
+
+    // one-sided operations and the device API's requirements: not supported
+    // SAFETY: nothing is read or written by the refused calls.
+    unsafe {
+        refused(
+            "ncclPutSignal",
+            put_signal(buf, 4, 7, peer, null, 0, 0, 0, 0, comm, null),
+            5,
+            &["ncclPutSignal", "not supported"],
+        )?;
+        refused(
+            "ncclSignal",
+            signal(peer, 0, 0, 0, comm, null),
+            5,
+            &["ncclSignal", "not supported"],
+        )?;
+        let mut desc = [1 as c_int, peer, 0, 0];
+        refused(
+            "ncclWaitSignal",
+            wait_signal(1, desc.as_mut_ptr().cast(), comm, null),
+            5,
+            &["ncclWaitSignal", "not supported"],
+        )?;
+        expect(
+            "ncclWaitSignal nDesc -1",
+            wait_signal(-1, desc.as_mut_ptr().cast(), comm, null),
+            4,
+        )?;
+        expect(
+            "ncclPutSignal bogus comm",
+            put_signal(buf, 4, 7, peer, null, 0, 0, 0, 0, bogus, null),
+            4,
+        )?;
+        let team = Team {
+            n_ranks: 2,
+            rank: rank as c_int,
+            stride: 1,
+        };
+        let mut h = [0u8; 64];
+        let mut req = [0u8; 256];
+        refused(
+            "ncclGinBarrierCreateRequirement",
+            gin_barrier(
+                comm,
+                team,
+                1,
+                h.as_mut_ptr().cast(),
+                req.as_mut_ptr().cast(),
+            ),
+            5,
+            &["ncclGinBarrierCreateRequirement"],
+        )?;
+    }
+
+    // parameters: an empty registry, answered as NCCL answers unknown keys
+    let (mut h, mut x, mut sv, mut len) = (null, 0i32, std::ptr::null::<c_char>(), 5 as c_int);
+    let mut keys: *const *const c_char = std::ptr::null();
+    // SAFETY: NUL-terminated keys, valid out-pointers (or NULL where the export checks it).
+    unsafe {
+        refused(
+            "ncclParamBind",
+            param_bind(&mut h, c"NCCL_DEBUG".as_ptr()),
+            4,
+            &["ncclParamBind", "NCCL_DEBUG"],
+        )?;
+        expect(
+            "ncclParamBind NULL out",
+            param_bind(std::ptr::null_mut(), c"NCCL_DEBUG".as_ptr()),
+            4,
+        )?;
+        expect("ncclParamGetI32 NULL handle", param_i32(null, &mut x), 4)?;
+        refused(
+            "ncclParamGetI32 bogus handle",
+            param_i32(bogus, &mut x),
+            4,
+            &["ncclParamGetI32"],
+        )?;
+        expect("ncclParamGetStr", param_str(bogus, &mut sv), 4)?;
+        let mut raw = [0u8; 8];
+        expect(
+            "ncclParamGet",
+            param_get(bogus, raw.as_mut_ptr().cast(), 8, &mut len),
+            4,
+        )?;
+        sv = c"sentinel".as_ptr();
+        refused(
+            "ncclParamGetParameter",
+            param_value(c"NCCL_DEBUG".as_ptr(), &mut sv, &mut len),
+            4,
+            &["ncclParamGetParameter", "NCCL_DEBUG"],
+        )?;
+        if !sv.is_null() || len != 0 {
+            return Err(format!(
+                "ncclParamGetParameter of an unknown key left {sv:p} / {len}"
+            ));
+        }
+        expect(
+            "ncclParamGetAllParameterKeys",
+            param_keys(&mut keys, &mut len),
+            0,
+        )?;
+        if keys.is_null() || len != 0 {
+            return Err(format!(
+                "ncclParamGetAllParameterKeys gave {keys:p} / {len}"
+            ));
+        }
+        expect(
+            "ncclParamGetAllParameterKeys NULL",
+            param_keys(std::ptr::null_mut(), &mut len),
+            4,
+        )?;
+        param_dump();
+        reset_debug();
+    }
+
+    // revoke: operations refused from then on, a second revoke too; shrink and destroy still
+    // work, and the shrunk communicator runs
+    let mut child: Comm = null;
+    // SAFETY: live handles, valid out-pointers, NCCL's buffers.
+    unsafe {
+        expect("ncclCommRevoke NULL", revoke(std::ptr::null_mut(), 0), 0)?;
+        expect("ncclCommRevoke flags 1", revoke(comm, 1), 4)?;
+        expect("ncclCommRevoke", revoke(comm, 0), 0)?;
+        expect(
+            "ncclAllReduce after ncclCommRevoke",
+            all_reduce(buf, buf, 4, 7, 0, comm, null),
+            5,
+        )?;
+        refused(
+            "ncclCommRevoke twice",
+            revoke(comm, 0),
+            4,
+            &["ncclCommRevoke", "revoked already"],
+        )?;
+        expect(
+            "ncclCommShrink of the revoked communicator",
+            shrink(comm, std::ptr::null_mut(), 0, &mut child, null, 0),
+            0,
+        )?;
+        let f = buf.cast::<f32>();
+        for i in 0..16 {
+            f.add(i).write((rank + 1) as f32);
+        }
+        expect(
+            "ncclAllReduce on the shrunk communicator",
+            all_reduce(buf, buf, 16, 7, 0, child, null),
+            0,
+        )?;
+        let got = std::slice::from_raw_parts(f, 16);
+        if got.iter().any(|&v| v != 3.0) {
+            return Err(format!(
+                "all-reduce after shrinking a revoked comm: {got:?}"
+            ));
+        }
+        expect("ncclCommDestroy of the child", destroy(child), 0)?;
+        expect("ncclCommDestroy of the revoked comm", destroy(comm), 0)?;
+        expect("ncclMemFree", mem_free(buf), 0)?;
+    }
+    std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 fn two_ranks_host() -> Result<(), Failed> {
+    two_ranks(ROLE_VAR, DIR_VAR, "abi")
+}
+
+fn two_ranks_230() -> Result<(), Failed> {
+    two_ranks(ROLE_230_VAR, DIR_230_VAR, "abi-230")
+}
+
+/// Runs this binary as ranks 0 and 1 (`role_var`) sharing a fresh directory (`dir_var`).
+fn two_ranks(role_var: &str, dir_var: &str, tag: &str) -> Result<(), Failed> {
     lib_path()?;
-    let dir = fresh_dir("abi")?;
+    let dir = fresh_dir(tag)?;
     let mut children = Vec::new();
     for rank in 0..2 {
-        let child = rank_command(ROLE_VAR, DIR_VAR, rank, &dir)?
+        let child = rank_command(role_var, dir_var, rank, &dir)?
             .spawn()
             .map_err(|e| format!("spawning rank {rank}: {e}"))?;
         children.push(child);
@@ -1052,11 +1730,13 @@ fn main() {
         }
     }
     run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
+    run_if_rank(ROLE_230_VAR, DIR_230_VAR, rank_main_230);
     let args = libtest_mimic::Arguments::from_args();
     let trials = vec![
         Trial::test("abi::symbols_resolve", symbols_resolve),
         Trial::test("abi::version_and_error_strings", version_and_strings),
         Trial::test("abi::host::2_ranks_collectives_and_errors", two_ranks_host),
+        Trial::test("abi::host::2_ranks_nccl_2_30_exports", two_ranks_230),
         Trial::test("abi::refused_as_the_real_nccl", refused_as_the_real_nccl),
         Trial::test(
             "abi::refused_under_the_real_nccl_name",

@@ -1,0 +1,854 @@
+//! The exports NCCL added after 2.28's `nccl.h` (up to 2.30.7, the newest release), plus the
+//! host functions of NCCL's device-API headers (`nccl_device/*.h`) that take a communicator or a
+//! window and that `lib.rs` does not export yet.
+//!
+//! Every symbol of the newest `nccl.h` must be this library's: under `LD_PRELOAD`, a symbol we
+//! leave undefined resolves to the real `libnccl.so`, which would be handed our handle (a serial
+//! number, not its `struct ncclComm*`) and crash. So each one here is either served natively
+//! over what this library has, or refused with a clear error naming the function (the message
+//! is `ncclGetLastError`'s, set by [`guard`]).
+//!
+//! | function | since | here |
+//! | --- | --- | --- |
+//! | `ncclCommRevoke` | 2.28 | native: aborts the native side (kernels give up), aborts the real side; then only destroy, split and shrink |
+//! | `ncclCommGetUniqueId`, `ncclCommGrow` | 2.29 | `ncclInvalidUsage`: growing a communicator is not supported |
+//! | `ncclWinGetUserPtr` | 2.29 | native for windows inside `ncclMemAlloc` memory |
+//! | `ncclPutSignal`, `ncclSignal`, `ncclWaitSignal` | 2.29 | `ncclInvalidUsage`: one-sided operations are not supported |
+//! | `ncclCommSuspend`, `ncclCommResume`, `ncclCommMemStats` | 2.29.7 | as NCCL with its memory manager disabled |
+//! | `ncclParam*` | 2.30.4 | native: an empty parameter registry |
+//! | `ncclResetDebugInit` | 2.24 | a no-op |
+//! | `ncclCommQueryProperties` (`nccl_device/core.h`) | 2.29 | native: what we know, size/magic/version respected |
+//! | `ncclGet{Lsa,Peer,LsaMultimem,Multimem}DevicePointer`, `ncclGinBarrierCreateRequirement` | 2.28/2.29 | `ncclInvalidUsage` |
+//!
+//! The real NCCL's binding (`mscclpp-nccl-real`) binds NCCL 2.28's functions only, so nothing
+//! here forwards to it: a communicator the real NCCL made gets the same answers (or errors) as a
+//! native one.
+
+use std::collections::HashSet;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::io::Write;
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, OnceLock};
+
+use crate::abi::*;
+use crate::comm::{lookup, lookup_for_op};
+use crate::error::{Failure, Res, guard};
+use crate::out;
+use crate::register;
+
+/// `NCCL_API_MAGIC`: the magic of NCCL's versioned structs (`ncclCommProperties_t` too).
+const NCCL_API_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_REVOKE_DEFAULT`: the only `revokeFlags` NCCL accepts.
+const NCCL_REVOKE_DEFAULT: c_int = 0;
+/// `NCCL_SUSPEND_MEM`: release the communicator's dynamic GPU memory.
+const NCCL_SUSPEND_MEM: c_int = 1;
+/// `ncclCommMemStat_t` values.
+mod mem_stat {
+    use std::ffi::c_int;
+    /// `ncclStatGpuMemSuspend`: bytes a suspend would release.
+    pub const SUSPEND: c_int = 0;
+    /// `ncclStatGpuMemSuspended`: 1 while suspended.
+    pub const SUSPENDED: c_int = 1;
+    /// `ncclStatGpuMemPersist`: bytes a suspend keeps.
+    pub const PERSIST: c_int = 2;
+    /// `ncclStatGpuMemTotal`: every byte the memory manager tracks.
+    pub const TOTAL: c_int = 3;
+}
+/// `NCCL_VERSION(2, 29, 0)`: the first version with `ncclCommProperties_t`.
+const PROPERTIES_SINCE: u32 = 22900;
+/// `NCCL_VERSION(2, 29, 3)`: callers of later versions get `nLsaTeams`, `hostRmaSupport` and
+/// `railedGinType` (the fields 2.29.7 appended).
+const PROPERTIES_V2: u32 = 22903;
+/// `NCCL_GIN_TYPE_NONE`.
+const NCCL_GIN_TYPE_NONE: c_int = 0;
+
+/// `ncclCommProperties_t` as NCCL 2.30's `nccl_device/core.h` lays it out. Callers built
+/// against 2.29.2 pass the prefix up to `gin_type` (their `size` says so).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CommProperties {
+    /// `sizeof(ncclCommProperties_t)` as the caller compiled it.
+    pub size: usize,
+    /// [`NCCL_API_MAGIC`].
+    pub magic: u32,
+    /// The caller's `NCCL_VERSION_CODE`.
+    pub version: u32,
+    /// This rank.
+    pub rank: c_int,
+    /// Number of ranks.
+    pub n_ranks: c_int,
+    /// The CUDA device ordinal.
+    pub cuda_dev: c_int,
+    /// The NVML device index.
+    pub nvml_dev: c_int,
+    /// NCCL's device API (`ncclDevCommCreate`, symmetric windows) is usable.
+    pub device_api_support: bool,
+    /// NVLink multicast is usable.
+    pub multimem_support: bool,
+    /// `ncclGinType_t` of the GPU-initiated networking.
+    pub gin_type: c_int,
+    /// Number of load/store-accessible teams (2.29.7).
+    pub n_lsa_teams: c_int,
+    /// Host-initiated one-sided operations (`ncclPutSignal`) are usable (2.29.7).
+    pub host_rma_support: bool,
+    /// `ncclGinType_t` of the railed GIN (2.29.7).
+    pub railed_gin_type: c_int,
+}
+
+/// `ncclTeam_t`, passed by value by the device-API requirement calls.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NcclTeam {
+    /// Ranks in the team.
+    pub n_ranks: c_int,
+    /// This rank in the team.
+    pub rank: c_int,
+    /// World-rank stride between team members.
+    pub stride: c_int,
+}
+
+/// `ncclMultimemHandle_t`, passed by value (one pointer).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NcclMultimemHandle {
+    /// The multicast object's base address.
+    pub mc_base_ptr: *mut c_void,
+}
+
+/// Handles `ncclCommRevoke` has revoked (handles are never reused, so a set of values is
+/// exact).
+fn revoked() -> &'static Mutex<HashSet<usize>> {
+    static R: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+fn is_revoked(comm: NcclComm) -> bool {
+    revoked()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&(comm as usize))
+}
+
+/// What the one-sided calls answer.
+fn no_rma(what: &str) -> Failure {
+    Failure::usage(format!(
+        "{what} (NCCL 2.29's host-initiated one-sided operations into a peer's window) is not supported by this library: its windows are not one-sided targets, and a put cannot be served by matching ncclSend/ncclRecv since the target does not take part; use ncclSend/ncclRecv"
+    ))
+}
+
+/// What the device-API window calls answer.
+fn no_device_api(what: &str) -> Failure {
+    Failure::usage(format!(
+        "{what} (NCCL's device API over symmetric windows) is not supported by this library: its windows (ncclCommWindowRegister) are not NCCL symmetric windows"
+    ))
+}
+
+/// The key of a parameter call, for messages.
+///
+/// # Safety
+/// `key` must be non-NULL and NUL-terminated.
+unsafe fn key_text(key: *const c_char) -> String {
+    // SAFETY: non-NULL and NUL-terminated (caller's contract).
+    unsafe { CStr::from_ptr(key) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Communicators
+
+/// `ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)` (NCCL 2.28): native. Ends
+/// the communicator's in-flight native operations (its kernels give up at their next poll of
+/// the abort word), aborts its real communicator if it has one, and refuses operations from
+/// then on; destroy, split and shrink remain (a split or shrink of a revoked communicator has no
+/// real side). NULL is `ncclSuccess`, as in NCCL; a finalized or already revoked communicator,
+/// or flags other than `NCCL_REVOKE_DEFAULT`, are `ncclInvalidArgument`. A communicator made by
+/// the real NCCL cannot be revoked (its `ncclCommRevoke` is not bound): `ncclInvalidUsage`.
+///
+/// # Safety
+/// `comm` is a handle (checked against the live ones).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommRevoke(comm: NcclComm, revokeFlags: c_int) -> NcclResult {
+    guard("ncclCommRevoke", || {
+        if comm.is_null() {
+            return Ok(());
+        }
+        if revokeFlags != NCCL_REVOKE_DEFAULT {
+            return Err(Failure::argument(format!(
+                "revokeFlags {revokeFlags}: must be NCCL_REVOKE_DEFAULT (0)"
+            )));
+        }
+        let c = lookup(comm)?;
+        if is_revoked(comm) {
+            return Err(Failure::argument(format!(
+                "comm {comm:p} was revoked already"
+            )));
+        }
+        if c.finalized.load(Ordering::Acquire) {
+            return Err(Failure::argument(format!(
+                "comm {comm:p} was finalized (ncclCommFinalize): it cannot be revoked"
+            )));
+        }
+        if c.native.is_none() {
+            return Err(Failure::usage(format!(
+                "comm {comm:p} was made by the real NCCL, whose ncclCommRevoke this library does not bind: use ncclCommAbort"
+            )));
+        }
+        revoked()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(comm as usize);
+        c.abort_native();
+        // As NCCL: a revoked communicator counts as finalized (operations are refused,
+        // ncclCommFinalize does nothing more).
+        c.finalized.store(true, Ordering::Release);
+        c.release_real(true)
+    })
+}
+
+/// `ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId)` (NCCL 2.29):
+/// the id of an `ncclCommGrow`, which this library does not support: `ncclInvalidUsage`.
+///
+/// # Safety
+/// `comm` is a handle (checked); `uniqueId` is not written.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommGetUniqueId(
+    comm: NcclComm,
+    uniqueId: *mut NcclUniqueId,
+) -> NcclResult {
+    guard("ncclCommGetUniqueId", || {
+        lookup(comm)?;
+        if uniqueId.is_null() {
+            return Err(Failure::argument("uniqueId is NULL"));
+        }
+        Err(Failure::usage(
+            "ncclCommGrow is not supported by this library, so there is no grow id to make (ncclGetUniqueId makes the id of a new communicator)",
+        ))
+    })
+}
+
+/// `ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int
+/// rank, ncclComm_t* newcomm, ncclConfig_t* config)` (NCCL 2.29): not supported
+/// (`ncclInvalidUsage`) once the arguments are checked as NCCL checks them.
+///
+/// # Safety
+/// `comm` is NULL or a handle (checked); nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommGrow(
+    comm: NcclComm,
+    nRanks: c_int,
+    uniqueId: *const NcclUniqueId,
+    rank: c_int,
+    newcomm: *mut NcclComm,
+    _config: *mut c_void,
+) -> NcclResult {
+    guard("ncclCommGrow", || {
+        if newcomm.is_null() {
+            return Err(Failure::argument("newcomm is NULL"));
+        }
+        if nRanks <= 0 {
+            return Err(Failure::argument(format!(
+                "nRanks {nRanks}: the grown communicator's size must be positive"
+            )));
+        }
+        if comm.is_null() {
+            if uniqueId.is_null() {
+                return Err(Failure::argument(
+                    "uniqueId is NULL: a new rank (comm NULL) needs the grow id",
+                ));
+            }
+            if rank < 0 || rank >= nRanks {
+                return Err(Failure::argument(format!(
+                    "rank {rank} is not a rank of {nRanks}"
+                )));
+            }
+        } else {
+            let c = lookup(comm)?;
+            if usize::try_from(nRanks).unwrap_or(0) <= c.nranks {
+                return Err(Failure::argument(format!(
+                    "nRanks {nRanks}: not more than the communicator's {} ranks",
+                    c.nranks
+                )));
+            }
+        }
+        Err(Failure::usage(
+            "growing a communicator is not supported by this library: create a new one (ncclGetUniqueId, ncclCommInitRank) over every rank",
+        ))
+    })
+}
+
+/// `ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags)` (NCCL 2.29.7): this library has
+/// no memory manager and cannot release a communicator's GPU memory (its buffers live as long
+/// as it), so it answers as NCCL does with its memory manager disabled
+/// (`NCCL_DISABLE_MEM_MANAGER=1`): `NCCL_SUSPEND_MEM` is `ncclInvalidUsage`; no flag suspends
+/// nothing (`ncclSuccess`); other bits are `ncclInvalidArgument`.
+///
+/// # Safety
+/// `comm` is a handle (checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommSuspend(comm: NcclComm, flags: c_int) -> NcclResult {
+    guard("ncclCommSuspend", || {
+        lookup(comm)?;
+        if flags & !NCCL_SUSPEND_MEM != 0 {
+            return Err(Failure::argument(format!(
+                "flags {flags:#x}: only NCCL_SUSPEND_MEM ({NCCL_SUSPEND_MEM:#x}) is defined"
+            )));
+        }
+        if flags & NCCL_SUSPEND_MEM != 0 {
+            return Err(Failure::usage(
+                "NCCL_SUSPEND_MEM is not supported: this library cannot release a communicator's GPU memory (its buffers live as long as the communicator; destroy it to free them), as NCCL with NCCL_DISABLE_MEM_MANAGER=1",
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// `ncclResult_t ncclCommResume(ncclComm_t comm)` (NCCL 2.29.7): nothing can be suspended here
+/// (see [`ncclCommSuspend`]), so, as NCCL with its memory manager disabled:
+/// `ncclInvalidUsage`.
+///
+/// # Safety
+/// `comm` is a handle (checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommResume(comm: NcclComm) -> NcclResult {
+    guard("ncclCommResume", || {
+        lookup(comm)?;
+        Err(Failure::usage(
+            "nothing is suspended: this library has no memory manager (ncclCommSuspend with NCCL_SUSPEND_MEM is not supported), as NCCL with NCCL_DISABLE_MEM_MANAGER=1",
+        ))
+    })
+}
+
+/// `ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value)`
+/// (NCCL 2.29.7): what is known truthfully: `ncclStatGpuMemSuspend` 0 bytes (nothing can be
+/// suspended) and `ncclStatGpuMemSuspended` 0 (never suspended); this library does not count
+/// its communicators' bytes, so `ncclStatGpuMemPersist` and `ncclStatGpuMemTotal` are
+/// `ncclInvalidUsage`; another `stat` is `ncclInvalidArgument`.
+///
+/// # Safety
+/// `value` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommMemStats(
+    comm: NcclComm,
+    stat: c_int,
+    value: *mut u64,
+) -> NcclResult {
+    guard("ncclCommMemStats", || {
+        lookup(comm)?;
+        if value.is_null() {
+            return Err(Failure::argument("value is NULL"));
+        }
+        let v = match stat {
+            mem_stat::SUSPEND | mem_stat::SUSPENDED => 0,
+            mem_stat::PERSIST | mem_stat::TOTAL => {
+                return Err(Failure::usage(format!(
+                    "stat {stat} (ncclStatGpuMem{}): this library does not count its communicators' GPU memory",
+                    if stat == mem_stat::PERSIST {
+                        "Persist"
+                    } else {
+                        "Total"
+                    }
+                )));
+            }
+            other => {
+                return Err(Failure::argument(format!(
+                    "stat {other} is not an ncclCommMemStat_t"
+                )));
+            }
+        };
+        // SAFETY: non-null (checked); the caller's out-pointer.
+        unsafe { out(value, "value", v) }
+    })
+}
+
+/// `ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props)` (NCCL
+/// 2.29, `nccl_device/core.h`): native. `props` must come from
+/// `NCCL_COMM_PROPERTIES_INITIALIZER` (magic checked, `ncclInvalidUsage` otherwise); only the
+/// fields within the caller's `size` are written, and the 2.29.7 ones only for callers newer
+/// than 2.29.3, as NCCL does. Written: `rank`, `nRanks`, `cudaDev`; `nvmlDev` -1 (this library
+/// does not know the NVML index); no device API, multicast, GIN or host RMA (`false`,
+/// `NCCL_GIN_TYPE_NONE`, `nLsaTeams` 0): this library serves none of them itself.
+///
+/// # Safety
+/// `props` must be NULL or valid for reads and writes of its `size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommQueryProperties(
+    comm: NcclComm,
+    props: *mut CommProperties,
+) -> NcclResult {
+    guard("ncclCommQueryProperties", || {
+        let c = lookup(comm)?;
+        if props.is_null() {
+            return Err(Failure::argument("props is NULL"));
+        }
+        let head = offset_of!(CommProperties, rank);
+        // SAFETY: non-null; every caller's struct starts with size, magic, version (16 bytes).
+        let (size, magic, version) = unsafe {
+            (
+                props.cast::<usize>().read(),
+                props
+                    .cast::<u8>()
+                    .add(offset_of!(CommProperties, magic))
+                    .cast::<u32>()
+                    .read(),
+                props
+                    .cast::<u8>()
+                    .add(offset_of!(CommProperties, version))
+                    .cast::<u32>()
+                    .read(),
+            )
+        };
+        if magic != NCCL_API_MAGIC {
+            return Err(Failure::usage(format!(
+                "props->magic {magic:#x}: ncclCommProperties_t must be initialised with NCCL_COMM_PROPERTIES_INITIALIZER"
+            )));
+        }
+        if version < PROPERTIES_SINCE {
+            return Err(Failure::usage(format!(
+                "props->version {version}: ncclCommProperties_t exists from NCCL 2.29 (22900)"
+            )));
+        }
+        if size < head {
+            return Err(Failure::argument(format!(
+                "props->size {size}: smaller than the struct's header ({head} bytes)"
+            )));
+        }
+        let fits = |offset: usize, len: usize| offset + len <= size;
+        let base = props.cast::<u8>();
+        let put_int = |offset: usize, v: c_int| {
+            if fits(offset, size_of::<c_int>()) {
+                // SAFETY: within the caller's `size` bytes, at the field's (aligned) offset.
+                unsafe { base.add(offset).cast::<c_int>().write(v) };
+            }
+        };
+        let put_bool = |offset: usize, v: bool| {
+            if fits(offset, size_of::<bool>()) {
+                // SAFETY: as above.
+                unsafe { base.add(offset).cast::<bool>().write(v) };
+            }
+        };
+        put_int(offset_of!(CommProperties, rank), c.rank as c_int);
+        put_int(offset_of!(CommProperties, n_ranks), c.nranks as c_int);
+        put_int(offset_of!(CommProperties, cuda_dev), c.device);
+        put_int(offset_of!(CommProperties, nvml_dev), -1);
+        put_bool(offset_of!(CommProperties, device_api_support), false);
+        put_bool(offset_of!(CommProperties, multimem_support), false);
+        put_int(offset_of!(CommProperties, gin_type), NCCL_GIN_TYPE_NONE);
+        if version > PROPERTIES_V2 {
+            put_int(offset_of!(CommProperties, n_lsa_teams), 0);
+            put_bool(offset_of!(CommProperties, host_rma_support), false);
+            put_int(
+                offset_of!(CommProperties, railed_gin_type),
+                NCCL_GIN_TYPE_NONE,
+            );
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Windows
+
+/// `ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr)` (NCCL
+/// 2.29): native: the address the window was registered at, for windows inside `ncclMemAlloc`
+/// memory (this library records the owner and offset of those only); a window of other memory
+/// is `ncclInvalidUsage`.
+///
+/// # Safety
+/// `outUserPtr` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclWinGetUserPtr(
+    comm: NcclComm,
+    win: NcclWindow,
+    outUserPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclWinGetUserPtr", || {
+        let c = lookup(comm)?;
+        if outUserPtr.is_null() {
+            return Err(Failure::argument("outUserPtr is NULL"));
+        }
+        if win.is_null() {
+            return Err(Failure::argument("win is NULL"));
+        }
+        let p = register::window_user_ptr(&c, win)?.ok_or_else(|| {
+            Failure::usage(format!(
+                "window {win:p} was registered over memory not from ncclMemAlloc, whose address this library does not record"
+            ))
+        })?;
+        // SAFETY: non-null (checked); the caller's out-pointer.
+        unsafe { out(outUserPtr, "outUserPtr", p) }
+    })
+}
+
+/// `ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void**
+/// outPtr)` (NCCL 2.29 device API): not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+/// Nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetLsaMultimemDevicePointer(
+    window: NcclWindow,
+    _offset: usize,
+    outPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclGetLsaMultimemDevicePointer", || {
+        window_args(window, outPtr)?;
+        Err(no_device_api("ncclGetLsaMultimemDevicePointer"))
+    })
+}
+
+/// `ncclResult_t ncclGetMultimemDevicePointer(ncclWindow_t window, size_t offset,
+/// ncclMultimemHandle_t multimem, void** outPtr)` (NCCL 2.29 device API): not supported.
+///
+/// # Safety
+/// Nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetMultimemDevicePointer(
+    window: NcclWindow,
+    _offset: usize,
+    _multimem: NcclMultimemHandle,
+    outPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclGetMultimemDevicePointer", || {
+        window_args(window, outPtr)?;
+        Err(no_device_api("ncclGetMultimemDevicePointer"))
+    })
+}
+
+/// `ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window, size_t offset, int lsaRank,
+/// void** outPtr)` (NCCL 2.29 device API): not supported.
+///
+/// # Safety
+/// Nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetLsaDevicePointer(
+    window: NcclWindow,
+    _offset: usize,
+    _lsaRank: c_int,
+    outPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclGetLsaDevicePointer", || {
+        window_args(window, outPtr)?;
+        Err(no_device_api("ncclGetLsaDevicePointer"))
+    })
+}
+
+/// `ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void**
+/// outPtr)` (NCCL 2.29 device API): not supported.
+///
+/// # Safety
+/// Nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetPeerDevicePointer(
+    window: NcclWindow,
+    _offset: usize,
+    _peer: c_int,
+    outPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclGetPeerDevicePointer", || {
+        window_args(window, outPtr)?;
+        Err(no_device_api("ncclGetPeerDevicePointer"))
+    })
+}
+
+/// The checks of the device-pointer calls.
+fn window_args(window: NcclWindow, out_ptr: *mut *mut c_void) -> Res<()> {
+    if window.is_null() {
+        return Err(Failure::argument("window is NULL"));
+    }
+    if out_ptr.is_null() {
+        return Err(Failure::argument("outPtr is NULL"));
+    }
+    Ok(())
+}
+
+/// `ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam_t team, int
+/// nBarriers, ncclGinBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq)` (NCCL
+/// 2.28 device API, GPU-initiated networking): not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+/// `comm` is a handle (checked); nothing is written.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGinBarrierCreateRequirement(
+    comm: NcclComm,
+    _team: NcclTeam,
+    _nBarriers: c_int,
+    _outHandle: *mut c_void,
+    _outReq: *mut c_void,
+) -> NcclResult {
+    guard("ncclGinBarrierCreateRequirement", || {
+        lookup(comm)?;
+        Err(Failure::usage(
+            "NCCL's GPU-initiated networking (GIN) is not supported by this library",
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// One-sided operations
+
+/// `ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype,
+/// int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int
+/// flags, ncclComm_t comm, cudaStream_t stream)` (NCCL 2.29): not supported
+/// (`ncclInvalidUsage`).
+///
+/// # Safety
+/// `comm` is a handle (checked); nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ncclPutSignal(
+    _localbuff: *const c_void,
+    _count: usize,
+    _datatype: c_int,
+    _peer: c_int,
+    _peerWin: NcclWindow,
+    _peerWinOffset: usize,
+    _sigIdx: c_int,
+    _ctx: c_int,
+    _flags: u32,
+    comm: NcclComm,
+    _stream: CudaStream,
+) -> NcclResult {
+    guard("ncclPutSignal", || {
+        lookup_for_op(comm)?;
+        Err(no_rma("ncclPutSignal"))
+    })
+}
+
+/// `ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+/// cudaStream_t stream)` (NCCL 2.29): not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+/// `comm` is a handle (checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclSignal(
+    _peer: c_int,
+    _sigIdx: c_int,
+    _ctx: c_int,
+    _flags: u32,
+    comm: NcclComm,
+    _stream: CudaStream,
+) -> NcclResult {
+    guard("ncclSignal", || {
+        lookup_for_op(comm)?;
+        Err(no_rma("ncclSignal"))
+    })
+}
+
+/// `ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+/// cudaStream_t stream)` (NCCL 2.29): not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+/// `comm` is a handle (checked); `signalDescs` is not read.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclWaitSignal(
+    nDesc: c_int,
+    signalDescs: *mut c_void,
+    comm: NcclComm,
+    _stream: CudaStream,
+) -> NcclResult {
+    guard("ncclWaitSignal", || {
+        lookup_for_op(comm)?;
+        if nDesc < 0 {
+            return Err(Failure::argument(format!("nDesc {nDesc} is negative")));
+        }
+        if nDesc > 0 && signalDescs.is_null() {
+            return Err(Failure::argument("signalDescs is NULL"));
+        }
+        Err(no_rma("ncclWaitSignal"))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters (NCCL 2.30): this library's registry of NCCL parameters is empty (NCCL_* variables
+// are NCCL's; this library reads MSCCLPP_* ones), so every key is unknown, answered as NCCL
+// answers an unknown key (`ncclInvalidArgument`), and no parameter handle exists.
+
+/// No handle of this library's `ncclParamBind` exists: what the getters answer.
+fn no_handle(h: *mut c_void) -> Failure {
+    if h.is_null() {
+        Failure::argument("h is NULL")
+    } else {
+        Failure::argument(format!(
+            "h {h:p} is not a parameter handle of this library: its ncclParamBind binds none (no NCCL parameter is registered here)"
+        ))
+    }
+}
+
+/// An unknown key, as NCCL answers it.
+fn no_key(key: &str) -> Failure {
+    Failure::argument(format!(
+        "key \"{key}\" not found: this library registers no NCCL parameters (it is configured by MSCCLPP_* variables)"
+    ))
+}
+
+/// `ncclResult_t ncclParamBind(ncclParamHandle_t* out, const char* key)` (NCCL 2.30): every key
+/// is unknown here: `ncclInvalidArgument`, as NCCL for a key not in its registry.
+///
+/// # Safety
+/// `key` must be NULL or NUL-terminated; `out` is not written.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclParamBind(out: *mut *mut c_void, key: *const c_char) -> NcclResult {
+    guard("ncclParamBind", || {
+        if out.is_null() {
+            return Err(Failure::argument("out is NULL"));
+        }
+        if key.is_null() {
+            return Err(Failure::argument("key is NULL"));
+        }
+        // SAFETY: non-null, NUL-terminated (caller's contract).
+        Err(no_key(&unsafe { key_text(key) }))
+    })
+}
+
+macro_rules! param_getter {
+    ($($name:ident : $t:ty;)*) => {$(
+        #[doc = concat!("`ncclResult_t ", stringify!($name), "(ncclParamHandle_t h, ", stringify!($t),
+            "* out)` (NCCL 2.30): no handle exists here: `ncclInvalidArgument`.")]
+        ///
+        /// # Safety
+        /// Nothing is read or written through the pointers.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(h: *mut c_void, out: *mut $t) -> NcclResult {
+            guard(stringify!($name), || {
+                if out.is_null() {
+                    return Err(Failure::argument("out is NULL"));
+                }
+                Err(no_handle(h))
+            })
+        }
+    )*};
+}
+
+param_getter! {
+    ncclParamGetI8: i8;
+    ncclParamGetI16: i16;
+    ncclParamGetI32: i32;
+    ncclParamGetI64: i64;
+    ncclParamGetU8: u8;
+    ncclParamGetU16: u16;
+    ncclParamGetU32: u32;
+    ncclParamGetU64: u64;
+    ncclParamGetStr: *const c_char;
+}
+
+/// `ncclResult_t ncclParamGet(ncclParamHandle_t h, void* out, int maxLen, int* len)` (NCCL
+/// 2.30): no handle exists here: `ncclInvalidArgument`.
+///
+/// # Safety
+/// Nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclParamGet(
+    h: *mut c_void,
+    out: *mut c_void,
+    _maxLen: c_int,
+    _len: *mut c_int,
+) -> NcclResult {
+    guard("ncclParamGet", || {
+        if out.is_null() {
+            return Err(Failure::argument("out is NULL"));
+        }
+        Err(no_handle(h))
+    })
+}
+
+/// `ncclResult_t ncclParamGetParameter(const char* key, const char** value, int* valueLen)`
+/// (NCCL 2.30): every key is unknown here: `*value = NULL`, `*valueLen = 0` and
+/// `ncclInvalidArgument`, as NCCL for a key not in its registry.
+///
+/// # Safety
+/// `key` must be NULL or NUL-terminated; `value` and `valueLen` NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclParamGetParameter(
+    key: *const c_char,
+    value: *mut *const c_char,
+    valueLen: *mut c_int,
+) -> NcclResult {
+    guard("ncclParamGetParameter", || {
+        if key.is_null() || value.is_null() || valueLen.is_null() {
+            return Err(Failure::argument("key, value or valueLen is NULL"));
+        }
+        // SAFETY: non-null (checked); the caller's out-pointers.
+        unsafe {
+            out(value, "value", std::ptr::null())?;
+            out(valueLen, "valueLen", 0)?;
+        }
+        // SAFETY: non-null, NUL-terminated (caller's contract).
+        Err(no_key(&unsafe { key_text(key) }))
+    })
+}
+
+/// The (empty) table `ncclParamGetAllParameterKeys` returns: never written, never freed.
+struct KeyTable([*const c_char; 1]);
+// SAFETY: a NULL pointer that is only ever read.
+unsafe impl Sync for KeyTable {}
+static NO_KEYS: KeyTable = KeyTable([std::ptr::null()]);
+
+/// `ncclResult_t ncclParamGetAllParameterKeys(const char*** table, int* tableLen)` (NCCL 2.30):
+/// native: this library registers no NCCL parameters, so the table is empty (`*tableLen = 0`,
+/// `*table` a valid pointer to no keys).
+///
+/// # Safety
+/// `table` and `tableLen` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclParamGetAllParameterKeys(
+    table: *mut *const *const c_char,
+    tableLen: *mut c_int,
+) -> NcclResult {
+    guard("ncclParamGetAllParameterKeys", || {
+        if table.is_null() || tableLen.is_null() {
+            return Err(Failure::argument("table or tableLen is NULL"));
+        }
+        // SAFETY: non-null (checked); the caller's out-pointers.
+        unsafe {
+            out(table, "table", NO_KEYS.0.as_ptr())?;
+            out(tableLen, "tableLen", 0)
+        }
+    })
+}
+
+/// `void ncclParamDumpAll(void)` (NCCL 2.30): prints NCCL's dump header to stdout, followed by no
+/// parameter (this library registers none).
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclParamDumpAll() {
+    guard("ncclParamDumpAll", || {
+        let mut o = std::io::stdout().lock();
+        writeln!(o, "=== ncclParam Registry Dump ===")
+            .and_then(|()| o.flush())
+            .map_err(|e| Failure::system(format!("writing to stdout: {e}")))
+    });
+}
+
+/// `void ncclResetDebugInit(void)` (deprecated in NCCL's header since 2.24): a no-op. This
+/// library's logging is configured once, from `MSCCLPP_LOG_LEVEL` / `MSCCLPP_DEBUG`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclResetDebugInit() {
+    guard("ncclResetDebugInit", || {
+        tracing::debug!(
+            "ncclResetDebugInit: a no-op (logging is set once from MSCCLPP_LOG_LEVEL / MSCCLPP_DEBUG)"
+        );
+        Ok(())
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The offsets of NCCL 2.30's `ncclCommProperties_t` on LP64 (what `offsetof` gives for
+    /// its header); 2.29.2's struct ends after `ginType` (40 bytes).
+    #[test]
+    fn properties_layout_is_nccl_2_30s() {
+        assert_eq!(offset_of!(CommProperties, rank), 16);
+        assert_eq!(offset_of!(CommProperties, nvml_dev), 28);
+        assert_eq!(offset_of!(CommProperties, device_api_support), 32);
+        assert_eq!(offset_of!(CommProperties, multimem_support), 33);
+        assert_eq!(offset_of!(CommProperties, gin_type), 36);
+        assert_eq!(offset_of!(CommProperties, n_lsa_teams), 40);
+        assert_eq!(offset_of!(CommProperties, host_rma_support), 44);
+        assert_eq!(offset_of!(CommProperties, railed_gin_type), 48);
+        assert_eq!(size_of::<CommProperties>(), 56);
+        assert_eq!(size_of::<NcclTeam>(), 12);
+    }
+}
