@@ -102,6 +102,63 @@ def checks(torch, dist, rank, size, device):
         start = sum(rows(p, q) for q in range(rank))
         parts.append(xs[p][start : start + rows(p, rank)])
     _close(torch, out, torch.cat(parts), "all_to_all_single uneven", torch.float32)
+    # all_to_all with lists: equal parts, then uneven ones (rank r sends r + 2p + 1 elements to p).
+    case += 1
+    xs = _inputs(torch, case, size, (size * 5,), torch.float32, device)
+    outs = [torch.full((5,), float("nan"), device=device) for _ in range(size)]
+    dist.all_to_all(outs, list(xs[rank].chunk(size)))
+    want = torch.cat([xs[p][rank * 5 : (rank + 1) * 5] for p in range(size)])
+    _close(torch, torch.cat(outs), want, "all_to_all", torch.float32)
+    cnt = lambda s, d: s + 2 * d + 1  # noqa: E731
+    case += 1
+    xs = _inputs(torch, case, size, (64,), torch.float32, device)
+    ins = list(xs[rank][: sum(cnt(rank, p) for p in range(size))].split([cnt(rank, p) for p in range(size)]))
+    outs = [torch.full((cnt(p, rank),), float("nan"), device=device) for p in range(size)]
+    dist.all_to_all(outs, ins)
+    want = []
+    for p in range(size):
+        start = sum(cnt(p, q) for q in range(rank))
+        want.append(xs[p][start : start + cnt(p, rank)])
+    _close(torch, torch.cat(outs), torch.cat(want), "all_to_all uneven", torch.float32)
+    # PREMUL_SUM (FSDP's gradient pre-division): every rank scales its own input by its own
+    # factor, a float or a one-element tensor, then the products are summed; the input of
+    # reduce_scatter_tensor is left as it was.
+    factors = [0.5 + r for r in range(size)]
+    for as_tensor in (False, True):
+        f = factors[rank]
+        f = torch.tensor(f, dtype=torch.float32, device=device) if as_tensor else f
+        case += 1
+        xs = _inputs(torch, case, size, (1000,), torch.float32, device)
+        t = xs[rank].clone()
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(f))
+        want = sum(x.double() * g for x, g in zip(xs, factors))
+        _close(torch, t, want, f"all_reduce PREMUL_SUM (tensor factor: {as_tensor})", torch.float32)
+        case += 1
+        xs = _inputs(torch, case, size, (size * 100,), torch.float32, device)
+        inp = xs[rank].clone()
+        out = torch.full((100,), float("nan"), device=device)
+        dist.reduce_scatter_tensor(out, inp, op=dist._make_nccl_premul_sum(f))
+        want = sum(x.double() * g for x, g in zip(xs, factors))[rank * 100 : (rank + 1) * 100]
+        _close(torch, out, want, f"reduce_scatter_tensor PREMUL_SUM (tensor factor: {as_tensor})", torch.float32)
+        _close(torch, inp, xs[rank], "reduce_scatter_tensor PREMUL_SUM's input", torch.float32)
+    if device.type == "cuda" and hasattr(dist, "split_group"):
+        # split_group (PyTorch splits only a default group bound to a device: the GPU case).
+        g = dist.split_group(split_ranks=[list(range(size))])
+        assert dist.get_process_group_ranks(g) == list(range(size)), dist.get_process_group_ranks(g)
+        case += 1
+        xs = _inputs(torch, case, size, (333,), torch.float32, device)
+        t = xs[rank].clone()
+        dist.all_reduce(t, group=g)
+        _close(torch, t, sum(x.double() for x in xs), "all_reduce on a split group", torch.float32)
+        outs = [torch.full((5,), float("nan"), device=device) for _ in range(size)]
+        dist.all_to_all(outs, [torch.full((5,), float(rank * size + p), device=device) for p in range(size)], group=g)
+        want = torch.cat([torch.full((5,), float(p * size + rank)) for p in range(size)])
+        _close(torch, torch.cat(outs), want, "all_to_all on a split group", torch.float32)
+        # new_group on a default group bound to a device (PyTorch then takes it for a split source).
+        h = dist.new_group(list(range(size)))
+        t = torch.full((7,), float(rank + 1), device=device)
+        dist.all_reduce(t, group=h)
+        _close(torch, t, torch.full((7,), size * (size + 1) / 2), "all_reduce on a new group", torch.float32)
     # A ring of sends and receives through batch_isend_irecv.
     case += 1
     xs = _inputs(torch, case, size, (777,), torch.float32, device)

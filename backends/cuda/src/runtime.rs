@@ -281,13 +281,35 @@ impl Runtime for CudaRuntime {
     }
 
     unsafe fn host_alloc_mapped(&self, len: usize) -> Result<*mut u8> {
-        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: valid out-pointer; the context is current (caller's contract).
-        check("cuMemHostAlloc", unsafe {
-            sys::cuMemHostAlloc(&mut host, len, flags)
-        })?;
-        Ok(host.cast())
+        // The library's own pages, registered with the driver, rather than cuMemHostAlloc's: a
+        // caller's cudaDeviceReset (nccl-tests ends with one, communicators still alive) or the
+        // runtime's teardown at exit frees the driver's allocations, and the library's
+        // background threads (the bootstrap's event loop storing a peer's death into the abort
+        // word) would then fault on them. Registered pages only lose their device mapping.
+        let layout = host_layout(len)?;
+        // SAFETY: a non-zero size (host_layout rounds up to whole pages).
+        let host = unsafe { std::alloc::alloc_zeroed(layout) };
+        if host.is_null() {
+            return Err(mscclpp_hal::Error::unavailable(
+                "host memory",
+                format!(
+                    "allocating {} bytes of pages to map into the device failed",
+                    layout.size()
+                ),
+            ));
+        }
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: `host` is a fresh allocation of `layout.size()` bytes; the context is current
+        // (caller's contract).
+        let r = check("cuMemHostRegister", unsafe {
+            sys::cuMemHostRegister_v2(host.cast(), layout.size(), flags)
+        });
+        if let Err(e) = r {
+            // SAFETY: allocated above with this layout, not registered, used nowhere else.
+            unsafe { std::alloc::dealloc(host, layout) };
+            return Err(e);
+        }
+        Ok(host)
     }
 
     unsafe fn host_device_pointer(&self, host: *mut u8) -> Result<u64> {
@@ -299,9 +321,20 @@ impl Runtime for CudaRuntime {
         Ok(p)
     }
 
-    unsafe fn host_free(&self, host: *mut u8) -> Result<()> {
-        // SAFETY: `host` came from cuMemHostAlloc and is freed once (caller's contract).
-        check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(host.cast()) })
+    unsafe fn host_free(&self, host: *mut u8, len: usize) -> Result<()> {
+        let layout = host_layout(len)?;
+        // SAFETY: `host` came from host_alloc_mapped (registered) and is freed once (caller's
+        // contract).
+        let r = check("cuMemHostUnregister", unsafe {
+            sys::cuMemHostUnregister(host.cast())
+        });
+        // On an error it may still be registered for all we know (or its context is gone): it
+        // stays allocated, so that no later allocation reuses pages the driver may still map.
+        if r.is_ok() {
+            // SAFETY: allocated with this layout in host_alloc_mapped; no longer registered.
+            unsafe { std::alloc::dealloc(host, layout) };
+        }
+        r
     }
 
     unsafe fn mem_address_range(&self, ptr: u64) -> Result<(u64, usize)> {
@@ -696,4 +729,18 @@ impl Runtime for CudaRuntime {
             elapsed: c.elapsed,
         })
     }
+}
+
+/// The layout of [`Runtime::host_alloc_mapped`]'s pages for `len` bytes: whole pages, aligned.
+fn host_layout(len: usize) -> Result<std::alloc::Layout> {
+    // The largest page size of the platforms CUDA runs on (4 KiB on x86-64; up to 64 KiB on
+    // aarch64): registration works on whole pages.
+    const PAGE: usize = if cfg!(target_arch = "x86_64") {
+        4096
+    } else {
+        65536
+    };
+    let size = len.max(1).checked_next_multiple_of(PAGE);
+    size.and_then(|s| std::alloc::Layout::from_size_align(s, PAGE).ok())
+        .ok_or_else(|| mscclpp_hal::Error::invalid(format!("{len} bytes of mapped host memory")))
 }

@@ -88,7 +88,7 @@ impl<R: Runtime> GpuAllocation<R> {
                     Ok(p) => (p, Backing::HostMapped { host }),
                     Err(e) => {
                         // SAFETY: `host` came from host_alloc_mapped and is used nowhere else.
-                        if let Err(free) = unsafe { rt.host_free(host) } {
+                        if let Err(free) = unsafe { rt.host_free(host, len) } {
                             tracing::warn!("{free}");
                         }
                         return Err(e);
@@ -163,7 +163,7 @@ impl<R: Runtime> Drop for GpuAllocation<R> {
             // SAFETY: see above; `ptr` came from mem_alloc.
             Backing::Device => unsafe { rt.mem_free(self.ptr) },
             // SAFETY: see above; `host` came from host_alloc_mapped.
-            Backing::HostMapped { host } => unsafe { rt.host_free(*host) },
+            Backing::HostMapped { host } => unsafe { rt.host_free(*host, self.len) },
             // SAFETY: see above; `ptr` came from ipc_open_handle.
             Backing::Imported => unsafe { rt.ipc_close_handle(self.ptr) },
         };

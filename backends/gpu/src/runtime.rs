@@ -178,7 +178,7 @@ pub trait Runtime: Send + Sync + Debug + Sized + 'static {
     ///
     /// # Safety
     /// See the trait's contract; `host` is freed once.
-    unsafe fn host_free(&self, host: *mut u8) -> Result<()>;
+    unsafe fn host_free(&self, host: *mut u8, len: usize) -> Result<()>;
     /// Base and size of the allocation that contains `ptr`.
     ///
     /// # Safety

@@ -416,7 +416,7 @@ impl Runtime for RocmRuntime {
         Ok(d as u64)
     }
 
-    unsafe fn host_free(&self, host: *mut u8) -> Result<()> {
+    unsafe fn host_free(&self, host: *mut u8, _len: usize) -> Result<()> {
         // SAFETY: `host` came from hipHostMalloc, freed once (caller's contract).
         self.check("hipHostFree", unsafe { (self.api.host_free)(host.cast()) })
     }
