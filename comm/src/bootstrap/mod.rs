@@ -132,7 +132,7 @@ impl BootstrapConfig {
             mscclpp_hal::net::local_ip()?;
         }
         let mut c = Self::default();
-        if let Some(t) = mscclpp_hal::env::seconds("MSCCLPP_BOOTSTRAP_TIMEOUT")? {
+        if let Some(t) = checked_timeout(mscclpp_hal::env::seconds(TIMEOUT_VAR)?)? {
             c.timeout = t;
         }
         if let Some(s) = mscclpp_hal::env::get("MSCCLPP_BOOTSTRAP_SCHEDULE") {
@@ -143,6 +143,60 @@ impl BootstrapConfig {
         }
         Ok(c)
     }
+}
+
+/// The variable that sets every bootstrap wait's deadline.
+pub(crate) const TIMEOUT_VAR: &str = "MSCCLPP_BOOTSTRAP_TIMEOUT";
+
+/// The shortest deadline [`TIMEOUT_VAR`] may set: below it no connection, let alone a
+/// rendezvous, can finish (a value in seconds is easily given in the wrong unit).
+pub(crate) const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// A [`TIMEOUT_VAR`] value, refused below [`MIN_TIMEOUT`].
+pub(crate) fn checked_timeout(t: Option<Duration>) -> Result<Option<Duration>> {
+    match t {
+        Some(t) if t < MIN_TIMEOUT => Err(Error::invalid(format!(
+            "{TIMEOUT_VAR}={}: a deadline of {t:?} is too short for any bootstrap wait; \
+             expected at least {} seconds (1 ms; the value is in seconds, default 60)",
+            t.as_secs_f64(),
+            MIN_TIMEOUT.as_secs_f64()
+        ))),
+        t => Ok(t),
+    }
+}
+
+/// A bootstrap timeout that says which variable sets the deadline that passed.
+pub(crate) fn name_timeout_var(e: Error) -> Error {
+    match e {
+        Error::Timeout { waiting_for, after } if !waiting_for.contains(TIMEOUT_VAR) => {
+            Error::Timeout {
+                waiting_for: format!("{waiting_for} (the bootstrap deadline: {TIMEOUT_VAR})"),
+                after,
+            }
+        }
+        e => e,
+    }
+}
+
+/// `MSCCLPP_BOOTSTRAP_SECRET` (`raw`: its value when set): a value that is set but blank is
+/// refused rather than read as unset, which would silently mean the public default secret.
+pub(crate) fn secret_setting(raw: Option<&str>) -> Result<Option<&str>> {
+    match raw.map(str::trim) {
+        None => Ok(None),
+        Some("") => Err(Error::invalid(
+            "MSCCLPP_BOOTSTRAP_SECRET is set but empty: that would mean the public default \
+             secret; set a non-empty secret (the same on every rank) or unset the variable",
+        )),
+        Some(s) => Ok(Some(s)),
+    }
+}
+
+/// The secret of address-based bootstraps: `MSCCLPP_BOOTSTRAP_SECRET`, else the fixed string.
+fn env_secret() -> Result<String> {
+    let raw = std::env::var("MSCCLPP_BOOTSTRAP_SECRET").ok();
+    Ok(secret_setting(raw.as_deref())?
+        .unwrap_or(DEFAULT_SECRET_STRING)
+        .to_owned())
 }
 
 /// Which message schedules the collectives use; this also decides which peers a rank ever
@@ -484,7 +538,9 @@ impl Bootstrap {
             Some(l) => Some(BootstrapRoot::spawn(l, *uid.secret(), nranks, cfg.clone())?),
             None => None,
         };
-        Self::establish(uid, rank, nranks, cfg, root, None)
+        // A UniqueId's root listens from the moment the id exists: a refused connection means
+        // its rendezvous is over (or its process is gone), never that it is not up yet.
+        Self::establish(uid, rank, nranks, cfg, root, None, true)
     }
 
     /// Joins the bootstrap whose root is `"[ifname:]ip:port"`; rank 0 binds that address and
@@ -492,9 +548,8 @@ impl Bootstrap {
     /// address used is the given ip. The secret comes from `MSCCLPP_BOOTSTRAP_SECRET`, else
     /// from a fixed string (see the module docs on why this is weaker than a [`UniqueId`]).
     pub fn from_addr(addr: &str, rank: usize, nranks: usize, cfg: BootstrapConfig) -> Result<Self> {
-        let secret = mscclpp_hal::env::get("MSCCLPP_BOOTSTRAP_SECRET");
-        let secret = secret.as_deref().unwrap_or(DEFAULT_SECRET_STRING);
-        Self::from_addr_with_secret(addr, secret, rank, nranks, cfg, None)
+        let secret = env_secret()?;
+        Self::from_addr_with_secret(addr, &secret, rank, nranks, cfg, None)
     }
 
     pub(crate) fn from_addr_with_secret(
@@ -540,7 +595,7 @@ impl Bootstrap {
         } else {
             None
         };
-        Self::establish(&uid, rank, nranks, cfg, root, local_rank)
+        Self::establish(&uid, rank, nranks, cfg, root, local_rank, false)
     }
 
     /// Joins the bootstrap described by the launcher's environment (see [`detect_launch`]):
@@ -556,11 +611,10 @@ impl Bootstrap {
                 info.source, info.rank, info.world_size
             ))
         })?;
-        let secret = mscclpp_hal::env::get("MSCCLPP_BOOTSTRAP_SECRET");
-        let secret = secret.as_deref().unwrap_or(DEFAULT_SECRET_STRING);
+        let secret = env_secret()?;
         Self::from_addr_with_secret(
             &root,
-            secret,
+            &secret,
             info.rank,
             info.world_size,
             cfg,
@@ -575,11 +629,25 @@ impl Bootstrap {
         cfg: BootstrapConfig,
         root: Option<BootstrapRoot>,
         local_rank: Option<usize>,
+        root_prebound: bool,
+    ) -> Result<Self> {
+        Self::establish_within(uid, rank, nranks, cfg, root, local_rank, root_prebound)
+            .map_err(name_timeout_var)
+    }
+
+    fn establish_within(
+        uid: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        cfg: BootstrapConfig,
+        root: Option<BootstrapRoot>,
+        local_rank: Option<usize>,
+        root_prebound: bool,
     ) -> Result<Self> {
         let span = tracing::info_span!("bootstrap", rank, nranks, root = %uid.root_addr());
         let _g = span.enter();
         let deadline = Instant::now() + cfg.timeout;
-        let result = Self::rendezvous(uid, rank, nranks, &cfg, deadline);
+        let result = Self::rendezvous(uid, rank, nranks, &cfg, deadline, root_prebound);
         let (listener, table) = match (result, root) {
             (Ok(t), Some(root)) => {
                 // We have the table, so the root is sending its last ones.
@@ -660,20 +728,28 @@ impl Bootstrap {
 
     /// Registers with the root and receives the table of listen addresses. The root closes a
     /// connection at once when too many handshakes are in progress; a rank whose connection
-    /// ends before any answer tries again after a random pause, until the deadline.
+    /// ends before any answer tries again after a random pause, until the deadline. With
+    /// `root_prebound` (a [`UniqueId`]'s root, listening since the id was made) a refused
+    /// connection is final: the id is stale.
     fn rendezvous(
         uid: &UniqueId,
         rank: usize,
         nranks: usize,
         cfg: &BootstrapConfig,
         deadline: Instant,
+        root_prebound: bool,
     ) -> Result<(TcpListener, Vec<SocketAddr>)> {
         let root_addr = uid.root_addr();
         let mut listener: Option<(TcpListener, SocketAddr)> = None;
         let mut attempt: u32 = 0;
         loop {
-            let mut to_root =
-                connect_retry(root_addr, deadline, cfg.timeout, "the bootstrap root")?;
+            let mut to_root = connect_retry(
+                root_addr,
+                deadline,
+                cfg.timeout,
+                "the bootstrap root",
+                root_prebound,
+            )?;
             if listener.is_none() {
                 // Listen on the address this host reaches the root from: it is routable
                 // from there.
@@ -1254,7 +1330,7 @@ impl Bootstrap {
                 rank: self.view_rank(rank),
                 message,
             },
-            other => other,
+            other => name_timeout_var(other),
         }
     }
 
@@ -1844,12 +1920,15 @@ fn unspecified_like(a: &SocketAddr) -> std::net::IpAddr {
     }
 }
 
-/// Connects to `addr`, retrying while it is not listening yet, until `deadline`.
+/// Connects to `addr`, retrying while it is not listening yet, until `deadline`; with
+/// `refused_is_final`, a refused connection ends it at once (the root listened before its id
+/// could be handed out, so it is gone, not late).
 fn connect_retry(
     addr: SocketAddr,
     deadline: Instant,
     timeout: Duration,
     what: &str,
+    refused_is_final: bool,
 ) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(5);
     loop {
@@ -1862,6 +1941,13 @@ fn connect_retry(
         }
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
             Ok(s) => return Ok(s),
+            Err(e) if refused_is_final && e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Err(Error::invalid(format!(
+                    "{what} at {addr} refused the connection ({e}): the unique id's rendezvous is over \
+                     (an id of an earlier communicator, e.g. read from a store that outlived it) or the \
+                     process that made it has exited"
+                )));
+            }
             Err(e) => {
                 tracing::trace!(%addr, error = %e, "bootstrap connect failed; retrying");
                 std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));

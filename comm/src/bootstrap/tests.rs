@@ -1076,3 +1076,24 @@ fn data_frames_round_trip() {
         (0x0102_0304_0506_0708, b"payload".to_vec())
     );
 }
+
+/// A unique id whose rendezvous is over (what a rank reads from a store that outlived the
+/// communicator, after PyTorch's destroy_process_group and re-init) is refused at once, naming
+/// why, instead of dialling a root that is gone until the deadline.
+#[test]
+fn a_stale_unique_id_is_refused_at_once() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let (u2, u3) = (uid, uid);
+    let done = on_ranks(2, move |r| {
+        Bootstrap::new(&u2, r, 2, cfg(10_000)).map(|b| b.barrier())
+    });
+    assert!(done.iter().all(|d| matches!(d, Ok(Ok(())))));
+    let t = Instant::now();
+    let e = Bootstrap::new(&u3, 1, 2, cfg(20_000)).unwrap_err();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?} to refuse a stale id",
+        t.elapsed()
+    );
+    assert!(e.to_string().contains("rendezvous is over"), "{e}");
+}
