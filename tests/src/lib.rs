@@ -12,5 +12,6 @@ pub mod hal_suite;
 pub mod harness;
 pub mod kernels;
 pub mod multiproc;
+pub mod net_fixture;
 pub mod reference;
 pub mod rng;

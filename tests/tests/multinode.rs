@@ -369,12 +369,19 @@ fn by_host_id(
     hosts: usize,
     per_host: usize,
     full: bool,
+    extra: Vec<(String, String)>,
 ) -> Result<Completion, Failed> {
     if let Err(e) = mscclpp::registry::probe(backend) {
         return Ok(Completion::ignored_with(format!("{backend} backend: {e}")));
     }
     let n = hosts * per_host;
     let (_root, mut env, seed) = start_root(IpAddr::V4(Ipv4Addr::LOCALHOST), n);
+    let over = extra
+        .iter()
+        .find(|(k, _)| k == "MSCCLPP_HIER_TRANSPORT")
+        .map(|(_, v)| format!(" over {v}"))
+        .unwrap_or_default();
+    env.extend(extra);
     env.push((BACKEND_VAR.into(), backend.to_string()));
     env.push(("MSCCLPP_BACKEND".into(), backend.to_string()));
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -397,14 +404,15 @@ fn by_host_id(
     judge(
         &outs,
         seed,
-        &format!("{backend}: {hosts} hosts x {per_host} ranks by MSCCLPP_HOSTID"),
+        &format!("{backend}: {hosts} hosts x {per_host} ranks by MSCCLPP_HOSTID{over}"),
     )
 }
 
 /// A rank of the other host dies during a call: the survivor's call fails naming it, well
 /// before the kernels' own deadline.
-fn peer_host_dies() -> Result<(), Failed> {
+fn peer_host_dies(extra: Vec<(String, String)>) -> Result<(), Failed> {
     let (_root, mut env, seed) = start_root(IpAddr::V4(Ipv4Addr::LOCALHOST), 2);
+    env.extend(extra);
     env.push(("MSCCLPP_BACKEND".into(), "host".into()));
     let deadline = Instant::now() + Duration::from_secs(120);
     let kids: Vec<_> = (0..2)
@@ -583,6 +591,46 @@ fn by_namespace(hosts: usize, per_host: usize) -> Result<Completion, Failed> {
     )
 }
 
+/// `MSCCLPP_HIER_TRANSPORT=Net` with a plugin file that does not exist: every rank fails at
+/// set-up with an error naming the file, within the deadline (no hang, no crash).
+fn missing_plugin_is_named() -> Result<(), Failed> {
+    let (_root, mut env, _seed) = start_root(IpAddr::V4(Ipv4Addr::LOCALHOST), 2);
+    env.push(("MSCCLPP_BACKEND".into(), "host".into()));
+    env.push((BACKEND_VAR.into(), "host".into()));
+    env.push((HOSTS_VAR.into(), "2x1".into()));
+    env.push((FULL_VAR.into(), "0".into()));
+    env.push(("MSCCLPP_HIER_TRANSPORT".into(), "Net".into()));
+    env.push((
+        "NCCL_NET_PLUGIN".into(),
+        "/nonexistent/libnccl-net-absent.so".into(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let kids: Vec<_> = (0..2)
+        .map(|r| {
+            let mut env = env.clone();
+            env.push((
+                "MSCCLPP_HOSTID".into(),
+                format!("net-missing-{}-host-{r}", std::process::id()),
+            ));
+            multiproc::spawn("hier", r, 2, &env)
+        })
+        .collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| multiproc::wait(k, deadline))
+        .collect();
+    for o in &outs {
+        let text = o.describe();
+        if o.ok() {
+            return Err(format!("a rank succeeded without its net plugin: {text}").into());
+        }
+        if !text.contains("/nonexistent/libnccl-net-absent.so") {
+            return Err(format!("the error does not name the plugin file: {text}").into());
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     multiproc::run_child(child);
     let args = libtest_mimic::Arguments::from_args();
@@ -590,7 +638,7 @@ fn main() {
     for (hosts, per_host, full) in [(2, 2, true), (3, 2, false), (4, 2, false), (2, 1, true)] {
         trials.push(Trial::ignorable_test(
             format!("multinode::hostid::hosts_{hosts}x{per_host}"),
-            move || by_host_id(BackendKind::Host, hosts, per_host, full),
+            move || by_host_id(BackendKind::Host, hosts, per_host, full, Vec::new()),
         ));
     }
     // GPUs: each rank on its own device where there are enough (else they share), the rail
@@ -599,13 +647,53 @@ fn main() {
         for (hosts, per_host) in [(2, 1), (2, 2)] {
             trials.push(Trial::ignorable_test(
                 format!("multinode::{backend}::hosts_{hosts}x{per_host}"),
-                move || by_host_id(backend, hosts, per_host, true),
+                move || by_host_id(backend, hosts, per_host, true, Vec::new()),
             ));
         }
     }
+    trials.push(Trial::test("multinode::hostid::peer_host_dies", || {
+        peer_host_dies(Vec::new())
+    }));
+    trials.push(Trial::ignorable_test(
+        "multinode::net::host::peer_host_dies",
+        || {
+            let plugin = match mscclpp_conformance::net_fixture::plugin() {
+                Ok(p) => p,
+                Err(why) => return Ok(Completion::ignored_with(why)),
+            };
+            peer_host_dies(vec![
+                ("MSCCLPP_HIER_TRANSPORT".into(), "Net".into()),
+                ("NCCL_NET_PLUGIN".into(), plugin.display().to_string()),
+            ])
+            .map(|()| Completion::Completed)
+        },
+    ));
+    // The Net transport between hosts, through an NCCL net plugin: the fixture (or the plugin
+    // MSCCLPP_TEST_NET_PLUGIN names), every collective on 2 hosts x 2 ranks.
+    for backend in [BackendKind::Host, BackendKind::Cuda] {
+        trials.push(Trial::ignorable_test(
+            format!("multinode::net::{backend}::hosts_2x2"),
+            move || {
+                let plugin = match mscclpp_conformance::net_fixture::plugin() {
+                    Ok(p) => p,
+                    Err(why) => return Ok(Completion::ignored_with(why)),
+                };
+                by_host_id(
+                    backend,
+                    2,
+                    2,
+                    true,
+                    vec![
+                        ("MSCCLPP_HIER_TRANSPORT".into(), "Net".into()),
+                        ("NCCL_NET_PLUGIN".into(), plugin.display().to_string()),
+                    ],
+                )
+            },
+        ));
+    }
     trials.push(Trial::test(
-        "multinode::hostid::peer_host_dies",
-        peer_host_dies,
+        "multinode::net::missing_plugin_is_named",
+        missing_plugin_is_named,
     ));
     trials.push(Trial::ignorable_test("multinode::netns::hosts_2x2", || {
         by_namespace(2, 2)

@@ -41,6 +41,8 @@ pub fn connect(local: LocalEndpoint, remote: &Endpoint) -> Result<AnyConnection>
         Transport::CudaIpc => AnyConnection::from(CudaIpcConnection::connect(local, remote)?),
         Transport::Ethernet => AnyConnection::from(EthernetConnection::connect(local, remote)?),
         Transport::Ib(_) => AnyConnection::from(IbConnection::connect(local, remote)?),
+        // The Ethernet protocol over the plugin's comms: one connection type for both.
+        Transport::Net(n) => AnyConnection::from(crate::net::connect(local, remote, n)?),
     };
     tracing::debug!(
         rank = me,

@@ -132,6 +132,11 @@ impl Endpoint {
             .map_err(|e| Error::io("reading the listener's address", e))?;
         let ib = match cfg.transport {
             Transport::Ib(n) => Some(crate::ib::prepare(ctx, &cfg, n)?),
+            // The plugin loads (or says why not) before any peer waits on this endpoint.
+            Transport::Net(n) => {
+                crate::net::prepare(n)?;
+                None
+            }
             _ => None,
         };
         let endpoint = Endpoint {

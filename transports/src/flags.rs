@@ -3,7 +3,7 @@
 use std::fmt;
 use std::ops::{BitOr, BitOrAssign};
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_hal::Result;
 
 use crate::transport::Transport;
 
@@ -14,9 +14,7 @@ use crate::transport::Transport;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct TransportFlags(u16);
 
-/// Every bit that names a transport.
-const VALID: u16 = (1 << 10) - 1;
-
+// Every bit names a transport since Net0..Net5 (codes 10..15) took the last six.
 impl TransportFlags {
     /// The empty set.
     pub const NONE: TransportFlags = TransportFlags(0);
@@ -29,6 +27,13 @@ impl TransportFlags {
     /// Whether `t` is in the set.
     pub fn contains(self, t: Transport) -> bool {
         t.code().is_some_and(|c| self.0 & (1 << c) != 0)
+    }
+
+    /// Whether memory in the set lands through its owner's receiver, by id: Ethernet and every
+    /// Net device do (both carry frames that the peer's receiver thread lands).
+    pub fn lands_by_id(self) -> bool {
+        self.iter()
+            .any(|t| matches!(t, Transport::Ethernet | Transport::Net(_)))
     }
 
     /// Whether the set is empty.
@@ -48,14 +53,9 @@ impl TransportFlags {
         self.0
     }
 
-    /// Decodes the wire form, refusing bits that name no transport.
+    /// Decodes the wire form (every bit names a transport: it cannot fail today; it stays a
+    /// `Result` for the transports a later version adds).
     pub fn from_bits(bits: u16) -> Result<Self> {
-        if bits & !VALID != 0 {
-            return Err(Error::malformed(
-                "transport flags",
-                format!("bits {:#06x} name no transport", bits & !VALID),
-            ));
-        }
         Ok(TransportFlags(bits))
     }
 }
@@ -131,11 +131,12 @@ mod tests {
             vec![Transport::CudaIpc, Transport::Ib(7), Transport::Ethernet]
         );
         assert_eq!(TransportFlags::from_bits(g.bits()).unwrap(), g);
-        assert!(TransportFlags::from_bits(1 << 10).is_err());
+        assert!(TransportFlags::from_bits(1 << 10).is_ok(), "Net0's bit");
         assert!(TransportFlags::single(Transport::Ib(8)).is_empty());
+        assert!(TransportFlags::single(Transport::Net(6)).is_empty());
         let all = Transport::ALL
             .into_iter()
             .fold(TransportFlags::NONE, |a, t| a | t);
-        assert_eq!(all.iter().count(), 10);
+        assert_eq!(all.iter().count(), 16);
     }
 }

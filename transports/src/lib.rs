@@ -19,7 +19,8 @@
 //! decoding garbage is an error. A peer that dies turns every later operation of its
 //! connections, and any waiting flush, into [`mscclpp_hal::Error::Remote`] naming it.
 //! [`IbConnection`] (IB0..IB7) opens libibverbs at run time; on a machine without an HCA,
-//! asking for IBn fails at once with `no RDMA device found (…)`.
+//! asking for IBn fails at once with `no RDMA device found (…)`. [`net`] (Net0..Net5) runs the
+//! Ethernet protocol over an NCCL net plugin opened at run time (`NCCL_NET_PLUGIN`).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 // `ops` (the `Connection` trait) comes first: `enum_dispatch` must expand the trait before the
@@ -35,6 +36,7 @@ mod flags;
 mod ib;
 mod link;
 mod memory;
+pub mod net;
 mod transport;
 
 pub use connection::{AnyConnection, connect};
@@ -46,7 +48,7 @@ pub use flags::TransportFlags;
 pub use ib::{IbConnection, QpInfo};
 pub use memory::RegisteredMemory;
 pub use ops::Connection;
-pub use transport::Transport;
+pub use transport::{MAX_NET_DEVICES, Transport};
 
 #[cfg(test)]
 mod test_util {

@@ -128,7 +128,7 @@ impl RegisteredMemory {
             }
         }
         let ethernet_id = transports
-            .contains(Transport::Ethernet)
+            .lands_by_id()
             .then(|| ctx.register_ethernet(slice.clone()));
         Ok(RegisteredMemory {
             inner: Arc::new(Inner {
@@ -160,7 +160,7 @@ impl RegisteredMemory {
         if i.transports.contains(Transport::CudaIpc) {
             w.bytes(&i.ipc.as_ref().map(IpcHandle::to_bytes).unwrap_or_default());
         }
-        if i.transports.contains(Transport::Ethernet) {
+        if i.transports.lands_by_id() {
             w.u64(i.ethernet_id.unwrap_or(0));
         }
         for r in &i.ib {
@@ -193,7 +193,7 @@ impl RegisteredMemory {
         } else {
             None
         };
-        let ethernet_id = if transports.contains(Transport::Ethernet) {
+        let ethernet_id = if transports.lands_by_id() {
             Some(r.u64()?)
         } else {
             None

@@ -15,11 +15,18 @@ pub enum Transport {
     Ib(u8),
     /// TCP between hosts.
     Ethernet,
+    /// Device `n` (0..=5) of an NCCL net plugin (`NCCL_NET_PLUGIN`): EFA through aws-ofi-nccl,
+    /// vendors' NICs; see `crate::net`.
+    Net(u8),
 }
+
+/// Net devices a transport name can address (Net0..Net5): what fits the 16 bits of
+/// [`crate::TransportFlags`] beside MSCCL++'s ten.
+pub const MAX_NET_DEVICES: u8 = 6;
 
 impl Transport {
     /// Every transport, in MSCCL++'s order.
-    pub const ALL: [Transport; 10] = [
+    pub const ALL: [Transport; 16] = [
         Transport::CudaIpc,
         Transport::Ib(0),
         Transport::Ib(1),
@@ -30,6 +37,12 @@ impl Transport {
         Transport::Ib(6),
         Transport::Ib(7),
         Transport::Ethernet,
+        Transport::Net(0),
+        Transport::Net(1),
+        Transport::Net(2),
+        Transport::Net(3),
+        Transport::Net(4),
+        Transport::Net(5),
     ];
 
     /// Whether this build can use the transport at all; the reason when it cannot. IB is always
@@ -42,6 +55,11 @@ impl Transport {
             Transport::Ib(n) => Err(Error::invalid(format!(
                 "IB{n} does not exist: MSCCL++ names IB0 to IB7"
             ))),
+            Transport::Net(n) if n < MAX_NET_DEVICES => Ok(()),
+            Transport::Net(n) => Err(Error::invalid(format!(
+                "Net{n} does not exist: Net0 to Net{} name net plugin devices",
+                MAX_NET_DEVICES - 1
+            ))),
         }
     }
 }
@@ -52,6 +70,7 @@ impl fmt::Display for Transport {
             Transport::CudaIpc => f.write_str("CudaIpc"),
             Transport::Ib(n) => write!(f, "IB{n}"),
             Transport::Ethernet => f.write_str("Ethernet"),
+            Transport::Net(n) => write!(f, "Net{n}"),
         }
     }
 }
@@ -66,6 +85,16 @@ impl FromStr for Transport {
         if t.eq_ignore_ascii_case("ethernet") {
             return Ok(Transport::Ethernet);
         }
+        if t.eq_ignore_ascii_case("net") {
+            return Ok(Transport::Net(0));
+        }
+        if let Some(n) = t.strip_prefix("Net").or_else(|| t.strip_prefix("net")) {
+            if let Ok(n) = n.parse::<u8>() {
+                if n < MAX_NET_DEVICES {
+                    return Ok(Transport::Net(n));
+                }
+            }
+        }
         if let Some(n) = t.strip_prefix("IB").or_else(|| t.strip_prefix("ib")) {
             if let Ok(n) = n.parse::<u8>() {
                 if n <= 7 {
@@ -74,7 +103,7 @@ impl FromStr for Transport {
             }
         }
         Err(Error::invalid(format!(
-            "unknown transport {s:?}: expected CudaIpc, IB0..IB7 or Ethernet"
+            "unknown transport {s:?}: expected CudaIpc, IB0..IB7, Ethernet or Net (Net0..Net5)"
         )))
     }
 }
@@ -88,6 +117,8 @@ impl Transport {
             Transport::Ib(n) if n <= 7 => Some(1 + n),
             Transport::Ib(_) => None,
             Transport::Ethernet => Some(9),
+            Transport::Net(n) if n < MAX_NET_DEVICES => Some(10 + n),
+            Transport::Net(_) => None,
         }
     }
 
@@ -97,6 +128,7 @@ impl Transport {
             0 => Some(Transport::CudaIpc),
             1..=8 => Some(Transport::Ib(code - 1)),
             9 => Some(Transport::Ethernet),
+            10..=15 => Some(Transport::Net(code - 10)),
             _ => None,
         }
     }
@@ -122,7 +154,10 @@ mod tests {
         for t in Transport::ALL {
             assert_eq!(t.code().and_then(Transport::from_code), Some(t));
         }
-        assert_eq!(Transport::from_code(10), None);
+        assert_eq!(Transport::from_code(16), None);
+        assert_eq!(Transport::Net(6).code(), None);
+        assert_eq!("net".parse::<Transport>().unwrap(), Transport::Net(0));
+        assert!("Net6".parse::<Transport>().is_err());
         assert_eq!(Transport::Ib(8).code(), None);
     }
 }

@@ -2,11 +2,15 @@
 //! bounded chunks and queues frames for a writer thread; the peer's receiver thread lands them
 //! in its registered memory ([`receiver`]) and answers flushes once everything before them has
 //! landed.
+//!
+//! The frames run over a [`Pipe`], a duplex byte stream: the TCP socket for Ethernet, or a net
+//! plugin's send and receive comms for Net (`crate::net`), which reuses this whole protocol.
 
 mod frame;
 mod receiver;
 
 use std::fmt;
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver as Queue, Sender};
@@ -22,6 +26,29 @@ use crate::memory::RegisteredMemory;
 use crate::ops::{Connection, check_dst, check_token, check_write};
 use crate::transport::Transport;
 use frame::{Frame, HEADER_LEN};
+
+/// A duplex byte stream that frames run over. Reads block until bytes arrive (or the pipe is
+/// shut down); writes may block up to the connection's I/O timeout.
+pub(crate) trait Pipe: Read + Write + Send + 'static {
+    /// Ends it in both directions: blocked reads and writes return an error.
+    fn shutdown(&self);
+}
+
+impl Pipe for TcpStream {
+    fn shutdown(&self) {
+        let _ = TcpStream::shutdown(self, Shutdown::Both);
+    }
+}
+
+/// The pipes of one connection: what the receiver reads, what the writer writes, and a handle to
+/// shut both down.
+pub(crate) struct Pipes {
+    pub(crate) read: Box<dyn Pipe>,
+    pub(crate) write: Box<dyn Pipe>,
+    pub(crate) control: Box<dyn Pipe + Sync>,
+    /// What the pipe runs over, for `Debug` (the peer's address, the plugin's device).
+    pub(crate) describe: String,
+}
 
 /// One frame, encoded, waiting for the writer thread.
 pub(crate) struct Out {
@@ -78,7 +105,9 @@ pub struct EthernetConnection {
     tx: Option<Sender<Out>>,
     pool: Arc<Pool>,
     next_seq: AtomicU64,
-    sock: TcpStream,
+    control: Box<dyn Pipe + Sync>,
+    describe: String,
+    transport: Transport,
     receiver: Option<JoinHandle<()>>,
     writer: Option<JoinHandle<()>>,
 }
@@ -88,7 +117,8 @@ impl fmt::Debug for EthernetConnection {
         f.debug_struct("EthernetConnection")
             .field("local_rank", &self.local_rank)
             .field("remote_rank", &self.remote_rank)
-            .field("peer_addr", &self.sock.peer_addr().ok())
+            .field("transport", &self.transport)
+            .field("over", &self.describe)
             .field("dead", &self.health.lock().dead)
             .finish()
     }
@@ -97,9 +127,7 @@ impl fmt::Debug for EthernetConnection {
 impl EthernetConnection {
     pub(crate) fn connect(local: LocalEndpoint, remote: &Endpoint) -> Result<Self> {
         let sock = link::establish(&local, remote)?;
-        let peer = remote.rank;
-        let me = local.endpoint.rank;
-        let cfg = &local.cfg;
+        let (me, peer) = (local.endpoint.rank, remote.rank);
         let fail = |what: &str, e: std::io::Error| {
             // Unblocks any thread already started on the socket.
             let _ = sock.shutdown(Shutdown::Both);
@@ -112,8 +140,41 @@ impl EthernetConnection {
             .try_clone()
             .map_err(|e| fail("cloning the socket", e))?;
         // A send blocked this long means the peer stopped reading: fail instead of hanging.
-        wr.set_write_timeout(Some(cfg.io_timeout))
+        wr.set_write_timeout(Some(local.cfg.io_timeout))
             .map_err(|e| fail("setting the send timeout", e))?;
+        let describe = format!("TCP to {:?}", sock.peer_addr().ok());
+        let pipes = Pipes {
+            read: Box::new(rd),
+            write: Box::new(wr),
+            control: Box::new(sock),
+            describe,
+        };
+        Self::over(local, remote, pipes, Transport::Ethernet)
+    }
+
+    /// The connection's protocol over `pipes` (already joined to the peer), named `transport`.
+    pub(crate) fn over(
+        local: LocalEndpoint,
+        remote: &Endpoint,
+        pipes: Pipes,
+        transport: Transport,
+    ) -> Result<Self> {
+        let peer = remote.rank;
+        let me = local.endpoint.rank;
+        let cfg = &local.cfg;
+        let Pipes {
+            read: rd,
+            write: wr,
+            control,
+            describe,
+        } = pipes;
+        let fail = |what: &str, e: std::io::Error| {
+            control.shutdown();
+            Error::io(
+                format!("{what} of the {transport} connection {me}->{peer}"),
+                e,
+            )
+        };
         let health = Arc::new(Health::new(peer));
         let pool = Arc::new(Pool::default());
         let (tx, rx) = mpsc::channel();
@@ -129,12 +190,18 @@ impl EthernetConnection {
             io_timeout: cfg.io_timeout,
         };
         let receiver = std::thread::Builder::new()
-            .name(format!("mscclpp-eth-recv-{me}-{peer}"))
+            .name(format!(
+                "mscclpp-{}-recv-{me}-{peer}",
+                thread_tag(transport)
+            ))
             .spawn(move || r.run())
             .map_err(|e| fail("spawning the receiver", e))?;
         let (h, p) = (health.clone(), pool.clone());
         let writer = std::thread::Builder::new()
-            .name(format!("mscclpp-eth-send-{me}-{peer}"))
+            .name(format!(
+                "mscclpp-{}-send-{me}-{peer}",
+                thread_tag(transport)
+            ))
             .spawn(move || write_loop(wr, rx, h, p, me, peer))
             .map_err(|e| fail("spawning the writer", e))?;
         Ok(EthernetConnection {
@@ -148,7 +215,9 @@ impl EthernetConnection {
             tx: Some(tx),
             pool,
             next_seq: AtomicU64::new(0),
-            sock,
+            control,
+            describe,
+            transport,
             receiver: Some(receiver),
             writer: Some(writer),
         })
@@ -161,9 +230,10 @@ impl EthernetConnection {
             // The writer only exits after marking the connection dead or sending the last frame.
             _ => {
                 self.health.check()?;
-                Err(self
-                    .health
-                    .error("the Ethernet connection's writer has stopped"))
+                Err(self.health.error(&format!(
+                    "the {} connection's writer has stopped",
+                    self.transport
+                )))
             }
         }
     }
@@ -194,23 +264,23 @@ impl EthernetConnection {
         check_dst(self.remote_rank, dst)?;
         dst.ethernet_id().ok_or_else(|| {
             Error::invalid(format!(
-                "destination memory of rank {} was registered for {}, not Ethernet",
+                "destination memory of rank {} was registered for {}, not {}",
                 dst.rank(),
-                dst.transports()
+                dst.transports(),
+                self.transport
             ))
         })
     }
 }
 
 fn write_loop(
-    mut sock: TcpStream,
+    mut sock: Box<dyn Pipe>,
     rx: Queue<Out>,
     health: Arc<Health>,
     pool: Arc<Pool>,
     me: usize,
     peer: usize,
 ) {
-    use std::io::Write;
     while let Ok(out) = rx.recv() {
         let sent = sock.write_all(&out.bytes);
         if out.counted > 0 {
@@ -219,11 +289,11 @@ fn write_loop(
         }
         if let Err(e) = sent {
             health.mark_dead(link::describe_end(peer, me, Some(e)));
-            let _ = sock.shutdown(Shutdown::Both);
+            sock.shutdown();
             return;
         }
         if out.last {
-            let _ = sock.shutdown(Shutdown::Both);
+            sock.shutdown();
             return;
         }
     }
@@ -303,8 +373,8 @@ impl Connection for EthernetConnection {
             None => {
                 return Err(Error::Timeout {
                     waiting_for: format!(
-                        "rank {} to acknowledge flush {seq} of its Ethernet connection from rank {}",
-                        self.remote_rank, self.local_rank
+                        "rank {} to acknowledge flush {seq} of its {} connection from rank {}",
+                        self.remote_rank, self.transport, self.local_rank
                     ),
                     after: timeout,
                 });
@@ -315,13 +385,14 @@ impl Connection for EthernetConnection {
             peer = self.remote_rank,
             seq,
             elapsed = ?started.elapsed(),
-            "Ethernet flush"
+            transport = %self.transport,
+            "flush"
         );
         Ok(())
     }
 
     fn transport(&self) -> Transport {
-        Transport::Ethernet
+        self.transport
     }
 
     fn local_rank(&self) -> usize {
@@ -348,7 +419,7 @@ impl Drop for EthernetConnection {
                 "Ethernet connection dropped unflushed: {e}"
             );
         }
-        let _ = self.sock.shutdown(Shutdown::Both);
+        self.control.shutdown();
         self.tx.take();
         if let Some(r) = self.receiver.take() {
             let _ = r.join();
@@ -356,5 +427,13 @@ impl Drop for EthernetConnection {
         if let Some(w) = self.writer.take() {
             let _ = w.join();
         }
+    }
+}
+
+/// The short name in the connection's thread names.
+fn thread_tag(t: Transport) -> &'static str {
+    match t {
+        Transport::Net(_) => "net",
+        _ => "eth",
     }
 }

@@ -2,15 +2,14 @@
 //! token updates in this rank's registered memory, in order, and answers its flushes.
 
 use std::io::{ErrorKind, Read};
-use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use mscclpp_hal::Stream;
 
-use super::Out;
 use super::frame::{Frame, HEADER_LEN, MAX_ERROR};
+use super::{Out, Pipe};
 use crate::context::TransportContext;
 use crate::link::{self, Health};
 use crate::memory::check_range;
@@ -20,7 +19,7 @@ pub(super) struct Receiver {
     pub ctx: Arc<TransportContext>,
     /// Lands data and tokens; one stream, so a token is ordered after the data before it.
     pub stream: Arc<dyn Stream>,
-    pub sock: TcpStream,
+    pub sock: Box<dyn Pipe>,
     /// The connection's send queue, for acknowledgements and the error frame. Unbounded, so
     /// that this thread never waits for the sending side (which could wait for the peer's
     /// receiver, which could wait for ours: a deadlock).
@@ -37,7 +36,7 @@ impl Receiver {
         let mut header = [0u8; HEADER_LEN];
         let mut data = Vec::new();
         loop {
-            match read_header(&mut self.sock, &mut header) {
+            match read_header(&mut *self.sock, &mut header) {
                 Ok(true) => {}
                 Ok(false) => {
                     return self
@@ -76,7 +75,7 @@ impl Receiver {
                         "rank {} failed its connection to rank {me}: {why}",
                         self.peer
                     ));
-                    let _ = self.sock.shutdown(Shutdown::Both);
+                    self.sock.shutdown();
                     return;
                 }
             };
@@ -167,13 +166,13 @@ impl Receiver {
             })
             .is_err()
         {
-            let _ = self.sock.shutdown(Shutdown::Both);
+            self.sock.shutdown();
         }
     }
 }
 
 /// Reads one header; `Ok(false)` when the peer closed cleanly between frames.
-fn read_header(sock: &mut TcpStream, h: &mut [u8; HEADER_LEN]) -> std::io::Result<bool> {
+fn read_header(sock: &mut dyn Pipe, h: &mut [u8; HEADER_LEN]) -> std::io::Result<bool> {
     let mut got = 0;
     while got < HEADER_LEN {
         match sock.read(&mut h[got..]) {

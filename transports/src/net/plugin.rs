@@ -1,0 +1,718 @@
+//! An NCCL net plugin, opened at run time: the `ncclNet_v8` … `v10` tables of NCCL's `ext-net`
+//! ABI (the layouts below follow NCCL's `plugin/net/net_vN.h`), the newest one the plugin
+//! exports, behind one safe wrapper.
+//!
+//! Which file: `NCCL_NET_PLUGIN` as NCCL reads it — a path (it holds a `/` or ends in `.so`), a
+//! name (`libnccl-net-<name>.so`), or `none`; unset, `libnccl-net.so`. Every call into the
+//! plugin is made under one lock: plugins are written for NCCL's proxy threads, and nothing
+//! here needs two calls at once.
+
+use std::ffi::{CStr, c_char, c_int, c_ulong, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use mscclpp_hal::{Error, Result};
+
+/// `NCCL_NET_HANDLE_MAXSIZE`: the bytes of a listen handle.
+pub const HANDLE_BYTES: usize = 128;
+/// `NCCL_PTR_HOST`, `NCCL_PTR_CUDA`, `NCCL_PTR_DMABUF`.
+pub const PTR_HOST: c_int = 1;
+/// Device memory can be registered.
+pub const PTR_CUDA: c_int = 2;
+/// DMA-BUF registration.
+pub const PTR_DMABUF: c_int = 4;
+
+type NcclResult = c_int;
+const NCCL_SUCCESS: NcclResult = 0;
+
+/// `ncclDebugLogger_t` (variadic: the format's arguments follow `fmt`).
+type Logger = unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char, ...);
+
+/// `ncclNetProperties_v8_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct PropsV8 {
+    name: *mut c_char,
+    pci_path: *mut c_char,
+    guid: u64,
+    ptr_support: c_int,
+    reg_is_global: c_int,
+    speed: c_int,
+    port: c_int,
+    latency: f32,
+    max_comms: c_int,
+    max_recvs: c_int,
+    net_device_type: c_int,
+    net_device_version: c_int,
+}
+
+/// `ncclNetVDeviceProps_v9_t` (and v10's).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct VDeviceProps {
+    ndevs: c_int,
+    devs: [c_int; 4],
+}
+
+/// `ncclNetProperties_v9_t` (and v10's, identical).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct PropsV9 {
+    name: *mut c_char,
+    pci_path: *mut c_char,
+    guid: u64,
+    ptr_support: c_int,
+    reg_is_global: c_int,
+    force_flush: c_int,
+    speed: c_int,
+    port: c_int,
+    latency: f32,
+    max_comms: c_int,
+    max_recvs: c_int,
+    net_device_type: c_int,
+    net_device_version: c_int,
+    v_props: VDeviceProps,
+    max_p2p_bytes: usize,
+    max_coll_bytes: usize,
+}
+
+type Ptr = *mut c_void;
+
+/// `ncclNet_v8_t`.
+#[repr(C)]
+struct NetV8 {
+    name: *const c_char,
+    init: unsafe extern "C" fn(Option<Logger>) -> NcclResult,
+    devices: unsafe extern "C" fn(*mut c_int) -> NcclResult,
+    get_properties: unsafe extern "C" fn(c_int, *mut PropsV8) -> NcclResult,
+    listen: unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> NcclResult,
+    connect: unsafe extern "C" fn(c_int, Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
+    accept: unsafe extern "C" fn(Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
+    reg_mr: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, *mut Ptr) -> NcclResult,
+    reg_mr_dma_buf:
+        Option<unsafe extern "C" fn(Ptr, Ptr, usize, c_int, u64, c_int, *mut Ptr) -> NcclResult>,
+    dereg_mr: unsafe extern "C" fn(Ptr, Ptr) -> NcclResult,
+    isend: unsafe extern "C" fn(Ptr, Ptr, c_int, c_int, Ptr, *mut Ptr) -> NcclResult,
+    irecv: unsafe extern "C" fn(
+        Ptr,
+        c_int,
+        *mut Ptr,
+        *mut c_int,
+        *mut c_int,
+        *mut Ptr,
+        *mut Ptr,
+    ) -> NcclResult,
+    iflush: Option<
+        unsafe extern "C" fn(Ptr, c_int, *mut Ptr, *mut c_int, *mut Ptr, *mut Ptr) -> NcclResult,
+    >,
+    test: unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> NcclResult,
+    close_send: unsafe extern "C" fn(Ptr) -> NcclResult,
+    close_recv: unsafe extern "C" fn(Ptr) -> NcclResult,
+    close_listen: unsafe extern "C" fn(Ptr) -> NcclResult,
+}
+
+/// `ncclNet_v9_t`: sizes become `size_t`.
+#[repr(C)]
+struct NetV9 {
+    name: *const c_char,
+    init: unsafe extern "C" fn(Option<Logger>) -> NcclResult,
+    devices: unsafe extern "C" fn(*mut c_int) -> NcclResult,
+    get_properties: unsafe extern "C" fn(c_int, *mut PropsV9) -> NcclResult,
+    listen: unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> NcclResult,
+    connect: unsafe extern "C" fn(c_int, Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
+    accept: unsafe extern "C" fn(Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
+    reg_mr: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, *mut Ptr) -> NcclResult,
+    reg_mr_dma_buf:
+        Option<unsafe extern "C" fn(Ptr, Ptr, usize, c_int, u64, c_int, *mut Ptr) -> NcclResult>,
+    dereg_mr: unsafe extern "C" fn(Ptr, Ptr) -> NcclResult,
+    isend: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, Ptr, *mut Ptr) -> NcclResult,
+    irecv: unsafe extern "C" fn(
+        Ptr,
+        c_int,
+        *mut Ptr,
+        *mut usize,
+        *mut c_int,
+        *mut Ptr,
+        *mut Ptr,
+    ) -> NcclResult,
+    iflush: Option<
+        unsafe extern "C" fn(Ptr, c_int, *mut Ptr, *mut c_int, *mut Ptr, *mut Ptr) -> NcclResult,
+    >,
+    test: unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> NcclResult,
+    close_send: unsafe extern "C" fn(Ptr) -> NcclResult,
+    close_recv: unsafe extern "C" fn(Ptr) -> NcclResult,
+    close_listen: unsafe extern "C" fn(Ptr) -> NcclResult,
+}
+
+/// `ncclNetCommConfig_v10_t`.
+#[repr(C)]
+struct CommConfigV10 {
+    traffic_class: c_int,
+}
+
+/// `ncclNet_v10_t`: `init` takes a profiler callback, `connect` a config, `isend`/`irecv` a
+/// profiler handle.
+#[repr(C)]
+struct NetV10 {
+    name: *const c_char,
+    init: unsafe extern "C" fn(Option<Logger>, Ptr) -> NcclResult,
+    devices: unsafe extern "C" fn(*mut c_int) -> NcclResult,
+    get_properties: unsafe extern "C" fn(c_int, *mut PropsV9) -> NcclResult,
+    listen: unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> NcclResult,
+    connect: unsafe extern "C" fn(c_int, *mut CommConfigV10, Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
+    accept: unsafe extern "C" fn(Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
+    reg_mr: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, *mut Ptr) -> NcclResult,
+    reg_mr_dma_buf:
+        Option<unsafe extern "C" fn(Ptr, Ptr, usize, c_int, u64, c_int, *mut Ptr) -> NcclResult>,
+    dereg_mr: unsafe extern "C" fn(Ptr, Ptr) -> NcclResult,
+    isend: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, Ptr, Ptr, *mut Ptr) -> NcclResult,
+    irecv: unsafe extern "C" fn(
+        Ptr,
+        c_int,
+        *mut Ptr,
+        *mut usize,
+        *mut c_int,
+        *mut Ptr,
+        *mut Ptr,
+        *mut Ptr,
+    ) -> NcclResult,
+    iflush: Option<
+        unsafe extern "C" fn(Ptr, c_int, *mut Ptr, *mut c_int, *mut Ptr, *mut Ptr) -> NcclResult,
+    >,
+    test: unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> NcclResult,
+    close_send: unsafe extern "C" fn(Ptr) -> NcclResult,
+    close_recv: unsafe extern "C" fn(Ptr) -> NcclResult,
+    close_listen: unsafe extern "C" fn(Ptr) -> NcclResult,
+}
+
+/// The table of the version the plugin exports (the newest of those this binding knows).
+enum Table {
+    V8(&'static NetV8),
+    V9(&'static NetV9),
+    V10(&'static NetV10),
+}
+
+/// What a device of the plugin reports (`getProperties`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetProperties {
+    /// The device's name.
+    pub name: String,
+    /// Its PCI path in /sys.
+    pub pci_path: String,
+    /// The NIC's unique id.
+    pub guid: u64,
+    /// `NCCL_PTR_*` bits: which memory `regMr` takes.
+    pub ptr_support: i32,
+    /// Registrations are not tied to a comm.
+    pub reg_is_global: bool,
+    /// Port speed in Mbit/s.
+    pub speed_mbps: i32,
+    /// Port number.
+    pub port: i32,
+    /// Latency, in µs as the plugin reports it.
+    pub latency_us: f32,
+    /// Comms the device can hold.
+    pub max_comms: i32,
+    /// Receives groupable in one `irecv`.
+    pub max_recvs: i32,
+    /// Largest point-to-point transfer (v9+; `None` before).
+    pub max_p2p_bytes: Option<usize>,
+}
+
+/// A loaded, initialised plugin.
+pub struct Plugin {
+    /// The file opened.
+    pub path: String,
+    /// The exported table's version (8, 9 or 10).
+    pub version: u32,
+    /// The plugin's own name.
+    pub name: String,
+    table: Table,
+    /// Serialises every call (see the module doc).
+    lock: Mutex<()>,
+    _lib: libloading::Library,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Plugin({} v{} from {})",
+            self.name, self.version, self.path
+        )
+    }
+}
+
+// SAFETY: the plugin's tables and comms are plain pointers the plugin owns; every call into it
+// is serialised by `lock`, and the library stays loaded as long as the value lives.
+unsafe impl Send for Plugin {}
+// SAFETY: as above.
+unsafe impl Sync for Plugin {}
+
+/// The file `NCCL_NET_PLUGIN` names (`None`: `none`, plugins disabled).
+pub fn plugin_file() -> Option<String> {
+    match mscclpp_hal::env::get("NCCL_NET_PLUGIN") {
+        None => Some("libnccl-net.so".into()),
+        Some(v) if v.trim().is_empty() => Some("libnccl-net.so".into()),
+        Some(v) if v.trim().eq_ignore_ascii_case("none") => None,
+        Some(v) if v.contains('/') || v.ends_with(".so") => Some(v.trim().into()),
+        Some(v) => Some(format!("libnccl-net-{}.so", v.trim())),
+    }
+}
+
+/// The process's plugin, loaded and initialised at the first call; the error names the file and
+/// the symbol.
+pub fn plugin() -> Result<Arc<Plugin>> {
+    static P: OnceLock<std::result::Result<Arc<Plugin>, String>> = OnceLock::new();
+    P.get_or_init(|| match plugin_file() {
+        None => Err("NCCL_NET_PLUGIN=none disables net plugins".into()),
+        Some(f) => Plugin::open(&f).map(Arc::new).map_err(|e| e.to_string()),
+    })
+    .clone()
+    .map_err(|why| Error::unavailable("an NCCL net plugin", why))
+}
+
+/// The plugin's log lines, into `tracing`. The format's arguments are not expanded: a Rust
+/// function cannot take C varargs, so the line is the format string itself, with the file and
+/// line. Called as a variadic function; the fixed arguments arrive as in a plain call.
+extern "C" fn plugin_log(
+    level: c_int,
+    _flags: c_ulong,
+    file: *const c_char,
+    line: c_int,
+    fmt: *const c_char,
+) {
+    let text = |p: *const c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: the plugin passes NUL-terminated strings that live for the call.
+            unsafe { CStr::from_ptr(p) }
+                .to_string_lossy()
+                .trim_end()
+                .to_owned()
+        }
+    };
+    let (file, fmt) = (text(file), text(fmt));
+    // ncclDebugLogLevel: NONE 0, VERSION 1, WARN 2, INFO 3, ABORT 4, TRACE 5.
+    match level {
+        2 | 4 => tracing::warn!(target: "mscclpp_transports::net::plugin", "{file}:{line} {fmt}"),
+        1 | 3 => tracing::info!(target: "mscclpp_transports::net::plugin", "{file}:{line} {fmt}"),
+        _ => tracing::trace!(target: "mscclpp_transports::net::plugin", "{file}:{line} {fmt}"),
+    }
+}
+
+fn logger() -> Logger {
+    let f: extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char) = plugin_log;
+    // SAFETY: a variadic C call passes its named arguments as a plain call does (System V
+    // x86-64 and AAPCS64 on Linux), so a function taking exactly the named ones reads them
+    // correctly and never touches the rest.
+    unsafe {
+        std::mem::transmute::<
+            extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char),
+            Logger,
+        >(f)
+    }
+}
+
+impl Plugin {
+    /// Opens `file`, takes its newest table (v10, v9, v8) and initialises it.
+    pub fn open(file: &str) -> Result<Plugin> {
+        // SAFETY: opening a shared library runs its initialisers; a net plugin is a library
+        // built to be loaded into a communication process.
+        let lib = unsafe { libloading::Library::new(file) }.map_err(|e| {
+            Error::unavailable(
+                format!("the NCCL net plugin {file}"),
+                format!("it could not be opened: {e}"),
+            )
+        })?;
+        // SAFETY: each symbol, when present, is the plugin's static table of that version's
+        // layout, alive as long as the library stays loaded (it moves into `Plugin`).
+        let table = unsafe {
+            if let Ok(s) = lib.get::<*const NetV10>(b"ncclNetPlugin_v10\0") {
+                Table::V10(&**s)
+            } else if let Ok(s) = lib.get::<*const NetV9>(b"ncclNetPlugin_v9\0") {
+                Table::V9(&**s)
+            } else if let Ok(s) = lib.get::<*const NetV8>(b"ncclNetPlugin_v8\0") {
+                Table::V8(&**s)
+            } else {
+                let newer = lib.get::<*const c_void>(b"ncclNetPlugin_v11\0").is_ok()
+                    || lib.get::<*const c_void>(b"ncclNetPlugin_v12\0").is_ok();
+                return Err(Error::unavailable(
+                    format!("the NCCL net plugin {file}"),
+                    if newer {
+                        "it exports only ncclNetPlugin_v11 or newer; this build speaks ncclNetPlugin_v8 to v10"
+                            .to_string()
+                    } else {
+                        "it exports none of the symbols ncclNetPlugin_v10, ncclNetPlugin_v9, ncclNetPlugin_v8".into()
+                    },
+                ));
+            }
+        };
+        let (version, name_ptr) = match table {
+            Table::V8(t) => (8, t.name),
+            Table::V9(t) => (9, t.name),
+            Table::V10(t) => (10, t.name),
+        };
+        let name = if name_ptr.is_null() {
+            "(unnamed)".to_string()
+        } else {
+            // SAFETY: the table's name is a static NUL-terminated string of the plugin.
+            unsafe { CStr::from_ptr(name_ptr) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let p = Plugin {
+            path: file.to_string(),
+            version,
+            name,
+            table,
+            lock: Mutex::new(()),
+            _lib: lib,
+        };
+        // SAFETY: init is called once, before any other call, with a logger of the right
+        // calling convention (and, for v10, no profiler).
+        let rc = p.call(|| unsafe {
+            match p.table {
+                Table::V8(t) => (t.init)(Some(logger())),
+                Table::V9(t) => (t.init)(Some(logger())),
+                Table::V10(t) => (t.init)(Some(logger()), std::ptr::null_mut()),
+            }
+        });
+        p.check(rc, "init")?;
+        tracing::info!(plugin = %p.name, version = p.version, path = %p.path, "NCCL net plugin loaded");
+        Ok(p)
+    }
+
+    fn call<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        f()
+    }
+
+    fn check(&self, rc: NcclResult, what: &str) -> Result<()> {
+        if rc == NCCL_SUCCESS {
+            return Ok(());
+        }
+        // ncclResult_t: 1 unhandled CUDA error, 2 system, 3 internal, 4 invalid argument,
+        // 5 invalid usage, 6 remote.
+        let kind = match rc {
+            1 => "unhandled CUDA error",
+            2 => "system error",
+            3 => "internal error",
+            4 => "invalid argument",
+            5 => "invalid usage",
+            6 => "remote error",
+            _ => "error",
+        };
+        Err(Error::io(
+            format!("{}'s {what} ({})", self.name, self.path),
+            std::io::Error::other(format!("ncclResult_t {rc} ({kind})")),
+        ))
+    }
+
+    /// Devices the plugin drives.
+    pub fn devices(&self) -> Result<usize> {
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer.
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.devices)(&mut n),
+                Table::V9(t) => (t.devices)(&mut n),
+                Table::V10(t) => (t.devices)(&mut n),
+            }
+        });
+        self.check(rc, "devices")?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    /// What device `dev` reports.
+    pub fn properties(&self, dev: usize) -> Result<NetProperties> {
+        let d = c_int::try_from(dev).map_err(|_| Error::invalid(format!("net device {dev}")))?;
+        let s = |p: *mut c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                // SAFETY: the plugin's NUL-terminated strings, owned by it for its life.
+                unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+            }
+        };
+        match self.table {
+            Table::V8(t) => {
+                // SAFETY: an all-zero PropsV8 is valid (null pointers, zero numbers).
+                let mut p: PropsV8 = unsafe { std::mem::zeroed() };
+                // SAFETY: valid out-pointer of the v8 layout.
+                let rc = self.call(|| unsafe { (t.get_properties)(d, &mut p) });
+                self.check(rc, "getProperties")?;
+                Ok(NetProperties {
+                    name: s(p.name),
+                    pci_path: s(p.pci_path),
+                    guid: p.guid,
+                    ptr_support: p.ptr_support,
+                    reg_is_global: p.reg_is_global != 0,
+                    speed_mbps: p.speed,
+                    port: p.port,
+                    latency_us: p.latency,
+                    max_comms: p.max_comms,
+                    max_recvs: p.max_recvs,
+                    max_p2p_bytes: None,
+                })
+            }
+            Table::V9(_) | Table::V10(_) => {
+                // SAFETY: an all-zero PropsV9 is valid (null pointers, zero numbers).
+                let mut p: PropsV9 = unsafe { std::mem::zeroed() };
+                // SAFETY: valid out-pointer of the v9 layout (v10's is the same).
+                let rc = self.call(|| unsafe {
+                    match self.table {
+                        Table::V9(t) => (t.get_properties)(d, &mut p),
+                        Table::V10(t) => (t.get_properties)(d, &mut p),
+                        Table::V8(_) => NCCL_SUCCESS,
+                    }
+                });
+                self.check(rc, "getProperties")?;
+                Ok(NetProperties {
+                    name: s(p.name),
+                    pci_path: s(p.pci_path),
+                    guid: p.guid,
+                    ptr_support: p.ptr_support,
+                    reg_is_global: p.reg_is_global != 0,
+                    speed_mbps: p.speed,
+                    port: p.port,
+                    latency_us: p.latency,
+                    max_comms: p.max_comms,
+                    max_recvs: p.max_recvs,
+                    max_p2p_bytes: Some(p.max_p2p_bytes),
+                })
+            }
+        }
+    }
+
+    /// Starts listening on `dev`: the handle a peer connects with, and the listen comm.
+    pub fn listen(&self, dev: usize) -> Result<([u8; HANDLE_BYTES], Comm)> {
+        let d = c_int::try_from(dev).map_err(|_| Error::invalid(format!("net device {dev}")))?;
+        let mut handle = [0u8; HANDLE_BYTES];
+        let mut comm: Ptr = std::ptr::null_mut();
+        let h = handle.as_mut_ptr().cast::<c_void>();
+        // SAFETY: a handle buffer of NCCL_NET_HANDLE_MAXSIZE bytes and a valid out-pointer.
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.listen)(d, h, &mut comm),
+                Table::V9(t) => (t.listen)(d, h, &mut comm),
+                Table::V10(t) => (t.listen)(d, h, &mut comm),
+            }
+        });
+        self.check(rc, "listen")?;
+        Ok((handle, Comm(comm)))
+    }
+
+    /// One `connect` attempt to a peer's `handle`: `None` while the plugin is not done yet (call
+    /// again), as NCCL's non-blocking connect.
+    pub fn try_connect(&self, dev: usize, handle: &mut [u8; HANDLE_BYTES]) -> Result<Option<Comm>> {
+        let d = c_int::try_from(dev).map_err(|_| Error::invalid(format!("net device {dev}")))?;
+        let mut comm: Ptr = std::ptr::null_mut();
+        let mut dev_comm: Ptr = std::ptr::null_mut();
+        let h = handle.as_mut_ptr().cast::<c_void>();
+        let mut cfg = CommConfigV10 { traffic_class: -1 };
+        // SAFETY: the peer's handle bytes (the plugin may keep state in them between attempts,
+        // as NCCL allows) and valid out-pointers.
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.connect)(d, h, &mut comm, &mut dev_comm),
+                Table::V9(t) => (t.connect)(d, h, &mut comm, &mut dev_comm),
+                Table::V10(t) => (t.connect)(d, &mut cfg, h, &mut comm, &mut dev_comm),
+            }
+        });
+        self.check(rc, "connect")?;
+        Ok((!comm.is_null()).then_some(Comm(comm)))
+    }
+
+    /// One `accept` attempt on `listen`: `None` while no peer is connected yet.
+    pub fn try_accept(&self, listen: &Comm) -> Result<Option<Comm>> {
+        let mut comm: Ptr = std::ptr::null_mut();
+        let mut dev_comm: Ptr = std::ptr::null_mut();
+        // SAFETY: a live listen comm of this plugin and valid out-pointers.
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
+                Table::V9(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
+                Table::V10(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
+            }
+        });
+        self.check(rc, "accept")?;
+        Ok((!comm.is_null()).then_some(Comm(comm)))
+    }
+
+    /// Registers `len` bytes of host memory at `data` with `comm`.
+    ///
+    /// # Safety
+    /// `data..data + len` stays allocated until [`Plugin::dereg_mr`] of the handle.
+    pub unsafe fn reg_mr(&self, comm: &Comm, data: *mut u8, len: usize) -> Result<Mr> {
+        let mut mh: Ptr = std::ptr::null_mut();
+        // SAFETY: forwarded contract; a live comm; valid out-pointer.
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.reg_mr)(comm.0, data.cast(), len, PTR_HOST, &mut mh),
+                Table::V9(t) => (t.reg_mr)(comm.0, data.cast(), len, PTR_HOST, &mut mh),
+                Table::V10(t) => (t.reg_mr)(comm.0, data.cast(), len, PTR_HOST, &mut mh),
+            }
+        });
+        self.check(rc, "regMr")?;
+        Ok(Mr(mh))
+    }
+
+    /// Ends a registration.
+    pub fn dereg_mr(&self, comm: &Comm, mr: Mr) -> Result<()> {
+        // SAFETY: a handle `reg_mr` returned for this comm, deregistered once (consumed).
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.dereg_mr)(comm.0, mr.0),
+                Table::V9(t) => (t.dereg_mr)(comm.0, mr.0),
+                Table::V10(t) => (t.dereg_mr)(comm.0, mr.0),
+            }
+        });
+        self.check(rc, "deregMr")
+    }
+
+    /// Posts a send of `len` bytes at `data` (registered as `mr`): `None` when the plugin cannot
+    /// take it now (post again).
+    ///
+    /// # Safety
+    /// The bytes stay valid and unchanged until the request completes.
+    pub unsafe fn isend(
+        &self,
+        comm: &Comm,
+        data: *mut u8,
+        len: usize,
+        mr: &Mr,
+    ) -> Result<Option<Request>> {
+        let mut req: Ptr = std::ptr::null_mut();
+        let n = c_int::try_from(len)
+            .map_err(|_| Error::invalid(format!("a net send of {len} bytes")))?;
+        // SAFETY: forwarded contract; a live send comm; tag 0 (sends of one comm match in order).
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.isend)(comm.0, data.cast(), n, 0, mr.0, &mut req),
+                Table::V9(t) => (t.isend)(comm.0, data.cast(), len, 0, mr.0, &mut req),
+                Table::V10(t) => (t.isend)(
+                    comm.0,
+                    data.cast(),
+                    len,
+                    0,
+                    mr.0,
+                    std::ptr::null_mut(),
+                    &mut req,
+                ),
+            }
+        });
+        self.check(rc, "isend")?;
+        Ok((!req.is_null()).then_some(Request(req)))
+    }
+
+    /// Posts a receive of at most `cap` bytes into `data` (registered as `mr`): `None` when the
+    /// plugin cannot take it now.
+    ///
+    /// # Safety
+    /// The bytes stay allocated, and unread, until the request completes.
+    pub unsafe fn irecv(
+        &self,
+        comm: &Comm,
+        data: *mut u8,
+        cap: usize,
+        mr: &Mr,
+    ) -> Result<Option<Request>> {
+        let mut req: Ptr = std::ptr::null_mut();
+        let mut d: Ptr = data.cast();
+        let mut tag: c_int = 0;
+        let mut m: Ptr = mr.0;
+        let mut p: Ptr = std::ptr::null_mut();
+        let mut n32 = c_int::try_from(cap)
+            .map_err(|_| Error::invalid(format!("a net receive of {cap} bytes")))?;
+        let mut n = cap;
+        // SAFETY: forwarded contract; one receive (n = 1) of arrays of one element each.
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.irecv)(comm.0, 1, &mut d, &mut n32, &mut tag, &mut m, &mut req),
+                Table::V9(t) => (t.irecv)(comm.0, 1, &mut d, &mut n, &mut tag, &mut m, &mut req),
+                Table::V10(t) => (t.irecv)(
+                    comm.0, 1, &mut d, &mut n, &mut tag, &mut m, &mut p, &mut req,
+                ),
+            }
+        });
+        self.check(rc, "irecv")?;
+        Ok((!req.is_null()).then_some(Request(req)))
+    }
+
+    /// Tests a request: the bytes it moved once done (the request is then gone), `None` before.
+    pub fn test(&self, req: &Request) -> Result<Option<usize>> {
+        let (mut done, mut size): (c_int, c_int) = (0, 0);
+        // SAFETY: a request of this plugin not yet reported done; valid out-pointers.
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.test)(req.0, &mut done, &mut size),
+                Table::V9(t) => (t.test)(req.0, &mut done, &mut size),
+                Table::V10(t) => (t.test)(req.0, &mut done, &mut size),
+            }
+        });
+        self.check(rc, "test")?;
+        Ok((done != 0).then(|| usize::try_from(size).unwrap_or(0)))
+    }
+
+    /// Closes a send comm.
+    pub fn close_send(&self, c: Comm) -> Result<()> {
+        // SAFETY: a send comm of this plugin, closed once (consumed).
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.close_send)(c.0),
+                Table::V9(t) => (t.close_send)(c.0),
+                Table::V10(t) => (t.close_send)(c.0),
+            }
+        });
+        self.check(rc, "closeSend")
+    }
+
+    /// Closes a receive comm.
+    pub fn close_recv(&self, c: Comm) -> Result<()> {
+        // SAFETY: a receive comm of this plugin, closed once (consumed).
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.close_recv)(c.0),
+                Table::V9(t) => (t.close_recv)(c.0),
+                Table::V10(t) => (t.close_recv)(c.0),
+            }
+        });
+        self.check(rc, "closeRecv")
+    }
+
+    /// Closes a listen comm.
+    pub fn close_listen(&self, c: Comm) -> Result<()> {
+        // SAFETY: a listen comm of this plugin, closed once (consumed).
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V8(t) => (t.close_listen)(c.0),
+                Table::V9(t) => (t.close_listen)(c.0),
+                Table::V10(t) => (t.close_listen)(c.0),
+            }
+        });
+        self.check(rc, "closeListen")
+    }
+}
+
+/// A comm of the plugin (listen, send or receive).
+#[derive(Debug)]
+pub struct Comm(Ptr);
+// SAFETY: an opaque handle the plugin owns; used only through the plugin's serialised calls.
+unsafe impl Send for Comm {}
+// SAFETY: as above.
+unsafe impl Sync for Comm {}
+
+/// A memory registration of the plugin.
+#[derive(Debug)]
+pub struct Mr(Ptr);
+// SAFETY: as for Comm.
+unsafe impl Send for Mr {}
+// SAFETY: as for Comm.
+unsafe impl Sync for Mr {}
+
+/// A request in flight.
+#[derive(Debug)]
+pub struct Request(Ptr);
+// SAFETY: as for Comm.
+unsafe impl Send for Request {}
