@@ -59,6 +59,9 @@ impl Caller {
         let hosts = boot.hosts();
         let one_host = hosts.iter().all(|&h| h == hosts[comm.rank()]);
         let (colls, no_colls) = if n == 1 {
+            // No collectives to set up (operations are copies), but the same settings are
+            // refused as with several ranks.
+            Collectives::check_env()?;
             (None, None)
         } else if !one_host {
             // Across hosts: the hierarchical collectives, unless this layout or backend is one
@@ -75,6 +78,7 @@ impl Caller {
                 Err(e) => return Err(e),
             }
         } else if n > MAX_RANKS {
+            Collectives::check_env()?;
             (
                 None,
                 Some(format!(

@@ -60,6 +60,13 @@ impl Collectives {
         Self::with_slot_bytes(comm, DEFAULT_SLOT_BYTES)
     }
 
+    /// Checks the `MSCCLPP_*` variables the collectives read (`MSCCLPP_ALGO_*`, thread and
+    /// packet counts, sizes) without setting anything up: communicators that make no collectives
+    /// (one rank, too many ranks) refuse a malformed value at creation as the others do.
+    pub fn check_env() -> Result<()> {
+        Settings::from_env().map(drop)
+    }
+
     /// As [`Collectives::new`] with a chosen LL slot size (tests use small slots to exercise
     /// messages that take many rounds).
     pub fn with_slot_bytes(comm: Arc<Communicator>, slot_bytes: u64) -> Result<Self> {

@@ -192,21 +192,61 @@ impl Settings {
         };
         Ok(Settings {
             policy: Policy { choices, ce_from },
-            ll_threads: env::parse::<u32>("MSCCLPP_LL_THREADS", "threads per block")?
-                .map(|t| t.clamp(32, 1024)),
+            ll_threads: threads_per_block(
+                "MSCCLPP_LL_THREADS",
+                env::parse("MSCCLPP_LL_THREADS", "threads per block")?,
+            )?,
             // 256 packets (4 KiB of data) per block.
-            ll_packets_per_block: env::parse::<u64>(
+            ll_packets_per_block: packets_per_block(env::parse(
                 "MSCCLPP_LL_PACKETS_PER_BLOCK",
                 "a packet count",
-            )?
-            .unwrap_or(256)
-            .max(1),
+            )?)?
+            .unwrap_or(256),
             ll_short: env::flag("MSCCLPP_LL_SHORT")?.unwrap_or(true),
-            direct_threads: env::parse("MSCCLPP_DIRECT_THREADS", "threads per block")?,
+            direct_threads: threads_per_block(
+                "MSCCLPP_DIRECT_THREADS",
+                env::parse("MSCCLPP_DIRECT_THREADS", "threads per block")?,
+            )?,
             direct_slot_bytes,
-            read_threads: env::parse("MSCCLPP_READ_THREADS", "threads per block")?,
+            read_threads: threads_per_block(
+                "MSCCLPP_READ_THREADS",
+                env::parse("MSCCLPP_READ_THREADS", "threads per block")?,
+            )?,
             ce_scratch_bytes,
         })
+    }
+}
+
+/// The threads per block a kernel may be given (CUDA's and HIP's limit is 1024; below one warp
+/// of 32 a block wastes lanes).
+pub(crate) const THREADS_RANGE: std::ops::RangeInclusive<u32> = 32..=1024;
+
+/// The packets per LL block `MSCCLPP_LL_PACKETS_PER_BLOCK` may ask for (2^20 packets are 8 MiB
+/// of data, more than a round of the largest slot).
+pub(crate) const PACKETS_RANGE: std::ops::RangeInclusive<u64> = 1..=1 << 20;
+
+/// A `MSCCLPP_*_THREADS` value, refused (naming the variable and the range) outside
+/// [`THREADS_RANGE`] rather than clamped.
+pub(crate) fn threads_per_block(name: &str, v: Option<u32>) -> Result<Option<u32>> {
+    match v {
+        Some(t) if !THREADS_RANGE.contains(&t) => Err(Error::invalid(format!(
+            "{name}={t} is out of range: expected {} to {} threads per block",
+            THREADS_RANGE.start(),
+            THREADS_RANGE.end()
+        ))),
+        v => Ok(v),
+    }
+}
+
+/// A `MSCCLPP_LL_PACKETS_PER_BLOCK` value, refused outside [`PACKETS_RANGE`].
+pub(crate) fn packets_per_block(v: Option<u64>) -> Result<Option<u64>> {
+    match v {
+        Some(p) if !PACKETS_RANGE.contains(&p) => Err(Error::invalid(format!(
+            "MSCCLPP_LL_PACKETS_PER_BLOCK={p} is out of range: expected {} to {} packets",
+            PACKETS_RANGE.start(),
+            PACKETS_RANGE.end()
+        ))),
+        v => Ok(v),
     }
 }
 
@@ -408,5 +448,25 @@ mod tests {
             e.contains("MSCCLPP_ALGO_ALLREDUCE") && e.contains("ll128, read, ce"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn thread_and_packet_counts_out_of_range_are_refused_naming_the_variable() {
+        for (name, bad) in [
+            ("MSCCLPP_LL_THREADS", 0),
+            ("MSCCLPP_DIRECT_THREADS", 100_000),
+            ("MSCCLPP_READ_THREADS", 31),
+        ] {
+            let e = threads_per_block(name, Some(bad)).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains("32 to 1024"), "{e}");
+        }
+        assert_eq!(threads_per_block("X", Some(256)).unwrap(), Some(256));
+        assert_eq!(threads_per_block("X", None).unwrap(), None);
+        let e = packets_per_block(Some(0)).unwrap_err().to_string();
+        assert!(
+            e.contains("MSCCLPP_LL_PACKETS_PER_BLOCK") && e.contains("1 to"),
+            "{e}"
+        );
+        assert_eq!(packets_per_block(Some(256)).unwrap(), Some(256));
     }
 }

@@ -41,7 +41,7 @@ pub const KNOWN_VARS: &[(&str, &str)] = &[
     ),
     (
         "MSCCLPP_BOOTSTRAP_TIMEOUT",
-        "seconds every bootstrap wait may take (default 60)",
+        "seconds every bootstrap wait may take (default 60, at least 0.001)",
     ),
     (
         "MSCCLPP_BOOTSTRAP_SECRET",

@@ -64,22 +64,35 @@ pub fn why_no_gpu() -> Vec<String> {
         .collect()
 }
 
+/// Whether this is the first selection of the process (it is logged at info level once; the C
+/// library selects at every call that needs the backend).
+fn first_selection() -> bool {
+    static SELECTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    !SELECTED.swap(true, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Selects a backend: the one `MSCCLPP_BACKEND` names, else the first that probes successfully.
 pub fn select() -> Result<Arc<dyn Backend>> {
+    let first = first_selection();
     if let Some(kind) =
         mscclpp_hal::env::parse::<BackendKind>("MSCCLPP_BACKEND", "host, cuda or rocm")?
     {
         let b = probe(kind)?;
-        tracing::info!(backend = %kind, "backend forced by MSCCLPP_BACKEND: {}", b.describe());
+        if first {
+            tracing::info!(backend = %kind, "backend forced by MSCCLPP_BACKEND: {}", b.describe());
+        }
         return Ok(b);
     }
     for outcome in probe_all() {
         match outcome.result {
             Ok(b) => {
-                tracing::info!(backend = %outcome.kind, "selected: {}", b.describe());
+                if first {
+                    tracing::info!(backend = %outcome.kind, "selected: {}", b.describe());
+                }
                 return Ok(b);
             }
-            Err(e) => tracing::info!(backend = %outcome.kind, "skipped: {e}"),
+            Err(e) if first => tracing::info!(backend = %outcome.kind, "skipped: {e}"),
+            Err(e) => tracing::debug!(backend = %outcome.kind, "skipped: {e}"),
         }
     }
     Err(Error::Internal("no backend answered, not even host".into()))

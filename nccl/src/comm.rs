@@ -540,6 +540,7 @@ pub struct InitPlan {
 impl InitPlan {
     /// Checks the arguments and reads the calling thread's current device.
     pub fn new(nranks: c_int, id: &NcclUniqueId, rank: c_int, config: CommConfig) -> Res<Self> {
+        crate::debug::show_version();
         let (n, r) = check_ranks(nranks, rank)?;
         forced()?;
         let uid = decode_id(id)?;
@@ -576,12 +577,12 @@ pub fn init_rank(plan: InitPlan) -> Res<Comm> {
         }
     };
     let device: Arc<dyn Device> = backend.open_device(ordinal)?;
+    crate::debug::set_device(ordinal as i32);
     tracing::info!(
-        rank = r,
-        nranks = n,
-        device = ordinal,
-        backend = %device.info().backend,
-        "ncclCommInitRank"
+        target: crate::debug::INIT,
+        "ncclCommInitRank rank {r} nranks {n} cudaDev {ordinal} backend {} ({}) - Init START",
+        device.info().backend,
+        backend.describe()
     );
     // The real NCCL communicator: rank 0 makes its id, the bootstrap carries it.
     let real_comm = match real_lib {
@@ -615,6 +616,12 @@ pub fn init_rank(plan: InitPlan) -> Res<Comm> {
             lib.check("ncclCommInitRank", unsafe {
                 init(&mut c, n as c_int, rid, r as c_int)
             })?;
+            tracing::info!(
+                target: crate::debug::INIT,
+                "rank {r}: real NCCL communicator for fallback operations ready ({}, version {})",
+                lib.path,
+                lib.version
+            );
             Some(RealComm { lib, comm: c })
         }
     };
@@ -636,7 +643,10 @@ pub fn build(
     let made = (|| -> Res<Native> {
         let caller = Caller::new(Arc::new(Communicator::new(boot, device)))?;
         if let Some(why) = caller.no_collectives() {
-            tracing::info!("every collective of this communicator falls back: {why}");
+            tracing::info!(
+                target: crate::debug::INIT,
+                "rank {r}: every collective of this communicator falls back to the real NCCL: {why}"
+            );
         }
         let reduce_sink = match caller.collectives() {
             Some(_) => Some(
@@ -659,6 +669,10 @@ pub fn build(
             premul_staging: Mutex::new(Vec::new()),
         })
     })();
+    crate::debug::set_device(ordinal as i32);
+    if let Ok(native) = &made {
+        log_served(r, n, ordinal, native, real_comm.is_some());
+    }
     let c = Comm {
         rank: r,
         nranks: n,
@@ -681,6 +695,59 @@ pub fn build(
             }
             Err(f)
         }
+    }
+}
+
+/// The init lines (`NCCL_DEBUG=INFO`) of a native communicator: who serves it, and the
+/// algorithm each collective takes (forced by `MSCCLPP_ALGO_*` or chosen by size).
+fn log_served(r: usize, n: usize, ordinal: usize, native: &Native, has_real: bool) {
+    if !tracing::enabled!(target: crate::debug::INIT, tracing::Level::INFO) {
+        return;
+    }
+    let forced = forced().map(|f| f.iter().map(|o| o.name()).collect::<Vec<_>>());
+    let forced = match forced {
+        Ok(mut f) if !f.is_empty() => {
+            f.sort_unstable();
+            format!(
+                "; forced to the real NCCL by MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION: {}",
+                f.join(",")
+            )
+        }
+        _ => String::new(),
+    };
+    let fallback = if has_real {
+        "the real NCCL for the rest"
+    } else {
+        "no real NCCL loaded (MSCCLPP_NCCL_LIB_PATH unset)"
+    };
+    let served = match (native.caller.collectives(), n) {
+        (Some(_), _) => "natively by mscclpp-rs",
+        (None, 1) => "natively by mscclpp-rs (one rank: operations are copies)",
+        (None, _) => "by the real NCCL (no native collectives)",
+    };
+    tracing::info!(
+        target: crate::debug::INIT,
+        "comm rank {r} nranks {n} cudaDev {ordinal} - Init COMPLETE: served {served}; {fallback}{forced}"
+    );
+    if let Some(colls) = native.caller.collectives() {
+        const KIB: u64 = 1 << 10;
+        for kind in CollectiveKind::ALL {
+            let by_size = [4 * KIB, 256 * KIB, 16 * KIB * KIB]
+                .map(|b| format!("{}:{}", size_label(b), colls.algorithm(kind, b).name()));
+            tracing::info!(
+                target: crate::debug::INIT,
+                "rank {r}: {kind:?} algorithm by rank-block size {}",
+                by_size.join(" ")
+            );
+        }
+    }
+}
+
+fn size_label(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{}MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{}KiB", b >> 10),
+        b => format!("{b}B"),
     }
 }
 
@@ -986,6 +1053,19 @@ impl Comm {
         match plan {
             Ok((dt, count, op)) => {
                 log_route(call.op, true, "");
+                self.log_call(&call, || {
+                    let algo = call
+                        .op
+                        .collective()
+                        .zip(self.native.as_ref()?.caller.collectives())
+                        .map(|(kind, colls)| {
+                            colls.algorithm(kind, count as u64 * dt.size() as u64)
+                        });
+                    match algo {
+                        Some(a) => Some(format!("native ({a})")),
+                        None => Some("native".into()),
+                    }
+                });
                 if matches!(call.op, Op::Send | Op::Recv) {
                     if in_group() {
                         PENDING.with(|p| p.borrow_mut().push((self.clone(), call)));
@@ -1006,6 +1086,7 @@ impl Comm {
             }
             Err(why) => {
                 log_route(call.op, false, &why);
+                self.log_call(&call, || Some(format!("real NCCL ({why})")));
                 let call = match &user {
                     None => call,
                     Some(u) => Call {
@@ -1021,6 +1102,48 @@ impl Comm {
                 };
                 self.run_real(call, &why)
             }
+        }
+    }
+
+    /// The per-operation line of `NCCL_DEBUG=INFO` under `COLL` (`P2P` for sends and
+    /// receives), in NCCL's words, with the route `route` names (computed only when printed).
+    fn log_call(&self, call: &Call, route: impl FnOnce() -> Option<String>) {
+        let name = match call.op {
+            Op::AllReduce => "AllReduce",
+            Op::AllGather => "AllGather",
+            Op::ReduceScatter => "ReduceScatter",
+            Op::Broadcast => "Broadcast",
+            Op::AllToAll => "AllToAll",
+            Op::Reduce => "Reduce",
+            Op::Send => "Send",
+            Op::Recv => "Recv",
+        };
+        let p2p = matches!(call.op, Op::Send | Op::Recv);
+        let on = if p2p {
+            tracing::enabled!(target: crate::debug::P2P, tracing::Level::INFO)
+        } else {
+            tracing::enabled!(target: crate::debug::COLL, tracing::Level::INFO)
+        };
+        if !on {
+            return;
+        }
+        let line = format!(
+            "{name}: sendbuff {:p} recvbuff {:p} count {} datatype {} op {} root {} rank {} [nranks={}] stream {:p} - {}",
+            call.send,
+            call.recv,
+            call.count,
+            call.dtype,
+            call.redop,
+            call.root,
+            self.rank,
+            self.nranks,
+            call.stream,
+            route().unwrap_or_default()
+        );
+        if p2p {
+            tracing::info!(target: crate::debug::P2P, "{line}");
+        } else {
+            tracing::info!(target: crate::debug::COLL, "{line}");
         }
     }
 

@@ -124,16 +124,18 @@ pub fn error_string(code: NcclResult) -> &'static std::ffi::CStr {
     }
 }
 
-/// Installs logging once (`MSCCLPP_LOG_LEVEL` / `MSCCLPP_DEBUG`).
+/// Installs logging once (`NCCL_DEBUG*`, or `MSCCLPP_LOG_LEVEL` / `MSCCLPP_DEBUG`: see
+/// [`crate::debug`]).
 pub fn init_logging_once() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(mscclpp::init_logging);
+    ONCE.call_once(crate::debug::init);
 }
 
 /// Runs the body of an export: catches panics (→ `ncclInternalError`), records the message of a
 /// failure for `ncclGetLastError` and logs it, and returns the result code.
 pub fn guard(name: &'static str, body: impl FnOnce() -> Res<()>) -> NcclResult {
     init_logging_once();
+    tracing::trace!(target: crate::debug::CALL, "{name}");
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => NCCL_SUCCESS,
         Ok(Err(f)) if f.code == NCCL_IN_PROGRESS => NCCL_IN_PROGRESS,

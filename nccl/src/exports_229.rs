@@ -821,12 +821,13 @@ pub extern "C" fn ncclParamDumpAll() {
 }
 
 /// `void ncclResetDebugInit(void)` (deprecated in NCCL's header since 2.24): a no-op. This
-/// library's logging is configured once, from `MSCCLPP_LOG_LEVEL` / `MSCCLPP_DEBUG`.
+/// library's logging is configured once per process, at its first call, from `NCCL_DEBUG*` or
+/// `MSCCLPP_LOG_LEVEL` / `MSCCLPP_DEBUG` (see [`crate::debug`]).
 #[unsafe(no_mangle)]
 pub extern "C" fn ncclResetDebugInit() {
     guard("ncclResetDebugInit", || {
         tracing::debug!(
-            "ncclResetDebugInit: a no-op (logging is set once from MSCCLPP_LOG_LEVEL / MSCCLPP_DEBUG)"
+            "ncclResetDebugInit: a no-op (logging is set once, at the first call, from NCCL_DEBUG* or MSCCLPP_LOG_LEVEL)"
         );
         Ok(())
     });

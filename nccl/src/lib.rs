@@ -57,12 +57,15 @@
 //! No panic crosses the ABI (each export runs under `catch_unwind`: a panic is
 //! `ncclInternalError`); pointers are checked (NULL → `ncclInvalidArgument`); communicator
 //! handles are looked up in a registry of live ones. `ncclGetLastError` returns the message of
-//! the last failing call on the calling thread. Logging: `MSCCLPP_LOG_LEVEL` / `MSCCLPP_DEBUG`.
+//! the last failing call on the calling thread. Logging: NCCL's `NCCL_DEBUG`, `NCCL_DEBUG_SUBSYS`
+//! and `NCCL_DEBUG_FILE` in NCCL's line format (module [`debug`]); `MSCCLPP_LOG_LEVEL` /
+//! `MSCCLPP_DEBUG` take precedence.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_snake_case)]
 
 pub mod abi;
 pub mod comm;
+pub mod debug;
 pub mod error;
 mod exports_229;
 pub mod lifecycle;
@@ -192,6 +195,7 @@ pub unsafe extern "C" fn ncclGetUniqueId(uniqueId: *mut NcclUniqueId) -> NcclRes
         if uniqueId.is_null() {
             return Err(Failure::argument("uniqueId is NULL"));
         }
+        crate::debug::show_version();
         let id = mscclpp::comm::UniqueId::new()?;
         let bytes = id.to_bytes();
         // SAFETY: non-null, valid for a 128-byte write (caller's contract).

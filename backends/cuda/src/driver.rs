@@ -33,12 +33,21 @@ fn open() -> Result<libloading::Library> {
         // CUDA program does; we pass a plain library name resolved by the dynamic loader.
         match unsafe { libloading::Library::new(*name) } {
             Ok(lib) => return Ok(lib),
-            Err(e) => tried.push(format!("{name}: {}", mscclpp_hal::error::chain(&e))),
+            Err(e) => {
+                tracing::debug!(
+                    library = name,
+                    "cannot open the CUDA driver: {}",
+                    mscclpp_hal::error::chain(&e)
+                );
+                tried.push(*name);
+            }
         }
     }
+    // The loader's messages (one per name, each with the search path) go to the debug log:
+    // this line is printed by every tool on a machine without a GPU.
     Err(unavailable(format!(
-        "the CUDA driver library could not be opened (tried {})",
-        tried.join("; ")
+        "the CUDA driver library could not be opened (tried {}; MSCCLPP_LOG_LEVEL=debug says why)",
+        tried.join(", ")
     )))
 }
 

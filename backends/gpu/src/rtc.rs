@@ -257,10 +257,22 @@ impl RtcLibrary {
         for &name in names {
             match Self::open(name, symbols) {
                 Ok(lib) => return Ok(lib),
-                Err(e) => tried.push(format!("{name}: {e}")),
+                Err(e) => {
+                    // The loader's message repeats the search path; the error names the
+                    // libraries only and the debug log says why each failed.
+                    tracing::debug!(library = name, "no run-time compiler: {e}");
+                    tried.push(if e.starts_with("opened but") {
+                        format!("{name} ({e})")
+                    } else {
+                        name.to_owned()
+                    });
+                }
             }
         }
-        Err(tried.join("; "))
+        Err(format!(
+            "{}; MSCCLPP_LOG_LEVEL=debug says why",
+            tried.join(", ")
+        ))
     }
 
     fn open(name: &'static str, symbols: &'static RtcSymbols) -> std::result::Result<Self, String> {
@@ -480,7 +492,9 @@ mod tests {
     fn a_library_without_the_symbols_is_named_with_what_it_lacks() {
         let e = RtcLibrary::open_first(&["libc.so.6", "libdoes-not-exist-mscclpp.so"], &SYMBOLS)
             .unwrap_err();
-        assert!(e.contains("libc.so.6: opened but lacks testrtc"), "{e}");
-        assert!(e.contains("libdoes-not-exist-mscclpp.so: "), "{e}");
+        assert!(e.contains("libc.so.6 (opened but lacks testrtc"), "{e}");
+        // A library that does not open is named; the loader's message is at debug level.
+        assert!(e.contains(", libdoes-not-exist-mscclpp.so;"), "{e}");
+        assert!(!e.contains("cannot open shared object"), "{e}");
     }
 }

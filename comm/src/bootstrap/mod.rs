@@ -1011,7 +1011,9 @@ impl Bootstrap {
     pub fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
         check_user_tag(tag)?;
         self.check_peer(peer)?;
-        let mut got = self.wait_all(&[peer], tag, "recv")?;
+        let mut got = self
+            .wait_all(&[peer], tag, "recv")
+            .map_err(name_timeout_var)?;
         got.pop()
             .ok_or_else(|| Error::Internal("recv: wait returned no message".into()))
     }
@@ -1204,7 +1206,7 @@ impl Bootstrap {
         {
             self.report_loss(self.members[*rank], message);
         }
-        r
+        r.map_err(name_timeout_var)
     }
 
     fn report_loss(&self, lost_rank: usize, message: &str) {

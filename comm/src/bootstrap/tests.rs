@@ -207,6 +207,7 @@ fn recv_times_out() {
             e.to_string().contains("rank(s) [") && e.to_string().contains("0x9"),
             "{e}"
         );
+        assert!(e.to_string().contains(TIMEOUT_VAR), "{e}");
         assert!(
             el >= Duration::from_millis(450) && el < Duration::from_secs(3),
             "{el:?}"
@@ -225,6 +226,8 @@ fn root_times_out_waiting_for_a_missing_rank() {
     });
     for e in errs {
         assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        // The deadline that passed is named by the variable that sets it.
+        assert!(e.to_string().contains(TIMEOUT_VAR), "{e}");
     }
     let e = root.wait().unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
@@ -1096,4 +1099,29 @@ fn a_stale_unique_id_is_refused_at_once() {
         t.elapsed()
     );
     assert!(e.to_string().contains("rendezvous is over"), "{e}");
+}
+
+#[test]
+fn timeouts_below_a_millisecond_are_refused_naming_the_variable() {
+    let e = checked_timeout(Some(Duration::from_secs_f64(0.000001))).unwrap_err();
+    let m = e.to_string();
+    assert!(m.contains(TIMEOUT_VAR) && m.contains("0.001"), "{m}");
+    assert_eq!(
+        checked_timeout(Some(Duration::from_millis(1))).unwrap(),
+        Some(Duration::from_millis(1))
+    );
+    assert_eq!(checked_timeout(None).unwrap(), None);
+}
+
+#[test]
+fn an_empty_bootstrap_secret_is_refused() {
+    for blank in ["", "  "] {
+        let e = secret_setting(Some(blank)).unwrap_err().to_string();
+        assert!(
+            e.contains("MSCCLPP_BOOTSTRAP_SECRET") && e.contains("empty"),
+            "{e}"
+        );
+    }
+    assert_eq!(secret_setting(None).unwrap(), None);
+    assert_eq!(secret_setting(Some(" s3cret ")).unwrap(), Some("s3cret"));
 }
