@@ -141,6 +141,15 @@ class Buffer:
     def write(self, data: bytes, offset: int = 0) -> None: ...
     def read(self, offset: int = 0, nbytes: Optional[int] = None) -> bytes: ...
     def __len__(self) -> int: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __dlpack__(
+        self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Optional[bool] = None
+    ) -> Any:
+        """The whole buffer as a uint8 "dltensor" capsule (not copied; keeps the buffer alive)."""
+    def to_dlpack(
+        self, data_type: Any = None, shape: Optional[List[int]] = None, strides: Optional[List[int]] = None
+    ) -> Any:
+        """A typed "dltensor" capsule (MSCCL++'s RawGpuBuffer.to_dlpack)."""
 
 class MemorySemaphore:
     """Device-to-device semaphore (CudaIpc); handle: MemoryDevice2DeviceSemaphoreDeviceHandle."""

@@ -22,39 +22,39 @@ const DL_CUDA_MANAGED: i32 = 13;
 /// dlpack.h's `DLDevice`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct DlDevice {
-    device_type: i32,
-    device_id: i32,
+pub(crate) struct DlDevice {
+    pub(crate) device_type: i32,
+    pub(crate) device_id: i32,
 }
 
 /// dlpack.h's `DLDataType`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct DlDataType {
-    code: u8,
-    bits: u8,
-    lanes: u16,
+pub(crate) struct DlDataType {
+    pub(crate) code: u8,
+    pub(crate) bits: u8,
+    pub(crate) lanes: u16,
 }
 
 /// dlpack.h's `DLTensor`.
 #[repr(C)]
-struct DlTensor {
-    data: *mut c_void,
-    device: DlDevice,
-    ndim: i32,
-    dtype: DlDataType,
-    shape: *const i64,
-    strides: *const i64,
-    byte_offset: u64,
+pub(crate) struct DlTensor {
+    pub(crate) data: *mut c_void,
+    pub(crate) device: DlDevice,
+    pub(crate) ndim: i32,
+    pub(crate) dtype: DlDataType,
+    pub(crate) shape: *const i64,
+    pub(crate) strides: *const i64,
+    pub(crate) byte_offset: u64,
 }
 
 /// dlpack.h's `DLManagedTensor` (the unversioned capsule `"dltensor"`, which every producer
 /// returns when no `max_version` is asked for).
 #[repr(C)]
-struct DlManagedTensor {
-    dl_tensor: DlTensor,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+pub(crate) struct DlManagedTensor {
+    pub(crate) dl_tensor: DlTensor,
+    pub(crate) manager_ctx: *mut c_void,
+    pub(crate) deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
 }
 
 /// The element type as the producer described it.

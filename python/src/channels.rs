@@ -63,6 +63,43 @@ impl Buffer {
         Ok(Buffer { buf, stream })
     }
 
+    #[allow(clippy::too_many_arguments)]
+    fn export<'py>(
+        &self,
+        slf: &Bound<'py, Self>,
+        data_type: &str,
+        shape: Option<Vec<i64>>,
+        strides: Option<Vec<i64>>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyCapsule>> {
+        let py = slf.py();
+        let device =
+            crate::dlpack::device_of(self.buf.backend(), self.buf.allocation().device_ordinal());
+        if dl_device.is_some_and(|d| d != device) {
+            return Err(pyo3::exceptions::PyBufferError::new_err(format!(
+                "__dlpack__: dl_device={dl_device:?}, but the buffer lives on {device:?} (no copies)"
+            )));
+        }
+        if copy == Some(true) {
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "__dlpack__: copy=True is not served (the buffer is exported in place)",
+            ));
+        }
+        let t = crate::array::parse_dtype(&pyo3::types::PyString::new(py, data_type).into_any())?;
+        let shape =
+            crate::dlpack::typed_shape(self.buf.len(), t.size(), shape, strides.as_deref())?;
+        crate::dlpack::capsule(
+            py,
+            self.buf.ptr().0,
+            shape,
+            strides,
+            crate::dlpack::dl_type(t),
+            device,
+            Some(slf.clone().into_any().unbind()),
+        )
+    }
+
     fn range(&self, offset: usize, n: usize, what: &str) -> PyResult<BufferSlice> {
         let len = self.buf.len();
         if offset.checked_add(n).is_none_or(|end| end > len) {
@@ -121,6 +158,44 @@ impl Buffer {
 
     fn __len__(&self) -> usize {
         self.buf.len()
+    }
+
+    /// DLPack's `(device_type, device_id)`: `(2, ordinal)` on CUDA, `(10, ordinal)` on ROCm,
+    /// `(1, 0)` (CPU) on the host backend.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        crate::dlpack::device_of(self.buf.backend(), self.buf.allocation().device_ordinal())
+    }
+
+    /// The whole buffer as a one-dimensional uint8 DLPack tensor (not copied; the capsule keeps
+    /// the buffer alive). `stream` is accepted and needs no wait: the library enqueued nothing
+    /// on the buffer that the consumer's stream could race with (it was zeroed synchronously).
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyCapsule>> {
+        let _ = (stream, max_version);
+        slf.get().export(slf, "uint8", None, None, dl_device, copy)
+    }
+
+    /// The buffer as a DLPack capsule of `data_type` (a name or anything whose `str()` is one:
+    /// `str(torch.float16)`), one dimension unless `shape` (and `strides`, in elements) are
+    /// given: MSCCL++'s `RawGpuBuffer.to_dlpack`.
+    #[pyo3(signature = (data_type = None, shape = None, strides = None))]
+    fn to_dlpack<'py>(
+        slf: &Bound<'py, Self>,
+        data_type: Option<&Bound<'py, PyAny>>,
+        shape: Option<Vec<i64>>,
+        strides: Option<Vec<i64>>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyCapsule>> {
+        let name = match data_type {
+            Some(d) => d.str()?.to_string(),
+            None => "uint8".to_string(),
+        };
+        slf.get().export(slf, &name, shape, strides, None, None)
     }
 
     fn __repr__(&self) -> String {

@@ -5,6 +5,7 @@
 mod array;
 mod channels;
 mod comm;
+mod dlpack;
 mod errors;
 
 use mscclpp::hal::BackendKind;
@@ -95,6 +96,69 @@ fn compile_kernel(
         .unbind())
 }
 
+/// Allocates `nbytes` of device memory of the library (zeroed; shared memory on the host
+/// backend) without a communicator: what MSCCL++'s `RawGpuBuffer` is. `device`: an ordinal
+/// (default: the backend's current device, else 0); `backend` as for Communicator. Peers map it
+/// once a communicator of the same device registers or channels it.
+#[pyfunction]
+#[pyo3(signature = (nbytes, *, device = None, backend = None))]
+fn alloc(
+    py: Python<'_>,
+    nbytes: usize,
+    device: Option<usize>,
+    backend: Option<&str>,
+) -> PyResult<channels::Buffer> {
+    let ordinal = match device {
+        Some(d) => d,
+        None => {
+            let kind = backend
+                .map(|b| b.parse::<BackendKind>())
+                .transpose()
+                .map_err(|e| errors::usage(e.to_string()))?;
+            py.detach(move || -> mscclpp::hal::Result<usize> {
+                let b = match kind {
+                    Some(k) => mscclpp::registry::probe(k)?,
+                    None => mscclpp::registry::select()?,
+                };
+                Ok(b.current_device()?.unwrap_or(0))
+            })
+            .map_err(errors::to_py)?
+        }
+    };
+    let dev = channels::open_device(py, ordinal, backend)?;
+    let stream = py.detach(|| dev.create_stream()).map_err(errors::to_py)?;
+    channels::Buffer::new(&dev, stream, nbytes)
+}
+
+/// A `"dltensor"` capsule over `nbytes` at `ptr` (memory the caller owns and keeps alive), of
+/// `dtype`, on `backend`'s device `ordinal`: how `mscclpp.Algorithm.execute` hands raw
+/// addresses to the collectives. Nothing is checked about the memory: internal.
+#[pyfunction]
+#[pyo3(signature = (ptr, nbytes, dtype, backend, ordinal))]
+fn _pointer_capsule<'py>(
+    py: Python<'py>,
+    ptr: u64,
+    nbytes: usize,
+    dtype: &Bound<'py, PyAny>,
+    backend: &str,
+    ordinal: usize,
+) -> PyResult<Bound<'py, pyo3::types::PyCapsule>> {
+    let kind = backend
+        .parse::<BackendKind>()
+        .map_err(|e| errors::usage(e.to_string()))?;
+    let t = array::parse_dtype(dtype)?;
+    let shape = dlpack::typed_shape(nbytes, t.size(), None, None)?;
+    dlpack::capsule(
+        py,
+        ptr,
+        shape,
+        None,
+        dlpack::dl_type(t),
+        dlpack::device_of(kind, ordinal),
+        None,
+    )
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // `MSCCLPP_LOG_LEVEL` / `MSCCLPP_DEBUG` (else RUST_LOG, else warn), to standard error.
@@ -110,6 +174,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<channels::PortChannel>()?;
     m.add_class::<channels::Kernel>()?;
     m.add_function(wrap_pyfunction!(compile_kernel, m)?)?;
+    m.add_function(wrap_pyfunction!(alloc, m)?)?;
+    m.add_function(wrap_pyfunction!(_pointer_capsule, m)?)?;
     m.add_function(wrap_pyfunction!(probe_backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_backend, m)?)?;
     m.add_function(wrap_pyfunction!(compiled_backends, m)?)?;

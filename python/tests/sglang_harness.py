@@ -1,0 +1,187 @@
+"""Drives SGLang's MSCCL++ all-reduce (``python/sglang/srt/distributed/device_communicators/
+pymscclpp.py`` of sgl-project/sglang), UNCHANGED, on mscclpp_rs's ``mscclpp`` API.
+
+The file is SGLang's, not ours: it is not shipped; pass its path in ``SGLANG_PYMSCCLPP``. The
+harness stubs the SGLang modules it imports (server args, compile-phase checks) through
+``sys.modules``, installs our ``mscclpp`` (``mscclpp_rs.compat.install()``), loads the file by
+path, and on every rank: builds ``PyMscclppCommunicator`` over a Gloo group (its tuner runs),
+then all-reduces fp16/bf16/fp32 tensors from 512 B to 8 MiB through it and checks every element.
+
+    SGLANG_PYMSCCLPP=/path/to/pymscclpp.py python tests/sglang_harness.py --spawn 8 [--quick]
+    SGLANG_PYMSCCLPP=... torchrun --nproc-per-node 8 tests/sglang_harness.py [--quick]
+
+SGLang serves only 8, 16 and 32 ranks; 8 ranks may share fewer GPUs (rank r uses GPU
+r % device_count). ``--quick`` cuts the tuner's candidate lists (first nblocks and nthreads of
+each algorithm) and its repetition counts, in the harness, not in SGLang's file. Needs torch with
+a CUDA device; it exits 0 after printing ``harness: skip: <why>`` where they are absent.
+"""
+
+import argparse
+import importlib.util
+import os
+import sys
+import types
+
+MODULE = "sglang.srt.distributed.device_communicators.pymscclpp"
+
+
+def _skip(why):
+    print(f"harness: skip: {why}", flush=True)
+    sys.exit(0)
+
+
+def stub_sglang(symm_mem=False):
+    """The SGLang modules pymscclpp.py imports, as stand-ins: no piecewise CUDA graph, no
+    torch.compile warm-up, server args with ``enable_symm_mem``."""
+
+    def mod(name, **attrs):
+        m = sys.modules.get(name) or types.ModuleType(name)
+        m.__path__ = getattr(m, "__path__", [])
+        for k, v in attrs.items():
+            setattr(m, k, v)
+        sys.modules[name] = m
+        return m
+
+    for name in ("sglang", "sglang.srt", "sglang.srt.compilation", "sglang.srt.model_executor",
+                 "sglang.srt.model_executor.runner_backend_utils", "sglang.srt.distributed",
+                 "sglang.srt.distributed.device_communicators"):
+        mod(name)
+    mod("sglang.srt.compilation.compile_phase", get_pcg_capture_stream=lambda: None,
+        is_in_torch_compile_warmup=lambda: False)
+    mod("sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph",
+        is_in_tc_piecewise_cuda_graph=lambda: False)
+    args = types.SimpleNamespace(enable_symm_mem=symm_mem)
+    mod("sglang.srt.server_args", get_global_server_args=lambda: args)
+
+
+def load_pymscclpp(path):
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    m = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE] = m
+    spec.loader.exec_module(m)
+    return m
+
+
+def cut_candidates(cls, quick):
+    """--quick: one launch shape per algorithm and fewer repetitions (wrapping the methods)."""
+    if not quick:
+        return
+    native, tune = cls._create_native_algorithms, cls._tune
+
+    def create(self):
+        return [(a, nb[:1], nt[:1]) for a, nb, nt in native(self)]
+
+    def short_tune(self, n_warmup, n_graph_launches, n_ops_per_graph, algos_config):
+        return tune(self, 1, 2, 2, algos_config)
+
+    cls._create_native_algorithms, cls._tune = create, short_tune
+
+
+def rank_main(rank, size, quick, port):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    ndev = torch.cuda.device_count()
+    torch.cuda.set_device(rank % ndev)
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    import mscclpp_rs.compat
+
+    mscclpp_rs.compat.install()
+    stub_sglang()
+    m = load_pymscclpp(os.environ["SGLANG_PYMSCCLPP"])
+    cls = m.PyMscclppCommunicator
+    cut_candidates(cls, quick)
+    comm = cls(dist.group.WORLD, torch.device(f"cuda:{rank % ndev}"))
+    assert comm.available, "import mscclpp failed under the harness"
+    assert getattr(comm, "best_configs", None), "the tuner chose nothing (world size not 8/16/32?)"
+    if rank == 0:
+        for s, (algo, nb, nt) in sorted(comm.best_configs.items()):
+            print(f"harness: tuned {s:>8} B: {algo.name} nblocks={nb} nthreads={nt}", flush=True)
+    wrong = 0
+    with comm.change_state(enable=True):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            for nbytes in [1 << i for i in range(9, 24)]:
+                n = nbytes // torch.tensor([], dtype=dtype).element_size()
+                base = torch.arange(n, device="cuda", dtype=torch.float32) % 13
+                x = (base + rank).to(dtype)
+                assert comm.should_mscclpp_allreduce(x), (dtype, nbytes)
+                comm.all_reduce(x)
+                torch.cuda.synchronize()
+                want = (base * size + size * (size - 1) / 2).to(dtype)
+                bad = int((x != want).sum())
+                if bad:
+                    print(f"harness: rank {rank} {dtype} {nbytes} B: {bad} wrong", flush=True)
+                wrong += bad
+    t = torch.tensor([wrong])
+    dist.all_reduce(t)
+    if rank == 0:
+        print("harness: all-reduce correct" if int(t) == 0 else f"harness: {int(t)} wrong",
+              flush=True)
+    comm.destroy()
+    dist.destroy_process_group()
+    if int(t):
+        sys.exit(1)
+
+
+def commgroup_selftest(size):
+    """CommGroup(torch_group=) over Gloo on the host backend (CPU tensors): the mscclpp API's
+    torch bootstrap and an all-reduce by name, no GPU needed."""
+    import torch.multiprocessing as tmp
+
+    from cluster import free_port
+
+    tmp.spawn(_commgroup_rank, args=(size, free_port()), nprocs=size)
+    return "ok"
+
+
+def _commgroup_rank(rank, size, port):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    import mscclpp
+    import mscclpp.ext
+
+    g = mscclpp.CommGroup(torch_group=dist.group.WORLD, rank=rank, size=size, backend="host")
+    algos = {a.name: a for a in mscclpp.ext.AlgorithmCollectionBuilder().build_default_algorithms(
+        scratch_buffer=0, scratch_buffer_size=0, rank=rank)}
+    x = torch.full((1024,), float(rank + 1))
+    rc = algos["default_allreduce_packet"].execute(
+        comm=g.communicator, executor=mscclpp.Executor(g.communicator),
+        input_buffer=x.data_ptr(), output_buffer=x.data_ptr(), input_size=x.nbytes,
+        output_size=x.nbytes, dtype=mscclpp.DataType.float32, op=mscclpp.ReduceOp.SUM, stream=0,
+        nblocks=0, nthreads_per_block=0, symmetric_memory=False)
+    assert rc == 0 and bool((x == size * (size + 1) / 2).all()), (rc, x[:4])
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spawn", type=int, default=0, help="spawn N ranks here (else torchrun's)")
+    p.add_argument("--quick", action="store_true", help="cut the tuner's candidates")
+    a = p.parse_args()
+    path = os.environ.get("SGLANG_PYMSCCLPP")
+    if not path or not os.path.isfile(path):
+        _skip("SGLANG_PYMSCCLPP does not name SGLang's pymscclpp.py")
+    try:
+        import torch
+    except ImportError:
+        _skip("torch is not installed (SGLang's pymscclpp.py imports it)")
+    if not torch.cuda.is_available():
+        _skip("torch sees no CUDA device (SGLang's pymscclpp.py runs on torch.cuda)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if a.spawn:
+        import torch.multiprocessing as tmp
+
+        from cluster import free_port
+
+        tmp.spawn(rank_main, args=(a.spawn, a.quick, free_port()), nprocs=a.spawn)
+    else:
+        rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a.quick, 0)
+
+
+if __name__ == "__main__":
+    main()
