@@ -7,16 +7,15 @@
 # Each case is recorded PASS / FAIL / SKIP in a Markdown table (printed, and written to
 # OUT/clients.md); each case's output is OUT/logs/<case>.log.
 #
-#   ci/gpu-clients.sh --lib PATH/libmscclpp_nccl.so [--py DIR] [--nccl-tests SRC_DIR] [--out DIR]
+#   ci/gpu-clients.sh --lib PATH/libmscclpp_nccl.so [--py DIR] [--nccl-tests DIR] [--out DIR]
 #                     [--only LIST] [--limit SECONDS] [--ranks 2,4]
 #
 #   --lib         our library (required); preloaded into every NCCL client
 #   --py          a directory holding the mscclpp_rs package (built extension included), put on
 #                 PYTHONPATH for the `cuda:mscclpp` cases; without it those cases run if
 #                 mscclpp_rs is importable anyway, else they are SKIPped
-#   --nccl-tests  nccl-tests' source tree (github.com/NVIDIA/nccl-tests); built once with MPI=1
-#                 into OUT/nccl-tests-build (reused when already built there); default: the first
-#                 of ./nccl-tests, REPO/nccl-tests, REPO/.gpu/nccl-tests that exists
+#   --nccl-tests  a directory of nccl-tests' built binaries (all_reduce_perf ..., MPI=1; or its
+#                 build/ subdirectory); this script builds nothing
 #   --out         where the table, logs and the build go (default ./gpu-clients)
 #   --only        comma list: client names (nccl-tests, torch-matrix, torch-reinit, torch-p2p,
 #                 cupy, jax) or shell globs over case names (e.g. 'nt-all_reduce-*',
@@ -286,43 +285,21 @@ nt_wanted() { # is any nccl-tests case selected?
   done
   return 1
 }
-if [ -z "$NT_SRC" ]; then
-  for d in "$PWD/nccl-tests" "$REPO/nccl-tests" "$REPO/.gpu/nccl-tests"; do
-    [ -f "$d/src/common.cu" ] && { NT_SRC=$d; break; }
-  done
+# nccl-tests are not built here: --nccl-tests names a directory of built *_perf binaries (build
+# them as ../shared/GPU.md or nccl-tests' README says, MPI=1).
+if [ -n "$NT_SRC" ] && [ -x "$NT_SRC/all_reduce_perf" ]; then
+  NT_BUILD=$(cd "$NT_SRC" && pwd)
+elif [ -n "$NT_SRC" ] && [ -x "$NT_SRC/build/all_reduce_perf" ]; then
+  NT_BUILD=$(cd "$NT_SRC/build" && pwd)
 fi
 NT_DESC=""
 if [ -x "$NT_BUILD/all_reduce_perf" ]; then
-  NT_OK=1 NT_DESC="already built in $NT_BUILD"
+  NT_OK=1 NT_DESC="binaries in $NT_BUILD"
 elif ! nt_wanted; then
   NT_WHY="not selected"
-elif [ -z "$NT_SRC" ] || [ ! -f "$NT_SRC/src/common.cu" ]; then
-  NT_WHY="no nccl-tests source (give --nccl-tests SRC_DIR)"
-  CASE_NAME=nt-build; add_row "nccl-tests" "build" "-" "SKIP" "-" "$NT_WHY"
 else
-  NT_SRC=$(cd "$NT_SRC" && pwd)
-  CC_CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-  case $CC_CAP in ''|*[!0-9]*) CC_CAP=90 ;; esac
-  MPI_HOME=${MPI_HOME:-/usr/lib/x86_64-linux-gnu/openmpi}
-  CASE_NAME=nt-build
-  b0=$(date +%s)
-  timeout 600 make -C "$NT_SRC" -j "$(nproc)" MPI=1 MPI_HOME="$MPI_HOME" NCCL_HOME="${NCCL_HOME:-/usr}" \
-    CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" NVCC_GENCODE="-gencode=arch=compute_${CC_CAP},code=sm_${CC_CAP}" \
-    BUILDDIR="$NT_BUILD" > "$OUT/logs/nt-build.log" 2>&1
-  brc=$?
-  bsecs=$(( $(date +%s) - b0 ))
-  NT_DESC="built from $NT_SRC (MPI=1, sm_${CC_CAP}) in ${bsecs}s"
-  if [ -x "$NT_BUILD/all_reduce_perf" ]; then
-    NT_OK=1
-    nbin=$(ls "$NT_BUILD"/*_perf 2>/dev/null | wc -l)
-    add_row "nccl-tests" "build (MPI=1)" "-" "PASS" "$bsecs" "$nbin binaries; make rc=$brc"
-  else
-    NT_WHY="nccl-tests build failed (logs/nt-build.log)"
-    add_row "nccl-tests" "build (MPI=1)" "-" "FAIL" "$bsecs" "make rc=$brc; $(grep -m1 -E 'error' "$OUT/logs/nt-build.log" | cut -c1-150)"
-  fi
-fi
-if [ "$NT_OK" = 1 ] && [ -d "$NT_SRC/.git" ]; then
-  NT_DESC="$NT_DESC; source $(git -C "$NT_SRC" describe --always --tags 2>/dev/null)"
+  NT_WHY="no nccl-tests binaries (give --nccl-tests DIR holding all_reduce_perf and the others, built with MPI=1)"
+  CASE_NAME=nt-build; add_row "nccl-tests" "binaries" "-" "SKIP" "-" "$NT_WHY"
 fi
 
 # every binary that was built, in a fixed order first
