@@ -70,6 +70,7 @@ pub mod error;
 mod exports_229;
 pub mod lifecycle;
 pub mod plans;
+mod pnccl;
 pub mod premul;
 pub mod real;
 pub mod register;

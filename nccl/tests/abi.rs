@@ -126,6 +126,48 @@ fn symbols_resolve() -> Result<(), Failed> {
         )
         .into());
     }
+    // Every function's profiling twin `pnccl…` is ours too, and the same function: the version
+    // and an error string through the twin equal the originals'.
+    let twins: Vec<String> = NCCL_H_2_30_7.iter().map(|n| format!("p{n}")).collect();
+    let missing: Vec<&String> = twins
+        .iter()
+        // SAFETY: only the address is looked up.
+        .filter(|n| unsafe { lib.get::<*const c_void>(format!("{n}\0").as_bytes()) }.is_err())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!("unresolved profiling twins: {missing:?}").into());
+    }
+    {
+        type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
+        type ErrStr = unsafe extern "C" fn(std::ffi::c_int) -> *const std::ffi::c_char;
+        // SAFETY: the exports' C signatures (nccl.h).
+        let (v, pv, e, pe) = unsafe {
+            (
+                *lib.get::<GetVersion>(b"ncclGetVersion\0")
+                    .map_err(|e| e.to_string())?,
+                *lib.get::<GetVersion>(b"pncclGetVersion\0")
+                    .map_err(|e| e.to_string())?,
+                *lib.get::<ErrStr>(b"ncclGetErrorString\0")
+                    .map_err(|e| e.to_string())?,
+                *lib.get::<ErrStr>(b"pncclGetErrorString\0")
+                    .map_err(|e| e.to_string())?,
+            )
+        };
+        let (mut a, mut b) = (0, 0);
+        // SAFETY: valid out-pointers; the strings are static.
+        let same = unsafe {
+            v(&mut a) == 0
+                && pv(&mut b) == 0
+                && a == b
+                && std::ffi::CStr::from_ptr(e(4)) == std::ffi::CStr::from_ptr(pe(4))
+        };
+        if !same {
+            return Err(format!(
+                "pncclGetVersion/pncclGetErrorString differ from their twins ({a} vs {b})"
+            )
+            .into());
+        }
+    }
     // GPU.md's list of PyTorch 2.11's imports: all 38 are in EXPORTS.
     let torch = "ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCommAbort ncclCommCount \
         ncclCommDeregister ncclCommDestroy ncclCommFinalize ncclCommGetAsyncError ncclCommInitAll \
