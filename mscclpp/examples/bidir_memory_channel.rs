@@ -2,6 +2,9 @@
 //! over the peer link), then signal; GB/s per direction and in sum by size, every byte checked.
 //!
 //! `cargo run --release -p mscclpp --example bidir_memory_channel`
+//!
+//! Sizes from 1 KiB to 1 GiB on a GPU, 16 MiB on the host backend (its buffers are RAM);
+//! `MSCCLPP_EXAMPLE_MAX_BYTES` sets the largest.
 
 mod common;
 
@@ -13,7 +16,8 @@ use mscclpp::comm::semaphore::MemoryDevice2DeviceSemaphore;
 use mscclpp::hal::{LaunchConfig, MemoryKind, TypedKernel};
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
 
-const MAX: usize = 1 << 30;
+/// The largest size on a GPU.
+const GPU_MAX: usize = 1 << 30;
 
 fn main() -> mscclpp::Result<()> {
     let Some(comm) = common::two_ranks()? else {
@@ -21,9 +25,10 @@ fn main() -> mscclpp::Result<()> {
     };
     let (rank, peer) = (comm.rank(), 1 - comm.rank());
     let device = comm.device().clone();
+    let max = common::max_bytes(&comm, GPU_MAX)?;
     let (src, dst) = (
-        device.alloc(MAX, MemoryKind::Device)?,
-        device.alloc(MAX, MemoryKind::Device)?,
+        device.alloc(max, MemoryKind::Device)?,
+        device.alloc(max, MemoryKind::Device)?,
     );
     let stream = device.create_stream()?;
     let conn = comm.connect(peer, EndpointConfig::new(Transport::CudaIpc))?;
@@ -46,7 +51,7 @@ fn main() -> mscclpp::Result<()> {
         );
     }
     let mut size = 1 << 10;
-    while size <= MAX {
+    while size <= max {
         stream.fill(&src.slice(..size)?, rank as u8 + 1)?;
         stream.fill(&dst.slice(..size)?, 0)?;
         stream.synchronize()?;
@@ -78,7 +83,11 @@ fn main() -> mscclpp::Result<()> {
         }
         if rank == 0 {
             let gbs = size as f64 / us / 1e3;
-            println!("{size:>12} {us:>10.2} {gbs:>12.1} {:>12.1}", gbs * 2.0);
+            println!(
+                "{size:>12} {us:>10.2} {} {}",
+                common::gbps(gbs, 12),
+                common::gbps(gbs * 2.0, 12)
+            );
         }
         size *= 4;
     }

@@ -3,6 +3,9 @@
 //! `--transport Ethernet` sends over TCP instead.
 //!
 //! `cargo run --release -p mscclpp --example bidir_port_channel [-- Ethernet]`
+//!
+//! Sizes from 1 KiB to 1 GiB on a GPU (64 MiB over Ethernet), at most 16 MiB on the host
+//! backend (its buffers are RAM); `MSCCLPP_EXAMPLE_MAX_BYTES` sets the largest.
 
 mod common;
 
@@ -19,7 +22,7 @@ fn main() -> mscclpp::Result<()> {
         .nth(1)
         .unwrap_or_else(|| "CudaIpc".into())
         .parse()?;
-    let max: usize = if transport == Transport::Ethernet {
+    let gpu_max: usize = if transport == Transport::Ethernet {
         64 << 20
     } else {
         1 << 30
@@ -27,6 +30,7 @@ fn main() -> mscclpp::Result<()> {
     let Some(comm) = common::two_ranks()? else {
         return Ok(());
     };
+    let max = common::max_bytes(&comm, gpu_max)?;
     let (rank, peer) = (comm.rank(), 1 - comm.rank());
     let device = comm.device().clone();
     let (src, dst) = (
@@ -49,7 +53,10 @@ fn main() -> mscclpp::Result<()> {
     let kernel = TypedKernel::<PortChannelPutArgs>::load(&*device, &MODULE, PORT_CHANNEL_PUT)?;
     let (e0, e1) = (device.create_event()?, device.create_event()?);
     if rank == 0 {
-        println!("# port channel over {transport}");
+        println!(
+            "# port channel over {}, moved by the host proxy",
+            common::transport_words(transport, device.info().backend)
+        );
         println!(
             "{:>12} {:>10} {:>12} {:>12}",
             "bytes", "us/iter", "GB/s 1-way", "GB/s sum"
@@ -87,7 +94,11 @@ fn main() -> mscclpp::Result<()> {
         }
         if rank == 0 {
             let gbs = size as f64 / us / 1e3;
-            println!("{size:>12} {us:>10.2} {gbs:>12.1} {:>12.1}", gbs * 2.0);
+            println!(
+                "{size:>12} {us:>10.2} {} {}",
+                common::gbps(gbs, 12),
+                common::gbps(gbs * 2.0, 12)
+            );
         }
         size *= 4;
     }

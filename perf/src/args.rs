@@ -1,6 +1,7 @@
 //! Command line, with nccl-tests' flag names where they exist.
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use mscclpp::collectives::{CollectiveKind, MAX_RANKS};
 use mscclpp::hal::{BackendKind, DataType};
 
@@ -72,7 +73,30 @@ pub struct Args {
     /// NCCL baseline is captured the same way.
     #[arg(short = 'G', long = "cudagraph", default_value_t = 0, global = true)]
     pub cudagraph: u32,
+
+    /// The global flags given on the command line (their field names), to refuse those a
+    /// benchmark would ignore.
+    #[arg(skip)]
+    pub given: Vec<&'static str>,
 }
+
+/// The global flags: their ids (field names) and how the errors spell them.
+const GLOBAL_FLAGS: [(&str, &str); 14] = [
+    ("min_bytes", "-b"),
+    ("max_bytes", "-e"),
+    ("step_factor", "-f"),
+    ("iters", "-n"),
+    ("warmup", "-w"),
+    ("check", "-c"),
+    ("ranks", "--ranks"),
+    ("json", "-J"),
+    ("datatype", "-d"),
+    ("op", "-o"),
+    ("root", "-r"),
+    ("baseline", "--baseline"),
+    ("register", "--register"),
+    ("cudagraph", "-G"),
+];
 
 /// The benchmarks.
 #[derive(Debug, Subcommand, Clone, PartialEq, Eq)]
@@ -119,6 +143,19 @@ pub enum Bench {
         #[arg(long, default_value = "allgather,reducescatter")]
         collectives: String,
     },
+    /// An HTML page of SVG plots (bus bandwidth, latency, the ratio to NCCL against size) from
+    /// the JSON lines of one or more runs (`-J`): ours, NCCL's baseline, several runs or machines.
+    Report {
+        /// JSON-lines files written by `mscclpp-perf ... -J > FILE`.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+        /// Where the page goes.
+        #[arg(long, default_value = "mscclpp-perf-report.html")]
+        output: std::path::PathBuf,
+        /// The page's title.
+        #[arg(long)]
+        title: Option<String>,
+    },
     /// The bootstrap at scale: first barrier, barrier, all-gather, split, connections, RSS.
     Bootstrap {
         /// Run the ranks as threads of this process (where processes run out).
@@ -144,6 +181,7 @@ impl Bench {
             | Bench::PortChannel { .. }
             | Bench::Plan { .. }
             | Bench::Overlap { .. }
+            | Bench::Report { .. }
             | Bench::Bootstrap { .. } => None,
         }
     }
@@ -158,6 +196,7 @@ impl Bench {
                 Bench::Bootstrap { .. } => "bootstrap",
                 Bench::Plan { .. } => "plan",
                 Bench::Overlap { .. } => "overlap",
+                Bench::Report { .. } => "report",
                 _ => "p2p",
             },
         }
@@ -187,6 +226,30 @@ pub fn overlap_kinds(list: &str) -> Result<Vec<CollectiveKind>, String> {
     Ok(kinds)
 }
 
+/// Bytes as a short figure: `512 B`, `64 KiB`, `1.5 GiB`.
+pub fn human(bytes: u128) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Memory this host can still give (Linux's `MemAvailable`), bytes; `None` where unknown.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Parses `4096`, `64K`, `1M`, `1G` (powers of 1024).
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
@@ -206,6 +269,128 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 impl Args {
+    /// Parses the command line (exits with clap's message on a bad one).
+    pub fn parse_with_sources() -> Args {
+        Args::try_parse_with_sources(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// Parses `argv` (its first item is the program's name).
+    pub fn try_parse_with_sources<I, T>(argv: I) -> Result<Args, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = Args::command().try_get_matches_from(argv)?;
+        Args::from_matches(&matches)
+    }
+
+    fn from_matches(matches: &ArgMatches) -> Result<Args, clap::Error> {
+        let mut args = Args::from_arg_matches(matches)?;
+        // Global flags may stand before or after the subcommand: look in both matches.
+        let sub = matches.subcommand().map(|(_, m)| m);
+        for (id, _) in GLOBAL_FLAGS {
+            let given = [Some(matches), sub]
+                .into_iter()
+                .flatten()
+                .any(|m| matches!(m.value_source(id), Some(ValueSource::CommandLine)));
+            if given {
+                args.given.push(id);
+            }
+        }
+        Ok(args)
+    }
+
+    /// Refuses the global flags given that `bench` would ignore (they are offered to every
+    /// subcommand, so a user could believe they took effect).
+    fn refuse_ignored(&self, bench: &Bench) -> Result<(), String> {
+        let applies = |id: &str| -> bool {
+            match bench {
+                Bench::Report { .. } => false,
+                Bench::Bootstrap { .. } => id == "ranks",
+                Bench::MemoryChannel | Bench::PortChannel { .. } => matches!(
+                    id,
+                    "min_bytes"
+                        | "max_bytes"
+                        | "step_factor"
+                        | "iters"
+                        | "warmup"
+                        | "ranks"
+                        | "json"
+                ),
+                Bench::P2p => !matches!(id, "datatype" | "op" | "root"),
+                Bench::Overlap { .. } => id != "root",
+                Bench::Plan { .. } => true,
+                Bench::Broadcast | Bench::Allgather | Bench::Alltoall => match id {
+                    "op" => false,
+                    "root" => *bench == Bench::Broadcast,
+                    _ => true,
+                },
+                Bench::Allreduce | Bench::Reducescatter => id != "root",
+            }
+        };
+        for (id, flag) in GLOBAL_FLAGS {
+            // The three below have their own messages.
+            if matches!(id, "baseline" | "register" | "cudagraph") {
+                continue;
+            }
+            if self.given.contains(&id) && !applies(id) {
+                return Err(match (bench, id) {
+                    (Bench::Report { .. }, _) => {
+                        format!("{flag} does not apply to report (it reads what a run wrote)")
+                    }
+                    (_, "op") if bench.collective().is_some() => {
+                        format!("{flag}: {} does not reduce", bench.name())
+                    }
+                    (_, "root") if bench.collective().is_some() => {
+                        format!("{flag}: {} has no root", bench.name())
+                    }
+                    _ => format!("{flag} does not apply to {}", bench.name()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses sizes whose buffers this machine cannot hold (the allocation would abort the
+    /// process): about four buffers of the largest size per rank on the host backend (two
+    /// device buffers in shared memory, two host copies), two host copies per rank on GPUs.
+    /// `local_ranks` is the number of ranks on this host.
+    pub fn check_memory(
+        &self,
+        local_ranks: usize,
+        backend: BackendKind,
+        available: Option<u64>,
+    ) -> Result<(), String> {
+        let bench = self.bench();
+        if matches!(bench, Bench::Bootstrap { .. } | Bench::Report { .. }) {
+            return Ok(());
+        }
+        let Some(available) = available else {
+            return Ok(());
+        };
+        let Some(&max) = self.sizes().last() else {
+            return Ok(());
+        };
+        let per_rank = if backend == BackendKind::Host { 4 } else { 2 };
+        let need = (max as u128) * per_rank * local_ranks.max(1) as u128;
+        if need > u128::from(available) {
+            return Err(format!(
+                "-e {}: {} ranks need about {} of memory on this host ({per_rank} buffers of {} per rank{}), {} is available; use a smaller -e",
+                human(max as u128),
+                local_ranks.max(1),
+                human(need),
+                human(max as u128),
+                if backend == BackendKind::Host {
+                    ", the host backend's device buffers included"
+                } else {
+                    ": the staging copies of inputs and results"
+                },
+                human(u128::from(available)),
+            ));
+        }
+        Ok(())
+    }
+
     /// How calls are timed, as the tables' header says it.
     pub fn timing(&self) -> String {
         if self.cudagraph > 0 {
@@ -257,6 +442,7 @@ impl Args {
     /// rank starts.
     pub fn validate_for(&self, nranks: usize, backend: BackendKind) -> Result<(), String> {
         let bench = self.bench();
+        self.refuse_ignored(&bench)?;
         if let Bench::Plan { files } = &bench {
             return self.validate_plans(files, nranks, backend);
         }
@@ -435,7 +621,7 @@ mod tests {
     fn check(argv: &[&str], nranks: usize, backend: BackendKind) -> Result<(), String> {
         let mut all = vec!["mscclpp-perf"];
         all.extend_from_slice(argv);
-        Args::try_parse_from(all)
+        Args::try_parse_with_sources(all)
             .unwrap()
             .validate_for(nranks, backend)
     }
@@ -480,6 +666,54 @@ mod tests {
         assert!(e.contains("/nonexistent/plan.json"), "{e}");
         let e = check(&["plan", "-o", "avg", "x.json"], 2, Host).unwrap_err();
         assert!(e.contains("-o avg"), "{e}");
+    }
+
+    /// Flags every subcommand lists but some ignore are refused where ignored (issue 32:
+    /// `port-channel -o max -r 5` ran without a word).
+    #[test]
+    fn flags_a_benchmark_ignores_are_refused() {
+        use BackendKind::Host;
+        let e = check(&["port-channel", "-o", "max", "-r", "5"], 2, Host).unwrap_err();
+        assert_eq!(e, "-o does not apply to port-channel");
+        let e = check(&["-d", "half", "memory-channel"], 2, Host).unwrap_err();
+        assert_eq!(e, "-d does not apply to memory-channel");
+        let e = check(&["allgather", "-o", "max"], 2, Host).unwrap_err();
+        assert_eq!(e, "-o: allgather does not reduce");
+        let e = check(&["allreduce", "-r", "1"], 2, Host).unwrap_err();
+        assert_eq!(e, "-r: allreduce has no root");
+        let e = check(&["bootstrap", "-b", "1K"], 2, Host).unwrap_err();
+        assert_eq!(e, "-b does not apply to bootstrap");
+        let e = check(&["report", "-n", "5", "x.jsonl"], 2, Host).unwrap_err();
+        assert!(e.starts_with("-n does not apply to report"), "{e}");
+        // What applies still passes, before or after the subcommand.
+        assert!(check(&["-o", "max", "allreduce"], 2, Host).is_ok());
+        assert!(check(&["broadcast", "-r", "1", "-d", "half"], 2, Host).is_ok());
+        assert!(check(&["port-channel", "-b", "1K", "-e", "4K", "-J"], 2, Host).is_ok());
+        assert!(check(&["allgather", "-d", "int32"], 2, Host).is_ok());
+    }
+
+    /// Sizes the machine cannot hold are refused naming the size (issue 32: `-b 64G -e 64G`
+    /// aborted in `Vec::with_capacity`).
+    #[test]
+    fn sizes_beyond_memory_are_refused() {
+        let a = Args::try_parse_with_sources(["mscclpp-perf", "-b", "64G", "-e", "64G"]).unwrap();
+        let e = a
+            .check_memory(2, BackendKind::Host, Some(16 << 30))
+            .unwrap_err();
+        assert!(
+            e.starts_with("-e 64 GiB: 2 ranks need about 512 GiB"),
+            "{e}"
+        );
+        assert!(e.contains("16 GiB is available"), "{e}");
+        assert!(a.check_memory(2, BackendKind::Cuda, Some(1 << 40)).is_ok());
+        let small = Args::try_parse_with_sources(["mscclpp-perf", "-e", "1M"]).unwrap();
+        assert!(
+            small
+                .check_memory(2, BackendKind::Host, available_memory())
+                .is_ok()
+        );
+        assert_eq!(human(1536 << 20), "1.5 GiB");
+        assert_eq!(human(512), "512 B");
     }
 
     #[test]

@@ -13,13 +13,14 @@ use mscclpp::comm::channel::MemoryChannel;
 use mscclpp::comm::proxy::ProxyService;
 use mscclpp::comm::semaphore::{Host2DeviceSemaphore, MemoryDevice2DeviceSemaphore};
 use mscclpp::hal::{
-    Device, DeviceBuffer, Error, LaunchConfig, MemoryKind, Result, Stream, TypedKernel,
+    BackendKind, Device, DeviceBuffer, Error, LaunchConfig, MemoryKind, Result, Stream, TypedKernel,
 };
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
 
 use crate::args::Args;
+use crate::collective::{HOST_LEGEND, host_bytes};
 use crate::p2p::pattern;
-use crate::report::{Row, Table};
+use crate::report::{Meta, Row, Table};
 
 /// The two buffers of one rank: what it sends from and what the peer writes into.
 struct Buffers {
@@ -65,7 +66,7 @@ fn measure(
         stream.synchronize()?;
         let us = ev1.elapsed_ms_since(&*ev0)? * 1e3 / args.iters as f64;
         boot.barrier()?;
-        let mut got = vec![0u8; size];
+        let mut got = host_bytes(size, "the received bytes' host copy")?;
         stream.read_to_host(&mut got, &bufs.dst.slice(..size)?)?;
         let expect = pattern(peer, size, size);
         let wrong = got.iter().zip(&expect).filter(|(a, b)| a != b).count() as u64;
@@ -95,6 +96,7 @@ fn measure(
             busbw_gbps: one_way * 2.0,
             wrong: Some(total),
             baseline: None,
+            algo: None,
         });
     }
     table.footer();
@@ -111,13 +113,52 @@ fn check_two(comm: &Communicator) -> Result<()> {
     Ok(())
 }
 
-fn preamble(args: &Args, comm: &Communicator, what: &str) -> Table {
+/// What moves the bytes of `transport` on `backend`, in words: the transport's name alone said
+/// "over CudaIpc" on the host backend, where no CUDA runs.
+pub fn transport_words(transport: Transport, backend: BackendKind) -> String {
+    match (transport, backend) {
+        (Transport::CudaIpc, BackendKind::Host) => {
+            "host shared memory (CudaIpc transport)".to_string()
+        }
+        (Transport::CudaIpc, BackendKind::Cuda) => {
+            "peer-mapped GPU memory, CUDA IPC (CudaIpc transport)".to_string()
+        }
+        (Transport::CudaIpc, BackendKind::Rocm) => {
+            "peer-mapped GPU memory, HIP IPC (CudaIpc transport)".to_string()
+        }
+        (Transport::Ethernet, _) => "TCP sockets (Ethernet transport)".to_string(),
+        (t @ Transport::Ib(_), _) => format!("RDMA writes ({t} transport)"),
+        (t @ Transport::Net(_), _) => format!("an NCCL net plugin ({t} transport)"),
+    }
+}
+
+fn preamble(args: &Args, comm: &Communicator, name: &'static str, what: &str) -> Table {
     let info = comm.device().info();
     let table = Table::new(args.json, comm.rank() == 0, false);
-    table.comment(&format!(
-        "mscclpp-perf {what}: 2 ranks on the {} backend ({}); both directions at once; algbw = one direction, busbw = both",
-        info.backend, info.name
-    ));
+    table.preamble(
+        &format!(
+            "mscclpp-perf {what}: 2 ranks on the {} backend ({}); both directions at once",
+            info.backend, info.name
+        ),
+        &Meta {
+            bench: name,
+            backend: info.backend.to_string(),
+            device: info.name.clone(),
+            nranks: 2,
+            timing: "one launch of all timed rounds".into(),
+        },
+    );
+    let mut legend = vec![
+        format!(
+            "time(us): microseconds per round (each rank puts size bytes into the other, signals and waits), the mean over {} rounds of one launch after {} warm-up, the slowest rank's",
+            args.iters, args.warmup
+        ),
+        "algbw = size / time, one direction; busbw = both directions together (GB/s = 1e9 B/s); type u8, op put; #wrong: bytes that differ from what the peer sent".to_string(),
+    ];
+    if info.backend == BackendKind::Host {
+        legend.push(HOST_LEGEND.into());
+    }
+    table.legend(&legend);
     table.header();
     table
 }
@@ -151,7 +192,19 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
             1024.min(info.max_threads_per_block),
         )
     };
-    let mut table = preamble(args, comm, "memory-channel put");
+    let mut table = preamble(
+        args,
+        comm,
+        "memory-channel",
+        &format!(
+            "memory-channel put ({})",
+            if info.backend == BackendKind::Host {
+                "the CPU copies into the peer's shared memory"
+            } else {
+                "the device copies into the peer's mapped memory"
+            }
+        ),
+    );
     let launch = |size: usize, iters: u64| {
         let a = MemoryChannelPutArgs {
             chan: chan.device_handle(),
@@ -197,7 +250,15 @@ pub fn run_port_channel(args: &Args, comm: &Communicator, transport: Transport) 
     service.start()?;
     let stream = device.create_stream()?;
     let kernel = TypedKernel::<PortChannelPutArgs>::load(&**device, &MODULE, PORT_CHANNEL_PUT)?;
-    let mut table = preamble(args, comm, &format!("port-channel put over {transport}"));
+    let mut table = preamble(
+        args,
+        comm,
+        "port-channel",
+        &format!(
+            "port-channel put over {}, moved by the host proxy",
+            transport_words(transport, device.info().backend)
+        ),
+    );
     let launch = |size: usize, iters: u64| {
         let a = PortChannelPutArgs {
             chan: handle,

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{
-    BufferSlice, DataType, DeviceBuffer, Error, MemoryKind, ReduceOp, Result, Stream,
+    BackendKind, BufferSlice, DataType, DeviceBuffer, Error, MemoryKind, ReduceOp, Result, Stream,
 };
 
 use crate::args::Args;
 use crate::nccl::Nccl;
-use crate::report::{Baseline, Row, Table};
+use crate::report::{Baseline, Meta, Row, Table};
 
 /// What one row compares.
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +98,28 @@ pub struct Measured {
     pub wrong: u64,
     /// NCCL's time and wrong elements, when measured.
     pub nccl: Option<(f64, u64)>,
+    /// The algorithm our library ran (rank 0's choice; every rank agrees).
+    pub algo: &'static str,
+}
+
+/// A zeroed host buffer of `len` bytes, or an error naming the size where this process cannot
+/// have it (`vec!` and `Vec::with_capacity` abort the process instead).
+pub(crate) fn host_bytes(len: usize, what: &str) -> Result<Vec<u8>> {
+    let mut v = host_capacity(len, what)?;
+    v.resize(len, 0);
+    Ok(v)
+}
+
+/// An empty host buffer with room for `len` bytes, or an error naming the size.
+pub(crate) fn host_capacity(len: usize, what: &str) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        Error::invalid(format!(
+            "{what}: cannot allocate {} of host memory; use a smaller -e",
+            crate::args::human(len as u128)
+        ))
+    })?;
+    Ok(v)
 }
 
 /// The collective benchmark of one rank.
@@ -190,7 +212,7 @@ impl Bench {
             out_e as usize * spec.dtype.size(),
         );
         let (input, output) = self.slices(in_b, out_b)?;
-        let mut data = Vec::with_capacity(in_b);
+        let mut data = host_capacity(in_b, "the input's host copy")?;
         for i in 0..in_e as usize {
             spec.dtype
                 .encode_f64(f64::from(value(spec, rank, i)), &mut data);
@@ -201,12 +223,19 @@ impl Bench {
             if args.check == 0 {
                 return Ok(0);
             }
-            let mut got = vec![0u8; out_b];
+            let mut got = host_bytes(out_b, "the output's host copy")?;
             stream.read_to_host(&mut got, &output)?;
             Ok(check(spec, n, rank, count, &got))
         };
         self.stream.fill(&output, 0xA5)?;
+        let zero_copy = self.coll.zero_copy_calls();
         let us = self.time(args, &|| self.ours(spec, &input, &output, count))?;
+        let algo = if self.coll.zero_copy_calls() > zero_copy {
+            mscclpp::collectives::AlgorithmId::Read.name()
+        } else {
+            let block = (count * spec.dtype.size()) as u64;
+            self.coll.algorithm(spec.kind, block).name()
+        };
         let wrong = verify(&*self.stream)?;
         let nccl = match &self.nccl {
             None => None,
@@ -243,6 +272,7 @@ impl Bench {
             us: 0.0,
             wrong: 0,
             nccl: nccl.map(|_| (0.0, 0)),
+            algo,
         };
         for b in &all {
             if b.len() != 32 {
@@ -264,8 +294,41 @@ impl Bench {
     }
 }
 
+/// Whether timings are medians of single calls: on the host backend, whose calls are CPU work
+/// that the scheduler interrupts (a mean of a few jumped by 10-20 % from size to size).
+pub(crate) fn median_timed(comm: &Communicator) -> bool {
+    comm.device().info().backend == BackendKind::Host
+}
+
+/// What `time(us)` is, for the legend.
+pub(crate) fn time_legend(args: &Args, host: bool) -> String {
+    let per = if args.cudagraph > 0 {
+        format!(
+            "per call (graph replays of {} calls, divided)",
+            args.cudagraph
+        )
+    } else {
+        "per call".to_string()
+    };
+    if host {
+        format!(
+            "time(us): microseconds {per}, the median of {} timed iterations after {} warm-up, the slowest rank's median",
+            args.iters, args.warmup
+        )
+    } else {
+        format!(
+            "time(us): microseconds {per}, the mean over {} timed iterations after {} warm-up (stream events around them all), the slowest rank's",
+            args.iters, args.warmup
+        )
+    }
+}
+
+/// The legend's line about the host backend's figures.
+pub(crate) const HOST_LEGEND: &str = "host backend: the CPU reference implementation; its times compare runs on this machine and are no measure of a GPU's or a network's speed";
+
 /// Time per call in µs on `stream`: eager launches, or (`-G N`) replays of a graph of `N` calls
-/// (all ranks start together).
+/// (all ranks start together). On the host backend the median of the single launches, else
+/// the mean over all of them.
 pub(crate) fn time_calls(
     args: &Args,
     comm: &Communicator,
@@ -293,6 +356,29 @@ pub(crate) fn time_calls(
     }
     stream.synchronize()?;
     comm.bootstrap().barrier()?;
+    if median_timed(comm) {
+        let events = (0..=args.iters)
+            .map(|_| device.create_event())
+            .collect::<Result<Vec<_>>>()?;
+        stream.record(&*events[0])?;
+        for e in &events[1..] {
+            run()?;
+            stream.record(&**e)?;
+        }
+        stream.synchronize()?;
+        comm.check_live()?;
+        let mut us = events
+            .windows(2)
+            .map(|w| Ok(w[1].elapsed_ms_since(&*w[0])? * 1e3 / per_launch as f64))
+            .collect::<Result<Vec<f64>>>()?;
+        us.sort_by(f64::total_cmp);
+        let mid = us.len() / 2;
+        return Ok(if us.len() % 2 == 1 {
+            us[mid]
+        } else {
+            (us[mid - 1] + us[mid]) / 2.0
+        });
+    }
     stream.record(&*e0)?;
     for _ in 0..args.iters {
         run()?;
@@ -335,13 +421,20 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
     let info = comm.device().info();
     let nranks = comm.nranks();
     let factor = bus_factor(kind, nranks);
-    let mut table = Table::new(args.json, comm.rank() == 0, bench.nccl.is_some());
-    table.comment(&format!(
-        "mscclpp-perf {}: {nranks} ranks on the {} backend ({}), {dtype}, op {op}, root {}, {}, {} iterations after {} warm-up{}{}",
+    let mut table = Table::new(args.json, comm.rank() == 0, bench.nccl.is_some()).with_algo();
+    // Only what applies: the operator of reductions, the root of broadcasts.
+    let mut what = format!("{dtype}");
+    if kind.reduces() {
+        what += &format!(", op {op}");
+    }
+    if kind == CollectiveKind::Broadcast {
+        what += &format!(", root {}", args.root);
+    }
+    let title = format!(
+        "mscclpp-perf {}: {nranks} ranks on the {} backend ({}), {what}, {}, {} iterations after {} warm-up{}{}",
         kind.name(),
         info.backend,
         info.name,
-        args.root,
         args.timing(),
         args.iters,
         args.warmup,
@@ -353,7 +446,39 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
         bench.nccl_version().map_or(String::new(), |v| format!(
             "; baseline NCCL {v} on the same buffers and stream"
         ))
-    ));
+    );
+    table.preamble(
+        &title,
+        &Meta {
+            bench: kind.name(),
+            backend: info.backend.to_string(),
+            device: info.name.clone(),
+            nranks,
+            timing: args.timing(),
+        },
+    );
+    let host = median_timed(&comm);
+    let mut legend = vec![
+        time_legend(args, host),
+        format!(
+            "algbw = size / time (GB/s = 1e9 B/s; size: bytes of the larger buffer of one rank); busbw = algbw x {factor:.3} ({}, nccl-tests' bus bandwidth, comparable across rank counts)",
+            match kind {
+                CollectiveKind::AllReduce => "2(n-1)/n",
+                CollectiveKind::Broadcast => "1",
+                _ => "(n-1)/n",
+            }
+        ),
+        "algo: the algorithm our library chose for the size (ll, ll-short, ll128: packets through scratch; direct: pipelined stores; read: peers' inputs read in place; ce: copy engines; hier: across hosts); #wrong: output elements that differ from the expected values, all ranks".to_string(),
+    ];
+    if bench.nccl.is_some() {
+        legend.push(
+            "nccl(us), algbw, busbw: NCCL's on the same buffers and stream; speedup = NCCL's time / ours".into(),
+        );
+    }
+    if host {
+        legend.push(HOST_LEGEND.into());
+    }
+    table.legend(&legend);
     table.header();
     // One untimed pass over the first size: the first calls of a process pay for module loading,
     // first-touch mappings and clock ramp-up, which short warm-ups left in the first row.
@@ -372,8 +497,9 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
             bytes: m.size,
             count: m.count,
             dtype: dtype.name(),
-            op: op.name(),
-            root: Some(args.root),
+            // nccl-tests' words for what does not apply.
+            op: if kind.reduces() { op.name() } else { "none" },
+            root: (kind == CollectiveKind::Broadcast).then_some(args.root),
             nranks,
             time_us: m.us,
             algbw_gbps: alg(m.us),
@@ -385,6 +511,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
                 busbw_gbps: alg(t) * factor,
                 wrong: w,
             }),
+            algo: Some(m.algo),
         });
     }
     table.footer();

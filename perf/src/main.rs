@@ -11,13 +11,13 @@ mod nccl;
 mod overlap;
 mod p2p;
 mod plan;
+mod plot;
 mod report;
 
 use std::process::ExitCode;
 
 use std::sync::Arc;
 
-use clap::Parser;
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{BackendKind, Result};
 use mscclpp::transports::Transport;
@@ -30,7 +30,7 @@ const USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     mscclpp::init_logging();
-    let args = Args::parse();
+    let args = Args::parse_with_sources();
     if let Err(e) = args.validate() {
         eprintln!("mscclpp-perf: {e}");
         return ExitCode::from(USAGE);
@@ -45,7 +45,24 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<ExitCode> {
+    if let Bench::Report {
+        files,
+        output,
+        title,
+    } = args.bench()
+    {
+        if let Err(e) = args.validate_for(0, BackendKind::Host) {
+            eprintln!("mscclpp-perf: {e}");
+            return Ok(ExitCode::from(USAGE));
+        }
+        plot::main(&files, &output, title.as_deref())?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Bench::Bootstrap { threads, reps } = args.bench() {
+        if let Err(e) = args.validate_for(args.ranks.unwrap_or(2), BackendKind::Host) {
+            eprintln!("mscclpp-perf: {e}");
+            return Ok(ExitCode::from(USAGE));
+        }
         return bootstrap::main(args.ranks, threads, reps);
     }
     let role = launch::role()?;
@@ -57,7 +74,10 @@ fn run(args: &Args) -> Result<ExitCode> {
         });
         // What needs the rank count or the backend is checked here, once, before any rank
         // starts (each rank would print the same error).
-        if let Err(e) = args.validate_for(nranks, backend.kind()) {
+        let checked = args
+            .validate_for(nranks, backend.kind())
+            .and_then(|()| args.check_memory(nranks, backend.kind(), args::available_memory()));
+        if let Err(e) = checked {
             eprintln!("mscclpp-perf: {e}");
             return Ok(ExitCode::from(USAGE));
         }
@@ -86,8 +106,12 @@ fn run(args: &Args) -> Result<ExitCode> {
     }
     let boot = Arc::new(launch::bootstrap(&role)?);
     let backend = mscclpp::registry::select()?;
-    // Ranks started by mpirun & co. have no parent that checked: rank 0 alone says why.
-    if let Err(e) = args.validate_for(boot.nranks(), backend.kind()) {
+    // Ranks started by mpirun & co. have no parent that checked: rank 0 alone says why. The
+    // memory check counts this rank alone (how many share the host is not known here).
+    let checked = args
+        .validate_for(boot.nranks(), backend.kind())
+        .and_then(|()| args.check_memory(1, backend.kind(), args::available_memory()));
+    if let Err(e) = checked {
         if boot.rank() == 0 {
             eprintln!("mscclpp-perf: {e}");
         }

@@ -9,7 +9,7 @@ use mscclpp::comm::bootstrap::Bootstrap;
 use mscclpp::hal::{Device, Error, IpcHandle, MemoryKind, Result};
 
 use crate::args::Args;
-use crate::report::{Row, Table};
+use crate::report::{Meta, Row, Table};
 
 /// Rank- and size-dependent test bytes.
 pub fn pattern(rank: usize, size: usize, len: usize) -> Vec<u8> {
@@ -44,11 +44,24 @@ pub fn run(args: &Args, boot: &Bootstrap, device: Arc<dyn Device>) -> Result<u64
     let peer_dst = device.ipc_import(&IpcHandle::from_bytes(&handles[next])?)?;
 
     let mut table = Table::new(args.json, rank == 0, false);
-    table.comment(&format!(
-        "mscclpp-perf p2p: {n} ranks on the {} backend ({}), each rank copies into rank+1's buffer through an IPC mapping",
-        device.info().backend,
-        device.info().name
-    ));
+    table.preamble(
+        &format!(
+            "mscclpp-perf p2p: {n} ranks on the {} backend ({}), each rank copies into rank+1's buffer through an IPC mapping",
+            device.info().backend,
+            device.info().name
+        ),
+        &Meta {
+            bench: "p2p",
+            backend: device.info().backend.to_string(),
+            device: device.info().name.clone(),
+            nranks: n,
+            timing: "eager copies".into(),
+        },
+    );
+    table.legend(&[format!(
+        "time(us): microseconds per copy, the mean over {} copies after {} warm-up, the slowest rank's; algbw = busbw = size / time (GB/s = 1e9 B/s)",
+        args.iters, args.warmup
+    )]);
     bootstrap_latency(boot, &mut table)?;
     table.header();
 
@@ -112,6 +125,7 @@ pub fn run(args: &Args, boot: &Bootstrap, device: Arc<dyn Device>) -> Result<u64
                 None
             },
             baseline: None,
+            algo: None,
         });
     }
     table.footer();

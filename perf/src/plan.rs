@@ -66,6 +66,21 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
     } else {
         &["builtin"]
     });
+    table.preamble(
+        &format!(
+            "mscclpp-perf plan: {} plan file(s); {n} ranks on the {} backend ({})",
+            files.len(),
+            info.backend,
+            info.name
+        ),
+        &crate::report::Meta {
+            bench: "plan",
+            backend: info.backend.to_string(),
+            device: info.name.clone(),
+            nranks: n,
+            timing: args.timing(),
+        },
+    );
     for file in files {
         let plan = Plan::from_file(file, n)?;
         let kind = kind_of(&plan)?;
@@ -230,6 +245,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
                     busbw_gbps: alg(*t0) * factor,
                     wrong: (args.check != 0).then_some(*w0),
                     baseline: builtin,
+                    algo: None,
                 },
                 &more,
             );

@@ -45,6 +45,75 @@ pub struct Row {
     pub wrong: Option<u64>,
     /// The baseline's figures, when one runs.
     pub baseline: Option<Baseline>,
+    /// The algorithm our library chose, where known (a column of tables made `with_algo`).
+    pub algo: Option<&'static str>,
+}
+
+/// What a run was, for the reader of its JSON lines (`mscclpp-perf report`'s caption): under
+/// `-J` the first line is `{"meta":{...}}`.
+#[derive(Debug, Clone)]
+pub struct Meta {
+    /// The benchmark (subcommand).
+    pub bench: &'static str,
+    /// The backend's name.
+    pub backend: String,
+    /// The device's name.
+    pub device: String,
+    /// Ranks taking part.
+    pub nranks: usize,
+    /// How calls were timed, in words.
+    pub timing: String,
+}
+
+/// The command line as typed (the program by its file name), each argument with spaces quoted.
+pub fn command_line() -> String {
+    let mut words: Vec<String> = std::env::args().collect();
+    if let Some(first) = words.first_mut() {
+        if let Some(name) = std::path::Path::new(first.as_str()).file_name() {
+            *first = name.to_string_lossy().into_owned();
+        }
+    }
+    words
+        .iter()
+        .map(|w| {
+            if w.is_empty() || w.contains(char::is_whitespace) {
+                format!("'{w}'")
+            } else {
+                w.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// This host in words: its name, the CPU model and cores, the memory.
+pub fn machine() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown host".into());
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.trim().to_string());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            let line = t.lines().find(|l| l.starts_with("MemTotal:"))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<u128>().ok()
+        })
+        .map(|kib| crate::args::human(kib * 1024));
+    let mut out = host;
+    if let Some(m) = model {
+        out += &format!(", {m}");
+    }
+    out += &format!(", {cores} cores");
+    if let Some(m) = memory {
+        out += &format!(", {m} memory");
+    }
+    out
 }
 
 /// Prints rows on rank 0 only.
@@ -58,7 +127,55 @@ pub struct Table {
     /// table without baselines keeps its one name for the JSON key (`"nccl":null`), which
     /// readers of the collective benchmarks' lines expect.
     baseline_names: Vec<&'static str>,
+    /// Whether rows carry the algorithm (a column after #wrong, an `algo` key).
+    algo: bool,
     wrong_total: u64,
+}
+
+/// The `{"meta":...}` line.
+fn meta_line(text: &str, meta: &Meta, command: &str, machine: &str) -> String {
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    serde_json::json!({
+        "meta": {
+            "bench": meta.bench,
+            "backend": meta.backend,
+            "device": meta.device,
+            "nranks": meta.nranks,
+            "timing": meta.timing,
+            "command": command,
+            "machine": machine,
+            "version": env!("CARGO_PKG_VERSION"),
+            "unix_time": unix,
+            "title": text,
+        }
+    })
+    .to_string()
+}
+
+/// A figure with three significant digits at least (0.000123, 1.23, 123.45): small bandwidths
+/// and times do not print as 0.00.
+pub fn fig(v: f64, width: usize) -> String {
+    let a = v.abs();
+    let decimals = if a == 0.0 || a >= 1.0 {
+        2
+    } else {
+        // Digits after the point up to three significant ones.
+        ((-a.log10()).floor() as usize + 3).min(9)
+    };
+    format!("{v:>width$.decimals$}")
+}
+
+/// A JSON number: three decimals, or four significant digits below 1.
+fn jnum(v: f64) -> String {
+    let a = v.abs();
+    if a == 0.0 || a >= 1.0 || !a.is_finite() {
+        format!("{v:.3}")
+    } else {
+        let decimals = ((-a.log10()).floor() as usize + 4).min(12);
+        format!("{v:.decimals$}")
+    }
 }
 
 fn or_null<T: ToString>(v: Option<T>) -> String {
@@ -74,7 +191,38 @@ impl Table {
             enabled,
             baseline,
             baseline_names: vec!["nccl"],
+            algo: false,
             wrong_total: 0,
+        }
+    }
+
+    /// Adds the algorithm column (`Row::algo`).
+    pub fn with_algo(mut self) -> Self {
+        self.algo = true;
+        self
+    }
+
+    /// The run's description: a comment, and under `-J` the `{"meta":...}` line first on
+    /// standard output (the command, the machine, the backend and device, the timing).
+    pub fn preamble(&self, text: &str, meta: &Meta) {
+        if !self.enabled {
+            return;
+        }
+        if self.json {
+            self.out(&meta_line(text, meta, &command_line(), &machine()));
+        }
+        self.comment(text);
+        self.comment(&format!(
+            "machine: {}; command: {}",
+            machine(),
+            command_line()
+        ));
+    }
+
+    /// The legend: what each column means, once per run, after the preamble.
+    pub fn legend(&self, lines: &[String]) {
+        for l in lines {
+            self.comment(l);
         }
     }
 
@@ -126,6 +274,10 @@ impl Table {
             "# {:>12} {:>12} {:>9} {:>6} {:>10} {:>9} {:>9} {:>8}",
             "", "(elements)", "", "", "", "(GB/s)", "(GB/s)", ""
         );
+        if self.algo {
+            titles += &format!(" {:>8}", "algo");
+            units += &format!(" {:>8}", "");
+        }
         if self.baseline {
             for name in &self.baseline_names {
                 titles += &format!(
@@ -170,7 +322,7 @@ impl Table {
                 .sum::<u64>();
         if self.json {
             let mut line = format!(
-                "{{\"bench\":\"{}\",\"size\":{},\"count\":{},\"type\":\"{}\",\"op\":\"{}\",\"root\":{},\"nranks\":{},\"time_us\":{:.3},\"algbw\":{:.3},\"busbw\":{:.3},\"wrong\":{}",
+                "{{\"bench\":\"{}\",\"size\":{},\"count\":{},\"type\":\"{}\",\"op\":\"{}\",\"root\":{},\"nranks\":{},\"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{}",
                 r.bench,
                 r.bytes,
                 r.count,
@@ -178,16 +330,22 @@ impl Table {
                 r.op,
                 or_null(r.root),
                 r.nranks,
-                r.time_us,
-                r.algbw_gbps,
-                r.busbw_gbps,
+                jnum(r.time_us),
+                jnum(r.algbw_gbps),
+                jnum(r.busbw_gbps),
                 or_null(r.wrong),
             );
+            if self.algo {
+                line += &format!(",\"algo\":{}", or_null(r.algo.map(|a| format!("\"{a}\""))));
+            }
             for (k, name) in self.baseline_names.iter().enumerate() {
                 let value = figure(k).map_or("null".to_string(), |b| {
                     format!(
-                        "{{\"time_us\":{:.3},\"algbw\":{:.3},\"busbw\":{:.3},\"wrong\":{}}}",
-                        b.time_us, b.algbw_gbps, b.busbw_gbps, b.wrong
+                        "{{\"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{}}}",
+                        jnum(b.time_us),
+                        jnum(b.algbw_gbps),
+                        jnum(b.busbw_gbps),
+                        b.wrong
                     )
                 });
                 line += &format!(",\"{name}\":{value}");
@@ -196,24 +354,27 @@ impl Table {
             return line;
         }
         let mut line = format!(
-            "  {:>12} {:>12} {:>9} {:>6} {:>10.2} {:>9.2} {:>9.2} {:>8}",
+            "  {:>12} {:>12} {:>9} {:>6} {} {} {} {:>8}",
             r.bytes,
             r.count,
             r.dtype,
             r.op,
-            r.time_us,
-            r.algbw_gbps,
-            r.busbw_gbps,
+            fig(r.time_us, 10),
+            fig(r.algbw_gbps, 9),
+            fig(r.busbw_gbps, 9),
             r.wrong.map_or("N/A".to_string(), |w| w.to_string())
         );
+        if self.algo {
+            line += &format!(" {:>8}", r.algo.unwrap_or("-"));
+        }
         if self.baseline {
             for k in 0..self.baseline_names.len() {
                 line += &match figure(k) {
                     Some(b) => format!(
-                        " | {:>10.2} {:>9.2} {:>9.2} {:>8} {:>8.2}",
-                        b.time_us,
-                        b.algbw_gbps,
-                        b.busbw_gbps,
+                        " | {} {} {} {:>8} {:>8.2}",
+                        fig(b.time_us, 10),
+                        fig(b.algbw_gbps, 9),
+                        fig(b.busbw_gbps, 9),
                         b.wrong,
                         b.time_us / r.time_us
                     ),
@@ -275,6 +436,7 @@ mod tests {
             busbw_gbps: 139.81,
             wrong: Some(0),
             baseline,
+            algo: None,
         }
     }
 
@@ -356,6 +518,51 @@ mod tests {
                 "# wrong values (all ranks, ours and the baseline's): 3 FAILED",
             ]
         );
+    }
+
+    /// The algorithm column and key; small figures keep three significant digits (issue 32:
+    /// `0.0 GB/s` at small sizes); the meta line is one JSON object.
+    #[test]
+    fn algorithm_column_small_figures_and_meta() {
+        let r = Row {
+            algo: Some("ll-short"),
+            time_us: 12.5,
+            algbw_gbps: 0.000_82,
+            busbw_gbps: 0.0164,
+            ..row(None)
+        };
+        let text = lines(
+            Table::new(false, true, false).with_algo(),
+            &[(r.clone(), vec![])],
+        );
+        assert_eq!(
+            &text[..3],
+            [
+                "#      size(B)        count      type     op   time(us)     algbw     busbw   #wrong     algo",
+                "#                (elements)                                (GB/s)    (GB/s)                  ",
+                "       1048576       262144     float    sum      12.50  0.000820    0.0164        0 ll-short",
+            ]
+        );
+        let json = lines(Table::new(true, true, false).with_algo(), &[(r, vec![])]);
+        assert!(
+            json[0].contains(r#""wrong":0,"algo":"ll-short","nccl":null}"#),
+            "{}",
+            json[0]
+        );
+        let meta = Meta {
+            bench: "allreduce",
+            backend: "host".into(),
+            device: "cpu".into(),
+            nranks: 2,
+            timing: "eager launches".into(),
+        };
+        let line = meta_line("title", &meta, "mscclpp-perf -J", "box, 2 cores");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["meta"]["command"], "mscclpp-perf -J");
+        assert_eq!(v["meta"]["machine"], "box, 2 cores");
+        assert_eq!(v["meta"]["nranks"], 2);
+        assert_eq!(fig(0.0, 6), "  0.00");
+        assert_eq!(fig(123.456, 8), "  123.46");
     }
 
     #[test]

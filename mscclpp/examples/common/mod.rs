@@ -33,3 +33,61 @@ pub fn two_ranks() -> mscclpp::Result<Option<Communicator>> {
     }
     Ok(Some(Communicator::new(boot, device)))
 }
+
+/// The largest message of an example: `MSCCLPP_EXAMPLE_MAX_BYTES` where set, else `gpu` bytes
+/// on a GPU and 16 MiB on the host backend, whose "device" buffers are this machine's RAM (two
+/// per rank, plus the check's copy: 1 GiB ones took 5 GB of a laptop's memory).
+#[allow(dead_code)]
+pub fn max_bytes(comm: &Communicator, gpu: usize) -> mscclpp::Result<usize> {
+    if let Ok(v) = std::env::var("MSCCLPP_EXAMPLE_MAX_BYTES") {
+        return v.trim().parse().map_err(|_| {
+            mscclpp::Error::invalid(format!(
+                "MSCCLPP_EXAMPLE_MAX_BYTES={v:?}: expected a number of bytes"
+            ))
+        });
+    }
+    Ok(
+        if comm.device().info().backend == mscclpp::hal::BackendKind::Host {
+            gpu.min(16 << 20)
+        } else {
+            gpu
+        },
+    )
+}
+
+/// GB/s with three significant digits at least (small sizes printed `0.0` with one decimal).
+#[allow(dead_code)]
+pub fn gbps(v: f64, width: usize) -> String {
+    let a = v.abs();
+    let decimals = if a == 0.0 || a >= 10.0 {
+        1
+    } else {
+        ((-a.log10()).floor() as i64 + 3).clamp(1, 9) as usize
+    };
+    format!("{v:>width$.decimals$}")
+}
+
+/// What moves the bytes of `transport` here, in words (the transport's name alone said
+/// "CudaIpc" on the host backend, where no CUDA runs).
+#[allow(dead_code)]
+pub fn transport_words(
+    transport: mscclpp::transports::Transport,
+    backend: mscclpp::hal::BackendKind,
+) -> String {
+    use mscclpp::hal::BackendKind;
+    use mscclpp::transports::Transport;
+    match (transport, backend) {
+        (Transport::CudaIpc, BackendKind::Host) => {
+            "host shared memory (CudaIpc transport)".to_string()
+        }
+        (Transport::CudaIpc, BackendKind::Cuda) => {
+            "peer-mapped GPU memory, CUDA IPC (CudaIpc transport)".to_string()
+        }
+        (Transport::CudaIpc, BackendKind::Rocm) => {
+            "peer-mapped GPU memory, HIP IPC (CudaIpc transport)".to_string()
+        }
+        (Transport::Ethernet, _) => "TCP sockets (Ethernet transport)".to_string(),
+        (t @ Transport::Ib(_), _) => format!("RDMA writes ({t} transport)"),
+        (t @ Transport::Net(_), _) => format!("an NCCL net plugin ({t} transport)"),
+    }
+}
