@@ -3,17 +3,18 @@
 //! the execution-plan interpreter (`mscclpp-executor`) —
 //! through each GPU backend's own run-time compile path (NVRTC for sm_80, sm_90 and sm_100;
 //! hipRTC for gfx90a and gfx908) and with `hipcc` from the files on disk, failing on errors and
-//! on warnings. No device is needed. Without the compiler a test prints "skipped: <reason>" and
-//! returns — unless `MSCCLPP_REQUIRE_NVRTC=1` / `MSCCLPP_REQUIRE_HIPRTC=1` /
+//! on warnings. No device is needed. Without the compiler a test is reported ignored with the
+//! reason — unless `MSCCLPP_REQUIRE_NVRTC=1` / `MSCCLPP_REQUIRE_HIPRTC=1` /
 //! `MSCCLPP_REQUIRE_HIPCC=1` (CI, through `ci/install-toolchains.sh`), where it fails.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use libtest_mimic::{Completion, Trial};
 use mscclpp::hal::KernelModule;
 
 /// Writes a line straight to the process's stderr, past the test harness's output capture, so
-/// that "skipped: ..." and the compile summary show in every `cargo test` run (CI logs included).
+/// that the compile summary shows in every `cargo test` run (CI logs included).
 macro_rules! report {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
@@ -80,7 +81,6 @@ fn device_sources(root: &Path, dir: &Path, out: &mut Vec<String>) {
     }
 }
 
-#[test]
 fn every_device_source_on_disk_is_a_module_and_matches_it() {
     let root = kernels_dir();
     let mut on_disk = Vec::new();
@@ -108,17 +108,16 @@ fn every_device_source_on_disk_is_a_module_and_matches_it() {
     }
 }
 
-#[test]
-fn nvrtc_compiles_every_module_for_sm80_sm90_sm100_or_skipped() {
+fn nvrtc_compiles_every_module_for_sm80_sm90_sm100_or_skipped() -> Completion {
     #[cfg(feature = "cuda")]
-    nvrtc::compile_all();
+    return nvrtc::compile_all();
     #[cfg(not(feature = "cuda"))]
     {
         assert!(
             !required("MSCCLPP_REQUIRE_NVRTC"),
             "MSCCLPP_REQUIRE_NVRTC=1 but this build has no `cuda` feature"
         );
-        report!("skipped: built without the `cuda` feature");
+        Completion::ignored_with("built without the `cuda` feature")
     }
 }
 
@@ -131,12 +130,11 @@ mod nvrtc {
 
     const ARCHS: &[&str] = &["sm_80", "sm_90", "sm_100"];
 
-    pub fn compile_all() {
+    pub fn compile_all() -> Completion {
         let (major, minor) = match nvrtc::nvrtc_version() {
             Ok(v) => v,
             Err(e) if !required("MSCCLPP_REQUIRE_NVRTC") => {
-                report!("skipped: {e}");
-                return;
+                return Completion::ignored_with(e.to_string());
             }
             Err(e) => panic!("MSCCLPP_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"),
         };
@@ -202,22 +200,22 @@ mod nvrtc {
             ARCHS.len()
         );
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+        Completion::Completed
     }
 }
 
 const HIP_ARCHS: &[&str] = &["gfx90a", "gfx908"];
 
-#[test]
-fn hiprtc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
+fn hiprtc_compiles_every_module_for_gfx90a_gfx908_or_skipped() -> Completion {
     #[cfg(feature = "rocm")]
-    hiprtc::compile_all();
+    return hiprtc::compile_all();
     #[cfg(not(feature = "rocm"))]
     {
         assert!(
             !required("MSCCLPP_REQUIRE_HIPRTC"),
             "MSCCLPP_REQUIRE_HIPRTC=1 but this build has no `rocm` feature"
         );
-        report!("skipped: built without the `rocm` feature");
+        Completion::ignored_with("built without the `rocm` feature")
     }
 }
 
@@ -227,12 +225,11 @@ mod hiprtc {
 
     use super::*;
 
-    pub fn compile_all() {
+    pub fn compile_all() -> Completion {
         let (major, minor) = match hiprtc::hiprtc_version() {
             Ok(v) => v,
             Err(e) if !required("MSCCLPP_REQUIRE_HIPRTC") => {
-                report!("skipped: {e}");
-                return;
+                return Completion::ignored_with(e.to_string());
             }
             Err(e) => panic!("MSCCLPP_REQUIRE_HIPRTC=1 but hipRTC is unusable: {e}"),
         };
@@ -285,11 +282,11 @@ mod hiprtc {
             HIP_ARCHS.len()
         );
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+        Completion::Completed
     }
 }
 
-#[test]
-fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
+fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() -> Completion {
     let must = required("MSCCLPP_REQUIRE_HIPCC");
     match Command::new("hipcc").arg("--version").output() {
         Ok(out) if out.status.success() => {
@@ -301,13 +298,9 @@ fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
             report!("hipcc: {first}");
         }
         Ok(out) if !must => {
-            report!("skipped: hipcc --version failed ({})", out.status);
-            return;
+            return Completion::ignored_with(format!("hipcc --version failed ({})", out.status));
         }
-        Err(e) if !must => {
-            report!("skipped: hipcc not found: {e}");
-            return;
-        }
+        Err(e) if !must => return Completion::ignored_with(format!("hipcc not found: {e}")),
         other => panic!("MSCCLPP_REQUIRE_HIPCC=1 but hipcc is unusable: {other:?}"),
     }
     let kernels = kernels_dir();
@@ -363,4 +356,31 @@ fn hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped() {
         HIP_ARCHS.join("+")
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    Completion::Completed
+}
+
+fn main() {
+    let args = libtest_mimic::Arguments::from_args();
+    let trials = vec![
+        Trial::test(
+            "every_device_source_on_disk_is_a_module_and_matches_it",
+            || {
+                every_device_source_on_disk_is_a_module_and_matches_it();
+                Ok(())
+            },
+        ),
+        Trial::ignorable_test(
+            "nvrtc_compiles_every_module_for_sm80_sm90_sm100_or_skipped",
+            || Ok(nvrtc_compiles_every_module_for_sm80_sm90_sm100_or_skipped()),
+        ),
+        Trial::ignorable_test(
+            "hiprtc_compiles_every_module_for_gfx90a_gfx908_or_skipped",
+            || Ok(hiprtc_compiles_every_module_for_gfx90a_gfx908_or_skipped()),
+        ),
+        Trial::ignorable_test(
+            "hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped",
+            || Ok(hipcc_compiles_every_module_for_gfx90a_gfx908_or_skipped()),
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
 }
