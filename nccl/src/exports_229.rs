@@ -123,7 +123,7 @@ fn revoked() -> &'static Mutex<HashSet<usize>> {
     R.get_or_init(|| Mutex::new(HashSet::new()))
 }
 
-fn is_revoked(comm: NcclComm) -> bool {
+pub(crate) fn is_revoked(comm: NcclComm) -> bool {
     revoked()
         .lock()
         .unwrap_or_else(|p| p.into_inner())

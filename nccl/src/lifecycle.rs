@@ -699,13 +699,19 @@ pub fn async_error(h: NcclComm) -> Res<NcclResult> {
     let mut e = c.async_error.load(Ordering::Relaxed);
     // A dead peer makes the communicator unusable as soon as the bootstrap learns it, whether
     // or not an operation has failed yet.
-    if let Some(f) = c.native_failure() {
+    // A revoked communicator whose only failure is its own revocation is quiescent, which NCCL
+    // reports as success (the revoke, poll, shrink sequence polls for exactly that); a peer that
+    // died meanwhile is still reported.
+    let revoked_only = |f: &mscclpp::hal::Error| {
+        crate::exports_229::is_revoked(h) && !matches!(f, mscclpp::hal::Error::Remote { .. })
+    };
+    if let Some(f) = c.native_failure().filter(|f| !revoked_only(f)) {
         set_last_error(&format!("rank {}: {f}", c.rank));
         if e == NCCL_SUCCESS {
             e = NCCL_REMOTE_ERROR;
         }
     }
-    if e == NCCL_SUCCESS {
+    if e == NCCL_SUCCESS && !crate::exports_229::is_revoked(h) {
         if let Some((lib, rc)) = c.real_parts() {
             if let Some(f) = lib.comm_get_async_error {
                 let mut re = NCCL_SUCCESS;

@@ -1090,6 +1090,7 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
         fn(Comm, *mut c_void) -> c_int
     );
     let revoke = sym!(lib, "ncclCommRevoke", fn(Comm, c_int) -> c_int);
+    let async_err = sym!(lib, "ncclCommGetAsyncError", fn(Comm, *mut c_int) -> c_int);
     let comm_get_id = sym!(
         lib,
         "ncclCommGetUniqueId",
@@ -1550,6 +1551,14 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
         expect("ncclCommRevoke NULL", revoke(std::ptr::null_mut(), 0), 0)?;
         expect("ncclCommRevoke flags 1", revoke(comm, 1), 4)?;
         expect("ncclCommRevoke", revoke(comm, 0), 0)?;
+        // NCCL's sequence: revoke, poll until quiescent (ncclSuccess), shrink.
+        let mut ae = -1;
+        expect(
+            "ncclCommGetAsyncError after revoke",
+            async_err(comm, &mut ae),
+            0,
+        )?;
+        expect("the async error of a revoked, quiescent comm", ae, 0)?;
         expect(
             "ncclAllReduce after ncclCommRevoke",
             all_reduce(buf, buf, 4, 7, 0, comm, null),
