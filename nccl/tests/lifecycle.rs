@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Failed, Trial};
 use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
 use support::{
-    CollFn, Comm, fresh_dir, lib_path, open_lib, rank_command, rank_failure, run_if_rank,
-    self_command, wait_or_kill,
+    CollFn, Comm, fresh_dir, lib_path, mark, open_lib, rank_command, rank_failure, run_if_rank,
+    self_command, wait_file, wait_or_kill,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_LIFECYCLE_TEST_RANK";
@@ -240,26 +240,6 @@ fn checked_all_reduce(
         ));
     }
     Ok(())
-}
-
-/// Waits for another process's marker file.
-fn wait_file(p: &Path) -> Result<Vec<u8>, String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(b) = std::fs::read(p) {
-            return Ok(b);
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{} never appeared", p.display()));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn mark(p: &Path, data: &[u8]) -> Result<(), String> {
-    let tmp = p.with_extension("tmp");
-    std::fs::write(&tmp, data).map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp, p).map_err(|e| e.to_string())
 }
 
 /// One rank of the ProcessGroupNCCL sequence (a child process).

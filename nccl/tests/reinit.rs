@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Failed, Trial};
 use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
 use support::{
-    CollFn, Comm, fresh_dir, lib_path, open_lib, rank_command, rank_failure, run_if_rank,
-    wait_or_kill,
+    CollFn, Comm, fresh_dir, lib_path, mark, open_lib, rank_command, rank_failure, run_if_rank,
+    wait_file, wait_or_kill,
 };
 
 const EXIT_ROLE: &str = "MSCCLPP_NCCL_EXIT_TEST_RANK";
@@ -199,25 +199,6 @@ struct Send<T>(T);
 // SAFETY: an `ncclComm_t` of this library is a serial number, usable from any thread; ids are
 // plain bytes.
 unsafe impl<T> std::marker::Send for Send<T> {}
-
-fn wait_file(p: &Path) -> Result<Vec<u8>, String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(b) = std::fs::read(p) {
-            return Ok(b);
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{} never appeared", p.display()));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn mark(p: &Path, data: &[u8]) -> Result<(), String> {
-    let tmp = p.with_extension("tmp");
-    std::fs::write(&tmp, data).map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp, p).map_err(|e| e.to_string())
-}
 
 /// Rank 0 makes the id named `tag` and publishes it; the others read it.
 fn shared_id(api: &Api, rank: usize, dir: &Path, tag: &str) -> Result<NcclUniqueId, String> {

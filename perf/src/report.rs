@@ -520,8 +520,8 @@ mod tests {
         );
     }
 
-    /// The algorithm column and key; small figures keep three significant digits (issue 32:
-    /// `0.0 GB/s` at small sizes); the meta line is one JSON object.
+    /// The algorithm column and key; small figures keep three significant digits (they printed
+    /// as zero before); the meta line is one JSON object.
     #[test]
     fn algorithm_column_small_figures_and_meta() {
         let r = Row {

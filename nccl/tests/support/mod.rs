@@ -193,3 +193,24 @@ pub fn read_id(dir: &Path) -> Result<NcclUniqueId, String> {
     id.internal.copy_from_slice(&b);
     Ok(id)
 }
+
+/// Another process's marker file `p`, waited for up to 60 s.
+pub fn wait_file(p: &Path) -> Result<Vec<u8>, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(b) = std::fs::read(p) {
+            return Ok(b);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} never appeared", p.display()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Writes `data` to `p` whole (through a temporary file and a rename), so no reader sees a part.
+pub fn mark(p: &Path, data: &[u8]) -> Result<(), String> {
+    let tmp = p.with_extension("tmp");
+    std::fs::write(&tmp, data).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, p).map_err(|e| e.to_string())
+}

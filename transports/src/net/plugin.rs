@@ -184,6 +184,18 @@ struct NetV10 {
     close_listen: unsafe extern "C" fn(Ptr) -> NcclResult,
 }
 
+/// `$e` on the table of whichever version the plugin exports (for the calls whose arguments
+/// are the same in every version).
+macro_rules! each {
+    ($table:expr, $t:ident => $e:expr) => {
+        match $table {
+            Table::V8($t) => $e,
+            Table::V9($t) => $e,
+            Table::V10($t) => $e,
+        }
+    };
+}
+
 /// The table of the version the plugin exports (the newest of those this binding knows).
 enum Table {
     V8(&'static NetV8),
@@ -413,13 +425,7 @@ impl Plugin {
     pub fn devices(&self) -> Result<usize> {
         let mut n: c_int = 0;
         // SAFETY: valid out-pointer.
-        let rc = self.call(|| unsafe {
-            match self.table {
-                Table::V8(t) => (t.devices)(&mut n),
-                Table::V9(t) => (t.devices)(&mut n),
-                Table::V10(t) => (t.devices)(&mut n),
-            }
-        });
+        let rc = self.call(|| unsafe { each!(self.table, t => (t.devices)(&mut n)) });
         self.check(rc, "devices")?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
@@ -492,13 +498,7 @@ impl Plugin {
         let mut comm: Ptr = std::ptr::null_mut();
         let h = handle.as_mut_ptr().cast::<c_void>();
         // SAFETY: a handle buffer of NCCL_NET_HANDLE_MAXSIZE bytes and a valid out-pointer.
-        let rc = self.call(|| unsafe {
-            match self.table {
-                Table::V8(t) => (t.listen)(d, h, &mut comm),
-                Table::V9(t) => (t.listen)(d, h, &mut comm),
-                Table::V10(t) => (t.listen)(d, h, &mut comm),
-            }
-        });
+        let rc = self.call(|| unsafe { each!(self.table, t => (t.listen)(d, h, &mut comm)) });
         self.check(rc, "listen")?;
         Ok((handle, Comm(comm)))
     }
@@ -530,11 +530,7 @@ impl Plugin {
         let mut dev_comm: Ptr = std::ptr::null_mut();
         // SAFETY: a live listen comm of this plugin and valid out-pointers.
         let rc = self.call(|| unsafe {
-            match self.table {
-                Table::V8(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
-                Table::V9(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
-                Table::V10(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
-            }
+            each!(self.table, t => (t.accept)(listen.0, &mut comm, &mut dev_comm))
         });
         self.check(rc, "accept")?;
         Ok((!comm.is_null()).then_some(Comm(comm)))
@@ -548,11 +544,7 @@ impl Plugin {
         let mut mh: Ptr = std::ptr::null_mut();
         // SAFETY: forwarded contract; a live comm; valid out-pointer.
         let rc = self.call(|| unsafe {
-            match self.table {
-                Table::V8(t) => (t.reg_mr)(comm.0, data.cast(), len, PTR_HOST, &mut mh),
-                Table::V9(t) => (t.reg_mr)(comm.0, data.cast(), len, PTR_HOST, &mut mh),
-                Table::V10(t) => (t.reg_mr)(comm.0, data.cast(), len, PTR_HOST, &mut mh),
-            }
+            each!(self.table, t => (t.reg_mr)(comm.0, data.cast(), len, PTR_HOST, &mut mh))
         });
         self.check(rc, "regMr")?;
         Ok(Mr(mh))
@@ -561,13 +553,7 @@ impl Plugin {
     /// Ends a registration.
     pub fn dereg_mr(&self, comm: &Comm, mr: Mr) -> Result<()> {
         // SAFETY: a handle `reg_mr` returned for this comm, deregistered once (consumed).
-        let rc = self.call(|| unsafe {
-            match self.table {
-                Table::V8(t) => (t.dereg_mr)(comm.0, mr.0),
-                Table::V9(t) => (t.dereg_mr)(comm.0, mr.0),
-                Table::V10(t) => (t.dereg_mr)(comm.0, mr.0),
-            }
-        });
+        let rc = self.call(|| unsafe { each!(self.table, t => (t.dereg_mr)(comm.0, mr.0)) });
         self.check(rc, "deregMr")
     }
 
@@ -644,13 +630,8 @@ impl Plugin {
     pub fn test(&self, req: &Request) -> Result<Option<usize>> {
         let (mut done, mut size): (c_int, c_int) = (0, 0);
         // SAFETY: a request of this plugin not yet reported done; valid out-pointers.
-        let rc = self.call(|| unsafe {
-            match self.table {
-                Table::V8(t) => (t.test)(req.0, &mut done, &mut size),
-                Table::V9(t) => (t.test)(req.0, &mut done, &mut size),
-                Table::V10(t) => (t.test)(req.0, &mut done, &mut size),
-            }
-        });
+        let rc =
+            self.call(|| unsafe { each!(self.table, t => (t.test)(req.0, &mut done, &mut size)) });
         self.check(rc, "test")?;
         Ok((done != 0).then(|| usize::try_from(size).unwrap_or(0)))
     }
@@ -658,39 +639,21 @@ impl Plugin {
     /// Closes a send comm.
     pub fn close_send(&self, c: Comm) -> Result<()> {
         // SAFETY: a send comm of this plugin, closed once (consumed).
-        let rc = self.call(|| unsafe {
-            match self.table {
-                Table::V8(t) => (t.close_send)(c.0),
-                Table::V9(t) => (t.close_send)(c.0),
-                Table::V10(t) => (t.close_send)(c.0),
-            }
-        });
+        let rc = self.call(|| unsafe { each!(self.table, t => (t.close_send)(c.0)) });
         self.check(rc, "closeSend")
     }
 
     /// Closes a receive comm.
     pub fn close_recv(&self, c: Comm) -> Result<()> {
         // SAFETY: a receive comm of this plugin, closed once (consumed).
-        let rc = self.call(|| unsafe {
-            match self.table {
-                Table::V8(t) => (t.close_recv)(c.0),
-                Table::V9(t) => (t.close_recv)(c.0),
-                Table::V10(t) => (t.close_recv)(c.0),
-            }
-        });
+        let rc = self.call(|| unsafe { each!(self.table, t => (t.close_recv)(c.0)) });
         self.check(rc, "closeRecv")
     }
 
     /// Closes a listen comm.
     pub fn close_listen(&self, c: Comm) -> Result<()> {
         // SAFETY: a listen comm of this plugin, closed once (consumed).
-        let rc = self.call(|| unsafe {
-            match self.table {
-                Table::V8(t) => (t.close_listen)(c.0),
-                Table::V9(t) => (t.close_listen)(c.0),
-                Table::V10(t) => (t.close_listen)(c.0),
-            }
-        });
+        let rc = self.call(|| unsafe { each!(self.table, t => (t.close_listen)(c.0)) });
         self.check(rc, "closeListen")
     }
 }
