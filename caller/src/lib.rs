@@ -9,7 +9,8 @@
 //!   has no native streams: there a call names none and runs on the communicator's own stream,
 //!   and returns once it has run ([`Caller::finish`]);
 //! - **caller memory** ([`Caller::wrap`]): a pointer and a byte count become a buffer of the
-//!   communicator's device, not owned;
+//!   communicator's device, not owned, kept per communicator so that steady-state calls on the
+//!   same buffers neither query the driver nor allocate ([`memory`]);
 //! - **sizes** ([`buffer_bytes`]): the input and output bytes of a collective, checked for
 //!   overflow, from [`CollectiveKind::buffer_elements`];
 //! - **who serves the ranks** ([`Caller::new`]): one rank copies; the ranks of one host take the
@@ -25,6 +26,7 @@
 //! Python objects, array protocols and the GIL.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod memory;
 mod plans;
 mod streams;
 
@@ -33,9 +35,10 @@ use std::sync::Arc;
 use mscclpp_collectives::{CollectiveCall, CollectiveKind, Collectives, MAX_RANKS, P2pKind, P2pOp};
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    BackendKind, BufferSlice, DataType, DeviceBuffer, DevicePtr, Error, ReduceOp, Result, Stream,
+    BackendKind, BufferSlice, DataType, DeviceBuffer, Error, ReduceOp, Result, Stream,
 };
 
+pub use memory::memory_freed;
 pub use plans::MAX_STAGED;
 
 /// One communicator's caller side: its collectives (or why there are none), its own stream,
@@ -47,6 +50,7 @@ pub struct Caller {
     no_colls: Option<String>,
     internal: Arc<dyn Stream>,
     streams: streams::StreamCache,
+    memory: memory::WrapCache,
     plans: plans::PlanStage,
     host: bool,
 }
@@ -91,9 +95,11 @@ impl Caller {
         if let Some(why) = &no_colls {
             tracing::info!("no native collectives for this communicator: {why}");
         }
+        let memory = memory::WrapCache::from_env()?;
         let internal = comm.device().create_stream()?;
         let host = comm.device().info().backend == BackendKind::Host;
         Ok(Caller {
+            memory,
             plans: plans::PlanStage::new(),
             comm,
             colls,
@@ -156,14 +162,14 @@ impl Caller {
     }
 
     /// The caller's `bytes` at `ptr` as a buffer of the communicator's device (not owned, not
-    /// copied).
+    /// copied): the wrapper of an earlier call on the same range where one is kept.
     ///
     /// # Safety
     /// `bytes` of memory of the communicator's device at `ptr` (host memory on the host
     /// backend) that stay allocated until every call using the buffer has run on its stream.
     pub unsafe fn wrap(&self, ptr: u64, bytes: usize) -> Result<DeviceBuffer> {
         // SAFETY: forwarded contract.
-        unsafe { self.comm.device().wrap_external(DevicePtr(ptr), bytes) }
+        unsafe { self.memory.wrap(&**self.comm.device(), ptr, bytes) }
     }
 
     /// Ends a call enqueued on `stream`: on the host backend it waits for it (its callers have

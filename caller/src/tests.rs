@@ -180,3 +180,45 @@ fn plans_serve_in_place_and_out_of_place_calls_alike() {
         assert!(w.is_empty(), "rank {r}: {w:?}");
     }
 }
+
+#[test]
+fn caller_memory_is_wrapped_once_per_range_and_forgotten_after_a_free() {
+    with_ranks(1, |_, caller| {
+        let device = caller.communicator().device().clone();
+        let mem = device.alloc(64 * 1024, MemoryKind::Device).expect("memory");
+        let base = mem.ptr().0;
+        let same = |a: &DeviceBuffer, b: &DeviceBuffer| Arc::ptr_eq(a.allocation(), b.allocation());
+        // SAFETY: `mem` outlives every wrapper made here; nothing runs on them.
+        let w = |off: u64, len: usize| unsafe { caller.wrap(base + off, len) }.expect("wrap");
+        let a = w(0, 4096);
+        assert!(
+            same(&a, &w(0, 4096)),
+            "the same range wraps to the kept wrapper"
+        );
+        assert!(!same(&a, &w(0, 2048)), "another length is another wrapper");
+        assert_eq!(caller.memory.len(), 2);
+        // More ranges than it keeps: bounded, the least recently used goes first.
+        let _ = w(0, 4096);
+        for i in 1..=super::memory::WRAP_CACHE_ENTRIES as u64 {
+            let _ = w(i * 16, 16);
+        }
+        assert_eq!(caller.memory.len(), super::memory::WRAP_CACHE_ENTRIES);
+        let b = w(16 * super::memory::WRAP_CACHE_ENTRIES as u64, 16);
+        assert!(same(
+            &b,
+            &w(16 * super::memory::WRAP_CACHE_ENTRIES as u64, 16)
+        ));
+        // A free the library sees drops every wrapper.
+        super::memory_freed();
+        assert!(!same(
+            &b,
+            &w(16 * super::memory::WRAP_CACHE_ENTRIES as u64, 16)
+        ));
+        assert_eq!(caller.memory.len(), 1);
+        // Refusals are not kept: a null range fails every time.
+        for _ in 0..2 {
+            // SAFETY: refused before any use.
+            assert!(unsafe { caller.wrap(0, 16) }.is_err());
+        }
+    });
+}

@@ -681,7 +681,12 @@ pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(ptr as usize))
-            .map(drop)
+            .map(|buf| {
+                drop(buf);
+                // Communicators drop their wrappers of caller memory: a call on a pointer into
+                // this memory is checked (and refused) again, not trusted.
+                mscclpp_caller::memory_freed();
+            })
             .ok_or_else(|| Failure::argument(format!("{ptr:p} was not allocated by ncclMemAlloc")))
     })
 }

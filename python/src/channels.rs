@@ -48,6 +48,14 @@ pub struct Buffer {
     stream: Arc<dyn Stream>,
 }
 
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // Wrappers of this memory kept by communicators' caller sides are dropped at their next
+        // call, so a stale array over it is checked again rather than trusted.
+        mscclpp_caller::memory_freed();
+    }
+}
+
 impl Buffer {
     pub(crate) fn new(
         device: &Arc<dyn Device>,

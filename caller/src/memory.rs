@@ -1,0 +1,140 @@
+//! Caller memory wrapped once per communicator.
+//!
+//! Wrapping a caller's pointer costs a driver query on GPUs (the range must be runtime memory)
+//! and an allocation for the buffer's description. Steady-state callers — a training step, a
+//! benchmark loop — pass the same few buffers on every call, so the wrappers are kept: a call
+//! whose pointer and length were wrapped before reuses that wrapper, which needs neither the
+//! driver nor the allocator.
+//!
+//! A wrapper only describes the range (it owns nothing and holds no driver state), so a kept
+//! one stays right for any memory later allocated at the same address. What keeping it skips is
+//! the check that the range is still runtime memory: a call on memory freed since is then not
+//! refused with a message but reaches the device, as it would with NCCL, which never checks.
+//! Frees the library sees ([`memory_freed`]: `ncclMemFree`, the Python package's buffers) drop
+//! every kept wrapper, so those pointers are checked again; `MSCCLPP_WRAP_CACHE=0` checks every
+//! call.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mscclpp_hal::{Device, DeviceBuffer, DevicePtr, Error, Result};
+
+/// Wrappers one communicator keeps: enough for the buffers of a step (inputs, outputs, the
+/// buckets of a data-parallel step); the least recently used goes first.
+pub const WRAP_CACHE_ENTRIES: usize = 32;
+
+/// The variable that turns the cache off (`0`).
+pub const WRAP_CACHE_VAR: &str = "MSCCLPP_WRAP_CACHE";
+
+/// Frees of memory the front ends made, so far; a cache that saw fewer forgets its wrappers.
+static FREES: AtomicU64 = AtomicU64::new(0);
+
+/// Tells every communicator's cache that memory the library allocated was freed: each drops its
+/// wrappers at its next call, so a pointer into the freed memory is checked again.
+pub fn memory_freed() {
+    FREES.fetch_add(1, Ordering::AcqRel);
+}
+
+#[derive(Debug)]
+struct Entry {
+    ptr: u64,
+    len: usize,
+    buffer: DeviceBuffer,
+    last_use: u64,
+}
+
+#[derive(Debug)]
+struct Kept {
+    /// At most [`WRAP_CACHE_ENTRIES`]; allocated once, with the cache.
+    entries: Vec<Entry>,
+    /// [`FREES`] when the entries were last known good.
+    frees: u64,
+    clock: u64,
+}
+
+/// One communicator's wrappers of caller memory, by (address, length).
+#[derive(Debug)]
+pub(crate) struct WrapCache {
+    kept: Option<Mutex<Kept>>,
+}
+
+impl WrapCache {
+    /// An empty cache, or none where [`WRAP_CACHE_VAR`] says `0`.
+    pub(crate) fn from_env() -> Result<WrapCache> {
+        let on = match std::env::var(WRAP_CACHE_VAR) {
+            Err(_) => true,
+            Ok(v) => match v.trim() {
+                "" | "1" => true,
+                "0" => false,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "{WRAP_CACHE_VAR}={other:?}: expected 0 (wrap caller memory on every call) or 1 (keep the wrappers, the default)"
+                    )));
+                }
+            },
+        };
+        Ok(WrapCache {
+            kept: on.then(|| {
+                Mutex::new(Kept {
+                    entries: Vec::with_capacity(WRAP_CACHE_ENTRIES),
+                    frees: FREES.load(Ordering::Acquire),
+                    clock: 0,
+                })
+            }),
+        })
+    }
+
+    /// The wrapper of `bytes` at `ptr` on `device`: a kept one, or a new one (then kept).
+    ///
+    /// # Safety
+    /// As for [`Device::wrap_external`].
+    pub(crate) unsafe fn wrap(
+        &self,
+        device: &dyn Device,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<DeviceBuffer> {
+        let Some(kept) = &self.kept else {
+            // SAFETY: forwarded contract.
+            return unsafe { device.wrap_external(DevicePtr(ptr), bytes) };
+        };
+        let mut k = kept.lock().unwrap_or_else(|p| p.into_inner());
+        let frees = FREES.load(Ordering::Acquire);
+        if frees != k.frees {
+            k.entries.clear();
+            k.frees = frees;
+        }
+        k.clock += 1;
+        let now = k.clock;
+        if let Some(e) = k
+            .entries
+            .iter_mut()
+            .find(|e| e.ptr == ptr && e.len == bytes)
+        {
+            e.last_use = now;
+            return Ok(e.buffer.clone());
+        }
+        // SAFETY: forwarded contract.
+        let buffer = unsafe { device.wrap_external(DevicePtr(ptr), bytes)? };
+        let entry = Entry {
+            ptr,
+            len: bytes,
+            buffer: buffer.clone(),
+            last_use: now,
+        };
+        if k.entries.len() < WRAP_CACHE_ENTRIES {
+            k.entries.push(entry);
+        } else if let Some(oldest) = k.entries.iter_mut().min_by_key(|e| e.last_use) {
+            *oldest = entry;
+        }
+        Ok(buffer)
+    }
+
+    /// How many wrappers are kept (tests).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.kept.as_ref().map_or(0, |k| {
+            k.lock().unwrap_or_else(|p| p.into_inner()).entries.len()
+        })
+    }
+}
