@@ -1,4 +1,4 @@
-// Generated from the Rust definitions in mscclpp/src/bench_kernels.rs (regenerate with MSCCLPP_BLESS_LAYOUT=1 cargo test -p mscclpp --lib bench_kernels).
+// Generated from the Rust definitions in perf/src/bench_kernels.rs (regenerate with MSCCLPP_BLESS_LAYOUT=1 cargo test -p mscclpp-perf --lib bench_kernels).
 // Do not edit: a test fails when this file and the Rust layouts disagree.
 #pragma once
 

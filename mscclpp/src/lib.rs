@@ -10,8 +10,10 @@
 //! - [`comm`]: the bootstrap (TCP rendezvous), the communicator, semaphores, memory, port and
 //!   switch channels, and the host proxy;
 //! - [`transports`] and [`collectives`];
-//! - [`bench_kernels`]: the kernels of the benchmark tool and the examples (a
-//!   [`hal::KernelModule`] with host versions, as every owner of kernels defines them).
+//! - `init_logging` (feature `logging`, off by default): a `tracing` subscriber for binaries.
+//!
+//! The benchmark kernels, the process launcher and the channel examples live in the benchmark
+//! crate, `mscclpp-perf`.
 //!
 //! ```no_run
 //! let backend = mscclpp::registry::select()?;          // CUDA, else ROCm, else host
@@ -24,9 +26,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod bench_compute;
-pub mod bench_kernels;
-pub mod launch;
+#[cfg(feature = "logging")]
 pub mod logging;
 pub mod registry;
 
@@ -41,6 +41,7 @@ pub use mscclpp_cuda as cuda;
 #[cfg(feature = "rocm")]
 pub use mscclpp_rocm as rocm;
 
+#[cfg(feature = "logging")]
 pub use logging::init_logging;
 pub use mscclpp_hal::{Error, ErrorClass, Result};
 

@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, Schedule, UniqueId};
 use mscclpp::hal::{Error, Result};
-use mscclpp::launch::{self, Role};
+use mscclpp_perf::launch::{self, Role};
 
 /// Set by the standalone parent before it spawns the ranks: when it started (unix µs), so that
 /// rank 0 can report the launch-to-first-barrier time.

@@ -5,9 +5,6 @@
 
 use std::sync::Arc;
 
-use mscclpp::bench_kernels::{
-    MEMORY_CHANNEL_PUT, MODULE, MemoryChannelPutArgs, PORT_CHANNEL_PUT, PortChannelPutArgs,
-};
 use mscclpp::comm::Communicator;
 use mscclpp::comm::channel::MemoryChannel;
 use mscclpp::comm::proxy::ProxyService;
@@ -16,6 +13,9 @@ use mscclpp::hal::{
     BackendKind, Device, DeviceBuffer, Error, LaunchConfig, MemoryKind, Result, Stream, TypedKernel,
 };
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
+use mscclpp_perf::bench_kernels::{
+    MEMORY_CHANNEL_PUT, MODULE, MemoryChannelPutArgs, PORT_CHANNEL_PUT, PortChannelPutArgs,
+};
 
 use crate::args::Args;
 use crate::collective::{HOST_LEGEND, host_bytes};

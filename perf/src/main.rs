@@ -23,7 +23,7 @@ use mscclpp::hal::{BackendKind, Result};
 use mscclpp::transports::Transport;
 
 use args::{Args, Bench};
-use mscclpp::launch::{self, Role};
+use mscclpp_perf::launch::{self, Role};
 
 /// The exit status of arguments that cannot run.
 const USAGE: u8 = 2;

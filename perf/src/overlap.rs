@@ -1,5 +1,5 @@
 //! `mscclpp-perf overlap`: communication beside compute. A compute stream runs a GEMM-like
-//! kernel that occupies every SM (`mscclpp::bench_compute`, about `--compute-us` per launch)
+//! kernel that occupies every SM (`mscclpp_perf::bench_compute`, about `--compute-us` per launch)
 //! while the communication stream runs all-gathers and reduce-scatters; per size and path (our
 //! SM kernels as the policy picks them, our copy-engine path, NCCL with `--baseline nccl`) it
 //! prints compute alone, communication alone, both overlapped, the overlap efficiency
@@ -7,13 +7,13 @@
 
 use std::sync::Arc;
 
-use mscclpp::bench_compute::{COMPUTE, ComputeArgs, MODULE as COMPUTE_MODULE};
 use mscclpp::collectives::{AlgorithmId, CollectiveCall, CollectiveKind, Collectives};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{
     BufferSlice, DataType, DeviceBuffer, Error, Event, LaunchConfig, MemoryKind, ReduceOp, Result,
     Stream, TypedKernel,
 };
+use mscclpp_perf::bench_compute::{COMPUTE, ComputeArgs, MODULE as COMPUTE_MODULE};
 
 use crate::args::Args;
 use crate::collective::{Spec, bus_factor, check, value};

@@ -1,6 +1,6 @@
 //! Compiles every kernel module the library owns — the collectives' (`mscclpp-collectives`), the
-//! benchmark kernels (`mscclpp`), the conformance kernels (this crate), the device-API check and
-//! the execution-plan interpreter (`mscclpp-executor`) —
+//! benchmark kernels (`mscclpp-perf`), the conformance kernels (this crate), the device-API check
+//! and the execution-plan interpreter (`mscclpp-executor`) —
 //! through each GPU backend's own run-time compile path (NVRTC for sm_80, sm_90 and sm_100;
 //! hipRTC for gfx90a and gfx908) and with `hipcc` from the files on disk, failing on errors and
 //! on warnings. No device is needed. Without the compiler a test is reported ignored with the
@@ -25,8 +25,8 @@ macro_rules! report {
 /// Every module with a device source, each named by its path under `kernels/`.
 fn modules() -> Vec<&'static KernelModule> {
     let mut all: Vec<&'static KernelModule> = mscclpp::collectives::MODULES.to_vec();
-    all.push(&mscclpp::bench_kernels::MODULE);
-    all.push(&mscclpp::bench_compute::MODULE);
+    all.push(&mscclpp_perf::bench_kernels::MODULE);
+    all.push(&mscclpp_perf::bench_compute::MODULE);
     all.push(&mscclpp_conformance::kernels::MODULE);
     all.push(&mscclpp_gpu::device_api::DEVICE_API_CHECK);
     all.push(&mscclpp_executor::kernel::EXECUTOR_MODULE);

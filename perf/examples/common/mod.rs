@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use mscclpp::comm::Communicator;
-use mscclpp::launch::{self, Role};
+use mscclpp_perf::launch::{self, Role};
 
 /// The communicator of this rank; `None` in the standalone parent once the ranks have finished
 /// (it exits with their status).

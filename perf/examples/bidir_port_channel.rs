@@ -2,7 +2,7 @@
 //! into the proxy's FIFO and the host proxy moves the data (copy engine on GPUs); GB/s by size.
 //! `--transport Ethernet` sends over TCP instead.
 //!
-//! `cargo run --release -p mscclpp --example bidir_port_channel [-- Ethernet]`
+//! `cargo run --release -p mscclpp-perf --example bidir_port_channel [-- Ethernet]`
 //!
 //! Sizes from 1 KiB to 1 GiB on a GPU (64 MiB over Ethernet), at most 16 MiB on the host
 //! backend (its buffers are RAM); `MSCCLPP_EXAMPLE_MAX_BYTES` sets the largest.
@@ -11,11 +11,11 @@ mod common;
 
 use std::sync::Arc;
 
-use mscclpp::bench_kernels::{MODULE, PORT_CHANNEL_PUT, PortChannelPutArgs};
 use mscclpp::comm::proxy::ProxyService;
 use mscclpp::comm::semaphore::Host2DeviceSemaphore;
 use mscclpp::hal::{LaunchConfig, MemoryKind, TypedKernel};
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
+use mscclpp_perf::bench_kernels::{MODULE, PORT_CHANNEL_PUT, PortChannelPutArgs};
 
 fn main() -> mscclpp::Result<()> {
     let transport: Transport = std::env::args()

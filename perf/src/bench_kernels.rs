@@ -4,13 +4,13 @@
 //! argument structs are mirrored in `kernels/bench/args.cuh` (checked by the generated
 //! `kernels/bench/args_check.h`), and the host backend runs the Rust functions below.
 //!
-//! Load one with [`crate::hal::TypedKernel::load`]`(device, &MODULE, MEMORY_CHANNEL_PUT)`.
+//! Load one with [`mscclpp::hal::TypedKernel::load`]`(device, &MODULE, MEMORY_CHANNEL_PUT)`.
 
-use crate::hal::dev::{
+use mscclpp::hal::dev::{
     BaseMemoryChannelDeviceHandle, DEFAULT_WAIT, MemoryChannelDeviceHandle,
     PortChannelDeviceHandle, for_each_block,
 };
-use crate::hal::{Error, KernelArgs, KernelDef, KernelId, KernelModule, LaunchConfig, Result};
+use mscclpp::hal::{Error, KernelArgs, KernelDef, KernelId, KernelModule, LaunchConfig, Result};
 
 /// Bandwidth benchmark: `iters` times, every block puts its share of `bytes` through a memory
 /// channel, then one thread signals the peer and waits for the peer's signal (args:
@@ -158,8 +158,8 @@ fn ping_pong(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
 mod tests {
     use std::path::Path;
 
-    use crate::hal::dev::layout::{check_header, header};
-    use crate::hal::layout_entry;
+    use mscclpp::hal::dev::layout::{check_header, header};
+    use mscclpp::hal::layout_entry;
 
     use super::*;
 
@@ -167,8 +167,8 @@ mod tests {
     fn committed_args_check_header_matches_the_rust_layouts() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/bench/args_check.h");
         let expected = header(
-            "mscclpp/src/bench_kernels.rs (regenerate with MSCCLPP_BLESS_LAYOUT=1 cargo test -p \
-             mscclpp --lib bench_kernels)",
+            "perf/src/bench_kernels.rs (regenerate with MSCCLPP_BLESS_LAYOUT=1 cargo test -p \
+             mscclpp-perf --lib bench_kernels)",
             &[
                 layout_entry!(MemoryChannelPutArgs { chan, bytes, iters }),
                 layout_entry!(PortChannelPutArgs { chan, bytes, iters }),

@@ -5,10 +5,10 @@
 //! from here). Its device source is `kernels/bench/compute.cu`; the host backend runs
 //! [`compute_host`], the same arithmetic on a CPU.
 //!
-//! Load it with [`crate::hal::TypedKernel::load`]`(device, &MODULE, COMPUTE)`.
+//! Load it with [`mscclpp::hal::TypedKernel::load`]`(device, &MODULE, COMPUTE)`.
 
-use crate::hal::dev::for_each_block;
-use crate::hal::{Error, KernelArgs, KernelDef, KernelId, KernelModule, LaunchConfig, Result};
+use mscclpp::hal::dev::for_each_block;
+use mscclpp::hal::{Error, KernelArgs, KernelDef, KernelId, KernelModule, LaunchConfig, Result};
 
 /// `passes` passes over `words` words of two bf16 operands each, `fmas` rounds of four FMAs per
 /// word (args: [`ComputeArgs`]).
@@ -97,13 +97,13 @@ mod tests {
 
     #[test]
     fn committed_compute_check_header_matches_the_rust_layout() {
-        use crate::hal::dev::layout::{check_header, header};
-        use crate::hal::layout_entry;
+        use mscclpp::hal::dev::layout::{check_header, header};
+        use mscclpp::hal::layout_entry;
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../kernels/bench/compute_check.h");
         let expected = header(
-            "mscclpp/src/bench_compute.rs (regenerate with MSCCLPP_BLESS_LAYOUT=1 cargo test -p \
-             mscclpp --lib bench_compute)",
+            "perf/src/bench_compute.rs (regenerate with MSCCLPP_BLESS_LAYOUT=1 cargo test -p \
+             mscclpp-perf --lib bench_compute)",
             &[layout_entry!(ComputeArgs {
                 data,
                 out,

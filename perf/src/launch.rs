@@ -3,7 +3,7 @@
 //! process per rank, when it is run standalone.
 //!
 //! ```no_run
-//! use mscclpp::launch::{self, Role};
+//! use mscclpp_perf::launch::{self, Role};
 //! let role = launch::role()?;
 //! if let Role::Parent = role {
 //!     // Standalone: start 2 copies of this program as ranks 0 and 1 and wait for them.
@@ -17,8 +17,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mscclpp_comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
-use mscclpp_hal::{Error, Result};
+use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
+use mscclpp::hal::{Error, Result};
 
 const UID_VAR: &str = "MSCCLPP_PERF_UID";
 const RANK_VAR: &str = "MSCCLPP_PERF_RANK";
@@ -43,8 +43,8 @@ pub enum Role {
 /// is present but malformed is an error: falling back to a standalone run would make every
 /// process of a launched job run a job of its own and report success.
 fn launched_with_several_ranks() -> Result<bool> {
-    let lookup = |k: &str| mscclpp_hal::env::get(k);
-    let info = mscclpp_comm::bootstrap::detect_launch_optional(&lookup)?;
+    let lookup = |k: &str| mscclpp::hal::env::get(k);
+    let info = mscclpp::comm::bootstrap::detect_launch_optional(&lookup)?;
     Ok(info.is_some_and(|i| i.world_size > 1))
 }
 
@@ -61,11 +61,11 @@ fn program_name() -> String {
 
 /// Decides the role from the environment.
 pub fn role() -> Result<Role> {
-    if let Some(uid) = mscclpp_hal::env::get(UID_VAR) {
+    if let Some(uid) = mscclpp::hal::env::get(UID_VAR) {
         let uid: UniqueId = uid.parse()?;
-        let rank = mscclpp_hal::env::parse::<usize>(RANK_VAR, "a rank")?
+        let rank = mscclpp::hal::env::parse::<usize>(RANK_VAR, "a rank")?
             .ok_or_else(|| Error::invalid(format!("{UID_VAR} is set but {RANK_VAR} is not")))?;
-        let nranks = mscclpp_hal::env::parse::<usize>(NRANKS_VAR, "a rank count")?
+        let nranks = mscclpp::hal::env::parse::<usize>(NRANKS_VAR, "a rank count")?
             .ok_or_else(|| Error::invalid(format!("{UID_VAR} is set but {NRANKS_VAR} is not")))?;
         return Ok(Role::Child { uid, rank, nranks });
     }
@@ -73,7 +73,7 @@ pub fn role() -> Result<Role> {
         return Ok(Role::Launched);
     }
     // Checked here too (the parent's root listens on loopback and would never look at it).
-    mscclpp_comm::bootstrap::BootstrapConfig::from_env()?;
+    mscclpp::comm::bootstrap::BootstrapConfig::from_env()?;
     Ok(Role::Parent)
 }
 

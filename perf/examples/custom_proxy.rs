@@ -3,7 +3,7 @@
 //! thread; a kernel would call `fifo.push` from `fifo.cuh`) and a user-written handler on the
 //! host acts on each — here, signalling the peer through a connection, which the peer waits on.
 //!
-//! `cargo run --release -p mscclpp --example custom_proxy`
+//! `cargo run --release -p mscclpp-perf --example custom_proxy`
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! Both ranks put into each other's buffer at once through `MemoryChannel`s (the device copies
 //! over the peer link), then signal; GB/s per direction and in sum by size, every byte checked.
 //!
-//! `cargo run --release -p mscclpp --example bidir_memory_channel`
+//! `cargo run --release -p mscclpp-perf --example bidir_memory_channel`
 //!
 //! Sizes from 1 KiB to 1 GiB on a GPU, 16 MiB on the host backend (its buffers are RAM);
 //! `MSCCLPP_EXAMPLE_MAX_BYTES` sets the largest.
@@ -10,11 +10,11 @@ mod common;
 
 use std::sync::Arc;
 
-use mscclpp::bench_kernels::{MEMORY_CHANNEL_PUT, MODULE, MemoryChannelPutArgs};
 use mscclpp::comm::channel::MemoryChannel;
 use mscclpp::comm::semaphore::MemoryDevice2DeviceSemaphore;
 use mscclpp::hal::{LaunchConfig, MemoryKind, TypedKernel};
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
+use mscclpp_perf::bench_kernels::{MEMORY_CHANNEL_PUT, MODULE, MemoryChannelPutArgs};
 
 /// The largest size on a GPU.
 const GPU_MAX: usize = 1 << 30;

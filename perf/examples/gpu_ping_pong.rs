@@ -1,17 +1,17 @@
 //! Two processes signal each other back and forth through a `BaseMemoryChannel` (MSCCL++'s
 //! ping-pong tutorial): one GPU thread per side, `rounds` round trips timed with events.
 //!
-//! `cargo run --release -p mscclpp --example gpu_ping_pong`
+//! `cargo run --release -p mscclpp-perf --example gpu_ping_pong`
 
 mod common;
 
 use std::sync::Arc;
 
-use mscclpp::bench_kernels::{MODULE, PING_PONG, PingPongArgs};
 use mscclpp::comm::channel::BaseMemoryChannel;
 use mscclpp::comm::semaphore::MemoryDevice2DeviceSemaphore;
 use mscclpp::hal::{LaunchConfig, TypedKernel};
 use mscclpp::transports::{EndpointConfig, Transport};
+use mscclpp_perf::bench_kernels::{MODULE, PING_PONG, PingPongArgs};
 
 fn main() -> mscclpp::Result<()> {
     let Some(comm) = common::two_ranks()? else {
