@@ -25,7 +25,7 @@
 #                 it ends by limit + 60 s
 #   --ranks       rank counts to run every case at (default 2)
 #
-# The machine (see shared/GPU.md): NVIDIA H200, one GPU or two; nvcc, NCCL 2.28 at
+# The machine (see docs/gpu-machines.md): NVIDIA H200, one GPU or two; nvcc, NCCL 2.28 at
 # /lib/x86_64-linux-gnu/libnccl.so.2 (nccl-tests link it; our preloaded library's symbols win),
 # Open MPI's mpirun, PyTorch (/opt/torch/.venv/bin/python3 if present, else python3), CuPy, JAX.
 # With fewer GPUs than ranks every rank shares device 0: nccl-tests get NCCL_TESTS_DEVICE=0
@@ -286,7 +286,7 @@ nt_wanted() { # is any nccl-tests case selected?
   return 1
 }
 # nccl-tests are not built here: --nccl-tests names a directory of built *_perf binaries (build
-# them as ../shared/GPU.md or nccl-tests' README says, MPI=1).
+# them as docs/gpu-machines.md or nccl-tests' README says, MPI=1).
 if [ -n "$NT_SRC" ] && [ -x "$NT_SRC/all_reduce_perf" ]; then
   NT_BUILD=$(cd "$NT_SRC" && pwd)
 elif [ -n "$NT_SRC" ] && [ -x "$NT_SRC/build/all_reduce_perf" ]; then

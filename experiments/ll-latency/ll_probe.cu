@@ -3,12 +3,12 @@
 // replayed; time per call), every result checked. Variants, each on the same buffers:
 //   empty      an empty kernel with the same grid (the launch floor);
 //   ours       the library's general LL kernel (kernels/collectives/ll.cu, included below);
-//   minimal    the floor of ../shared/GPU.md: one packet per thread, poll, add; a flag counter
+//   minimal    the floor of docs/gpu-machines.md: one packet per thread, poll, add; a flag counter
 //              per block; min-early: the same with the input loaded before the counter is used;
 //   short      the library's short all-reduce (mscclpp_collective_ll_short_allreduce_*);
 //   sN         the short kernel's steps (shortVar<N> below; what the library adopted is s17);
 //   one, ladN  earlier steps from the general kernel towards minimal (oneRound, ladder;
-//              docs/runs/*run35*, *run36*).
+//              runs 35 and 36 in docs/performance.md).
 // The grid is the library's: one block per `argv[1]` packets (default 512), a thread per packet.
 //
 // Build (here or on the GPU machine; nvcc 13 and cudart, both in NVIDIA's PyPI wheels):

@@ -1,4 +1,4 @@
-// Argument structs of the benchmark and example kernels (mscclpp/src/bench_kernels.rs:
+// Argument structs of the benchmark and example kernels (perf/src/bench_kernels.rs:
 // MemoryChannelPutArgs, PortChannelPutArgs, PingPongArgs; checked against them by
 // bench/args_check.h). Vendor-neutral.
 #pragma once

@@ -86,8 +86,8 @@ use comm::{Call, Comm, Op, from_real, lookup, register};
 use error::{Failure, Res, guard};
 use real::RealResults;
 
-/// The names of every export, in the order of GPU.md's list (PyTorch 2.11's 38 imports), then
-/// the extra ones.
+/// The names of every export, in the order of docs/gpu-machines.md's list (PyTorch 2.11's 38
+/// imports), then the extra ones.
 pub const EXPORTS: &[&str] = &[
     "ncclAllGather",
     "ncclAllReduce",

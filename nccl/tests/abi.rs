@@ -168,7 +168,7 @@ fn symbols_resolve() -> Result<(), Failed> {
             .into());
         }
     }
-    // GPU.md's list of PyTorch 2.11's imports: all 38 are in EXPORTS.
+    // docs/gpu-machines.md's list of PyTorch 2.11's imports: all 38 are in EXPORTS.
     let torch = "ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCommAbort ncclCommCount \
         ncclCommDeregister ncclCommDestroy ncclCommFinalize ncclCommGetAsyncError ncclCommInitAll \
         ncclCommInitRank ncclCommInitRankConfig ncclCommInitRankScalable ncclCommRegister \
