@@ -12,6 +12,7 @@ pub mod kernel;
 #[cfg(test)]
 mod layout;
 pub mod plan;
+#[cfg(feature = "testgen")]
 pub mod testgen;
 
 pub use executor::Executor;

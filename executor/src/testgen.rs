@@ -19,6 +19,9 @@
 //!   `allgather_nvls_zero_copy_pkt`).
 //!
 //! The NVLS plans run on the host backend, which emulates multicast; GPUs refuse them.
+//!
+//! Built only with the crate's `testgen` feature (off by default): the tests that use these
+//! plans enable it in their crate's dev-dependencies.
 
 use serde_json::{Value, json};
 
