@@ -74,6 +74,13 @@ pub struct Args {
     #[arg(short = 'G', long = "cudagraph", default_value_t = 0, global = true)]
     pub cudagraph: u32,
 
+    /// Run the ranks as threads of this one process instead of one process each (collectives
+    /// and bootstrap). On one GPU the ranks then share one context, so their kernels run
+    /// concurrently instead of time-sliced between processes: latency on one GPU means
+    /// something.
+    #[arg(long, global = true)]
+    pub threads: bool,
+
     /// The global flags given on the command line (their field names), to refuse those a
     /// benchmark would ignore.
     #[arg(skip)]
@@ -81,7 +88,7 @@ pub struct Args {
 }
 
 /// The global flags: their ids (field names) and how the errors spell them.
-const GLOBAL_FLAGS: [(&str, &str); 14] = [
+const GLOBAL_FLAGS: [(&str, &str); 15] = [
     ("min_bytes", "-b"),
     ("max_bytes", "-e"),
     ("step_factor", "-f"),
@@ -96,6 +103,7 @@ const GLOBAL_FLAGS: [(&str, &str); 14] = [
     ("baseline", "--baseline"),
     ("register", "--register"),
     ("cudagraph", "-G"),
+    ("threads", "--threads"),
 ];
 
 /// The benchmarks.
@@ -158,9 +166,6 @@ pub enum Bench {
     },
     /// The bootstrap at scale: first barrier, barrier, all-gather, split, connections, RSS.
     Bootstrap {
-        /// Run the ranks as threads of this process (where processes run out).
-        #[arg(long)]
-        threads: bool,
         /// Timed repetitions of each operation.
         #[arg(long, default_value_t = 20)]
         reps: u32,
@@ -306,7 +311,7 @@ impl Args {
         let applies = |id: &str| -> bool {
             match bench {
                 Bench::Report { .. } => false,
-                Bench::Bootstrap { .. } => id == "ranks",
+                Bench::Bootstrap { .. } => matches!(id, "ranks" | "threads"),
                 Bench::MemoryChannel | Bench::PortChannel { .. } => matches!(
                     id,
                     "min_bytes"
@@ -317,9 +322,9 @@ impl Args {
                         | "ranks"
                         | "json"
                 ),
-                Bench::P2p => !matches!(id, "datatype" | "op" | "root"),
-                Bench::Overlap { .. } => id != "root",
-                Bench::Plan { .. } => true,
+                Bench::P2p => !matches!(id, "datatype" | "op" | "root" | "threads"),
+                Bench::Overlap { .. } => !matches!(id, "root" | "threads"),
+                Bench::Plan { .. } => id != "threads",
                 Bench::Broadcast | Bench::Allgather | Bench::Alltoall => match id {
                     "op" => false,
                     "root" => *bench == Bench::Broadcast,

@@ -92,6 +92,7 @@ fn measure(
             root: None,
             nranks: 2,
             time_us: worst,
+            cpu_us: None,
             algbw_gbps: one_way,
             busbw_gbps: one_way * 2.0,
             wrong: Some(total),

@@ -94,10 +94,12 @@ pub struct Measured {
     pub count: usize,
     /// Our time per call, µs (slowest rank).
     pub us: f64,
+    /// Host time per call spent in our calls, µs (slowest rank).
+    pub cpu_us: f64,
     /// Our wrong elements, all ranks.
     pub wrong: u64,
-    /// NCCL's time and wrong elements, when measured.
-    pub nccl: Option<(f64, u64)>,
+    /// NCCL's time, wrong elements and host time per call, when measured.
+    pub nccl: Option<(f64, u64, f64)>,
     /// The algorithm our library ran (rank 0's choice; every rank agrees).
     pub algo: &'static str,
 }
@@ -189,9 +191,10 @@ impl Bench {
         self.coll.run(&call, &*self.stream)
     }
 
-    /// Time per call in µs: eager launches, or (`-G N`) replays of a graph of `N` calls.
-    fn time(&self, args: &Args, call: &dyn Fn() -> Result<()>) -> Result<f64> {
-        time_calls(args, &self.comm, &*self.stream, call)
+    /// Time and host time per call in µs: eager launches, or (`-G N`) replays of a graph of
+    /// `N` calls.
+    fn time(&self, args: &Args, call: &dyn Fn() -> Result<()>) -> Result<Timed> {
+        time_calls_cpu(args, &self.comm, &*self.stream, call)
     }
 
     /// Measures one size (`size` bytes of the larger buffer); `None` when it holds no element.
@@ -229,7 +232,7 @@ impl Bench {
         };
         self.stream.fill(&output, 0xA5)?;
         let zero_copy = self.coll.zero_copy_calls();
-        let us = self.time(args, &|| self.ours(spec, &input, &output, count))?;
+        let ours = self.time(args, &|| self.ours(spec, &input, &output, count))?;
         let algo = if self.coll.zero_copy_calls() > zero_copy {
             mscclpp::collectives::AlgorithmId::Read.name()
         } else {
@@ -259,39 +262,56 @@ impl Bench {
             }
         };
         // Slowest rank's times, everyone's wrong counts.
-        let mut msg = Vec::with_capacity(32);
-        msg.extend_from_slice(&us.to_le_bytes());
+        let mut msg = Vec::with_capacity(RESULT_BYTES);
+        msg.extend_from_slice(&ours.us.to_le_bytes());
         msg.extend_from_slice(&wrong.to_le_bytes());
-        let (nt, nw) = nccl.unwrap_or((0.0, 0));
-        msg.extend_from_slice(&nt.to_le_bytes());
+        let (nt, nw) = nccl.unwrap_or((Timed::default(), 0));
+        msg.extend_from_slice(&nt.us.to_le_bytes());
         msg.extend_from_slice(&nw.to_le_bytes());
+        msg.extend_from_slice(&ours.cpu_us.to_le_bytes());
+        msg.extend_from_slice(&nt.cpu_us.to_le_bytes());
         let all = self.comm.bootstrap().all_gather(&msg)?;
         let mut m = Measured {
             size: in_b.max(out_b),
             count,
             us: 0.0,
+            cpu_us: 0.0,
             wrong: 0,
-            nccl: nccl.map(|_| (0.0, 0)),
+            nccl: nccl.map(|_| (0.0, 0, 0.0)),
             algo,
         };
         for b in &all {
-            if b.len() != 32 {
+            if b.len() != RESULT_BYTES {
                 return Err(Error::malformed(
                     "perf result",
-                    format!("{} bytes instead of 32", b.len()),
+                    format!("{} bytes instead of {RESULT_BYTES}", b.len()),
                 ));
             }
             let f = |k: usize| f64::from_le_bytes(b[k..k + 8].try_into().unwrap_or([0; 8]));
             let u = |k: usize| u64::from_le_bytes(b[k..k + 8].try_into().unwrap_or([0; 8]));
             m.us = m.us.max(f(0));
             m.wrong += u(8);
-            if let Some((t, w)) = m.nccl.as_mut() {
+            m.cpu_us = m.cpu_us.max(f(32));
+            if let Some((t, w, c)) = m.nccl.as_mut() {
                 *t = t.max(f(16));
                 *w += u(24);
+                *c = c.max(f(40));
             }
         }
         Ok(Some(m))
     }
+}
+
+/// Bytes of one rank's figures of a size: time, wrong, NCCL's time and wrong, host times.
+const RESULT_BYTES: usize = 48;
+
+/// What timing a call gives, µs per call.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Timed {
+    /// Device time ([`time_calls`]).
+    pub us: f64,
+    /// Host time spent in the calls (the graph launches under `-G`), divided by the calls.
+    pub cpu_us: f64,
 }
 
 /// Whether timings are medians of single calls: on the host backend, whose calls are CPU work
@@ -335,6 +355,17 @@ pub(crate) fn time_calls(
     stream: &dyn Stream,
     call: &dyn Fn() -> Result<()>,
 ) -> Result<f64> {
+    Ok(time_calls_cpu(args, comm, stream, call)?.us)
+}
+
+/// [`time_calls`], and the host time the calls took to return (what a caller's thread pays per
+/// call; it includes waiting for room in a full launch queue).
+pub(crate) fn time_calls_cpu(
+    args: &Args,
+    comm: &Communicator,
+    stream: &dyn Stream,
+    call: &dyn Fn() -> Result<()>,
+) -> Result<Timed> {
     let device = comm.device();
     let (e0, e1) = (device.create_event()?, device.create_event()?);
     let per_launch = args.cudagraph.max(1) as usize;
@@ -361,8 +392,11 @@ pub(crate) fn time_calls(
             .map(|_| device.create_event())
             .collect::<Result<Vec<_>>>()?;
         stream.record(&*events[0])?;
+        let mut host = std::time::Duration::ZERO;
         for e in &events[1..] {
+            let t = std::time::Instant::now();
             run()?;
+            host += t.elapsed();
             stream.record(&**e)?;
         }
         stream.synchronize()?;
@@ -373,23 +407,32 @@ pub(crate) fn time_calls(
             .collect::<Result<Vec<f64>>>()?;
         us.sort_by(f64::total_cmp);
         let mid = us.len() / 2;
-        return Ok(if us.len() % 2 == 1 {
-            us[mid]
-        } else {
-            (us[mid - 1] + us[mid]) / 2.0
+        return Ok(Timed {
+            us: if us.len() % 2 == 1 {
+                us[mid]
+            } else {
+                (us[mid - 1] + us[mid]) / 2.0
+            },
+            cpu_us: host.as_secs_f64() * 1e6 / (args.iters * per_launch).max(1) as f64,
         });
     }
     stream.record(&*e0)?;
+    let t = std::time::Instant::now();
     for _ in 0..args.iters {
         run()?;
     }
+    let host = t.elapsed();
     stream.record(&*e1)?;
     stream.synchronize()?;
     // Kernels of a communicator whose peer died give up their waits and end (GPU kernels on
     // its abort word): a time or a result of those calls is no measurement. The error names the
     // dead rank.
     comm.check_live()?;
-    Ok(e1.elapsed_ms_since(&*e0)? * 1e3 / (args.iters * per_launch) as f64)
+    let calls = (args.iters * per_launch).max(1) as f64;
+    Ok(Timed {
+        us: e1.elapsed_ms_since(&*e0)? * 1e3 / calls,
+        cpu_us: host.as_secs_f64() * 1e6 / calls,
+    })
 }
 
 /// nccl-tests' bus-bandwidth factor.
@@ -421,7 +464,9 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
     let info = comm.device().info();
     let nranks = comm.nranks();
     let factor = bus_factor(kind, nranks);
-    let mut table = Table::new(args.json, comm.rank() == 0, bench.nccl.is_some()).with_algo();
+    let mut table = Table::new(args.json, comm.rank() == 0, bench.nccl.is_some())
+        .with_algo()
+        .with_cpu();
     // Only what applies: the operator of reductions, the root of broadcasts.
     let mut what = format!("{dtype}");
     if kind.reduces() {
@@ -460,6 +505,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
     let host = median_timed(&comm);
     let mut legend = vec![
         time_legend(args, host),
+        "cpu(us): host microseconds per call spent in the calls (the caller's thread: argument checks, launch, queueing; with -G the graph launches), the slowest rank's; a full launch queue makes the caller wait, so it is the host's cost only where it is below time(us)".to_string(),
         format!(
             "algbw = size / time (GB/s = 1e9 B/s; size: bytes of the larger buffer of one rank); busbw = algbw x {factor:.3} ({}, nccl-tests' bus bandwidth, comparable across rank counts)",
             match kind {
@@ -484,7 +530,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
     // first-touch mappings and clock ramp-up, which short warm-ups left in the first row.
     if let Some(&first) = sizes.first() {
         if let Some(m) = bench.measure(args, &spec, first)? {
-            table.count_wrong(m.wrong + m.nccl.map_or(0, |(_, w)| w));
+            table.count_wrong(m.wrong + m.nccl.map_or(0, |(_, w, _)| w));
         }
     }
     for size in sizes {
@@ -502,11 +548,13 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
             root: (kind == CollectiveKind::Broadcast).then_some(args.root),
             nranks,
             time_us: m.us,
+            cpu_us: Some(m.cpu_us),
             algbw_gbps: alg(m.us),
             busbw_gbps: alg(m.us) * factor,
             wrong: (args.check != 0).then_some(m.wrong),
-            baseline: m.nccl.map(|(t, w)| Baseline {
+            baseline: m.nccl.map(|(t, w, c)| Baseline {
                 time_us: t,
+                cpu_us: Some(c),
                 algbw_gbps: alg(t),
                 busbw_gbps: alg(t) * factor,
                 wrong: w,

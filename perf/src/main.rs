@@ -58,12 +58,12 @@ fn run(args: &Args) -> Result<ExitCode> {
         plot::main(&files, &output, title.as_deref())?;
         return Ok(ExitCode::SUCCESS);
     }
-    if let Bench::Bootstrap { threads, reps } = args.bench() {
+    if let Bench::Bootstrap { reps } = args.bench() {
         if let Err(e) = args.validate_for(args.ranks.unwrap_or(2), BackendKind::Host) {
             eprintln!("mscclpp-perf: {e}");
             return Ok(ExitCode::from(USAGE));
         }
-        return bootstrap::main(args.ranks, threads, reps);
+        return bootstrap::main(args.ranks, args.threads, reps);
     }
     let role = launch::role()?;
     if let Role::Parent = role {
@@ -97,6 +97,9 @@ fn run(args: &Args) -> Result<ExitCode> {
                 }
             }
         }
+        if args.threads {
+            return rank_threads(args, nranks);
+        }
         let failed = launch::spawn_and_wait(nranks)?;
         return Ok(if failed == 0 {
             ExitCode::SUCCESS
@@ -104,7 +107,66 @@ fn run(args: &Args) -> Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
+    if args.threads {
+        eprintln!(
+            "mscclpp-perf: --threads runs every rank in this one process; under a launcher (mpirun, torchrun, srun) each process is a rank already: drop --threads or the launcher"
+        );
+        return Ok(ExitCode::from(USAGE));
+    }
     let boot = Arc::new(launch::bootstrap(&role)?);
+    rank(args, boot)
+}
+
+/// `--threads`: the ranks as threads of this process, each with its own bootstrap and
+/// communicator on the device of its rank (on one GPU: one context for all).
+fn rank_threads(args: &Args, nranks: usize) -> Result<ExitCode> {
+    use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot};
+    let cfg = BootstrapConfig::from_env()?;
+    let (_root, uid) = BootstrapRoot::start(
+        std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)),
+        nranks,
+        &cfg,
+    )?;
+    let results: Vec<Result<ExitCode>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..nranks)
+            .map(|r| {
+                let cfg = cfg.clone();
+                std::thread::Builder::new()
+                    .name(format!("rank {r}"))
+                    .spawn_scoped(s, move || {
+                        let boot = Arc::new(Bootstrap::new(&uid, r, nranks, cfg)?);
+                        rank(args, boot)
+                    })
+            })
+            .collect();
+        hs.into_iter()
+            .enumerate()
+            .map(|(r, h)| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(mscclpp::Error::Internal(format!(
+                        "rank {r}'s thread panicked"
+                    )))
+                }),
+                Err(e) => Err(mscclpp::Error::io(format!("spawning rank {r}'s thread"), e)),
+            })
+            .collect()
+    });
+    let mut code = ExitCode::SUCCESS;
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Ok(c) if c == ExitCode::SUCCESS => {}
+            Ok(c) => code = c,
+            Err(e) => {
+                eprintln!("mscclpp-perf: rank {r}: {e}");
+                code = ExitCode::FAILURE;
+            }
+        }
+    }
+    Ok(code)
+}
+
+/// One rank's benchmark over `boot`: rank 0 prints the table.
+fn rank(args: &Args, boot: Arc<mscclpp::comm::bootstrap::Bootstrap>) -> Result<ExitCode> {
     let backend = mscclpp::registry::select()?;
     // Ranks started by mpirun & co. have no parent that checked: rank 0 alone says why. The
     // memory check counts this rank alone (how many share the host is not known here).

@@ -117,6 +117,7 @@ pub fn run(args: &Args, boot: &Bootstrap, device: Arc<dyn Device>) -> Result<u64
             root: None,
             nranks: n,
             time_us: us,
+            cpu_us: None,
             algbw_gbps: size as f64 / us / 1e3,
             busbw_gbps: size as f64 / us / 1e3,
             wrong: if args.check != 0 {

@@ -224,6 +224,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
             let mut figures = baselines.iter().map(|&(t, w)| {
                 Some(Baseline {
                     time_us: t,
+                    cpu_us: None,
                     algbw_gbps: alg(t),
                     busbw_gbps: alg(t) * factor,
                     wrong: w,
@@ -241,6 +242,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
                     root: None,
                     nranks: n,
                     time_us: *t0,
+                    cpu_us: None,
                     algbw_gbps: alg(*t0),
                     busbw_gbps: alg(*t0) * factor,
                     wrong: (args.check != 0).then_some(*w0),

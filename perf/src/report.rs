@@ -10,6 +10,8 @@ use std::io::Write;
 pub struct Baseline {
     /// Time per operation (slowest rank), microseconds.
     pub time_us: f64,
+    /// Host time per operation spent in the calls (slowest rank), where measured.
+    pub cpu_us: Option<f64>,
     /// Algorithm bandwidth, GB/s.
     pub algbw_gbps: f64,
     /// Bus bandwidth, GB/s.
@@ -37,6 +39,9 @@ pub struct Row {
     pub nranks: usize,
     /// Time per operation (slowest rank), microseconds.
     pub time_us: f64,
+    /// Host time per operation spent in the calls (slowest rank), where measured (a column of
+    /// tables made `with_cpu`).
+    pub cpu_us: Option<f64>,
     /// Algorithm bandwidth, GB/s.
     pub algbw_gbps: f64,
     /// Bus bandwidth, GB/s.
@@ -129,6 +134,8 @@ pub struct Table {
     baseline_names: Vec<&'static str>,
     /// Whether rows carry the algorithm (a column after #wrong, an `algo` key).
     algo: bool,
+    /// Whether rows carry host times (a column after each time, a `cpu_us` key).
+    cpu: bool,
     wrong_total: u64,
 }
 
@@ -192,6 +199,7 @@ impl Table {
             baseline,
             baseline_names: vec!["nccl"],
             algo: false,
+            cpu: false,
             wrong_total: 0,
         }
     }
@@ -199,6 +207,12 @@ impl Table {
     /// Adds the algorithm column (`Row::algo`).
     pub fn with_algo(mut self) -> Self {
         self.algo = true;
+        self
+    }
+
+    /// Adds the host-time columns (`Row::cpu_us`, `Baseline::cpu_us`).
+    pub fn with_cpu(mut self) -> Self {
+        self.cpu = true;
         self
     }
 
@@ -278,6 +292,10 @@ impl Table {
             titles += &format!(" {:>8}", "algo");
             units += &format!(" {:>8}", "");
         }
+        if self.cpu {
+            titles += &format!(" {:>8}", "cpu(us)");
+            units += &format!(" {:>8}", "");
+        }
         if self.baseline {
             for name in &self.baseline_names {
                 titles += &format!(
@@ -292,6 +310,10 @@ impl Table {
                     " | {:>10} {:>9} {:>9} {:>8} {:>8}",
                     "", "(GB/s)", "(GB/s)", "", "(x)"
                 );
+                if self.cpu {
+                    titles += &format!(" {:>8}", "cpu(us)");
+                    units += &format!(" {:>8}", "");
+                }
             }
         }
         vec![titles, units]
@@ -338,14 +360,23 @@ impl Table {
             if self.algo {
                 line += &format!(",\"algo\":{}", or_null(r.algo.map(|a| format!("\"{a}\""))));
             }
+            let cpu_key = |c: Option<f64>| {
+                if self.cpu {
+                    format!(",\"cpu_us\":{}", or_null(c.map(jnum)))
+                } else {
+                    String::new()
+                }
+            };
+            line += &cpu_key(r.cpu_us);
             for (k, name) in self.baseline_names.iter().enumerate() {
                 let value = figure(k).map_or("null".to_string(), |b| {
                     format!(
-                        "{{\"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{}}}",
+                        "{{\"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{}{}}}",
                         jnum(b.time_us),
                         jnum(b.algbw_gbps),
                         jnum(b.busbw_gbps),
-                        b.wrong
+                        b.wrong,
+                        cpu_key(b.cpu_us)
                     )
                 });
                 line += &format!(",\"{name}\":{value}");
@@ -367,18 +398,35 @@ impl Table {
         if self.algo {
             line += &format!(" {:>8}", r.algo.unwrap_or("-"));
         }
+        let cpu_col = |c: Option<f64>| {
+            if self.cpu {
+                c.map_or(format!(" {:>8}", "-"), |c| format!(" {}", fig(c, 8)))
+            } else {
+                String::new()
+            }
+        };
+        line += &cpu_col(r.cpu_us);
         if self.baseline {
             for k in 0..self.baseline_names.len() {
                 line += &match figure(k) {
                     Some(b) => format!(
-                        " | {} {} {} {:>8} {:>8.2}",
+                        " | {} {} {} {:>8} {:>8.2}{}",
                         fig(b.time_us, 10),
                         fig(b.algbw_gbps, 9),
                         fig(b.busbw_gbps, 9),
                         b.wrong,
-                        b.time_us / r.time_us
+                        b.time_us / r.time_us,
+                        cpu_col(b.cpu_us)
                     ),
-                    None => format!(" | {:>10} {:>9} {:>9} {:>8} {:>8}", "-", "-", "-", "-", "-"),
+                    None => format!(
+                        " | {:>10} {:>9} {:>9} {:>8} {:>8}{}",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        cpu_col(None)
+                    ),
                 };
             }
         }
@@ -432,6 +480,7 @@ mod tests {
             root: Some(0),
             nranks: 2,
             time_us: 7.5,
+            cpu_us: None,
             algbw_gbps: 139.81,
             busbw_gbps: 139.81,
             wrong: Some(0),
@@ -442,6 +491,7 @@ mod tests {
 
     const B: Baseline = Baseline {
         time_us: 11.25,
+        cpu_us: None,
         algbw_gbps: 93.21,
         busbw_gbps: 93.21,
         wrong: 3,
@@ -449,6 +499,7 @@ mod tests {
 
     const N: Baseline = Baseline {
         time_us: 15.0,
+        cpu_us: None,
         algbw_gbps: 69.9,
         busbw_gbps: 69.9,
         wrong: 0,
@@ -527,6 +578,7 @@ mod tests {
         let r = Row {
             algo: Some("ll-short"),
             time_us: 12.5,
+            cpu_us: None,
             algbw_gbps: 0.000_82,
             busbw_gbps: 0.0164,
             ..row(None)
