@@ -38,6 +38,12 @@ const ERROR_TEXT_MAX: usize = 900;
 /// Size of the secret shared by all ranks of one bootstrap.
 pub const SECRET_BYTES: usize = 16;
 
+/// Tags with this bit set belong to collectives; user tags must leave it clear.
+pub const RESERVED_TAG_BIT: u64 = 1 << 63;
+
+/// The text of a Crossed refusal, recognised by the dialler.
+pub(crate) const CROSSED: &str = "crossed dial: keeping the lower rank's connection";
+
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FrameKind {

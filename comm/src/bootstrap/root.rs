@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result};
 
-use super::BootstrapConfig;
+use super::config::BootstrapConfig;
 use super::protocol::{
     ErrorCode, FRAME_HEADER_BYTES, FrameKind, HANDSHAKE_MAX_BYTES, Hello, HelloRole, SECRET_BYTES,
     check_payload_len, decode_frame_header, decode_hello, encode_error, encode_table,

@@ -2,12 +2,17 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
+use super::collectives::{pack_blocks, tree_children, tree_parent, tree_size, unpack_blocks};
+use super::config::{TIMEOUT_VAR, checked_timeout, secret_setting};
 use super::protocol::*;
+use super::reactor::conn::data_frame;
+use super::state::Link;
 use super::*;
 
 pub(super) fn cfg(ms: u64) -> BootstrapConfig {
@@ -1071,7 +1076,7 @@ fn a_waiting_rank_hears_of_a_death_elsewhere() {
 /// Data frames are the bytes `decode_data` and `read_frame` expect.
 #[test]
 fn data_frames_round_trip() {
-    let f = reactor::data_frame(0x0102_0304_0506_0708, 77, b"payload");
+    let f = data_frame(0x0102_0304_0506_0708, 77, b"payload");
     let (h, p) = read_frame(&mut std::io::Cursor::new(f), 1 << 10).unwrap();
     assert_eq!((h.kind, h.tag), (FrameKind::Data, 77));
     assert_eq!(
