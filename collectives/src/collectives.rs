@@ -8,18 +8,19 @@ use mscclpp_comm::Communicator;
 use mscclpp_hal::{BufferSlice, DataType, Error, ReduceOp, Result, Stream};
 
 use crate::CollectiveKind;
-use crate::algorithms::MAX_RANKS;
+use crate::algorithms::base::MAX_RANKS;
 
 use crate::agree::agree;
+use crate::algorithms::base::Algorithm;
 use crate::algorithms::ce::Ce;
 use crate::algorithms::direct::Direct;
 use crate::algorithms::hier::{Hier, Topology};
+use crate::algorithms::id::AlgorithmId;
 use crate::algorithms::ll::{Ll, LlGrid, LlScratch};
 use crate::algorithms::ll_short::LlShort;
 use crate::algorithms::ll128::{self, Ll128};
 use crate::algorithms::p2p::{P2p, P2pOp};
 use crate::algorithms::read::Read;
-use crate::algorithms::{Algorithm, AlgorithmId};
 use crate::call::{self, CollectiveCall};
 use crate::order::LaunchOrder;
 use crate::policy::{Policy, REGISTERED_READ_RANGE, Settings};

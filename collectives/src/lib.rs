@@ -37,8 +37,10 @@ mod scale;
 mod scratch;
 mod window;
 
+pub use algorithms::MODULES;
+pub use algorithms::base::MAX_RANKS;
+pub use algorithms::id::AlgorithmId;
 pub use algorithms::p2p::{P2pKind, P2pOp};
-pub use algorithms::{AlgorithmId, MAX_RANKS, MODULES};
 pub use call::CollectiveCall;
 pub use collectives::{Collectives, DEFAULT_SLOT_BYTES};
 pub use kind::CollectiveKind;

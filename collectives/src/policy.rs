@@ -18,7 +18,7 @@ use mscclpp_hal::{Error, Result};
 
 use crate::CollectiveKind;
 
-use crate::algorithms::AlgorithmId;
+use crate::algorithms::id::AlgorithmId;
 
 /// Per collective: a forced algorithm, or by size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

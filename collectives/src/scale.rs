@@ -13,7 +13,7 @@ use mscclpp_hal::{
     LaunchConfig, Result, Stream, TypedKernel,
 };
 
-use crate::algorithms::HEADERS;
+use crate::algorithms::base::HEADERS;
 
 /// The scale kernel.
 pub(crate) const SCALE: KernelId = KernelId("mscclpp_collective_scale");

@@ -1,6 +1,6 @@
 //! Scratch buffers that every peer maps, and the mapping of peers' buffers.
 
-use crate::algorithms::MAX_RANKS;
+use crate::algorithms::base::MAX_RANKS;
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{BufferSlice, DeviceBuffer, Error, MemoryKind, Result};
 use mscclpp_transports::{RegisteredMemory, Transport, TransportFlags};

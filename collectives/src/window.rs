@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use crate::algorithms::MAX_RANKS;
+use crate::algorithms::base::MAX_RANKS;
 use crate::algorithms::read::args::{MAX_WINDOWS, WINDOW_TABLE_BYTES, read_key};
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{BufferSlice, DeviceBuffer, Error, MemoryKind, Result, Stream};

@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicU64;
 use half::{bf16, f16};
 use mscclpp_hal::{DataType, Error, ReduceOp, Result};
 
-use super::MAX_RANKS;
+use super::base::MAX_RANKS;
 
 /// Combines two 8-byte words lane by lane.
 pub fn combine_word(a: u64, b: u64, dtype: DataType, op: ReduceOp) -> u64 {

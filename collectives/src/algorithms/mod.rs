@@ -1,4 +1,5 @@
-//! The algorithms, one folder each, behind one [`Algorithm`] trait.
+//! The algorithms, one folder each, behind one [`Algorithm`] trait, and the list of their kernel
+//! modules ([`MODULES`]).
 //!
 //! An algorithm says which calls it serves here ([`Algorithm::fits`]: its collectives, its
 //! sizes, and what it was set up with on this communicator), plans the grid of one call
@@ -14,23 +15,25 @@
 //! u64, i8, u8, FP8), loaded — compiled, on a GPU — at the first call of such a type
 //! ([`LazyKernel`]), so that a process that never uses them never compiles them and the base
 //! kernels keep their code and registers. What the host kernels share is in `host_common.rs`.
+//!
+//! What they all build on — the trait, the plan of a call, the limits, the headers and the lazily
+//! loaded kernels — is in `base.rs`, and the names of the algorithms in `id.rs`: both use no
+//! algorithm, so this file, which names every algorithm's modules, is used by none of them.
+//!
+//! [`Algorithm`]: base::Algorithm
+//! [`Algorithm::fits`]: base::Algorithm::fits
+//! [`Algorithm::plan`]: base::Algorithm::plan
+//! [`Algorithm::launch`]: base::Algorithm::launch
+//! [`LazyKernel`]: base::LazyKernel
 
-use std::sync::{Arc, OnceLock};
+use mscclpp_hal::KernelModule;
 
-use mscclpp_comm::Communicator;
-use mscclpp_hal::{
-    DataType, Device, DeviceInfo, Kernel, KernelArgs, KernelId, KernelModule, LaunchConfig, Result,
-    Stream, TypedKernel,
-};
-
-use crate::CollectiveKind;
-use crate::agree::agree;
-use crate::call::Checked;
-
+pub(crate) mod base;
 pub(crate) mod ce;
 pub(crate) mod direct;
 pub(crate) mod hier;
 pub(crate) mod host_common;
+pub(crate) mod id;
 #[cfg(test)]
 mod layout;
 pub(crate) mod ll;
@@ -38,10 +41,6 @@ pub(crate) mod ll128;
 pub(crate) mod ll_short;
 pub(crate) mod p2p;
 pub(crate) mod read;
-
-/// Most ranks the intra-node collectives serve (one node of GPUs): the size of the per-rank
-/// arrays in every argument struct.
-pub const MAX_RANKS: usize = 8;
 
 /// Every kernel module of the collectives: what the kernel compile tests compile for every
 /// target.
@@ -55,299 +54,3 @@ pub static MODULES: &[&KernelModule] = &[
     &hier::MODULE,
     &ce::reduce::MODULE,
 ];
-
-/// The headers of the collective modules: the argument structs and their layout checks, the
-/// element-type set of a module (`dtypes.cuh`) and the bodies the base and wide modules share.
-pub(crate) const HEADERS: &[(&str, &str)] = &[
-    (
-        "collectives/args.cuh",
-        include_str!("../../../kernels/collectives/args.cuh"),
-    ),
-    (
-        "collectives/args_check.h",
-        include_str!("../../../kernels/collectives/args_check.h"),
-    ),
-    (
-        "collectives/dtypes.cuh",
-        include_str!("../../../kernels/collectives/dtypes.cuh"),
-    ),
-    (
-        "collectives/ll.cuh",
-        include_str!("../../../kernels/collectives/ll.cuh"),
-    ),
-    (
-        "collectives/direct.cuh",
-        include_str!("../../../kernels/collectives/direct.cuh"),
-    ),
-    (
-        "collectives/direct_entry.cuh",
-        include_str!("../../../kernels/collectives/direct_entry.cuh"),
-    ),
-];
-
-/// Element types of the base modules: codes below this (f32, f16, bf16, i32, u32); the others
-/// are the wide modules'.
-pub(crate) const BASE_TYPES: usize = 5;
-
-/// Whether `dtype`'s kernels are in the wide modules (loaded at first use).
-pub(crate) fn is_wide(dtype: DataType) -> bool {
-    dtype as usize >= BASE_TYPES
-}
-
-/// A kernel of a wide module, loaded at its first use: the module is compiled (GPUs) only when a
-/// call of one of its element types comes. A failed load is not remembered (the next call tries
-/// again); a loaded kernel is kept with the most threads per block it may launch with here.
-pub(crate) struct LazyKernel<A> {
-    device: Arc<dyn Device>,
-    module: &'static KernelModule,
-    id: KernelId,
-    loaded: OnceLock<(TypedKernel<A>, u32)>,
-}
-
-impl<A> std::fmt::Debug for LazyKernel<A> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LazyKernel")
-            .field("module", &self.module.name)
-            .field("id", &self.id)
-            .field("loaded", &self.loaded.get().is_some())
-            .finish()
-    }
-}
-
-impl<A: KernelArgs> LazyKernel<A> {
-    /// Kernel `id` of `module` on `comm`'s device, not loaded yet (an `id` the module lacks is
-    /// an error at [`LazyKernel::get`]; the modules' tests check every id).
-    pub fn new(comm: &Communicator, module: &'static KernelModule, id: KernelId) -> Self {
-        LazyKernel {
-            device: comm.device().clone(),
-            module,
-            id,
-            loaded: OnceLock::new(),
-        }
-    }
-
-    /// The kernel, loaded now if it is not yet, and its thread limit on this device
-    /// ([`thread_limit`]: per loaded kernel, since the wide kernels use more registers).
-    pub fn get(&self) -> Result<(&TypedKernel<A>, u32)> {
-        if let Some((k, limit)) = self.loaded.get() {
-            return Ok((k, *limit));
-        }
-        tracing::debug!(module = self.module.name, kernel = %self.id, "loading at first use");
-        let kernel = TypedKernel::load(&*self.device, self.module, self.id)?;
-        let limit = thread_limit(self.device.info(), &**kernel.kernel());
-        // Two threads may have loaded it at once: either result serves.
-        let (k, limit) = self.loaded.get_or_init(|| (kernel, limit));
-        Ok((k, *limit))
-    }
-}
-
-/// A kernel per element type: the base types' loaded at set-up, the wide types' at first use.
-#[derive(Debug)]
-pub(crate) struct ByType<A> {
-    base: TypedKernel<A>,
-    wide: LazyKernel<A>,
-}
-
-impl<A: KernelArgs> ByType<A> {
-    /// `base` of `base_module` (loaded now) and `wide` of `wide_module` (at first use).
-    pub fn load(
-        comm: &Communicator,
-        (base_module, base): (&'static KernelModule, KernelId),
-        (wide_module, wide): (&'static KernelModule, KernelId),
-    ) -> Result<Self> {
-        Ok(ByType::new(
-            load(comm, base_module, base)?,
-            LazyKernel::new(comm, wide_module, wide),
-        ))
-    }
-
-    /// `base`, loaded already, and `wide`.
-    pub fn new(base: TypedKernel<A>, wide: LazyKernel<A>) -> Self {
-        ByType { base, wide }
-    }
-
-    /// The kernel of `dtype` and the threads per block its calls take: `threads`, within the
-    /// wide kernel's own limit for a wide type (more registers). Only the blocks and chunks
-    /// must match across ranks, so a rank's thread count may differ.
-    pub fn with_threads(&self, dtype: DataType, threads: u32) -> Result<(&TypedKernel<A>, u32)> {
-        if is_wide(dtype) {
-            let (k, limit) = self.wide.get()?;
-            Ok((k, threads.min(limit)))
-        } else {
-            Ok((&self.base, threads))
-        }
-    }
-
-    /// The kernel of `dtype` (its users' grids keep within every kernel's limit: the LL ones).
-    pub fn get(&self, dtype: DataType) -> Result<&TypedKernel<A>> {
-        if is_wide(dtype) {
-            Ok(self.wide.get()?.0)
-        } else {
-            Ok(&self.base)
-        }
-    }
-}
-
-/// Which algorithm serves a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AlgorithmId {
-    /// LL packets through scratch: data and flag written together into the peers' scratch, in
-    /// rounds when a message exceeds a slot (every collective; small messages).
-    Ll,
-    /// The LL protocol in one round with a thread per packet of a rank block (all-reduce,
-    /// reduce-scatter, all-gather, all-to-all): chosen instead of [`AlgorithmId::Ll`] wherever
-    /// it fits, and interoperable with it.
-    LlShort,
-    /// LL128 lines through the same scratch: 120 data bytes per 128 instead of 8 per 16
-    /// (all-reduce of one round, on devices with `Capabilities::ll128`).
-    Ll128,
-    /// Plain stores into the peers' scratch, pipelined (every collective; large messages).
-    Direct,
-    /// Every rank reads the peers' inputs where they lie — registered windows, or a staging
-    /// copy — and reduces locally (all-reduce).
-    Read,
-    /// No data kernel: the copy engines move the data through the peers' mapped scratch, ordered
-    /// by stream flag writes and waits (all-gather, broadcast, all-to-all; reduce-scatter with a
-    /// reduction on a few blocks; only when forced or asked by a call).
-    Ce,
-    /// Communicators that span hosts: the others within each host, port channels between
-    /// hosts (every collective; `hier/spec.md`). Chosen for every call of such a communicator.
-    Hier,
-}
-
-impl AlgorithmId {
-    /// Every algorithm.
-    pub const ALL: [AlgorithmId; 6] = [
-        AlgorithmId::Ll,
-        AlgorithmId::LlShort,
-        AlgorithmId::Ll128,
-        AlgorithmId::Direct,
-        AlgorithmId::Read,
-        AlgorithmId::Ce,
-    ];
-
-    /// Its name (as `MSCCLPP_ALGO_*` spells the ones that can be forced).
-    pub fn name(self) -> &'static str {
-        match self {
-            AlgorithmId::Ll => "ll",
-            AlgorithmId::LlShort => "ll-short",
-            AlgorithmId::Ll128 => "ll128",
-            AlgorithmId::Direct => "direct",
-            AlgorithmId::Read => "read",
-            AlgorithmId::Ce => "ce",
-            AlgorithmId::Hier => "hier",
-        }
-    }
-}
-
-impl std::fmt::Display for AlgorithmId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// How one call is launched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Plan {
-    pub config: LaunchConfig,
-    /// Bytes per peer of one pipelined chunk (direct; 0 elsewhere).
-    pub chunk_bytes: u64,
-}
-
-impl Plan {
-    pub fn grid(config: LaunchConfig) -> Plan {
-        Plan {
-            config,
-            chunk_bytes: 0,
-        }
-    }
-}
-
-/// One algorithm, set up on a communicator.
-pub(crate) trait Algorithm: std::fmt::Debug + Send + Sync {
-    fn id(&self) -> AlgorithmId;
-
-    /// Whether it serves `kind` with rank blocks of `block_bytes` here. Must depend on nothing
-    /// a rank could see differently from its peers, except where the algorithm interoperates
-    /// with the one chosen otherwise (the short LL kernels).
-    fn fits(&self, kind: CollectiveKind, block_bytes: u64) -> bool;
-
-    /// The grid of `call`, which it fits; the same on every rank.
-    fn plan(&self, call: &Checked) -> Result<Plan>;
-
-    /// Enqueues the kernel of `call` on `stream`.
-    ///
-    /// # Safety
-    ///
-    /// `call` was made by [`crate::call::check`] for this communicator, `plan` by
-    /// [`Algorithm::plan`] of this algorithm for it, and the caller keeps the call's buffers
-    /// alive until the stream has passed it.
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()>;
-}
-
-/// The most threads (whole warps) a block of `kernel` may have on this device.
-fn thread_limit(info: &DeviceInfo, kernel: &dyn Kernel) -> u32 {
-    let limit = kernel
-        .max_threads_per_block()
-        .unwrap_or(info.max_threads_per_block)
-        .min(info.max_threads_per_block);
-    (limit / 32 * 32).max(32)
-}
-
-/// Threads per block: `forced` (from the environment) or `default`, from 32 to 1024 and within
-/// what `kernel` may launch with on this device.
-pub(crate) fn block_threads(
-    info: &DeviceInfo,
-    kernel: &dyn Kernel,
-    forced: Option<u32>,
-    default: u32,
-) -> u32 {
-    let limit = thread_limit(info, kernel);
-    let threads = forced.unwrap_or(default).clamp(32, 1024);
-    if threads > limit {
-        tracing::info!(
-            kernel = %kernel.id(),
-            threads,
-            limit,
-            "fewer threads per block than asked: the kernel's limit on this device"
-        );
-    }
-    threads.min(limit)
-}
-
-/// Blocks and threads of a grid whose blocks wait for the peers' blocks: GPUs at most one block
-/// per SM (128 at most; all resident) of `threads`; the host one worker.
-pub(crate) fn resident_grid(info: &DeviceInfo, threads: u32) -> (u32, u32) {
-    if info.warp_size == 1 {
-        (1, 1)
-    } else {
-        (info.multiprocessors.clamp(1, 128), threads)
-    }
-}
-
-/// Kernel `id` of `module`, taking an `A`.
-pub(crate) fn load<A: KernelArgs>(
-    comm: &Communicator,
-    module: &'static KernelModule,
-    id: KernelId,
-) -> Result<TypedKernel<A>> {
-    TypedKernel::load(&**comm.device(), module, id)
-}
-
-/// Kernel `id` of `module`, or `None` where the backend lacks it — then every rank must lack it
-/// too (`what` names the settings agreed).
-pub(crate) fn optional_kernel<A: KernelArgs>(
-    comm: &Communicator,
-    module: &'static KernelModule,
-    id: KernelId,
-    what: &str,
-) -> Result<Option<TypedKernel<A>>> {
-    match load(comm, module, id) {
-        Ok(k) => Ok(Some(k)),
-        Err(e) => {
-            tracing::info!("{id} unavailable: {e}");
-            agree(comm, what, "unavailable".into())?;
-            Ok(None)
-        }
-    }
-}

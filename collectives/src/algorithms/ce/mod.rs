@@ -15,7 +15,8 @@ use mscclpp_hal::{
 };
 use mscclpp_transports::RegisteredMemory;
 
-use super::{Algorithm, AlgorithmId, LazyKernel, MAX_RANKS, Plan};
+use super::base::{Algorithm, LazyKernel, MAX_RANKS, Plan};
+use super::id::AlgorithmId;
 
 pub(crate) mod reduce;
 mod release;

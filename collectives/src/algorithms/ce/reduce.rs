@@ -6,7 +6,7 @@ use mscclpp_hal::{
     DataType, Error, KernelArgs, KernelDef, KernelId, KernelModule, LaunchConfig, ReduceOp, Result,
 };
 
-use super::super::MAX_RANKS;
+use super::super::base::MAX_RANKS;
 use super::super::host_common::reduce_ranks;
 
 /// `dst` = the combination of `srcs[..nsrc]` (args: [`CeReduceArgs`]).

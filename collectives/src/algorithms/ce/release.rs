@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use mscclpp_hal::{BufferSlice, Result, Stream, WaitCmp};
 
-use super::super::MAX_RANKS;
+use super::super::base::MAX_RANKS;
 use super::{BUFFERS, Ce, DATA, DONE, READY};
 
 /// Byte offset of the release word in a rank's CE scratch: 0 while the communicator lives,

@@ -4,7 +4,7 @@
 use mscclpp_hal::KernelArgs;
 
 use crate::CollectiveKind;
-use crate::algorithms::MAX_RANKS;
+use crate::algorithms::base::MAX_RANKS;
 
 /// Arguments of `mscclpp_collective_direct` (see `spec.md` for the protocol and the scratch
 /// layout). Mirrored in `kernels/collectives/args.cuh`.

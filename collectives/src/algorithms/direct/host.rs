@@ -317,7 +317,7 @@ pub fn collective_direct(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithms::MAX_RANKS;
+    use crate::algorithms::base::MAX_RANKS;
     use crate::algorithms::host_common::{combine_word, divide_word};
     use mscclpp_hal::{Backend, DeviceBuffer, MemoryKind};
     use mscclpp_host::HostBackend;

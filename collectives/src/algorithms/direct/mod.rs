@@ -15,9 +15,10 @@ pub(crate) mod module;
 
 use args::DirectCollectiveArgs;
 
-use super::{
-    Algorithm, AlgorithmId, ByType, LazyKernel, Plan, block_threads, optional_kernel, resident_grid,
+use super::base::{
+    Algorithm, ByType, LazyKernel, Plan, block_threads, optional_kernel, resident_grid,
 };
+use super::id::AlgorithmId;
 use crate::CollectiveKind;
 use crate::agree::agree;
 use crate::call::Checked;

@@ -8,7 +8,7 @@ use mscclpp_hal::{KernelDef, KernelId, KernelModule};
 
 use super::args::DirectCollectiveArgs;
 use super::host::collective_direct;
-use crate::algorithms::HEADERS;
+use crate::algorithms::base::HEADERS;
 use crate::algorithms::read::args::ReadCollectiveArgs;
 use crate::algorithms::read::host::collective_read_allreduce;
 

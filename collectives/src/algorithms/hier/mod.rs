@@ -24,7 +24,7 @@ pub(crate) mod host;
 
 use args::{HierArgs, MAX_HOSTS};
 
-use super::{MAX_RANKS, load};
+use super::base::{MAX_RANKS, load};
 use crate::call::Checked;
 use crate::{CollectiveKind, Collectives};
 
@@ -260,7 +260,7 @@ impl Hier {
         })?;
         let threads = match device.info().warp_size {
             1 => 1,
-            _ => super::block_threads(device.info(), &**kernel.kernel(), None, 512),
+            _ => super::base::block_threads(device.info(), &**kernel.kernel(), None, 512),
         };
         let intra = if topo.per_host > 1 {
             let c = Arc::new(Communicator::new(Arc::new(intra_boot), device.clone()));

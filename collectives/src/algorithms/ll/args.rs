@@ -3,7 +3,7 @@
 use mscclpp_hal::KernelArgs;
 use mscclpp_hal::dev::LL16Packet;
 
-use crate::algorithms::MAX_RANKS;
+use crate::algorithms::base::MAX_RANKS;
 
 /// Bytes of an LL128 line.
 pub const LL128_LINE_BYTES: u64 = 128;

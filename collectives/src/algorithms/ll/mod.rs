@@ -17,7 +17,8 @@ pub(crate) mod module;
 
 pub(crate) use args::{LL_STATE_BYTES, LlCollectiveArgs};
 
-use super::{Algorithm, AlgorithmId, BASE_TYPES, ByType, LazyKernel, Plan, load};
+use super::base::{Algorithm, BASE_TYPES, ByType, LazyKernel, Plan, load};
+use super::id::AlgorithmId;
 use crate::CollectiveKind;
 use crate::call::Checked;
 use crate::scratch::Scratch;

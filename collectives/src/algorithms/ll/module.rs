@@ -11,8 +11,8 @@ use mscclpp_hal::{KernelDef, KernelId, KernelModule};
 
 use super::args::LlCollectiveArgs;
 use super::host::collective_ll;
+use crate::algorithms::base::{BASE_TYPES, HEADERS};
 use crate::algorithms::ll128::host::collective_ll128_allreduce;
-use crate::algorithms::{BASE_TYPES, HEADERS, ll_short, ll128};
 
 /// Element types, in code order: every kernel table has one row per type.
 pub(crate) const NTYPES: usize = mscclpp_hal::DataType::ALL.len();
@@ -47,7 +47,6 @@ macro_rules! by_type_and_op {
         ]
     };
 }
-pub(crate) use by_type_and_op;
 
 /// Kernel ids from names, in the same order.
 pub(crate) const fn ids(names: [[&'static str; 5]; NTYPES]) -> [[KernelId; 5]; NTYPES] {
@@ -69,6 +68,31 @@ pub(crate) const COPY_WIDE: KernelId = KernelId("mscclpp_collective_ll_copy_wide
 /// element type and operator, indexed by their codes. Separate kernels, each compiled for its
 /// one case, keep a small message's path short (measured in docs/performance.md).
 pub(crate) const REDUCE: [[KernelId; 5]; NTYPES] = by_type_and_op!("mscclpp_collective_ll_reduce");
+
+// The entry points of the short LL kernels and of LL128 are this module's too: their ids live
+// here, with the tables that list them, so that `ll_short` and `ll128` use this module and it
+// uses neither of them (only LL128's host kernel, `ll128/host.rs`, which uses no set-up).
+
+/// The short all-reduce (`ll_short`), one per element type and operator (by their codes).
+pub(crate) const SHORT_ALLREDUCE: [[KernelId; 5]; NTYPES] =
+    by_type_and_op!("mscclpp_collective_ll_short_allreduce");
+/// The short reduce-scatter, one per element type and operator.
+pub(crate) const SHORT_REDUCE_SCATTER: [[KernelId; 5]; NTYPES] =
+    by_type_and_op!("mscclpp_collective_ll_short_reduce_scatter");
+/// The short all-gather (it copies bytes): of the base types, and of the wide ones.
+pub(crate) const SHORT_ALLGATHER: KernelId = KernelId("mscclpp_collective_ll_short_allgather");
+pub(crate) const SHORT_ALLGATHER_WIDE: KernelId =
+    KernelId("mscclpp_collective_ll_short_allgather_wide");
+/// The short all-to-all: of the base types, and of the wide ones.
+pub(crate) const SHORT_ALLTOALL: KernelId = KernelId("mscclpp_collective_ll_short_alltoall");
+pub(crate) const SHORT_ALLTOALL_WIDE: KernelId =
+    KernelId("mscclpp_collective_ll_short_alltoall_wide");
+
+/// All-reduce by LL128 lines (`ll128`, one round): of the base element types, and of the wide
+/// ones.
+pub(crate) const LL128_ALLREDUCE: KernelId = KernelId("mscclpp_collective_ll128_allreduce");
+pub(crate) const LL128_ALLREDUCE_WIDE: KernelId =
+    KernelId("mscclpp_collective_ll128_allreduce_wide");
 
 const fn ll(id: KernelId) -> KernelDef {
     KernelDef::new::<LlCollectiveArgs>(id.0, collective_ll)
@@ -92,8 +116,8 @@ const fn kernels<const N: usize, const PER_FAMILY: usize>(
     while i < PER_FAMILY {
         let (t, op) = (first_type + i / 5, i % 5);
         all[3 + i] = ll(REDUCE[t][op]);
-        all[3 + PER_FAMILY + i] = ll(ll_short::ALLREDUCE[t][op]);
-        all[3 + 2 * PER_FAMILY + i] = ll(ll_short::REDUCE_SCATTER[t][op]);
+        all[3 + PER_FAMILY + i] = ll(SHORT_ALLREDUCE[t][op]);
+        all[3 + 2 * PER_FAMILY + i] = ll(SHORT_REDUCE_SCATTER[t][op]);
         i += 1;
     }
     all[N - 1] = KernelDef::new::<LlCollectiveArgs>(ll128.0, collective_ll128_allreduce);
@@ -102,15 +126,15 @@ const fn kernels<const N: usize, const PER_FAMILY: usize>(
 
 const BASE_KERNELS: [KernelDef; 4 + 3 * BASE_PER_FAMILY] =
     kernels::<{ 4 + 3 * BASE_PER_FAMILY }, BASE_PER_FAMILY>(
-        [COPY, ll_short::ALLGATHER, ll_short::ALLTOALL],
+        [COPY, SHORT_ALLGATHER, SHORT_ALLTOALL],
         0,
-        ll128::ALLREDUCE,
+        LL128_ALLREDUCE,
     );
 const WIDE_KERNELS: [KernelDef; 4 + 3 * WIDE_PER_FAMILY] =
     kernels::<{ 4 + 3 * WIDE_PER_FAMILY }, WIDE_PER_FAMILY>(
-        [COPY_WIDE, ll_short::ALLGATHER_WIDE, ll_short::ALLTOALL_WIDE],
+        [COPY_WIDE, SHORT_ALLGATHER_WIDE, SHORT_ALLTOALL_WIDE],
         BASE_TYPES,
-        ll128::ALLREDUCE_WIDE,
+        LL128_ALLREDUCE_WIDE,
     );
 
 /// The LL module of the base element types (f32, f16, bf16, i32, u32), loaded at set-up.

@@ -10,7 +10,7 @@ use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
 use mscclpp_hal::{Error, KernelArgs, LaunchConfig, Result};
 
 use crate::CollectiveKind;
-use crate::algorithms::MAX_RANKS;
+use crate::algorithms::base::MAX_RANKS;
 use crate::algorithms::host_common::{copy, reduce_ranks, store, word};
 use crate::algorithms::ll::args::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES, LlCollectiveArgs};
 

@@ -16,20 +16,17 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{DeviceInfo, KernelId, LaunchConfig, Result, Stream, TypedKernel};
+use mscclpp_hal::{DeviceInfo, LaunchConfig, Result, Stream, TypedKernel};
 
 pub(crate) mod host;
 
+use super::base::{Algorithm, ByType, LazyKernel, Plan, block_threads, load};
+use super::id::AlgorithmId;
 use super::ll::args::{LL128_LINE_BYTES, LL128_LINE_DATA_BYTES};
-use super::ll::module::{MODULE, WIDE_MODULE};
+use super::ll::module::{LL128_ALLREDUCE, LL128_ALLREDUCE_WIDE, MODULE, WIDE_MODULE};
 use super::ll::{LlCollectiveArgs, LlScratch};
-use super::{Algorithm, AlgorithmId, ByType, LazyKernel, Plan, block_threads, load};
 use crate::CollectiveKind;
 use crate::call::Checked;
-
-/// All-reduce by LL128 lines (one round): of the base element types, and of the wide ones.
-pub(crate) const ALLREDUCE: KernelId = KernelId("mscclpp_collective_ll128_allreduce");
-pub(crate) const ALLREDUCE_WIDE: KernelId = KernelId("mscclpp_collective_ll128_allreduce_wide");
 
 /// The LL128 kernel and its block size, before the LL scratch exists.
 pub(crate) type Candidate = (TypedKernel<LlCollectiveArgs>, u32);
@@ -44,7 +41,7 @@ pub(crate) fn candidate(
 ) -> Result<Option<Candidate>> {
     let device = comm.device();
     let mine = if device.info().caps.ll128 && slot_bytes % LL128_LINE_BYTES == 0 {
-        match load(comm, &MODULE, ALLREDUCE) {
+        match load(comm, &MODULE, LL128_ALLREDUCE) {
             Ok(k) => {
                 let threads = block_threads(device.info(), &**k.kernel(), ll_threads, 512);
                 Some((k, threads))
@@ -91,7 +88,10 @@ impl Ll128 {
         Ll128 {
             round_bytes: LlCollectiveArgs::ll128_round_bytes_of(shared.slot_bytes()),
             info: comm.device().info().clone(),
-            kernels: ByType::new(kernel, LazyKernel::new(comm, &WIDE_MODULE, ALLREDUCE_WIDE)),
+            kernels: ByType::new(
+                kernel,
+                LazyKernel::new(comm, &WIDE_MODULE, LL128_ALLREDUCE_WIDE),
+            ),
             shared,
             threads,
         }

@@ -13,26 +13,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{KernelId, LaunchConfig, Result, Stream};
+use mscclpp_hal::{LaunchConfig, Result, Stream};
 
-use super::ll::module::{MODULE, NTYPES, WIDE_MODULE, by_type_and_op};
+use super::base::{Algorithm, ByType, Plan};
+use super::id::AlgorithmId;
+use super::ll::module::{
+    MODULE, SHORT_ALLGATHER, SHORT_ALLGATHER_WIDE, SHORT_ALLREDUCE, SHORT_ALLTOALL,
+    SHORT_ALLTOALL_WIDE, SHORT_REDUCE_SCATTER, WIDE_MODULE,
+};
 use super::ll::{ByTypeAndOp, LlCollectiveArgs, LlGrid, LlScratch, load_all};
-use super::{Algorithm, AlgorithmId, ByType, Plan};
 use crate::CollectiveKind;
 use crate::call::Checked;
-
-/// The short all-reduce, one per element type and operator (by their codes).
-pub(crate) const ALLREDUCE: [[KernelId; 5]; NTYPES] =
-    by_type_and_op!("mscclpp_collective_ll_short_allreduce");
-/// The short reduce-scatter, one per element type and operator.
-pub(crate) const REDUCE_SCATTER: [[KernelId; 5]; NTYPES] =
-    by_type_and_op!("mscclpp_collective_ll_short_reduce_scatter");
-/// The short all-gather (it copies bytes): of the base types, and of the wide ones.
-pub(crate) const ALLGATHER: KernelId = KernelId("mscclpp_collective_ll_short_allgather");
-pub(crate) const ALLGATHER_WIDE: KernelId = KernelId("mscclpp_collective_ll_short_allgather_wide");
-/// The short all-to-all: of the base types, and of the wide ones.
-pub(crate) const ALLTOALL: KernelId = KernelId("mscclpp_collective_ll_short_alltoall");
-pub(crate) const ALLTOALL_WIDE: KernelId = KernelId("mscclpp_collective_ll_short_alltoall_wide");
 
 #[derive(Debug)]
 pub(crate) struct LlShort {
@@ -55,10 +46,18 @@ impl LlShort {
         enabled: bool,
     ) -> Result<LlShort> {
         Ok(LlShort {
-            allreduce: load_all(comm, &ALLREDUCE)?,
-            reduce_scatter: load_all(comm, &REDUCE_SCATTER)?,
-            allgather: ByType::load(comm, (&MODULE, ALLGATHER), (&WIDE_MODULE, ALLGATHER_WIDE))?,
-            alltoall: ByType::load(comm, (&MODULE, ALLTOALL), (&WIDE_MODULE, ALLTOALL_WIDE))?,
+            allreduce: load_all(comm, &SHORT_ALLREDUCE)?,
+            reduce_scatter: load_all(comm, &SHORT_REDUCE_SCATTER)?,
+            allgather: ByType::load(
+                comm,
+                (&MODULE, SHORT_ALLGATHER),
+                (&WIDE_MODULE, SHORT_ALLGATHER_WIDE),
+            )?,
+            alltoall: ByType::load(
+                comm,
+                (&MODULE, SHORT_ALLTOALL),
+                (&WIDE_MODULE, SHORT_ALLTOALL_WIDE),
+            )?,
             enabled: AtomicBool::new(enabled),
             shared,
             grid,

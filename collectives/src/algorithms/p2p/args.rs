@@ -3,7 +3,7 @@
 
 use mscclpp_hal::KernelArgs;
 
-use crate::algorithms::MAX_RANKS;
+use crate::algorithms::base::MAX_RANKS;
 
 /// Operations (sends and receives to or from other ranks) one launch carries at most.
 pub const P2P_MAX_OPS: usize = 64;

@@ -19,7 +19,7 @@ pub(crate) mod host;
 
 use args::{P2P_MAX_CHANNELS, P2P_MAX_OPS, P2pArgs, P2pChannel, P2pOpDesc};
 
-use super::{HEADERS, block_threads, load};
+use super::base::{HEADERS, block_threads, load};
 use crate::agree::agree;
 use crate::scratch::Scratch;
 

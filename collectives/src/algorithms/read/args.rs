@@ -3,7 +3,7 @@
 
 use mscclpp_hal::KernelArgs;
 
-use crate::algorithms::MAX_RANKS;
+use crate::algorithms::base::MAX_RANKS;
 
 /// Windows a read-algorithm window table holds (window 0 is the staging area).
 pub const MAX_WINDOWS: usize = 256;

@@ -13,7 +13,7 @@ use mscclpp_hal::dev::{DEFAULT_WAIT, LL16Packet};
 use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, ReduceOp, Result};
 
 use super::args::{MAX_WINDOWS, ReadCollectiveArgs, WINDOW_TABLE_BYTES, split_read_key};
-use crate::algorithms::MAX_RANKS;
+use crate::algorithms::base::MAX_RANKS;
 use crate::algorithms::host_common::{
     check_grid_and_scratch, check_ranks, copy, reduce_ranks, word,
 };

@@ -16,11 +16,11 @@ pub(crate) mod host;
 
 use args::ReadCollectiveArgs;
 
-use super::direct::module::{MODULE, READ_ALLREDUCE, READ_ALLREDUCE_WIDE, WIDE_MODULE};
-use super::{
-    Algorithm, AlgorithmId, ByType, LazyKernel, MAX_RANKS, Plan, block_threads, optional_kernel,
-    resident_grid,
+use super::base::{
+    Algorithm, ByType, LazyKernel, MAX_RANKS, Plan, block_threads, optional_kernel, resident_grid,
 };
+use super::direct::module::{MODULE, READ_ALLREDUCE, READ_ALLREDUCE_WIDE, WIDE_MODULE};
+use super::id::AlgorithmId;
 use crate::CollectiveKind;
 use crate::agree::agree;
 use crate::call::Checked;
