@@ -1,6 +1,12 @@
-//! The closed set [`AnyConnection`] the proxy dispatches over, and [`connect`], which picks the
+//! The closed set [`AnyConnection`] the proxy dispatches over, the table of what each transport
+//! does to make an endpoint and to join two ([`TransportOps`]), and [`connect`], which picks the
 //! transport for a pair of ranks. The [`Connection`] trait it dispatches is [`crate::ops`]'s.
+//!
+//! This is the one place that names every transport: making an endpoint (`endpoint.rs`) and
+//! connecting pick a transport's steps from the table, and the transports themselves read
+//! endpoints (`offer.rs`) without depending on the code that chose them.
 
+use std::sync::Arc;
 // `Duration` and `RegisteredMemory` appear in the trait's signatures, which `enum_dispatch`
 // repeats in the impl it writes here.
 use std::time::Duration;
@@ -8,11 +14,13 @@ use std::time::Duration;
 use enum_dispatch::enum_dispatch;
 use mscclpp_hal::{Error, Result};
 
+use crate::context::TransportContext;
 use crate::cuda_ipc::CudaIpcConnection;
-use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::ethernet::EthernetConnection;
 use crate::ib::IbConnection;
+use crate::ib::qp::Qp;
 use crate::memory::RegisteredMemory;
+use crate::offer::{Endpoint, EndpointConfig, LocalEndpoint};
 use crate::ops::Connection;
 use crate::transport::Transport;
 
@@ -37,13 +45,8 @@ pub fn connect(local: LocalEndpoint, remote: &Endpoint) -> Result<AnyConnection>
     select(local.endpoint(), remote)?;
     let (me, peer) = (local.endpoint.rank, remote.rank);
     let started = std::time::Instant::now();
-    let conn = match remote.transport {
-        Transport::CudaIpc => AnyConnection::from(CudaIpcConnection::connect(local, remote)?),
-        Transport::Ethernet => AnyConnection::from(EthernetConnection::connect(local, remote)?),
-        Transport::Ib(_) => AnyConnection::from(IbConnection::connect(local, remote)?),
-        // The Ethernet protocol over the plugin's comms: one connection type for both.
-        Transport::Net(n) => AnyConnection::from(crate::net::connect(local, remote, n)?),
-    };
+    let (ops, n) = TransportOps::of(remote.transport);
+    let conn = (ops.connect)(local, remote, n)?;
     tracing::debug!(
         rank = me,
         peer,
@@ -79,7 +82,67 @@ pub(crate) fn select(local: &Endpoint, remote: &Endpoint) -> Result<()> {
             local.transport, remote.transport
         )));
     }
-    if local.transport == Transport::CudaIpc && local.host_id != remote.host_id {
+    (TransportOps::of(local.transport).0.can_connect)(local, remote)
+}
+
+/// What one transport does to make an endpoint and to join two; a row of the table
+/// [`TransportOps::of`] picks from. `n` is the transport's device (IBn, Netn; 0 for the others).
+pub(crate) struct TransportOps {
+    /// Refuses a pair of endpoints of this transport that it cannot join, after the checks
+    /// every transport shares ([`select`]); the error names both ranks.
+    pub can_connect: fn(local: &Endpoint, remote: &Endpoint) -> Result<()>,
+    /// Runs, while the endpoint is made, what must exist before any peer sees it; the QP an IB
+    /// endpoint carries.
+    pub prepare: fn(ctx: &Arc<TransportContext>, cfg: &EndpointConfig, n: u8) -> Result<Option<Qp>>,
+    /// Joins `local` and `remote`, which [`select`] accepted.
+    pub connect: fn(local: LocalEndpoint, remote: &Endpoint, n: u8) -> Result<AnyConnection>,
+}
+
+impl TransportOps {
+    /// The row of `transport` and its device number.
+    pub(crate) fn of(transport: Transport) -> (&'static TransportOps, u8) {
+        match transport {
+            Transport::CudaIpc => (&CUDA_IPC, 0),
+            Transport::Ethernet => (&ETHERNET, 0),
+            Transport::Ib(n) => (&IB, n),
+            Transport::Net(n) => (&NET, n),
+        }
+    }
+}
+
+static CUDA_IPC: TransportOps = TransportOps {
+    can_connect: one_host,
+    prepare: |_, _, _| Ok(None),
+    connect: |local, remote, _| Ok(CudaIpcConnection::connect(local, remote)?.into()),
+};
+
+static ETHERNET: TransportOps = TransportOps {
+    can_connect: |_, _| Ok(()),
+    prepare: |_, _, _| Ok(None),
+    connect: |local, remote, _| Ok(EthernetConnection::connect(local, remote)?.into()),
+};
+
+static IB: TransportOps = TransportOps {
+    can_connect: |_, _| Ok(()),
+    prepare: |ctx, cfg, n| Ok(Some(crate::ib::prepare(ctx, cfg, n)?)),
+    connect: |local, remote, _| Ok(IbConnection::connect(local, remote)?.into()),
+};
+
+static NET: TransportOps = TransportOps {
+    can_connect: |_, _| Ok(()),
+    // The plugin loads (or says why not) before any peer waits on this endpoint.
+    prepare: |_, _, n| {
+        crate::net::prepare(n)?;
+        Ok(None)
+    },
+    // The Ethernet protocol over the plugin's comms: one connection type for both.
+    connect: |local, remote, n| Ok(crate::net::connect(local, remote, n)?.into()),
+};
+
+/// CudaIpc maps the peer's memory: both ranks must be on one host.
+fn one_host(local: &Endpoint, remote: &Endpoint) -> Result<()> {
+    let (a, b) = (local.rank, remote.rank);
+    if local.host_id != remote.host_id {
         return Err(Error::invalid(format!(
             "cannot connect rank {a} and rank {b} over CudaIpc: rank {a} is on host {:?}, rank {b} on host {:?}; CudaIpc needs one host (use Ethernet or IB between hosts)",
             local.host_id, remote.host_id

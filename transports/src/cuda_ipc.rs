@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result, Stream};
 
-use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::link::{self, Health};
 use crate::memory::RegisteredMemory;
+use crate::offer::{Endpoint, LocalEndpoint};
 use crate::ops::{Connection, check_dst, check_token, check_write};
 use crate::transport::Transport;
 

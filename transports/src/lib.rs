@@ -37,16 +37,17 @@ mod ib;
 mod link;
 mod memory;
 pub mod net;
+mod offer;
 mod transport;
 
 pub use connection::{AnyConnection, connect};
 pub use context::TransportContext;
 pub use cuda_ipc::CudaIpcConnection;
-pub use endpoint::{Endpoint, EndpointConfig, LocalEndpoint, MAX_FRAME_PAYLOAD};
 pub use ethernet::EthernetConnection;
 pub use flags::TransportFlags;
 pub use ib::{IbConnection, QpInfo};
 pub use memory::RegisteredMemory;
+pub use offer::{Endpoint, EndpointConfig, LocalEndpoint, MAX_FRAME_PAYLOAD};
 pub use ops::Connection;
 pub use transport::{MAX_NET_DEVICES, Transport};
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use mscclpp_hal::wire::{Reader, Writer};
 use mscclpp_hal::{Error, Result};
 
-use crate::endpoint::{Endpoint, LocalEndpoint};
+use crate::offer::{Endpoint, LocalEndpoint};
 use crate::transport::Transport;
 
 const HELLO_MAGIC: [u8; 4] = *b"MSHL";

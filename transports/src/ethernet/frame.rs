@@ -5,7 +5,7 @@
 use mscclpp_hal::wire::{Reader, Writer};
 use mscclpp_hal::{Error, Result};
 
-use crate::endpoint::MAX_FRAME_PAYLOAD;
+use crate::offer::MAX_FRAME_PAYLOAD;
 
 const MAGIC: [u8; 4] = *b"MSEF";
 const VERSION: u16 = 1;

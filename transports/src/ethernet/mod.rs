@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result, Stream};
 
-use crate::endpoint::{Endpoint, LocalEndpoint, MAX_FRAME_PAYLOAD};
 use crate::link::{self, Health};
 use crate::memory::RegisteredMemory;
+use crate::offer::{Endpoint, LocalEndpoint, MAX_FRAME_PAYLOAD};
 use crate::ops::{Connection, check_dst, check_token, check_write};
 use crate::transport::Transport;
 use frame::{Frame, HEADER_LEN};

@@ -164,7 +164,7 @@ impl IbDevice {
             Ok(p) => p,
             Err(e) => {
                 verbs.close(ctx);
-                return Err(super::within(e, || {
+                return Err(super::error::within(e, || {
                     format!("opening IB{n} ({})", entry.name)
                 }));
             }

@@ -55,7 +55,7 @@ pub(crate) fn register(dev: &Arc<IbDevice>, slice: &BufferSlice, atomics: bool) 
     };
     let keys = dev.verbs.reg_mr(dev.pd, addr, len, access).map_err(|e| {
         if kind == "host" {
-            super::within(e, || format!("registering {len} bytes of host memory with IB{} ({})", dev.index, dev.name))
+            super::error::within(e, || format!("registering {len} bytes of host memory with IB{} ({})", dev.index, dev.name))
         } else {
             Error::unavailable(
                 format!("registering {len} bytes of device memory with IB{} ({})", dev.index, dev.name),

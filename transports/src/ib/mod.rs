@@ -18,6 +18,7 @@
 
 pub(crate) mod cq;
 pub(crate) mod device;
+pub(crate) mod error;
 pub(crate) mod ffi;
 pub(crate) mod memory;
 pub(crate) mod qp;
@@ -38,9 +39,9 @@ use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result};
 
-use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::link::{self, Health};
 use crate::memory::RegisteredMemory;
+use crate::offer::{Endpoint, LocalEndpoint};
 use crate::ops::{Connection, check_dst, check_token, check_write};
 use crate::transport::Transport;
 use qp::Qp;
@@ -332,22 +333,6 @@ impl IbConnection {
                 self.index
             ))
         })
-    }
-}
-
-/// `e` with `what` (what was being done) in front of its message, keeping its class.
-pub(crate) fn within(e: Error, what: impl FnOnce() -> String) -> Error {
-    match e {
-        Error::Io { context, source } => Error::Io {
-            context: format!("{}: {context}", what()),
-            source,
-        },
-        Error::InvalidUsage(m) => Error::InvalidUsage(format!("{}: {m}", what())),
-        Error::Unavailable { what: w, reason } => Error::Unavailable {
-            what: format!("{} ({w})", what()),
-            reason,
-        },
-        other => other.with_context(what),
     }
 }
 

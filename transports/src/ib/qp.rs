@@ -183,7 +183,7 @@ impl Qp {
         }
         let v = &self.dev.verbs;
         let ctx = |e: Error| {
-            super::within(e, || {
+            super::error::within(e, || {
                 format!(
                     "connecting QP {} to rank {peer}'s QP {}",
                     self.info.qpn, remote.qpn

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result};
 
-use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::ethernet::{EthernetConnection, Pipes};
 use crate::link;
+use crate::offer::{Endpoint, LocalEndpoint};
 use crate::transport::Transport;
 
 pub use plugin::{NetProperties, Plugin};
