@@ -7,6 +7,7 @@ uint8.
 """
 
 import os
+import time
 
 import numpy as np
 
@@ -525,7 +526,12 @@ def channel_handles(comm, nbytes=4096):
     theirs = bytes((peer * 7 + i) % 251 for i in range(nbytes))
     assert recv.read() == theirs
     assert recv.read(8, 16) == theirs[8:24]
+    # A host signal travels on the connection (Ethernet here), not with the barrier: wait for
+    # it as a kernel would, with a deadline.
     h_inbound, _ = struct.unpack("<2Q", got["host_semaphore"])
+    deadline = time.monotonic() + 10
+    while ctypes.c_uint64.from_address(h_inbound).value == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert ctypes.c_uint64.from_address(h_inbound).value == 1
     # A device-to-device signal: store into the peer's inbound token, as `signal()` does.
     ctypes.c_uint64.from_address(remote_inbound).value = 5

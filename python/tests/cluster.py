@@ -63,6 +63,9 @@ class Cluster:
 
     def __init__(self, size, env=None, **options):
         self.size = size
+        # Set once a case failed on a rank or a rank was killed: the ranks may be out of step
+        # (one left a collective the others are still in), so the fixtures start a new cluster.
+        self.broken = False
         ctx = mp.get_context("spawn")
         addr = f"127.0.0.1:{free_port()}"
         env = dict(env or {})
@@ -94,6 +97,7 @@ class Cluster:
                 results.append(None)
                 failure = failure or RankFailure(r, *msg[1:])
         if failure:
+            self.broken = True
             raise failure
         return results
 
@@ -104,6 +108,9 @@ class Cluster:
         return self._collect(case)
 
     def close(self):
+        if self.broken:  # a rank may still wait in a collective its peers left
+            self.kill()
+            return
         try:
             for c in self.conns:
                 c.send(None)
@@ -115,6 +122,7 @@ class Cluster:
         self.kill()
 
     def kill(self):
+        self.broken = True
         for p in self.procs:
             if p.is_alive():
                 p.kill()

@@ -10,28 +10,45 @@ from cluster import Cluster  # noqa: E402
 HOST = {"MSCCLPP_BACKEND": "host"}
 
 
-def _cluster(size, env, **options):
-    c = Cluster(size, env=env, **options)
-    yield c
-    c.close()
+# One cluster per fixture for the whole session (starting ranks costs seconds), replaced when a
+# case broke it so that one failure does not time out every later case of the session.
+_CLUSTERS = {}
 
 
-@pytest.fixture(scope="session")
+def _cluster(key, size, env, **options):
+    c = _CLUSTERS.get(key)
+    if c is not None and c.broken:
+        c.close()
+        c = None
+    if c is None:
+        c = _CLUSTERS[key] = Cluster(size, env=env, **options)
+    return c
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_clusters():
+    yield
+    for c in _CLUSTERS.values():
+        c.close()
+    _CLUSTERS.clear()
+
+
+@pytest.fixture
 def host2():
     """Two ranks on the host backend (NumPy arrays)."""
-    yield from _cluster(2, HOST, backend="host")
+    return _cluster("host2", 2, HOST, backend="host")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def host4():
     """Four ranks on the host backend."""
-    yield from _cluster(4, HOST, backend="host")
+    return _cluster("host4", 4, HOST, backend="host")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def host3():
     """Three ranks on the host backend: a rank count that is not a power of two."""
-    yield from _cluster(3, HOST, backend="host")
+    return _cluster("host3", 3, HOST, backend="host")
 
 
 def _gpu_ranks():
@@ -51,10 +68,10 @@ def _gpu_ranks():
     return 2, None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def gpu2():
     """Two ranks on GPUs (one each where there are two; sharing one otherwise), torch tensors."""
     n, why = _gpu_ranks()
     if not n:
         pytest.skip(f"GPU tests skipped: {why}")
-    yield from _cluster(2, {})
+    return _cluster("gpu2", 2, {})
