@@ -52,6 +52,9 @@ pub const CALL: &str = "mscclpp_nccl::CALL";
 pub const TUNING: &str = "mscclpp_nccl::TUNING";
 /// Target of lines about the environment (`ENV`).
 pub const ENV: &str = "mscclpp_nccl::ENV";
+/// Target of the events of the communicator modules (comm, init, registry, route): the module
+/// path they had when comm.rs held them all, which log filters may name.
+pub const COMM_MODULE: &str = "mscclpp_nccl::comm";
 
 /// `NCCL_DEBUG`'s levels, least verbose first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -32,10 +32,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
 
 use crate::abi::*;
-use crate::comm::{lookup, lookup_for_op};
 use crate::error::{Failure, Res, guard};
 use crate::out;
 use crate::register;
+use crate::registry::{lookup, lookup_for_op};
 
 /// `NCCL_API_MAGIC`: the magic of NCCL's versioned structs (`ncclCommProperties_t` too).
 const NCCL_API_MAGIC: u32 = 0xcafe_beef;

@@ -68,12 +68,19 @@ pub mod comm;
 pub mod debug;
 pub mod error;
 mod exports_229;
+pub mod group;
+pub mod init;
+pub mod job;
 pub mod lifecycle;
+pub mod native;
 pub mod plans;
 mod pnccl;
 pub mod premul;
 pub mod real;
 pub mod register;
+pub mod registry;
+pub mod route;
+pub mod types;
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
@@ -82,9 +89,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use mscclpp::hal::{Device, DeviceBuffer, MemoryKind};
 
 use abi::*;
-use comm::{Call, Comm, Op, from_real, lookup, register};
+use comm::Comm;
 use error::{Failure, Res, guard};
+use init::from_real;
 use real::RealResults;
+use registry::{lookup, lookup_for_op, register};
+use route::{Call, Op};
 
 /// The names of every export, in the order of docs/gpu-machines.md's list (PyTorch 2.11's 38
 /// imports), then the extra ones.
@@ -695,7 +705,7 @@ pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
 // Collectives and point-to-point
 
 fn run(op: Op, comm: NcclComm, call: impl FnOnce(Op) -> Call) -> Res<()> {
-    comm::lookup_for_op(comm)?.run(call(op))
+    lookup_for_op(comm)?.run(call(op))
 }
 
 /// `ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -987,7 +997,7 @@ unsafe fn rooted(
     stream: CudaStream,
 ) -> Res<()> {
     let c = lookup(comm)?;
-    let (size, _) = comm::dtype_info(datatype)?;
+    let (size, _) = types::dtype_info(datatype)?;
     let (rank, n) = (c.rank, c.nranks);
     let root_rank = usize::try_from(root)
         .ok()
@@ -1119,13 +1129,13 @@ pub unsafe extern "C" fn ncclScatter(
 /// `ncclResult_t ncclGroupStart(void)`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ncclGroupStart() -> NcclResult {
-    guard("ncclGroupStart", comm::group_start)
+    guard("ncclGroupStart", group::group_start)
 }
 
 /// `ncclResult_t ncclGroupEnd(void)`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ncclGroupEnd() -> NcclResult {
-    guard("ncclGroupEnd", comm::group_end)
+    guard("ncclGroupEnd", group::group_end)
 }
 
 /// `ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo)`: native operations have been
@@ -1137,7 +1147,7 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGroupSimulateEnd(_simInfo: *mut c_void) -> NcclResult {
     guard("ncclGroupSimulateEnd", || {
-        comm::group_end()?;
+        group::group_end()?;
         Err(Failure::usage(
             "mscclpp enqueues operations as they are called and cannot simulate a group; the group was ended normally",
         ))

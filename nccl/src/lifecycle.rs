@@ -24,11 +24,13 @@ use mscclpp::comm::{BootstrapConfig, UniqueId};
 use mscclpp::hal::BackendKind;
 
 use crate::abi::*;
-use crate::comm::{
-    self, Comm, InitPlan, Job, RealComm, Slot, build, init_rank, register, register_pending, settle,
-};
+use crate::comm::{Comm, RealComm};
 use crate::error::{Failure, Res, set_last_error};
+use crate::group::{defer_job, in_group};
+use crate::init::{InitPlan, build, init_rank};
+use crate::job::Job;
 use crate::real::{RealResults, real};
+use crate::registry::{self, Slot, register, register_pending, settle};
 
 /// The parts of an `ncclConfig_t` this library keeps (a split or shrink without a config
 /// inherits them from the parent, as NCCL does).
@@ -205,7 +207,7 @@ unsafe fn launch(
     what: &'static str,
     body: impl FnOnce() -> Made + Send + 'static,
 ) -> Res<()> {
-    let in_group = comm::in_group();
+    let in_group = in_group();
     if blocking && !in_group {
         let h = match body()? {
             Some(c) => register(c),
@@ -248,7 +250,7 @@ unsafe fn launch(
         );
     }
     if in_group {
-        comm::defer_job(job, blocking, what);
+        defer_job(job, blocking, what);
         return Ok(());
     }
     Err(Failure::in_progress())
@@ -390,7 +392,7 @@ pub unsafe fn init_all(out: *mut NcclComm, ndev: c_int, devlist: *const c_int) -
     }
     if let Some(f) = first {
         for (h, _) in &started {
-            if let Ok(Slot::Ready(c)) = comm::unregister(*h) {
+            if let Ok(Slot::Ready(c)) = registry::unregister(*h) {
                 c.abort_native();
                 if let Err(e) = c.release_real(true) {
                     tracing::warn!("{}", e.message);
@@ -610,7 +612,7 @@ pub unsafe fn shrink(
 /// stream) and finalizes the real one; non-blocking: on a thread, `ncclInProgress` until done.
 /// Afterwards only destroy and abort are accepted.
 pub fn finalize(h: NcclComm) -> Res<()> {
-    let c = comm::lookup(h)?;
+    let c = registry::lookup(h)?;
     if c.finalized.load(Ordering::Acquire) {
         return Ok(());
     }
@@ -643,7 +645,7 @@ pub fn finalize(h: NcclComm) -> Res<()> {
 /// still running is waited for, within [`job_deadline`]). A handle still being created is
 /// released by its job when that ends.
 pub fn destroy(h: NcclComm) -> Res<()> {
-    match comm::unregister(h)? {
+    match registry::unregister(h)? {
         Slot::Ready(c) => {
             if let Some(job) = c.take_busy() {
                 job.wait(job_deadline(), "the finalize before ncclCommDestroy")?;
@@ -662,7 +664,7 @@ pub fn destroy(h: NcclComm) -> Res<()> {
 /// `ncclCommAbort`: frees the communicator without waiting for anything; kernels of it still
 /// waiting (on any thread) end at their next poll of the abort word.
 pub fn abort(h: NcclComm) -> Res<()> {
-    match comm::unregister(h)? {
+    match registry::unregister(h)? {
         Slot::Ready(c) => {
             c.abort_native();
             c.release_real(true)
@@ -675,7 +677,7 @@ pub fn abort(h: NcclComm) -> Res<()> {
 /// split, shrink or finalize runs; a creation's failure; a dead peer (`ncclRemoteError`, the
 /// rank named in `ncclGetLastError`); a stored error; the real communicator's; else success.
 pub fn async_error(h: NcclComm) -> Res<NcclResult> {
-    let c = match comm::slot(h)? {
+    let c = match registry::slot(h)? {
         Slot::Pending(_) => return Ok(NCCL_IN_PROGRESS),
         Slot::Failed(f) => {
             set_last_error(&format!("comm {h:p}: {}", f.message));

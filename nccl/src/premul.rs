@@ -14,8 +14,9 @@ use mscclpp::collectives::{Factor, Scaler};
 use mscclpp::hal::{DataType, DevicePtr};
 
 use crate::abi::{NcclComm, redop};
-use crate::comm::{Comm, dtype_info};
+use crate::comm::Comm;
 use crate::error::{Failure, Res};
+use crate::types::dtype_info;
 
 /// `ncclScalarDevice`: the scalar is in device memory, read when the operation runs.
 pub const SCALAR_DEVICE: c_int = 0;
