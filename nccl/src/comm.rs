@@ -13,9 +13,9 @@ use mscclpp::hal::{Device, DeviceBuffer, Stream};
 use mscclpp_caller::Caller;
 
 use crate::abi::*;
+use crate::config::CommConfig;
 use crate::error::{Failure, Res};
 use crate::job::Job;
-use crate::lifecycle::CommConfig;
 use crate::real::{RealNccl, RealResults, no_real};
 
 /// The mscclpp side of a communicator.

@@ -55,6 +55,9 @@ pub const ENV: &str = "mscclpp_nccl::ENV";
 /// Target of the events of the communicator modules (comm, init, registry, route): the module
 /// path they had when comm.rs held them all, which log filters may name.
 pub const COMM_MODULE: &str = "mscclpp_nccl::comm";
+/// Target of the events of reading an `ncclConfig_t`: the module path they had in
+/// lifecycle.rs, which log filters may name.
+pub const LIFECYCLE_MODULE: &str = "mscclpp_nccl::lifecycle";
 
 /// `NCCL_DEBUG`'s levels, least verbose first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

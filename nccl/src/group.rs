@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::error::{Failure, Res};
-use crate::job::Job;
+use crate::job::{Job, job_deadline};
 use crate::real::{RealNccl, RealResults};
 use crate::route::Call;
 
@@ -46,7 +46,7 @@ fn end_group_jobs() -> Res<()> {
     if jobs.is_empty() {
         return Ok(());
     }
-    let deadline = crate::lifecycle::job_deadline();
+    let deadline = job_deadline();
     let mut first: Option<Failure> = None;
     let mut in_progress = false;
     for (job, blocking, what) in &jobs {

@@ -15,8 +15,8 @@ use mscclpp_caller::Caller;
 
 use crate::abi::*;
 use crate::comm::{Comm, Native, REDUCE_CHUNK_BYTES, RealComm};
+use crate::config::CommConfig;
 use crate::error::{Failure, Res};
-use crate::lifecycle::CommConfig;
 use crate::real::{RealNccl, RealResults, real};
 use crate::route::forced;
 

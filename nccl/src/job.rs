@@ -1,8 +1,10 @@
 //! Work on a thread of its own (a communicator creation, a non-blocking finalize) that others
-//! wait for.
+//! wait for, and how long they wait ([`job_deadline`]).
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use mscclpp::comm::BootstrapConfig;
 
 use crate::abi::NCCL_REMOTE_ERROR;
 use crate::error::{Failure, Res};
@@ -59,4 +61,11 @@ impl Job {
                 .0;
         }
     }
+}
+
+/// How long a group end or an init-all waits for creations it started: every step of a
+/// creation is bounded by the bootstrap's timeout, and a creation takes a few of them.
+pub fn job_deadline() -> Instant {
+    let t = BootstrapConfig::from_env().map_or(Duration::from_secs(60), |c| c.timeout);
+    Instant::now() + t.saturating_mul(3) + Duration::from_secs(10)
 }

@@ -65,6 +65,7 @@
 
 pub mod abi;
 pub mod comm;
+pub mod config;
 pub mod debug;
 pub mod error;
 mod exports_229;

@@ -1,5 +1,6 @@
-//! Communicator lifecycle: `ncclConfig_t`, blocking and non-blocking creation (init, init-all,
-//! split, shrink), finalize, destroy, abort and the state `ncclCommGetAsyncError` reports.
+//! Communicator lifecycle: blocking and non-blocking creation (init, init-all, split, shrink;
+//! the `ncclConfig_t` they take is read by [`crate::config`]), finalize, destroy, abort and the
+//! state `ncclCommGetAsyncError` reports.
 //!
 //! **Non-blocking.** With `config.blocking = 0` a creation returns `ncclInProgress` at once
 //! with the handle already written; the work runs on a thread of its own and
@@ -14,179 +15,23 @@
 //! every GPU would deadlock if they ran in turn) and the outermost `ncclGroupEnd` waits for the
 //! blocking ones, within a deadline.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
-use mscclpp::comm::{BootstrapConfig, UniqueId};
+use mscclpp::comm::UniqueId;
 use mscclpp::hal::BackendKind;
 
 use crate::abi::*;
 use crate::comm::{Comm, RealComm};
+use crate::config::{CommConfig, parse_config};
 use crate::error::{Failure, Res, set_last_error};
 use crate::group::{defer_job, in_group};
 use crate::init::{InitPlan, build, init_rank};
-use crate::job::Job;
+use crate::job::{Job, job_deadline};
 use crate::real::{RealResults, real};
 use crate::registry::{self, Slot, register, register_pending, settle};
-
-/// The parts of an `ncclConfig_t` this library keeps (a split or shrink without a config
-/// inherits them from the parent, as NCCL does).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommConfig {
-    /// `blocking` (default 1; `NCCL_COMM_BLOCKING` overrides it, as in NCCL).
-    pub blocking: bool,
-    /// `cgaClusterSize`, `minCTAs`, `maxCTAs`: recorded and logged; mscclpp's algorithms size
-    /// their own grids.
-    pub ctas: [Option<c_int>; 3],
-    /// `netName`: recorded; the bootstrap and transports are this library's own.
-    pub net_name: Option<String>,
-    /// `commName`: names the communicator in logs.
-    pub comm_name: Option<String>,
-    /// `splitShare`, `shrinkShare`: a child never shares the parent's buffers here (it gets
-    /// its own scratch), which NCCL permits: sharing is a hint.
-    pub share: [bool; 2],
-}
-
-impl Default for CommConfig {
-    fn default() -> Self {
-        CommConfig {
-            blocking: true,
-            ctas: [None; 3],
-            net_name: None,
-            comm_name: None,
-            share: [false; 2],
-        }
-    }
-}
-
-/// Reads at most 256 bytes of a C string (a name in a config).
-///
-/// # Safety
-/// `p` must be NULL or a NUL-terminated string (or at least 256 readable bytes).
-unsafe fn name(p: *const c_char) -> Option<String> {
-    if p.is_null() {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    for i in 0..256 {
-        // SAFETY: within the string or its first 256 bytes (caller's contract).
-        let b = unsafe { p.add(i).read() } as u8;
-        if b == 0 {
-            break;
-        }
-        bytes.push(b);
-    }
-    Some(String::from_utf8_lossy(&bytes).into_owned())
-}
-
-fn set(v: c_int) -> Option<c_int> {
-    (v != NCCL_CONFIG_UNDEF_INT).then_some(v)
-}
-
-/// `NCCL_COMM_BLOCKING`: 0 or 1 overrides every config's `blocking`, as it does in NCCL.
-fn env_blocking() -> Res<Option<bool>> {
-    const VAR: &str = "NCCL_COMM_BLOCKING";
-    match mscclpp::hal::env::get(VAR) {
-        None => Ok(None),
-        Some(v) => match v.trim() {
-            "0" => Ok(Some(false)),
-            "1" => Ok(Some(true)),
-            other => Err(Failure::argument(format!(
-                "{VAR}={other:?}: expected 0 (non-blocking) or 1 (blocking)"
-            ))),
-        },
-    }
-}
-
-/// Reads a caller's `ncclConfig_t` as NCCL does: `size` bytes of it at most (a newer, longer
-/// struct is read as far as this library knows it), the magic checked, and the fields a
-/// `version` older than the one that added them is treated as unset. NULL: `inherit` (a split
-/// or shrink without a config), else the defaults.
-///
-/// # Safety
-/// `config` must be NULL or point to `size` readable bytes starting with an `ncclConfig_t`
-/// header, whose name pointers are NULL or C strings.
-pub unsafe fn parse_config(config: *const c_void, inherit: Option<&CommConfig>) -> Res<CommConfig> {
-    let mut c = if config.is_null() {
-        inherit.cloned().unwrap_or_default()
-    } else {
-        // SAFETY: every ncclConfig_t starts with its size (caller's contract).
-        let size = unsafe { config.cast::<usize>().read_unaligned() };
-        let mut raw = NcclConfig::INITIALIZER;
-        raw.magic = 0;
-        let n = size.min(std::mem::size_of::<NcclConfig>());
-        // SAFETY: `n` bytes of the caller's struct (at most its size) into ours, which has room
-        // for them; both are plain data.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                config.cast::<u8>(),
-                (&mut raw as *mut NcclConfig).cast::<u8>(),
-                n,
-            )
-        };
-        if raw.magic != NCCL_CONFIG_MAGIC {
-            return Err(Failure::argument(format!(
-                "ncclConfig_t at {config:p} (size {size}) has magic {:#x}, expected {NCCL_CONFIG_MAGIC:#x}: initialise it with NCCL_CONFIG_INITIALIZER",
-                raw.magic
-            )));
-        }
-        let d = NcclConfig::INITIALIZER;
-        if raw.version < 21400 {
-            raw.blocking = d.blocking;
-        }
-        if raw.version < 21700 {
-            raw.cga_cluster_size = d.cga_cluster_size;
-            raw.min_ctas = d.min_ctas;
-            raw.max_ctas = d.max_ctas;
-            raw.net_name = d.net_name;
-        }
-        if raw.version < 21800 {
-            raw.split_share = d.split_share;
-        }
-        let blocking = match raw.blocking {
-            NCCL_CONFIG_UNDEF_INT | 1 => true,
-            0 => false,
-            other => {
-                tracing::warn!("ncclConfig_t.blocking {other} is not 0 or 1; using 1");
-                true
-            }
-        };
-        let c = CommConfig {
-            blocking,
-            ctas: [
-                set(raw.cga_cluster_size),
-                set(raw.min_ctas),
-                set(raw.max_ctas),
-            ],
-            // SAFETY: name pointers of the caller's config (contract).
-            net_name: unsafe { name(raw.net_name) },
-            // SAFETY: as above.
-            comm_name: unsafe { name(raw.comm_name) },
-            share: [raw.split_share == 1, raw.shrink_share == 1],
-        };
-        tracing::debug!(
-            size,
-            version = raw.version,
-            config = ?c,
-            "ncclConfig_t read (CTA counts and netName are recorded, not applied)"
-        );
-        c
-    };
-    if let Some(b) = env_blocking()? {
-        c.blocking = b;
-    }
-    Ok(c)
-}
-
-/// How long a group end or an init-all waits for creations it started: every step of a
-/// creation is bounded by the bootstrap's timeout, and a creation takes a few of them.
-pub fn job_deadline() -> Instant {
-    let t = BootstrapConfig::from_env().map_or(Duration::from_secs(60), |c| c.timeout);
-    Instant::now() + t.saturating_mul(3) + Duration::from_secs(10)
-}
 
 /// What a creation's body returns: the communicator, or `None` for a rank that gets none
 /// (`NCCL_SPLIT_NOCOLOR`, a rank shrunk away).
@@ -729,62 +574,6 @@ pub fn async_error(h: NcclComm) -> Res<NcclResult> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn config_versions_and_sizes() {
-        let mut raw = NcclConfig::INITIALIZER;
-        raw.blocking = 0;
-        raw.max_ctas = 4;
-        let comm_name = c"pg-7";
-        raw.comm_name = comm_name.as_ptr();
-        // SAFETY: a full, initialised config.
-        let c = unsafe { parse_config((&raw as *const NcclConfig).cast(), None) }.unwrap();
-        assert!(!c.blocking);
-        assert_eq!(c.ctas, [None, None, Some(4)]);
-        assert_eq!(c.comm_name.as_deref(), Some("pg-7"));
-
-        // A 2.13 caller knew no `blocking`: its value is ignored.
-        let mut old = raw;
-        old.version = 21300;
-        // SAFETY: as above.
-        let c = unsafe { parse_config((&old as *const NcclConfig).cast(), None) }.unwrap();
-        assert!(c.blocking);
-
-        // A struct of only the header and `blocking`: nothing beyond is read.
-        let mut short = raw;
-        short.size = 20;
-        short.comm_name = 0x10 as *const c_char;
-        // SAFETY: only 20 bytes are read, and the name pointer is past them.
-        let c = unsafe { parse_config((&short as *const NcclConfig).cast(), None) }.unwrap();
-        assert!(!c.blocking);
-        assert_eq!(c.comm_name, None);
-        assert_eq!(c.ctas, [None; 3]);
-
-        // No magic (too short to hold it, or not initialised).
-        let mut bad = raw;
-        bad.size = 8;
-        // SAFETY: as above.
-        let e = unsafe { parse_config((&bad as *const NcclConfig).cast(), None) }.unwrap_err();
-        assert_eq!(e.code, NCCL_INVALID_ARGUMENT);
-        bad.size = 80;
-        bad.magic = 7;
-        // SAFETY: as above.
-        let e = unsafe { parse_config((&bad as *const NcclConfig).cast(), None) }.unwrap_err();
-        assert!(
-            e.message.contains("NCCL_CONFIG_INITIALIZER"),
-            "{}",
-            e.message
-        );
-
-        // NULL inherits.
-        let parent = CommConfig {
-            blocking: false,
-            ..CommConfig::default()
-        };
-        // SAFETY: NULL.
-        let c = unsafe { parse_config(std::ptr::null(), Some(&parent)) }.unwrap();
-        assert_eq!(c, parent);
-    }
 
     #[test]
     fn keys_keep_their_order() {
