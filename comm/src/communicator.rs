@@ -39,6 +39,8 @@ struct AbortState {
     host: AtomicU64,
     /// 8 bytes of host-mapped memory; `None` when the device could not allocate it.
     word: Option<BufferSlice>,
+    /// Whose memory the word is: a reset of it frees the word.
+    device: Arc<dyn Device>,
     /// The first failure, with how it was learned.
     failure: Mutex<Option<PeerFailure>>,
     /// Called once, when the first failure is stored ([`Communicator::on_abort`]), by id.
@@ -76,6 +78,11 @@ impl AbortState {
         let Some(_live) = mscclpp_hal::exit::enter() else {
             return;
         };
+        // Nor after the application reset the device under us (nccl-tests' cudaDeviceReset
+        // before exit, its communicators never destroyed): the reset freed the word.
+        if self.device.lost() {
+            return;
+        }
         if let Some(p) = self.word.as_ref().and_then(|w| w.host_ptr()) {
             // SAFETY: `p` is the host pointer of the 8-byte, 8-aligned allocation this state
             // keeps alive; the word is only accessed atomically (here and by kernels' polls).
@@ -128,6 +135,7 @@ impl Communicator {
         let abort = Arc::new(AbortState {
             host: AtomicU64::new(0),
             word,
+            device: Arc::clone(&device),
             failure: Mutex::new(None),
             listeners: Mutex::new(AbortListeners::default()),
         });

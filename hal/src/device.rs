@@ -43,6 +43,13 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Allocates `bytes` (more than zero) of memory of `kind`. Contents are unspecified.
     fn alloc(&self, bytes: usize, kind: MemoryKind) -> Result<DeviceBuffer>;
 
+    /// Whether the device was reset under us by someone else (the application's
+    /// `cudaDeviceReset` while our objects live): its memory, host-mapped memory included, is
+    /// freed. See [`Stream::device_lost`]. Never on the host backend.
+    fn lost(&self) -> bool {
+        false
+    }
+
     /// Creates an in-order stream.
     fn create_stream(&self) -> Result<Arc<dyn Stream>>;
 

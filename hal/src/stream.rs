@@ -95,6 +95,15 @@ pub trait Stream: Send + Sync + fmt::Debug {
         Ok(false)
     }
 
+    /// Whether the device under this stream was reset by someone else (the application's
+    /// `cudaDeviceReset` while our objects live, as nccl-tests does before exiting): work
+    /// enqueued now would reach freed driver state. The library's own threads that act on a
+    /// stream without a caller (the release after a peer's death) check it first and stand
+    /// down. Never lost on the host backend.
+    fn device_lost(&self) -> bool {
+        false
+    }
+
     /// The vendor's handle of the stream (`CUstream`, `hipStream_t`) as an integer, for vendor
     /// libraries used beside the HAL on the same stream (NCCL as a baseline or fallback);
     /// `None` on the host backend.

@@ -142,6 +142,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDeviceGetP2PAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxGetState",
     "cuCtxSetCurrent",
     "cuCtxGetDevice",
     "cuGetErrorName",

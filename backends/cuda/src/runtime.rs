@@ -261,6 +261,16 @@ impl Runtime for CudaRuntime {
         })
     }
 
+    fn context_lost(&self, ctx: CudaContext) -> bool {
+        let (mut flags, mut active) = (0u32, 0i32);
+        // SAFETY: valid out-pointers; `ctx.dev` came from cuDeviceGet. The call takes the device,
+        // not the (possibly destroyed) context, so it is safe after a reset.
+        let r = unsafe { sys::cuDevicePrimaryCtxGetState(ctx.dev, &mut flags, &mut active) };
+        // While our retain holds, only a reset (cudaDeviceReset, cuDevicePrimaryCtxReset)
+        // leaves the primary context inactive.
+        r == sys::CUresult::CUDA_SUCCESS && active == 0
+    }
+
     unsafe fn bind(&self, ctx: CudaContext) -> Result<()> {
         // SAFETY: `ctx.raw` is a retained (live) primary context (caller's contract).
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx.raw) })

@@ -41,6 +41,11 @@ impl<R: Runtime> Context<R> {
         unsafe { self.rt.bind(self.raw) }
     }
 
+    /// Whether the device was reset under this context ([`Runtime::context_lost`]).
+    pub fn lost(&self) -> bool {
+        self.rt.context_lost(self.raw)
+    }
+
     /// The device ordinal.
     pub fn ordinal(&self) -> usize {
         self.ordinal

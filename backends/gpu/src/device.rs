@@ -151,6 +151,10 @@ impl<R: Runtime> Device for GpuDevice<R> {
         &self.info
     }
 
+    fn lost(&self) -> bool {
+        self.ctx.lost()
+    }
+
     fn make_current(&self) -> Result<()> {
         self.ctx.bind()
     }

@@ -145,6 +145,9 @@ impl<R: Runtime> Drop for GpuAllocation<R> {
         if matches!(self.backing, Backing::Alias(_) | Backing::External) {
             return;
         }
+        if self.ctx.lost() {
+            return; // a device reset freed it already
+        }
         if self.ctx.bind().is_err() {
             tracing::warn!(
                 ptr = self.ptr,

@@ -145,6 +145,14 @@ pub trait Runtime: Send + Sync + Debug + Sized + 'static {
     /// # Safety
     /// `ctx` came from `retain_context(ordinal)` and nothing uses it any more.
     unsafe fn release_context(&self, ordinal: usize, ctx: Self::Context) -> Result<()>;
+
+    /// Whether `ctx`, retained, was torn down under us by a reset of the device (the
+    /// application's `cudaDeviceReset` while resources of ours live): its streams and memory
+    /// are then freed driver state that must not be touched. Never touches the context itself.
+    /// `false` where the runtime cannot tell.
+    fn context_lost(&self, _ctx: Self::Context) -> bool {
+        false
+    }
     /// Makes `ctx` current on the calling thread.
     ///
     /// # Safety

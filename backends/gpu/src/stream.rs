@@ -256,6 +256,11 @@ impl<R: Runtime> Drop for GpuStream<R> {
         if self.borrowed {
             return;
         }
+        if self.ctx.lost() {
+            // A device reset already freed the stream and everything it used.
+            std::mem::forget(self.lock().keep.take());
+            return;
+        }
         if self.ctx.bind().is_err() {
             tracing::warn!(
                 "cannot make the {} device current to destroy a stream; leaking it",
@@ -503,6 +508,10 @@ impl<R: Runtime> Stream for GpuStream<R> {
                 _keep: keep,
             }),
         }))
+    }
+
+    fn device_lost(&self) -> bool {
+        self.ctx.lost()
     }
 
     fn native_handle(&self) -> Option<u64> {

@@ -108,6 +108,12 @@ impl Release {
             return Ok(());
         };
         let s = &*self.stream;
+        // Nor after the application reset the device (nccl-tests' cudaDeviceReset before exit,
+        // its communicators never destroyed): the stream is freed driver state.
+        if s.device_lost() {
+            tracing::debug!("copy-engine release skipped: the device was reset");
+            return Ok(());
+        }
         s.write_value64(&release_word(&self.scratch)?, RELEASED)?;
         for at in [READY, DONE] {
             for b in 0..BUFFERS {
