@@ -669,10 +669,16 @@ fn main() {
         },
     ));
     // The Net transport between hosts, through an NCCL net plugin: the fixture (or the plugin
-    // MSCCLPP_TEST_NET_PLUGIN names), every collective on 2 hosts x 2 ranks.
-    for backend in [BackendKind::Host, BackendKind::Cuda] {
+    // MSCCLPP_TEST_NET_PLUGIN names), every collective on 2 hosts x 2 ranks, and on 2 hosts x 1
+    // (every byte between the ranks crosses the plugin; on one GPU two processes time-slice it
+    // far faster than four).
+    for (backend, per_host) in [
+        (BackendKind::Host, 2),
+        (BackendKind::Cuda, 2),
+        (BackendKind::Cuda, 1),
+    ] {
         trials.push(Trial::ignorable_test(
-            format!("multinode::net::{backend}::hosts_2x2"),
+            format!("multinode::net::{backend}::hosts_2x{per_host}"),
             move || {
                 let plugin = match mscclpp_conformance::net_fixture::plugin() {
                     Ok(p) => p,
@@ -681,7 +687,7 @@ fn main() {
                 by_host_id(
                     backend,
                     2,
-                    2,
+                    per_host,
                     true,
                     vec![
                         ("MSCCLPP_HIER_TRANSPORT".into(), "Net".into()),
