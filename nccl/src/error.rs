@@ -1,5 +1,6 @@
-//! Result codes, the last-error message, and the guard that keeps panics from crossing the C
-//! ABI.
+//! Result codes, the last-error message, the guard that keeps panics from crossing the C ABI,
+//! and `out`, the exports' checked write through an out-pointer (here, not in the crate root,
+//! so that modules the root uses can use it without depending on the root).
 //!
 //! **Last error.** The message of the most recent failing call *on the calling thread* is kept
 //! in thread-local storage; `ncclGetLastError` returns a pointer to it, valid until the next
@@ -157,4 +158,17 @@ pub fn guard(name: &'static str, body: impl FnOnce() -> Res<()>) -> NcclResult {
             NCCL_INTERNAL_ERROR
         }
     }
+}
+
+/// Writes `v` through an out-pointer, or fails naming it when it is NULL.
+///
+/// # Safety
+/// `p` must be NULL or valid for a write of `T`.
+pub(crate) unsafe fn out<T>(p: *mut T, name: &str, v: T) -> Res<()> {
+    if p.is_null() {
+        return Err(Failure::argument(format!("{name} is NULL")));
+    }
+    // SAFETY: non-null, and valid for writes by the caller's contract.
+    unsafe { p.write(v) };
+    Ok(())
 }

@@ -1,6 +1,6 @@
 //! The exports NCCL added after 2.28's `nccl.h` (up to 2.30.7, the newest release), plus the
 //! host functions of NCCL's device-API headers (`nccl_device/*.h`) that take a communicator or a
-//! window and that `lib.rs` does not export yet.
+//! window and that `exports` does not export yet.
 //!
 //! Every symbol of the newest `nccl.h` must be this library's: under `LD_PRELOAD`, a symbol we
 //! leave undefined resolves to the real `libnccl.so`, which would be handed our handle (a serial
@@ -32,8 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
 
 use crate::abi::*;
-use crate::error::{Failure, Res, guard};
-use crate::out;
+use crate::error::{Failure, Res, guard, out};
 use crate::register;
 use crate::registry::{lookup, lookup_for_op};
 

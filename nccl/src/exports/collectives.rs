@@ -1,0 +1,430 @@
+//! Collectives and point-to-point.
+
+use std::ffi::{c_int, c_void};
+
+use crate::abi::*;
+use crate::error::{Failure, Res, guard};
+use crate::registry::{lookup, lookup_for_op};
+use crate::route::{Call, Op};
+use crate::types;
+
+use super::groups::{ncclGroupEnd, ncclGroupStart};
+
+fn run(op: Op, comm: NcclComm, call: impl FnOnce(Op) -> Call) -> Res<()> {
+    lookup_for_op(comm)?.run(call(op))
+}
+
+/// `ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+/// ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)`.
+///
+/// # Safety
+/// NCCL's contract: device buffers of the sizes the operation needs; a live stream.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclAllReduce", || {
+        run(Op::AllReduce, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: op,
+            root: 0,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+/// ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)`.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclAllGather", || {
+        run(Op::AllGather, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count: sendcount,
+            dtype: datatype,
+            redop: 0,
+            root: 0,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+/// ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)`.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclReduceScatter", || {
+        run(Op::ReduceScatter, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count: recvcount,
+            dtype: datatype,
+            redop: op,
+            root: 0,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+/// ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)`.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclBroadcast", || {
+        run(Op::Broadcast, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: 0,
+            root,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+/// ncclComm_t comm, cudaStream_t stream)`: in-place broadcast (forwarded as
+/// `ncclBroadcast(buff, buff, ...)` when it falls back).
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclBcast", || {
+        run(Op::Broadcast, comm, |o| Call {
+            op: o,
+            send: buff,
+            recv: buff,
+            count,
+            dtype: datatype,
+            redop: 0,
+            root,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+/// ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)`: `count` elements per peer.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclAlltoAll", || {
+        run(Op::AllToAll, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: 0,
+            root: 0,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t
+/// datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)`: native
+/// (all-reduces into the root's `recvbuff`; the others' `recvbuff` is not touched).
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclReduce", || {
+        run(Op::Reduce, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: op,
+            root,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int
+/// peer, ncclComm_t comm, cudaStream_t stream)`: native (launched at the outermost
+/// `ncclGroupEnd` inside a group).
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclSend", || {
+        run(Op::Send, comm, |o| Call {
+            op: o,
+            send: sendbuff,
+            recv: std::ptr::null_mut(),
+            count,
+            dtype: datatype,
+            redop: 0,
+            root: peer,
+            stream,
+        })
+    })
+}
+
+/// `ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+/// ncclComm_t comm, cudaStream_t stream)`: fallback.
+///
+/// # Safety
+/// As for [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclRecv", || {
+        run(Op::Recv, comm, |o| Call {
+            op: o,
+            send: std::ptr::null(),
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            redop: 0,
+            root: peer,
+            stream,
+        })
+    })
+}
+
+/// Which of NCCL 2.28's rooted data movements [`rooted`] runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rooted {
+    /// Every rank's `count` elements land in block `rank` of the root's `recvbuff`.
+    Gather,
+    /// Block `rank` of the root's `sendbuff` lands in every rank's `recvbuff`.
+    Scatter,
+}
+
+/// NCCL 2.28's `ncclGather` / `ncclScatter` as one group of native sends and receives: the root
+/// exchanges with every rank (itself included: a stream copy), every other rank with the root.
+/// A client built against NCCL 2.28's header calls these symbols directly, so leaving them out
+/// would hand our communicator to the real NCCL.
+///
+/// # Safety
+/// As for [`ncclAllReduce`]: device buffers of the communicator's device, of `count` elements
+/// (the root's `recvbuff` / `sendbuff`: `nranks * count`).
+#[allow(clippy::too_many_arguments)]
+unsafe fn rooted(
+    what: Rooted,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> Res<()> {
+    let c = lookup(comm)?;
+    let (size, _) = types::dtype_info(datatype)?;
+    let (rank, n) = (c.rank, c.nranks);
+    let root_rank = usize::try_from(root)
+        .ok()
+        .filter(|&r| r < n)
+        .ok_or_else(|| Failure::argument(format!("root {root} is not a rank of {n}")))?;
+    let block = count
+        .checked_mul(size)
+        .ok_or_else(|| Failure::argument(format!("{count} elements of {size} bytes overflow")))?;
+    // The inner call has already recorded its own message; keep its code.
+    let check = |r: NcclResult, what: &str| -> Res<()> {
+        if r == NCCL_SUCCESS {
+            Ok(())
+        } else {
+            Err(Failure {
+                code: r,
+                message: format!("{what} inside ncclGather/ncclScatter failed (code {r})"),
+            })
+        }
+    };
+    check(ncclGroupStart(), "ncclGroupStart")?;
+    let mut result = Ok(());
+    for peer in 0..n {
+        if rank != root_rank && peer != root_rank {
+            continue;
+        }
+        let p = peer as c_int;
+        // SAFETY: the caller's buffers, offset within the root's nranks * count elements.
+        let r = unsafe {
+            match (what, rank == root_rank) {
+                (Rooted::Gather, true) => {
+                    let dst = recvbuff.cast::<u8>().wrapping_add(peer * block).cast();
+                    let r = ncclRecv(dst, count, datatype, p, comm, stream);
+                    if r == NCCL_SUCCESS && peer == rank {
+                        ncclSend(sendbuff, count, datatype, p, comm, stream)
+                    } else {
+                        r
+                    }
+                }
+                (Rooted::Gather, false) => ncclSend(sendbuff, count, datatype, p, comm, stream),
+                (Rooted::Scatter, true) => {
+                    let src = sendbuff.cast::<u8>().wrapping_add(peer * block).cast();
+                    let r = ncclSend(src, count, datatype, p, comm, stream);
+                    if r == NCCL_SUCCESS && peer == rank {
+                        ncclRecv(recvbuff, count, datatype, p, comm, stream)
+                    } else {
+                        r
+                    }
+                }
+                (Rooted::Scatter, false) => ncclRecv(recvbuff, count, datatype, p, comm, stream),
+            }
+        };
+        if let Err(e) = check(r, "a send or receive") {
+            result = Err(e);
+            break;
+        }
+    }
+    // The group is closed whatever happened inside it, so the thread's group state stays sane.
+    let end = check(ncclGroupEnd(), "ncclGroupEnd");
+    result.and(end)
+}
+
+/// `ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+/// ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)` (NCCL 2.28): native.
+///
+/// # Safety
+/// As for [`ncclAllReduce`]; the root's `recvbuff` holds `nranks * sendcount` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclGather", || {
+        // SAFETY: forwarded contract.
+        unsafe {
+            rooted(
+                Rooted::Gather,
+                sendbuff,
+                recvbuff,
+                sendcount,
+                datatype,
+                root,
+                comm,
+                stream,
+            )
+        }
+    })
+}
+
+/// `ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+/// ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)` (NCCL 2.28): native.
+///
+/// # Safety
+/// As for [`ncclAllReduce`]; the root's `sendbuff` holds `nranks * recvcount` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+) -> NcclResult {
+    guard("ncclScatter", || {
+        // SAFETY: forwarded contract.
+        unsafe {
+            rooted(
+                Rooted::Scatter,
+                sendbuff,
+                recvbuff,
+                recvcount,
+                datatype,
+                root,
+                comm,
+                stream,
+            )
+        }
+    })
+}
