@@ -11,7 +11,9 @@
 //! - **re-initialisation** (PyTorch's `init_process_group` / `destroy_process_group` cycles,
 //!   elastic restarts, test suites): 2 and 4 processes make a communicator from a fresh unique id,
 //!   all-reduce, tear it down (destroy; abort; non-blocking init, finalize and destroy) and start
-//!   again, three times in the same processes.
+//!   again, three times in the same processes; and the same with the last rank reading the
+//!   previous cycle's id, as PyTorch's store hands it out when its key repeats after
+//!   `destroy_process_group` (the stale rank is sent to the root that replaced the old one).
 //!
 //! Runs with `cargo test -p mscclpp-nccl --test reinit`.
 
@@ -32,6 +34,7 @@ const EXIT_ROLE: &str = "MSCCLPP_NCCL_EXIT_TEST_RANK";
 const REINIT_ROLE: &str = "MSCCLPP_NCCL_REINIT_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_REINIT_TEST_DIR";
 const NRANKS_VAR: &str = "MSCCLPP_NCCL_REINIT_TEST_NRANKS";
+const STALE_VAR: &str = "MSCCLPP_NCCL_REINIT_TEST_STALE";
 const COUNT: usize = 1000;
 const CYCLES: usize = 3;
 
@@ -301,15 +304,48 @@ fn exit_rank(rank: usize, dir: &Path) -> Result<(), String> {
     mark(&dir.join(format!("done-{rank}")), b"")
 }
 
+/// The id of cycle `cycle` as PyTorch's store hands it out after `destroy_process_group`: its key
+/// repeats every cycle, and the last rank reads it before rank 0 has written the new id, so it
+/// gets the previous cycle's (rank 0 waits for that read before it makes the new one).
+fn stale_read_id(
+    api: &Api,
+    rank: usize,
+    n: usize,
+    dir: &Path,
+    cycle: usize,
+) -> Result<NcclUniqueId, String> {
+    if cycle == 0 {
+        return shared_id(api, rank, dir, "0");
+    }
+    let read = dir.join(format!("stale-read-{cycle}"));
+    if rank == n - 1 {
+        let b = wait_file(&dir.join(format!("id-{}", cycle - 1)))?;
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        id.internal
+            .copy_from_slice(b.get(..128).ok_or("short id file")?);
+        mark(&read, b"")?;
+        return Ok(id);
+    }
+    if rank == 0 {
+        wait_file(&read)?;
+    }
+    shared_id(api, rank, dir, &cycle.to_string())
+}
+
 /// One rank of the re-initialisation cycles.
 fn reinit_rank(rank: usize, dir: &Path) -> Result<(), String> {
     let n: usize = std::env::var(NRANKS_VAR)
         .ok()
         .and_then(|v| v.parse().ok())
         .ok_or("no rank count")?;
+    let stale = std::env::var(STALE_VAR).is_ok_and(|v| v == "1");
     let api = Api::open()?;
     for cycle in 0..CYCLES {
-        let id = shared_id(&api, rank, dir, &cycle.to_string())?;
+        let id = if stale {
+            stale_read_id(&api, rank, n, dir, cycle)?
+        } else {
+            shared_id(&api, rank, dir, &cycle.to_string())?
+        };
         let c = api.init(n, id, rank, cycle != 2)?;
         api.checked_all_reduce(c, rank, n, cycle)
             .map_err(|e| format!("cycle {cycle}: {e}"))?;
@@ -392,6 +428,15 @@ fn main() {
         Trial::test("lifecycle::host::reinit_4_ranks_3_cycles", || {
             run_ranks(REINIT_ROLE, 4, "reinit4", &[])
         }),
+        // PyTorch under torchrun: a rank reads the previous cycle's unique id from the store.
+        Trial::test(
+            "lifecycle::host::reinit_2_ranks_stale_id_from_the_store",
+            || run_ranks(REINIT_ROLE, 2, "reinit2s", &[(STALE_VAR, "1")]),
+        ),
+        Trial::test(
+            "lifecycle::host::reinit_4_ranks_stale_id_from_the_store",
+            || run_ranks(REINIT_ROLE, 4, "reinit4s", &[(STALE_VAR, "1")]),
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

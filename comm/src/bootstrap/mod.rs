@@ -97,6 +97,7 @@ mod root;
 mod shm;
 mod split;
 mod state;
+mod successor;
 mod unique_id;
 
 #[cfg(test)]
@@ -175,7 +176,17 @@ impl Bootstrap {
     pub fn new(uid: &UniqueId, rank: usize, nranks: usize, cfg: BootstrapConfig) -> Result<Self> {
         check_rank(rank, nranks)?;
         let root = match uid.take_parked_listener() {
-            Some(l) => Some(BootstrapRoot::spawn(l, *uid.secret(), nranks, cfg.clone())?),
+            Some(l) => {
+                // A root of this process's own id: it may take the place of an earlier one.
+                successor::started(*uid, nranks);
+                Some(BootstrapRoot::spawn(
+                    l,
+                    *uid.secret(),
+                    nranks,
+                    cfg.clone(),
+                    true,
+                )?)
+            }
             None => None,
         };
         // A UniqueId's root listens from the moment the id exists: a refused connection means
@@ -226,11 +237,13 @@ impl Bootstrap {
                     ));
                 }
             };
+            // Not kept once done: a later bootstrap at the same fixed address binds it again.
             Some(BootstrapRoot::spawn(
                 listener,
                 *uid.secret(),
                 nranks,
                 cfg.clone(),
+                false,
             )?)
         } else {
             None
@@ -288,7 +301,7 @@ impl Bootstrap {
         let _g = span.enter();
         let deadline = Instant::now() + cfg.timeout;
         let result = rendezvous(uid, rank, nranks, &cfg, deadline, root_prebound);
-        let (listener, table) = match (result, root) {
+        let (listener, table, joined) = match (result, root) {
             (Ok(t), Some(root)) => {
                 // We have the table, so the root is sending its last ones.
                 if let Err(e) = root.wait() {
@@ -313,7 +326,15 @@ impl Bootstrap {
             }
             (Err(e), None) => return Err(e),
         };
-        let b = Self::start(uid, rank, nranks, local_rank, cfg.clone(), listener, table)?;
+        let b = Self::start(
+            &joined,
+            rank,
+            nranks,
+            local_rank,
+            cfg.clone(),
+            listener,
+            table,
+        )?;
         // Host identities, gathered along the collective schedule (this also opens the
         // connections every later collective uses).
         // Under what is left of the one bootstrap deadline, not a fresh one.
@@ -422,7 +443,10 @@ impl Bootstrap {
             nranks,
             local_rank,
             cfg,
-            core: Arc::new(Core { shared }),
+            core: Arc::new(Core {
+                shared,
+                _member: successor::Member::new(*uid.secret()),
+            }),
             comm_id: 0,
             members: (0..nranks).collect::<Vec<_>>().into(),
             hosts: vec![0; nranks].into(),

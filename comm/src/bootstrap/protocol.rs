@@ -63,6 +63,9 @@ pub enum FrameKind {
     /// An orderly goodbye: the sender is closing its bootstrap, so the end of this connection
     /// that follows is not a failure.
     Bye,
+    /// A finished root's answer to a rank with its (stale) id: the encoded unique id of the
+    /// rendezvous that replaced it (see `successor`).
+    Moved,
 }
 
 impl FrameKind {
@@ -75,6 +78,7 @@ impl FrameKind {
             FrameKind::Ack => 5,
             FrameKind::Lost => 6,
             FrameKind::Bye => 7,
+            FrameKind::Moved => 8,
         }
     }
 
@@ -87,6 +91,7 @@ impl FrameKind {
             5 => FrameKind::Ack,
             6 => FrameKind::Lost,
             7 => FrameKind::Bye,
+            8 => FrameKind::Moved,
             _ => return None,
         })
     }

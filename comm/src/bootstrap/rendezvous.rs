@@ -14,11 +14,16 @@ use super::protocol::{
 };
 use super::unique_id::UniqueId;
 
+/// Successor ids followed in one rendezvous; more means roots sending a rank in circles.
+const MAX_MOVES: u32 = 4;
+
 /// Registers with the root and receives the table of listen addresses. The root closes a
 /// connection at once when too many handshakes are in progress; a rank whose connection
 /// ends before any answer tries again after a random pause, until the deadline. With
 /// `root_prebound` (a [`UniqueId`]'s root, listening since the id was made) a refused
-/// connection is final: the id is stale.
+/// connection is final: the id is stale. A finished root that was replaced answers with the id
+/// of its successor (`successor`), which the rank then joins: the id returned is the one
+/// joined.
 pub(super) fn rendezvous(
     uid: &UniqueId,
     rank: usize,
@@ -26,11 +31,13 @@ pub(super) fn rendezvous(
     cfg: &BootstrapConfig,
     deadline: Instant,
     root_prebound: bool,
-) -> Result<(TcpListener, Vec<SocketAddr>)> {
-    let root_addr = uid.root_addr();
+) -> Result<(TcpListener, Vec<SocketAddr>, UniqueId)> {
+    let mut uid = *uid;
+    let mut moves = 0;
     let mut listener: Option<(TcpListener, SocketAddr)> = None;
     let mut attempt: u32 = 0;
     loop {
+        let root_addr = uid.root_addr();
         let mut to_root = connect_retry(
             root_addr,
             deadline,
@@ -88,7 +95,17 @@ pub(super) fn rendezvous(
                 let (l, _) = listener.ok_or_else(|| {
                     Error::Internal("bootstrap listener missing after the rendezvous".into())
                 })?;
-                return Ok((l, table));
+                return Ok((l, table, uid));
+            }
+            Ok((FrameKind::Moved, payload)) if moves < MAX_MOVES => {
+                let next = UniqueId::from_bytes(&payload)?;
+                tracing::info!(
+                    stale = %root_addr,
+                    successor = %next.root_addr(),
+                    "the unique id's rendezvous is over; joining the one that replaced it"
+                );
+                uid = next;
+                moves += 1;
             }
             Ok((kind, _)) => {
                 return Err(Error::malformed(

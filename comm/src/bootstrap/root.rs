@@ -388,15 +388,18 @@ impl BootstrapRoot {
             .local_addr()
             .map_err(|e| Error::io("reading the bootstrap root's address", e))?;
         let secret = random_secret()?;
-        let root = Self::spawn(listener, secret, nranks, cfg.clone())?;
+        let root = Self::spawn(listener, secret, nranks, cfg.clone(), false)?;
         Ok((root, UniqueId::from_parts(bound, secret)))
     }
 
+    /// Runs a root on `listener`; with `linger`, a root that succeeded keeps its listener for
+    /// ranks that dial it late with its id ([`super::successor`]).
     pub(crate) fn spawn(
         listener: TcpListener,
         secret: [u8; SECRET_BYTES],
         nranks: usize,
         cfg: BootstrapConfig,
+        linger: bool,
     ) -> Result<Self> {
         if nranks == 0 || nranks > super::protocol::MAX_RANKS {
             return Err(Error::invalid(format!(
@@ -411,7 +414,13 @@ impl BootstrapRoot {
         let stop2 = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("mscclpp-bootstrap-root".into())
-            .spawn(move || run_root(&listener, &secret, nranks, &cfg, &stop2))
+            .spawn(move || {
+                let r = run_root(&listener, &secret, nranks, &cfg, &stop2);
+                if r.is_ok() && linger {
+                    super::successor::linger(listener, secret, nranks, cfg.timeout);
+                }
+                r
+            })
             .map_err(|e| Error::io("starting the bootstrap root thread", e))?;
         Ok(BootstrapRoot {
             addr,

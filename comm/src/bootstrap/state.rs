@@ -23,6 +23,8 @@ use super::shm::segment::Registered;
 /// them.
 pub(super) struct Core {
     pub(super) shared: Arc<Shared>,
+    /// Counts this bootstrap among its id's in this process (see `successor`).
+    pub(super) _member: super::successor::Member,
 }
 
 pub(super) struct Shared {

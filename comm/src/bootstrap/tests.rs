@@ -1085,25 +1085,102 @@ fn data_frames_round_trip() {
     );
 }
 
+// The stale-id tests use rank counts no other test of this binary uses (5, 7, 9): a root of
+// the same size started by a test running beside them would be taken for the successor.
+
 /// A unique id whose rendezvous is over (what a rank reads from a store that outlived the
-/// communicator, after PyTorch's destroy_process_group and re-init) is refused at once, naming
-/// why, instead of dialling a root that is gone until the deadline.
+/// communicator, after PyTorch's destroy_process_group and re-init), with no communicator
+/// started in its place: refused naming why once the root's wait for a successor is over (its
+/// bootstrap deadline), not dialled until the caller's.
 #[test]
-fn a_stale_unique_id_is_refused_at_once() {
+fn a_stale_unique_id_without_a_successor_is_refused_naming_why() {
     let uid = UniqueId::with_root(localhost0()).unwrap();
     let (u2, u3) = (uid, uid);
-    let done = on_ranks(2, move |r| {
-        Bootstrap::new(&u2, r, 2, cfg(10_000)).map(|b| b.barrier())
+    let done = on_ranks(5, move |r| {
+        Bootstrap::new(&u2, r, 5, cfg(2_000)).map(|b| b.barrier())
     });
     assert!(done.iter().all(|d| matches!(d, Ok(Ok(())))));
     let t = Instant::now();
-    let e = Bootstrap::new(&u3, 1, 2, cfg(20_000)).unwrap_err();
+    let e = Bootstrap::new(&u3, 1, 5, cfg(20_000)).unwrap_err();
     assert!(
-        t.elapsed() < Duration::from_secs(5),
+        t.elapsed() < Duration::from_secs(8),
         "took {:?} to refuse a stale id",
         t.elapsed()
     );
-    assert!(e.to_string().contains("rendezvous is over"), "{e}");
+    let m = e.to_string();
+    assert!(
+        m.contains("rendezvous is over") && m.contains("no communicator of 5 ranks"),
+        "{m}"
+    );
+}
+
+/// Re-initialisation as PyTorch does it under torchrun: the communicator is destroyed, rank 0
+/// makes a new id, and a rank reads the old one from the store (before rank 0 wrote the new
+/// one). That rank dials the old root, is sent to the new one, and the ranks form one
+/// communicator again; also when the stale rank dials before rank 0 has made the new id.
+#[test]
+fn a_stale_unique_id_joins_the_rendezvous_that_replaced_it() {
+    const N: usize = 7;
+    for stale_first in [false, true] {
+        let old = UniqueId::with_root(localhost0()).unwrap();
+        let done = on_ranks(N, move |r| {
+            Bootstrap::new(&old, r, N, cfg(10_000)).map(|b| b.barrier())
+        });
+        assert!(done.iter().all(|d| matches!(d, Ok(Ok(())))));
+        let (tx, rx) = std::sync::mpsc::channel::<UniqueId>();
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let txs = Arc::new(std::sync::Mutex::new(tx));
+        let got = on_ranks(N, move |r| -> Result<Vec<Vec<u8>>> {
+            let id = if r == 0 {
+                if stale_first {
+                    thread::sleep(Duration::from_millis(300));
+                }
+                let id = UniqueId::with_root(localhost0())?;
+                for _ in 1..N - 1 {
+                    txs.lock().unwrap().send(id).unwrap();
+                }
+                id
+            } else if r == 1 {
+                old // read from the store before rank 0 wrote the new id
+            } else {
+                rx.lock().unwrap().recv().unwrap()
+            };
+            let b = Bootstrap::new(&id, r, N, cfg(10_000))?;
+            let all = b.all_gather(&[r as u8])?;
+            b.barrier()?;
+            Ok(all)
+        });
+        for (r, g) in got.into_iter().enumerate() {
+            let all = g.unwrap_or_else(|e| panic!("rank {r} (stale first: {stale_first}): {e}"));
+            assert_eq!(
+                all,
+                (0..N as u8).map(|i| vec![i]).collect::<Vec<_>>(),
+                "rank {r}"
+            );
+        }
+    }
+}
+
+/// A stale id while its communicator still lives in the root's process is refused, not sent
+/// anywhere: no re-initialisation is going on.
+#[test]
+fn a_stale_unique_id_of_a_live_communicator_is_refused() {
+    const N: usize = 9;
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let hold = thread::spawn(move || {
+        let b = Bootstrap::new(&uid, 0, N, cfg(2_000)).unwrap();
+        rx.recv().unwrap();
+        drop(b);
+    });
+    let others = on_ranks(N - 1, move |r| Bootstrap::new(&uid, r + 1, N, cfg(2_000)));
+    assert!(others.iter().all(Result::is_ok));
+    let e = Bootstrap::new(&uid, 1, N, cfg(20_000)).unwrap_err();
+    let m = e.to_string();
+    assert!(m.contains("still lives"), "{m}");
+    tx.send(()).unwrap();
+    hold.join().unwrap();
+    drop(others);
 }
 
 #[test]
