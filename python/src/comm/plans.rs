@@ -93,7 +93,7 @@ pub(super) fn execute_plan(
             Ok(())
         } else {
             Err(mscclpp::hal::Error::invalid(format!(
-                "execute_plan: {} (plan, size) pairs are staged on this communicator already;                      its buffers are kept for good, so use fewer sizes or another communicator",
+                "execute_plan: {} (plan, size) pairs are staged on this communicator already; its buffers are kept for good, so use fewer sizes or another communicator",
                 mscclpp_caller::MAX_STAGED
             )))
         }
