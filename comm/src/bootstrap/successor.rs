@@ -158,7 +158,6 @@ pub(super) fn started(id: UniqueId, nranks: usize) {
     }) {
         f.successor = match f.successor {
             Successor::None => Successor::One(id),
-            Successor::One(prev) if prev == id => Successor::One(id),
             _ => Successor::Several,
         };
     }
@@ -180,24 +179,15 @@ fn serve() {
         let fast = {
             let mut r = registry();
             let now = Instant::now();
-            let keep: Vec<bool> = r
-                .finished
-                .iter()
-                .map(|f| {
+            let (kept, gone): (Vec<Finished>, Vec<Finished>) =
+                std::mem::take(&mut r.finished).into_iter().partition(|f| {
                     f.orphaned_at
                         .is_none_or(|t| now < t + KEEP_UNUSED.max(f.wait))
                         || !f.waiting.is_empty()
                         || !f.hellos.is_empty()
-                })
-                .collect();
-            let all = std::mem::take(&mut r.finished);
-            for (f, k) in all.into_iter().zip(keep) {
-                if k {
-                    r.finished.push(f);
-                } else {
-                    drop_finished(f);
-                }
-            }
+                });
+            r.finished = kept;
+            gone.into_iter().for_each(drop_finished);
             if r.finished.is_empty() {
                 r.polling = false;
                 return;
