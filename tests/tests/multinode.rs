@@ -697,6 +697,29 @@ fn main() {
             },
         ));
     }
+    // The oldest and the newest ABI the binding speaks, end to end (the fixture's v6 and v12
+    // builds; the binding's own tests cover every version in between).
+    for version in [6u32, 12] {
+        trials.push(Trial::ignorable_test(
+            format!("multinode::net::host::hosts_2x1_abi_v{version}"),
+            move || {
+                let plugin = match mscclpp_conformance::net_fixture::fixture(version) {
+                    Ok(p) => p,
+                    Err(why) => return Ok(Completion::ignored_with(why)),
+                };
+                by_host_id(
+                    BackendKind::Host,
+                    2,
+                    1,
+                    true,
+                    vec![
+                        ("MSCCLPP_HIER_TRANSPORT".into(), "Net".into()),
+                        ("NCCL_NET_PLUGIN".into(), plugin.display().to_string()),
+                    ],
+                )
+            },
+        ));
+    }
     trials.push(Trial::test(
         "multinode::net::missing_plugin_is_named",
         missing_plugin_is_named,

@@ -15,6 +15,7 @@
 //! error. Device memory moves through the HAL into those host buffers, as Ethernet's does; the
 //! plugin's `NCCL_PTR_CUDA` support (GPUDirect) is reported but not used yet.
 
+mod abi;
 pub(crate) mod pipe;
 pub mod plugin;
 

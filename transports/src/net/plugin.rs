@@ -1,6 +1,5 @@
-//! An NCCL net plugin, opened at run time: the `ncclNet_v8` … `v10` tables of NCCL's `ext-net`
-//! ABI (the layouts below follow NCCL's `plugin/net/net_vN.h`), the newest one the plugin
-//! exports, behind one safe wrapper.
+//! An NCCL net plugin, opened at run time: the newest of the `ncclNet_v6` … `v12` tables
+//! (layouts in [`super::abi`]) the plugin exports, behind one safe wrapper.
 //!
 //! Which file: `NCCL_NET_PLUGIN` as NCCL reads it — a path (it holds a `/` or ends in `.so`), a
 //! name (`libnccl-net-<name>.so`), or `none`; unset, `libnccl-net.so`. Every call into the
@@ -12,6 +11,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use mscclpp_hal::{Error, Result};
 
+use super::abi::{
+    CommConfig, Logger, NCCL_SUCCESS, NcclResult, Ptr, SYMBOLS, TRAFFIC_CLASS_UNDEF, Table, each,
+};
+
+/// The newest ncclNet version to take (unset: the newest the plugin exports).
+pub const ABI_VAR: &str = "MSCCLPP_NET_PLUGIN_ABI";
+
 /// `NCCL_NET_HANDLE_MAXSIZE`: the bytes of a listen handle.
 pub const HANDLE_BYTES: usize = 128;
 /// `NCCL_PTR_HOST`, `NCCL_PTR_CUDA`, `NCCL_PTR_DMABUF`.
@@ -20,188 +26,6 @@ pub const PTR_HOST: c_int = 1;
 pub const PTR_CUDA: c_int = 2;
 /// DMA-BUF registration.
 pub const PTR_DMABUF: c_int = 4;
-
-type NcclResult = c_int;
-const NCCL_SUCCESS: NcclResult = 0;
-
-/// `ncclDebugLogger_t` (variadic: the format's arguments follow `fmt`).
-type Logger = unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char, ...);
-
-/// `ncclNetProperties_v8_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct PropsV8 {
-    name: *mut c_char,
-    pci_path: *mut c_char,
-    guid: u64,
-    ptr_support: c_int,
-    reg_is_global: c_int,
-    speed: c_int,
-    port: c_int,
-    latency: f32,
-    max_comms: c_int,
-    max_recvs: c_int,
-    net_device_type: c_int,
-    net_device_version: c_int,
-}
-
-/// `ncclNetVDeviceProps_v9_t` (and v10's).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct VDeviceProps {
-    ndevs: c_int,
-    devs: [c_int; 4],
-}
-
-/// `ncclNetProperties_v9_t` (and v10's, identical).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct PropsV9 {
-    name: *mut c_char,
-    pci_path: *mut c_char,
-    guid: u64,
-    ptr_support: c_int,
-    reg_is_global: c_int,
-    force_flush: c_int,
-    speed: c_int,
-    port: c_int,
-    latency: f32,
-    max_comms: c_int,
-    max_recvs: c_int,
-    net_device_type: c_int,
-    net_device_version: c_int,
-    v_props: VDeviceProps,
-    max_p2p_bytes: usize,
-    max_coll_bytes: usize,
-}
-
-type Ptr = *mut c_void;
-
-/// `ncclNet_v8_t`.
-#[repr(C)]
-struct NetV8 {
-    name: *const c_char,
-    init: unsafe extern "C" fn(Option<Logger>) -> NcclResult,
-    devices: unsafe extern "C" fn(*mut c_int) -> NcclResult,
-    get_properties: unsafe extern "C" fn(c_int, *mut PropsV8) -> NcclResult,
-    listen: unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> NcclResult,
-    connect: unsafe extern "C" fn(c_int, Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
-    accept: unsafe extern "C" fn(Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
-    reg_mr: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, *mut Ptr) -> NcclResult,
-    reg_mr_dma_buf:
-        Option<unsafe extern "C" fn(Ptr, Ptr, usize, c_int, u64, c_int, *mut Ptr) -> NcclResult>,
-    dereg_mr: unsafe extern "C" fn(Ptr, Ptr) -> NcclResult,
-    isend: unsafe extern "C" fn(Ptr, Ptr, c_int, c_int, Ptr, *mut Ptr) -> NcclResult,
-    irecv: unsafe extern "C" fn(
-        Ptr,
-        c_int,
-        *mut Ptr,
-        *mut c_int,
-        *mut c_int,
-        *mut Ptr,
-        *mut Ptr,
-    ) -> NcclResult,
-    iflush: Option<
-        unsafe extern "C" fn(Ptr, c_int, *mut Ptr, *mut c_int, *mut Ptr, *mut Ptr) -> NcclResult,
-    >,
-    test: unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> NcclResult,
-    close_send: unsafe extern "C" fn(Ptr) -> NcclResult,
-    close_recv: unsafe extern "C" fn(Ptr) -> NcclResult,
-    close_listen: unsafe extern "C" fn(Ptr) -> NcclResult,
-}
-
-/// `ncclNet_v9_t`: sizes become `size_t`.
-#[repr(C)]
-struct NetV9 {
-    name: *const c_char,
-    init: unsafe extern "C" fn(Option<Logger>) -> NcclResult,
-    devices: unsafe extern "C" fn(*mut c_int) -> NcclResult,
-    get_properties: unsafe extern "C" fn(c_int, *mut PropsV9) -> NcclResult,
-    listen: unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> NcclResult,
-    connect: unsafe extern "C" fn(c_int, Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
-    accept: unsafe extern "C" fn(Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
-    reg_mr: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, *mut Ptr) -> NcclResult,
-    reg_mr_dma_buf:
-        Option<unsafe extern "C" fn(Ptr, Ptr, usize, c_int, u64, c_int, *mut Ptr) -> NcclResult>,
-    dereg_mr: unsafe extern "C" fn(Ptr, Ptr) -> NcclResult,
-    isend: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, Ptr, *mut Ptr) -> NcclResult,
-    irecv: unsafe extern "C" fn(
-        Ptr,
-        c_int,
-        *mut Ptr,
-        *mut usize,
-        *mut c_int,
-        *mut Ptr,
-        *mut Ptr,
-    ) -> NcclResult,
-    iflush: Option<
-        unsafe extern "C" fn(Ptr, c_int, *mut Ptr, *mut c_int, *mut Ptr, *mut Ptr) -> NcclResult,
-    >,
-    test: unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> NcclResult,
-    close_send: unsafe extern "C" fn(Ptr) -> NcclResult,
-    close_recv: unsafe extern "C" fn(Ptr) -> NcclResult,
-    close_listen: unsafe extern "C" fn(Ptr) -> NcclResult,
-}
-
-/// `ncclNetCommConfig_v10_t`.
-#[repr(C)]
-struct CommConfigV10 {
-    traffic_class: c_int,
-}
-
-/// `ncclNet_v10_t`: `init` takes a profiler callback, `connect` a config, `isend`/`irecv` a
-/// profiler handle.
-#[repr(C)]
-struct NetV10 {
-    name: *const c_char,
-    init: unsafe extern "C" fn(Option<Logger>, Ptr) -> NcclResult,
-    devices: unsafe extern "C" fn(*mut c_int) -> NcclResult,
-    get_properties: unsafe extern "C" fn(c_int, *mut PropsV9) -> NcclResult,
-    listen: unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> NcclResult,
-    connect: unsafe extern "C" fn(c_int, *mut CommConfigV10, Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
-    accept: unsafe extern "C" fn(Ptr, *mut Ptr, *mut Ptr) -> NcclResult,
-    reg_mr: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, *mut Ptr) -> NcclResult,
-    reg_mr_dma_buf:
-        Option<unsafe extern "C" fn(Ptr, Ptr, usize, c_int, u64, c_int, *mut Ptr) -> NcclResult>,
-    dereg_mr: unsafe extern "C" fn(Ptr, Ptr) -> NcclResult,
-    isend: unsafe extern "C" fn(Ptr, Ptr, usize, c_int, Ptr, Ptr, *mut Ptr) -> NcclResult,
-    irecv: unsafe extern "C" fn(
-        Ptr,
-        c_int,
-        *mut Ptr,
-        *mut usize,
-        *mut c_int,
-        *mut Ptr,
-        *mut Ptr,
-        *mut Ptr,
-    ) -> NcclResult,
-    iflush: Option<
-        unsafe extern "C" fn(Ptr, c_int, *mut Ptr, *mut c_int, *mut Ptr, *mut Ptr) -> NcclResult,
-    >,
-    test: unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> NcclResult,
-    close_send: unsafe extern "C" fn(Ptr) -> NcclResult,
-    close_recv: unsafe extern "C" fn(Ptr) -> NcclResult,
-    close_listen: unsafe extern "C" fn(Ptr) -> NcclResult,
-}
-
-/// `$e` on the table of whichever version the plugin exports (for the calls whose arguments
-/// are the same in every version).
-macro_rules! each {
-    ($table:expr, $t:ident => $e:expr) => {
-        match $table {
-            Table::V8($t) => $e,
-            Table::V9($t) => $e,
-            Table::V10($t) => $e,
-        }
-    };
-}
-
-/// The table of the version the plugin exports (the newest of those this binding knows).
-enum Table {
-    V8(&'static NetV8),
-    V9(&'static NetV9),
-    V10(&'static NetV10),
-}
 
 /// What a device of the plugin reports (`getProperties`).
 #[derive(Debug, Clone, PartialEq)]
@@ -234,11 +58,13 @@ pub struct NetProperties {
 pub struct Plugin {
     /// The file opened.
     pub path: String,
-    /// The exported table's version (8, 9 or 10).
+    /// The exported table's version (6 to 12).
     pub version: u32,
     /// The plugin's own name.
     pub name: String,
     table: Table,
+    /// The context `init` returned (v11 and newer; null before).
+    ctx: Ptr,
     /// Serialises every call (see the module doc).
     lock: Mutex<()>,
     _lib: libloading::Library,
@@ -327,8 +153,22 @@ fn logger() -> Logger {
 }
 
 impl Plugin {
-    /// Opens `file`, takes its newest table (v10, v9, v8) and initialises it.
+    /// Opens `file`, takes the newest table it exports (v12 down to v6, or down from
+    /// `MSCCLPP_NET_PLUGIN_ABI` where that is set) and initialises it.
     pub fn open(file: &str) -> Result<Plugin> {
+        let cap = mscclpp_hal::env::parse::<u32>(ABI_VAR, "an ncclNet version, 6 to 12")?;
+        Plugin::open_with(file, cap)
+    }
+
+    /// [`Plugin::open`] taking no table newer than `max_version` (all when `None`): for a
+    /// plugin whose newest table misbehaves, and to drive each table of one plugin in tests.
+    pub fn open_with(file: &str, max_version: Option<u32>) -> Result<Plugin> {
+        if let Some(v) = max_version.filter(|v| !(6..=12).contains(v)) {
+            return Err(Error::invalid(format!(
+                "{ABI_VAR}={v}: this build speaks ncclNet v6 to v12"
+            )));
+        }
+        let cap = max_version.unwrap_or(12);
         // SAFETY: opening a shared library runs its initialisers; a net plugin is a library
         // built to be loaded into a communication process.
         let lib = unsafe { libloading::Library::new(file) }.map_err(|e| {
@@ -339,32 +179,28 @@ impl Plugin {
         })?;
         // SAFETY: each symbol, when present, is the plugin's static table of that version's
         // layout, alive as long as the library stays loaded (it moves into `Plugin`).
-        let table = unsafe {
-            if let Ok(s) = lib.get::<*const NetV10>(b"ncclNetPlugin_v10\0") {
-                Table::V10(&**s)
-            } else if let Ok(s) = lib.get::<*const NetV9>(b"ncclNetPlugin_v9\0") {
-                Table::V9(&**s)
-            } else if let Ok(s) = lib.get::<*const NetV8>(b"ncclNetPlugin_v8\0") {
-                Table::V8(&**s)
-            } else {
-                let newer = lib.get::<*const c_void>(b"ncclNetPlugin_v11\0").is_ok()
-                    || lib.get::<*const c_void>(b"ncclNetPlugin_v12\0").is_ok();
-                return Err(Error::unavailable(
-                    format!("the NCCL net plugin {file}"),
-                    if newer {
-                        "it exports only ncclNetPlugin_v11 or newer; this build speaks ncclNetPlugin_v8 to v10"
-                            .to_string()
+        let found = SYMBOLS
+            .iter()
+            .filter(|&&(_, v)| v <= cap)
+            .find_map(|&(sym, v)| unsafe {
+                let s = lib.get::<*const c_void>(sym).ok()?;
+                Table::at(v, *s).map(|t| (v, t))
+            });
+        let Some((version, table)) = found else {
+            return Err(Error::unavailable(
+                format!("the NCCL net plugin {file}"),
+                format!(
+                    "it exports none of the symbols ncclNetPlugin_v{cap} … ncclNetPlugin_v6 (this \
+                     build speaks v6 to v12{})",
+                    if cap < 12 {
+                        format!("; {ABI_VAR} takes none newer than v{cap}")
                     } else {
-                        "it exports none of the symbols ncclNetPlugin_v10, ncclNetPlugin_v9, ncclNetPlugin_v8".into()
-                    },
-                ));
-            }
+                        String::new()
+                    }
+                ),
+            ));
         };
-        let (version, name_ptr) = match table {
-            Table::V8(t) => (8, t.name),
-            Table::V9(t) => (9, t.name),
-            Table::V10(t) => (10, t.name),
-        };
+        let name_ptr = table.name();
         let name = if name_ptr.is_null() {
             "(unnamed)".to_string()
         } else {
@@ -378,19 +214,45 @@ impl Plugin {
             version,
             name,
             table,
+            ctx: std::ptr::null_mut(),
             lock: Mutex::new(()),
             _lib: lib,
         };
+        let mut p = p;
+        let mut ctx: Ptr = std::ptr::null_mut();
+        let mut cfg = CommConfig {
+            traffic_class: TRAFFIC_CLASS_UNDEF,
+        };
+        // One context serves the whole process: NCCL makes one per communicator, but nothing
+        // here is per communicator (the comm id only names it in the plugin's logs).
+        let comm_id = u64::from(std::process::id());
         // SAFETY: init is called once, before any other call, with a logger of the right
-        // calling convention (and, for v10, no profiler).
+        // calling convention, no profiler, and (v11+) valid out- and config pointers.
         let rc = p.call(|| unsafe {
             match p.table {
+                Table::V6(t) => (t.init)(Some(logger())),
+                Table::V7(t) => (t.init)(Some(logger())),
                 Table::V8(t) => (t.init)(Some(logger())),
                 Table::V9(t) => (t.init)(Some(logger())),
                 Table::V10(t) => (t.init)(Some(logger()), std::ptr::null_mut()),
+                Table::V11(t) => (t.init)(
+                    &mut ctx,
+                    comm_id,
+                    &mut cfg,
+                    Some(logger()),
+                    std::ptr::null_mut(),
+                ),
+                Table::V12(t) => (t.init)(
+                    &mut ctx,
+                    comm_id,
+                    &mut cfg,
+                    Some(logger()),
+                    std::ptr::null_mut(),
+                ),
             }
         });
         p.check(rc, "init")?;
+        p.ctx = ctx;
         tracing::info!(plugin = %p.name, version = p.version, path = %p.path, "NCCL net plugin loaded");
         Ok(p)
     }
@@ -441,54 +303,52 @@ impl Plugin {
                 unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
             }
         };
-        match self.table {
-            Table::V8(t) => {
-                // SAFETY: an all-zero PropsV8 is valid (null pointers, zero numbers).
-                let mut p: PropsV8 = unsafe { std::mem::zeroed() };
-                // SAFETY: valid out-pointer of the v8 layout.
-                let rc = self.call(|| unsafe { (t.get_properties)(d, &mut p) });
+        // The fields every version has, then what the version adds.
+        macro_rules! props {
+            ($t:expr, $ty:ty, |$p:ident| $extra:expr) => {{
+                // SAFETY: an all-zero properties struct is valid (null pointers, zero numbers).
+                let mut $p: $ty = unsafe { std::mem::zeroed() };
+                // SAFETY: a valid out-pointer of the version's layout.
+                let rc = self.call(|| unsafe { ($t.get_properties)(d, &mut $p) });
                 self.check(rc, "getProperties")?;
-                Ok(NetProperties {
-                    name: s(p.name),
-                    pci_path: s(p.pci_path),
-                    guid: p.guid,
-                    ptr_support: p.ptr_support,
-                    reg_is_global: p.reg_is_global != 0,
-                    speed_mbps: p.speed,
-                    port: p.port,
-                    latency_us: p.latency,
-                    max_comms: p.max_comms,
-                    max_recvs: p.max_recvs,
-                    max_p2p_bytes: None,
-                })
-            }
-            Table::V9(_) | Table::V10(_) => {
-                // SAFETY: an all-zero PropsV9 is valid (null pointers, zero numbers).
-                let mut p: PropsV9 = unsafe { std::mem::zeroed() };
-                // SAFETY: valid out-pointer of the v9 layout (v10's is the same).
-                let rc = self.call(|| unsafe {
-                    match self.table {
-                        Table::V9(t) => (t.get_properties)(d, &mut p),
-                        Table::V10(t) => (t.get_properties)(d, &mut p),
-                        Table::V8(_) => NCCL_SUCCESS,
-                    }
-                });
-                self.check(rc, "getProperties")?;
-                Ok(NetProperties {
-                    name: s(p.name),
-                    pci_path: s(p.pci_path),
-                    guid: p.guid,
-                    ptr_support: p.ptr_support,
-                    reg_is_global: p.reg_is_global != 0,
-                    speed_mbps: p.speed,
-                    port: p.port,
-                    latency_us: p.latency,
-                    max_comms: p.max_comms,
-                    max_recvs: p.max_recvs,
-                    max_p2p_bytes: Some(p.max_p2p_bytes),
-                })
-            }
+                let (reg_is_global, max_p2p_bytes): (bool, Option<usize>) = $extra;
+                NetProperties {
+                    name: s($p.name),
+                    pci_path: s($p.pci_path),
+                    guid: $p.guid,
+                    ptr_support: $p.ptr_support,
+                    reg_is_global,
+                    speed_mbps: $p.speed,
+                    port: $p.port,
+                    latency_us: $p.latency,
+                    max_comms: $p.max_comms,
+                    max_recvs: $p.max_recvs,
+                    max_p2p_bytes,
+                }
+            }};
         }
+        use super::abi::{PropsV6, PropsV7, PropsV8, PropsV9, PropsV11, PropsV12};
+        Ok(match self.table {
+            Table::V6(t) => props!(t, PropsV6, |p| (false, None)),
+            Table::V7(t) => props!(t, PropsV7, |p| (false, None)),
+            Table::V8(t) => props!(t, PropsV8, |p| (p.reg_is_global != 0, None)),
+            Table::V9(t) => props!(t, PropsV9, |p| (
+                p.reg_is_global != 0,
+                Some(p.max_p2p_bytes)
+            )),
+            Table::V10(t) => props!(t, PropsV9, |p| (
+                p.reg_is_global != 0,
+                Some(p.max_p2p_bytes)
+            )),
+            Table::V11(t) => props!(t, PropsV11, |p| (
+                p.reg_is_global != 0,
+                Some(p.max_p2p_bytes)
+            )),
+            Table::V12(t) => props!(t, PropsV12, |p| (
+                p.reg_is_global != 0,
+                Some(p.max_p2p_bytes)
+            )),
+        })
     }
 
     /// Starts listening on `dev`: the handle a peer connects with, and the listen comm.
@@ -497,8 +357,19 @@ impl Plugin {
         let mut handle = [0u8; HANDLE_BYTES];
         let mut comm: Ptr = std::ptr::null_mut();
         let h = handle.as_mut_ptr().cast::<c_void>();
+        let ctx = self.ctx;
         // SAFETY: a handle buffer of NCCL_NET_HANDLE_MAXSIZE bytes and a valid out-pointer.
-        let rc = self.call(|| unsafe { each!(self.table, t => (t.listen)(d, h, &mut comm)) });
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V6(t) => (t.listen)(d, h, &mut comm),
+                Table::V7(t) => (t.listen)(d, h, &mut comm),
+                Table::V8(t) => (t.listen)(d, h, &mut comm),
+                Table::V9(t) => (t.listen)(d, h, &mut comm),
+                Table::V10(t) => (t.listen)(d, h, &mut comm),
+                Table::V11(t) => (t.listen)(ctx, d, h, &mut comm),
+                Table::V12(t) => (t.listen)(ctx, d, h, &mut comm),
+            }
+        });
         self.check(rc, "listen")?;
         Ok((handle, Comm(comm)))
     }
@@ -510,14 +381,21 @@ impl Plugin {
         let mut comm: Ptr = std::ptr::null_mut();
         let mut dev_comm: Ptr = std::ptr::null_mut();
         let h = handle.as_mut_ptr().cast::<c_void>();
-        let mut cfg = CommConfigV10 { traffic_class: -1 };
+        let mut cfg = CommConfig {
+            traffic_class: TRAFFIC_CLASS_UNDEF,
+        };
+        let ctx = self.ctx;
         // SAFETY: the peer's handle bytes (the plugin may keep state in them between attempts,
         // as NCCL allows) and valid out-pointers.
         let rc = self.call(|| unsafe {
             match self.table {
+                Table::V6(t) => (t.connect)(d, h, &mut comm),
+                Table::V7(t) => (t.connect)(d, h, &mut comm, &mut dev_comm),
                 Table::V8(t) => (t.connect)(d, h, &mut comm, &mut dev_comm),
                 Table::V9(t) => (t.connect)(d, h, &mut comm, &mut dev_comm),
                 Table::V10(t) => (t.connect)(d, &mut cfg, h, &mut comm, &mut dev_comm),
+                Table::V11(t) => (t.connect)(ctx, d, h, &mut comm, &mut dev_comm),
+                Table::V12(t) => (t.connect)(ctx, d, h, &mut comm, &mut dev_comm),
             }
         });
         self.check(rc, "connect")?;
@@ -530,7 +408,15 @@ impl Plugin {
         let mut dev_comm: Ptr = std::ptr::null_mut();
         // SAFETY: a live listen comm of this plugin and valid out-pointers.
         let rc = self.call(|| unsafe {
-            each!(self.table, t => (t.accept)(listen.0, &mut comm, &mut dev_comm))
+            match self.table {
+                Table::V6(t) => (t.accept)(listen.0, &mut comm),
+                Table::V7(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
+                Table::V8(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
+                Table::V9(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
+                Table::V10(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
+                Table::V11(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
+                Table::V12(t) => (t.accept)(listen.0, &mut comm, &mut dev_comm),
+            }
         });
         self.check(rc, "accept")?;
         Ok((!comm.is_null()).then_some(Comm(comm)))
@@ -542,9 +428,26 @@ impl Plugin {
     /// `data..data + len` stays allocated until [`Plugin::dereg_mr`] of the handle.
     pub unsafe fn reg_mr(&self, comm: &Comm, data: *mut u8, len: usize) -> Result<Mr> {
         let mut mh: Ptr = std::ptr::null_mut();
+        let n = c_int::try_from(len);
+        if n.is_err() && self.version < 8 {
+            return Err(Error::invalid(format!(
+                "a net registration of {len} bytes (ncclNet v{} takes an int)",
+                self.version
+            )));
+        }
+        let n = n.unwrap_or(c_int::MAX);
+        let (p, k) = (data.cast::<c_void>(), PTR_HOST);
         // SAFETY: forwarded contract; a live comm; valid out-pointer.
         let rc = self.call(|| unsafe {
-            each!(self.table, t => (t.reg_mr)(comm.0, data.cast(), len, PTR_HOST, &mut mh))
+            match self.table {
+                Table::V6(t) => (t.reg_mr)(comm.0, p, n, k, &mut mh),
+                Table::V7(t) => (t.reg_mr)(comm.0, p, n, k, &mut mh),
+                Table::V8(t) => (t.reg_mr)(comm.0, p, len, k, &mut mh),
+                Table::V9(t) => (t.reg_mr)(comm.0, p, len, k, &mut mh),
+                Table::V10(t) => (t.reg_mr)(comm.0, p, len, k, &mut mh),
+                Table::V11(t) => (t.reg_mr)(comm.0, p, len, k, &mut mh),
+                Table::V12(t) => (t.reg_mr)(comm.0, p, len, k, &mut mh),
+            }
         });
         self.check(rc, "regMr")?;
         Ok(Mr(mh))
@@ -570,22 +473,26 @@ impl Plugin {
         mr: &Mr,
     ) -> Result<Option<Request>> {
         let mut req: Ptr = std::ptr::null_mut();
-        let n = c_int::try_from(len)
-            .map_err(|_| Error::invalid(format!("a net send of {len} bytes")))?;
-        // SAFETY: forwarded contract; a live send comm; tag 0 (sends of one comm match in order).
+        let n = c_int::try_from(len);
+        if n.is_err() && self.version < 9 {
+            return Err(Error::invalid(format!(
+                "a net send of {len} bytes (ncclNet v{} takes an int)",
+                self.version
+            )));
+        }
+        let n = n.unwrap_or(c_int::MAX);
+        let (d, m, ph) = (data.cast::<c_void>(), mr.0, std::ptr::null_mut());
+        // SAFETY: forwarded contract; a live send comm; tag 0 (sends of one comm match in order);
+        // no profiler handle.
         let rc = self.call(|| unsafe {
             match self.table {
-                Table::V8(t) => (t.isend)(comm.0, data.cast(), n, 0, mr.0, &mut req),
-                Table::V9(t) => (t.isend)(comm.0, data.cast(), len, 0, mr.0, &mut req),
-                Table::V10(t) => (t.isend)(
-                    comm.0,
-                    data.cast(),
-                    len,
-                    0,
-                    mr.0,
-                    std::ptr::null_mut(),
-                    &mut req,
-                ),
+                Table::V6(t) => (t.isend)(comm.0, d, n, 0, m, &mut req),
+                Table::V7(t) => (t.isend)(comm.0, d, n, 0, m, &mut req),
+                Table::V8(t) => (t.isend)(comm.0, d, n, 0, m, &mut req),
+                Table::V9(t) => (t.isend)(comm.0, d, len, 0, m, &mut req),
+                Table::V10(t) => (t.isend)(comm.0, d, len, 0, m, ph, &mut req),
+                Table::V11(t) => (t.isend)(comm.0, d, len, 0, m, ph, &mut req),
+                Table::V12(t) => (t.isend)(comm.0, d, len, 0, m, ph, &mut req),
             }
         });
         self.check(rc, "isend")?;
@@ -609,17 +516,26 @@ impl Plugin {
         let mut tag: c_int = 0;
         let mut m: Ptr = mr.0;
         let mut p: Ptr = std::ptr::null_mut();
-        let mut n32 = c_int::try_from(cap)
-            .map_err(|_| Error::invalid(format!("a net receive of {cap} bytes")))?;
+        let n32 = c_int::try_from(cap);
+        if n32.is_err() && self.version < 9 {
+            return Err(Error::invalid(format!(
+                "a net receive of {cap} bytes (ncclNet v{} takes an int)",
+                self.version
+            )));
+        }
+        let mut n32 = n32.unwrap_or(c_int::MAX);
         let mut n = cap;
         // SAFETY: forwarded contract; one receive (n = 1) of arrays of one element each.
         let rc = self.call(|| unsafe {
+            let (c, d, t, m, r) = (comm.0, &mut d, &mut tag, &mut m, &mut req);
             match self.table {
-                Table::V8(t) => (t.irecv)(comm.0, 1, &mut d, &mut n32, &mut tag, &mut m, &mut req),
-                Table::V9(t) => (t.irecv)(comm.0, 1, &mut d, &mut n, &mut tag, &mut m, &mut req),
-                Table::V10(t) => (t.irecv)(
-                    comm.0, 1, &mut d, &mut n, &mut tag, &mut m, &mut p, &mut req,
-                ),
+                Table::V6(x) => (x.irecv)(c, 1, d, &mut n32, t, m, r),
+                Table::V7(x) => (x.irecv)(c, 1, d, &mut n32, t, m, r),
+                Table::V8(x) => (x.irecv)(c, 1, d, &mut n32, t, m, r),
+                Table::V9(x) => (x.irecv)(c, 1, d, &mut n, t, m, r),
+                Table::V10(x) => (x.irecv)(c, 1, d, &mut n, t, m, &mut p, r),
+                Table::V11(x) => (x.irecv)(c, 1, d, &mut n, t, m, &mut p, r),
+                Table::V12(x) => (x.irecv)(c, 1, d, &mut n, t, m, &mut p, r),
             }
         });
         self.check(rc, "irecv")?;
@@ -655,6 +571,24 @@ impl Plugin {
         // SAFETY: a listen comm of this plugin, closed once (consumed).
         let rc = self.call(|| unsafe { each!(self.table, t => (t.close_listen)(c.0)) });
         self.check(rc, "closeListen")
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let ctx = self.ctx;
+        // SAFETY: the context `init` returned, finalised once, after every comm of this plugin
+        // is gone (comms hold an `Arc` of it).
+        let rc = self.call(|| unsafe {
+            match self.table {
+                Table::V11(t) => t.finalize.map_or(NCCL_SUCCESS, |f| f(ctx)),
+                Table::V12(t) => t.finalize.map_or(NCCL_SUCCESS, |f| f(ctx)),
+                _ => NCCL_SUCCESS,
+            }
+        });
+        if let Err(e) = self.check(rc, "finalize") {
+            tracing::warn!("{e}");
+        }
     }
 }
 
