@@ -525,8 +525,16 @@ impl Drop for Namespaces {
     }
 }
 
-/// `hosts` network namespaces of `per_host` ranks each (the host ids name the namespaces).
-fn by_namespace(hosts: usize, per_host: usize) -> Result<Completion, Failed> {
+/// `hosts` network namespaces of `per_host` ranks each (the host ids name the namespaces), with
+/// `extra` in every rank's environment.
+fn by_namespace(
+    hosts: usize,
+    per_host: usize,
+    extra: Vec<(String, String)>,
+) -> Result<Completion, Failed> {
+    // One set of namespaces at a time: they share the bridge's name and subnet.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let ns = match Namespaces::create(hosts) {
         Ok(ns) => ns,
         Err(why) => {
@@ -553,6 +561,9 @@ fn by_namespace(hosts: usize, per_host: usize) -> Result<Completion, Failed> {
             .env(FULL_VAR, "0")
             .env("MSCCLPP_BACKEND", "host")
             .env("MSCCLPP_SOCKET_IFNAME", format!("{NET}.{}", h + 1))
+            // the fixture net plugin's address (it listens on loopback otherwise)
+            .env("FIXTURE_NET_IP", format!("{NET}.{}", h + 1))
+            .envs(extra.iter().map(|(k, v)| (k, v)))
             .env(
                 "MSCCLPP_HOSTID",
                 format!("hier-netns-{}-{h}", std::process::id()),
@@ -715,6 +726,7 @@ fn main() {
                     vec![
                         ("MSCCLPP_HIER_TRANSPORT".into(), "Net".into()),
                         ("NCCL_NET_PLUGIN".into(), plugin.display().to_string()),
+                        ("MSCCLPP_NET_PLUGIN_ABI".into(), version.to_string()),
                     ],
                 )
             },
@@ -724,8 +736,25 @@ fn main() {
         "multinode::net::missing_plugin_is_named",
         missing_plugin_is_named,
     ));
+    trials.push(Trial::ignorable_test(
+        "multinode::netns::net::hosts_2x2",
+        || {
+            let plugin = match mscclpp_conformance::net_fixture::plugin() {
+                Ok(p) => p,
+                Err(why) => return Ok(Completion::ignored_with(why)),
+            };
+            by_namespace(
+                2,
+                2,
+                vec![
+                    ("MSCCLPP_HIER_TRANSPORT".into(), "Net".into()),
+                    ("NCCL_NET_PLUGIN".into(), plugin.display().to_string()),
+                ],
+            )
+        },
+    ));
     trials.push(Trial::ignorable_test("multinode::netns::hosts_2x2", || {
-        by_namespace(2, 2)
+        by_namespace(2, 2, Vec::new())
     }));
     libtest_mimic::run(&args, trials).exit();
 }
