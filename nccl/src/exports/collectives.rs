@@ -8,7 +8,7 @@ use crate::registry::{lookup, lookup_for_op};
 use crate::route::{Call, Op};
 use crate::types;
 
-use super::groups::{ncclGroupEnd, ncclGroupStart};
+use crate::group;
 
 fn run(op: Op, comm: NcclComm, call: impl FnOnce(Op) -> Call) -> Res<()> {
     lookup_for_op(comm)?.run(call(op))
@@ -283,8 +283,9 @@ enum Rooted {
     Scatter,
 }
 
-/// NCCL 2.28's `ncclGather` / `ncclScatter` as one group of native sends and receives: the root
-/// exchanges with every rank (itself included: a stream copy), every other rank with the root.
+/// NCCL 2.28's `ncclGather` / `ncclScatter` as one group of sends and receives on the p2p path
+/// (called directly, not through our exported `ncclSend`/`ncclRecv`): the root exchanges with
+/// every rank (itself included: a stream copy), every other rank with the root.
 /// A client built against NCCL 2.28's header calls these symbols directly, so leaving them out
 /// would hand our communicator to the real NCCL.
 ///
@@ -312,56 +313,68 @@ unsafe fn rooted(
     let block = count
         .checked_mul(size)
         .ok_or_else(|| Failure::argument(format!("{count} elements of {size} bytes overflow")))?;
-    // The inner call has already recorded its own message; keep its code.
-    let check = |r: NcclResult, what: &str| -> Res<()> {
-        if r == NCCL_SUCCESS {
-            Ok(())
-        } else {
-            Err(Failure {
-                code: r,
-                message: format!("{what} inside ncclGather/ncclScatter failed (code {r})"),
-            })
-        }
+    let send = |buf: *const c_void, peer: usize| {
+        run(Op::Send, comm, |o| Call {
+            op: o,
+            send: buf,
+            recv: std::ptr::null_mut(),
+            count,
+            dtype: datatype,
+            redop: 0,
+            root: peer as c_int,
+            stream,
+        })
     };
-    check(ncclGroupStart(), "ncclGroupStart")?;
+    let recv = |buf: *mut c_void, peer: usize| {
+        run(Op::Recv, comm, |o| Call {
+            op: o,
+            send: std::ptr::null(),
+            recv: buf,
+            count,
+            dtype: datatype,
+            redop: 0,
+            root: peer as c_int,
+            stream,
+        })
+    };
+    group::group_start()?;
     let mut result = Ok(());
     for peer in 0..n {
         if rank != root_rank && peer != root_rank {
             continue;
         }
-        let p = peer as c_int;
-        // SAFETY: the caller's buffers, offset within the root's nranks * count elements.
-        let r = unsafe {
-            match (what, rank == root_rank) {
-                (Rooted::Gather, true) => {
-                    let dst = recvbuff.cast::<u8>().wrapping_add(peer * block).cast();
-                    let r = ncclRecv(dst, count, datatype, p, comm, stream);
-                    if r == NCCL_SUCCESS && peer == rank {
-                        ncclSend(sendbuff, count, datatype, p, comm, stream)
-                    } else {
-                        r
-                    }
-                }
-                (Rooted::Gather, false) => ncclSend(sendbuff, count, datatype, p, comm, stream),
-                (Rooted::Scatter, true) => {
-                    let src = sendbuff.cast::<u8>().wrapping_add(peer * block).cast();
-                    let r = ncclSend(src, count, datatype, p, comm, stream);
-                    if r == NCCL_SUCCESS && peer == rank {
-                        ncclRecv(recvbuff, count, datatype, p, comm, stream)
-                    } else {
-                        r
-                    }
-                }
-                (Rooted::Scatter, false) => ncclRecv(recvbuff, count, datatype, p, comm, stream),
-            }
+        // The root's block of `peer`, offset within its nranks * count elements (the caller's
+        // contract); the pointer is only formed here, the device reads or writes it.
+        let at = |base: *const c_void| {
+            base.cast::<u8>()
+                .wrapping_add(peer * block)
+                .cast::<c_void>()
         };
-        if let Err(e) = check(r, "a send or receive") {
+        let r = match (what, rank == root_rank) {
+            (Rooted::Gather, true) => recv(at(recvbuff).cast_mut(), peer).and_then(|()| {
+                if peer == rank {
+                    send(sendbuff, peer)
+                } else {
+                    Ok(())
+                }
+            }),
+            (Rooted::Gather, false) => send(sendbuff, peer),
+            (Rooted::Scatter, true) => send(at(sendbuff), peer).and_then(|()| {
+                if peer == rank {
+                    recv(recvbuff, peer)
+                } else {
+                    Ok(())
+                }
+            }),
+            (Rooted::Scatter, false) => recv(recvbuff, peer),
+        };
+        if let Err(e) = r {
             result = Err(e);
             break;
         }
     }
     // The group is closed whatever happened inside it, so the thread's group state stays sane.
-    let end = check(ncclGroupEnd(), "ncclGroupEnd");
+    let end = group::group_end();
     result.and(end)
 }
 
