@@ -145,10 +145,16 @@ impl DeviceBuffer {
 
     /// A view of the whole buffer.
     pub fn full(&self) -> BufferSlice {
+        self.clone().into_full()
+    }
+
+    /// A view of the whole buffer, taking this handle (no reference count taken).
+    pub fn into_full(self) -> BufferSlice {
+        let len = self.len();
         BufferSlice {
-            buf: self.clone(),
+            buf: self,
             offset: 0,
-            len: self.len(),
+            len,
         }
     }
 }

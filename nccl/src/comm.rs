@@ -3,7 +3,7 @@
 //! [`crate::registry`], running operations on it in [`crate::native`].
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicI32};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mscclpp::collectives::Collectives;
@@ -106,6 +106,8 @@ pub struct Comm {
     pub config: CommConfig,
     /// A non-blocking `ncclCommFinalize` still running: `ncclInProgress` until it is done.
     pub busy: Mutex<Option<Arc<Job>>>,
+    /// Whether `busy` holds a job: every operation asks, and almost always there is none.
+    pub has_busy: AtomicBool,
     /// `ncclCommFinalize` has run: only destroy and abort remain.
     pub finalized: AtomicBool,
 }
@@ -129,17 +131,23 @@ impl Comm {
     /// split or shrink of it).
     pub fn set_busy(&self, job: Arc<Job>) {
         *self.busy.lock().unwrap_or_else(|p| p.into_inner()) = Some(job);
+        self.has_busy.store(true, Ordering::Release);
     }
 
     /// The job that keeps the communicator in progress, if it is still running.
     pub fn busy_job(&self) -> Option<Arc<Job>> {
+        if !self.has_busy.load(Ordering::Acquire) {
+            return None;
+        }
         let g = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         g.as_ref().filter(|j| j.result().is_none()).cloned()
     }
 
     /// Takes the last in-progress job, finished or not.
     pub fn take_busy(&self) -> Option<Arc<Job>> {
-        self.busy.lock().unwrap_or_else(|p| p.into_inner()).take()
+        let mut g = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        self.has_busy.store(false, Ordering::Release);
+        g.take()
     }
 
     /// The native communicator's failure (a dead rank, named, or an abort), if any.

@@ -204,6 +204,7 @@ pub fn build(
         async_error: AtomicI32::new(NCCL_SUCCESS),
         config,
         busy: Mutex::new(None),
+        has_busy: AtomicBool::new(false),
         finalized: AtomicBool::new(false),
     };
     match made {
@@ -302,6 +303,7 @@ pub unsafe fn from_real(lib: &'static RealNccl, c: NcclComm) -> Res<Comm> {
         async_error: AtomicI32::new(NCCL_SUCCESS),
         config: CommConfig::default(),
         busy: Mutex::new(None),
+        has_busy: AtomicBool::new(false),
         finalized: AtomicBool::new(false),
     })
 }

@@ -2,6 +2,7 @@
 //! one that failed), so that every export can refuse a stale or foreign handle.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -21,7 +22,7 @@ use crate::job::Job;
 /// A handle is issued before its communicator exists when the creation runs in the background
 /// (non-blocking config, or inside a group): the slot is [`Slot::Pending`] until the job ends.
 struct Registry {
-    live: HashMap<u64, Slot>,
+    live: HashMap<u64, Slot, BuildHasherDefault<SerialHasher>>,
     /// The next serial number; those below it were issued.
     next: u64,
 }
@@ -42,11 +43,30 @@ pub enum Slot {
 const HANDLE_STRIDE: u64 = 16;
 const HANDLE_TAG: u64 = 0xd;
 
+/// Serials are issued in order and never repeat: they are their own hash (every export looks
+/// one up, and SipHash of a u64 costs more than the rest of the lookup).
+#[derive(Default)]
+struct SerialHasher(u64);
+
+impl Hasher for SerialHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
 fn registry() -> &'static Mutex<Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
     R.get_or_init(|| {
         Mutex::new(Registry {
-            live: HashMap::new(),
+            live: HashMap::default(),
             next: 1,
         })
     })
@@ -113,6 +133,15 @@ pub fn settle(h: NcclComm, job: &Arc<Job>, made: Res<Comm>) {
 
 /// The serial number a handle encodes, or why it names no communicator.
 fn serial_of(h: NcclComm, r: &Registry) -> Res<u64> {
+    let serial = issued(h, r)?;
+    if !r.live.contains_key(&serial) {
+        return Err(destroyed(h));
+    }
+    Ok(serial)
+}
+
+/// The serial a handle encodes, if this library issued it (live or not).
+fn issued(h: NcclComm, r: &Registry) -> Res<u64> {
     if h.is_null() {
         return Err(Failure::argument("comm is NULL"));
     }
@@ -124,22 +153,20 @@ fn serial_of(h: NcclComm, r: &Registry) -> Res<u64> {
              ncclCommInitRank, or corrupted)"
         )));
     }
-    if !r.live.contains_key(&serial) {
-        return Err(Failure::argument(format!(
-            "comm {h:p} was destroyed (ncclCommDestroy/ncclCommAbort): a stale handle"
-        )));
-    }
     Ok(serial)
+}
+
+fn destroyed(h: NcclComm) -> Failure {
+    Failure::argument(format!(
+        "comm {h:p} was destroyed (ncclCommDestroy/ncclCommAbort): a stale handle"
+    ))
 }
 
 /// What a handle names now, whatever its state.
 pub fn slot(h: NcclComm) -> Res<Slot> {
     let r = lock_registry();
-    let serial = serial_of(h, &r)?;
-    r.live
-        .get(&serial)
-        .cloned()
-        .ok_or_else(|| Failure::argument(format!("comm {h:p} was destroyed")))
+    let serial = issued(h, &r)?;
+    r.live.get(&serial).cloned().ok_or_else(|| destroyed(h))
 }
 
 /// Why a slot that is not [`Slot::Ready`] cannot be used, as NCCL says it.

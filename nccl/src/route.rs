@@ -117,7 +117,8 @@ pub fn forced() -> Res<&'static HashSet<Op>> {
 pub fn log_route(op: Op, native: bool, why: &str) {
     static LOGGED: [[AtomicBool; 8]; 2] = [const { [const { AtomicBool::new(false) }; 8] }; 2];
     let slot = &LOGGED[usize::from(native)][Op::ALL.iter().position(|o| *o == op).unwrap_or(0)];
-    if !slot.swap(true, Ordering::Relaxed) {
+    // A load first: a store on every call would bounce the line between the callers' cores.
+    if !slot.load(Ordering::Relaxed) && !slot.swap(true, Ordering::Relaxed) {
         if native {
             tracing::info!(target: crate::debug::COMM_MODULE, op = op.name(), "served natively by mscclpp");
         } else {
