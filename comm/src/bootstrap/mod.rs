@@ -8,7 +8,7 @@
 //!    secret, a different `nranks`, an out-of-range or duplicate rank, or bytes that do not
 //!    decode, and keeps waiting for the legitimate ranks. Once all have joined it sends each one
 //!    the table of listen addresses, closes every connection and exits. The root keeps at most
-//!    `root::MAX_PENDING_HELLOS` handshakes open and closes any connection beyond that at once;
+//!    `hello::MAX_PENDING_HELLOS` handshakes open and closes any connection beyond that at once;
 //!    a rank turned away so (its connection ends before any answer) tries again after a random
 //!    pause, within the one bootstrap deadline.
 //! 2. No connection between ranks exists yet. A connection is opened the first time two ranks
@@ -88,6 +88,7 @@ pub mod protocol;
 mod collectives;
 mod config;
 mod failure;
+mod hello;
 mod launch_env;
 mod links;
 mod p2p;

@@ -1,40 +1,24 @@
 //! The rendezvous root, and the authenticated accept loop it shares with the mesh.
 
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result};
 
 use super::config::BootstrapConfig;
+use super::hello::{HELLO_LIMIT, MAX_PENDING_HELLOS, Pending, refuse};
 use super::protocol::{
-    ErrorCode, FRAME_HEADER_BYTES, FrameKind, HANDSHAKE_MAX_BYTES, Hello, HelloRole, SECRET_BYTES,
-    check_payload_len, decode_frame_header, decode_hello, encode_error, encode_table,
-    secrets_equal, write_frame,
+    ErrorCode, FrameKind, Hello, HelloRole, SECRET_BYTES, encode_table, secrets_equal, write_frame,
 };
 use super::unique_id::{UniqueId, random_secret};
 
-/// How long an accepted but not yet authenticated connection may take to deliver its whole
-/// Hello, in total. Legitimate ranks send it right after connecting; the bound keeps a silent
-/// or trickling client from holding a handshake slot for the whole bootstrap deadline.
-pub(crate) const HELLO_LIMIT: Duration = Duration::from_secs(10);
-
-/// Handshakes in progress at once. The accept loop reads every pending Hello itself (no thread
-/// per connection), and a connection beyond this bound is closed at once: a flood of silent
-/// clients costs a bounded number of sockets, never a thread each. A legitimate rank's Hello
-/// is usually complete when its connection is accepted, so it rarely takes a slot at all.
-pub(crate) const MAX_PENDING_HELLOS: usize = 128;
-
 /// Connections accepted per pass of the loop, so that pending Hellos are read between bursts.
 const ACCEPTS_PER_PASS: usize = 64;
-
-/// Refusals being delivered at once (each drains the client briefly on a thread of its own);
-/// beyond this, refused connections are closed without an Error frame.
-const MAX_REFUSALS: usize = 32;
 
 /// How often the accept loop looks for new connections and Hello bytes when idle.
 const POLL: Duration = Duration::from_millis(2);
@@ -57,98 +41,6 @@ pub(crate) struct Expect<'a> {
 pub(crate) struct Accepted {
     pub conns: Vec<Option<(TcpStream, Hello)>>,
     pub error: Option<Error>,
-}
-
-/// A connection whose Hello is still arriving (non-blocking).
-pub(crate) struct Pending {
-    pub(crate) stream: TcpStream,
-    pub(crate) from: SocketAddr,
-    /// The bytes so far: the frame header, then the payload.
-    buf: Vec<u8>,
-    /// When the whole Hello must have arrived.
-    pub(crate) deadline: Instant,
-    /// The handshake's time limit, for messages.
-    limit: Duration,
-}
-
-impl Pending {
-    /// A handshake that must be complete `limit` from now.
-    pub(crate) fn new(stream: TcpStream, from: SocketAddr, limit: Duration) -> Self {
-        Pending {
-            stream,
-            from,
-            buf: Vec::with_capacity(FRAME_HEADER_BYTES),
-            deadline: Instant::now() + limit,
-            limit,
-        }
-    }
-
-    /// The bytes the Hello needs in all, once the header says.
-    fn want(&self) -> Result<usize> {
-        if self.buf.len() < FRAME_HEADER_BYTES {
-            return Ok(FRAME_HEADER_BYTES);
-        }
-        let h = decode_frame_header(&self.buf[..FRAME_HEADER_BYTES])?;
-        if h.kind != FrameKind::Hello {
-            return Err(Error::malformed(
-                "bootstrap handshake",
-                format!(
-                    "{} sent a {:?} frame where a Hello was expected",
-                    self.from, h.kind
-                ),
-            ));
-        }
-        Ok(FRAME_HEADER_BYTES + check_payload_len(&h, HANDSHAKE_MAX_BYTES)?)
-    }
-
-    /// Reads what has arrived; `Some` once the Hello is complete or cannot be.
-    pub(crate) fn poll(&mut self) -> Option<Result<Hello>> {
-        let mut chunk = [0u8; 256];
-        loop {
-            let want = match self.want() {
-                Ok(w) => w,
-                Err(e) => return Some(Err(e)),
-            };
-            // The header alone gives `want`, so equality past the header means complete.
-            if self.buf.len() >= FRAME_HEADER_BYTES && self.buf.len() == want {
-                return Some(decode_hello(&self.buf[FRAME_HEADER_BYTES..]));
-            }
-            let room = (want - self.buf.len()).min(chunk.len());
-            match self.stream.read(&mut chunk[..room]) {
-                Ok(0) => {
-                    return Some(Err(Error::Remote {
-                        rank: usize::MAX,
-                        message: format!(
-                            "{} closed the connection after {} of {want} bytes of its hello",
-                            self.from,
-                            self.buf.len()
-                        ),
-                    }));
-                }
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Some(Err(Error::io(
-                        format!("reading the hello from {}", self.from),
-                        e,
-                    )));
-                }
-            }
-        }
-    }
-
-    pub(crate) fn timed_out(&self) -> Error {
-        let want = self.want().unwrap_or(FRAME_HEADER_BYTES);
-        Error::Timeout {
-            waiting_for: format!(
-                "a complete hello from {}: it sent {} of {want} bytes",
-                self.from,
-                self.buf.len()
-            ),
-            after: self.limit,
-        }
-    }
 }
 
 /// Accepts connections until every rank in `expect.ranks` has presented a valid Hello.
@@ -223,13 +115,13 @@ pub(crate) fn accept_ranks(
         let mut i = 0;
         while i < pending.len() {
             let p = &mut pending[i];
-            let before = p.buf.len();
+            let before = p.received();
             let verdict = match p.poll() {
                 Some(h) => Some(h),
                 None if now >= p.deadline => Some(Err(p.timed_out())),
                 None => None,
             };
-            busy |= p.buf.len() != before;
+            busy |= p.received() != before;
             match verdict {
                 Some(h) => {
                     let p = pending.swap_remove(i);
@@ -319,45 +211,6 @@ fn validate(h: &Hello, expect: &Expect<'_>, conns: &[Option<(TcpStream, Hello)>]
         ));
     }
     Ok(())
-}
-
-/// Sends an Error frame (best effort, briefly) and closes the connection.
-///
-/// Runs on its own detached thread: closing a socket that still holds unread input makes the
-/// kernel send a reset, which can destroy the Error frame before the client reads it, so the
-/// client's leftover bytes are drained first (bounded in time and size).
-pub(crate) fn refuse(mut stream: TcpStream, code: ErrorCode, msg: &str) {
-    static REFUSING: AtomicUsize = AtomicUsize::new(0);
-    struct Slot;
-    impl Drop for Slot {
-        fn drop(&mut self) {
-            REFUSING.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-    if REFUSING.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSALS {
-        REFUSING.fetch_sub(1, Ordering::AcqRel);
-        tracing::debug!(peer = ?stream.peer_addr().ok(), %msg, "bootstrap connection closed without an error report: too many refusals in progress");
-        return;
-    }
-    let slot = Slot;
-    let payload = encode_error(code, msg);
-    let spawned = std::thread::Builder::new()
-        .name("mscclpp-bootstrap-refuse".into())
-        .spawn(move || {
-            let _slot = slot;
-            let _ = stream.set_nonblocking(false);
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            let _ = write_frame(&mut stream, FrameKind::Error, 0, &payload);
-            let _ = stream.shutdown(std::net::Shutdown::Write);
-            let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-            let _ = std::io::copy(
-                &mut std::io::Read::take(&mut stream, 1 << 16),
-                &mut std::io::sink(),
-            );
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "could not start a bootstrap refusal thread");
-    }
 }
 
 /// A running bootstrap root: accepts every rank's Hello, then sends each the table of listen

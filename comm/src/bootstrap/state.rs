@@ -44,7 +44,7 @@ pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     pub(super) cv: Condvar,
     pub(super) closing: AtomicBool,
-    /// Inbound handshakes in progress (bounded by `root::MAX_PENDING_HELLOS`).
+    /// Inbound handshakes in progress (bounded by `hello::MAX_PENDING_HELLOS`).
     pub(super) handshakes: AtomicUsize,
     /// Held while a failure is forwarded (see [`Shared::peer_failed`]).
     pub(super) forwarding: Mutex<()>,

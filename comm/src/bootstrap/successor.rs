@@ -24,8 +24,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::hello::{HELLO_LIMIT, Pending, refuse};
 use super::protocol::{ErrorCode, FrameKind, Hello, SECRET_BYTES, secrets_equal, write_frame};
-use super::root::{HELLO_LIMIT, Pending, refuse};
 use super::unique_id::UniqueId;
 
 /// Finished roots kept per process; the oldest goes first.
@@ -81,7 +81,13 @@ pub(super) struct Member([u8; SECRET_BYTES]);
 
 impl Member {
     pub(super) fn new(secret: [u8; SECRET_BYTES]) -> Member {
-        *registry().live.entry(secret).or_insert(0) += 1;
+        let mut r = registry();
+        *r.live.entry(secret).or_insert(0) += 1;
+        // The root may finish (and linger) before the first of its ranks' bootstraps exists
+        // here: it counted the id's communicator gone, which it is not.
+        for f in r.finished.iter_mut().filter(|f| f.secret == secret) {
+            f.orphaned_at = None;
+        }
         Member(secret)
     }
 }

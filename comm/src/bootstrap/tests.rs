@@ -621,7 +621,7 @@ fn slow_loris_hello_is_cut_at_its_total_deadline() {
 fn flood_of_silent_connections_is_bounded() {
     let (addr, acceptor) = accept_one(Duration::from_secs(8));
     let extra = 40;
-    let total = root::MAX_PENDING_HELLOS + extra;
+    let total = super::hello::MAX_PENDING_HELLOS + extra;
     let mut flood: Vec<TcpStream> = (0..total)
         .map(|_| TcpStream::connect(addr).unwrap())
         .collect();

@@ -1,6 +1,6 @@
 //! The accepting side of a connection between ranks: a connection accepted by a rank's
-//! listener is a handshake until its Hello has arrived (bounded by `root::HELLO_LIMIT` and the
-//! bootstrap deadline, at most `root::MAX_PENDING_HELLOS` at once); the Hello is then checked
+//! listener is a handshake until its Hello has arrived (bounded by `hello::HELLO_LIMIT` and the
+//! bootstrap deadline, at most `hello::MAX_PENDING_HELLOS` at once); the Hello is then checked
 //! as the root checks it, and the connection either acknowledged and added to the loop as a
 //! [`Conn`], or refused with a report. The dialling side is `links`.
 
@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering;
 use mscclpp_hal::{Error, Result};
 use rustix::event::epoll;
 
+use super::super::hello::{self, Pending};
 use super::super::protocol::{self, CROSSED, ErrorCode, FrameKind, HelloRole};
-use super::super::root::{self, Pending};
 use super::super::state::{Link, Shared};
 use super::conn::{Conn, frame};
 use super::{Handshake, Reactor};
@@ -30,7 +30,7 @@ impl Reactor {
         if sh.closing.load(Ordering::Acquire) {
             return;
         }
-        if sh.handshakes.load(Ordering::Acquire) >= root::MAX_PENDING_HELLOS {
+        if sh.handshakes.load(Ordering::Acquire) >= hello::MAX_PENDING_HELLOS {
             tracing::debug!(%from, rank = sh.rank, "bootstrap connection closed at once: too many handshakes in progress");
             return;
         }
@@ -38,7 +38,7 @@ impl Reactor {
             tracing::debug!(%from, error = %e, "bootstrap connection dropped");
             return;
         }
-        let limit = root::HELLO_LIMIT.min(sh.cfg.timeout);
+        let limit = hello::HELLO_LIMIT.min(sh.cfg.timeout);
         let mut p = Pending::new(stream, from, limit);
         let token = self.token();
         match p.poll() {
@@ -117,7 +117,7 @@ impl Reactor {
                     ErrorCode::Refused
                 };
                 unset(&stream);
-                root::refuse(stream, code, &format!("refused by {who}: {e}"));
+                hello::refuse(stream, code, &format!("refused by {who}: {e}"));
                 return;
             }
         };
@@ -149,7 +149,7 @@ impl Reactor {
                     protocol::encode_error(ErrorCode::Crossed, &format!("refused by {who}: {why}"));
                 let _ = (&stream).write_all(&frame(FrameKind::Error, 0, &payload));
             } else {
-                root::refuse(
+                hello::refuse(
                     stream,
                     ErrorCode::Refused,
                     &format!("refused by {who}: {why}"),

@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 use mscclpp_hal::{Error, Result};
 use rustix::event::{EventfdFlags, Timespec, epoll};
 
+use super::hello::{self, Pending};
 use super::protocol::ErrorCode;
-use super::root::{self, Pending};
 use super::state::Shared;
 use conn::Conn;
 
@@ -338,7 +338,7 @@ impl Reactor {
                     Some(sh) => {
                         sh.handshakes.fetch_sub(1, Ordering::AcqRel);
                         tracing::warn!(from = %h.pending.from, rank = sh.rank, error = %e, "bootstrap connection refused");
-                        root::refuse(
+                        hello::refuse(
                             h.pending.stream,
                             ErrorCode::Timeout,
                             &format!("refused by rank {}: {e}", sh.rank),
