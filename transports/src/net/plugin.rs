@@ -283,6 +283,19 @@ impl Plugin {
         ))
     }
 
+    /// `bytes` as the `int` the versions before `sized_from` take (refused above `INT_MAX`, not
+    /// truncated); from that version on the call takes a `size_t` and this value is not used.
+    fn int_size(&self, bytes: usize, what: &str, sized_from: u32) -> Result<c_int> {
+        match c_int::try_from(bytes) {
+            Ok(n) => Ok(n),
+            Err(_) if self.version >= sized_from => Ok(c_int::MAX),
+            Err(_) => Err(Error::invalid(format!(
+                "a net {what} of {bytes} bytes (ncclNet v{} takes an int)",
+                self.version
+            ))),
+        }
+    }
+
     /// Devices the plugin drives.
     pub fn devices(&self) -> Result<usize> {
         let mut n: c_int = 0;
@@ -428,14 +441,7 @@ impl Plugin {
     /// `data..data + len` stays allocated until [`Plugin::dereg_mr`] of the handle.
     pub unsafe fn reg_mr(&self, comm: &Comm, data: *mut u8, len: usize) -> Result<Mr> {
         let mut mh: Ptr = std::ptr::null_mut();
-        let n = c_int::try_from(len);
-        if n.is_err() && self.version < 8 {
-            return Err(Error::invalid(format!(
-                "a net registration of {len} bytes (ncclNet v{} takes an int)",
-                self.version
-            )));
-        }
-        let n = n.unwrap_or(c_int::MAX);
+        let n = self.int_size(len, "registration", 8)?;
         let (p, k) = (data.cast::<c_void>(), PTR_HOST);
         // SAFETY: forwarded contract; a live comm; valid out-pointer.
         let rc = self.call(|| unsafe {
@@ -473,14 +479,7 @@ impl Plugin {
         mr: &Mr,
     ) -> Result<Option<Request>> {
         let mut req: Ptr = std::ptr::null_mut();
-        let n = c_int::try_from(len);
-        if n.is_err() && self.version < 9 {
-            return Err(Error::invalid(format!(
-                "a net send of {len} bytes (ncclNet v{} takes an int)",
-                self.version
-            )));
-        }
-        let n = n.unwrap_or(c_int::MAX);
+        let n = self.int_size(len, "send", 9)?;
         let (d, m, ph) = (data.cast::<c_void>(), mr.0, std::ptr::null_mut());
         // SAFETY: forwarded contract; a live send comm; tag 0 (sends of one comm match in order);
         // no profiler handle.
@@ -516,14 +515,7 @@ impl Plugin {
         let mut tag: c_int = 0;
         let mut m: Ptr = mr.0;
         let mut p: Ptr = std::ptr::null_mut();
-        let n32 = c_int::try_from(cap);
-        if n32.is_err() && self.version < 9 {
-            return Err(Error::invalid(format!(
-                "a net receive of {cap} bytes (ncclNet v{} takes an int)",
-                self.version
-            )));
-        }
-        let mut n32 = n32.unwrap_or(c_int::MAX);
+        let mut n32 = self.int_size(cap, "receive", 9)?;
         let mut n = cap;
         // SAFETY: forwarded contract; one receive (n = 1) of arrays of one element each.
         let rc = self.call(|| unsafe {
