@@ -9,8 +9,8 @@
 
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mscclpp_hal::Result;
@@ -27,6 +27,9 @@ pub(crate) struct NetShared {
     plugin: Arc<Plugin>,
     send: Option<Comm>,
     recv: Option<Comm>,
+    /// The pipes' registered buffers once the pipes are gone: freed only after the comms are
+    /// closed (see `Drop for NetPipe`).
+    retired: Mutex<Vec<Box<[u8]>>>,
     closed: AtomicBool,
     me: usize,
     peer: usize,
@@ -46,6 +49,7 @@ impl NetShared {
             plugin,
             send: Some(send),
             recv: Some(recv),
+            retired: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             me,
             peer,
@@ -82,6 +86,11 @@ impl Drop for NetShared {
                 tracing::debug!("{e}");
             }
         }
+        // Only now, with both comms closed, can no request of the plugin still reach them.
+        self.retired
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 }
 
@@ -290,6 +299,11 @@ impl Pipe for NetPipe {
     }
 }
 
+/// A pipe can go while a request of its own is still posted: the reader always has a receive
+/// waiting for the next frame, and a shut-down wait leaves its request behind (the ABI has no
+/// cancel). So, in NCCL's order: the registration ends here, the comms are closed when the last
+/// pipe of the connection is gone, and only then is the buffer freed; until the close, a late
+/// message lands in memory that is still this connection's.
 impl Drop for NetPipe {
     fn drop(&mut self) {
         let comm = match self.half {
@@ -300,6 +314,14 @@ impl Drop for NetPipe {
             if let Err(e) = self.shared.plugin.dereg_mr(comm, mr) {
                 tracing::debug!("{e}");
             }
+        }
+        let buf = std::mem::take(&mut self.buf);
+        if !buf.is_empty() {
+            self.shared
+                .retired
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(buf);
         }
     }
 }
