@@ -65,6 +65,9 @@ pub struct Plugin {
     table: Table,
     /// The context `init` returned (v11 and newer; null before).
     ctx: Ptr,
+    /// `init` succeeded: only then is there anything for `finalize` to end (NCCL never
+    /// finalises a plugin whose init failed).
+    initialised: bool,
     /// Serialises every call (see the module doc).
     lock: Mutex<()>,
     _lib: libloading::Library,
@@ -215,6 +218,7 @@ impl Plugin {
             name,
             table,
             ctx: std::ptr::null_mut(),
+            initialised: false,
             lock: Mutex::new(()),
             _lib: lib,
         };
@@ -253,6 +257,7 @@ impl Plugin {
         });
         p.check(rc, "init")?;
         p.ctx = ctx;
+        p.initialised = true;
         tracing::info!(plugin = %p.name, version = p.version, path = %p.path, "NCCL net plugin loaded");
         Ok(p)
     }
@@ -568,9 +573,12 @@ impl Plugin {
 
 impl Drop for Plugin {
     fn drop(&mut self) {
+        if !self.initialised {
+            return;
+        }
         let ctx = self.ctx;
-        // SAFETY: the context `init` returned, finalised once, after every comm of this plugin
-        // is gone (comms hold an `Arc` of it).
+        // SAFETY: the context a successful `init` returned, finalised once, after every comm
+        // of this plugin is gone (the connections' shared state holds an `Arc` of the plugin).
         let rc = self.call(|| unsafe {
             match self.table {
                 Table::V11(t) => t.finalize.map_or(NCCL_SUCCESS, |f| f(ctx)),

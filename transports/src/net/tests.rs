@@ -21,6 +21,11 @@ use super::plugin::{PTR_HOST, Plugin};
 /// The fixture built with `-DFIXTURE_NET_VERSION=<each of versions>` into one library under the
 /// name `tag` (a distinct file is a distinct copy of the plugin's state), once per test process.
 fn build(tag: &str, versions: &[u32]) -> Result<PathBuf, String> {
+    build_with(tag, versions, &[])
+}
+
+/// [`build`] with extra `-D` definitions.
+fn build_with(tag: &str, versions: &[u32], defines: &[&str]) -> Result<PathBuf, String> {
     static BUILT: OnceLock<Mutex<HashMap<String, Result<PathBuf, String>>>> = OnceLock::new();
     let mut built = BUILT
         .get_or_init(Default::default)
@@ -46,13 +51,9 @@ fn build(tag: &str, versions: &[u32]) -> Result<PathBuf, String> {
             for v in versions {
                 let o = dir.join(format!("net-fixture-{tag}-v{v}-{pid}.o"));
                 run(Command::new(&cc)
-                    .args([
-                        "-c",
-                        "-fPIC",
-                        "-O2",
-                        &format!("-DFIXTURE_NET_VERSION={v}"),
-                        "-o",
-                    ])
+                    .args(["-c", "-fPIC", "-O2", &format!("-DFIXTURE_NET_VERSION={v}")])
+                    .args(defines.iter().map(|d| format!("-D{d}")))
+                    .arg("-o")
                     .arg(&o)
                     .arg(&src))?;
                 objs.push(o);
@@ -277,6 +278,66 @@ fn int_sizes_of_old_versions_are_refused_not_truncated() {
     p.dereg_mr(&send, mr).unwrap();
     p.close_send(send).unwrap();
     p.close_recv(recv).unwrap();
+}
+
+/// v8: `regMr` takes a `size_t` (a registration above 2^31-1 goes to the plugin), `isend` and
+/// `irecv` still an `int` (refused here).
+#[test]
+fn v8_registers_large_ranges_but_refuses_large_transfers() {
+    let p = Plugin::open(&fixture(8)).unwrap();
+    let (send, recv) = pair(&p, 0);
+    let mut b = vec![0u8; 64];
+    let huge = 3usize << 30;
+    // SAFETY: the fixture's regMr records nothing of the range and never touches it; the
+    // handle is deregistered below without any transfer on it.
+    let big = unsafe { p.reg_mr(&send, b.as_mut_ptr(), huge) }.expect("v8 regMr takes a size_t");
+    p.dereg_mr(&send, big).unwrap();
+    // SAFETY: a registration of the whole of `b`, deregistered below.
+    let mr = unsafe { p.reg_mr(&send, b.as_mut_ptr(), b.len()) }.unwrap();
+    // SAFETY: refused before the plugin is called, so nothing reads past `b`.
+    let e = unsafe { p.isend(&send, b.as_mut_ptr(), huge, &mr) }
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("send") && e.contains("v8"), "{e}");
+    // SAFETY: as above.
+    let e = unsafe { p.irecv(&recv, b.as_mut_ptr(), huge, &mr) }
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("receive") && e.contains("v8"), "{e}");
+    p.dereg_mr(&send, mr).unwrap();
+    p.close_send(send).unwrap();
+    p.close_recv(recv).unwrap();
+}
+
+/// A plugin whose `init` fails is an error naming the call, and (v11+) it is never finalised:
+/// there is no context to end.
+#[test]
+fn a_failed_init_is_an_error_and_never_finalised() {
+    for v in [8u32, 11, 12] {
+        let path = build_with(
+            &format!("failinit-v{v}"),
+            &[v],
+            &["FIXTURE_NET_FAIL_INIT_BUILD"],
+        )
+        .expect("fixture builds");
+        // SAFETY: the fixture's initialisers are trivial; it stays loaded while `lib` lives.
+        let lib = unsafe { libloading::Library::new(&path) }.unwrap();
+        let e = Plugin::open(path.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("init") && e.contains("internal error"),
+            "v{v}: {e}"
+        );
+        if v >= 11 {
+            // SAFETY: `fixture_finalize_calls` is `int (void)` in the fixture's v11+ builds.
+            let calls =
+                unsafe { lib.get::<unsafe extern "C" fn() -> i32>(b"fixture_finalize_calls\0") }
+                    .unwrap();
+            // SAFETY: a plain call.
+            assert_eq!(unsafe { calls() }, 0, "v{v}: finalize after a failed init");
+        }
+    }
 }
 
 #[test]
