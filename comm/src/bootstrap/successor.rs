@@ -85,8 +85,11 @@ impl Member {
         *r.live.entry(secret).or_insert(0) += 1;
         // The root may finish (and linger) before the first of its ranks' bootstraps exists
         // here: it counted the id's communicator gone, which it is not.
+        // A successor picked in that window was picked for a communicator that lives on.
         for f in r.finished.iter_mut().filter(|f| f.secret == secret) {
-            f.orphaned_at = None;
+            if f.orphaned_at.take().is_some() {
+                f.successor = Successor::None;
+            }
         }
         Member(secret)
     }

@@ -1207,3 +1207,25 @@ fn an_empty_bootstrap_secret_is_refused() {
     assert_eq!(secret_setting(None).unwrap(), None);
     assert_eq!(secret_setting(Some(" s3cret ")).unwrap(), Some("s3cret"));
 }
+
+/// A finished root can linger before the first bootstrap of its id exists in this process (it
+/// counts the communicator gone), and a root of its size can start in that window. Once the
+/// id's first bootstrap exists here, that pick is forgotten: a stale rank is refused because the
+/// communicator lives, not sent to the other root.
+#[test]
+fn a_successor_picked_before_the_communicator_existed_is_forgotten() {
+    // A size no other test uses: the finished roots are one registry per process.
+    const N: usize = 13;
+    let listener = TcpListener::bind(localhost0()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let secret = super::unique_id::random_secret().unwrap();
+    super::successor::linger(listener, secret, N, Duration::from_secs(2));
+    let other = UniqueId::with_root(localhost0()).unwrap();
+    super::successor::started(other, N);
+    let member = super::successor::Member::new(secret);
+    let stale = super::unique_id::UniqueId::from_parts(addr, secret);
+    let e = Bootstrap::new(&stale, 1, N, cfg(10_000)).unwrap_err();
+    let m = e.to_string();
+    assert!(m.contains("still lives"), "{m}");
+    drop(member);
+}
