@@ -43,14 +43,15 @@ pub enum Slot {
 const HANDLE_STRIDE: u64 = 16;
 const HANDLE_TAG: u64 = 0xd;
 
-/// Serials are issued in order and never repeat: they are their own hash (every export looks
-/// one up, and SipHash of a u64 costs more than the rest of the lookup).
+/// Serials are issued in order and never repeat: one multiplication spreads them over the hash
+/// (the table takes its tag from the top bits), where SipHash of a u64 would cost more than the
+/// rest of the look-up that every export makes.
 #[derive(Default)]
 struct SerialHasher(u64);
 
 impl Hasher for SerialHasher {
     fn finish(&self) -> u64 {
-        self.0
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {

@@ -338,6 +338,17 @@ unsafe fn rooted(
         })
     };
     group::group_start()?;
+    // Should a send or receive panic (the export's guard catches it), the group still ends:
+    // otherwise this thread's later calls would queue in it and never run.
+    struct EndOnUnwind;
+    impl Drop for EndOnUnwind {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = group::group_end();
+            }
+        }
+    }
+    let _end_on_unwind = EndOnUnwind;
     let mut result = Ok(());
     for peer in 0..n {
         if rank != root_rank && peer != root_rank {
