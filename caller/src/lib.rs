@@ -172,6 +172,26 @@ impl Caller {
         unsafe { self.memory.wrap(&**self.comm.device(), ptr, bytes) }
     }
 
+    /// A call's input and output as buffers ([`Caller::wrap`]); an in-place call (the same
+    /// range) gets one wrapper for both, with one cache look-up.
+    ///
+    /// # Safety
+    /// As for [`Caller::wrap`], for both ranges.
+    pub unsafe fn wrap_pair(
+        &self,
+        (input, in_bytes): (u64, usize),
+        (output, out_bytes): (u64, usize),
+    ) -> Result<(DeviceBuffer, DeviceBuffer)> {
+        // SAFETY: forwarded contract.
+        let i = unsafe { self.wrap(input, in_bytes)? };
+        if (output, out_bytes) == (input, in_bytes) {
+            return Ok((i.clone(), i));
+        }
+        // SAFETY: forwarded contract.
+        let o = unsafe { self.wrap(output, out_bytes)? };
+        Ok((i, o))
+    }
+
     /// Ends a call enqueued on `stream`: on the host backend it waits for it (its callers have
     /// no stream of their own to wait on); on GPUs it returns at once.
     pub fn finish(&self, stream: &dyn Stream) -> Result<()> {

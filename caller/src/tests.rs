@@ -222,3 +222,28 @@ fn caller_memory_is_wrapped_once_per_range_and_forgotten_after_a_free() {
         }
     });
 }
+
+/// An in-place call's input and output are one wrapper; other pairs are two (wrapped as
+/// [`Caller::wrap`] does each, with the cache off too).
+#[test]
+fn a_call_in_place_wraps_one_range() {
+    with_ranks(1, |_, caller| {
+        let device = caller.communicator().device().clone();
+        let mem = device.alloc(8192, MemoryKind::Device).expect("memory");
+        let base = mem.ptr().0;
+        let same = |a: &DeviceBuffer, b: &DeviceBuffer| Arc::ptr_eq(a.allocation(), b.allocation());
+        // SAFETY: `mem` outlives every wrapper made here; nothing runs on them.
+        let pair = |i: (u64, usize), o: (u64, usize)| unsafe { caller.wrap_pair(i, o) }.unwrap();
+        let (i, o) = pair((base, 4096), (base, 4096));
+        assert!(same(&i, &o), "in place: one wrapper");
+        let (i, o) = pair((base, 4096), (base + 4096, 4096));
+        assert!(!same(&i, &o) && o.ptr().0 == base + 4096);
+        let (i, o) = pair((base, 4096), (base, 8192));
+        assert!(
+            !same(&i, &o) && (i.len(), o.len()) == (4096, 8192),
+            "same start, other length"
+        );
+        // SAFETY: refused before any use.
+        assert!(unsafe { caller.wrap_pair((base, 16), (0, 16)) }.is_err());
+    });
+}

@@ -130,7 +130,8 @@ impl Comm {
     /// Marks the communicator in progress until `job` ends (a non-blocking finalize, or a
     /// split or shrink of it).
     pub fn set_busy(&self, job: Arc<Job>) {
-        *self.busy.lock().unwrap_or_else(|p| p.into_inner()) = Some(job);
+        let mut g = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        *g = Some(job);
         self.has_busy.store(true, Ordering::Release);
     }
 

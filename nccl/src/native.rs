@@ -235,14 +235,8 @@ impl Comm {
         // SAFETY: NCCL's contract: the caller's buffers are device memory of these sizes that
         // stays allocated until the operation has run on `stream` (the CUDA backend checks the
         // ranges with the driver).
-        let input = unsafe { caller.wrap(send_ptr, in_bytes)? };
-        // In place (the same range): the input's wrapper, without a second cache look-up.
-        let output = if call.recv as u64 == send_ptr && out_bytes == in_bytes {
-            input.clone()
-        } else {
-            // SAFETY: as above.
-            unsafe { caller.wrap(call.recv as u64, out_bytes)? }
-        };
+        let (input, output) =
+            unsafe { caller.wrap_pair((send_ptr, in_bytes), (call.recv as u64, out_bytes))? };
         let (i, o) = (input.into_full(), output.into_full());
         // A plan of MSCCLPP_EXECUTION_PLAN_DIR that fits the call goes first (plans have no root).
         let planned = match &native.plans {

@@ -12,8 +12,7 @@ pub fn plugin() -> Result<PathBuf, String> {
     if let Ok(p) = std::env::var("MSCCLPP_TEST_NET_PLUGIN") {
         return Ok(PathBuf::from(p));
     }
-    static P: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    P.get_or_init(|| build(8)).clone()
+    fixture(8)
 }
 
 /// The fixture built as ncclNet `version` (6 to 12), once per process and version.

@@ -72,6 +72,20 @@ impl Inner {
         // documented on every call.
         unsafe { self.caller.wrap(v.ptr, v.nbytes()) }.py_err()
     }
+
+    /// Wraps a call's input and output views (one wrapper when they are the same range).
+    pub(super) fn wrap_pair(
+        &self,
+        vin: &ArrayView,
+        vout: &ArrayView,
+    ) -> PyResult<(DeviceBuffer, DeviceBuffer)> {
+        // SAFETY: as for `wrap`, for both views.
+        unsafe {
+            self.caller
+                .wrap_pair((vin.ptr, vin.nbytes()), (vout.ptr, vout.nbytes()))
+        }
+        .py_err()
+    }
 }
 
 /// The element type of a call over `views`: `dtype` when given (of the arrays' element size),

@@ -82,8 +82,7 @@ impl Communicator {
             return Ok(());
         }
         inner.colls(name)?;
-        let bin = inner.wrap(&vin)?;
-        let bout = inner.wrap(&vout)?;
+        let (bin, bout) = inner.wrap_pair(&vin, &vout)?;
         let registered =
             kind == CollectiveKind::AllReduce && inner.is_registered(vin.ptr, vin.nbytes() as u64);
         py.detach(move || {

@@ -66,8 +66,7 @@ pub(super) fn execute_plan(
     if vin.nbytes() == 0 || vout.nbytes() == 0 {
         return Err(usage("execute_plan: empty send or recv array"));
     }
-    let bin = inner.wrap(&vin)?;
-    let bout = inner.wrap(&vout)?;
+    let (bin, bout) = inner.wrap_pair(&vin, &vout)?;
     py.detach(move || -> mscclpp::hal::Result<()> {
         let n = inner.comm().nranks();
         let plan = {
