@@ -43,6 +43,7 @@ pub struct Fifo {
     head: DeviceBuffer,
     tail: DeviceBuffer,
     ring: NonNull<Slot>,
+    head_word: NonNull<AtomicU64>,
     tail_word: NonNull<AtomicU64>,
     size: u64,
     mask: u64,
@@ -129,6 +130,7 @@ impl Fifo {
             head,
             tail,
             ring: ring.cast(),
+            head_word: head_word.cast(),
             tail_word: tail_word.cast(),
             size: size as u64,
             mask: size as u64 - 1,
@@ -153,6 +155,13 @@ impl Fifo {
     /// Number of slots.
     pub fn size(&self) -> usize {
         self.size as usize
+    }
+
+    /// Positions claimed by producers so far (published or about to be).
+    pub fn head(&self) -> u64 {
+        // SAFETY: the head word is an aligned, live (owned by `self`) 8-byte word that is only
+        // accessed atomically.
+        unsafe { self.head_word.as_ref() }.load(Ordering::Acquire)
     }
 
     /// Positions handled so far: the position of the next trigger the consumer will take.

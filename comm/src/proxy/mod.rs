@@ -18,7 +18,8 @@
 //! handled), when its handler fails or panics (that trigger is **not** handled: its slot stays
 //! occupied and a `sync` on it times out rather than lying), or when asked to with
 //! [`Proxy::stop`]. A stop does not drain the FIFO: triggers still in it stay there, and a new
-//! proxy started on the same FIFO carries on from the tail.
+//! proxy started on the same FIFO carries on from the tail; [`Proxy::drain`] first waits for
+//! them (the proxy service does at its stop).
 //!
 //! # Idling
 //!
@@ -204,6 +205,24 @@ impl Proxy {
     /// is returned by [`Proxy::stop`] or [`Proxy::join`].
     pub fn error(&self) -> Option<String> {
         self.shared.lock().error.clone()
+    }
+
+    /// Waits until every trigger claimed so far is handled, the proxy ends, or `timeout`;
+    /// whether the FIFO was drained. A kernel's last triggers (a signal it does not wait for)
+    /// can still be queued when the kernel is done: an owner that stops the proxy at teardown
+    /// drains first, or those triggers are never carried out and the peer waits for them.
+    pub fn drain(&self, timeout: Duration) -> bool {
+        let target = self.fifo.head();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.fifo.tail() >= target {
+                return true;
+            }
+            if !self.is_running() || Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 
     /// Asks the thread to finish and waits for it, for at most

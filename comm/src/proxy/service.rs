@@ -139,14 +139,28 @@ impl ProxyService {
         Ok(())
     }
 
-    /// Stops the proxy thread; returns the error that stopped it, if one did.
+    /// Stops the proxy thread once the triggers already pushed are carried out (for at most
+    /// [`STOP_DRAIN`]); returns the error that stopped it, if one did.
     pub fn stop(&mut self) -> Result<()> {
         match self.proxy.take() {
-            Some(p) => p.stop(),
+            Some(p) => {
+                if !p.drain(STOP_DRAIN) {
+                    tracing::debug!(
+                        "proxy stopped with triggers still queued (FIFO tail {}, head {})",
+                        self.fifo.tail(),
+                        self.fifo.head()
+                    );
+                }
+                p.stop()
+            }
             None => Ok(()),
         }
     }
 }
+
+/// How long stopping waits for the triggers already pushed (a kernel's last signals) to be
+/// carried out.
+pub const STOP_DRAIN: Duration = Duration::from_secs(2);
 
 impl Drop for ProxyService {
     fn drop(&mut self) {

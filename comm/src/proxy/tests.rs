@@ -550,3 +550,30 @@ fn producer_in_another_process() {
     assert_eq!(f.tail(), CROSS_N);
     proxy.stop().unwrap();
 }
+
+/// `drain` returns once every trigger pushed before it is handled (a stop right after it then
+/// loses none), and says so.
+#[test]
+fn drain_waits_for_the_triggers_already_pushed() {
+    const N: u64 = 40;
+    let f = fifo(64);
+    let h = f.device_handle();
+    let handled = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&handled);
+    let proxy = Proxy::start(Arc::clone(&f), move |_, _| {
+        thread::sleep(Duration::from_millis(2));
+        count.fetch_add(1, Ordering::SeqCst);
+        Ok(ProxyHandlerResult::Continue)
+    })
+    .unwrap();
+    for i in 0..N {
+        push(&h, numbered(i), WAIT).unwrap();
+    }
+    assert!(proxy.drain(Duration::from_secs(10)), "the FIFO drained");
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        N,
+        "every trigger pushed before the drain"
+    );
+    proxy.stop().unwrap();
+}

@@ -130,8 +130,8 @@ pub(crate) fn connect(
     let shared = pipe::NetShared::new(p.clone(), send, recv, me, peer, local.cfg.io_timeout);
     let read = pipe::NetPipe::reader(&shared)?;
     let write = pipe::NetPipe::writer(&shared)?;
-    // The link's end (the peer exited or closed the connection) shuts the pipes down, which
-    // ends the receiver with the peer named.
+    // The link's end (the peer exited or closed the connection) ends the pipes, which ends the
+    // receiver with the peer named, once what the peer sent before has had time to arrive.
     let watch = link
         .try_clone()
         .map_err(|e| io("cloning the link socket", e))?;
@@ -142,7 +142,7 @@ pub(crate) fn connect(
             let mut watch = watch;
             let mut b = [0u8; 64];
             let _ = watch.read(&mut b);
-            sh.shut();
+            sh.peer_closed();
         })
         .map_err(|e| io("spawning the link watcher", e))?;
     let control = pipe::NetPipe::control(&shared, link);

@@ -10,13 +10,19 @@
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use mscclpp_hal::Result;
 
 use super::plugin::{Comm, Mr, Plugin, Request};
 use crate::ethernet::Pipe;
+
+/// How long a pipe keeps completing its requests after the peer closed the connection's link:
+/// the link and the plugin's own channel are separate paths, so the link's end can overtake the
+/// last messages the peer sent before closing it. A peer that died sends nothing more, so the
+/// wait ends here.
+const DRAIN_AFTER_PEER_CLOSED: Duration = Duration::from_millis(500);
 
 /// Bytes of each side's registered buffer: the largest message either side sends (a frame
 /// header and a 4 MiB chunk fit with room to spare).
@@ -30,7 +36,10 @@ pub(crate) struct NetShared {
     /// The pipes' registered buffers once the pipes are gone: freed only after the comms are
     /// closed (see `Drop for NetPipe`).
     retired: Mutex<Vec<Box<[u8]>>>,
+    /// Shut down by this side: requests give up at once.
     closed: AtomicBool,
+    /// When the peer closed the link (see [`DRAIN_AFTER_PEER_CLOSED`]).
+    peer_closed: OnceLock<Instant>,
     me: usize,
     peer: usize,
     io_timeout: Duration,
@@ -51,6 +60,7 @@ impl NetShared {
             recv: Some(recv),
             retired: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
+            peer_closed: OnceLock::new(),
             me,
             peer,
             io_timeout,
@@ -62,8 +72,18 @@ impl NetShared {
         self.closed.store(true, Ordering::Release);
     }
 
+    /// The peer closed the link: requests still complete for a short while, then give up.
+    pub(crate) fn peer_closed(&self) {
+        let _ = self.peer_closed.set(Instant::now());
+    }
+
+    /// Whether requests are to give up now.
     fn is_shut(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+            || self
+                .peer_closed
+                .get()
+                .is_some_and(|t| t.elapsed() > DRAIN_AFTER_PEER_CLOSED)
     }
 
     fn err(&self, what: &str, e: impl std::fmt::Display) -> io::Error {
