@@ -6,22 +6,33 @@
 //! whose pointer and length were wrapped before reuses that wrapper, which needs neither the
 //! driver nor the allocator.
 //!
+//! Not every caller passes the same pointers, though: a framework's caching allocator carves
+//! tensors out of a few large segments, and nccl-tests moves its buffers by the message size on
+//! every iteration (thousands of distinct pointers at small sizes). So the cache also keeps the
+//! allocations the driver named for the ranges it checked ([`Device::allocation_range`]): a new
+//! range inside one of them is wrapped without asking the driver again, at the cost of the
+//! wrapper's one allocation.
+//!
 //! A wrapper only describes the range (it owns nothing and holds no driver state), so a kept
 //! one stays right for any memory later allocated at the same address. What keeping it skips is
 //! the check that the range is still runtime memory: a call on memory freed since is then not
 //! refused with a message but reaches the device, as it would with NCCL, which never checks.
-//! Frees the library sees ([`memory_freed`]: `ncclMemFree`, the Python package's buffers) drop
-//! every kept wrapper, so those pointers are checked again; `MSCCLPP_WRAP_CACHE=0` checks every
-//! call.
+//! The same holds for a range inside a kept allocation. Frees the library sees
+//! ([`memory_freed`]: `ncclMemFree`, the Python package's buffers) drop every kept wrapper and
+//! allocation, so those pointers are checked again; `MSCCLPP_WRAP_CACHE=0` checks every call.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mscclpp_hal::{Device, DeviceBuffer, DevicePtr, Error, Result};
+use mscclpp_hal::{Device, DeviceBuffer, DevicePtr, Error, ExternalAllocation, Result};
+use std::sync::Arc;
 
 /// Wrappers one communicator keeps: enough for the buffers of a step (inputs, outputs, the
 /// buckets of a data-parallel step); the least recently used goes first.
 pub const WRAP_CACHE_ENTRIES: usize = 32;
+
+/// Allocations one communicator keeps (the least recently used goes first).
+pub const WRAP_CACHE_ALLOCATIONS: usize = 16;
 
 /// The variable that turns the cache off (`0`).
 pub const WRAP_CACHE_VAR: &str = "MSCCLPP_WRAP_CACHE";
@@ -43,10 +54,29 @@ struct Entry {
     last_use: u64,
 }
 
+/// An allocation the driver named for a range it checked.
+#[derive(Debug)]
+struct Span {
+    base: u64,
+    len: usize,
+    last_use: u64,
+}
+
+impl Span {
+    fn holds(&self, ptr: u64, bytes: usize) -> bool {
+        ptr >= self.base
+            && (ptr - self.base)
+                .checked_add(bytes as u64)
+                .is_some_and(|end| end <= self.len as u64)
+    }
+}
+
 #[derive(Debug)]
 struct Kept {
     /// At most [`WRAP_CACHE_ENTRIES`]; allocated once, with the cache.
     entries: Vec<Entry>,
+    /// At most [`WRAP_CACHE_ALLOCATIONS`]; allocated once, with the cache.
+    spans: Vec<Span>,
     /// [`FREES`] when the entries were last known good.
     frees: u64,
     clock: u64,
@@ -77,6 +107,7 @@ impl WrapCache {
             kept: on.then(|| {
                 Mutex::new(Kept {
                     entries: Vec::with_capacity(WRAP_CACHE_ENTRIES),
+                    spans: Vec::with_capacity(WRAP_CACHE_ALLOCATIONS),
                     frees: FREES.load(Ordering::Acquire),
                     clock: 0,
                 })
@@ -102,6 +133,7 @@ impl WrapCache {
         let frees = FREES.load(Ordering::Acquire);
         if frees != k.frees {
             k.entries.clear();
+            k.spans.clear();
             k.frees = frees;
         }
         k.clock += 1;
@@ -114,8 +146,35 @@ impl WrapCache {
             e.last_use = now;
             return Ok(e.buffer.clone());
         }
-        // SAFETY: forwarded contract.
-        let buffer = unsafe { device.wrap_external(DevicePtr(ptr), bytes)? };
+        let buffer = match k.spans.iter_mut().find(|s| s.holds(ptr, bytes)) {
+            Some(span) => {
+                span.last_use = now;
+                // SAFETY: forwarded contract; the range lies inside an allocation the device
+                // named, so this is the wrapper its `wrap_external` makes once it has checked.
+                let a = unsafe { ExternalAllocation::new(device.info(), DevicePtr(ptr), bytes)? };
+                DeviceBuffer::new(Arc::new(a))
+            }
+            None => {
+                // SAFETY: forwarded contract.
+                let buffer = unsafe { device.wrap_external(DevicePtr(ptr), bytes)? };
+                if let Some((base, len)) = device.allocation_range(DevicePtr(ptr))? {
+                    let span = Span {
+                        base: base.0,
+                        len,
+                        last_use: now,
+                    };
+                    // Only an allocation that holds the range it was asked for is kept.
+                    if span.holds(ptr, bytes) {
+                        if k.spans.len() < WRAP_CACHE_ALLOCATIONS {
+                            k.spans.push(span);
+                        } else if let Some(oldest) = k.spans.iter_mut().min_by_key(|s| s.last_use) {
+                            *oldest = span;
+                        }
+                    }
+                }
+                buffer
+            }
+        };
         let entry = Entry {
             ptr,
             len: bytes,
@@ -135,6 +194,14 @@ impl WrapCache {
     pub(crate) fn len(&self) -> usize {
         self.kept.as_ref().map_or(0, |k| {
             k.lock().unwrap_or_else(|p| p.into_inner()).entries.len()
+        })
+    }
+
+    /// How many allocations are kept (tests).
+    #[cfg(test)]
+    pub(crate) fn allocations(&self) -> usize {
+        self.kept.as_ref().map_or(0, |k| {
+            k.lock().unwrap_or_else(|p| p.into_inner()).spans.len()
         })
     }
 }

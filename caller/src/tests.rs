@@ -6,7 +6,12 @@ use std::sync::Arc;
 use mscclpp_collectives::{CollectiveCall, CollectiveKind, P2pKind, P2pOp};
 use mscclpp_comm::Communicator;
 use mscclpp_comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot};
-use mscclpp_hal::{Backend, DataType, DeviceBuffer, MemoryKind, ReduceOp};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use mscclpp_hal::{
+    Backend, DataType, Device, DeviceBuffer, DeviceInfo, DevicePtr, Event, IpcHandle, Kernel,
+    KernelId, KernelModule, MemoryKind, MulticastGroup, ReduceOp, Result as HalResult, Stream,
+};
 
 use super::{Caller, buffer_bytes};
 
@@ -181,8 +186,13 @@ fn plans_serve_in_place_and_out_of_place_calls_alike() {
     }
 }
 
+/// Tests that free (`memory_freed`) or count what a free clears run one at a time: the free
+/// counter is the process's.
+static FREES_SEEN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn caller_memory_is_wrapped_once_per_range_and_forgotten_after_a_free() {
+    let _one = FREES_SEEN.lock().unwrap_or_else(|p| p.into_inner());
     with_ranks(1, |_, caller| {
         let device = caller.communicator().device().clone();
         let mem = device.alloc(64 * 1024, MemoryKind::Device).expect("memory");
@@ -246,4 +256,100 @@ fn a_call_in_place_wraps_one_range() {
         // SAFETY: refused before any use.
         assert!(unsafe { caller.wrap_pair((base, 16), (0, 16)) }.is_err());
     });
+}
+
+/// The host device, counting the ranges it is asked to wrap (as a GPU backend asks its driver
+/// about each).
+#[derive(Debug)]
+struct CountingWraps {
+    inner: Arc<dyn Device>,
+    wraps: AtomicUsize,
+}
+
+impl Device for CountingWraps {
+    fn info(&self) -> &DeviceInfo {
+        self.inner.info()
+    }
+    fn alloc(&self, bytes: usize, kind: MemoryKind) -> HalResult<DeviceBuffer> {
+        self.inner.alloc(bytes, kind)
+    }
+    fn create_stream(&self) -> HalResult<Arc<dyn Stream>> {
+        self.inner.create_stream()
+    }
+    fn create_event(&self) -> HalResult<Arc<dyn Event>> {
+        self.inner.create_event()
+    }
+    fn ipc_export(&self, buf: &DeviceBuffer) -> HalResult<IpcHandle> {
+        self.inner.ipc_export(buf)
+    }
+    fn ipc_import(&self, handle: &IpcHandle) -> HalResult<DeviceBuffer> {
+        self.inner.ipc_import(handle)
+    }
+    fn multicast_create(&self, bytes: usize, members: usize) -> HalResult<Arc<dyn MulticastGroup>> {
+        self.inner.multicast_create(bytes, members)
+    }
+    fn multicast_import(&self, handle: &IpcHandle) -> HalResult<Arc<dyn MulticastGroup>> {
+        self.inner.multicast_import(handle)
+    }
+    fn load(&self, module: &'static KernelModule, id: KernelId) -> HalResult<Arc<dyn Kernel>> {
+        self.inner.load(module, id)
+    }
+    unsafe fn wrap_external(&self, ptr: DevicePtr, len: usize) -> HalResult<DeviceBuffer> {
+        self.wraps.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.wrap_external(ptr, len) }
+    }
+    fn allocation_range(&self, ptr: DevicePtr) -> HalResult<Option<(DevicePtr, usize)>> {
+        self.inner.allocation_range(ptr)
+    }
+}
+
+/// nccl-tests moves its buffers on every iteration, and a caching allocator hands out tensors
+/// inside a few segments: new ranges inside an allocation the device named once are wrapped
+/// without asking it again; ranges outside, or past its end, are asked about.
+#[test]
+fn ranges_inside_a_known_allocation_are_wrapped_without_asking_the_device_again() {
+    let _one = FREES_SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let device = CountingWraps {
+        inner: mscclpp_host::HostBackend::new()
+            .open_device(0)
+            .expect("host device"),
+        wraps: AtomicUsize::new(0),
+    };
+    let asked = || device.wraps.load(Ordering::Relaxed);
+    let cache = super::memory::WrapCache::from_env().expect("cache");
+    let mem = device.alloc(1 << 20, MemoryKind::Device).expect("memory");
+    let base = mem.ptr().0;
+    // SAFETY: `mem` (and `foreign`) outlive every wrapper made here; nothing runs on them.
+    let w = |ptr: u64, len: usize| unsafe { cache.wrap(&device, ptr, len) }.expect("wrap");
+    let first = w(base, 4096);
+    assert_eq!((asked(), cache.allocations()), (1, 1));
+    assert_eq!((first.ptr().0, first.len()), (base, 4096));
+    // More distinct ranges than the cache keeps wrappers for, as nccl-tests' small sizes pass.
+    for i in 0..4 * super::memory::WRAP_CACHE_ENTRIES as u64 {
+        let (ptr, len) = (base + 8 * i, 8 + i as usize);
+        let b = w(ptr, len);
+        assert_eq!((b.ptr().0, b.len()), (ptr, len));
+    }
+    assert_eq!(
+        asked(),
+        1,
+        "ranges inside the allocation asked the device again"
+    );
+    // The last byte is inside; one more is not.
+    let _ = w(base + (1 << 20) - 16, 16);
+    assert_eq!(asked(), 1);
+    let past = w(base + (1 << 20) - 16, 17);
+    assert_eq!((past.len(), asked(), cache.allocations()), (17, 2, 1));
+    // Memory the device did not map is asked about every time (no allocation is named).
+    let foreign = vec![0u8; 4096];
+    let f = foreign.as_ptr() as u64;
+    let _ = w(f, 64);
+    let _ = w(f + 64, 64);
+    assert_eq!((asked(), cache.allocations()), (4, 1));
+    // A free the library sees forgets the allocations too.
+    super::memory_freed();
+    let _ = w(base + 4096, 4096);
+    assert_eq!((asked(), cache.allocations()), (5, 1));
+    drop(mem);
 }

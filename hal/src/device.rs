@@ -95,6 +95,17 @@ pub trait Device: Send + Sync + fmt::Debug {
         Ok(DeviceBuffer::new(Arc::new(a)))
     }
 
+    /// The allocation that holds `ptr` (its start and length), where this backend can tell:
+    /// GPU backends ask their runtime, the host backend knows the memory it mapped. `Ok(None)`
+    /// where it cannot (memory it did not make, or a backend without the notion). Callers that
+    /// wrap many ranges of a few allocations (a framework's caching allocator carves tensors out
+    /// of large segments) learn each allocation once and wrap the ranges inside it without asking
+    /// again.
+    fn allocation_range(&self, ptr: DevicePtr) -> Result<Option<(DevicePtr, usize)>> {
+        let _ = ptr;
+        Ok(None)
+    }
+
     /// Wraps a stream the caller owns (`CUstream`, `hipStream_t` as an integer; 0 is the
     /// vendor's default stream) without taking ownership: dropping the result neither destroys
     /// the stream nor waits for it. Work enqueued through the wrapper does not keep buffers

@@ -30,6 +30,10 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ),
     ("slices_are_bounds_checked", slices_are_bounds_checked),
     (
+        "allocation_range_names_the_allocation",
+        allocation_range_names_the_allocation,
+    ),
+    (
         "copy_between_buffers_with_offsets",
         copy_between_buffers_with_offsets,
     ),
@@ -197,6 +201,34 @@ fn host_round_trip_every_memory_kind(f: &Fixture) -> Result<(), CaseError> {
             );
         }
     }
+    Ok(())
+}
+
+/// Every address inside an allocation of the device names that allocation (the caller side
+/// keeps it, and wraps later ranges inside it without asking again); memory the device did not
+/// make names none.
+fn allocation_range_names_the_allocation(f: &Fixture) -> Result<(), CaseError> {
+    let len = (1 << 20) + 12345;
+    for kind in [MemoryKind::Device, MemoryKind::Uncached] {
+        let buf = f.device.alloc(len, kind).ctx("alloc")?;
+        let base = buf.ptr();
+        for off in [0, 1, 4096, len / 2, len - 1] {
+            let got = f
+                .device
+                .allocation_range(base.offset(off))
+                .ctx("allocation_range")?;
+            ensure!(
+                matches!(got, Some((b, l)) if b == base && l >= len),
+                "{kind:?}: {off} bytes into {len} at {base:?}: {got:?}"
+            );
+        }
+    }
+    let foreign = vec![0u8; 4096];
+    let got = f
+        .device
+        .allocation_range(DevicePtr(foreign.as_ptr() as u64 + 64))
+        .ctx("allocation_range of foreign memory")?;
+    ensure!(got.is_none(), "memory of the process's heap named {got:?}");
     Ok(())
 }
 

@@ -195,6 +195,10 @@ impl<R: Runtime> Device for GpuDevice<R> {
         multicast::import::<R>(&self.info.caps.multicast, handle)
     }
 
+    fn allocation_range(&self, ptr: DevicePtr) -> Result<Option<(DevicePtr, usize)>> {
+        memory::allocation_range(&self.ctx, ptr)
+    }
+
     unsafe fn wrap_external(&self, ptr: DevicePtr, len: usize) -> Result<DeviceBuffer> {
         // SAFETY: forwarded contract.
         unsafe { memory::wrap_external(&self.ctx, &self.info, ptr, len) }

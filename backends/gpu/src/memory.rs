@@ -210,6 +210,23 @@ impl<R: Runtime> Allocation for GpuAllocation<R> {
     }
 }
 
+/// The runtime allocation holding `ptr` ([`mscclpp_hal::Device::allocation_range`]), or `None`
+/// where the runtime does not know the address (it is then not this device's memory).
+pub fn allocation_range<R: Runtime>(
+    ctx: &Context<R>,
+    ptr: DevicePtr,
+) -> Result<Option<(DevicePtr, usize)>> {
+    ctx.bind()?;
+    // SAFETY: the context is current; the runtime only looks the address up.
+    match unsafe { ctx.runtime().mem_address_range(ptr.0) } {
+        Ok((base, len)) => Ok(Some((DevicePtr(base), len))),
+        Err(e) => {
+            tracing::debug!(?ptr, "no allocation range: {e}");
+            Ok(None)
+        }
+    }
+}
+
 /// The allocation of backend `R` behind a buffer, or an error naming the buffer's backend.
 pub fn gpu_allocation<R: Runtime>(buf: &DeviceBuffer) -> Result<&GpuAllocation<R>> {
     buf.allocation()

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use mscclpp_hal::{
-    Backend, BackendKind, Capabilities, Device, DeviceBuffer, DeviceInfo, Error, Event, IpcHandle,
-    IpcHandleKind, Kernel, KernelId, KernelModule, MemoryKind, MulticastGroup, MulticastSupport,
-    PeerMatrix, Result, Stream,
+    Backend, BackendKind, Capabilities, Device, DeviceBuffer, DeviceInfo, DevicePtr, Error, Event,
+    IpcHandle, IpcHandleKind, Kernel, KernelId, KernelModule, MemoryKind, MulticastGroup,
+    MulticastSupport, PeerMatrix, Result, Stream,
 };
 
 use crate::kernels;
@@ -124,6 +124,10 @@ impl Device for HostDevice {
             kind,
             self.info.ordinal,
         )?))
+    }
+
+    fn allocation_range(&self, ptr: DevicePtr) -> Result<Option<(DevicePtr, usize)>> {
+        Ok(crate::memory::allocation_range(ptr))
     }
 
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {

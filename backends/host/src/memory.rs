@@ -23,11 +23,22 @@ const PAYLOAD_VERSION: u16 = 1;
 /// hostile handle can make us map.
 pub const MAX_ALLOCATION: usize = 1 << 40;
 
-/// The live mappings of this process (address, length), for [`install_exit_teardown`].
-fn live_mappings() -> &'static std::sync::Mutex<std::collections::HashMap<usize, usize>> {
-    static LIVE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<usize, usize>>> =
+/// The live mappings of this process (address, length), ordered by address: for
+/// [`install_exit_teardown`] and [`allocation_range`].
+fn live_mappings() -> &'static std::sync::Mutex<std::collections::BTreeMap<usize, usize>> {
+    static LIVE: std::sync::OnceLock<std::sync::Mutex<std::collections::BTreeMap<usize, usize>>> =
         std::sync::OnceLock::new();
     LIVE.get_or_init(Default::default)
+}
+
+/// The mapping of this process that holds `ptr` (made here or imported), as a GPU runtime
+/// answers for its allocations; `None` for memory the backend did not map (which it still
+/// accepts as caller memory).
+pub fn allocation_range(ptr: DevicePtr) -> Option<(DevicePtr, usize)> {
+    let addr = usize::try_from(ptr.0).ok()?;
+    let live = live_mappings().lock().unwrap_or_else(|p| p.into_inner());
+    let (&base, &len) = live.range(..=addr).next_back()?;
+    (addr - base < len).then_some((DevicePtr(base as u64), len))
 }
 
 /// With `MSCCLPP_HOST_EXIT_TEARDOWN=1`, makes this process's host-backend memory inaccessible
