@@ -172,8 +172,9 @@ impl Caller {
         unsafe { self.memory.wrap(&**self.comm.device(), ptr, bytes) }
     }
 
-    /// A call's input and output as buffers ([`Caller::wrap`]); an in-place call (the same
-    /// range) gets one wrapper for both, with one cache look-up.
+    /// A call's input and output as slices of kept wrappers, or of kept allocations that hold
+    /// them (no driver query, no allocation); an in-place call (the same range) takes one cache
+    /// look-up for both.
     ///
     /// # Safety
     /// As for [`Caller::wrap`], for both ranges.
@@ -181,14 +182,15 @@ impl Caller {
         &self,
         (input, in_bytes): (u64, usize),
         (output, out_bytes): (u64, usize),
-    ) -> Result<(DeviceBuffer, DeviceBuffer)> {
+    ) -> Result<(BufferSlice, BufferSlice)> {
+        let device = &**self.comm.device();
         // SAFETY: forwarded contract.
-        let i = unsafe { self.wrap(input, in_bytes)? };
+        let i = unsafe { self.memory.wrap_slice(device, input, in_bytes)? };
         if (output, out_bytes) == (input, in_bytes) {
             return Ok((i.clone(), i));
         }
         // SAFETY: forwarded contract.
-        let o = unsafe { self.wrap(output, out_bytes)? };
+        let o = unsafe { self.memory.wrap_slice(device, output, out_bytes)? };
         Ok((i, o))
     }
 

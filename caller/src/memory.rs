@@ -9,9 +9,9 @@
 //! Not every caller passes the same pointers, though: a framework's caching allocator carves
 //! tensors out of a few large segments, and nccl-tests moves its buffers by the message size on
 //! every iteration (thousands of distinct pointers at small sizes). So the cache also keeps the
-//! allocations the driver named for the ranges it checked ([`Device::allocation_range`]): a new
-//! range inside one of them is wrapped without asking the driver again, at the cost of the
-//! wrapper's one allocation.
+//! allocations the driver named for the ranges it checked ([`Device::allocation_range`]): a
+//! call's new range inside one of them is a slice of that allocation, with neither a driver
+//! query nor an allocation; a buffer of exactly the range (registration) costs one allocation.
 //!
 //! A wrapper only describes the range (it owns nothing and holds no driver state), so a kept
 //! one stays right for any memory later allocated at the same address. What keeping it skips is
@@ -24,7 +24,9 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mscclpp_hal::{Device, DeviceBuffer, DevicePtr, Error, ExternalAllocation, Result};
+use mscclpp_hal::{
+    BufferSlice, Device, DeviceBuffer, DevicePtr, Error, ExternalAllocation, Result,
+};
 use std::sync::Arc;
 
 /// Wrappers one communicator keeps: enough for the buffers of a step (inputs, outputs, the
@@ -59,7 +61,32 @@ struct Entry {
 struct Span {
     base: u64,
     len: usize,
+    /// The whole allocation, described (not owned): calls take slices of it.
+    buffer: DeviceBuffer,
     last_use: u64,
+}
+
+/// What [`WrapCache::find`] found.
+enum Found {
+    /// A wrapper of exactly the range.
+    Wrapper(DeviceBuffer),
+    /// The range, inside a kept allocation.
+    InAllocation(BufferSlice),
+}
+
+/// Keeps `buffer` as the wrapper of (`ptr`, `bytes`), in place of the least recently used one.
+fn keep(k: &mut Kept, ptr: u64, bytes: usize, buffer: &DeviceBuffer) {
+    let entry = Entry {
+        ptr,
+        len: bytes,
+        buffer: buffer.clone(),
+        last_use: k.clock,
+    };
+    if k.entries.len() < WRAP_CACHE_ENTRIES {
+        k.entries.push(entry);
+    } else if let Some(oldest) = k.entries.iter_mut().min_by_key(|e| e.last_use) {
+        *oldest = entry;
+    }
 }
 
 impl Span {
@@ -125,9 +152,52 @@ impl WrapCache {
         ptr: u64,
         bytes: usize,
     ) -> Result<DeviceBuffer> {
+        // SAFETY: forwarded contract.
+        match unsafe { self.find(device, ptr, bytes)? } {
+            Found::Wrapper(b) => Ok(b),
+            // A buffer of exactly the range (registration, IPC): a wrapper of its own, made
+            // without the driver since the range lies inside an allocation it named.
+            Found::InAllocation(_) => {
+                // SAFETY: forwarded contract; the range lies inside an allocation the device
+                // named, so this is the wrapper its `wrap_external` makes once it has checked.
+                let a = unsafe { ExternalAllocation::new(device.info(), DevicePtr(ptr), bytes)? };
+                let buffer = DeviceBuffer::new(Arc::new(a));
+                if let Some(kept) = &self.kept {
+                    let mut k = kept.lock().unwrap_or_else(|p| p.into_inner());
+                    keep(&mut k, ptr, bytes, &buffer);
+                }
+                Ok(buffer)
+            }
+        }
+    }
+
+    /// `bytes` at `ptr` on `device` as a slice for a call: of a kept wrapper of the range, or
+    /// of a kept allocation that holds it — no driver query and no allocation either way.
+    ///
+    /// # Safety
+    /// As for [`Device::wrap_external`].
+    pub(crate) unsafe fn wrap_slice(
+        &self,
+        device: &dyn Device,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<BufferSlice> {
+        // SAFETY: forwarded contract.
+        Ok(match unsafe { self.find(device, ptr, bytes)? } {
+            Found::Wrapper(b) => b.into_full(),
+            Found::InAllocation(s) => s,
+        })
+    }
+
+    /// A kept wrapper of the range; else a slice of a kept allocation holding it; else a new
+    /// wrapper checked by the device (then kept, with the allocation the device names for it).
+    ///
+    /// # Safety
+    /// As for [`Device::wrap_external`].
+    unsafe fn find(&self, device: &dyn Device, ptr: u64, bytes: usize) -> Result<Found> {
         let Some(kept) = &self.kept else {
             // SAFETY: forwarded contract.
-            return unsafe { device.wrap_external(DevicePtr(ptr), bytes) };
+            return unsafe { device.wrap_external(DevicePtr(ptr), bytes) }.map(Found::Wrapper);
         };
         let mut k = kept.lock().unwrap_or_else(|p| p.into_inner());
         let frees = FREES.load(Ordering::Acquire);
@@ -144,49 +214,40 @@ impl WrapCache {
             .find(|e| e.ptr == ptr && e.len == bytes)
         {
             e.last_use = now;
-            return Ok(e.buffer.clone());
+            return Ok(Found::Wrapper(e.buffer.clone()));
         }
-        let buffer = match k.spans.iter_mut().find(|s| s.holds(ptr, bytes)) {
-            Some(span) => {
-                span.last_use = now;
-                // SAFETY: forwarded contract; the range lies inside an allocation the device
-                // named, so this is the wrapper its `wrap_external` makes once it has checked.
-                let a = unsafe { ExternalAllocation::new(device.info(), DevicePtr(ptr), bytes)? };
-                DeviceBuffer::new(Arc::new(a))
-            }
-            None => {
-                // SAFETY: forwarded contract.
-                let buffer = unsafe { device.wrap_external(DevicePtr(ptr), bytes)? };
-                if let Some((base, len)) = device.allocation_range(DevicePtr(ptr))? {
-                    let span = Span {
-                        base: base.0,
-                        len,
-                        last_use: now,
-                    };
-                    // Only an allocation that holds the range it was asked for is kept.
-                    if span.holds(ptr, bytes) {
-                        if k.spans.len() < WRAP_CACHE_ALLOCATIONS {
-                            k.spans.push(span);
-                        } else if let Some(oldest) = k.spans.iter_mut().min_by_key(|s| s.last_use) {
-                            *oldest = span;
-                        }
-                    }
+        if let Some(span) = k.spans.iter_mut().find(|s| s.holds(ptr, bytes)) {
+            span.last_use = now;
+            let off = (ptr - span.base) as usize;
+            return span.buffer.slice(off..off + bytes).map(Found::InAllocation);
+        }
+        // SAFETY: forwarded contract.
+        let buffer = unsafe { device.wrap_external(DevicePtr(ptr), bytes)? };
+        if let Some((base, len)) = device.allocation_range(DevicePtr(ptr))? {
+            // Only an allocation that holds the range it was asked for is kept.
+            let holds = ptr >= base.0
+                && (ptr - base.0)
+                    .checked_add(bytes as u64)
+                    .is_some_and(|end| end <= len as u64);
+            if holds {
+                // SAFETY: forwarded contract: the device named this allocation, which holds
+                // memory the caller passed; it is described, not owned.
+                let whole = unsafe { ExternalAllocation::new(device.info(), base, len)? };
+                let span = Span {
+                    base: base.0,
+                    len,
+                    buffer: DeviceBuffer::new(Arc::new(whole)),
+                    last_use: now,
+                };
+                if k.spans.len() < WRAP_CACHE_ALLOCATIONS {
+                    k.spans.push(span);
+                } else if let Some(oldest) = k.spans.iter_mut().min_by_key(|s| s.last_use) {
+                    *oldest = span;
                 }
-                buffer
             }
-        };
-        let entry = Entry {
-            ptr,
-            len: bytes,
-            buffer: buffer.clone(),
-            last_use: now,
-        };
-        if k.entries.len() < WRAP_CACHE_ENTRIES {
-            k.entries.push(entry);
-        } else if let Some(oldest) = k.entries.iter_mut().min_by_key(|e| e.last_use) {
-            *oldest = entry;
         }
-        Ok(buffer)
+        keep(&mut k, ptr, bytes, &buffer);
+        Ok(Found::Wrapper(buffer))
     }
 
     /// How many wrappers are kept (tests).

@@ -9,8 +9,9 @@ use mscclpp_comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mscclpp_hal::{
-    Backend, DataType, Device, DeviceBuffer, DeviceInfo, DevicePtr, Event, IpcHandle, Kernel,
-    KernelId, KernelModule, MemoryKind, MulticastGroup, ReduceOp, Result as HalResult, Stream,
+    Backend, BufferSlice, DataType, Device, DeviceBuffer, DeviceInfo, DevicePtr, Event, IpcHandle,
+    Kernel, KernelId, KernelModule, MemoryKind, MulticastGroup, ReduceOp, Result as HalResult,
+    Stream,
 };
 
 use super::{Caller, buffer_bytes};
@@ -233,26 +234,33 @@ fn caller_memory_is_wrapped_once_per_range_and_forgotten_after_a_free() {
     });
 }
 
-/// An in-place call's input and output are one wrapper; other pairs are two (wrapped as
-/// [`Caller::wrap`] does each, with the cache off too).
+/// An in-place call's input and output are one slice of one wrapper; other pairs are two
+/// slices, each of exactly its range, whether of a kept wrapper or of a kept allocation.
 #[test]
 fn a_call_in_place_wraps_one_range() {
     with_ranks(1, |_, caller| {
         let device = caller.communicator().device().clone();
         let mem = device.alloc(8192, MemoryKind::Device).expect("memory");
         let base = mem.ptr().0;
-        let same = |a: &DeviceBuffer, b: &DeviceBuffer| Arc::ptr_eq(a.allocation(), b.allocation());
+        let same = |a: &BufferSlice, b: &BufferSlice| {
+            Arc::ptr_eq(a.buffer().allocation(), b.buffer().allocation())
+                && a.offset() == b.offset()
+        };
+        let range = |s: &BufferSlice| (s.ptr().0, s.len());
         // SAFETY: `mem` outlives every wrapper made here; nothing runs on them.
         let pair = |i: (u64, usize), o: (u64, usize)| unsafe { caller.wrap_pair(i, o) }.unwrap();
         let (i, o) = pair((base, 4096), (base, 4096));
         assert!(same(&i, &o), "in place: one wrapper");
+        assert_eq!(range(&i), (base, 4096));
         let (i, o) = pair((base, 4096), (base + 4096, 4096));
-        assert!(!same(&i, &o) && o.ptr().0 == base + 4096);
+        assert!(!same(&i, &o));
+        assert_eq!((range(&i), range(&o)), ((base, 4096), (base + 4096, 4096)));
         let (i, o) = pair((base, 4096), (base, 8192));
-        assert!(
-            !same(&i, &o) && (i.len(), o.len()) == (4096, 8192),
-            "same start, other length"
-        );
+        assert!(!same(&i, &o), "same start, other length");
+        assert_eq!((range(&i), range(&o)), ((base, 4096), (base, 8192)));
+        // Out of place into the allocation's tail: a slice of the kept allocation.
+        let (_, o) = pair((base, 16), (base + 8176, 16));
+        assert_eq!(range(&o), (base + 8176, 16));
         // SAFETY: refused before any use.
         assert!(unsafe { caller.wrap_pair((base, 16), (0, 16)) }.is_err());
     });

@@ -235,9 +235,8 @@ impl Comm {
         // SAFETY: NCCL's contract: the caller's buffers are device memory of these sizes that
         // stays allocated until the operation has run on `stream` (the CUDA backend checks the
         // ranges with the driver).
-        let (input, output) =
+        let (i, o) =
             unsafe { caller.wrap_pair((send_ptr, in_bytes), (call.recv as u64, out_bytes))? };
-        let (i, o) = (input.into_full(), output.into_full());
         // A plan of MSCCLPP_EXECUTION_PLAN_DIR that fits the call goes first (plans have no root).
         let planned = match &native.plans {
             Some(p) if kind != CollectiveKind::Broadcast => {

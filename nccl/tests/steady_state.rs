@@ -147,6 +147,37 @@ fn per_round(c: Comm, n: usize, a: *mut f32, b: *mut f32, in_place: bool) -> Res
     Ok((allocs() - before) as f64 / CALLS as f64)
 }
 
+/// Allocations per in-place all-reduce when every call names another range of one allocation,
+/// as nccl-tests' loop does (it moves its buffers by the message size on each iteration) and as
+/// tensors carved from a caching allocator's segment do: more ranges than the wrappers kept.
+fn moving_in_place(c: Comm, a: *mut f32) -> Result<f64, String> {
+    const RANGES: usize = 4 * 32;
+    const STEP: usize = 8;
+    let call = |i: usize| {
+        // SAFETY: COUNT * 2 floats at `a`; the range [i * STEP, i * STEP + COUNT / 2) is inside
+        // them for every i < RANGES; the host backend's calls have run when they return.
+        let p = unsafe { a.add((i % RANGES) * STEP) };
+        let rc = unsafe {
+            ncclAllReduce(
+                p as *const c_void,
+                p.cast(),
+                COUNT / 2,
+                F32,
+                SUM,
+                c,
+                std::ptr::null_mut(),
+            )
+        };
+        check("ncclAllReduce (moving)", rc)
+    };
+    call(0)?;
+    let before = allocs();
+    for i in 0..CALLS as usize * 4 {
+        call(i + 1)?;
+    }
+    Ok((allocs() - before) as f64 / (CALLS * 4) as f64)
+}
+
 /// What one host-stream copy of the same size costs (the backend's share of an out-of-place
 /// call on one rank: each of its operations is one copy).
 fn host_copy_cost() -> Result<f64, String> {
@@ -180,6 +211,7 @@ fn one_rank() -> Result<(), Failed> {
     let (a, b) = (alloc_f32(1.0)?, alloc_f32(-1.0)?);
     let in_place = per_round(c, 1, a, b, true)?;
     let out_of_place = per_round(c, 1, a, b, false)?;
+    let moving = moving_in_place(c, a)?;
     let copy = host_copy_cost()?;
     // SAFETY: the calls have run (host backend); nothing uses the memory any more.
     unsafe {
@@ -190,6 +222,13 @@ fn one_rank() -> Result<(), Failed> {
     println!(
         "1 rank: allocations per round: in place {in_place}, out of place {out_of_place} (4 calls; a host-stream copy costs {copy})"
     );
+    println!("1 rank: allocations per in-place call on a new range of one allocation: {moving}");
+    if moving != 0.0 {
+        return Err(format!(
+            "1 rank, in place, a new range of one allocation each call: {moving} allocations per call, expected 0"
+        )
+        .into());
+    }
     if in_place != 0.0 {
         return Err(format!(
             "1 rank, in place (2 calls that move no data): {in_place} allocations per round, expected 0"

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mscclpp::hal::{BackendKind, DataType, DeviceBuffer, Stream};
+use mscclpp::hal::{BackendKind, BufferSlice, DataType, DeviceBuffer, Stream};
 use pyo3::prelude::*;
 
 use super::Inner;
@@ -78,7 +78,7 @@ impl Inner {
         &self,
         vin: &ArrayView,
         vout: &ArrayView,
-    ) -> PyResult<(DeviceBuffer, DeviceBuffer)> {
+    ) -> PyResult<(BufferSlice, BufferSlice)> {
         // SAFETY: as for `wrap`, for both views.
         unsafe {
             self.caller

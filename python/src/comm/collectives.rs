@@ -86,7 +86,7 @@ impl Communicator {
         let registered =
             kind == CollectiveKind::AllReduce && inner.is_registered(vin.ptr, vin.nbytes() as u64);
         py.detach(move || {
-            let (i, o) = (bin.full(), bout.full());
+            let (i, o) = (bin, bout);
             inner.caller.collective(
                 &CollectiveCall::new(kind, &i, &o, count, dt)
                     .op(op)

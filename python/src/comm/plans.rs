@@ -87,7 +87,7 @@ pub(super) fn execute_plan(
         // communicator's launch order: in place or not, for any pair of arrays.
         let ran = inner
             .caller
-            .run_plan(&plan, &bin.full(), &bout.full(), dt, op, &*s)?;
+            .run_plan(&plan, &bin, &bout, dt, op, &*s)?;
         if ran {
             Ok(())
         } else {
