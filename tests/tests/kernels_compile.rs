@@ -121,6 +121,163 @@ fn nvrtc_compiles_every_module_for_sm80_sm90_sm100_or_skipped() -> Completion {
     }
 }
 
+/// The PTX of every module, recorded in `kernels/ptx-digests.txt` (its size and FNV-1a digest
+/// per architecture, with the compiler that made it): a change to a kernel, to a header it
+/// includes or to the compile options changes the PTX, and this check then fails, naming each
+/// module whose PTX moved, until the record is made again (`MSCCLPP_BLESS_PTX=1`) — so that a
+/// change to the generated code is a visible, explained step of its own. With another compiler
+/// than the recorded one the PTX is not compared (its header and code differ anyway), and says so.
+#[cfg(feature = "cuda")]
+mod ptx_digests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    const FILE: &str = "ptx-digests.txt";
+    const BLESS: &str = "MSCCLPP_BLESS_PTX";
+
+    pub struct Entry {
+        module: String,
+        arch: String,
+        bytes: usize,
+        digest: u64,
+        compiler: String,
+    }
+
+    impl Entry {
+        pub fn of(module: &str, arch: &str, ptx: &[u8]) -> Entry {
+            let text = String::from_utf8_lossy(ptx);
+            // NVRTC's PTX opens with `// Compiler Build ID: CL-…` and `// Cuda compilation
+            // tools, release …, V…`: together they name the compiler exactly.
+            let line = |prefix: &str| {
+                text.lines()
+                    .take(12)
+                    .find_map(|l| l.strip_prefix(prefix))
+                    .unwrap_or("?")
+                    .trim()
+                    .to_owned()
+            };
+            Entry {
+                module: module.to_owned(),
+                arch: arch.to_owned(),
+                bytes: ptx.len(),
+                digest: fnv1a(ptx),
+                compiler: format!(
+                    "{} ({})",
+                    line("// Cuda compilation tools, "),
+                    line("// Compiler Build ID: ")
+                ),
+            }
+        }
+    }
+
+    fn fnv1a(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    fn render(entries: &[Entry]) -> String {
+        let mut out = String::from(
+            "# The PTX of every kernel module as NVRTC compiles it for each architecture of\n\
+             # tests/tests/kernels_compile.rs: module, architecture, bytes, FNV-1a 64 digest.\n\
+             # A change to a kernel, a header or the compile options changes these lines; make them\n\
+             # again with `MSCCLPP_BLESS_PTX=1 cargo test -p mscclpp-conformance --test kernels_compile`\n\
+             # and say in the commit why the generated code changed.\n",
+        );
+        out += &format!(
+            "compiler {}\n",
+            entries.first().map_or("?", |e| &e.compiler)
+        );
+        for e in entries {
+            out += &format!("{} {} {} {:016x}\n", e.module, e.arch, e.bytes, e.digest);
+        }
+        out
+    }
+
+    /// What differs from the record (or nothing, when the record was just made or the compiler
+    /// is another).
+    pub fn check(entries: &[Entry]) -> Vec<String> {
+        let path = kernels_dir().join(FILE);
+        if required(BLESS) {
+            std::fs::write(&path, render(entries))
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            report!(
+                "PTX digests: {} recorded in {}",
+                entries.len(),
+                path.display()
+            );
+            return Vec::new();
+        }
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return vec![format!(
+                "{} is missing: make it with {BLESS}=1",
+                path.display()
+            )];
+        };
+        let mut recorded_by = "";
+        let mut recorded = BTreeMap::new();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        {
+            if let Some(c) = line.strip_prefix("compiler ") {
+                recorded_by = c.trim();
+                continue;
+            }
+            let f: Vec<&str> = line.split_whitespace().collect();
+            match f[..] {
+                [m, a, b, d] => {
+                    recorded.insert((m.to_owned(), a.to_owned()), (b.to_owned(), d.to_owned()));
+                }
+                _ => return vec![format!("{}: malformed line {line:?}", path.display())],
+            }
+        }
+        let here = entries.first().map_or("?", |e| e.compiler.as_str());
+        if here != recorded_by {
+            report!(
+                "PTX digests: recorded with {recorded_by}, this is {here}: the PTX is not compared"
+            );
+            return Vec::new();
+        }
+        let mut wrong = Vec::new();
+        let mut same = 0;
+        for e in entries {
+            match recorded.remove(&(e.module.clone(), e.arch.clone())) {
+                Some((b, d)) if b == e.bytes.to_string() && d == format!("{:016x}", e.digest) => {
+                    same += 1;
+                }
+                Some((b, _)) => wrong.push(format!(
+                    "the PTX of {} for {} changed ({b} bytes recorded, {} now): if the change is \
+                     meant, record it with {BLESS}=1 and say why in the commit",
+                    e.module, e.arch, e.bytes
+                )),
+                // A wide module compiled for every architecture (MSCCLPP_COMPILE_EVERY_ARCH).
+                None if !archs_for_is_default(&e.module, &e.arch) => {}
+                None => wrong.push(format!(
+                    "{} for {} has no recorded PTX (a new module?): record it with {BLESS}=1",
+                    e.module, e.arch
+                )),
+            }
+        }
+        for (m, a) in recorded.keys() {
+            wrong.push(format!(
+                "{m} for {a} is recorded but was not compiled (removed?)"
+            ));
+        }
+        report!(
+            "PTX digests: {same} of {} identical to the record",
+            entries.len()
+        );
+        wrong
+    }
+
+    /// Whether `arch` is one `module` is compiled for by default (see [`archs_for`]).
+    fn archs_for_is_default(module: &str, arch: &str) -> bool {
+        !module.ends_with("_wide.cu") || arch == super::nvrtc::ARCHS[0]
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod nvrtc {
     use mscclpp::cuda::nvrtc;
@@ -128,7 +285,7 @@ mod nvrtc {
 
     use super::*;
 
-    const ARCHS: &[&str] = &["sm_80", "sm_90", "sm_100"];
+    pub(super) const ARCHS: &[&str] = &["sm_80", "sm_90", "sm_100"];
 
     pub fn compile_all() -> Completion {
         let (major, minor) = match nvrtc::nvrtc_version() {
@@ -144,6 +301,7 @@ mod nvrtc {
         );
         let mut failures = Vec::new();
         let mut compiled = 0;
+        let mut digests = Vec::new();
         for module in modules() {
             for arch in archs_for(module, ARCHS) {
                 let c = match nvrtc::compile_module(module, arch) {
@@ -165,6 +323,13 @@ mod nvrtc {
                 if has_warning(&c.log) {
                     failures.push(format!("{} for {arch}: warnings:\n{}", module.name, c.log));
                 }
+                if let Some(dir) = std::env::var_os("MSCCLPP_PTX_DUMP") {
+                    let file = std::path::Path::new(&dir)
+                        .join(format!("{}.{arch}.ptx", module.name.replace('/', "_")));
+                    std::fs::write(&file, &c.ptx)
+                        .unwrap_or_else(|e| panic!("MSCCLPP_PTX_DUMP: {}: {e}", file.display()));
+                }
+                digests.push(ptx_digests::Entry::of(module.name, arch, &c.ptx));
                 let ptx = String::from_utf8_lossy(&c.ptx);
                 if module.name == DEVICE_API_CHECK.name {
                     // Multicast is generated from sm_90 on, and only there; LL16 packets are one
@@ -199,6 +364,9 @@ mod nvrtc {
             modules().len(),
             ARCHS.len()
         );
+        if failures.is_empty() {
+            failures.extend(ptx_digests::check(&digests));
+        }
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));
         Completion::Completed
     }
