@@ -154,9 +154,11 @@ fn moving_in_place(c: Comm, a: *mut f32) -> Result<f64, String> {
     const RANGES: usize = 4 * 32;
     const STEP: usize = 8;
     let call = |i: usize| {
-        // SAFETY: COUNT * 2 floats at `a`; the range [i * STEP, i * STEP + COUNT / 2) is inside
-        // them for every i < RANGES; the host backend's calls have run when they return.
+        // SAFETY: COUNT * 2 floats at `a`; an offset of at most (RANGES - 1) * STEP < COUNT
+        // stays inside them.
         let p = unsafe { a.add((i % RANGES) * STEP) };
+        // SAFETY: [p, p + COUNT / 2) lies inside the COUNT * 2 floats at `a`; the host
+        // backend's calls have run when they return.
         let rc = unsafe {
             ncclAllReduce(
                 p as *const c_void,
