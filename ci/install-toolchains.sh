@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the device compilers that the kernel compile tests use, on a CPU-only machine:
-#   - NVRTC 13.0 from PyPI's `nvidia-cuda-nvrtc` wheel into .ci-deps/nvrtc (its lib directory
+#   - NVRTC 13.0.88 (the compiler kernels/ptx-digests.txt was recorded with) from PyPI's
+#     `nvidia-cuda-nvrtc` wheel into .ci-deps/nvrtc (its lib directory
 #     goes on LD_LIBRARY_PATH), for backends/cuda's NVRTC path (sm_80, sm_90, sm_100);
 #   - Debian's HIP 5.2 packages (hipcc, the runtime that holds hipRTC, its builtins, the device
 #     libraries), for backends/rocm's hipRTC path and the hipcc check (gfx90a, gfx908).
@@ -17,8 +18,8 @@ if [ "$(id -u)" -ne 0 ]; then _mscclpp_sudo="sudo"; fi
 # --- NVRTC ---------------------------------------------------------------------------------
 _mscclpp_nvrtc="$_mscclpp_root/.ci-deps/nvrtc"
 if [ -z "$(find "$_mscclpp_nvrtc" -name 'libnvrtc.so.13' 2>/dev/null | head -n 1)" ]; then
-  echo "install-toolchains: nvidia-cuda-nvrtc==13.0.* into $_mscclpp_nvrtc"
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$_mscclpp_nvrtc" "nvidia-cuda-nvrtc==13.0.*"
+  echo "install-toolchains: nvidia-cuda-nvrtc==13.0.88 into $_mscclpp_nvrtc"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$_mscclpp_nvrtc" "nvidia-cuda-nvrtc==13.0.88"
 fi
 _mscclpp_nvrtc_lib="$(dirname "$(find "$_mscclpp_nvrtc" -name 'libnvrtc.so.13' | head -n 1)")"
 export LD_LIBRARY_PATH="$_mscclpp_nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -172,9 +172,19 @@ impl Caller {
         unsafe { self.memory.wrap(&**self.comm.device(), ptr, bytes) }
     }
 
-    /// A call's input and output as slices of kept wrappers, or of kept allocations that hold
-    /// them (no driver query, no allocation); an in-place call (the same range) takes one cache
-    /// look-up for both.
+    /// The caller's `bytes` at `ptr` as a slice for a call: of a kept wrapper of the range, or
+    /// of a kept allocation that holds it (then neither a driver query nor an allocation); a
+    /// range outside both is checked and its allocation learnt, as [`Caller::wrap`] does.
+    ///
+    /// # Safety
+    /// As for [`Caller::wrap`].
+    pub unsafe fn wrap_slice(&self, ptr: u64, bytes: usize) -> Result<BufferSlice> {
+        // SAFETY: forwarded contract.
+        unsafe { self.memory.wrap_slice(&**self.comm.device(), ptr, bytes) }
+    }
+
+    /// A call's input and output as slices ([`Caller::wrap_slice`]); an in-place call (the
+    /// same range) takes one cache look-up for both.
     ///
     /// # Safety
     /// As for [`Caller::wrap`], for both ranges.

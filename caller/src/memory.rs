@@ -91,11 +91,16 @@ fn keep(k: &mut Kept, ptr: u64, bytes: usize, buffer: &DeviceBuffer) {
 
 impl Span {
     fn holds(&self, ptr: u64, bytes: usize) -> bool {
-        ptr >= self.base
-            && (ptr - self.base)
-                .checked_add(bytes as u64)
-                .is_some_and(|end| end <= self.len as u64)
+        inside((self.base, self.len), ptr, bytes)
     }
+}
+
+/// Whether `bytes` at `ptr` lie inside the `len` bytes at `base`.
+fn inside((base, len): (u64, usize), ptr: u64, bytes: usize) -> bool {
+    ptr >= base
+        && (ptr - base)
+            .checked_add(bytes as u64)
+            .is_some_and(|end| end <= len as u64)
 }
 
 #[derive(Debug)]
@@ -195,7 +200,8 @@ impl WrapCache {
     /// # Safety
     /// As for [`Device::wrap_external`].
     unsafe fn find(&self, device: &dyn Device, ptr: u64, bytes: usize) -> Result<Found> {
-        let Some(kept) = &self.kept else {
+        let Some(kept) = &self.kept.as_ref().filter(|_| bytes > 0) else {
+            // Off, or an empty range (which the device refuses as it would on every call).
             // SAFETY: forwarded contract.
             return unsafe { device.wrap_external(DevicePtr(ptr), bytes) }.map(Found::Wrapper);
         };
@@ -221,31 +227,39 @@ impl WrapCache {
             let off = (ptr - span.base) as usize;
             return span.buffer.slice(off..off + bytes).map(Found::InAllocation);
         }
-        // SAFETY: forwarded contract.
-        let buffer = unsafe { device.wrap_external(DevicePtr(ptr), bytes)? };
-        if let Some((base, len)) = device.allocation_range(DevicePtr(ptr))? {
-            // Only an allocation that holds the range it was asked for is kept.
-            let holds = ptr >= base.0
-                && (ptr - base.0)
-                    .checked_add(bytes as u64)
-                    .is_some_and(|end| end <= len as u64);
-            if holds {
-                // SAFETY: forwarded contract: the device named this allocation, which holds
-                // memory the caller passed; it is described, not owned.
-                let whole = unsafe { ExternalAllocation::new(device.info(), base, len)? };
-                let span = Span {
-                    base: base.0,
-                    len,
-                    buffer: DeviceBuffer::new(Arc::new(whole)),
-                    last_use: now,
-                };
-                if k.spans.len() < WRAP_CACHE_ALLOCATIONS {
-                    k.spans.push(span);
-                } else if let Some(oldest) = k.spans.iter_mut().min_by_key(|s| s.last_use) {
-                    *oldest = span;
+        // A range seen for the first time: the allocation the device names for it, when it holds
+        // the range, is the check (one driver query) and is kept; otherwise the device's own
+        // check decides and says what is wrong. An allocation that cannot be learnt is not kept,
+        // and does not fail a range the device accepts.
+        let named = device
+            .allocation_range(DevicePtr(ptr))
+            .ok()
+            .flatten()
+            .filter(|&(base, len)| inside((base.0, len), ptr, bytes));
+        let buffer = match named {
+            Some((base, len)) => {
+                // SAFETY: forwarded contract; the device named this allocation and it holds
+                // the range, which is what its `wrap_external` checks.
+                let a = unsafe { ExternalAllocation::new(device.info(), DevicePtr(ptr), bytes)? };
+                // SAFETY: as above: the allocation is described, not owned.
+                if let Ok(whole) = unsafe { ExternalAllocation::new(device.info(), base, len) } {
+                    let span = Span {
+                        base: base.0,
+                        len,
+                        buffer: DeviceBuffer::new(Arc::new(whole)),
+                        last_use: now,
+                    };
+                    if k.spans.len() < WRAP_CACHE_ALLOCATIONS {
+                        k.spans.push(span);
+                    } else if let Some(oldest) = k.spans.iter_mut().min_by_key(|s| s.last_use) {
+                        *oldest = span;
+                    }
                 }
+                DeviceBuffer::new(Arc::new(a))
             }
-        }
+            // SAFETY: forwarded contract.
+            None => unsafe { device.wrap_external(DevicePtr(ptr), bytes)? },
+        };
         keep(&mut k, ptr, bytes, &buffer);
         Ok(Found::Wrapper(buffer))
     }

@@ -272,6 +272,7 @@ fn a_call_in_place_wraps_one_range() {
 struct CountingWraps {
     inner: Arc<dyn Device>,
     wraps: AtomicUsize,
+    ranges: AtomicUsize,
 }
 
 impl Device for CountingWraps {
@@ -308,13 +309,15 @@ impl Device for CountingWraps {
         unsafe { self.inner.wrap_external(ptr, len) }
     }
     fn allocation_range(&self, ptr: DevicePtr) -> HalResult<Option<(DevicePtr, usize)>> {
+        self.ranges.fetch_add(1, Ordering::Relaxed);
         self.inner.allocation_range(ptr)
     }
 }
 
 /// nccl-tests moves its buffers on every iteration, and a caching allocator hands out tensors
 /// inside a few segments: new ranges inside an allocation the device named once are wrapped
-/// without asking it again; ranges outside, or past its end, are asked about.
+/// without asking it again; ranges outside, or past its end, are asked about. Each question is
+/// a driver query on a GPU: (allocation ranges asked, ranges wrapped by the device).
 #[test]
 fn ranges_inside_a_known_allocation_are_wrapped_without_asking_the_device_again() {
     let _one = FREES_SEEN.lock().unwrap_or_else(|p| p.into_inner());
@@ -323,41 +326,59 @@ fn ranges_inside_a_known_allocation_are_wrapped_without_asking_the_device_again(
             .open_device(0)
             .expect("host device"),
         wraps: AtomicUsize::new(0),
+        ranges: AtomicUsize::new(0),
     };
-    let asked = || device.wraps.load(Ordering::Relaxed);
+    let asked = || {
+        (
+            device.ranges.load(Ordering::Relaxed),
+            device.wraps.load(Ordering::Relaxed),
+        )
+    };
     let cache = super::memory::WrapCache::from_env().expect("cache");
     let mem = device.alloc(1 << 20, MemoryKind::Device).expect("memory");
     let base = mem.ptr().0;
     // SAFETY: `mem` (and `foreign`) outlive every wrapper made here; nothing runs on them.
     let w = |ptr: u64, len: usize| unsafe { cache.wrap(&device, ptr, len) }.expect("wrap");
+    // SAFETY: as above.
+    let sl = |ptr: u64, len: usize| unsafe { cache.wrap_slice(&device, ptr, len) }.expect("slice");
+    // The first range: its allocation named once, which is the check.
     let first = w(base, 4096);
-    assert_eq!((asked(), cache.allocations()), (1, 1));
+    assert_eq!((asked(), cache.allocations()), ((1, 0), 1));
     assert_eq!((first.ptr().0, first.len()), (base, 4096));
-    // More distinct ranges than the cache keeps wrappers for, as nccl-tests' small sizes pass.
+    // More distinct ranges than the cache keeps wrappers for, as nccl-tests' small sizes pass,
+    // as slices (a call's) and as buffers of exactly the range (a registration's).
     for i in 0..4 * super::memory::WRAP_CACHE_ENTRIES as u64 {
         let (ptr, len) = (base + 8 * i, 8 + i as usize);
-        let b = w(ptr, len);
-        assert_eq!((b.ptr().0, b.len()), (ptr, len));
+        let s = sl(ptr, len);
+        assert_eq!((s.ptr().0, s.len()), (ptr, len));
+        let b = w(ptr + 1, len);
+        assert_eq!((b.ptr().0, b.len()), (ptr + 1, len));
     }
     assert_eq!(
         asked(),
-        1,
+        (1, 0),
         "ranges inside the allocation asked the device again"
     );
-    // The last byte is inside; one more is not.
-    let _ = w(base + (1 << 20) - 16, 16);
-    assert_eq!(asked(), 1);
+    // The last byte is inside; one more is not, and the device's own check decides.
+    let _ = sl(base + (1 << 20) - 16, 16);
+    assert_eq!(asked(), (1, 0));
     let past = w(base + (1 << 20) - 16, 17);
-    assert_eq!((past.len(), asked(), cache.allocations()), (17, 2, 1));
+    assert_eq!((past.len(), asked(), cache.allocations()), (17, (2, 1), 1));
     // Memory the device did not map is asked about every time (no allocation is named).
     let foreign = vec![0u8; 4096];
     let f = foreign.as_ptr() as u64;
-    let _ = w(f, 64);
+    let _ = sl(f, 64);
     let _ = w(f + 64, 64);
-    assert_eq!((asked(), cache.allocations()), (4, 1));
+    assert_eq!((asked(), cache.allocations()), ((4, 3), 1));
+    // An empty range is the device's to refuse, every time, and learns nothing.
+    for _ in 0..2 {
+        // SAFETY: as above.
+        let _ = unsafe { cache.wrap_slice(&device, base, 0) };
+    }
+    assert_eq!(asked(), (4, 5));
     // A free the library sees forgets the allocations too.
     super::memory_freed();
-    let _ = w(base + 4096, 4096);
-    assert_eq!((asked(), cache.allocations()), (5, 1));
+    let _ = sl(base + 4096, 4096);
+    assert_eq!((asked(), cache.allocations()), ((5, 5), 1));
     drop(mem);
 }

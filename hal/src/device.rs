@@ -96,8 +96,10 @@ pub trait Device: Send + Sync + fmt::Debug {
     }
 
     /// The allocation that holds `ptr` (its start and length), where this backend can tell:
-    /// GPU backends ask their runtime, the host backend knows the memory it mapped. `Ok(None)`
-    /// where it cannot (memory it did not make, or a backend without the notion). Callers that
+    /// GPU backends ask their runtime, which names any of its allocations (a framework's
+    /// included); the host backend knows the memory it mapped itself. `Ok(None)` where it cannot
+    /// (an address the runtime does not know, host memory the host backend did not map, or a
+    /// backend without the notion). Callers that
     /// wrap many ranges of a few allocations (a framework's caching allocator carves tensors out
     /// of large segments) learn each allocation once and wrap the ranges inside it without asking
     /// again.

@@ -210,10 +210,10 @@ impl Comm {
             let (block, _) = buffer_bytes(CollectiveKind::AllReduce, count, dt, self.nranks)?;
             // SAFETY: NCCL's contract: `count` elements at `sendbuff` on every rank, and at
             // `recvbuff` on the root, alive until the operation has run on `stream`.
-            let input = unsafe { caller.wrap(call.send as u64, block)? };
+            let input = unsafe { caller.wrap_slice(call.send as u64, block)? };
             let output = if root == self.rank {
                 // SAFETY: as above.
-                Some(unsafe { caller.wrap(call.recv as u64, block)? })
+                Some(unsafe { caller.wrap_slice(call.recv as u64, block)? })
             } else {
                 None
             };
@@ -273,8 +273,8 @@ impl Comm {
     fn reduce(
         &self,
         native: &Native,
-        input: &DeviceBuffer,
-        output: Option<&DeviceBuffer>,
+        input: &BufferSlice,
+        output: Option<&BufferSlice>,
         count: usize,
         dt: DataType,
         op: ReduceOp,
@@ -284,7 +284,7 @@ impl Comm {
         let Some(c) = native.caller.collectives() else {
             // One rank: a copy on the root (in place: nothing to do).
             return match output {
-                Some(o) if o.ptr() != input.ptr() => stream.copy(&o.full(), &input.full()),
+                Some(o) if o.ptr() != input.ptr() => stream.copy(o, input),
                 _ => Ok(()),
             };
         };
@@ -342,14 +342,11 @@ impl Comm {
             } else {
                 // SAFETY: NCCL's contract: `count` elements at the buffer, alive until the
                 // operation has run on `stream`.
-                Some(unsafe { caller.wrap(ptr, bytes)? })
+                Some(unsafe { caller.wrap_slice(ptr, bytes)? })
             };
             buffers.push((buf, bytes));
         }
-        let slices: Vec<Option<BufferSlice>> = buffers
-            .iter()
-            .map(|(b, _)| b.as_ref().map(|b| b.full()))
-            .collect();
+        let slices: Vec<Option<BufferSlice>> = buffers.iter().map(|(b, _)| b.clone()).collect();
         let ops: Vec<P2pOp> = calls
             .iter()
             .zip(&slices)

@@ -40,11 +40,16 @@ fn modules() -> Vec<&'static KernelModule> {
 /// compiled for every architecture through the base modules, so one architecture per compiler
 /// checks what is particular to the wide types while CI stays within its time.
 fn archs_for<'a>(module: &KernelModule, all: &'a [&'a str]) -> &'a [&'a str] {
-    if module.name.ends_with("_wide.cu") && !required("MSCCLPP_COMPILE_EVERY_ARCH") {
+    if first_arch_only(module.name) && !required("MSCCLPP_COMPILE_EVERY_ARCH") {
         &all[..1]
     } else {
         all
     }
+}
+
+/// Whether `module` (a name) is compiled for the first architecture only by default.
+fn first_arch_only(module: &str) -> bool {
+    module.ends_with("_wide.cu")
 }
 
 fn kernels_dir() -> PathBuf {
@@ -177,7 +182,7 @@ mod ptx_digests {
         })
     }
 
-    fn render(entries: &[Entry]) -> String {
+    fn render(entries: &[&Entry]) -> String {
         let mut out = String::from(
             "# The PTX of every kernel module as NVRTC compiles it for each architecture of\n\
              # tests/tests/kernels_compile.rs: module, architecture, bytes, FNV-1a 64 digest.\n\
@@ -199,8 +204,23 @@ mod ptx_digests {
     /// is another).
     pub fn check(entries: &[Entry]) -> Vec<String> {
         let path = kernels_dir().join(FILE);
+        let extra = mscclpp::cuda::nvrtc::extra_compile_options();
+        if !extra.is_empty() {
+            // Extra options change the PTX without changing the compiler line.
+            if required(BLESS) {
+                return vec![format!(
+                    "{BLESS}=1 with MSCCLPP_NVRTC_OPTIONS={extra:?}: the record is of the library's own options only"
+                )];
+            }
+            report!("PTX digests: not compared (MSCCLPP_NVRTC_OPTIONS={extra:?})");
+            return Vec::new();
+        }
         if required(BLESS) {
-            std::fs::write(&path, render(entries))
+            let defaults: Vec<&Entry> = entries
+                .iter()
+                .filter(|e| archs_for_is_default(&e.module, &e.arch))
+                .collect();
+            std::fs::write(&path, render(&defaults))
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             report!(
                 "PTX digests: {} recorded in {}",
@@ -228,16 +248,28 @@ mod ptx_digests {
             let f: Vec<&str> = line.split_whitespace().collect();
             match f[..] {
                 [m, a, b, d] => {
-                    recorded.insert((m.to_owned(), a.to_owned()), (b.to_owned(), d.to_owned()));
+                    let key = (m.to_owned(), a.to_owned());
+                    if recorded.insert(key, (b.to_owned(), d.to_owned())).is_some() {
+                        return vec![format!("{}: {m} for {a} is recorded twice", path.display())];
+                    }
                 }
                 _ => return vec![format!("{}: malformed line {line:?}", path.display())],
             }
         }
+        if recorded_by.is_empty() {
+            return vec![format!("{}: no `compiler` line", path.display())];
+        }
         let here = entries.first().map_or("?", |e| e.compiler.as_str());
         if here != recorded_by {
-            report!(
-                "PTX digests: recorded with {recorded_by}, this is {here}: the PTX is not compared"
-            );
+            // CI installs the recorded compiler (ci/install-toolchains.sh), so there this is
+            // an error; elsewhere another compiler's PTX is simply not comparable.
+            let why = format!("PTX digests: recorded with {recorded_by}, this is {here}");
+            if required("MSCCLPP_REQUIRE_NVRTC") {
+                return vec![format!(
+                    "{why}: install the recorded NVRTC, or record this one's PTX with {BLESS}=1"
+                )];
+            }
+            report!("{why}: the PTX is not compared");
             return Vec::new();
         }
         let mut wrong = Vec::new();
@@ -274,7 +306,7 @@ mod ptx_digests {
 
     /// Whether `arch` is one `module` is compiled for by default (see [`archs_for`]).
     fn archs_for_is_default(module: &str, arch: &str) -> bool {
-        !module.ends_with("_wide.cu") || arch == super::nvrtc::ARCHS[0]
+        !first_arch_only(module) || arch == super::nvrtc::ARCHS[0]
     }
 }
 
@@ -324,9 +356,10 @@ mod nvrtc {
                     failures.push(format!("{} for {arch}: warnings:\n{}", module.name, c.log));
                 }
                 if let Some(dir) = std::env::var_os("MSCCLPP_PTX_DUMP") {
-                    let file = std::path::Path::new(&dir)
-                        .join(format!("{}.{arch}.ptx", module.name.replace('/', "_")));
-                    std::fs::write(&file, &c.ptx)
+                    let dir = std::path::Path::new(&dir);
+                    let file = dir.join(format!("{}.{arch}.ptx", module.name.replace('/', "_")));
+                    std::fs::create_dir_all(dir)
+                        .and_then(|()| std::fs::write(&file, &c.ptx))
                         .unwrap_or_else(|e| panic!("MSCCLPP_PTX_DUMP: {}: {e}", file.display()));
                 }
                 digests.push(ptx_digests::Entry::of(module.name, arch, &c.ptx));

@@ -73,6 +73,12 @@ impl Inner {
         unsafe { self.caller.wrap(v.ptr, v.nbytes()) }.py_err()
     }
 
+    /// A view's memory as a slice for a call (not copied, not owned).
+    pub(super) fn wrap_slice(&self, v: &ArrayView) -> PyResult<BufferSlice> {
+        // SAFETY: as for `wrap`.
+        unsafe { self.caller.wrap_slice(v.ptr, v.nbytes()) }.py_err()
+    }
+
     /// Wraps a call's input and output views (one wrapper when they are the same range).
     pub(super) fn wrap_pair(
         &self,

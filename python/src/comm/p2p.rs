@@ -49,7 +49,7 @@ impl Communicator {
             let buf = if v.nbytes() == 0 {
                 None
             } else {
-                Some(inner.wrap(&v)?)
+                Some(inner.wrap_slice(&v)?)
             };
             buffers.push((*kind, *peer, buf, v.nbytes()));
         }
@@ -57,7 +57,7 @@ impl Communicator {
         py.detach(move || {
             let slices: Vec<(P2pKind, usize, BufferSlice, usize)> = buffers
                 .iter()
-                .filter_map(|(k, p, b, bytes)| b.as_ref().map(|b| (*k, *p, b.full(), *bytes)))
+                .filter_map(|(k, p, b, bytes)| b.as_ref().map(|b| (*k, *p, b.clone(), *bytes)))
                 .collect();
             let ops: Vec<P2pOp> = slices
                 .iter()
