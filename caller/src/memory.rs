@@ -59,8 +59,6 @@ struct Entry {
 /// An allocation the driver named for a range it checked.
 #[derive(Debug)]
 struct Span {
-    base: u64,
-    len: usize,
     /// The whole allocation, described (not owned): calls take slices of it.
     buffer: DeviceBuffer,
     last_use: u64,
@@ -82,16 +80,22 @@ fn keep(k: &mut Kept, ptr: u64, bytes: usize, buffer: &DeviceBuffer) {
         buffer: buffer.clone(),
         last_use: k.clock,
     };
-    if k.entries.len() < WRAP_CACHE_ENTRIES {
-        k.entries.push(entry);
-    } else if let Some(oldest) = k.entries.iter_mut().min_by_key(|e| e.last_use) {
-        *oldest = entry;
+    keep_bounded(&mut k.entries, WRAP_CACHE_ENTRIES, entry, |e| e.last_use);
+}
+
+/// Pushes `item` while `kept` holds fewer than `cap`, else puts it in place of the least
+/// recently used one.
+fn keep_bounded<T>(kept: &mut Vec<T>, cap: usize, item: T, last_use: impl Fn(&T) -> u64) {
+    if kept.len() < cap {
+        kept.push(item);
+    } else if let Some(oldest) = kept.iter_mut().min_by_key(|t| last_use(t)) {
+        *oldest = item;
     }
 }
 
 impl Span {
     fn holds(&self, ptr: u64, bytes: usize) -> bool {
-        inside((self.base, self.len), ptr, bytes)
+        inside((self.buffer.ptr().0, self.buffer.len()), ptr, bytes)
     }
 }
 
@@ -224,7 +228,7 @@ impl WrapCache {
         }
         if let Some(span) = k.spans.iter_mut().find(|s| s.holds(ptr, bytes)) {
             span.last_use = now;
-            let off = (ptr - span.base) as usize;
+            let off = (ptr - span.buffer.ptr().0) as usize;
             return span.buffer.slice(off..off + bytes).map(Found::InAllocation);
         }
         // A range seen for the first time: the allocation the device names for it, when it holds
@@ -244,16 +248,10 @@ impl WrapCache {
                 // SAFETY: as above: the allocation is described, not owned.
                 if let Ok(whole) = unsafe { ExternalAllocation::new(device.info(), base, len) } {
                     let span = Span {
-                        base: base.0,
-                        len,
                         buffer: DeviceBuffer::new(Arc::new(whole)),
                         last_use: now,
                     };
-                    if k.spans.len() < WRAP_CACHE_ALLOCATIONS {
-                        k.spans.push(span);
-                    } else if let Some(oldest) = k.spans.iter_mut().min_by_key(|s| s.last_use) {
-                        *oldest = span;
-                    }
+                    keep_bounded(&mut k.spans, WRAP_CACHE_ALLOCATIONS, span, |s| s.last_use);
                 }
                 DeviceBuffer::new(Arc::new(a))
             }
