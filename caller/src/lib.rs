@@ -35,7 +35,7 @@ use std::sync::Arc;
 use mscclpp_collectives::{CollectiveCall, CollectiveKind, Collectives, MAX_RANKS, P2pKind, P2pOp};
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    BackendKind, BufferSlice, DataType, DeviceBuffer, Error, ReduceOp, Result, Stream,
+    BackendKind, BufferSlice, DataType, DeviceBuffer, DynStream, Error, ReduceOp, Result, Stream,
 };
 
 pub use memory::memory_freed;
@@ -206,7 +206,7 @@ impl Caller {
 
     /// Ends a call enqueued on `stream`: on the host backend it waits for it (its callers have
     /// no stream of their own to wait on); on GPUs it returns at once.
-    pub fn finish(&self, stream: &dyn Stream) -> Result<()> {
+    pub fn finish(&self, stream: &DynStream) -> Result<()> {
         if self.host {
             stream.synchronize()
         } else {
@@ -216,11 +216,7 @@ impl Caller {
 
     /// Runs `enqueue` in the communicator's launch order on `stream` (the order every launch
     /// of its collectives keeps across streams), or at once without collectives.
-    pub fn ordered<T>(
-        &self,
-        stream: &dyn Stream,
-        enqueue: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
+    pub fn ordered<T>(&self, stream: &DynStream, enqueue: impl FnOnce() -> Result<T>) -> Result<T> {
         match &self.colls {
             Some(c) => c.ordered(stream, enqueue),
             None => enqueue(),
@@ -231,7 +227,7 @@ impl Caller {
     /// several ranks, a copy with one (nothing in place). Several ranks without collectives
     /// are an error saying why (a front end that can fall back checks
     /// [`Caller::no_collectives`] first).
-    pub fn collective(&self, call: &CollectiveCall<'_>, stream: &dyn Stream) -> Result<()> {
+    pub fn collective(&self, call: &CollectiveCall<'_>, stream: &DynStream) -> Result<()> {
         match &self.colls {
             Some(c) => c.run(call, stream)?,
             None if self.comm.nranks() > 1 => return Err(self.unavailable(call.kind.name())),
@@ -245,7 +241,7 @@ impl Caller {
 
     /// Enqueues a group of sends and receives as one launch on `stream` (then
     /// [`Caller::finish`]); with one rank, each send to itself lands in the matching receive.
-    pub fn send_recv(&self, ops: &[P2pOp<'_>], stream: &dyn Stream) -> Result<()> {
+    pub fn send_recv(&self, ops: &[P2pOp<'_>], stream: &DynStream) -> Result<()> {
         match &self.colls {
             Some(c) => c.send_recv(ops, stream)?,
             None if self.comm.nranks() > 1 => return Err(self.unavailable("send/recv")),
@@ -265,7 +261,7 @@ impl Caller {
         recv: &BufferSlice,
         dtype: DataType,
         op: Option<ReduceOp>,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<bool> {
         let ran = self.ordered(stream, || {
             self.plans
@@ -334,7 +330,7 @@ pub fn buffer_bytes(
 }
 
 /// One rank: the k-th send to itself lands in the k-th receive from itself (same sizes).
-fn self_copies(ops: &[P2pOp<'_>], stream: &dyn Stream) -> Result<()> {
+fn self_copies(ops: &[P2pOp<'_>], stream: &DynStream) -> Result<()> {
     let sends: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Send).collect();
     let recvs: Vec<&P2pOp> = ops.iter().filter(|o| o.kind == P2pKind::Recv).collect();
     if sends.len() != recvs.len() {

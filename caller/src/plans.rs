@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use mscclpp_comm::Communicator;
 use mscclpp_executor::{Executor, Plan};
-use mscclpp_hal::{BufferSlice, DataType, DeviceBuffer, MemoryKind, ReduceOp, Result, Stream};
+use mscclpp_hal::{BufferSlice, DataType, DeviceBuffer, DynStream, MemoryKind, ReduceOp, Result};
 
 /// Most (plan, input bytes, output bytes) triples staged per communicator: each holds its
 /// buffers and the executor's set-up for the communicator's life.
@@ -61,7 +61,7 @@ impl PlanStage {
         recv: &BufferSlice,
         dtype: DataType,
         op: Option<ReduceOp>,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<bool> {
         let executor = self.executor(comm)?;
         executor.check(plan, send.len(), recv.len(), dtype)?;

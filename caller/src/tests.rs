@@ -312,6 +312,12 @@ impl Device for CountingWraps {
         self.ranges.fetch_add(1, Ordering::Relaxed);
         self.inner.allocation_range(ptr)
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
 }
 
 /// nccl-tests moves its buffers on every iteration, and a caching allocator hands out tensors

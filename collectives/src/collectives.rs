@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{BufferSlice, DataType, Error, ReduceOp, Result, Stream};
+use mscclpp_hal::{BufferSlice, DataType, DynStream, Error, ReduceOp, Result};
 
 use crate::CollectiveKind;
 use crate::algorithms::base::MAX_RANKS;
@@ -167,7 +167,7 @@ impl Collectives {
     /// that algorithm's kernel. No host synchronisation; the buffers must stay allocated until
     /// the stream has passed the call. Calls on different streams run one after the other in
     /// the order they were made, as NCCL orders the work of a communicator.
-    pub fn run(&self, call: &CollectiveCall, stream: &dyn Stream) -> Result<()> {
+    pub fn run(&self, call: &CollectiveCall, stream: &DynStream) -> Result<()> {
         let backend = self.comm.device().info().backend;
         let checked = call::check(call, self.comm.rank(), self.comm.nranks(), backend)?;
         if let Some(hier) = &self.hier {
@@ -274,7 +274,7 @@ impl Collectives {
     /// all-to-all-v, rings, hypercubes. Not a collective call: only the ranks named exchange.
     /// No host synchronisation; the buffers must stay allocated until the stream has passed
     /// the call.
-    pub fn send_recv(&self, ops: &[P2pOp], stream: &dyn Stream) -> Result<()> {
+    pub fn send_recv(&self, ops: &[P2pOp], stream: &DynStream) -> Result<()> {
         let p2p = self.p2p.as_ref().ok_or_else(|| {
             Error::unavailable(
                 "sends and receives",
@@ -292,11 +292,7 @@ impl Collectives {
     /// `stream` by another component, e.g. an execution plan on staged buffers) in the same
     /// order as the collectives: after every earlier call, whatever stream it came on.
     /// `enqueue` must not call back into these collectives.
-    pub fn ordered<T>(
-        &self,
-        stream: &dyn Stream,
-        enqueue: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
+    pub fn ordered<T>(&self, stream: &DynStream, enqueue: impl FnOnce() -> Result<T>) -> Result<T> {
         self.order.run(&**self.comm.device(), stream, enqueue)
     }
 
@@ -361,7 +357,7 @@ impl Collectives {
         count: usize,
         dtype: DataType,
         op: ReduceOp,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::AllReduce, input, output, count, dtype);
         self.run(&call.op(op), stream)
@@ -374,7 +370,7 @@ impl Collectives {
         output: &BufferSlice,
         count: usize,
         dtype: DataType,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::AllGather, input, output, count, dtype);
         self.run(&call, stream)
@@ -388,7 +384,7 @@ impl Collectives {
         count: usize,
         dtype: DataType,
         op: ReduceOp,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::ReduceScatter, input, output, count, dtype);
         self.run(&call.op(op), stream)
@@ -402,7 +398,7 @@ impl Collectives {
         count: usize,
         dtype: DataType,
         root: usize,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::Broadcast, input, output, count, dtype);
         self.run(&call.root(root), stream)
@@ -415,7 +411,7 @@ impl Collectives {
         output: &BufferSlice,
         count: usize,
         dtype: DataType,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::AllToAll, input, output, count, dtype);
         self.run(&call, stream)
@@ -464,7 +460,7 @@ impl Collectives {
         self.hier.as_ref().map(|h| (h.topo.hosts, h.topo.per_host))
     }
 
-    fn run_hier(&self, hier: &Hier, checked: &call::Checked, stream: &dyn Stream) -> Result<()> {
+    fn run_hier(&self, hier: &Hier, checked: &call::Checked, stream: &DynStream) -> Result<()> {
         let _abort = self.live_scope()?;
         self.order.run(&**self.comm.device(), stream, || {
             // SAFETY: `checked` was checked against this communicator; the caller keeps the

@@ -15,7 +15,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use mscclpp_hal::{Device, Event, Result, Stream};
+use mscclpp_hal::{Device, DynStream, Event, Result, Stream};
 
 /// The last launch of a communicator: its stream and the event recorded behind it.
 #[derive(Debug, Default)]
@@ -32,7 +32,7 @@ struct Last {
 
 /// The vendor handle where there is one (the C library wraps the same `cudaStream_t` in a new
 /// object each call), else the stream object's address.
-fn stream_key(stream: &dyn Stream) -> usize {
+fn stream_key(stream: &DynStream) -> usize {
     match stream.native_handle() {
         Some(h) => h as usize,
         None => stream as *const dyn Stream as *const () as usize,
@@ -45,7 +45,7 @@ impl LaunchOrder {
     pub(crate) fn run<T>(
         &self,
         device: &dyn Device,
-        stream: &dyn Stream,
+        stream: &DynStream,
         launch: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
         if stream.is_capturing()? {

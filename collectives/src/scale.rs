@@ -9,8 +9,8 @@ use std::sync::{Arc, OnceLock};
 
 use mscclpp_hal::dtype::{f32_to_fp8, fp8_to_f32};
 use mscclpp_hal::{
-    BufferSlice, DataType, Device, Error, KernelArgs, KernelDef, KernelId, KernelModule,
-    LaunchConfig, Result, Stream, TypedKernel,
+    BufferSlice, DataType, Device, DynStream, Error, KernelArgs, KernelDef, KernelId, KernelModule,
+    LaunchConfig, Result, TypedKernel,
 };
 
 use crate::algorithms::base::HEADERS;
@@ -130,7 +130,7 @@ impl Scaler {
         count: usize,
         dtype: DataType,
         factor: &Factor,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         self.scale_from(data, None, count, dtype, factor, stream)
     }
@@ -145,7 +145,7 @@ impl Scaler {
         count: usize,
         dtype: DataType,
         factor: &Factor,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         let backend = self.device.info().backend;
         let size = dtype.size();

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use crate::algorithms::base::MAX_RANKS;
 use crate::algorithms::read::args::{MAX_WINDOWS, WINDOW_TABLE_BYTES, read_key};
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{BufferSlice, DeviceBuffer, Error, MemoryKind, Result, Stream};
+use mscclpp_hal::{BufferSlice, DeviceBuffer, DynStream, Error, MemoryKind, Result};
 use mscclpp_transports::RegisteredMemory;
 
 use crate::agree::agree;
@@ -40,7 +40,7 @@ pub(crate) struct Windows {
 
 /// Writes window `w`'s row of a window table: every rank's address and length.
 fn write_row(
-    stream: &dyn Stream,
+    stream: &DynStream,
     table: &DeviceBuffer,
     w: usize,
     bases: &[u64; MAX_RANKS],

@@ -13,8 +13,8 @@ use mscclpp_comm::proxy::ProxyService;
 use mscclpp_comm::semaphore::{Host2DeviceSemaphore, MemoryDevice2DeviceSemaphore};
 use mscclpp_hal::dev::{BaseMemoryChannelDeviceHandle, PortChannelDeviceHandle};
 use mscclpp_hal::{
-    BackendKind, BufferSlice, DataType, DeviceBuffer, Error, KernelArgs, LaunchConfig, MemoryKind,
-    ReduceOp, Result, Stream, TypedKernel,
+    BackendKind, BufferSlice, DataType, DeviceBuffer, DynStream, Error, KernelArgs, LaunchConfig,
+    MemoryKind, ReduceOp, Result, TypedKernel,
 };
 use mscclpp_transports::{EndpointConfig, RegisteredMemory, Transport, TransportFlags};
 
@@ -117,7 +117,7 @@ impl Executor {
         recv: &BufferSlice,
         dtype: DataType,
         op: Option<ReduceOp>,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         // A communicator whose peer died is refused at once (naming the rank); otherwise the
         // waits of this launch poll its abort word, so a peer dying mid-plan ends them too.
@@ -622,7 +622,7 @@ fn bytes_of<T: Copy>(items: &[T]) -> Vec<u8> {
 #[allow(clippy::too_many_arguments)]
 fn upload_plan(
     device: &Arc<dyn mscclpp_hal::Device>,
-    stream: &dyn Stream,
+    stream: &DynStream,
     blocks: &[FlatBlock],
     ops: &[FlatOp],
     memory: &[BaseMemoryChannelDeviceHandle],

@@ -129,4 +129,11 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn make_current(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Backend-specific access for downcasting.
+    fn as_any(&self) -> &dyn std::any::Any;
+
+    /// The device as a shared `Any`, for [`crate::api::typed_device`]: how code generic over a
+    /// backend's [`crate::api::Api`] gets the backend's own device type, once.
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }

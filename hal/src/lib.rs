@@ -22,10 +22,16 @@
 //!   `static_assert`s that check the mirror in every compile).
 //! - Every byte that crosses a process goes through [`wire`]: versioned, bounded, validated.
 //!
+//! Each backend implements the typed traits of [`api`] ([`Api`] names its device, stream, event,
+//! kernel and graph types, whose methods take each other directly); the object-safe traits above
+//! are provided for them by one adapter each ([`api::erase`]), the only place where a trait
+//! object handed to another is turned back into its backend's type.
+//!
 //! Errors are typed ([`Error`]) and classified ([`ErrorClass`]). Configuration comes from the
 //! environment through [`env`](mod@env).
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod api;
 pub mod caps;
 pub mod dev;
 pub mod device;
@@ -43,6 +49,7 @@ pub mod stream;
 pub mod typed_kernel;
 pub mod wire;
 
+pub use api::{Api, Concrete, DeviceApi, Dyn, DynStream, EventApi, GraphApi, KernelApi, StreamApi};
 pub use caps::{BackendKind, Capabilities, DeviceInfo, MulticastSupport, PeerMatrix};
 pub use device::{Backend, Device};
 pub use dtype::{DataType, ReduceOp};

@@ -1,22 +1,22 @@
 //! [`TypedKernel`]: a loaded kernel tied to its argument struct, so that a launch cannot pass
-//! the bytes of another struct.
+//! the bytes of another struct; over a backend's [`Api`] (static down to the vendor call) or
+//! over [`Dyn`], the backend chosen at run time.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::device::Device;
+use crate::api::{Api, DeviceApi, Dyn, KernelApi, StreamApi};
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, KernelArgs, KernelId, LaunchConfig};
+use crate::kernel::{KernelArgs, KernelId, LaunchConfig};
 use crate::module::KernelModule;
-use crate::stream::Stream;
 
-/// A kernel of a [`KernelModule`] loaded on one device, launched with an `A`.
-pub struct TypedKernel<A> {
-    kernel: Arc<dyn Kernel>,
-    args: PhantomData<fn(A)>,
+/// A kernel of a [`KernelModule`] loaded on one device of backend `A`, launched with a `T`.
+pub struct TypedKernel<T, A: Api = Dyn> {
+    kernel: Arc<A::Kernel>,
+    args: PhantomData<fn(T)>,
 }
 
-impl<A> Clone for TypedKernel<A> {
+impl<T, A: Api> Clone for TypedKernel<T, A> {
     fn clone(&self) -> Self {
         TypedKernel {
             kernel: self.kernel.clone(),
@@ -25,54 +25,55 @@ impl<A> Clone for TypedKernel<A> {
     }
 }
 
-impl<A> std::fmt::Debug for TypedKernel<A> {
+impl<T, A: Api> std::fmt::Debug for TypedKernel<T, A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "TypedKernel<{}>({:?})",
-            std::any::type_name::<A>(),
+            "TypedKernel<{}, {}>({:?})",
+            std::any::type_name::<T>(),
+            A::NAME,
             self.kernel
         )
     }
 }
 
-impl<A: KernelArgs> TypedKernel<A> {
+impl<T: KernelArgs, A: Api> TypedKernel<T, A> {
     /// Loads kernel `id` of `module` on `device`, checking that the module declares it with an
-    /// argument struct of `A`'s size.
-    pub fn load(device: &dyn Device, module: &'static KernelModule, id: KernelId) -> Result<Self> {
+    /// argument struct of `T`'s size.
+    pub fn load(device: &A::Device, module: &'static KernelModule, id: KernelId) -> Result<Self> {
         let def = module.require(id)?;
-        let size = std::mem::size_of::<A>();
+        let size = std::mem::size_of::<T>();
         if def.param_size != size {
             return Err(Error::invalid(format!(
                 "kernel {id} of module {} takes a {}-byte argument struct; {} is {size} bytes",
                 module.name,
                 def.param_size,
-                std::any::type_name::<A>()
+                std::any::type_name::<T>()
             )));
         }
         Ok(TypedKernel {
-            kernel: device.load(module, id)?,
+            kernel: DeviceApi::load(device, module, id)?,
             args: PhantomData,
         })
     }
 
     /// The loaded kernel.
-    pub fn kernel(&self) -> &Arc<dyn Kernel> {
+    pub fn kernel(&self) -> &Arc<A::Kernel> {
         &self.kernel
     }
 
     /// Its name.
     pub fn id(&self) -> KernelId {
-        self.kernel.id()
+        KernelApi::id(&*self.kernel)
     }
 
     /// Enqueues the kernel on `stream`.
     ///
     /// # Safety
-    /// As for [`Stream::launch_raw`]: device addresses inside `args` must stay allocated until
-    /// the kernel has run.
-    pub unsafe fn launch(&self, stream: &dyn Stream, cfg: LaunchConfig, args: &A) -> Result<()> {
+    /// As for [`crate::Stream::launch_raw`]: device addresses inside `args` must stay allocated
+    /// until the kernel has run.
+    pub unsafe fn launch(&self, stream: &A::Stream, cfg: LaunchConfig, args: &T) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { stream.launch_raw(&*self.kernel, cfg, args.as_bytes()) }
+        unsafe { StreamApi::launch_raw(stream, &*self.kernel, cfg, args.as_bytes()) }
     }
 }

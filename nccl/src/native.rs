@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use mscclpp::collectives::{CollectiveCall, CollectiveKind, P2pKind, P2pOp};
-use mscclpp::hal::{BufferSlice, DataType, DeviceBuffer, DevicePtr, MemoryKind, ReduceOp, Stream};
+use mscclpp::hal::{
+    BufferSlice, DataType, DeviceBuffer, DevicePtr, DynStream, MemoryKind, ReduceOp,
+};
 
 use mscclpp_caller::buffer_bytes;
 
@@ -278,7 +280,7 @@ impl Comm {
         count: usize,
         dt: DataType,
         op: ReduceOp,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> mscclpp::hal::Result<()> {
         let esz = dt.size();
         let Some(c) = native.caller.collectives() else {

@@ -22,7 +22,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use mscclpp::hal::{BufferSlice, DataType, Error, ReduceOp, Result, Stream};
+use mscclpp::hal::{BufferSlice, DataType, DynStream, Error, ReduceOp, Result};
 use mscclpp_caller::Caller;
 use mscclpp_executor::Plan;
 
@@ -159,7 +159,7 @@ impl Plans {
 
     /// Runs `call` with the first plan that fits it, enqueued on `stream`: `Ok(false)` when no
     /// plan does (the caller runs its built-in algorithm), `Ok(true)` when one ran.
-    pub fn run(&self, caller: &Caller, call: &PlanCall<'_>, stream: &dyn Stream) -> Result<bool> {
+    pub fn run(&self, caller: &Caller, call: &PlanCall<'_>, stream: &DynStream) -> Result<bool> {
         let (ib, ob) = (call.send.len(), call.recv.len());
         let msg = (if call.collective == "allgather" {
             ob

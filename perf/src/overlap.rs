@@ -10,8 +10,8 @@ use std::sync::Arc;
 use mscclpp::collectives::{AlgorithmId, CollectiveCall, CollectiveKind, Collectives};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{
-    BufferSlice, DataType, DeviceBuffer, Error, Event, LaunchConfig, MemoryKind, ReduceOp, Result,
-    Stream, TypedKernel,
+    BufferSlice, DataType, DeviceBuffer, DynStream, Error, Event, LaunchConfig, MemoryKind,
+    ReduceOp, Result, Stream, TypedKernel,
 };
 use mscclpp_perf::bench_compute::{COMPUTE, ComputeArgs, MODULE as COMPUTE_MODULE};
 
@@ -51,7 +51,7 @@ struct Compute {
 }
 
 impl Compute {
-    fn new(comm: &Communicator, stream: &dyn Stream, target_us: f64) -> Result<Compute> {
+    fn new(comm: &Communicator, stream: &DynStream, target_us: f64) -> Result<Compute> {
         let device = comm.device();
         let info = device.info();
         let kernel = TypedKernel::<ComputeArgs>::load(&**device, &COMPUTE_MODULE, COMPUTE)?;
@@ -102,7 +102,7 @@ impl Compute {
         Ok(c)
     }
 
-    fn launch(&self, stream: &dyn Stream) -> Result<()> {
+    fn launch(&self, stream: &DynStream) -> Result<()> {
         // SAFETY: `data` and `out` are held by `self` and hold `words` words and one word per
         // thread of `cfg`; the caller keeps `self` alive until the stream has passed the launch
         // (every measurement synchronises before returning).

@@ -2,9 +2,10 @@
 
 use std::time::{Duration, Instant};
 
+use mscclpp::hal::api::{Concrete, DeviceApi, EventApi, GraphApi, StreamApi, typed_device};
 use mscclpp::hal::{
     BackendKind, BufferSlice, Device, DevicePtr, ErrorClass, IpcHandle, KernelId, LaunchConfig,
-    MemoryKind, MulticastAddress, MulticastSupport, Stream,
+    MemoryKind, MulticastAddress, MulticastSupport, Stream, TypedKernel,
 };
 
 use crate::ensure;
@@ -78,6 +79,10 @@ pub const CASES: &[(&str, CaseFn)] = &[
         kernel_unknown_id_and_bad_shape_are_errors,
     ),
     ("graph_capture_replays_work", graph_capture_replays_work),
+    (
+        "typed_api_reaches_the_backend_types",
+        typed_api_reaches_the_backend_types,
+    ),
     (
         "multicast_group_binds_and_maps",
         multicast_group_binds_and_maps,
@@ -870,6 +875,85 @@ fn kernel_unknown_id_and_bad_shape_are_errors(f: &Fixture) -> Result<(), CaseErr
     ensure!(
         e.to_string().contains("3 bytes"),
         "error does not name the size: {e}"
+    );
+    Ok(())
+}
+
+/// The typed HAL (`mscclpp::hal::api`) on the backend's own types, from the device the registry
+/// opened: a kernel launched, events recorded and timed, a capture replayed, all without a
+/// trait object between the stream and what it is handed.
+fn typed_api_reaches_the_backend_types(f: &Fixture) -> Result<(), CaseError> {
+    match f.device.info().backend {
+        BackendKind::Host => typed_case::<mscclpp::host::Host>(f),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => typed_case::<mscclpp::cuda::Cuda>(f),
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => typed_case::<mscclpp::rocm::Rocm>(f),
+        #[allow(unreachable_patterns)]
+        other => Err(skipped(format!("the {other} backend is not built in"))),
+    }
+}
+
+fn typed_case<A: Concrete>(f: &Fixture) -> Result<(), CaseError> {
+    let device = typed_device::<A>(&f.device).ctx("typed_device")?;
+    let s = DeviceApi::create_stream(&*device).ctx("create_stream")?;
+    let (start, end) = (
+        DeviceApi::create_event(&*device).ctx("create_event")?,
+        DeviceApi::create_event(&*device).ctx("create_event")?,
+    );
+    let fill = TypedKernel::<FillU32Args, A>::load(&device, &MODULE, FILL_U32).ctx("load")?;
+    let add =
+        TypedKernel::<AtomicAddU64Args, A>::load(&device, &MODULE, ATOMIC_ADD_U64).ctx("load")?;
+    let count = 4099usize;
+    let buf = f.device.alloc(count * 4, MemoryKind::Device).ctx("alloc")?;
+    let counter = f.device.alloc(8, MemoryKind::Device).ctx("alloc")?;
+    StreamApi::fill(&*s, &buf.full(), 0xFF).ctx("poison")?;
+    StreamApi::fill(&*s, &counter.full(), 0).ctx("fill")?;
+    StreamApi::record(&*s, &*start).ctx("record")?;
+    let args = FillU32Args {
+        dst: buf.ptr().0,
+        count: count as u64,
+        value: 0x5EED,
+        _pad: 0,
+    };
+    // SAFETY: `dst` addresses `count` words of `buf`, alive past the synchronize.
+    unsafe { fill.launch(&s, LaunchConfig::linear(5, 128), &args) }.ctx("launch")?;
+    StreamApi::record(&*s, &*end).ctx("record")?;
+    StreamApi::synchronize_timeout(&*s, SYNC).ctx("synchronize")?;
+    let ms = EventApi::elapsed_ms_since(&*end, &start).ctx("elapsed")?;
+    ensure!(
+        ms.is_finite() && ms.is_sign_positive(),
+        "elapsed time {ms} ms between two reached events"
+    );
+    let mut got = vec![0u8; count * 4];
+    StreamApi::read_to_host(&*s, &mut got, &buf.full()).ctx("read")?;
+    let wrong = got
+        .chunks_exact(4)
+        .filter(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 0x5EED)
+        .count();
+    ensure!(wrong == 0, "{wrong} of {count} words not filled");
+
+    let add_args = AtomicAddU64Args {
+        counter: counter.ptr().0,
+        value: 2,
+    };
+    match StreamApi::begin_capture(&*s) {
+        Err(e) if e.class() == ErrorClass::Unavailable => return Ok(()),
+        r => r.ctx("begin_capture")?,
+    }
+    // SAFETY: the counter lives past the synchronize (the graph keeps it alive too).
+    unsafe { add.launch(&s, LaunchConfig::linear(2, 64), &add_args) }.ctx("capture")?;
+    let graph = StreamApi::end_capture(&*s).ctx("end_capture")?;
+    for _ in 0..3 {
+        GraphApi::launch(&*graph, &s).ctx("replay")?;
+    }
+    StreamApi::synchronize_timeout(&*s, SYNC).ctx("synchronize")?;
+    let mut word = [0u8; 8];
+    StreamApi::read_to_host(&*s, &mut word, &counter.full()).ctx("read")?;
+    let n = u64::from_le_bytes(word);
+    ensure!(
+        n == 3 * 2 * 64 * 2,
+        "after 3 replays the counter is {n}, expected 768"
     );
     Ok(())
 }

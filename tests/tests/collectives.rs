@@ -291,7 +291,7 @@ fn role_matrix() -> R<()> {
 fn ce_first_call_captured(
     coll: &Collectives,
     device: &Arc<dyn mscclpp::hal::Device>,
-    stream: &dyn mscclpp::hal::Stream,
+    stream: &mscclpp::hal::DynStream,
     rank: usize,
     n: usize,
 ) -> R<usize> {
@@ -343,7 +343,7 @@ fn burst_byte(i: usize, p: usize, q: usize) -> u8 {
 fn ce_burst(
     coll: &Collectives,
     device: &Arc<dyn mscclpp::hal::Device>,
-    stream: &dyn mscclpp::hal::Stream,
+    stream: &mscclpp::hal::DynStream,
     rank: usize,
     n: usize,
 ) -> R<(usize, usize)> {

@@ -24,6 +24,8 @@ use mscclpp_hal::{Backend, Error, Result};
 
 /// The NVIDIA backend.
 pub type CudaBackend = mscclpp_gpu::GpuBackend<CudaRuntime>;
+/// The CUDA backend's family of types ([`mscclpp_hal::Api`]), for code generic over a backend.
+pub type Cuda = mscclpp_gpu::Gpu<CudaRuntime>;
 /// An opened NVIDIA device.
 pub type CudaDevice = mscclpp_gpu::GpuDevice<CudaRuntime>;
 /// A stream of the NVIDIA backend.

@@ -4,14 +4,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use mscclpp_hal::{
-    Backend, Capabilities, Device, DeviceBuffer, DeviceInfo, DevicePtr, Error, Event, IpcHandle,
-    Kernel, KernelId, KernelModule, MemoryKind, MulticastGroup, MulticastSupport, PeerMatrix,
-    Result, Stream,
+    Backend, Capabilities, Device, DeviceApi, DeviceBuffer, DeviceInfo, DevicePtr, Error,
+    IpcHandle, KernelId, KernelModule, MemoryKind, MulticastGroup, MulticastSupport, PeerMatrix,
+    Result,
 };
 
 pub use crate::context::Context;
 use crate::memory::{self, GpuAllocation};
-use crate::module::{self, LoadedModule, ModuleKey};
+use crate::module::{self, GpuKernel, LoadedModule, ModuleKey};
 use crate::multicast;
 use crate::runtime::{Features, Runtime};
 use crate::stream::{GpuEvent, GpuStream};
@@ -146,7 +146,9 @@ impl<R: Runtime> GpuDevice<R> {
     }
 }
 
-impl<R: Runtime> Device for GpuDevice<R> {
+impl<R: Runtime> DeviceApi for GpuDevice<R> {
+    type A = crate::Gpu<R>;
+
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -167,15 +169,15 @@ impl<R: Runtime> Device for GpuDevice<R> {
         )?)))
     }
 
-    fn create_stream(&self) -> Result<Arc<dyn Stream>> {
+    fn create_stream(&self) -> Result<Arc<GpuStream<R>>> {
         Ok(Arc::new(self.create_gpu_stream()?))
     }
 
-    fn create_event(&self) -> Result<Arc<dyn Event>> {
+    fn create_event(&self) -> Result<Arc<GpuEvent<R>>> {
         Ok(Arc::new(GpuEvent::new(self.ctx.clone())?))
     }
 
-    fn create_ordering_event(&self) -> Result<Arc<dyn Event>> {
+    fn create_ordering_event(&self) -> Result<Arc<GpuEvent<R>>> {
         Ok(Arc::new(GpuEvent::new_untimed(self.ctx.clone())?))
     }
 
@@ -204,7 +206,7 @@ impl<R: Runtime> Device for GpuDevice<R> {
         unsafe { memory::wrap_external(&self.ctx, &self.info, ptr, len) }
     }
 
-    unsafe fn wrap_stream(&self, native: u64) -> Result<Arc<dyn Stream>> {
+    unsafe fn wrap_stream(&self, native: u64) -> Result<Arc<GpuStream<R>>> {
         if !self.ctx.runtime().features().borrowed_streams {
             return Err(Error::unavailable(
                 "wrapping a native stream",
@@ -224,7 +226,7 @@ impl<R: Runtime> Device for GpuDevice<R> {
         }))
     }
 
-    fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<dyn Kernel>> {
+    fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<GpuKernel<R>>> {
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         Ok(Arc::new(module::load_kernel(
             &self.ctx,

@@ -48,3 +48,22 @@ pub use memory::GpuAllocation;
 pub use module::{GpuKernel, LoadedModule};
 pub use runtime::{Compiled, Features, IPC_HANDLE_SIZE, Image, IpcBytes, Runtime, Vendor};
 pub use stream::{GpuEvent, GpuGraph, GpuStream};
+
+/// The family of types ([`mscclpp_hal::Api`]) of the GPU backend over runtime `R`:
+/// `Gpu<CudaRuntime>`, `Gpu<RocmRuntime>`.
+pub struct Gpu<R>(std::marker::PhantomData<fn() -> R>);
+
+impl<R> std::fmt::Debug for Gpu<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu<{}>", std::any::type_name::<R>())
+    }
+}
+
+impl<R: Runtime> mscclpp_hal::Api for Gpu<R> {
+    const NAME: &'static str = R::VENDOR.name;
+    type Device = GpuDevice<R>;
+    type Stream = GpuStream<R>;
+    type Event = GpuEvent<R>;
+    type Kernel = GpuKernel<R>;
+    type Graph = GpuGraph<R>;
+}

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::Arc;
 
-use mscclpp_hal::{Error, Kernel, KernelId, KernelModule, Result};
+use mscclpp_hal::{Error, KernelApi, KernelId, KernelModule, Result};
 
 use crate::cache::{self, CompileKey, Fnv128};
 use crate::context::Context;
@@ -57,6 +57,10 @@ unsafe impl<R: Runtime> Send for GpuKernel<R> {}
 unsafe impl<R: Runtime> Sync for GpuKernel<R> {}
 
 impl<R: Runtime> GpuKernel<R> {
+    /// Which kernel this is.
+    pub fn id(&self) -> KernelId {
+        self.id
+    }
     /// The raw function handle.
     pub fn raw(&self) -> R::Function {
         self.func
@@ -79,12 +83,11 @@ impl<R: Runtime> GpuKernel<R> {
     }
 }
 
-impl<R: Runtime> Kernel for GpuKernel<R> {
+impl<R: Runtime> KernelApi for GpuKernel<R> {
+    type A = crate::Gpu<R>;
+
     fn id(&self) -> KernelId {
         self.id
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
     fn max_threads_per_block(&self) -> Option<u32> {
         Some(GpuKernel::max_threads_per_block(self))

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use mscclpp_hal::kernel::{aligned_args, check_launch};
 use mscclpp_hal::{
-    BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream, WaitCmp,
+    BufferSlice, Error, EventApi, GraphApi, LaunchConfig, Result, StreamApi, WaitCmp,
 };
 
 use crate::context::Context;
@@ -115,15 +115,6 @@ fn device_addr<R: Runtime>(s: &BufferSlice, what: &str) -> Result<u64> {
         )));
     }
     Ok(s.ptr().0)
-}
-
-fn gpu_event<R: Runtime>(e: &dyn Event) -> Result<&GpuEvent<R>> {
-    e.as_any().downcast_ref::<GpuEvent<R>>().ok_or_else(|| {
-        Error::invalid(format!(
-            "event was not created by the {} backend",
-            R::VENDOR.name
-        ))
-    })
 }
 
 impl<R: Runtime> GpuStream<R> {
@@ -292,7 +283,9 @@ impl<R: Runtime> Drop for GpuStream<R> {
     }
 }
 
-impl<R: Runtime> Stream for GpuStream<R> {
+impl<R: Runtime> StreamApi for GpuStream<R> {
+    type A = crate::Gpu<R>;
+
     fn copy(&self, dst: &BufferSlice, src: &BufferSlice) -> Result<()> {
         check_copy_len("copy", src.len(), dst.len())?;
         let (d, s) = (
@@ -388,17 +381,8 @@ impl<R: Runtime> Stream for GpuStream<R> {
         })
     }
 
-    unsafe fn launch_raw(&self, kernel: &dyn Kernel, cfg: LaunchConfig, args: &[u8]) -> Result<()> {
+    unsafe fn launch_raw(&self, k: &GpuKernel<R>, cfg: LaunchConfig, args: &[u8]) -> Result<()> {
         let name = R::VENDOR.name;
-        let k = kernel
-            .as_any()
-            .downcast_ref::<GpuKernel<R>>()
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "kernel {} was not loaded by the {name} backend",
-                    kernel.id()
-                ))
-            })?;
         if k.device_ordinal() != self.ctx.ordinal() {
             return Err(Error::invalid(format!(
                 "kernel {} was loaded on {name} device {} but launched on a stream of device {}",
@@ -422,8 +406,7 @@ impl<R: Runtime> Stream for GpuStream<R> {
         })
     }
 
-    fn record(&self, event: &dyn Event) -> Result<()> {
-        let ev = gpu_event::<R>(event)?;
+    fn record(&self, ev: &GpuEvent<R>) -> Result<()> {
         if ev.inner.ctx.ordinal() != self.ctx.ordinal() {
             return Err(Error::invalid(format!(
                 "event of {} device {} recorded on a stream of device {}",
@@ -449,8 +432,8 @@ impl<R: Runtime> Stream for GpuStream<R> {
         unsafe { self.ctx.runtime().stream_is_capturing(self.raw) }
     }
 
-    fn wait_event(&self, event: &dyn Event) -> Result<()> {
-        let raw = gpu_event::<R>(event)?.inner.raw;
+    fn wait_event(&self, event: &GpuEvent<R>) -> Result<()> {
+        let raw = event.inner.raw;
         // SAFETY: live event and stream; waiting on another device's event is allowed.
         self.enqueue([], |rt, stream| unsafe {
             rt.stream_wait_event(stream, raw)
@@ -476,7 +459,7 @@ impl<R: Runtime> Stream for GpuStream<R> {
         Ok(())
     }
 
-    fn end_capture(&self) -> Result<Box<dyn Graph>> {
+    fn end_capture(&self) -> Result<Box<GpuGraph<R>>> {
         self.check_capture_supported("end_capture")?;
         self.ctx.bind()?;
         let rt = self.ctx.runtime();
@@ -517,10 +500,6 @@ impl<R: Runtime> Stream for GpuStream<R> {
     fn native_handle(&self) -> Option<u64> {
         Some(R::stream_to_native(self.raw))
     }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }
 
 /// An event of a GPU backend (timing enabled).
@@ -555,7 +534,9 @@ impl<R: Runtime> GpuEvent<R> {
     }
 }
 
-impl<R: Runtime> Event for GpuEvent<R> {
+impl<R: Runtime> EventApi for GpuEvent<R> {
+    type A = crate::Gpu<R>;
+
     fn query(&self) -> Result<bool> {
         self.inner.done()
     }
@@ -574,8 +555,7 @@ impl<R: Runtime> Event for GpuEvent<R> {
         )
     }
 
-    fn elapsed_ms_since(&self, start: &dyn Event) -> Result<f64> {
-        let start = gpu_event::<R>(start)?;
+    fn elapsed_ms_since(&self, start: &GpuEvent<R>) -> Result<f64> {
         self.inner.ctx.bind()?;
         // SAFETY: live events; the context is current.
         let ms = unsafe {
@@ -585,10 +565,6 @@ impl<R: Runtime> Event for GpuEvent<R> {
                 .event_elapsed_ms(start.inner.raw, self.inner.raw)
         }?;
         Ok(f64::from(ms))
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 
@@ -628,17 +604,10 @@ pub struct GpuGraph<R: Runtime> {
     inner: Arc<GraphInner<R>>,
 }
 
-impl<R: Runtime> Graph for GpuGraph<R> {
-    fn launch(&self, stream: &dyn Stream) -> Result<()> {
-        let s = stream
-            .as_any()
-            .downcast_ref::<GpuStream<R>>()
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "a {} graph launched on a stream of another backend",
-                    R::VENDOR.runtime
-                ))
-            })?;
+impl<R: Runtime> GraphApi for GpuGraph<R> {
+    type A = crate::Gpu<R>;
+
+    fn launch(&self, s: &GpuStream<R>) -> Result<()> {
         if !Arc::ptr_eq(&s.ctx, &self.inner.ctx) {
             return Err(Error::invalid(format!(
                 "a graph captured on device {} launched on a stream of device {}",

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use mscclpp_hal::{
-    Backend, BackendKind, Capabilities, Device, DeviceBuffer, DeviceInfo, DevicePtr, Error, Event,
-    IpcHandle, IpcHandleKind, Kernel, KernelId, KernelModule, MemoryKind, MulticastGroup,
-    MulticastSupport, PeerMatrix, Result, Stream,
+    Backend, BackendKind, Capabilities, Device, DeviceApi, DeviceBuffer, DeviceInfo, DevicePtr,
+    Error, IpcHandle, IpcHandleKind, KernelId, KernelModule, MemoryKind, MulticastGroup,
+    MulticastSupport, PeerMatrix, Result,
 };
 
-use crate::kernels;
+use crate::kernels::HostKernel;
 pub use crate::kernels::MAX_THREADS_PER_BLOCK;
 use crate::memory::{ShmAllocation, host_allocation, into_buffer};
 use crate::multicast::{GRANULARITY, HostMulticastGroup};
@@ -113,7 +113,9 @@ pub struct HostDevice {
     info: DeviceInfo,
 }
 
-impl Device for HostDevice {
+impl DeviceApi for HostDevice {
+    type A = crate::Host;
+
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -130,11 +132,11 @@ impl Device for HostDevice {
         Ok(crate::memory::allocation_range(ptr))
     }
 
-    fn create_stream(&self) -> Result<Arc<dyn Stream>> {
+    fn create_stream(&self) -> Result<Arc<HostStream>> {
         Ok(Arc::new(HostStream::new()?))
     }
 
-    fn create_event(&self) -> Result<Arc<dyn Event>> {
+    fn create_event(&self) -> Result<Arc<HostEvent>> {
         Ok(Arc::new(HostEvent::default()))
     }
 
@@ -173,7 +175,7 @@ impl Device for HostDevice {
         )?))
     }
 
-    fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<dyn Kernel>> {
+    fn load(&self, module: &'static KernelModule, id: KernelId) -> Result<Arc<HostKernel>> {
         let def = module.require(id)?;
         let func = def.host.ok_or_else(|| {
             Error::unavailable(
@@ -181,13 +183,13 @@ impl Device for HostDevice {
                 "the module gives no host implementation of it (it runs on GPUs only)",
             )
         })?;
-        Ok(Arc::new(kernels::HostKernel { id, func }))
+        Ok(Arc::new(HostKernel { id, func }))
     }
 
     /// The host backend has no native streams: every handle is refused. Callers with an
     /// NCCL-style API (the NCCL-compatible library) treat stream 0 as "the communicator's own
     /// stream" and order work on it themselves.
-    unsafe fn wrap_stream(&self, native: u64) -> Result<Arc<dyn Stream>> {
+    unsafe fn wrap_stream(&self, native: u64) -> Result<Arc<HostStream>> {
         Err(Error::invalid(format!(
             "stream handle {native:#x}: the host backend has no native streams (pass 0 / NULL to use the communicator's own stream)"
         )))

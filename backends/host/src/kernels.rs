@@ -22,11 +22,10 @@ pub struct HostKernel {
     pub(crate) func: HostKernelFn,
 }
 
-impl mscclpp_hal::Kernel for HostKernel {
+impl mscclpp_hal::KernelApi for HostKernel {
+    type A = crate::Host;
+
     fn id(&self) -> KernelId {
         self.id
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }

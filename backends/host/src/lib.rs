@@ -27,6 +27,19 @@ pub mod stream;
 
 pub use device::{HostBackend, HostDevice};
 
+/// The host backend's family of types ([`mscclpp_hal::Api`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Host;
+
+impl mscclpp_hal::Api for Host {
+    const NAME: &'static str = "host";
+    type Device = HostDevice;
+    type Stream = stream::HostStream;
+    type Event = stream::HostEvent;
+    type Kernel = kernels::HostKernel;
+    type Graph = stream::HostGraph;
+}
+
 use std::sync::Arc;
 
 /// The host backend; it cannot be absent, but returns `Result` like every backend's probe.

@@ -26,6 +26,8 @@ use mscclpp_hal::{Backend, Error, Result};
 
 /// The AMD backend.
 pub type RocmBackend = mscclpp_gpu::GpuBackend<RocmRuntime>;
+/// The ROCm backend's family of types ([`mscclpp_hal::Api`]), for code generic over a backend.
+pub type Rocm = mscclpp_gpu::Gpu<RocmRuntime>;
 /// An opened AMD GPU.
 pub type RocmDevice = mscclpp_gpu::GpuDevice<RocmRuntime>;
 /// A stream of the AMD backend.

@@ -10,8 +10,8 @@ use std::sync::{Arc, OnceLock};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    DataType, Device, DeviceInfo, Kernel, KernelArgs, KernelId, KernelModule, LaunchConfig, Result,
-    Stream, TypedKernel,
+    DataType, Device, DeviceInfo, DynStream, Kernel, KernelArgs, KernelId, KernelModule,
+    LaunchConfig, Result, TypedKernel,
 };
 
 use super::id::AlgorithmId;
@@ -191,7 +191,7 @@ pub(crate) trait Algorithm: std::fmt::Debug + Send + Sync {
     /// `call` was made by [`crate::call::check`] for this communicator, `plan` by
     /// [`Algorithm::plan`] of this algorithm for it, and the caller keeps the call's buffers
     /// alive until the stream has passed it.
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()>;
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()>;
 }
 
 /// The most threads (whole warps) a block of `kernel` may have on this device.

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{Error, Event, Result};
+use mscclpp_hal::{Error, EventApi, Result};
 
 #[derive(Debug, Default)]
 pub(super) struct EventState {
@@ -111,13 +111,9 @@ pub struct HostEvent {
     pub(super) inner: Arc<EventInner>,
 }
 
-pub(super) fn host_event(e: &dyn Event) -> Result<&HostEvent> {
-    e.as_any()
-        .downcast_ref::<HostEvent>()
-        .ok_or_else(|| Error::invalid("event was not created by the host backend"))
-}
+impl EventApi for HostEvent {
+    type A = crate::Host;
 
-impl Event for HostEvent {
     fn query(&self) -> Result<bool> {
         let s = self.inner.lock();
         Ok(s.reached >= s.recorded)
@@ -128,8 +124,7 @@ impl Event for HostEvent {
         self.inner.wait_for(generation, timeout)
     }
 
-    fn elapsed_ms_since(&self, start: &dyn Event) -> Result<f64> {
-        let start = host_event(start)?;
+    fn elapsed_ms_since(&self, start: &HostEvent) -> Result<f64> {
         let t0 = start.inner.lock().at;
         let t1 = self.inner.lock().at;
         match (t0, t1) {
@@ -142,9 +137,5 @@ impl Event for HostEvent {
                 "elapsed time asked of an event that has not been reached",
             )),
         }
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }

@@ -1,7 +1,7 @@
 //! Graphs of the host backend: a capture records a stream's jobs instead of queueing them, and
 //! a graph replays them. Jobs are `Fn` so that a replay runs the same closures again.
 
-use mscclpp_hal::{Error, Graph, Result, Stream};
+use mscclpp_hal::{GraphApi, Result};
 
 use super::queue::{HostStream, Job};
 
@@ -25,14 +25,10 @@ impl std::fmt::Debug for HostGraph {
     }
 }
 
-impl Graph for HostGraph {
-    fn launch(&self, stream: &dyn Stream) -> Result<()> {
-        let s = stream
-            .as_any()
-            .downcast_ref::<HostStream>()
-            .ok_or_else(|| {
-                Error::invalid("a host graph launched on a stream of another backend")
-            })?;
+impl GraphApi for HostGraph {
+    type A = crate::Host;
+
+    fn launch(&self, s: &HostStream) -> Result<()> {
         for op in &self.ops {
             s.submit(op.clone())?;
         }

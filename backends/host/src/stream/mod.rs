@@ -16,12 +16,10 @@ mod tests;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{
-    BufferSlice, Error, Event, Graph, Kernel, LaunchConfig, Result, Stream, WaitCmp,
-};
+use mscclpp_hal::{BufferSlice, Error, LaunchConfig, Result, StreamApi, WaitCmp};
 
 use crate::kernels::{HostKernel, MAX_THREADS_PER_BLOCK};
-use event::{host_event, relay};
+use event::relay;
 
 pub use event::HostEvent;
 pub use graph::HostGraph;
@@ -55,7 +53,9 @@ impl SendPtr {
     }
 }
 
-impl Stream for HostStream {
+impl StreamApi for HostStream {
+    type A = crate::Host;
+
     fn copy(&self, dst: &BufferSlice, src: &BufferSlice) -> Result<()> {
         if dst.len() != src.len() {
             return Err(Error::invalid(format!(
@@ -184,16 +184,7 @@ impl Stream for HostStream {
         Ok(())
     }
 
-    unsafe fn launch_raw(&self, kernel: &dyn Kernel, cfg: LaunchConfig, args: &[u8]) -> Result<()> {
-        let k = kernel
-            .as_any()
-            .downcast_ref::<HostKernel>()
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "kernel {} was not loaded by the host backend",
-                    kernel.id()
-                ))
-            })?;
+    unsafe fn launch_raw(&self, k: &HostKernel, cfg: LaunchConfig, args: &[u8]) -> Result<()> {
         cfg.validate(MAX_THREADS_PER_BLOCK)?;
         let (func, id, args) = (k.func, k.id, args.to_vec());
         // The launching thread's abort word (its communicator's), polled by the kernel's waits.
@@ -205,9 +196,9 @@ impl Stream for HostStream {
         }))
     }
 
-    fn record(&self, event: &dyn Event) -> Result<()> {
+    fn record(&self, event: &HostEvent) -> Result<()> {
         self.refuse_while_capturing("recording an event")?;
-        let ev = host_event(event)?.inner.clone();
+        let ev = event.inner.clone();
         let generation = {
             let mut s = ev.lock();
             s.recorded += 1;
@@ -232,9 +223,9 @@ impl Stream for HostStream {
         Ok(self.capturing())
     }
 
-    fn wait_event(&self, event: &dyn Event) -> Result<()> {
+    fn wait_event(&self, event: &HostEvent) -> Result<()> {
         self.refuse_while_capturing("waiting for an event")?;
-        let ev = host_event(event)?.inner.clone();
+        let ev = event.inner.clone();
         let generation = ev.lock().recorded;
         self.submit(Arc::new(move || {
             ev.wait_for(generation, Duration::from_secs(3600))
@@ -282,7 +273,7 @@ impl Stream for HostStream {
         Ok(())
     }
 
-    fn end_capture(&self) -> Result<Box<dyn Graph>> {
+    fn end_capture(&self) -> Result<Box<HostGraph>> {
         let ops = self
             .capture
             .lock()
@@ -290,9 +281,5 @@ impl Stream for HostStream {
             .take()
             .ok_or_else(|| Error::invalid("end_capture: the stream is not capturing"))?;
         Ok(Box::new(HostGraph::new(ops)))
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }

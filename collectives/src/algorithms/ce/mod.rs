@@ -11,7 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    BufferSlice, Device, DeviceBuffer, Error, Event, LaunchConfig, MemoryKind, Result, Stream,
+    BufferSlice, Device, DeviceBuffer, DynStream, Error, Event, LaunchConfig, MemoryKind, Result,
+    Stream,
 };
 use mscclpp_transports::RegisteredMemory;
 
@@ -221,7 +222,7 @@ impl Ce {
     /// all-reduce; refused while capturing (an allocation cannot be part of a graph): the first
     /// one must be eager, unless the environment forced the copy engines for a reducing
     /// collective, which prepares at set-up.
-    fn prepare_reduce(&self, stream: &dyn Stream) -> Result<()> {
+    fn prepare_reduce(&self, stream: &DynStream) -> Result<()> {
         if self.gather.get().is_some() {
             return Ok(());
         }
@@ -369,7 +370,7 @@ impl Step<'_> {
 
     /// Chunk `k` (from byte `off` of each rank block) staged into the own buffer
     /// `k % BUFFERS` once every consumer has copied out what was there, then announced.
-    fn publish(&self, k: usize, off: u64, stream: &dyn Stream) -> Result<()> {
+    fn publish(&self, k: usize, off: u64, stream: &DynStream) -> Result<()> {
         let (rank, n) = (self.call.rank, self.call.nranks);
         let b = k % BUFFERS;
         let mine = self.ce.mine.full();
@@ -400,7 +401,7 @@ impl Step<'_> {
 
     /// Chunk `k` copied out of every publisher's buffer `k % BUFFERS` into the output, each
     /// publisher told when its buffer is free again.
-    fn consume(&self, k: usize, off: u64, stream: &dyn Stream) -> Result<()> {
+    fn consume(&self, k: usize, off: u64, stream: &DynStream) -> Result<()> {
         let (rank, n) = (self.call.rank, self.call.nranks);
         let b = k % BUFFERS;
         let mine = self.ce.mine.full();
@@ -438,7 +439,7 @@ impl Step<'_> {
     /// Reduce-scatter: the own chunk = the combination, in rank order, of the own source block's
     /// chunk and the peers' pieces gathered in buffer `b` (on the consuming stream, so the next
     /// pull into buffer `b` waits for it).
-    fn reduce(&self, b: usize, off: u64, stream: &dyn Stream) -> Result<()> {
+    fn reduce(&self, b: usize, off: u64, stream: &DynStream) -> Result<()> {
         let (rank, n, c) = (self.call.rank, self.call.nranks, self.call.call);
         let len = self.piece(rank, off);
         if len == 0 {
@@ -471,7 +472,7 @@ impl Step<'_> {
 
     /// Every chunk: on the side stream (publish) and `stream` (consume) at once, or on
     /// `stream` alone, chunk by chunk, when `serial`.
-    fn run(&self, stream: &dyn Stream, serial: bool) -> Result<()> {
+    fn run(&self, stream: &DynStream, serial: bool) -> Result<()> {
         let chunks = self.chunks();
         if serial || chunks.is_empty() {
             for (k, &off) in chunks.iter().enumerate() {
@@ -525,7 +526,7 @@ impl Algorithm for Ce {
         })
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
         let c = call.call;
         let (rank, n, kind) = (call.rank, call.nranks, c.kind);
         let block = call.block_bytes;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use mscclpp_hal::{BufferSlice, Result, Stream, WaitCmp};
+use mscclpp_hal::{BufferSlice, DynStream, Result, Stream, WaitCmp};
 
 use super::super::base::MAX_RANKS;
 use super::{BUFFERS, Ce, DATA, DONE, READY};
@@ -38,7 +38,7 @@ const REPASS: [Duration; 3] = [
 
 /// The wait of a flag in this rank's scratch, then its clear (a copy of the release word, which
 /// is 0 while the communicator lives).
-pub(super) fn take(stream: &dyn Stream, scratch: &BufferSlice, flag: &BufferSlice) -> Result<()> {
+pub(super) fn take(stream: &DynStream, scratch: &BufferSlice, flag: &BufferSlice) -> Result<()> {
     stream.wait_value64(flag, 1, WaitCmp::Geq)?;
     stream.copy(flag, &release_word(scratch)?)
 }

@@ -7,7 +7,7 @@
 #![doc = include_str!("spec.md")]
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{LaunchConfig, Result, Stream};
+use mscclpp_hal::{DynStream, LaunchConfig, Result};
 
 pub(crate) mod args;
 pub(crate) mod host;
@@ -124,7 +124,7 @@ impl Algorithm for Direct {
         })
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
         let c = call.call;
         let args = DirectCollectiveArgs {
             input: c.input.ptr().0,

@@ -14,8 +14,8 @@ use mscclpp_comm::proxy::ProxyService;
 use mscclpp_comm::semaphore::Host2DeviceSemaphore;
 use mscclpp_hal::dev::PortChannelDeviceHandle;
 use mscclpp_hal::{
-    BufferSlice, DataType, DeviceBuffer, Error, KernelDef, KernelId, KernelModule, LaunchConfig,
-    MemoryKind, ReduceOp, Result, Stream, TypedKernel,
+    BufferSlice, DataType, DeviceBuffer, DynStream, Error, KernelDef, KernelId, KernelModule,
+    LaunchConfig, MemoryKind, ReduceOp, Result, TypedKernel,
 };
 use mscclpp_transports::{Endpoint, EndpointConfig, Transport, TransportFlags};
 
@@ -389,7 +389,7 @@ impl Hier {
 
     /// A staging buffer of at least `bytes` (see [`Hier::stage`]). Growing it allocates, which a
     /// stream capture forbids: then the error says to run the call once outside the capture.
-    fn stage(&self, bytes: u64, stream: &dyn Stream) -> Result<BufferSlice> {
+    fn stage(&self, bytes: u64, stream: &DynStream) -> Result<BufferSlice> {
         let mut st = self.stage.lock().unwrap_or_else(|p| p.into_inner());
         if st.last().is_none_or(|b| (b.len() as u64) < bytes) {
             if stream.is_capturing()? {
@@ -422,7 +422,7 @@ impl Hier {
         reduce: bool,
         dtype: DataType,
         op: ReduceOp,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -455,7 +455,7 @@ impl Hier {
     ///
     /// # Safety
     /// The caller keeps the call's buffers alive until the stream has passed it.
-    pub unsafe fn run(&self, c: &Checked, stream: &dyn Stream) -> Result<()> {
+    pub unsafe fn run(&self, c: &Checked, stream: &DynStream) -> Result<()> {
         let call = c.call;
         let (dtype, op, count) = (call.dtype, call.op, call.count);
         if count == 0 {

@@ -9,7 +9,9 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{DeviceBuffer, KernelId, LaunchConfig, MemoryKind, Result, Stream, TypedKernel};
+use mscclpp_hal::{
+    DeviceBuffer, DynStream, KernelId, LaunchConfig, MemoryKind, Result, TypedKernel,
+};
 
 pub(crate) mod args;
 pub(crate) mod host;
@@ -109,7 +111,7 @@ impl LlScratch {
         kernel: &TypedKernel<LlCollectiveArgs>,
         call: &Checked,
         cfg: LaunchConfig,
-        stream: &dyn Stream,
+        stream: &DynStream,
     ) -> Result<()> {
         let args = self.args(call);
         let c = call.call;
@@ -265,7 +267,7 @@ impl Algorithm for Ll {
         Ok(Plan::grid(self.grid.config(call.buffer_bytes())))
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
         let kernel = if call.kind().reduces() {
             self.reduce.get(call)?
         } else {

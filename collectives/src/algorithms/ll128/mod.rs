@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{DeviceInfo, LaunchConfig, Result, Stream, TypedKernel};
+use mscclpp_hal::{DeviceInfo, DynStream, LaunchConfig, Result, TypedKernel};
 
 pub(crate) mod host;
 
@@ -126,7 +126,7 @@ impl Algorithm for Ll128 {
         Ok(Plan::grid(LaunchConfig::linear(blocks as u32, threads)))
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
         let (kernel, _) = self.kernel(call)?;
         // SAFETY: the caller's contract.
         unsafe { self.shared.launch(kernel, call, plan.config, stream) }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{LaunchConfig, Result, Stream};
+use mscclpp_hal::{DynStream, LaunchConfig, Result};
 
 use super::base::{Algorithm, ByType, Plan};
 use super::id::AlgorithmId;
@@ -97,7 +97,7 @@ impl Algorithm for LlShort {
         Ok(Plan::grid(self.grid.config(call.block_bytes)))
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
         let kernel = match call.kind() {
             CollectiveKind::AllReduce => self.allreduce.get(call)?,
             CollectiveKind::ReduceScatter => self.reduce_scatter.get(call)?,

@@ -10,7 +10,7 @@
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    BufferSlice, Error, KernelDef, KernelId, KernelModule, LaunchConfig, Result, Stream,
+    BufferSlice, DynStream, Error, KernelDef, KernelId, KernelModule, LaunchConfig, Result,
     TypedKernel,
 };
 
@@ -111,12 +111,7 @@ impl P2p {
     ///
     /// # Safety
     /// The buffers must stay allocated until the stream has passed the call.
-    pub unsafe fn run(
-        &self,
-        comm: &Communicator,
-        ops: &[P2pOp],
-        stream: &dyn Stream,
-    ) -> Result<()> {
+    pub unsafe fn run(&self, comm: &Communicator, ops: &[P2pOp], stream: &DynStream) -> Result<()> {
         let (rank, n) = (comm.rank(), comm.nranks());
         let backend = comm.device().info().backend;
         for (i, op) in ops.iter().enumerate() {

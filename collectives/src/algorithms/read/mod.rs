@@ -9,7 +9,7 @@
 #![doc = include_str!("spec.md")]
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{BufferSlice, Error, LaunchConfig, Result, Stream};
+use mscclpp_hal::{BufferSlice, DynStream, Error, LaunchConfig, Result};
 
 pub(crate) mod args;
 pub(crate) mod host;
@@ -132,7 +132,7 @@ impl Algorithm for Read {
         Ok(Plan::grid(LaunchConfig::linear(blocks, threads)))
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &dyn Stream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
         let c = call.call;
         let input = c.input.ptr().0;
         let args = ReadCollectiveArgs {
