@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{BufferSlice, DataType, DynStream, Error, ReduceOp, Result};
+use mscclpp_hal::{Api, BufferSlice, DataType, Dyn, Error, ReduceOp, Result};
 
 use crate::CollectiveKind;
 use crate::algorithms::base::MAX_RANKS;
@@ -32,30 +32,33 @@ pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
 
 /// The collectives of one communicator (all ranks create it together).
 #[derive(Debug)]
-pub struct Collectives {
+pub struct Collectives<A: Api = Dyn> {
     comm: Arc<Communicator>,
+    /// The communicator's device as backend `A`'s (the launches' ordering events).
+    device: Arc<A::Device>,
     policy: Policy,
     /// Single-host parts: `None` on a communicator that spans hosts.
-    ll: Option<Ll>,
-    ll_short: Option<LlShort>,
+    ll: Option<Ll<A>>,
+    ll_short: Option<LlShort<A>>,
     /// Where every rank can use it.
-    ll128: Option<Ll128>,
+    ll128: Option<Ll128<A>>,
     /// Where the backend has the kernels.
-    direct: Option<Direct>,
-    read: Option<Read>,
+    direct: Option<Direct<A>>,
+    read: Option<Read<A>>,
     /// The copy-engine algorithm (every backend: it launches no kernel).
-    ce: Option<Ce>,
+    ce: Option<Ce<A>>,
     /// Sends and receives.
-    p2p: Option<P2p>,
+    p2p: Option<P2p<A>>,
     /// A communicator that spans hosts: the hierarchical collectives serve every call.
-    hier: Option<Box<Hier>>,
+    hier: Option<Box<Hier<A>>>,
     /// All-reduces that read a registered input in place ([`Collectives::zero_copy_calls`]).
     zero_copy: AtomicU64,
     /// Keeps launches on different streams from overlapping.
-    order: LaunchOrder,
+    order: LaunchOrder<A>,
 }
 
-impl Collectives {
+/// The collectives of the backend chosen at run time (what every caller holds).
+impl Collectives<Dyn> {
     /// Sets up the collectives of `comm` (a collective call: every rank makes it).
     pub fn new(comm: Arc<Communicator>) -> Result<Self> {
         Self::with_slot_bytes(comm, DEFAULT_SLOT_BYTES)
@@ -71,8 +74,18 @@ impl Collectives {
     /// As [`Collectives::new`] with a chosen LL slot size (tests use small slots to exercise
     /// messages that take many rounds).
     pub fn with_slot_bytes(comm: Arc<Communicator>, slot_bytes: u64) -> Result<Self> {
+        Self::on_backend(comm, slot_bytes)
+    }
+}
+
+impl<A: Api> Collectives<A> {
+    /// As [`Collectives::with_slot_bytes`], launching on backend `A`'s own types: `comm`'s
+    /// device must be an `A` device, and the streams the calls come on `A` streams. Over a
+    /// backend's `Api` the launch path is static from [`Collectives::run`] to the vendor call.
+    pub fn on_backend(comm: Arc<Communicator>, slot_bytes: u64) -> Result<Self> {
+        let device = A::device_of(comm.device())?;
         if let Some(topo) = Topology::of(&comm)? {
-            return Self::hierarchical(comm, slot_bytes, topo);
+            return Self::hierarchical(comm, device, slot_bytes, topo);
         }
         let (rank, n) = (comm.rank(), comm.nranks());
         if !(2..=MAX_RANKS).contains(&n) {
@@ -115,13 +128,14 @@ impl Collectives {
         };
         let ll = Ll::new(&comm, shared.clone(), grid)?;
         let ll_short = LlShort::new(&comm, shared.clone(), grid, settings.ll_short)?;
-        let ll128 = ll128.map(|c| Ll128::new(&comm, shared, c));
+        let ll128 = ll128.map(|c| Ll128::new(&comm, shared, c)).transpose()?;
         let p2p = P2p::setup(&comm, slot_bytes)?;
         // Nobody writes into a peer's scratch before that peer has zeroed it.
         comm.bootstrap().barrier()?;
         tracing::debug!(rank, nranks = n, slot_bytes, "collectives ready");
         Ok(Collectives {
             comm,
+            device,
             policy: settings.policy,
             ll: Some(ll),
             ll_short: Some(ll_short),
@@ -141,15 +155,15 @@ impl Collectives {
         &self.comm
     }
 
-    fn get(&self, id: AlgorithmId) -> Option<&dyn Algorithm> {
+    fn get(&self, id: AlgorithmId) -> Option<&dyn Algorithm<A>> {
         match id {
-            AlgorithmId::Ll => self.ll.as_ref().map(|a| a as &dyn Algorithm),
-            AlgorithmId::LlShort => self.ll_short.as_ref().map(|a| a as &dyn Algorithm),
+            AlgorithmId::Ll => self.ll.as_ref().map(|a| a as &dyn Algorithm<A>),
+            AlgorithmId::LlShort => self.ll_short.as_ref().map(|a| a as &dyn Algorithm<A>),
             AlgorithmId::Hier => None,
-            AlgorithmId::Ll128 => self.ll128.as_ref().map(|a| a as &dyn Algorithm),
-            AlgorithmId::Direct => self.direct.as_ref().map(|a| a as &dyn Algorithm),
-            AlgorithmId::Read => self.read.as_ref().map(|a| a as &dyn Algorithm),
-            AlgorithmId::Ce => self.ce.as_ref().map(|a| a as &dyn Algorithm),
+            AlgorithmId::Ll128 => self.ll128.as_ref().map(|a| a as &dyn Algorithm<A>),
+            AlgorithmId::Direct => self.direct.as_ref().map(|a| a as &dyn Algorithm<A>),
+            AlgorithmId::Read => self.read.as_ref().map(|a| a as &dyn Algorithm<A>),
+            AlgorithmId::Ce => self.ce.as_ref().map(|a| a as &dyn Algorithm<A>),
         }
     }
 
@@ -167,7 +181,7 @@ impl Collectives {
     /// that algorithm's kernel. No host synchronisation; the buffers must stay allocated until
     /// the stream has passed the call. Calls on different streams run one after the other in
     /// the order they were made, as NCCL orders the work of a communicator.
-    pub fn run(&self, call: &CollectiveCall, stream: &DynStream) -> Result<()> {
+    pub fn run(&self, call: &CollectiveCall, stream: &A::Stream) -> Result<()> {
         let backend = self.comm.device().info().backend;
         let checked = call::check(call, self.comm.rank(), self.comm.nranks(), backend)?;
         if let Some(hier) = &self.hier {
@@ -183,7 +197,7 @@ impl Collectives {
         debug_assert_eq!(algorithm.id(), id);
         let plan = algorithm.plan(&checked)?;
         let _abort = self.live_scope()?;
-        self.order.run(&**self.comm.device(), stream, || {
+        self.order.run(&self.device, stream, || {
             // SAFETY: `checked` was checked against this communicator just above and `plan`
             // planned by the same algorithm; the caller keeps the buffers alive (documented
             // above).
@@ -201,7 +215,7 @@ impl Collectives {
     ) -> Result<AlgorithmId> {
         let fits = |id| {
             self.get(id)
-                .is_some_and(|a: &dyn Algorithm| a.fits(kind, block_bytes))
+                .is_some_and(|a: &dyn Algorithm<A>| a.fits(kind, block_bytes))
         };
         if id == AlgorithmId::Ll && fits(AlgorithmId::LlShort) {
             return Ok(AlgorithmId::LlShort);
@@ -274,7 +288,7 @@ impl Collectives {
     /// all-to-all-v, rings, hypercubes. Not a collective call: only the ranks named exchange.
     /// No host synchronisation; the buffers must stay allocated until the stream has passed
     /// the call.
-    pub fn send_recv(&self, ops: &[P2pOp], stream: &DynStream) -> Result<()> {
+    pub fn send_recv(&self, ops: &[P2pOp], stream: &A::Stream) -> Result<()> {
         let p2p = self.p2p.as_ref().ok_or_else(|| {
             Error::unavailable(
                 "sends and receives",
@@ -282,7 +296,7 @@ impl Collectives {
             )
         })?;
         let _abort = self.live_scope()?;
-        self.order.run(&**self.comm.device(), stream, || {
+        self.order.run(&self.device, stream, || {
             // SAFETY: the caller keeps the buffers alive (documented above).
             unsafe { p2p.run(&self.comm, ops, stream) }
         })
@@ -292,8 +306,8 @@ impl Collectives {
     /// `stream` by another component, e.g. an execution plan on staged buffers) in the same
     /// order as the collectives: after every earlier call, whatever stream it came on.
     /// `enqueue` must not call back into these collectives.
-    pub fn ordered<T>(&self, stream: &DynStream, enqueue: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.order.run(&**self.comm.device(), stream, enqueue)
+    pub fn ordered<T>(&self, stream: &A::Stream, enqueue: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.order.run(&self.device, stream, enqueue)
     }
 
     /// Refuses a communicator whose peer died (naming the rank), else installs its abort word
@@ -357,7 +371,7 @@ impl Collectives {
         count: usize,
         dtype: DataType,
         op: ReduceOp,
-        stream: &DynStream,
+        stream: &A::Stream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::AllReduce, input, output, count, dtype);
         self.run(&call.op(op), stream)
@@ -370,7 +384,7 @@ impl Collectives {
         output: &BufferSlice,
         count: usize,
         dtype: DataType,
-        stream: &DynStream,
+        stream: &A::Stream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::AllGather, input, output, count, dtype);
         self.run(&call, stream)
@@ -384,7 +398,7 @@ impl Collectives {
         count: usize,
         dtype: DataType,
         op: ReduceOp,
-        stream: &DynStream,
+        stream: &A::Stream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::ReduceScatter, input, output, count, dtype);
         self.run(&call.op(op), stream)
@@ -398,7 +412,7 @@ impl Collectives {
         count: usize,
         dtype: DataType,
         root: usize,
-        stream: &DynStream,
+        stream: &A::Stream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::Broadcast, input, output, count, dtype);
         self.run(&call.root(root), stream)
@@ -411,7 +425,7 @@ impl Collectives {
         output: &BufferSlice,
         count: usize,
         dtype: DataType,
-        stream: &DynStream,
+        stream: &A::Stream,
     ) -> Result<()> {
         let call = CollectiveCall::new(CollectiveKind::AllToAll, input, output, count, dtype);
         self.run(&call, stream)
@@ -419,10 +433,15 @@ impl Collectives {
 }
 
 /// Communicators that span hosts (`algorithms/hier/spec.md`).
-impl Collectives {
+impl<A: Api> Collectives<A> {
     /// The hierarchical collectives of `comm`, which spans hosts as `topo` says (a collective
     /// call, as [`Collectives::new`]).
-    fn hierarchical(comm: Arc<Communicator>, slot_bytes: u64, topo: Topology) -> Result<Self> {
+    fn hierarchical(
+        comm: Arc<Communicator>,
+        device: Arc<A::Device>,
+        slot_bytes: u64,
+        topo: Topology,
+    ) -> Result<Self> {
         if slot_bytes < 16 || slot_bytes % 16 != 0 {
             return Err(Error::invalid(format!(
                 "slot of {slot_bytes} bytes: a positive multiple of 16 is needed"
@@ -441,6 +460,7 @@ impl Collectives {
         );
         Ok(Collectives {
             comm,
+            device,
             policy: settings.policy,
             ll: None,
             ll_short: None,
@@ -460,9 +480,9 @@ impl Collectives {
         self.hier.as_ref().map(|h| (h.topo.hosts, h.topo.per_host))
     }
 
-    fn run_hier(&self, hier: &Hier, checked: &call::Checked, stream: &DynStream) -> Result<()> {
+    fn run_hier(&self, hier: &Hier<A>, checked: &call::Checked, stream: &A::Stream) -> Result<()> {
         let _abort = self.live_scope()?;
-        self.order.run(&**self.comm.device(), stream, || {
+        self.order.run(&self.device, stream, || {
             // SAFETY: `checked` was checked against this communicator; the caller keeps the
             // buffers alive (as for every call of [`Collectives::run`]).
             unsafe { hier.run(checked, stream) }

@@ -15,37 +15,48 @@
 
 use std::sync::{Arc, Mutex};
 
-use mscclpp_hal::{Device, DynStream, Event, Result, Stream};
+use mscclpp_hal::{Api, DeviceApi, Result, StreamApi};
 
 /// The last launch of a communicator: its stream and the event recorded behind it.
-#[derive(Debug, Default)]
-pub(crate) struct LaunchOrder {
-    last: Mutex<Last>,
+#[derive(Debug)]
+pub(crate) struct LaunchOrder<A: Api> {
+    last: Mutex<Last<A>>,
 }
 
-#[derive(Debug, Default)]
-struct Last {
+impl<A: Api> Default for LaunchOrder<A> {
+    fn default() -> Self {
+        LaunchOrder {
+            last: Mutex::new(Last {
+                stream: None,
+                event: None,
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Last<A: Api> {
     /// Identity of the stream of the last eager launch (see [`stream_key`]).
     stream: Option<usize>,
-    event: Option<Arc<dyn Event>>,
+    event: Option<Arc<A::Event>>,
 }
 
 /// The vendor handle where there is one (the C library wraps the same `cudaStream_t` in a new
 /// object each call), else the stream object's address.
-fn stream_key(stream: &DynStream) -> usize {
+fn stream_key<S: StreamApi + ?Sized>(stream: &S) -> usize {
     match stream.native_handle() {
         Some(h) => h as usize,
-        None => stream as *const dyn Stream as *const () as usize,
+        None => stream as *const S as *const () as usize,
     }
 }
 
-impl LaunchOrder {
+impl<A: Api> LaunchOrder<A> {
     /// Runs `launch` (which enqueues on `stream`) after every earlier launch of this
     /// communicator, on whatever stream they were.
     pub(crate) fn run<T>(
         &self,
-        device: &dyn Device,
-        stream: &DynStream,
+        device: &A::Device,
+        stream: &A::Stream,
         launch: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
         if stream.is_capturing()? {
@@ -58,7 +69,7 @@ impl LaunchOrder {
         if let (Some(prev), Some(ev)) = (last.stream, &last.event)
             && prev != key
         {
-            stream.wait_event(&**ev)?;
+            stream.wait_event(ev)?;
         }
         let out = launch()?;
         let ev = match &last.event {
@@ -69,7 +80,7 @@ impl LaunchOrder {
                 ev
             }
         };
-        stream.record(&*ev)?;
+        stream.record(&ev)?;
         last.stream = Some(key);
         Ok(out)
     }

@@ -81,6 +81,12 @@ pub struct Args {
     #[arg(long, global = true)]
     pub threads: bool,
 
+    /// Run our collectives over the backend's own types (`Collectives::<A>::on_backend`, the
+    /// typed HAL: every launch a static call down to the vendor) instead of the trait objects
+    /// the C library and Python hold. Compare with a run without it.
+    #[arg(long, global = true)]
+    pub typed: bool,
+
     /// The global flags given on the command line (their field names), to refuse those a
     /// benchmark would ignore.
     #[arg(skip)]
@@ -88,7 +94,7 @@ pub struct Args {
 }
 
 /// The global flags: their ids (field names) and how the errors spell them.
-const GLOBAL_FLAGS: [(&str, &str); 15] = [
+const GLOBAL_FLAGS: [(&str, &str); 16] = [
     ("min_bytes", "-b"),
     ("max_bytes", "-e"),
     ("step_factor", "-f"),
@@ -104,6 +110,7 @@ const GLOBAL_FLAGS: [(&str, &str); 15] = [
     ("register", "--register"),
     ("cudagraph", "-G"),
     ("threads", "--threads"),
+    ("typed", "--typed"),
 ];
 
 /// The benchmarks.
@@ -312,6 +319,14 @@ impl Args {
             match bench {
                 Bench::Report { .. } => false,
                 Bench::Bootstrap { .. } => matches!(id, "ranks" | "threads"),
+                _ if id == "typed" => matches!(
+                    bench,
+                    Bench::Allreduce
+                        | Bench::Allgather
+                        | Bench::Reducescatter
+                        | Bench::Broadcast
+                        | Bench::Alltoall
+                ),
                 Bench::MemoryChannel | Bench::PortChannel { .. } => matches!(
                     id,
                     "min_bytes"

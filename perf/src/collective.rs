@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives};
+use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{
-    BackendKind, BufferSlice, DataType, DeviceBuffer, Error, MemoryKind, ReduceOp, Result, Stream,
+    Api, BackendKind, BufferSlice, DataType, DeviceApi, DeviceBuffer, Dyn, Error, MemoryKind,
+    ReduceOp, Result, Stream,
 };
 
 use crate::args::Args;
@@ -125,9 +126,12 @@ pub(crate) fn host_capacity(len: usize, what: &str) -> Result<Vec<u8>> {
 }
 
 /// The collective benchmark of one rank.
-pub struct Bench {
+pub struct Bench<A: Api = Dyn> {
     comm: Arc<Communicator>,
-    coll: Collectives,
+    coll: Collectives<A>,
+    /// The stream our calls go on, as backend `A`'s type, and the same stream as a trait
+    /// object (timing, NCCL, copies).
+    typed: Arc<A::Stream>,
     stream: Arc<dyn Stream>,
     input: DeviceBuffer,
     output: DeviceBuffer,
@@ -136,17 +140,18 @@ pub struct Bench {
     registered: bool,
 }
 
-impl Bench {
-    /// Sets up buffers of `max` bytes, the collectives and (optionally) NCCL.
+impl<A: Api> Bench<A> {
+    /// Sets up buffers of `max` bytes, the collectives over backend `A` and (optionally) NCCL.
     pub fn new(
         comm: Arc<Communicator>,
         max: usize,
         baseline: bool,
         register: bool,
-    ) -> Result<Bench> {
+    ) -> Result<Bench<A>> {
         let device = comm.device().clone();
-        let coll = Collectives::new(comm.clone())?;
-        let stream = device.create_stream()?;
+        let coll = Collectives::<A>::on_backend(comm.clone(), DEFAULT_SLOT_BYTES)?;
+        let typed = DeviceApi::create_stream(&*A::device_of(&device)?)?;
+        let stream = A::erase_stream(typed.clone());
         let input = device.alloc(max.max(1), MemoryKind::Device)?;
         let output = device.alloc(max.max(1), MemoryKind::Device)?;
         if register {
@@ -160,6 +165,7 @@ impl Bench {
         Ok(Bench {
             comm,
             coll,
+            typed,
             stream,
             input,
             output,
@@ -188,7 +194,7 @@ impl Bench {
             .op(spec.op)
             .root(spec.root)
             .registered(self.registered);
-        self.coll.run(&call, &*self.stream)
+        self.coll.run(&call, &*self.typed)
     }
 
     /// Time and host time per call in µs: eager launches, or (`-G N`) replays of a graph of
@@ -450,11 +456,30 @@ pub fn bus_factor(kind: CollectiveKind, n: usize) -> f64 {
 /// Runs one collective over the sizes; rank 0 prints. Returns the wrong elements (ours and the
 /// baseline's) over all ranks.
 pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result<u64> {
+    if !args.typed {
+        return run_on::<Dyn>(args, comm, kind);
+    }
+    match comm.device().info().backend {
+        BackendKind::Host => run_on::<mscclpp::host::Host>(args, comm, kind),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => run_on::<mscclpp::cuda::Cuda>(args, comm, kind),
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => run_on::<mscclpp::rocm::Rocm>(args, comm, kind),
+        #[allow(unreachable_patterns)]
+        other => Err(Error::unavailable(
+            "--typed",
+            format!("the {other} backend is not built into this binary"),
+        )),
+    }
+}
+
+/// [`run`] with our collectives over backend `A` (`Dyn`: the trait objects).
+fn run_on<A: Api>(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result<u64> {
     let dtype: DataType = args.datatype.parse()?;
     let op: ReduceOp = args.op.parse()?;
     let sizes = args.sizes();
     let max = sizes.last().copied().unwrap_or(0);
-    let bench = Bench::new(comm.clone(), max, args.baseline.is_some(), args.register)?;
+    let bench = Bench::<A>::new(comm.clone(), max, args.baseline.is_some(), args.register)?;
     let spec = Spec {
         kind,
         dtype,
@@ -483,10 +508,12 @@ pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result
         args.timing(),
         args.iters,
         args.warmup,
-        if args.register {
-            "; our buffers registered"
-        } else {
-            ""
+        match (args.register, args.typed) {
+            (true, true) =>
+                "; our buffers registered; our collectives over the backend's own types",
+            (true, false) => "; our buffers registered",
+            (false, true) => "; our collectives over the backend's own types",
+            (false, false) => "",
         },
         bench.nccl_version().map_or(String::new(), |v| format!(
             "; baseline NCCL {v} on the same buffers and stream"

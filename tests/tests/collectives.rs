@@ -14,7 +14,10 @@ use mscclpp::collectives::{
 };
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
-use mscclpp::hal::{BackendKind, DataType, ErrorClass, MemoryKind, ReduceOp};
+use mscclpp::hal::{
+    Api, BackendKind, DataType, DeviceApi, Dyn, ErrorClass, GraphApi, MemoryKind, ReduceOp,
+    StreamApi,
+};
 use mscclpp_conformance::multiproc;
 use mscclpp_conformance::reference::{count_wrong, expected, random_input};
 use mscclpp_conformance::rng::Rng;
@@ -59,13 +62,38 @@ fn role_matrix() -> R<()> {
         .split(',')
         .filter_map(|c| c.parse().ok())
         .collect();
-    let coll = Collectives::with_slot_bytes(comm.clone(), slot).map_err(e)?;
+    // MSCCLPP_TEST_TYPED=1: the collectives and the stream over the backend's own types
+    // (`mscclpp::hal::api`), the launch path static down to the vendor; otherwise over the
+    // trait objects, as every caller holds them.
+    if std::env::var("MSCCLPP_TEST_TYPED").is_ok_and(|v| v == "1") {
+        return match kind {
+            BackendKind::Host => matrix::<mscclpp::host::Host>(comm, device, slot, counts),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => matrix::<mscclpp::cuda::Cuda>(comm, device, slot, counts),
+            #[cfg(feature = "rocm")]
+            BackendKind::Rocm => matrix::<mscclpp::rocm::Rocm>(comm, device, slot, counts),
+            #[allow(unreachable_patterns)]
+            other => Err(format!("the {other} backend is not built in")),
+        };
+    }
+    matrix::<Dyn>(comm, device, slot, counts)
+}
+
+fn matrix<A: Api>(
+    comm: Arc<Communicator>,
+    device: Arc<dyn mscclpp::hal::Device>,
+    slot: u64,
+    counts: Vec<usize>,
+) -> R<()> {
+    let (rank, n) = (comm.rank(), comm.nranks());
+    let coll = Collectives::<A>::on_backend(comm.clone(), slot).map_err(e)?;
     // MSCCLPP_TEST_SHORT_ODD_OFF=1: odd ranks keep one-round calls on the general LL kernel while
     // even ranks take the short kernels (the two must interoperate).
     if rank % 2 == 1 && std::env::var("MSCCLPP_TEST_SHORT_ODD_OFF").is_ok_and(|v| v == "1") {
         coll.use_short_kernels(false);
     }
-    let stream = device.create_stream().map_err(e)?;
+    let typed = A::device_of(&device).map_err(e)?;
+    let stream = DeviceApi::create_stream(&*typed).map_err(e)?;
     let mut first_calls = 0;
     if std::env::var("MSCCLPP_TEST_ALGO").is_ok_and(|v| v == "ce") {
         first_calls = ce_first_call_captured(&coll, &device, &*stream, rank, n)?;
@@ -288,10 +316,10 @@ fn role_matrix() -> R<()> {
 /// The copy engines forced for all-reduce: the communicator's very first all-reduce may be
 /// captured in a graph (its gather buffer was allocated at set-up), and the graph's replays are
 /// right. Returns the calls made.
-fn ce_first_call_captured(
-    coll: &Collectives,
+fn ce_first_call_captured<A: Api>(
+    coll: &Collectives<A>,
     device: &Arc<dyn mscclpp::hal::Device>,
-    stream: &mscclpp::hal::DynStream,
+    stream: &A::Stream,
     rank: usize,
     n: usize,
 ) -> R<usize> {
@@ -340,10 +368,10 @@ fn burst_byte(i: usize, p: usize, q: usize) -> u8 {
 /// from every root, all-to-all, reduce-scatter, all-reduce, each into its own output slice,
 /// inputs refilled on the stream between calls), then the first five captured in a graph and
 /// replayed into poisoned outputs. Returns (calls, wrong bytes).
-fn ce_burst(
-    coll: &Collectives,
+fn ce_burst<A: Api>(
+    coll: &Collectives<A>,
     device: &Arc<dyn mscclpp::hal::Device>,
-    stream: &mscclpp::hal::DynStream,
+    stream: &A::Stream,
     rank: usize,
     n: usize,
 ) -> R<(usize, usize)> {
@@ -942,6 +970,27 @@ const LL128: &[(&str, &str)] = &[
 /// default choice crosses every algorithm.
 const GPU_COUNTS: &str = "1,7,1001,65537,262147,1048573,2097155";
 
+/// The collectives and streams over the backend's own types (`Collectives::<A>::on_backend`),
+/// not the trait objects; every algorithm takes its share of the default choice by size.
+const TYPED: &[(&str, &str)] = &[("MSCCLPP_TEST_TYPED", "1")];
+
+/// The copy engines forced, over the backend's own types (the side stream and its events).
+const CE_TYPED: &[(&str, &str)] = &[
+    ("MSCCLPP_TEST_TYPED", "1"),
+    ("MSCCLPP_ALGO_ALLREDUCE", "ce"),
+    ("MSCCLPP_ALGO_ALLGATHER", "ce"),
+    ("MSCCLPP_ALGO_BROADCAST", "ce"),
+    ("MSCCLPP_ALGO_ALLTOALL", "ce"),
+    ("MSCCLPP_ALGO_REDUCESCATTER", "ce"),
+    (
+        "MSCCLPP_TEST_KINDS",
+        "allreduce,allgather,broadcast,alltoall,reducescatter",
+    ),
+    ("MSCCLPP_TEST_ALGO", "ce"),
+    ("MSCCLPP_CE_SCRATCH_BYTES", "4096"),
+    ("MSCCLPP_TEST_DTYPES", "float,bfloat16,int8"),
+];
+
 /// Odd ranks keep one-round calls on the general LL kernel, even ranks take the short kernels.
 const SHORT_MIXED: &[(&str, &str)] = &[("MSCCLPP_TEST_SHORT_ODD_OFF", "1")];
 
@@ -1073,7 +1122,7 @@ fn main() {
     type Env = &'static [(&'static str, &'static str)];
     // Host trials: (name, ranks, slot bytes, counts, environment). Small slots force many
     // rounds: 256-byte slots carry 128 data bytes per peer per round.
-    let host: [(&str, usize, u64, &'static str, Env); 18] = [
+    let host: [(&str, usize, u64, &'static str, Env); 21] = [
         ("2_ranks", 2, 256, "1,3,37,1001", &[]),
         ("3_ranks", 3, 512, "1,5,333", &[]),
         ("4_ranks", 4, 1024, "1,7,300", &[]),
@@ -1098,6 +1147,10 @@ fn main() {
         ("ce::3_ranks", 3, 256, "1,5,3333", CE),
         ("ce::8_ranks", 8, 4096, "1,129", CE),
         ("ce::by_size_2_ranks", 2, 256, "1,37,5001", CE_BY_SIZE),
+        // Over the host backend's own types (`Collectives<Host>`), not the trait objects.
+        ("typed::2_ranks", 2, 256, "1,3,37,5001", TYPED),
+        ("typed::3_ranks", 3, 512, "1,5,333", TYPED),
+        ("typed::ce::2_ranks", 2, 256, "1,37,5001", CE_TYPED),
     ];
     let mut trials: Vec<Trial> = host
         .into_iter()
@@ -1121,7 +1174,7 @@ fn main() {
     }
     // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one;
     // 4 ranks: 2 per GPU, where LL128 is refused since two ranks share a device and LL serves).
-    let gpu: [(&str, usize, Env); 11] = [
+    let gpu: [(&str, usize, Env); 13] = [
         ("read::2_ranks", 2, READ_REGISTERED),
         ("read::2_ranks_staged", 2, READ_STAGED),
         ("read::4_ranks", 4, READ_REGISTERED),
@@ -1135,6 +1188,9 @@ fn main() {
         ("short_mixed::4_ranks", 4, SHORT_MIXED),
         ("ce::2_ranks", 2, CE_GPU),
         ("ce::4_ranks", 4, CE_GPU),
+        // Over the GPU backend's own types (`Collectives<Cuda>`): every launch static.
+        ("typed::2_ranks", 2, TYPED),
+        ("typed::ce::2_ranks", 2, CE_TYPED),
     ];
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
         for (name, n, env) in gpu {

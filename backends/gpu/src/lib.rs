@@ -66,4 +66,16 @@ impl<R: Runtime> mscclpp_hal::Api for Gpu<R> {
     type Event = GpuEvent<R>;
     type Kernel = GpuKernel<R>;
     type Graph = GpuGraph<R>;
+
+    fn device_of(
+        device: &std::sync::Arc<dyn mscclpp_hal::Device>,
+    ) -> mscclpp_hal::Result<std::sync::Arc<GpuDevice<R>>> {
+        mscclpp_hal::api::typed_device::<Self>(device)
+    }
+
+    fn erase_stream(
+        stream: std::sync::Arc<GpuStream<R>>,
+    ) -> std::sync::Arc<dyn mscclpp_hal::Stream> {
+        stream
+    }
 }

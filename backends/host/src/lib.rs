@@ -38,6 +38,14 @@ impl mscclpp_hal::Api for Host {
     type Event = stream::HostEvent;
     type Kernel = kernels::HostKernel;
     type Graph = stream::HostGraph;
+
+    fn device_of(device: &Arc<dyn mscclpp_hal::Device>) -> mscclpp_hal::Result<Arc<HostDevice>> {
+        mscclpp_hal::api::typed_device::<Self>(device)
+    }
+
+    fn erase_stream(stream: Arc<stream::HostStream>) -> Arc<dyn mscclpp_hal::Stream> {
+        stream
+    }
 }
 
 use std::sync::Arc;

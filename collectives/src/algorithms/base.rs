@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    DataType, Device, DeviceInfo, DynStream, Kernel, KernelArgs, KernelId, KernelModule,
+    Api, DataType, DeviceApi, DeviceInfo, Dyn, KernelApi, KernelArgs, KernelId, KernelModule,
     LaunchConfig, Result, TypedKernel,
 };
 
@@ -64,14 +64,14 @@ pub(crate) fn is_wide(dtype: DataType) -> bool {
 /// A kernel of a wide module, loaded at its first use: the module is compiled (GPUs) only when a
 /// call of one of its element types comes. A failed load is not remembered (the next call tries
 /// again); a loaded kernel is kept with the most threads per block it may launch with here.
-pub(crate) struct LazyKernel<A> {
-    device: Arc<dyn Device>,
+pub(crate) struct LazyKernel<T, A: Api = Dyn> {
+    device: Arc<A::Device>,
     module: &'static KernelModule,
     id: KernelId,
-    loaded: OnceLock<(TypedKernel<A>, u32)>,
+    loaded: OnceLock<(TypedKernel<T, A>, u32)>,
 }
 
-impl<A> std::fmt::Debug for LazyKernel<A> {
+impl<T, A: Api> std::fmt::Debug for LazyKernel<T, A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LazyKernel")
             .field("module", &self.module.name)
@@ -81,21 +81,21 @@ impl<A> std::fmt::Debug for LazyKernel<A> {
     }
 }
 
-impl<A: KernelArgs> LazyKernel<A> {
+impl<T: KernelArgs, A: Api> LazyKernel<T, A> {
     /// Kernel `id` of `module` on `comm`'s device, not loaded yet (an `id` the module lacks is
     /// an error at [`LazyKernel::get`]; the modules' tests check every id).
-    pub fn new(comm: &Communicator, module: &'static KernelModule, id: KernelId) -> Self {
-        LazyKernel {
-            device: comm.device().clone(),
+    pub fn new(comm: &Communicator, module: &'static KernelModule, id: KernelId) -> Result<Self> {
+        Ok(LazyKernel {
+            device: A::device_of(comm.device())?,
             module,
             id,
             loaded: OnceLock::new(),
-        }
+        })
     }
 
     /// The kernel, loaded now if it is not yet, and its thread limit on this device
     /// ([`thread_limit`]: per loaded kernel, since the wide kernels use more registers).
-    pub fn get(&self) -> Result<(&TypedKernel<A>, u32)> {
+    pub fn get(&self) -> Result<(&TypedKernel<T, A>, u32)> {
         if let Some((k, limit)) = self.loaded.get() {
             return Ok((k, *limit));
         }
@@ -110,12 +110,12 @@ impl<A: KernelArgs> LazyKernel<A> {
 
 /// A kernel per element type: the base types' loaded at set-up, the wide types' at first use.
 #[derive(Debug)]
-pub(crate) struct ByType<A> {
-    base: TypedKernel<A>,
-    wide: LazyKernel<A>,
+pub(crate) struct ByType<T, A: Api = Dyn> {
+    base: TypedKernel<T, A>,
+    wide: LazyKernel<T, A>,
 }
 
-impl<A: KernelArgs> ByType<A> {
+impl<T: KernelArgs, A: Api> ByType<T, A> {
     /// `base` of `base_module` (loaded now) and `wide` of `wide_module` (at first use).
     pub fn load(
         comm: &Communicator,
@@ -124,19 +124,19 @@ impl<A: KernelArgs> ByType<A> {
     ) -> Result<Self> {
         Ok(ByType::new(
             load(comm, base_module, base)?,
-            LazyKernel::new(comm, wide_module, wide),
+            LazyKernel::new(comm, wide_module, wide)?,
         ))
     }
 
     /// `base`, loaded already, and `wide`.
-    pub fn new(base: TypedKernel<A>, wide: LazyKernel<A>) -> Self {
+    pub fn new(base: TypedKernel<T, A>, wide: LazyKernel<T, A>) -> Self {
         ByType { base, wide }
     }
 
     /// The kernel of `dtype` and the threads per block its calls take: `threads`, within the
     /// wide kernel's own limit for a wide type (more registers). Only the blocks and chunks
     /// must match across ranks, so a rank's thread count may differ.
-    pub fn with_threads(&self, dtype: DataType, threads: u32) -> Result<(&TypedKernel<A>, u32)> {
+    pub fn with_threads(&self, dtype: DataType, threads: u32) -> Result<(&TypedKernel<T, A>, u32)> {
         if is_wide(dtype) {
             let (k, limit) = self.wide.get()?;
             Ok((k, threads.min(limit)))
@@ -146,7 +146,7 @@ impl<A: KernelArgs> ByType<A> {
     }
 
     /// The kernel of `dtype` (its users' grids keep within every kernel's limit: the LL ones).
-    pub fn get(&self, dtype: DataType) -> Result<&TypedKernel<A>> {
+    pub fn get(&self, dtype: DataType) -> Result<&TypedKernel<T, A>> {
         if is_wide(dtype) {
             Ok(self.wide.get()?.0)
         } else {
@@ -172,8 +172,8 @@ impl Plan {
     }
 }
 
-/// One algorithm, set up on a communicator.
-pub(crate) trait Algorithm: std::fmt::Debug + Send + Sync {
+/// One algorithm, set up on a communicator, launching on the streams of backend `A`.
+pub(crate) trait Algorithm<A: Api>: std::fmt::Debug + Send + Sync {
     fn id(&self) -> AlgorithmId;
 
     /// Whether it serves `kind` with rank blocks of `block_bytes` here. Must depend on nothing
@@ -191,11 +191,11 @@ pub(crate) trait Algorithm: std::fmt::Debug + Send + Sync {
     /// `call` was made by [`crate::call::check`] for this communicator, `plan` by
     /// [`Algorithm::plan`] of this algorithm for it, and the caller keeps the call's buffers
     /// alive until the stream has passed it.
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()>;
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &A::Stream) -> Result<()>;
 }
 
 /// The most threads (whole warps) a block of `kernel` may have on this device.
-fn thread_limit(info: &DeviceInfo, kernel: &dyn Kernel) -> u32 {
+fn thread_limit<K: KernelApi + ?Sized>(info: &DeviceInfo, kernel: &K) -> u32 {
     let limit = kernel
         .max_threads_per_block()
         .unwrap_or(info.max_threads_per_block)
@@ -205,9 +205,9 @@ fn thread_limit(info: &DeviceInfo, kernel: &dyn Kernel) -> u32 {
 
 /// Threads per block: `forced` (from the environment) or `default`, from 32 to 1024 and within
 /// what `kernel` may launch with on this device.
-pub(crate) fn block_threads(
+pub(crate) fn block_threads<K: KernelApi + ?Sized>(
     info: &DeviceInfo,
-    kernel: &dyn Kernel,
+    kernel: &K,
     forced: Option<u32>,
     default: u32,
 ) -> u32 {
@@ -234,23 +234,23 @@ pub(crate) fn resident_grid(info: &DeviceInfo, threads: u32) -> (u32, u32) {
     }
 }
 
-/// Kernel `id` of `module`, taking an `A`.
-pub(crate) fn load<A: KernelArgs>(
+/// Kernel `id` of `module` on `comm`'s device of backend `A`, taking a `T`.
+pub(crate) fn load<T: KernelArgs, A: Api>(
     comm: &Communicator,
     module: &'static KernelModule,
     id: KernelId,
-) -> Result<TypedKernel<A>> {
-    TypedKernel::load(&**comm.device(), module, id)
+) -> Result<TypedKernel<T, A>> {
+    TypedKernel::load(&*A::device_of(comm.device())?, module, id)
 }
 
 /// Kernel `id` of `module`, or `None` where the backend lacks it — then every rank must lack it
 /// too (`what` names the settings agreed).
-pub(crate) fn optional_kernel<A: KernelArgs>(
+pub(crate) fn optional_kernel<T: KernelArgs, A: Api>(
     comm: &Communicator,
     module: &'static KernelModule,
     id: KernelId,
     what: &str,
-) -> Result<Option<TypedKernel<A>>> {
+) -> Result<Option<TypedKernel<T, A>>> {
     match load(comm, module, id) {
         Ok(k) => Ok(Some(k)),
         Err(e) => {

@@ -32,6 +32,14 @@ impl Api for Dyn {
     type Event = dyn Event;
     type Kernel = dyn Kernel;
     type Graph = dyn Graph;
+
+    fn device_of(device: &Arc<dyn Device>) -> Result<Arc<dyn Device>> {
+        Ok(device.clone())
+    }
+
+    fn erase_stream(stream: Arc<dyn Stream>) -> Arc<dyn Stream> {
+        stream
+    }
 }
 
 impl DeviceApi for dyn Device {

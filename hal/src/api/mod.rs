@@ -48,6 +48,16 @@ pub trait Api: Sized + Send + Sync + fmt::Debug + 'static {
     type Kernel: KernelApi<A = Self> + ?Sized;
     /// A captured graph.
     type Graph: GraphApi<A = Self> + ?Sized;
+
+    /// This backend's device behind a device a registry opened (an error naming both backends
+    /// where it is another's): how code written over `A` starts from the `Arc<dyn Device>` the
+    /// rest of the library holds, once at set-up. A backend implements it with
+    /// [`typed_device`]; [`Dyn`] returns the same object.
+    fn device_of(device: &Arc<dyn crate::Device>) -> Result<Arc<Self::Device>>;
+
+    /// The same stream as a trait object, for the code that holds the run-time types (timing,
+    /// a vendor library beside us on the stream). [`Dyn`] returns it as it is.
+    fn erase_stream(stream: Arc<Self::Stream>) -> Arc<dyn crate::Stream>;
 }
 
 /// An [`Api`] of concrete types: every backend's (not [`Dyn`], whose types are the trait

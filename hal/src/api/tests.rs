@@ -51,6 +51,12 @@ macro_rules! counting_backend {
             type Event = $event;
             type Kernel = $kernel;
             type Graph = $graph;
+            fn device_of(d: &Arc<dyn Device>) -> Result<Arc<$dev>> {
+                typed_device::<Self>(d)
+            }
+            fn erase_stream(s: Arc<$stream>) -> Arc<dyn crate::Stream> {
+                s
+            }
         }
         #[derive(Debug)]
         struct $dev(DeviceInfo);

@@ -11,8 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    BufferSlice, Device, DeviceBuffer, DynStream, Error, Event, LaunchConfig, MemoryKind, Result,
-    Stream,
+    Api, BufferSlice, Device, DeviceApi, DeviceBuffer, Error, LaunchConfig, MemoryKind, Result,
+    StreamApi,
 };
 use mscclpp_transports::RegisteredMemory;
 
@@ -50,7 +50,7 @@ pub(crate) const DEFAULT_GPU_BYTES: u64 = 64 << 20;
 pub(crate) const DEFAULT_HOST_BYTES: u64 = 1 << 20;
 
 #[derive(Debug)]
-pub(crate) struct Ce {
+pub(crate) struct Ce<A: Api> {
     /// This rank's scratch: flags, then the data regions.
     mine: DeviceBuffer,
     /// Every rank's scratch as seen here (`None` at this rank's index).
@@ -60,16 +60,16 @@ pub(crate) struct Ce {
     data_bytes: u64,
     /// The stream that publishes (stages) while the caller's stream consumes, and the events
     /// that fork it from and join it to the caller's stream.
-    side: Arc<dyn Stream>,
-    fork: Arc<dyn Event>,
-    join: Arc<dyn Event>,
+    side: Arc<A::Stream>,
+    fork: Arc<A::Event>,
+    join: Arc<A::Event>,
     /// Reduce-scatter: where the peers' pieces are gathered before the reduction (this rank's
     /// only, not mapped), laid out as the scratch's buffers, allocated at the first
     /// reduce-scatter (communicators that never run one do not pay for it); and the reduction,
     /// loaded (compiled, on a GPU) then too.
     gather: OnceLock<DeviceBuffer>,
     device: Arc<dyn Device>,
-    reduce: LazyKernel<CeReduceArgs>,
+    reduce: LazyKernel<CeReduceArgs, A>,
     /// Blocks and threads of the reduction.
     reduce_grid: LaunchConfig,
     /// The listener that releases this rank's waits when the communicator fails
@@ -78,7 +78,13 @@ pub(crate) struct Ce {
     abort_listener: u64,
 }
 
-impl Drop for Ce {
+/// Word `[b][i]` (buffer, rank) of the flag array at `at` in `scratch`.
+fn flag(scratch: &BufferSlice, at: usize, b: usize, i: usize) -> Result<BufferSlice> {
+    let w = at + 8 * (b * MAX_RANKS + i);
+    scratch.slice(w..w + 8)
+}
+
+impl<A: Api> Drop for Ce<A> {
     fn drop(&mut self) {
         self.comm.remove_abort_listener(self.abort_listener);
     }
@@ -120,9 +126,9 @@ fn roles(kind: CollectiveKind, rank: usize, n: usize, root: usize) -> Roles {
     r
 }
 
-impl Ce {
+impl<A: Api> Ce<A> {
     /// The scratch, mapped by every peer (a collective call). `data_bytes` must agree.
-    pub fn setup(comm: &Arc<Communicator>, settings: &Settings) -> Result<Ce> {
+    pub fn setup(comm: &Arc<Communicator>, settings: &Settings) -> Result<Ce<A>> {
         let (rank, n) = (comm.rank(), comm.nranks());
         let host = comm.device().info().warp_size == 1;
         let data_bytes = settings.ce_scratch_bytes.unwrap_or(if host {
@@ -144,6 +150,7 @@ impl Ce {
                 ))
             })?;
         let device = comm.device();
+        let typed = A::device_of(device)?;
         let mine = device.alloc(total, MemoryKind::Device)?;
         let stream = device.create_stream()?;
         // Zero everything, then mark every peer as done with this rank's (empty) scratch: the
@@ -151,7 +158,7 @@ impl Ce {
         stream.fill(&mine.full(), 0)?;
         for b in 0..BUFFERS {
             for p in (0..n).filter(|&p| p != rank) {
-                stream.write_value64(&Ce::flag(&mine.full(), DONE, b, p)?, 1)?;
+                stream.write_value64(&flag(&mine.full(), DONE, b, p)?, 1)?;
             }
         }
         stream.synchronize()?;
@@ -182,12 +189,12 @@ impl Ce {
             peers,
             _maps: maps.peers,
             data_bytes,
-            side: device.create_stream()?,
-            fork: device.create_ordering_event()?,
-            join: device.create_ordering_event()?,
+            side: DeviceApi::create_stream(&*typed)?,
+            fork: DeviceApi::create_ordering_event(&*typed)?,
+            join: DeviceApi::create_ordering_event(&*typed)?,
             gather: OnceLock::new(),
             device: device.clone(),
-            reduce: LazyKernel::new(comm, &reduce::MODULE, CE_REDUCE),
+            reduce: LazyKernel::new(comm, &reduce::MODULE, CE_REDUCE)?,
             // A few blocks: the SMs belong to the caller's compute (GPUs: 4 of 512 threads).
             reduce_grid: if host {
                 LaunchConfig::linear(1, 1)
@@ -222,7 +229,7 @@ impl Ce {
     /// all-reduce; refused while capturing (an allocation cannot be part of a graph): the first
     /// one must be eager, unless the environment forced the copy engines for a reducing
     /// collective, which prepares at set-up.
-    fn prepare_reduce(&self, stream: &DynStream) -> Result<()> {
+    fn prepare_reduce(&self, stream: &A::Stream) -> Result<()> {
         if self.gather.get().is_some() {
             return Ok(());
         }
@@ -251,12 +258,6 @@ impl Ce {
             .get(p)
             .and_then(Option::as_ref)
             .ok_or_else(|| Error::Internal(format!("copy-engine scratch of rank {p} not mapped")))
-    }
-
-    /// Word `[b][i]` (buffer, rank) of the flag array at `at` in `scratch`.
-    fn flag(scratch: &BufferSlice, at: usize, b: usize, i: usize) -> Result<BufferSlice> {
-        let w = at + 8 * (b * MAX_RANKS + i);
-        scratch.slice(w..w + 8)
     }
 
     /// The first `len` bytes of data region `region` (regions of `chunk` bytes) of buffer `b`
@@ -331,8 +332,8 @@ enum Mode {
 /// total - q stride)`, so that blocks may differ (an all-reduce's count need not divide by the
 /// number of ranks: the last blocks are shorter, some empty); every rank computes the same
 /// blocks, hence the same chunks and flags.
-struct Step<'a> {
-    ce: &'a Ce,
+struct Step<'a, A: Api> {
+    ce: &'a Ce<A>,
     call: &'a Checked<'a>,
     mode: Mode,
     roles: Roles,
@@ -346,7 +347,7 @@ struct Step<'a> {
     own_at: u64,
 }
 
-impl Step<'_> {
+impl<A: Api> Step<'_, A> {
     fn sub(s: &BufferSlice, off: u64, len: u64) -> Result<BufferSlice> {
         s.slice(off as usize..(off + len) as usize)
     }
@@ -370,43 +371,43 @@ impl Step<'_> {
 
     /// Chunk `k` (from byte `off` of each rank block) staged into the own buffer
     /// `k % BUFFERS` once every consumer has copied out what was there, then announced.
-    fn publish(&self, k: usize, off: u64, stream: &DynStream) -> Result<()> {
+    fn publish(&self, k: usize, off: u64, stream: &A::Stream) -> Result<()> {
         let (rank, n) = (self.call.rank, self.call.nranks);
         let b = k % BUFFERS;
         let mine = self.ce.mine.full();
         for p in (0..n).filter(|&p| self.roles.consumed_by[p]) {
-            take(stream, &mine, &Ce::flag(&mine, DONE, b, p)?)?;
+            take(stream, &mine, &flag(&mine, DONE, b, p)?)?;
         }
         match self.mode {
             Mode::Scatter | Mode::ReduceScatter => {
                 for q in (0..n).filter(|&q| q != rank && self.piece(q, off) > 0) {
                     let len = self.piece(q, off);
-                    let src = Step::sub(self.src, self.block(q).0 + off, len)?;
+                    let src = Self::sub(self.src, self.block(q).0 + off, len)?;
                     stream.copy(&self.ce.data(&mine, self.chunk, b, q, len)?, &src)?;
                 }
             }
             Mode::Gather | Mode::Broadcast => {
                 let len = self.piece(if self.mode == Mode::Gather { rank } else { 0 }, off);
                 if len > 0 {
-                    let src = Step::sub(self.src, self.own_at + off, len)?;
+                    let src = Self::sub(self.src, self.own_at + off, len)?;
                     stream.copy(&self.ce.data(&mine, self.chunk, b, 0, len)?, &src)?;
                 }
             }
         }
         for p in (0..n).filter(|&p| self.roles.consumed_by[p]) {
-            stream.write_value64(&Ce::flag(self.ce.peer(p)?, READY, b, rank)?, 1)?;
+            stream.write_value64(&flag(self.ce.peer(p)?, READY, b, rank)?, 1)?;
         }
         Ok(())
     }
 
     /// Chunk `k` copied out of every publisher's buffer `k % BUFFERS` into the output, each
     /// publisher told when its buffer is free again.
-    fn consume(&self, k: usize, off: u64, stream: &DynStream) -> Result<()> {
+    fn consume(&self, k: usize, off: u64, stream: &A::Stream) -> Result<()> {
         let (rank, n) = (self.call.rank, self.call.nranks);
         let b = k % BUFFERS;
         let mine = self.ce.mine.full();
         for p in (0..n).filter(|&p| self.roles.consume_from[p]) {
-            take(stream, &mine, &Ce::flag(&mine, READY, b, p)?)?;
+            take(stream, &mine, &flag(&mine, READY, b, p)?)?;
             let theirs = self.ce.peer(p)?;
             // The region of `p`'s buffer to copy out and its bytes (0: nothing for this rank
             // in this chunk, but the flags still complete their cycle).
@@ -418,17 +419,17 @@ impl Step<'_> {
             if len > 0 {
                 let dst = match self.mode {
                     Mode::Scatter | Mode::Gather => {
-                        Step::sub(self.dst, self.block(p).0 + off, len)?
+                        Self::sub(self.dst, self.block(p).0 + off, len)?
                     }
                     Mode::ReduceScatter => {
                         let gather = self.ce.gather()?.full();
                         self.ce.data(&gather, self.chunk, b, p, len)?
                     }
-                    Mode::Broadcast => Step::sub(self.dst, off, len)?,
+                    Mode::Broadcast => Self::sub(self.dst, off, len)?,
                 };
                 stream.copy(&dst, &self.ce.data(theirs, self.chunk, b, region, len)?)?;
             }
-            stream.write_value64(&Ce::flag(theirs, DONE, b, rank)?, 1)?;
+            stream.write_value64(&flag(theirs, DONE, b, rank)?, 1)?;
         }
         if self.mode == Mode::ReduceScatter {
             self.reduce(b, off, stream)?;
@@ -439,7 +440,7 @@ impl Step<'_> {
     /// Reduce-scatter: the own chunk = the combination, in rank order, of the own source block's
     /// chunk and the peers' pieces gathered in buffer `b` (on the consuming stream, so the next
     /// pull into buffer `b` waits for it).
-    fn reduce(&self, b: usize, off: u64, stream: &DynStream) -> Result<()> {
+    fn reduce(&self, b: usize, off: u64, stream: &A::Stream) -> Result<()> {
         let (rank, n, c) = (self.call.rank, self.call.nranks, self.call.call);
         let len = self.piece(rank, off);
         if len == 0 {
@@ -449,13 +450,13 @@ impl Step<'_> {
         let mut srcs = [0u64; MAX_RANKS];
         for (p, src) in srcs.iter_mut().enumerate().take(n) {
             *src = if p == rank {
-                Step::sub(self.src, self.block(rank).0 + off, len)?.ptr().0
+                Self::sub(self.src, self.block(rank).0 + off, len)?.ptr().0
             } else {
                 self.ce.data(&gather, self.chunk, b, p, len)?.ptr().0
             };
         }
         let args = CeReduceArgs {
-            dst: Step::sub(self.dst, self.own_at + off, len)?.ptr().0,
+            dst: Self::sub(self.dst, self.own_at + off, len)?.ptr().0,
             srcs,
             bytes: len,
             nsrc: n as u32,
@@ -472,7 +473,7 @@ impl Step<'_> {
 
     /// Every chunk: on the side stream (publish) and `stream` (consume) at once, or on
     /// `stream` alone, chunk by chunk, when `serial`.
-    fn run(&self, stream: &DynStream, serial: bool) -> Result<()> {
+    fn run(&self, stream: &A::Stream, serial: bool) -> Result<()> {
         let chunks = self.chunks();
         if serial || chunks.is_empty() {
             for (k, &off) in chunks.iter().enumerate() {
@@ -503,7 +504,7 @@ impl Step<'_> {
     }
 }
 
-impl Algorithm for Ce {
+impl<A: Api> Algorithm<A> for Ce<A> {
     fn id(&self) -> AlgorithmId {
         AlgorithmId::Ce
     }
@@ -526,7 +527,7 @@ impl Algorithm for Ce {
         })
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &A::Stream) -> Result<()> {
         let c = call.call;
         let (rank, n, kind) = (call.rank, call.nranks, c.kind);
         let block = call.block_bytes;

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use mscclpp_hal::{BufferSlice, DynStream, Result, Stream, WaitCmp};
+use mscclpp_hal::{BufferSlice, Result, Stream, StreamApi, WaitCmp};
 
 use super::super::base::MAX_RANKS;
-use super::{BUFFERS, Ce, DATA, DONE, READY};
+use super::{BUFFERS, DATA, DONE, READY};
 
 /// Byte offset of the release word in a rank's CE scratch: 0 while the communicator lives,
 /// [`RELEASED`] once it failed. Every clear of a flag copies it.
@@ -38,7 +38,11 @@ const REPASS: [Duration; 3] = [
 
 /// The wait of a flag in this rank's scratch, then its clear (a copy of the release word, which
 /// is 0 while the communicator lives).
-pub(super) fn take(stream: &DynStream, scratch: &BufferSlice, flag: &BufferSlice) -> Result<()> {
+pub(super) fn take<S: StreamApi + ?Sized>(
+    stream: &S,
+    scratch: &BufferSlice,
+    flag: &BufferSlice,
+) -> Result<()> {
     stream.wait_value64(flag, 1, WaitCmp::Geq)?;
     stream.copy(flag, &release_word(scratch)?)
 }
@@ -118,7 +122,7 @@ impl Release {
         for at in [READY, DONE] {
             for b in 0..BUFFERS {
                 for p in (0..self.nranks.min(MAX_RANKS)).filter(|&p| p != self.rank) {
-                    s.write_value64(&Ce::flag(&self.scratch, at, b, p)?, RELEASED)?;
+                    s.write_value64(&super::flag(&self.scratch, at, b, p)?, RELEASED)?;
                 }
             }
         }
@@ -158,7 +162,12 @@ mod tests {
             (DONE, 1),
         ];
         for (at, b) in waits {
-            take(&*stream, &scratch, &Ce::flag(&scratch, at, b, 1).unwrap()).expect("take");
+            take(
+                &*stream,
+                &scratch,
+                &super::super::flag(&scratch, at, b, 1).unwrap(),
+            )
+            .expect("take");
         }
         let e = stream
             .synchronize_timeout(Duration::from_millis(200))
@@ -179,18 +188,29 @@ mod tests {
         // A clear copied the release word: the flag stays released for the next wait.
         let mut word = [0u8; 8];
         stream
-            .read_to_host(&mut word, &Ce::flag(&scratch, READY, 0, 1).unwrap())
+            .read_to_host(
+                &mut word,
+                &super::super::flag(&scratch, READY, 0, 1).unwrap(),
+            )
             .unwrap();
         assert_eq!(u64::from_le_bytes(word), RELEASED);
         for (at, b) in waits {
-            take(&*stream, &scratch, &Ce::flag(&scratch, at, b, 1).unwrap()).expect("take");
+            take(
+                &*stream,
+                &scratch,
+                &super::super::flag(&scratch, at, b, 1).unwrap(),
+            )
+            .expect("take");
         }
         stream
             .synchronize_timeout(Duration::from_secs(10))
             .expect("waits after the release pass");
         // Rank 0's own column is never written (no rank waits on itself).
         stream
-            .read_to_host(&mut word, &Ce::flag(&scratch, READY, 0, 0).unwrap())
+            .read_to_host(
+                &mut word,
+                &super::super::flag(&scratch, READY, 0, 0).unwrap(),
+            )
             .unwrap();
         assert_eq!(u64::from_le_bytes(word), 0);
         release.start(); // Once only: a second failure report changes nothing.

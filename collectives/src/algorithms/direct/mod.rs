@@ -7,7 +7,7 @@
 #![doc = include_str!("spec.md")]
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{DynStream, LaunchConfig, Result};
+use mscclpp_hal::{Api, LaunchConfig, Result};
 
 pub(crate) mod args;
 pub(crate) mod host;
@@ -35,7 +35,7 @@ const SMALL_THREADS: u32 = 512;
 const THREADS: u32 = 896;
 
 #[derive(Debug)]
-pub(crate) struct Direct {
+pub(crate) struct Direct<A: Api> {
     scratch: Scratch,
     slot_bytes: u64,
     max_blocks: u32,
@@ -43,12 +43,12 @@ pub(crate) struct Direct {
     threads: u32,
     small_threads: u32,
     /// The base types' kernel and the wide types' (loaded at their first call).
-    kernels: ByType<DirectCollectiveArgs>,
+    kernels: ByType<DirectCollectiveArgs, A>,
 }
 
-impl Direct {
+impl<A: Api> Direct<A> {
     /// The scratch and kernel (`None` where the backend lacks the kernel); a collective call.
-    pub fn setup(comm: &Communicator, settings: &Settings) -> Result<Option<Direct>> {
+    pub fn setup(comm: &Communicator, settings: &Settings) -> Result<Option<Direct<A>>> {
         let info = comm.device().info().clone();
         let n = comm.nranks() as u32;
         const SETTINGS: &str = "direct algorithm settings";
@@ -89,13 +89,13 @@ impl Direct {
             small_threads,
             kernels: ByType::new(
                 kernel,
-                LazyKernel::new(comm, &module::WIDE_MODULE, module::DIRECT_WIDE),
+                LazyKernel::new(comm, &module::WIDE_MODULE, module::DIRECT_WIDE)?,
             ),
         }))
     }
 }
 
-impl Algorithm for Direct {
+impl<A: Api> Algorithm<A> for Direct<A> {
     fn id(&self) -> AlgorithmId {
         AlgorithmId::Direct
     }
@@ -124,7 +124,7 @@ impl Algorithm for Direct {
         })
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &A::Stream) -> Result<()> {
         let c = call.call;
         let args = DirectCollectiveArgs {
             input: c.input.ptr().0,

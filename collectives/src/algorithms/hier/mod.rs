@@ -14,8 +14,8 @@ use mscclpp_comm::proxy::ProxyService;
 use mscclpp_comm::semaphore::Host2DeviceSemaphore;
 use mscclpp_hal::dev::PortChannelDeviceHandle;
 use mscclpp_hal::{
-    BufferSlice, DataType, DeviceBuffer, DynStream, Error, KernelDef, KernelId, KernelModule,
-    LaunchConfig, MemoryKind, ReduceOp, Result, TypedKernel,
+    Api, BufferSlice, DataType, DeviceBuffer, Error, KernelDef, KernelId, KernelModule,
+    LaunchConfig, MemoryKind, ReduceOp, Result, StreamApi, TypedKernel,
 };
 use mscclpp_transports::{Endpoint, EndpointConfig, Transport, TransportFlags};
 
@@ -198,10 +198,10 @@ fn tcp_speed_mbps() -> Option<i32> {
 }
 
 /// The hierarchical collectives of one rank.
-pub(crate) struct Hier {
+pub(crate) struct Hier<A: Api> {
     pub topo: Topology,
     /// The collectives of this host's ranks (`None` with one rank per host).
-    intra: Option<Box<Collectives>>,
+    intra: Option<Box<Collectives<A>>>,
     /// The ranks of this local rank on every host, rank = host.
     rail: Arc<Communicator>,
     pub transport: Transport,
@@ -213,7 +213,7 @@ pub(crate) struct Hier {
     /// The rail's round counter (see [`HierArgs::counter`]).
     counter: DeviceBuffer,
     slot_bytes: u64,
-    kernel: TypedKernel<HierArgs>,
+    kernel: TypedKernel<HierArgs, A>,
     /// Threads of the one block (the host backend's one worker).
     threads: u32,
     /// All-reduces of up to this many bytes per rank take the small path
@@ -225,7 +225,7 @@ pub(crate) struct Hier {
     stage: Mutex<Vec<DeviceBuffer>>,
 }
 
-impl std::fmt::Debug for Hier {
+impl<A: Api> std::fmt::Debug for Hier<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hier")
             .field("topo", &self.topo)
@@ -235,10 +235,10 @@ impl std::fmt::Debug for Hier {
     }
 }
 
-impl Hier {
+impl<A: Api> Hier<A> {
     /// Sets up both levels on `comm` (a collective call over every rank of it); `slot_bytes` is
     /// the LL slot of the per-host collectives.
-    pub fn setup(comm: &Arc<Communicator>, topo: Topology, slot_bytes: u64) -> Result<Hier> {
+    pub fn setup(comm: &Arc<Communicator>, topo: Topology, slot_bytes: u64) -> Result<Hier<A>> {
         let boot = comm.bootstrap();
         let device = comm.device().clone();
         let rank = comm.rank() as u32;
@@ -249,7 +249,7 @@ impl Hier {
         let rail_boot = boot
             .split(Some(topo.local as u32), rank)?
             .ok_or_else(|| Error::Internal("rail split returned no view".into()))?;
-        let kernel = load::<HierArgs>(comm, &MODULE, XCHG).map_err(|e| {
+        let kernel = load::<HierArgs, A>(comm, &MODULE, XCHG).map_err(|e| {
             Error::unavailable(
                 "multi-host collectives",
                 format!(
@@ -264,7 +264,7 @@ impl Hier {
         };
         let intra = if topo.per_host > 1 {
             let c = Arc::new(Communicator::new(Arc::new(intra_boot), device.clone()));
-            Some(Box::new(Collectives::with_slot_bytes(c, slot_bytes)?))
+            Some(Box::new(Collectives::on_backend(c, slot_bytes)?))
         } else {
             None
         };
@@ -381,7 +381,7 @@ impl Hier {
         &self.rail
     }
 
-    fn intra(&self) -> Result<&Collectives> {
+    fn intra(&self) -> Result<&Collectives<A>> {
         self.intra
             .as_deref()
             .ok_or_else(|| Error::Internal("per-host step with one rank per host".into()))
@@ -389,7 +389,7 @@ impl Hier {
 
     /// A staging buffer of at least `bytes` (see [`Hier::stage`]). Growing it allocates, which a
     /// stream capture forbids: then the error says to run the call once outside the capture.
-    fn stage(&self, bytes: u64, stream: &DynStream) -> Result<BufferSlice> {
+    fn stage(&self, bytes: u64, stream: &A::Stream) -> Result<BufferSlice> {
         let mut st = self.stage.lock().unwrap_or_else(|p| p.into_inner());
         if st.last().is_none_or(|b| (b.len() as u64) < bytes) {
             if stream.is_capturing()? {
@@ -422,7 +422,7 @@ impl Hier {
         reduce: bool,
         dtype: DataType,
         op: ReduceOp,
-        stream: &DynStream,
+        stream: &A::Stream,
     ) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -455,7 +455,7 @@ impl Hier {
     ///
     /// # Safety
     /// The caller keeps the call's buffers alive until the stream has passed it.
-    pub unsafe fn run(&self, c: &Checked, stream: &DynStream) -> Result<()> {
+    pub unsafe fn run(&self, c: &Checked, stream: &A::Stream) -> Result<()> {
         let call = c.call;
         let (dtype, op, count) = (call.dtype, call.op, call.count);
         if count == 0 {

@@ -9,9 +9,7 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{
-    DeviceBuffer, DynStream, KernelId, LaunchConfig, MemoryKind, Result, TypedKernel,
-};
+use mscclpp_hal::{Api, DeviceBuffer, KernelId, LaunchConfig, MemoryKind, Result, TypedKernel};
 
 pub(crate) mod args;
 pub(crate) mod host;
@@ -106,12 +104,12 @@ impl LlScratch {
     /// # Safety
     ///
     /// As [`Algorithm::launch`].
-    pub unsafe fn launch(
+    pub unsafe fn launch<A: Api>(
         &self,
-        kernel: &TypedKernel<LlCollectiveArgs>,
+        kernel: &TypedKernel<LlCollectiveArgs, A>,
         call: &Checked,
         cfg: LaunchConfig,
-        stream: &DynStream,
+        stream: &A::Stream,
     ) -> Result<()> {
         let args = self.args(call);
         let c = call.call;
@@ -187,15 +185,15 @@ pub(crate) fn ll_grid(
 /// The general LL kernels: one copying every collective (per module), and one per element type
 /// and operator reducing.
 #[derive(Debug)]
-pub(crate) struct Ll {
+pub(crate) struct Ll<A: Api> {
     shared: Arc<LlScratch>,
     grid: LlGrid,
-    copy: ByType<LlCollectiveArgs>,
-    reduce: ByTypeAndOp,
+    copy: ByType<LlCollectiveArgs, A>,
+    reduce: ByTypeAndOp<A>,
 }
 
-impl Ll {
-    pub fn new(comm: &Communicator, shared: Arc<LlScratch>, grid: LlGrid) -> Result<Ll> {
+impl<A: Api> Ll<A> {
+    pub fn new(comm: &Communicator, shared: Arc<LlScratch>, grid: LlGrid) -> Result<Ll<A>> {
         Ok(Ll {
             copy: ByType::load(
                 comm,
@@ -213,14 +211,14 @@ impl Ll {
 /// the base types' loaded at set-up, the wide types' at their first call. (The LL grids keep
 /// within the device's limit, which every LL kernel reaches: 64 registers at most.)
 #[derive(Debug)]
-pub(crate) struct ByTypeAndOp {
-    base: Vec<TypedKernel<LlCollectiveArgs>>,
-    wide: Vec<LazyKernel<LlCollectiveArgs>>,
+pub(crate) struct ByTypeAndOp<A: Api> {
+    base: Vec<TypedKernel<LlCollectiveArgs, A>>,
+    wide: Vec<LazyKernel<LlCollectiveArgs, A>>,
 }
 
-impl ByTypeAndOp {
+impl<A: Api> ByTypeAndOp<A> {
     /// The kernel of `call`'s element type and operator.
-    pub fn get(&self, call: &Checked) -> Result<&TypedKernel<LlCollectiveArgs>> {
+    pub fn get(&self, call: &Checked) -> Result<&TypedKernel<LlCollectiveArgs, A>> {
         let i = call.reduce_index();
         match i.checked_sub(self.base.len()) {
             None => Ok(&self.base[i]),
@@ -235,10 +233,10 @@ impl ByTypeAndOp {
 }
 
 /// The kernels of the LL modules by element type and operator (see [`ByTypeAndOp`]).
-pub(crate) fn load_all(
+pub(crate) fn load_all<A: Api>(
     comm: &Communicator,
     ids: &[[KernelId; 5]; module::NTYPES],
-) -> Result<ByTypeAndOp> {
+) -> Result<ByTypeAndOp<A>> {
     let (base, wide) = ids.split_at(BASE_TYPES);
     Ok(ByTypeAndOp {
         base: base
@@ -250,11 +248,11 @@ pub(crate) fn load_all(
             .iter()
             .flatten()
             .map(|&id| LazyKernel::new(comm, &module::WIDE_MODULE, id))
-            .collect(),
+            .collect::<Result<_>>()?,
     })
 }
 
-impl Algorithm for Ll {
+impl<A: Api> Algorithm<A> for Ll<A> {
     fn id(&self) -> AlgorithmId {
         AlgorithmId::Ll
     }
@@ -267,7 +265,7 @@ impl Algorithm for Ll {
         Ok(Plan::grid(self.grid.config(call.buffer_bytes())))
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &A::Stream) -> Result<()> {
         let kernel = if call.kind().reduces() {
             self.reduce.get(call)?
         } else {

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{DeviceInfo, DynStream, LaunchConfig, Result, TypedKernel};
+use mscclpp_hal::{Api, DeviceInfo, LaunchConfig, Result, TypedKernel};
 
 pub(crate) mod host;
 
@@ -29,16 +29,16 @@ use crate::CollectiveKind;
 use crate::call::Checked;
 
 /// The LL128 kernel and its block size, before the LL scratch exists.
-pub(crate) type Candidate = (TypedKernel<LlCollectiveArgs>, u32);
+pub(crate) type Candidate<A> = (TypedKernel<LlCollectiveArgs, A>, u32);
 
 /// The LL128 kernel where every rank can use it, decided alike on every rank (a collective
 /// call: a rank that sends lines to one expecting packets would hang it). `ll_threads` is
 /// `MSCCLPP_LL_THREADS`.
-pub(crate) fn candidate(
+pub(crate) fn candidate<A: Api>(
     comm: &Communicator,
     slot_bytes: u64,
     ll_threads: Option<u32>,
-) -> Result<Option<Candidate>> {
+) -> Result<Option<Candidate<A>>> {
     let device = comm.device();
     let mine = if device.info().caps.ll128 && slot_bytes % LL128_LINE_BYTES == 0 {
         match load(comm, &MODULE, LL128_ALLREDUCE) {
@@ -71,10 +71,10 @@ pub(crate) fn candidate(
 }
 
 #[derive(Debug)]
-pub(crate) struct Ll128 {
+pub(crate) struct Ll128<A: Api> {
     shared: Arc<LlScratch>,
     /// The base types' kernel and the wide types' (loaded at their first call).
-    kernels: ByType<LlCollectiveArgs>,
+    kernels: ByType<LlCollectiveArgs, A>,
     /// Threads per block of the base kernel (within its limit); a wide kernel's are within
     /// its own too (a multiple of 8, a line's group of threads, as the limit is of 32).
     threads: u32,
@@ -83,27 +83,31 @@ pub(crate) struct Ll128 {
     info: DeviceInfo,
 }
 
-impl Ll128 {
-    pub fn new(comm: &Communicator, shared: Arc<LlScratch>, (kernel, threads): Candidate) -> Ll128 {
-        Ll128 {
+impl<A: Api> Ll128<A> {
+    pub fn new(
+        comm: &Communicator,
+        shared: Arc<LlScratch>,
+        (kernel, threads): Candidate<A>,
+    ) -> Result<Ll128<A>> {
+        Ok(Ll128 {
             round_bytes: LlCollectiveArgs::ll128_round_bytes_of(shared.slot_bytes()),
             info: comm.device().info().clone(),
             kernels: ByType::new(
                 kernel,
-                LazyKernel::new(comm, &WIDE_MODULE, LL128_ALLREDUCE_WIDE),
+                LazyKernel::new(comm, &WIDE_MODULE, LL128_ALLREDUCE_WIDE)?,
             ),
             shared,
             threads,
-        }
+        })
     }
 
     /// The kernel of `call`'s element type and its threads per block.
-    fn kernel(&self, call: &Checked) -> Result<(&TypedKernel<LlCollectiveArgs>, u32)> {
+    fn kernel(&self, call: &Checked) -> Result<(&TypedKernel<LlCollectiveArgs, A>, u32)> {
         self.kernels.with_threads(call.call.dtype, self.threads)
     }
 }
 
-impl Algorithm for Ll128 {
+impl<A: Api> Algorithm<A> for Ll128<A> {
     fn id(&self) -> AlgorithmId {
         AlgorithmId::Ll128
     }
@@ -126,7 +130,7 @@ impl Algorithm for Ll128 {
         Ok(Plan::grid(LaunchConfig::linear(blocks as u32, threads)))
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &A::Stream) -> Result<()> {
         let (kernel, _) = self.kernel(call)?;
         // SAFETY: the caller's contract.
         unsafe { self.shared.launch(kernel, call, plan.config, stream) }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{DynStream, LaunchConfig, Result};
+use mscclpp_hal::{Api, LaunchConfig, Result};
 
 use super::base::{Algorithm, ByType, Plan};
 use super::id::AlgorithmId;
@@ -26,25 +26,25 @@ use crate::CollectiveKind;
 use crate::call::Checked;
 
 #[derive(Debug)]
-pub(crate) struct LlShort {
+pub(crate) struct LlShort<A: Api> {
     shared: Arc<LlScratch>,
     grid: LlGrid,
     /// All-reduce and reduce-scatter by element type and operator.
-    allreduce: ByTypeAndOp,
-    reduce_scatter: ByTypeAndOp,
-    allgather: ByType<LlCollectiveArgs>,
-    alltoall: ByType<LlCollectiveArgs>,
+    allreduce: ByTypeAndOp<A>,
+    reduce_scatter: ByTypeAndOp<A>,
+    allgather: ByType<LlCollectiveArgs, A>,
+    alltoall: ByType<LlCollectiveArgs, A>,
     /// `MSCCLPP_LL_SHORT`, [`crate::Collectives::use_short_kernels`]; per rank.
     enabled: AtomicBool,
 }
 
-impl LlShort {
+impl<A: Api> LlShort<A> {
     pub fn new(
         comm: &Communicator,
         shared: Arc<LlScratch>,
         grid: LlGrid,
         enabled: bool,
-    ) -> Result<LlShort> {
+    ) -> Result<LlShort<A>> {
         Ok(LlShort {
             allreduce: load_all(comm, &SHORT_ALLREDUCE)?,
             reduce_scatter: load_all(comm, &SHORT_REDUCE_SCATTER)?,
@@ -76,7 +76,7 @@ pub(crate) fn short_fits(bytes: u64, round_bytes: u64, cfg: &LaunchConfig, any_g
     bytes > 0 && bytes <= round_bytes && (any_grid || threads * 8 >= bytes)
 }
 
-impl Algorithm for LlShort {
+impl<A: Api> Algorithm<A> for LlShort<A> {
     fn id(&self) -> AlgorithmId {
         AlgorithmId::LlShort
     }
@@ -97,7 +97,7 @@ impl Algorithm for LlShort {
         Ok(Plan::grid(self.grid.config(call.block_bytes)))
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &A::Stream) -> Result<()> {
         let kernel = match call.kind() {
             CollectiveKind::AllReduce => self.allreduce.get(call)?,
             CollectiveKind::ReduceScatter => self.reduce_scatter.get(call)?,

@@ -10,7 +10,7 @@
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    BufferSlice, DynStream, Error, KernelDef, KernelId, KernelModule, LaunchConfig, Result,
+    Api, BufferSlice, Error, KernelDef, KernelId, KernelModule, LaunchConfig, Result, StreamApi,
     TypedKernel,
 };
 
@@ -65,17 +65,17 @@ const THREADS: u32 = 512;
 const MAX_SLOT_BYTES: u64 = 256 << 10;
 
 #[derive(Debug)]
-pub(crate) struct P2p {
+pub(crate) struct P2p<A: Api> {
     scratch: Scratch,
     slot_bytes: u64,
     lanes: u32,
     threads: u32,
-    kernel: TypedKernel<P2pArgs>,
+    kernel: TypedKernel<P2pArgs, A>,
 }
 
-impl P2p {
+impl<A: Api> P2p<A> {
     /// The scratch and kernel (a collective call); slots of `slot_bytes` packet bytes at most.
-    pub fn setup(comm: &Communicator, slot_bytes: u64) -> Result<P2p> {
+    pub fn setup(comm: &Communicator, slot_bytes: u64) -> Result<P2p<A>> {
         let info = comm.device().info().clone();
         let kernel = load(comm, &MODULE, P2P)?;
         let host = info.warp_size == 1;
@@ -111,7 +111,7 @@ impl P2p {
     ///
     /// # Safety
     /// The buffers must stay allocated until the stream has passed the call.
-    pub unsafe fn run(&self, comm: &Communicator, ops: &[P2pOp], stream: &DynStream) -> Result<()> {
+    pub unsafe fn run(&self, comm: &Communicator, ops: &[P2pOp], stream: &A::Stream) -> Result<()> {
         let (rank, n) = (comm.rank(), comm.nranks());
         let backend = comm.device().info().backend;
         for (i, op) in ops.iter().enumerate() {

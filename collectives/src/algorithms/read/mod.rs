@@ -9,7 +9,7 @@
 #![doc = include_str!("spec.md")]
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{BufferSlice, DynStream, Error, LaunchConfig, Result};
+use mscclpp_hal::{Api, BufferSlice, Error, LaunchConfig, Result};
 
 pub(crate) mod args;
 pub(crate) mod host;
@@ -34,19 +34,19 @@ const STAGING_BYTES: u64 = 4 << 20;
 const THREADS: u32 = 512;
 
 #[derive(Debug)]
-pub(crate) struct Read {
+pub(crate) struct Read<A: Api> {
     scratch: Scratch,
     windows: Windows,
     max_blocks: u32,
     threads: u32,
     /// The base types' kernel and the wide types' (loaded at their first call).
-    kernels: ByType<ReadCollectiveArgs>,
+    kernels: ByType<ReadCollectiveArgs, A>,
 }
 
-impl Read {
+impl<A: Api> Read<A> {
     /// The scratch, window table and kernel (`None` where the backend lacks the kernel); a
     /// collective call.
-    pub fn setup(comm: &Communicator, settings: &Settings) -> Result<Option<Read>> {
+    pub fn setup(comm: &Communicator, settings: &Settings) -> Result<Option<Read<A>>> {
         let info = comm.device().info().clone();
         const SETTINGS: &str = "read algorithm settings";
         let Some(kernel) = optional_kernel(comm, &MODULE, READ_ALLREDUCE, SETTINGS)? else {
@@ -80,7 +80,7 @@ impl Read {
             threads,
             kernels: ByType::new(
                 kernel,
-                LazyKernel::new(comm, &WIDE_MODULE, READ_ALLREDUCE_WIDE),
+                LazyKernel::new(comm, &WIDE_MODULE, READ_ALLREDUCE_WIDE)?,
             ),
         }))
     }
@@ -111,7 +111,7 @@ impl Read {
     }
 }
 
-impl Algorithm for Read {
+impl<A: Api> Algorithm<A> for Read<A> {
     fn id(&self) -> AlgorithmId {
         AlgorithmId::Read
     }
@@ -132,7 +132,7 @@ impl Algorithm for Read {
         Ok(Plan::grid(LaunchConfig::linear(blocks, threads)))
     }
 
-    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &DynStream) -> Result<()> {
+    unsafe fn launch(&self, call: &Checked, plan: &Plan, stream: &A::Stream) -> Result<()> {
         let c = call.call;
         let input = c.input.ptr().0;
         let args = ReadCollectiveArgs {
