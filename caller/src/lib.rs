@@ -32,10 +32,14 @@ mod streams;
 
 use std::sync::Arc;
 
-use mscclpp_collectives::{CollectiveCall, CollectiveKind, Collectives, MAX_RANKS, P2pKind, P2pOp};
+use mscclpp_collectives::{
+    AnyCollectives, CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES, MAX_RANKS,
+    P2pKind, P2pOp,
+};
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    BackendKind, BufferSlice, DataType, DeviceBuffer, DynStream, Error, ReduceOp, Result, Stream,
+    BackendKind, BufferSlice, DataType, DeviceBuffer, Dyn, DynStream, Error, ReduceOp, Result,
+    Stream,
 };
 
 pub use memory::memory_freed;
@@ -46,7 +50,7 @@ pub use plans::MAX_STAGED;
 #[derive(Debug)]
 pub struct Caller {
     comm: Arc<Communicator>,
-    colls: Option<Collectives>,
+    colls: Option<Box<dyn AnyCollectives>>,
     no_colls: Option<String>,
     internal: Arc<dyn Stream>,
     streams: streams::StreamCache,
@@ -71,7 +75,7 @@ impl Caller {
             // Across hosts: the hierarchical collectives, unless this layout or backend is one
             // they cannot serve (the same answer on every rank: it depends on the host table and
             // the backend only).
-            match Collectives::new(comm.clone()) {
+            match typed_collectives(comm.clone()) {
                 Ok(c) => (Some(c), None),
                 Err(e @ (Error::InvalidUsage(_) | Error::Unavailable { .. })) => (
                     None,
@@ -90,7 +94,7 @@ impl Caller {
                 )),
             )
         } else {
-            (Some(Collectives::new(comm.clone())?), None)
+            (Some(typed_collectives(comm.clone())?), None)
         };
         if let Some(why) = &no_colls {
             tracing::info!("no native collectives for this communicator: {why}");
@@ -116,8 +120,8 @@ impl Caller {
     }
 
     /// The collectives, where they serve these ranks (several ranks, see [`Caller::new`]).
-    pub fn collectives(&self) -> Option<&Collectives> {
-        self.colls.as_ref()
+    pub fn collectives(&self) -> Option<&dyn AnyCollectives> {
+        self.colls.as_deref()
     }
 
     /// Why several ranks have no collectives (`None` with collectives, or with one rank).
@@ -299,6 +303,36 @@ impl Caller {
                 .clone()
                 .unwrap_or_else(|| "no collectives for this communicator".into()),
         )
+    }
+}
+
+/// `MSCCLPP_TYPED=0` runs the collectives over the trait objects instead of the backend's own
+/// types (the same code; for comparison and as a way out).
+pub const TYPED_VAR: &str = "MSCCLPP_TYPED";
+
+/// The collectives of `comm` over its backend's own types where that backend is built in
+/// (`mscclpp_hal::Api`: host, CUDA, ROCm), so that a call checks its stream's type once here and
+/// runs statically down to the vendor's launch; over the trait objects ([`Dyn`]) otherwise or
+/// with [`TYPED_VAR`]`=0`. This is the library's one erasure point between the front ends, which
+/// pick the backend at run time, and the collectives.
+pub fn typed_collectives(comm: Arc<Communicator>) -> Result<Box<dyn AnyCollectives>> {
+    fn on<A: mscclpp_hal::Api>(comm: Arc<Communicator>) -> Result<Box<dyn AnyCollectives>> {
+        Ok(Box::new(Collectives::<A>::on_backend(
+            comm,
+            DEFAULT_SLOT_BYTES,
+        )?))
+    }
+    if mscclpp_hal::env::flag(TYPED_VAR)? == Some(false) {
+        return on::<Dyn>(comm);
+    }
+    match comm.device().info().backend {
+        BackendKind::Host => on::<mscclpp_host::Host>(comm),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => on::<mscclpp_cuda::Cuda>(comm),
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => on::<mscclpp_rocm::Rocm>(comm),
+        #[allow(unreachable_patterns)]
+        _ => on::<Dyn>(comm),
     }
 }
 

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mscclpp_hal::{
     Backend, BufferSlice, DataType, Device, DeviceBuffer, DeviceInfo, DevicePtr, Event, IpcHandle,
-    Kernel, KernelId, KernelModule, MemoryKind, MulticastGroup, ReduceOp, Result as HalResult,
-    Stream,
+    Kernel, KernelId, KernelModule, LaunchConfig, MemoryKind, MulticastGroup, ReduceOp,
+    Result as HalResult, Stream,
 };
 
 use super::{Caller, buffer_bytes};
@@ -122,6 +122,84 @@ fn one_rank_copies_and_the_host_stream_rule() {
         assert_eq!(read_f32(&b, 16), x);
         let e = c.send_recv(&ops[..1], &*s).unwrap_err();
         assert!(e.to_string().contains("each send needs its receive"), "{e}");
+    });
+}
+
+/// A stream of no backend's: every call on it is refused by the collectives' type check.
+#[derive(Debug)]
+struct ForeignStream;
+
+impl Stream for ForeignStream {
+    fn copy(&self, _: &BufferSlice, _: &BufferSlice) -> HalResult<()> {
+        Ok(())
+    }
+    fn fill(&self, _: &BufferSlice, _: u8) -> HalResult<()> {
+        Ok(())
+    }
+    fn write_value64(&self, _: &BufferSlice, _: u64) -> HalResult<()> {
+        Ok(())
+    }
+    fn write_from_host(&self, _: &BufferSlice, _: &[u8]) -> HalResult<()> {
+        Ok(())
+    }
+    fn read_to_host(&self, _: &mut [u8], _: &BufferSlice) -> HalResult<()> {
+        Ok(())
+    }
+    unsafe fn launch_raw(&self, _: &dyn Kernel, _: LaunchConfig, _: &[u8]) -> HalResult<()> {
+        Ok(())
+    }
+    fn record(&self, _: &dyn Event) -> HalResult<()> {
+        Ok(())
+    }
+    fn wait_event(&self, _: &dyn Event) -> HalResult<()> {
+        Ok(())
+    }
+    fn synchronize_timeout(&self, _: std::time::Duration) -> HalResult<()> {
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Two ranks: the front ends' collectives run on the host backend's own types (the erasure
+/// point, `typed_collectives`), correct against a CPU reference; a stream that is not the
+/// backend's is refused with an error naming the backend, before anything is enqueued.
+#[test]
+fn the_collectives_run_on_the_backends_own_types_and_refuse_a_foreign_stream() {
+    with_ranks(2, |r, c| {
+        let colls = c
+            .collectives()
+            .expect("two ranks of one host have collectives");
+        assert_eq!(colls.backend(), "host");
+        let dev = c.communicator().device();
+        let (a, b) = (
+            dev.alloc(4096, MemoryKind::Device).unwrap(),
+            dev.alloc(4096, MemoryKind::Device).unwrap(),
+        );
+        let x =
+            |rank: usize| -> Vec<f32> { (0..1024).map(|i| (i * 3 + rank * 7) as f32).collect() };
+        write_f32(&a, &x(r));
+        write_f32(&b, &[f32::NAN; 1024]);
+        let (ia, ob) = (a.full(), b.full());
+        let call = CollectiveCall::new(CollectiveKind::AllReduce, &ia, &ob, 1024, DataType::F32);
+        let s = c.stream(None).expect("own stream");
+        c.collective(&call, &*s).expect("all-reduce");
+        let want: Vec<f32> = (0..1024).map(|i| x(0)[i] + x(1)[i]).collect();
+        assert_eq!(read_f32(&b, 1024), want);
+        let foreign: Arc<dyn Stream> = Arc::new(ForeignStream);
+        let e = c.collective(&call, &*foreign).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a stream of another backend was handed to the host backend"),
+            "{e}"
+        );
+        let e = colls.ordered(&*foreign, || Ok(())).unwrap_err();
+        assert!(e.to_string().contains("another backend"), "{e}");
+        let ran = colls
+            .ordered(&*s, || Ok(7))
+            .expect("ordered on the own stream");
+        assert_eq!(ran, 7);
     });
 }
 

@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mscclpp::collectives::Collectives;
+use mscclpp::collectives::AnyCollectives;
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{Device, DeviceBuffer, Stream};
 
@@ -205,7 +205,7 @@ impl Comm {
 
     /// The native collectives and communicator, where the collectives serve (several ranks of
     /// one host).
-    pub fn native_collectives(&self) -> Option<(&Collectives, &Arc<Communicator>)> {
+    pub fn native_collectives(&self) -> Option<(&dyn AnyCollectives, &Arc<Communicator>)> {
         let n = self.native.as_ref()?;
         Some((n.caller.collectives()?, n.communicator()))
     }

@@ -78,4 +78,8 @@ impl<R: Runtime> mscclpp_hal::Api for Gpu<R> {
     ) -> std::sync::Arc<dyn mscclpp_hal::Stream> {
         stream
     }
+
+    fn stream_of(stream: &mscclpp_hal::DynStream) -> mscclpp_hal::Result<&GpuStream<R>> {
+        mscclpp_hal::api::typed_stream::<Self>(stream)
+    }
 }

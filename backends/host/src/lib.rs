@@ -46,6 +46,10 @@ impl mscclpp_hal::Api for Host {
     fn erase_stream(stream: Arc<stream::HostStream>) -> Arc<dyn mscclpp_hal::Stream> {
         stream
     }
+
+    fn stream_of(stream: &mscclpp_hal::DynStream) -> mscclpp_hal::Result<&stream::HostStream> {
+        mscclpp_hal::api::typed_stream::<Self>(stream)
+    }
 }
 
 use std::sync::Arc;

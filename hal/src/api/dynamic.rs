@@ -40,6 +40,10 @@ impl Api for Dyn {
     fn erase_stream(stream: Arc<dyn Stream>) -> Arc<dyn Stream> {
         stream
     }
+
+    fn stream_of(stream: &DynStream) -> Result<&DynStream> {
+        Ok(stream)
+    }
 }
 
 impl DeviceApi for dyn Device {

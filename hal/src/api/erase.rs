@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Api, Concrete, DeviceApi, EventApi, GraphApi, KernelApi, StreamApi};
+use crate::api::dynamic::DynStream;
 use crate::caps::DeviceInfo;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -34,6 +35,16 @@ pub fn typed_device<A: Concrete>(device: &Arc<dyn Device>) -> Result<Arc<A::Devi
                 A::NAME
             ))
         })
+}
+
+/// The `A` stream behind a stream trait object: what [`Api::stream_of`] is for a backend.
+pub fn typed_stream<A: Concrete>(stream: &DynStream) -> Result<&A::Stream> {
+    stream.as_any().downcast_ref::<A::Stream>().ok_or_else(|| {
+        Error::invalid(format!(
+            "a stream of another backend was handed to the {} backend",
+            A::NAME
+        ))
+    })
 }
 
 impl<D: DeviceApi> Device for D

@@ -32,7 +32,7 @@ use crate::multicast::MulticastGroup;
 use crate::stream::WaitCmp;
 
 pub use dynamic::{Dyn, DynStream};
-pub use erase::typed_device;
+pub use erase::{typed_device, typed_stream};
 
 /// A backend's family of types.
 pub trait Api: Sized + Send + Sync + fmt::Debug + 'static {
@@ -58,6 +58,12 @@ pub trait Api: Sized + Send + Sync + fmt::Debug + 'static {
     /// The same stream as a trait object, for the code that holds the run-time types (timing,
     /// a vendor library beside us on the stream). [`Dyn`] returns it as it is.
     fn erase_stream(stream: Arc<Self::Stream>) -> Arc<dyn crate::Stream>;
+
+    /// The stream behind a trait object as this backend's type (an error naming the backend
+    /// where it is another's): the one check a call that comes in through the trait objects
+    /// pays before running on the backend's own types. A backend implements it with
+    /// [`typed_stream`]; [`Dyn`] returns the same object.
+    fn stream_of(stream: &crate::DynStream) -> Result<&Self::Stream>;
 }
 
 /// An [`Api`] of concrete types: every backend's (not [`Dyn`], whose types are the trait

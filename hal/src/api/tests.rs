@@ -57,6 +57,9 @@ macro_rules! counting_backend {
             fn erase_stream(s: Arc<$stream>) -> Arc<dyn crate::Stream> {
                 s
             }
+            fn stream_of(s: &crate::DynStream) -> Result<&$stream> {
+                crate::api::typed_stream::<Self>(s)
+            }
         }
         #[derive(Debug)]
         struct $dev(DeviceInfo);

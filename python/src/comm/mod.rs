@@ -16,7 +16,7 @@ mod registration;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use mscclpp::collectives::{CollectiveKind, Collectives, P2pKind};
+use mscclpp::collectives::{AnyCollectives, CollectiveKind, P2pKind};
 use mscclpp::comm::Communicator as RawComm;
 use mscclpp::hal::{BackendKind, Device, ReduceOp};
 use mscclpp_caller::Caller;
@@ -76,7 +76,7 @@ impl Inner {
         self.backend() == BackendKind::Host
     }
 
-    fn colls(&self, what: &str) -> PyResult<Option<&Collectives>> {
+    fn colls(&self, what: &str) -> PyResult<Option<&dyn AnyCollectives>> {
         match (self.caller.collectives(), self.caller.no_collectives()) {
             (Some(c), _) => Ok(Some(c)),
             (None, Some(why)) => Err(crate::errors::new(
@@ -163,7 +163,7 @@ impl Communicator {
             .inner()?
             .caller
             .collectives()
-            .map_or(0, Collectives::zero_copy_calls))
+            .map_or(0, |c| c.zero_copy_calls()))
     }
 
     /// This rank.
