@@ -942,8 +942,11 @@ fn typed_case<A: Concrete>(f: &Fixture) -> Result<(), CaseError> {
         r => r.ctx("begin_capture")?,
     }
     // SAFETY: the counter lives past the synchronize (the graph keeps it alive too).
-    unsafe { add.launch(&s, LaunchConfig::linear(2, 64), &add_args) }.ctx("capture")?;
-    let graph = StreamApi::end_capture(&*s).ctx("end_capture")?;
+    let launched = unsafe { add.launch(&s, LaunchConfig::linear(2, 64), &add_args) };
+    // The capture ends whatever the launch gave, so that the stream is not left capturing.
+    let graph = StreamApi::end_capture(&*s).ctx("end_capture");
+    launched.ctx("launch while capturing")?;
+    let graph = graph?;
     for _ in 0..3 {
         GraphApi::launch(&*graph, &s).ctx("replay")?;
     }
