@@ -312,11 +312,20 @@ pub const TYPED_VAR: &str = "MSCCLPP_TYPED";
 
 /// The collectives of `comm` over its backend's own types where that backend is built in
 /// (`mscclpp_hal::Api`: host, CUDA, ROCm), so that a call checks its stream's type once here and
-/// runs statically down to the vendor's launch; over the trait objects ([`Dyn`]) otherwise or
-/// with [`TYPED_VAR`]`=0`. This is the library's one erasure point between the front ends, which
+/// runs with no downcast down to the vendor's launch; over the trait objects ([`Dyn`]) otherwise,
+/// with [`TYPED_VAR`]`=0`, or for a device that wraps a backend's (its type is not the backend's). This is the library's one erasure point between the front ends, which
 /// pick the backend at run time, and the collectives.
 pub fn typed_collectives(comm: Arc<Communicator>) -> Result<Box<dyn AnyCollectives>> {
     fn on<A: mscclpp_hal::Api>(comm: Arc<Communicator>) -> Result<Box<dyn AnyCollectives>> {
+        // A device that reports this backend but is not its type (a wrapper around one) runs
+        // over the trait objects, as before the typed collectives existed.
+        if let Err(e) = A::device_of(comm.device()) {
+            tracing::debug!("collectives over the trait objects: {e}");
+            return Ok(Box::new(Collectives::<Dyn>::on_backend(
+                comm,
+                DEFAULT_SLOT_BYTES,
+            )?));
+        }
         Ok(Box::new(Collectives::<A>::on_backend(
             comm,
             DEFAULT_SLOT_BYTES,

@@ -18,18 +18,29 @@ use super::{Caller, buffer_bytes};
 
 /// `n` callers of one communicator, one per thread, each running `f(rank, caller)`.
 fn with_ranks<T: Send>(n: usize, f: impl Fn(usize, &Caller) -> T + Sync) -> Vec<T> {
+    with_ranks_on(n, |d| d, f)
+}
+
+/// As [`with_ranks`], each rank's host device passed through `device` first.
+fn with_ranks_on<T: Send>(
+    n: usize,
+    device: impl Fn(Arc<dyn Device>) -> Arc<dyn Device> + Sync,
+    f: impl Fn(usize, &Caller) -> T + Sync,
+) -> Vec<T> {
     let cfg = BootstrapConfig::default();
     let (_root, uid) =
         BootstrapRoot::start("127.0.0.1:0".parse().expect("addr"), n, &cfg).expect("root");
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let (uid, cfg, f) = (uid, cfg.clone(), &f);
+                let (uid, cfg, f, wrap) = (uid, cfg.clone(), &f, &device);
                 s.spawn(move || {
                     let boot = Arc::new(Bootstrap::new(&uid, r, n, cfg).expect("bootstrap"));
-                    let device = mscclpp_host::HostBackend::new()
-                        .open_device(0)
-                        .expect("host device");
+                    let device = wrap(
+                        mscclpp_host::HostBackend::new()
+                            .open_device(0)
+                            .expect("host device"),
+                    );
                     let caller =
                         Caller::new(Arc::new(Communicator::new(boot, device))).expect("caller");
                     f(r, &caller)
@@ -200,6 +211,35 @@ fn the_collectives_run_on_the_backends_own_types_and_refuse_a_foreign_stream() {
             .ordered(&*s, || Ok(7))
             .expect("ordered on the own stream");
         assert_eq!(ran, 7);
+    });
+}
+
+/// A device that reports the host backend but wraps it (its type is not the backend's): the
+/// collectives run over the trait objects, as before the typed ones existed, and are correct.
+#[test]
+fn a_wrapped_device_runs_the_collectives_over_the_trait_objects() {
+    let wrap = |inner: Arc<dyn Device>| -> Arc<dyn Device> {
+        Arc::new(CountingWraps {
+            inner,
+            wraps: AtomicUsize::new(0),
+            ranges: AtomicUsize::new(0),
+        })
+    };
+    with_ranks_on(2, wrap, |r, c| {
+        let colls = c.collectives().expect("collectives");
+        assert_eq!(colls.backend(), "run-time");
+        let dev = c.communicator().device();
+        let (a, b) = (
+            dev.alloc(256, MemoryKind::Device).unwrap(),
+            dev.alloc(256, MemoryKind::Device).unwrap(),
+        );
+        write_f32(&a, &[r as f32 + 1.0; 64]);
+        write_f32(&b, &[f32::NAN; 64]);
+        let (ia, ob) = (a.full(), b.full());
+        let call = CollectiveCall::new(CollectiveKind::AllReduce, &ia, &ob, 64, DataType::F32);
+        let s = c.stream(None).expect("own stream");
+        c.collective(&call, &*s).expect("all-reduce");
+        assert_eq!(read_f32(&b, 64), vec![3.0; 64]);
     });
 }
 

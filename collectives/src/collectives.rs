@@ -81,7 +81,8 @@ impl Collectives<Dyn> {
 impl<A: Api> Collectives<A> {
     /// As [`Collectives::with_slot_bytes`], launching on backend `A`'s own types: `comm`'s
     /// device must be an `A` device, and the streams the calls come on `A` streams. Over a
-    /// backend's `Api` the launch path is static from [`Collectives::run`] to the vendor call.
+    /// backend's `Api` the launch path has no downcast from [`Collectives::run`] to the vendor
+    /// call (the chosen algorithm is still reached through `&dyn Algorithm<A>`).
     pub fn on_backend(comm: Arc<Communicator>, slot_bytes: u64) -> Result<Self> {
         let device = A::device_of(comm.device())?;
         if let Some(topo) = Topology::of(&comm)? {

@@ -353,6 +353,19 @@ fn write_value64_is_ordered_and_checked(f: &Fixture) -> Result<(), CaseError> {
     Ok(())
 }
 
+/// Writes 3 into a flag on drop (errors ignored: the case has failed already when it matters).
+struct ReleaseFlag<'a> {
+    stream: &'a dyn Stream,
+    flag: &'a BufferSlice,
+}
+
+impl Drop for ReleaseFlag<'_> {
+    fn drop(&mut self) {
+        let _ = self.stream.write_value64(self.flag, 3);
+        let _ = self.stream.synchronize_timeout(SYNC);
+    }
+}
+
 /// A stream waiting on a flag runs nothing behind the wait until another stream writes the
 /// flag (`>=` and `==`), then everything; misaligned and short flags are refused.
 fn wait_value64_holds_the_stream_until_the_flag(f: &Fixture) -> Result<(), CaseError> {
@@ -372,6 +385,12 @@ fn wait_value64_holds_the_stream_until_the_flag(f: &Fixture) -> Result<(), CaseE
         .wait_value64(&flag, 3, WaitCmp::Eq)
         .ctx("wait_value64")?;
     waiter.fill(&data, 0x22).ctx("fill")?;
+    // Whatever path the case leaves by (an error below returns early), the flag ends at 3, so
+    // that no stream of this process is left waiting on the device for ever.
+    let _release = ReleaseFlag {
+        stream: &*writer,
+        flag: &flag,
+    };
     // 1 satisfies neither wait: nothing behind them may run.
     writer.write_value64(&flag, 1).ctx("write_value64")?;
     writer.synchronize_timeout(SYNC).ctx("synchronize")?;
