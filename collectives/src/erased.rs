@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{Api, BufferSlice, DataType, DynStream, ReduceOp, Result};
+use mscclpp_hal::{Api, BufferSlice, DynStream, Result};
 
 use crate::algorithms::id::AlgorithmId;
 use crate::algorithms::p2p::P2pOp;
@@ -17,7 +17,8 @@ use crate::collectives::Collectives;
 use crate::kind::CollectiveKind;
 use crate::window::Window;
 
-/// The operations of [`Collectives`] the front ends use, on the run-time stream type.
+/// The operations of [`Collectives`] the front ends use, on the run-time stream type (a named
+/// collective is a [`CollectiveCall`] given to [`AnyCollectives::run`]).
 pub trait AnyCollectives: Send + Sync + std::fmt::Debug {
     /// The backend the collectives run on ([`Api::NAME`]).
     fn backend(&self) -> &'static str;
@@ -32,17 +33,6 @@ pub trait AnyCollectives: Send + Sync + std::fmt::Debug {
         &self,
         stream: &DynStream,
         enqueue: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<()>;
-    /// See [`Collectives::all_reduce`].
-    #[allow(clippy::too_many_arguments)]
-    fn all_reduce(
-        &self,
-        input: &BufferSlice,
-        output: &BufferSlice,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: &DynStream,
     ) -> Result<()>;
     /// See [`Collectives::algorithm`].
     fn algorithm(&self, kind: CollectiveKind, block_bytes: u64) -> AlgorithmId;
@@ -97,18 +87,6 @@ impl<A: Api> AnyCollectives for Collectives<A> {
         enqueue: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         Collectives::ordered(self, A::stream_of(stream)?, enqueue)
-    }
-
-    fn all_reduce(
-        &self,
-        input: &BufferSlice,
-        output: &BufferSlice,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: &DynStream,
-    ) -> Result<()> {
-        Collectives::all_reduce(self, input, output, count, dtype, op, A::stream_of(stream)?)
     }
 
     fn algorithm(&self, kind: CollectiveKind, block_bytes: u64) -> AlgorithmId {

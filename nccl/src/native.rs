@@ -303,7 +303,8 @@ impl Comm {
                 Some(o) => o.slice(range)?,
                 None => sink.slice(..m * esz)?,
             };
-            c.all_reduce(&i, &o, m, dt, op, stream)?;
+            let call = CollectiveCall::new(CollectiveKind::AllReduce, &i, &o, m, dt).op(op);
+            c.run(&call, stream)?;
             at += m;
         }
         Ok(())

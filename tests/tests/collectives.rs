@@ -927,13 +927,13 @@ fn gpu_trial(
     name: &str,
     n: usize,
     counts: &'static str,
-    extra: &'static [(&'static str, &'static str)],
+    extra: Vec<(&'static str, &'static str)>,
 ) -> Trial {
     Trial::ignorable_test(format!("collectives::{kind}::{name}"), move || {
         if let Err(reason) = mscclpp::registry::probe(kind) {
             return Ok(Completion::ignored_with(reason.to_string()));
         }
-        run_on(kind, n, DEFAULT_SLOT_BYTES, counts, extra).map(|()| Completion::Completed)
+        run_on(kind, n, DEFAULT_SLOT_BYTES, counts, &extra).map(|()| Completion::Completed)
     })
 }
 
@@ -970,26 +970,9 @@ const LL128: &[(&str, &str)] = &[
 /// default choice crosses every algorithm.
 const GPU_COUNTS: &str = "1,7,1001,65537,262147,1048573,2097155";
 
-/// The collectives and streams over the backend's own types (`Collectives::<A>::on_backend`),
-/// not the trait objects; every algorithm takes its share of the default choice by size.
+/// Added to a trial's environment: the collectives and streams over the backend's own types
+/// (`Collectives::<A>::on_backend`), not the trait objects.
 const TYPED: &[(&str, &str)] = &[("MSCCLPP_TEST_TYPED", "1")];
-
-/// The copy engines forced, over the backend's own types (the side stream and its events).
-const CE_TYPED: &[(&str, &str)] = &[
-    ("MSCCLPP_TEST_TYPED", "1"),
-    ("MSCCLPP_ALGO_ALLREDUCE", "ce"),
-    ("MSCCLPP_ALGO_ALLGATHER", "ce"),
-    ("MSCCLPP_ALGO_BROADCAST", "ce"),
-    ("MSCCLPP_ALGO_ALLTOALL", "ce"),
-    ("MSCCLPP_ALGO_REDUCESCATTER", "ce"),
-    (
-        "MSCCLPP_TEST_KINDS",
-        "allreduce,allgather,broadcast,alltoall,reducescatter",
-    ),
-    ("MSCCLPP_TEST_ALGO", "ce"),
-    ("MSCCLPP_CE_SCRATCH_BYTES", "4096"),
-    ("MSCCLPP_TEST_DTYPES", "float,bfloat16,int8"),
-];
 
 /// Odd ranks keep one-round calls on the general LL kernel, even ranks take the short kernels.
 const SHORT_MIXED: &[(&str, &str)] = &[("MSCCLPP_TEST_SHORT_ODD_OFF", "1")];
@@ -1026,23 +1009,6 @@ const CE_GPU: &[(&str, &str)] = &[
     ),
     ("MSCCLPP_TEST_ALGO", "ce"),
     ("MSCCLPP_TEST_DTYPES", SOME_DTYPES),
-];
-
-/// The same over the GPU backend's own types (fewer types: the typed trial checks the side
-/// stream and its events, which every type shares).
-const CE_GPU_TYPED: &[(&str, &str)] = &[
-    ("MSCCLPP_TEST_TYPED", "1"),
-    ("MSCCLPP_ALGO_ALLREDUCE", "ce"),
-    ("MSCCLPP_ALGO_ALLGATHER", "ce"),
-    ("MSCCLPP_ALGO_BROADCAST", "ce"),
-    ("MSCCLPP_ALGO_ALLTOALL", "ce"),
-    ("MSCCLPP_ALGO_REDUCESCATTER", "ce"),
-    (
-        "MSCCLPP_TEST_KINDS",
-        "allreduce,allgather,broadcast,alltoall,reducescatter",
-    ),
-    ("MSCCLPP_TEST_ALGO", "ce"),
-    ("MSCCLPP_TEST_DTYPES", "float,bfloat16,int8"),
 ];
 
 /// Nothing forced, the copy engines chosen by size from 4 KiB per rank block
@@ -1139,7 +1105,7 @@ fn main() {
     type Env = &'static [(&'static str, &'static str)];
     // Host trials: (name, ranks, slot bytes, counts, environment). Small slots force many
     // rounds: 256-byte slots carry 128 data bytes per peer per round.
-    let host: [(&str, usize, u64, &'static str, Env); 21] = [
+    let host: [(&str, usize, u64, &'static str, Env); 18] = [
         ("2_ranks", 2, 256, "1,3,37,1001", &[]),
         ("3_ranks", 3, 512, "1,5,333", &[]),
         ("4_ranks", 4, 1024, "1,7,300", &[]),
@@ -1164,10 +1130,6 @@ fn main() {
         ("ce::3_ranks", 3, 256, "1,5,3333", CE),
         ("ce::8_ranks", 8, 4096, "1,129", CE),
         ("ce::by_size_2_ranks", 2, 256, "1,37,5001", CE_BY_SIZE),
-        // Over the host backend's own types (`Collectives<Host>`), not the trait objects.
-        ("typed::2_ranks", 2, 256, "1,3,37,5001", TYPED),
-        ("typed::3_ranks", 3, 512, "1,5,333", TYPED),
-        ("typed::ce::2_ranks", 2, 256, "1,37,5001", CE_TYPED),
     ];
     let mut trials: Vec<Trial> = host
         .into_iter()
@@ -1177,6 +1139,20 @@ fn main() {
             })
         })
         .collect();
+    // Some of the same matrices over the host backend's own types (`Collectives<Host>`), not
+    // the trait objects.
+    let typed_host: [(&str, usize, u64, &'static str, Env); 3] = [
+        ("2_ranks", 2, 256, "1,3,37,5001", &[]),
+        ("3_ranks", 3, 512, "1,5,333", &[]),
+        ("ce::2_ranks", 2, 256, "1,37,5001", CE),
+    ];
+    for (name, n, slot, counts, env) in typed_host {
+        let env = [env, TYPED].concat();
+        trials.push(Trial::test(
+            format!("collectives::host::typed::{name}"),
+            move || run_env(n, slot, counts, &env),
+        ));
+    }
     for n in [2, 3, 4] {
         trials.push(Trial::test(
             format!("collectives::host::p2p::{n}_ranks"),
@@ -1191,7 +1167,7 @@ fn main() {
     }
     // The same matrix on the GPUs where there are some (2 ranks: one per GPU, or both on one;
     // 4 ranks: 2 per GPU, where LL128 is refused since two ranks share a device and LL serves).
-    let gpu: [(&str, usize, Env); 13] = [
+    let gpu: [(&str, usize, Env); 11] = [
         ("read::2_ranks", 2, READ_REGISTERED),
         ("read::2_ranks_staged", 2, READ_STAGED),
         ("read::4_ranks", 4, READ_REGISTERED),
@@ -1205,13 +1181,16 @@ fn main() {
         ("short_mixed::4_ranks", 4, SHORT_MIXED),
         ("ce::2_ranks", 2, CE_GPU),
         ("ce::4_ranks", 4, CE_GPU),
-        // Over the GPU backend's own types (`Collectives<Cuda>`): every launch static.
-        ("typed::2_ranks", 2, TYPED),
-        ("typed::ce::2_ranks", 2, CE_GPU_TYPED),
     ];
+    // Over the GPU backend's own types (`Collectives<Cuda>`): no downcast on any launch.
+    let typed_gpu: [(&str, usize, Env); 2] = [("2_ranks", 2, &[]), ("ce::2_ranks", 2, CE_GPU)];
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
         for (name, n, env) in gpu {
-            trials.push(gpu_trial(kind, name, n, GPU_COUNTS, env));
+            trials.push(gpu_trial(kind, name, n, GPU_COUNTS, env.to_vec()));
+        }
+        for (name, n, env) in typed_gpu {
+            let name = format!("typed::{name}");
+            trials.push(gpu_trial(kind, &name, n, GPU_COUNTS, [env, TYPED].concat()));
         }
         trials.push(Trial::ignorable_test(
             format!("collectives::{kind}::two_streams::2_ranks"),
