@@ -16,9 +16,11 @@
 
 pub mod ffi;
 pub mod hiprtc;
+pub mod probe;
 pub mod runtime;
 
-pub use runtime::{DriverInfo, RocmRuntime};
+pub use probe::DriverInfo;
+pub use runtime::RocmRuntime;
 
 use std::sync::{Arc, OnceLock};
 
@@ -62,11 +64,11 @@ fn runtime() -> Result<&'static RocmRuntime> {
         return Ok(rt);
     }
     let api = ffi::api()?;
-    let driver = runtime::probe_with(api)?;
+    let driver = probe::probe_with(api)?;
     if driver.devices <= 0 {
         return Err(unavailable(format!(
             "HIP runtime {} ({}) found but it reports no devices",
-            runtime::format_version(driver.runtime_version),
+            probe::format_version(driver.runtime_version),
             api.library
         )));
     }
@@ -79,7 +81,7 @@ pub fn probe_rocm() -> Result<Arc<RocmBackend>> {
     let backend = RocmBackend::open(rt).map_err(|e| {
         unavailable(format!(
             "HIP runtime {} with {} device(s) found, but enumerating them failed: {e}",
-            runtime::format_version(rt.driver.runtime_version),
+            probe::format_version(rt.driver.runtime_version),
             rt.driver.devices
         ))
     })?;

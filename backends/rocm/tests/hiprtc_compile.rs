@@ -45,7 +45,7 @@ fn hiprtc_reports_compile_errors_with_the_log_or_skipped() {
 /// pointer`) for gfx940/gfx942 — checked with a plain C++ caller too — so the backend refuses
 /// those targets with `Unavailable` before calling it; an MI300X machine compiles with its own
 /// ROCm 6 hipRTC at run time. The backend compiles for the bare processor
-/// (`runtime::compile_target`); a full target id must compile too.
+/// (`probe::compile_target`); a full target id must compile too.
 #[test]
 fn hiprtc_outcome_for_mi300_targets_and_target_ids_is_reported_or_skipped() {
     let Ok((major, minor)) = hiprtc::hiprtc_version() else {

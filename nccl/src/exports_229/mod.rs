@@ -1,6 +1,7 @@
 //! The exports NCCL added after 2.28's `nccl.h` (up to 2.30.7, the newest release), plus the
 //! host functions of NCCL's device-API headers (`nccl_device/*.h`) that take a communicator or a
-//! window and that `exports` does not export yet.
+//! window and that `exports` does not export yet. The communicator calls are here; the window and
+//! one-sided calls are [`windows`]', the parameter registry [`params`]'.
 //!
 //! Every symbol of the newest `nccl.h` must be this library's: under `LD_PRELOAD`, a symbol we
 //! leave undefined resolves to the real `libnccl.so`, which would be handed our handle (a serial
@@ -25,16 +26,20 @@
 //! native one.
 
 use std::collections::HashSet;
-use std::ffi::{CStr, c_char, c_int, c_void};
-use std::io::Write;
+use std::ffi::{c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
 
 use crate::abi::*;
-use crate::error::{Failure, Res, guard, out};
-use crate::register;
-use crate::registry::{lookup, lookup_for_op};
+use crate::error::{Failure, guard, out};
+use crate::registry::lookup;
+
+mod params;
+mod windows;
+
+pub use params::*;
+pub use windows::*;
 
 /// `NCCL_API_MAGIC`: the magic of NCCL's versioned structs (`ncclCommProperties_t` too).
 const NCCL_API_MAGIC: u32 = 0xcafe_beef;
@@ -95,26 +100,6 @@ pub struct CommProperties {
     pub railed_gin_type: c_int,
 }
 
-/// `ncclTeam_t`, passed by value by the device-API requirement calls.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct NcclTeam {
-    /// Ranks in the team.
-    pub n_ranks: c_int,
-    /// This rank in the team.
-    pub rank: c_int,
-    /// World-rank stride between team members.
-    pub stride: c_int,
-}
-
-/// `ncclMultimemHandle_t`, passed by value (one pointer).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct NcclMultimemHandle {
-    /// The multicast object's base address.
-    pub mc_base_ptr: *mut c_void,
-}
-
 /// Handles `ncclCommRevoke` has revoked (handles are never reused, so a set of values is
 /// exact).
 fn revoked() -> &'static Mutex<HashSet<usize>> {
@@ -127,31 +112,6 @@ pub(crate) fn is_revoked(comm: NcclComm) -> bool {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .contains(&(comm as usize))
-}
-
-/// What the one-sided calls answer.
-fn no_rma(what: &str) -> Failure {
-    Failure::usage(format!(
-        "{what} (NCCL 2.29's host-initiated one-sided operations into a peer's window) is not supported by this library: its windows are not one-sided targets, and a put cannot be served by matching ncclSend/ncclRecv since the target does not take part; use ncclSend/ncclRecv"
-    ))
-}
-
-/// What the device-API window calls answer.
-fn no_device_api(what: &str) -> Failure {
-    Failure::usage(format!(
-        "{what} (NCCL's device API over symmetric windows) is not supported by this library: its windows (ncclCommWindowRegister) are not NCCL symmetric windows"
-    ))
-}
-
-/// The key of a parameter call, for messages.
-///
-/// # Safety
-/// `key` must be non-NULL and NUL-terminated.
-unsafe fn key_text(key: *const c_char) -> String {
-    // SAFETY: non-NULL and NUL-terminated (caller's contract).
-    unsafe { CStr::from_ptr(key) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -444,379 +404,6 @@ pub unsafe extern "C" fn ncclCommQueryProperties(
         }
         Ok(())
     })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Windows
-
-/// `ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr)` (NCCL
-/// 2.29): native: the address the window was registered at, for windows inside `ncclMemAlloc`
-/// memory (this library records the owner and offset of those only); a window of other memory
-/// is `ncclInvalidUsage`.
-///
-/// # Safety
-/// `outUserPtr` must be NULL or valid for a write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclWinGetUserPtr(
-    comm: NcclComm,
-    win: NcclWindow,
-    outUserPtr: *mut *mut c_void,
-) -> NcclResult {
-    guard("ncclWinGetUserPtr", || {
-        let c = lookup(comm)?;
-        if outUserPtr.is_null() {
-            return Err(Failure::argument("outUserPtr is NULL"));
-        }
-        if win.is_null() {
-            return Err(Failure::argument("win is NULL"));
-        }
-        let p = register::window_user_ptr(&c, win)?.ok_or_else(|| {
-            Failure::usage(format!(
-                "window {win:p} was registered over memory not from ncclMemAlloc, whose address this library does not record"
-            ))
-        })?;
-        // SAFETY: non-null (checked); the caller's out-pointer.
-        unsafe { out(outUserPtr, "outUserPtr", p) }
-    })
-}
-
-/// `ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void**
-/// outPtr)` (NCCL 2.29 device API): not supported (`ncclInvalidUsage`).
-///
-/// # Safety
-/// Nothing is read or written through the pointers.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclGetLsaMultimemDevicePointer(
-    window: NcclWindow,
-    _offset: usize,
-    outPtr: *mut *mut c_void,
-) -> NcclResult {
-    guard("ncclGetLsaMultimemDevicePointer", || {
-        window_args(window, outPtr)?;
-        Err(no_device_api("ncclGetLsaMultimemDevicePointer"))
-    })
-}
-
-/// `ncclResult_t ncclGetMultimemDevicePointer(ncclWindow_t window, size_t offset,
-/// ncclMultimemHandle_t multimem, void** outPtr)` (NCCL 2.29 device API): not supported.
-///
-/// # Safety
-/// Nothing is read or written through the pointers.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclGetMultimemDevicePointer(
-    window: NcclWindow,
-    _offset: usize,
-    _multimem: NcclMultimemHandle,
-    outPtr: *mut *mut c_void,
-) -> NcclResult {
-    guard("ncclGetMultimemDevicePointer", || {
-        window_args(window, outPtr)?;
-        Err(no_device_api("ncclGetMultimemDevicePointer"))
-    })
-}
-
-/// `ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window, size_t offset, int lsaRank,
-/// void** outPtr)` (NCCL 2.29 device API): not supported.
-///
-/// # Safety
-/// Nothing is read or written through the pointers.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclGetLsaDevicePointer(
-    window: NcclWindow,
-    _offset: usize,
-    _lsaRank: c_int,
-    outPtr: *mut *mut c_void,
-) -> NcclResult {
-    guard("ncclGetLsaDevicePointer", || {
-        window_args(window, outPtr)?;
-        Err(no_device_api("ncclGetLsaDevicePointer"))
-    })
-}
-
-/// `ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void**
-/// outPtr)` (NCCL 2.29 device API): not supported.
-///
-/// # Safety
-/// Nothing is read or written through the pointers.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclGetPeerDevicePointer(
-    window: NcclWindow,
-    _offset: usize,
-    _peer: c_int,
-    outPtr: *mut *mut c_void,
-) -> NcclResult {
-    guard("ncclGetPeerDevicePointer", || {
-        window_args(window, outPtr)?;
-        Err(no_device_api("ncclGetPeerDevicePointer"))
-    })
-}
-
-/// The checks of the device-pointer calls.
-fn window_args(window: NcclWindow, out_ptr: *mut *mut c_void) -> Res<()> {
-    if window.is_null() {
-        return Err(Failure::argument("window is NULL"));
-    }
-    if out_ptr.is_null() {
-        return Err(Failure::argument("outPtr is NULL"));
-    }
-    Ok(())
-}
-
-/// `ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam_t team, int
-/// nBarriers, ncclGinBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq)` (NCCL
-/// 2.28 device API, GPU-initiated networking): not supported (`ncclInvalidUsage`).
-///
-/// # Safety
-/// `comm` is a handle (checked); nothing is written.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclGinBarrierCreateRequirement(
-    comm: NcclComm,
-    _team: NcclTeam,
-    _nBarriers: c_int,
-    _outHandle: *mut c_void,
-    _outReq: *mut c_void,
-) -> NcclResult {
-    guard("ncclGinBarrierCreateRequirement", || {
-        lookup(comm)?;
-        Err(Failure::usage(
-            "NCCL's GPU-initiated networking (GIN) is not supported by this library",
-        ))
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
-// One-sided operations
-
-/// `ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype,
-/// int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int
-/// flags, ncclComm_t comm, cudaStream_t stream)` (NCCL 2.29): not supported
-/// (`ncclInvalidUsage`).
-///
-/// # Safety
-/// `comm` is a handle (checked); nothing is read or written through the pointers.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn ncclPutSignal(
-    _localbuff: *const c_void,
-    _count: usize,
-    _datatype: c_int,
-    _peer: c_int,
-    _peerWin: NcclWindow,
-    _peerWinOffset: usize,
-    _sigIdx: c_int,
-    _ctx: c_int,
-    _flags: u32,
-    comm: NcclComm,
-    _stream: CudaStream,
-) -> NcclResult {
-    guard("ncclPutSignal", || {
-        lookup_for_op(comm)?;
-        Err(no_rma("ncclPutSignal"))
-    })
-}
-
-/// `ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
-/// cudaStream_t stream)` (NCCL 2.29): not supported (`ncclInvalidUsage`).
-///
-/// # Safety
-/// `comm` is a handle (checked).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclSignal(
-    _peer: c_int,
-    _sigIdx: c_int,
-    _ctx: c_int,
-    _flags: u32,
-    comm: NcclComm,
-    _stream: CudaStream,
-) -> NcclResult {
-    guard("ncclSignal", || {
-        lookup_for_op(comm)?;
-        Err(no_rma("ncclSignal"))
-    })
-}
-
-/// `ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
-/// cudaStream_t stream)` (NCCL 2.29): not supported (`ncclInvalidUsage`).
-///
-/// # Safety
-/// `comm` is a handle (checked); `signalDescs` is not read.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclWaitSignal(
-    nDesc: c_int,
-    signalDescs: *mut c_void,
-    comm: NcclComm,
-    _stream: CudaStream,
-) -> NcclResult {
-    guard("ncclWaitSignal", || {
-        lookup_for_op(comm)?;
-        if nDesc < 0 {
-            return Err(Failure::argument(format!("nDesc {nDesc} is negative")));
-        }
-        if nDesc > 0 && signalDescs.is_null() {
-            return Err(Failure::argument("signalDescs is NULL"));
-        }
-        Err(no_rma("ncclWaitSignal"))
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Parameters (NCCL 2.30): this library's registry of NCCL parameters is empty (NCCL_* variables
-// are NCCL's; this library reads MSCCLPP_* ones), so every key is unknown, answered as NCCL
-// answers an unknown key (`ncclInvalidArgument`), and no parameter handle exists.
-
-/// No handle of this library's `ncclParamBind` exists: what the getters answer.
-fn no_handle(h: *mut c_void) -> Failure {
-    if h.is_null() {
-        Failure::argument("h is NULL")
-    } else {
-        Failure::argument(format!(
-            "h {h:p} is not a parameter handle of this library: its ncclParamBind binds none (no NCCL parameter is registered here)"
-        ))
-    }
-}
-
-/// An unknown key, as NCCL answers it.
-fn no_key(key: &str) -> Failure {
-    Failure::argument(format!(
-        "key \"{key}\" not found: this library registers no NCCL parameters (it is configured by MSCCLPP_* variables)"
-    ))
-}
-
-/// `ncclResult_t ncclParamBind(ncclParamHandle_t* out, const char* key)` (NCCL 2.30): every key
-/// is unknown here: `ncclInvalidArgument`, as NCCL for a key not in its registry.
-///
-/// # Safety
-/// `key` must be NULL or NUL-terminated; `out` is not written.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclParamBind(out: *mut *mut c_void, key: *const c_char) -> NcclResult {
-    guard("ncclParamBind", || {
-        if out.is_null() {
-            return Err(Failure::argument("out is NULL"));
-        }
-        if key.is_null() {
-            return Err(Failure::argument("key is NULL"));
-        }
-        // SAFETY: non-null, NUL-terminated (caller's contract).
-        Err(no_key(&unsafe { key_text(key) }))
-    })
-}
-
-macro_rules! param_getter {
-    ($($name:ident : $t:ty;)*) => {$(
-        #[doc = concat!("`ncclResult_t ", stringify!($name), "(ncclParamHandle_t h, ", stringify!($t),
-            "* out)` (NCCL 2.30): no handle exists here: `ncclInvalidArgument`.")]
-        ///
-        /// # Safety
-        /// Nothing is read or written through the pointers.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(h: *mut c_void, out: *mut $t) -> NcclResult {
-            guard(stringify!($name), || {
-                if out.is_null() {
-                    return Err(Failure::argument("out is NULL"));
-                }
-                Err(no_handle(h))
-            })
-        }
-    )*};
-}
-
-param_getter! {
-    ncclParamGetI8: i8;
-    ncclParamGetI16: i16;
-    ncclParamGetI32: i32;
-    ncclParamGetI64: i64;
-    ncclParamGetU8: u8;
-    ncclParamGetU16: u16;
-    ncclParamGetU32: u32;
-    ncclParamGetU64: u64;
-    ncclParamGetStr: *const c_char;
-}
-
-/// `ncclResult_t ncclParamGet(ncclParamHandle_t h, void* out, int maxLen, int* len)` (NCCL
-/// 2.30): no handle exists here: `ncclInvalidArgument`.
-///
-/// # Safety
-/// Nothing is read or written through the pointers.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclParamGet(
-    h: *mut c_void,
-    out: *mut c_void,
-    _maxLen: c_int,
-    _len: *mut c_int,
-) -> NcclResult {
-    guard("ncclParamGet", || {
-        if out.is_null() {
-            return Err(Failure::argument("out is NULL"));
-        }
-        Err(no_handle(h))
-    })
-}
-
-/// `ncclResult_t ncclParamGetParameter(const char* key, const char** value, int* valueLen)`
-/// (NCCL 2.30): every key is unknown here: `*value = NULL`, `*valueLen = 0` and
-/// `ncclInvalidArgument`, as NCCL for a key not in its registry.
-///
-/// # Safety
-/// `key` must be NULL or NUL-terminated; `value` and `valueLen` NULL or valid for a write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclParamGetParameter(
-    key: *const c_char,
-    value: *mut *const c_char,
-    valueLen: *mut c_int,
-) -> NcclResult {
-    guard("ncclParamGetParameter", || {
-        if key.is_null() || value.is_null() || valueLen.is_null() {
-            return Err(Failure::argument("key, value or valueLen is NULL"));
-        }
-        // SAFETY: non-null (checked); the caller's out-pointers.
-        unsafe {
-            out(value, "value", std::ptr::null())?;
-            out(valueLen, "valueLen", 0)?;
-        }
-        // SAFETY: non-null, NUL-terminated (caller's contract).
-        Err(no_key(&unsafe { key_text(key) }))
-    })
-}
-
-/// The (empty) table `ncclParamGetAllParameterKeys` returns: never written, never freed.
-struct KeyTable([*const c_char; 1]);
-// SAFETY: a NULL pointer that is only ever read.
-unsafe impl Sync for KeyTable {}
-static NO_KEYS: KeyTable = KeyTable([std::ptr::null()]);
-
-/// `ncclResult_t ncclParamGetAllParameterKeys(const char*** table, int* tableLen)` (NCCL 2.30):
-/// native: this library registers no NCCL parameters, so the table is empty (`*tableLen = 0`,
-/// `*table` a valid pointer to no keys).
-///
-/// # Safety
-/// `table` and `tableLen` must be NULL or valid for a write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclParamGetAllParameterKeys(
-    table: *mut *const *const c_char,
-    tableLen: *mut c_int,
-) -> NcclResult {
-    guard("ncclParamGetAllParameterKeys", || {
-        if table.is_null() || tableLen.is_null() {
-            return Err(Failure::argument("table or tableLen is NULL"));
-        }
-        // SAFETY: non-null (checked); the caller's out-pointers.
-        unsafe {
-            out(table, "table", NO_KEYS.0.as_ptr())?;
-            out(tableLen, "tableLen", 0)
-        }
-    })
-}
-
-/// `void ncclParamDumpAll(void)` (NCCL 2.30): prints NCCL's dump header to stdout, followed by no
-/// parameter (this library registers none).
-#[unsafe(no_mangle)]
-pub extern "C" fn ncclParamDumpAll() {
-    guard("ncclParamDumpAll", || {
-        let mut o = std::io::stdout().lock();
-        writeln!(o, "=== ncclParam Registry Dump ===")
-            .and_then(|()| o.flush())
-            .map_err(|e| Failure::system(format!("writing to stdout: {e}")))
-    });
 }
 
 /// `void ncclResetDebugInit(void)` (deprecated in NCCL's header since 2.24): a no-op. This

@@ -1,0 +1,256 @@
+//! The window calls of NCCL 2.29 and its one-sided operations: `ncclWinGetUserPtr` served
+//! natively, the device-API pointers and the host-initiated one-sided calls refused.
+
+use std::ffi::{c_int, c_void};
+
+use crate::abi::*;
+use crate::error::{Failure, Res, guard, out};
+use crate::register;
+use crate::registry::{lookup, lookup_for_op};
+
+/// `ncclTeam_t`, passed by value by the device-API requirement calls.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NcclTeam {
+    /// Ranks in the team.
+    pub n_ranks: c_int,
+    /// This rank in the team.
+    pub rank: c_int,
+    /// World-rank stride between team members.
+    pub stride: c_int,
+}
+
+/// `ncclMultimemHandle_t`, passed by value (one pointer).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NcclMultimemHandle {
+    /// The multicast object's base address.
+    pub mc_base_ptr: *mut c_void,
+}
+
+/// What the one-sided calls answer.
+fn no_rma(what: &str) -> Failure {
+    Failure::usage(format!(
+        "{what} (NCCL 2.29's host-initiated one-sided operations into a peer's window) is not supported by this library: its windows are not one-sided targets, and a put cannot be served by matching ncclSend/ncclRecv since the target does not take part; use ncclSend/ncclRecv"
+    ))
+}
+
+/// What the device-API window calls answer.
+fn no_device_api(what: &str) -> Failure {
+    Failure::usage(format!(
+        "{what} (NCCL's device API over symmetric windows) is not supported by this library: its windows (ncclCommWindowRegister) are not NCCL symmetric windows"
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Windows
+
+/// `ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr)` (NCCL
+/// 2.29): native: the address the window was registered at, for windows inside `ncclMemAlloc`
+/// memory (this library records the owner and offset of those only); a window of other memory
+/// is `ncclInvalidUsage`.
+///
+/// # Safety
+/// `outUserPtr` must be NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclWinGetUserPtr(
+    comm: NcclComm,
+    win: NcclWindow,
+    outUserPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclWinGetUserPtr", || {
+        let c = lookup(comm)?;
+        if outUserPtr.is_null() {
+            return Err(Failure::argument("outUserPtr is NULL"));
+        }
+        if win.is_null() {
+            return Err(Failure::argument("win is NULL"));
+        }
+        let p = register::window_user_ptr(&c, win)?.ok_or_else(|| {
+            Failure::usage(format!(
+                "window {win:p} was registered over memory not from ncclMemAlloc, whose address this library does not record"
+            ))
+        })?;
+        // SAFETY: non-null (checked); the caller's out-pointer.
+        unsafe { out(outUserPtr, "outUserPtr", p) }
+    })
+}
+
+/// `ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void**
+/// outPtr)` (NCCL 2.29 device API): not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+/// Nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetLsaMultimemDevicePointer(
+    window: NcclWindow,
+    _offset: usize,
+    outPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclGetLsaMultimemDevicePointer", || {
+        window_args(window, outPtr)?;
+        Err(no_device_api("ncclGetLsaMultimemDevicePointer"))
+    })
+}
+
+/// `ncclResult_t ncclGetMultimemDevicePointer(ncclWindow_t window, size_t offset,
+/// ncclMultimemHandle_t multimem, void** outPtr)` (NCCL 2.29 device API): not supported.
+///
+/// # Safety
+/// Nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetMultimemDevicePointer(
+    window: NcclWindow,
+    _offset: usize,
+    _multimem: NcclMultimemHandle,
+    outPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclGetMultimemDevicePointer", || {
+        window_args(window, outPtr)?;
+        Err(no_device_api("ncclGetMultimemDevicePointer"))
+    })
+}
+
+/// `ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window, size_t offset, int lsaRank,
+/// void** outPtr)` (NCCL 2.29 device API): not supported.
+///
+/// # Safety
+/// Nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetLsaDevicePointer(
+    window: NcclWindow,
+    _offset: usize,
+    _lsaRank: c_int,
+    outPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclGetLsaDevicePointer", || {
+        window_args(window, outPtr)?;
+        Err(no_device_api("ncclGetLsaDevicePointer"))
+    })
+}
+
+/// `ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void**
+/// outPtr)` (NCCL 2.29 device API): not supported.
+///
+/// # Safety
+/// Nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetPeerDevicePointer(
+    window: NcclWindow,
+    _offset: usize,
+    _peer: c_int,
+    outPtr: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclGetPeerDevicePointer", || {
+        window_args(window, outPtr)?;
+        Err(no_device_api("ncclGetPeerDevicePointer"))
+    })
+}
+
+/// The checks of the device-pointer calls.
+fn window_args(window: NcclWindow, out_ptr: *mut *mut c_void) -> Res<()> {
+    if window.is_null() {
+        return Err(Failure::argument("window is NULL"));
+    }
+    if out_ptr.is_null() {
+        return Err(Failure::argument("outPtr is NULL"));
+    }
+    Ok(())
+}
+
+/// `ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam_t team, int
+/// nBarriers, ncclGinBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq)` (NCCL
+/// 2.28 device API, GPU-initiated networking): not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+/// `comm` is a handle (checked); nothing is written.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGinBarrierCreateRequirement(
+    comm: NcclComm,
+    _team: NcclTeam,
+    _nBarriers: c_int,
+    _outHandle: *mut c_void,
+    _outReq: *mut c_void,
+) -> NcclResult {
+    guard("ncclGinBarrierCreateRequirement", || {
+        lookup(comm)?;
+        Err(Failure::usage(
+            "NCCL's GPU-initiated networking (GIN) is not supported by this library",
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// One-sided operations
+
+/// `ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype,
+/// int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int
+/// flags, ncclComm_t comm, cudaStream_t stream)` (NCCL 2.29): not supported
+/// (`ncclInvalidUsage`).
+///
+/// # Safety
+/// `comm` is a handle (checked); nothing is read or written through the pointers.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ncclPutSignal(
+    _localbuff: *const c_void,
+    _count: usize,
+    _datatype: c_int,
+    _peer: c_int,
+    _peerWin: NcclWindow,
+    _peerWinOffset: usize,
+    _sigIdx: c_int,
+    _ctx: c_int,
+    _flags: u32,
+    comm: NcclComm,
+    _stream: CudaStream,
+) -> NcclResult {
+    guard("ncclPutSignal", || {
+        lookup_for_op(comm)?;
+        Err(no_rma("ncclPutSignal"))
+    })
+}
+
+/// `ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+/// cudaStream_t stream)` (NCCL 2.29): not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+/// `comm` is a handle (checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclSignal(
+    _peer: c_int,
+    _sigIdx: c_int,
+    _ctx: c_int,
+    _flags: u32,
+    comm: NcclComm,
+    _stream: CudaStream,
+) -> NcclResult {
+    guard("ncclSignal", || {
+        lookup_for_op(comm)?;
+        Err(no_rma("ncclSignal"))
+    })
+}
+
+/// `ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+/// cudaStream_t stream)` (NCCL 2.29): not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+/// `comm` is a handle (checked); `signalDescs` is not read.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclWaitSignal(
+    nDesc: c_int,
+    signalDescs: *mut c_void,
+    comm: NcclComm,
+    _stream: CudaStream,
+) -> NcclResult {
+    guard("ncclWaitSignal", || {
+        lookup_for_op(comm)?;
+        if nDesc < 0 {
+            return Err(Failure::argument(format!("nDesc {nDesc} is negative")));
+        }
+        if nDesc > 0 && signalDescs.is_null() {
+            return Err(Failure::argument("signalDescs is NULL"));
+        }
+        Err(no_rma("ncclWaitSignal"))
+    })
+}
