@@ -90,6 +90,10 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("multicast_rejects_bad_binds", multicast_rejects_bad_binds),
 ];
 
+/// The cases that run with no other case at the same time ([`crate::harness::stamp`]): this one
+/// holds a stream on a flag that its own thread releases with a driver call.
+pub const ALONE: &[&str] = &["wait_value64_holds_the_stream_until_the_flag"];
+
 const SYNC: Duration = Duration::from_secs(60);
 
 fn seeded() -> (Rng, u64) {

@@ -4,7 +4,7 @@
 //! case — as ignored, with the probe's reason — so that a run never passes silently on
 //! hardware it did not have.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::hal::{Backend, BackendKind, Device};
@@ -82,13 +82,28 @@ fn probed(kind: BackendKind) -> &'static Probed {
     CELLS[i].get_or_init(|| mscclpp::registry::probe(kind).map_err(|e| e.to_string()))
 }
 
-/// Trials named `{suite}::{backend}::{case}` for every backend and case.
-pub fn stamp(suite: &str, cases: &[(&'static str, CaseFn)]) -> Vec<Trial> {
+/// Held shared by every case and alone by the cases named in `stamp`'s `alone`.
+static GATE: RwLock<()> = RwLock::new(());
+
+/// Trials named `{suite}::{backend}::{case}` for every backend and case. The cases named in
+/// `alone` run with no other case of the process at the same time, whatever the test thread
+/// count: a case that leaves the device waiting on a flag that only its own next driver call
+/// releases would otherwise hang the process when another thread's driver call synchronizes the
+/// device meanwhile (a free does), since that call waits for the device while holding the
+/// driver's lock that the release needs.
+pub fn stamp(suite: &str, cases: &[(&'static str, CaseFn)], alone: &[&str]) -> Vec<Trial> {
     let mut trials = Vec::new();
     for kind in BackendKind::ALL {
         for &(name, case) in cases {
             let full = format!("{suite}::{kind}::{name}");
+            let exclusive = alone.contains(&name);
             trials.push(Trial::ignorable_test(full, move || {
+                // A poisoned gate only means a case panicked: the others still run.
+                let (_shared, _alone) = if exclusive {
+                    (None, Some(GATE.write().unwrap_or_else(|p| p.into_inner())))
+                } else {
+                    (Some(GATE.read().unwrap_or_else(|p| p.into_inner())), None)
+                };
                 let backend = match probed(kind) {
                     Ok(b) => b.clone(),
                     Err(reason) => return Ok(Completion::ignored_with(reason.clone())),
