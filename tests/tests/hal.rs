@@ -15,5 +15,9 @@ fn main() {
         std::process::exit(code);
     }
     let args = libtest_mimic::Arguments::from_args();
-    libtest_mimic::run(&args, harness::stamp("hal", hal_suite::CASES, hal_suite::ALONE)).exit();
+    libtest_mimic::run(
+        &args,
+        harness::stamp("hal", hal_suite::CASES, hal_suite::ALONE),
+    )
+    .exit();
 }
