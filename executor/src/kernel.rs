@@ -1,8 +1,8 @@
 //! The interpreter kernel: one launch runs a rank's flattened plan, one block per threadblock of
-//! the plan. [`EXECUTOR_MODULE`] hands it to the HAL: its host function is [`host`]'s; its device
-//! source is `kernels/executor/executor.cu`, which reads the same [`DevicePlan`] and
-//! [`ExecutorArgs`] (mirrored in `kernels/executor/args.cuh`, whose layout
-//! `kernels/executor/args_check.h` checks in every compile).
+//! the plan. [`EXECUTOR_MODULE`] hands it to the HAL: its host function is the private
+//! `kernel::host` module's; its device source is `kernels/executor/executor.cu`, which reads the
+//! same [`DevicePlan`] and [`ExecutorArgs`] (mirrored in `kernels/executor/args.cuh`, whose
+//! layout `kernels/executor/args_check.h` checks in every compile).
 //!
 //! Semantics follow MSCCL++'s executor kernel, op by op (see `docs/executor.md`). The host
 //! version runs each block on a thread of its own: blocks of one rank wait for each other

@@ -92,6 +92,13 @@ static GATE: RwLock<()> = RwLock::new(());
 /// device meanwhile (a free does), since that call waits for the device while holding the
 /// driver's lock that the release needs.
 pub fn stamp(suite: &str, cases: &[(&'static str, CaseFn)], alone: &[&str]) -> Vec<Trial> {
+    // A renamed case must not leave the gate silently: every name in `alone` is a case.
+    for a in alone {
+        assert!(
+            cases.iter().any(|(name, _)| name == a),
+            "{suite}: `alone` names {a}, which is not a case"
+        );
+    }
     let mut trials = Vec::new();
     for kind in BackendKind::ALL {
         for &(name, case) in cases {

@@ -214,7 +214,6 @@ pub(crate) fn query_info(api: &Api, ordinal: usize) -> Result<DeviceInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::props;
 
     #[test]
     fn gfx_targets_are_recognised_and_stripped() {

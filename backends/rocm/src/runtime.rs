@@ -23,7 +23,12 @@ use crate::ffi::{
     IpcMemHandle, code,
 };
 use crate::hiprtc;
-use crate::probe::{DriverInfo, compile_target, format_version, major, query_info};
+use crate::probe::query_info;
+// The probe's items were this module's before `probe` was split out: their paths stay.
+pub use crate::probe::{
+    DriverInfo, arch_from_props, compile_target, format_version, is_gfx_target, major,
+    probe_driver, probe_with,
+};
 
 pub use crate::ffi::LIBRARY_NAMES;
 
