@@ -35,6 +35,16 @@ fn no_rma(what: &str) -> Failure {
     ))
 }
 
+/// What every one-sided call answers: the communicator looked up and the call's own `checks`
+/// made, then refused.
+fn refuse_rma(name: &'static str, comm: NcclComm, checks: impl FnOnce() -> Res<()>) -> NcclResult {
+    guard(name, || {
+        lookup_for_op(comm)?;
+        checks()?;
+        Err(no_rma(name))
+    })
+}
+
 /// What the device-API window calls answer.
 fn no_device_api(what: &str) -> Failure {
     Failure::usage(format!(
@@ -87,10 +97,7 @@ pub unsafe extern "C" fn ncclGetLsaMultimemDevicePointer(
     _offset: usize,
     outPtr: *mut *mut c_void,
 ) -> NcclResult {
-    guard("ncclGetLsaMultimemDevicePointer", || {
-        window_args(window, outPtr)?;
-        Err(no_device_api("ncclGetLsaMultimemDevicePointer"))
-    })
+    refuse_device_pointer("ncclGetLsaMultimemDevicePointer", window, outPtr)
 }
 
 /// `ncclResult_t ncclGetMultimemDevicePointer(ncclWindow_t window, size_t offset,
@@ -105,10 +112,7 @@ pub unsafe extern "C" fn ncclGetMultimemDevicePointer(
     _multimem: NcclMultimemHandle,
     outPtr: *mut *mut c_void,
 ) -> NcclResult {
-    guard("ncclGetMultimemDevicePointer", || {
-        window_args(window, outPtr)?;
-        Err(no_device_api("ncclGetMultimemDevicePointer"))
-    })
+    refuse_device_pointer("ncclGetMultimemDevicePointer", window, outPtr)
 }
 
 /// `ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window, size_t offset, int lsaRank,
@@ -123,10 +127,7 @@ pub unsafe extern "C" fn ncclGetLsaDevicePointer(
     _lsaRank: c_int,
     outPtr: *mut *mut c_void,
 ) -> NcclResult {
-    guard("ncclGetLsaDevicePointer", || {
-        window_args(window, outPtr)?;
-        Err(no_device_api("ncclGetLsaDevicePointer"))
-    })
+    refuse_device_pointer("ncclGetLsaDevicePointer", window, outPtr)
 }
 
 /// `ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void**
@@ -141,21 +142,24 @@ pub unsafe extern "C" fn ncclGetPeerDevicePointer(
     _peer: c_int,
     outPtr: *mut *mut c_void,
 ) -> NcclResult {
-    guard("ncclGetPeerDevicePointer", || {
-        window_args(window, outPtr)?;
-        Err(no_device_api("ncclGetPeerDevicePointer"))
-    })
+    refuse_device_pointer("ncclGetPeerDevicePointer", window, outPtr)
 }
 
-/// The checks of the device-pointer calls.
-fn window_args(window: NcclWindow, out_ptr: *mut *mut c_void) -> Res<()> {
-    if window.is_null() {
-        return Err(Failure::argument("window is NULL"));
-    }
-    if out_ptr.is_null() {
-        return Err(Failure::argument("outPtr is NULL"));
-    }
-    Ok(())
+/// What every device-pointer call answers: its arguments checked, then refused.
+fn refuse_device_pointer(
+    name: &'static str,
+    window: NcclWindow,
+    out_ptr: *mut *mut c_void,
+) -> NcclResult {
+    guard(name, || {
+        if window.is_null() {
+            return Err(Failure::argument("window is NULL"));
+        }
+        if out_ptr.is_null() {
+            return Err(Failure::argument("outPtr is NULL"));
+        }
+        Err(no_device_api(name))
+    })
 }
 
 /// `ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam_t team, int
@@ -205,10 +209,7 @@ pub unsafe extern "C" fn ncclPutSignal(
     comm: NcclComm,
     _stream: CudaStream,
 ) -> NcclResult {
-    guard("ncclPutSignal", || {
-        lookup_for_op(comm)?;
-        Err(no_rma("ncclPutSignal"))
-    })
+    refuse_rma("ncclPutSignal", comm, || Ok(()))
 }
 
 /// `ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
@@ -225,10 +226,7 @@ pub unsafe extern "C" fn ncclSignal(
     comm: NcclComm,
     _stream: CudaStream,
 ) -> NcclResult {
-    guard("ncclSignal", || {
-        lookup_for_op(comm)?;
-        Err(no_rma("ncclSignal"))
-    })
+    refuse_rma("ncclSignal", comm, || Ok(()))
 }
 
 /// `ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
@@ -243,14 +241,89 @@ pub unsafe extern "C" fn ncclWaitSignal(
     comm: NcclComm,
     _stream: CudaStream,
 ) -> NcclResult {
-    guard("ncclWaitSignal", || {
-        lookup_for_op(comm)?;
+    refuse_rma("ncclWaitSignal", comm, || {
         if nDesc < 0 {
             return Err(Failure::argument(format!("nDesc {nDesc} is negative")));
         }
         if nDesc > 0 && signalDescs.is_null() {
             return Err(Failure::argument("signalDescs is NULL"));
         }
-        Err(no_rma("ncclWaitSignal"))
+        Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::last_error;
+
+    /// Runs `call` and checks its code and that the last error starts with `name` and holds
+    /// `says`.
+    fn answers(name: &str, code: NcclResult, says: &str, call: impl FnOnce() -> NcclResult) {
+        assert_eq!(call(), code, "{name}");
+        let e = last_error();
+        assert!(e.starts_with(name) && e.contains(says), "{name}: {e}");
+    }
+
+    /// Every device-pointer call checks its pointers, then refuses as `ncclInvalidUsage`
+    /// naming itself; the one-sided calls refuse a handle that is not a communicator first.
+    #[test]
+    fn device_pointer_and_one_sided_calls_refuse_naming_themselves() {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let out: *mut *mut c_void = &mut p;
+        let w = std::ptr::NonNull::<u8>::dangling()
+            .as_ptr()
+            .cast::<c_void>();
+        let null = std::ptr::null_mut::<c_void>();
+        let mm = NcclMultimemHandle { mc_base_ptr: null };
+        let api = "device API";
+        // The calls read and write nothing through these pointers (NULL ones are checked
+        // first), and a handle is checked against the live ones: what every SAFETY line means.
+        let name = "ncclGetLsaMultimemDevicePointer";
+        // SAFETY: as said above the first call.
+        answers(name, NCCL_INVALID_USAGE, api, || unsafe {
+            ncclGetLsaMultimemDevicePointer(w, 0, out)
+        });
+        let name = "ncclGetMultimemDevicePointer";
+        // SAFETY: as said above the first call.
+        answers(name, NCCL_INVALID_USAGE, api, || unsafe {
+            ncclGetMultimemDevicePointer(w, 0, mm, out)
+        });
+        let name = "ncclGetLsaDevicePointer";
+        // SAFETY: as said above the first call.
+        answers(name, NCCL_INVALID_USAGE, api, || unsafe {
+            ncclGetLsaDevicePointer(w, 0, 0, out)
+        });
+        // SAFETY: as said above the first call.
+        answers(name, NCCL_INVALID_ARGUMENT, "outPtr is NULL", || unsafe {
+            ncclGetLsaDevicePointer(w, 0, 0, std::ptr::null_mut())
+        });
+        let name = "ncclGetPeerDevicePointer";
+        // SAFETY: as said above the first call.
+        answers(name, NCCL_INVALID_USAGE, api, || unsafe {
+            ncclGetPeerDevicePointer(w, 0, 1, out)
+        });
+        // SAFETY: as said above the first call.
+        answers(name, NCCL_INVALID_ARGUMENT, "window is NULL", || unsafe {
+            ncclGetPeerDevicePointer(null, 0, 1, out)
+        });
+        assert!(p.is_null(), "an out-pointer was written");
+
+        let no_comm = "not a communicator";
+        // SAFETY: as said above the first call.
+        answers("ncclSignal", NCCL_INVALID_ARGUMENT, no_comm, || unsafe {
+            ncclSignal(0, 0, 0, 0, w, null)
+        });
+        answers(
+            "ncclWaitSignal",
+            NCCL_INVALID_ARGUMENT,
+            no_comm,
+            // SAFETY: as said above the first call.
+            || unsafe { ncclWaitSignal(0, null, w, null) },
+        );
+        // SAFETY: as said above the first call.
+        answers("ncclPutSignal", NCCL_INVALID_ARGUMENT, no_comm, || unsafe {
+            ncclPutSignal(std::ptr::null(), 0, 0, 0, null, 0, 0, 0, 0, w, null)
+        });
+    }
 }
