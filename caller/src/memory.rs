@@ -9,9 +9,10 @@
 //! Not every caller passes the same pointers, though: a framework's caching allocator carves
 //! tensors out of a few large segments, and nccl-tests moves its buffers by the message size on
 //! every iteration (thousands of distinct pointers at small sizes). So the cache also keeps the
-//! allocations the driver named for the ranges it checked ([`Device::allocation_range`]): a
-//! call's new range inside one of them is a slice of that allocation, with neither a driver
-//! query nor an allocation; a buffer of exactly the range (registration) costs one allocation.
+//! allocations the driver named for the ranges it checked ([`Device::allocation_range`]; several
+//! mappings back to back count as one, see [`mscclpp_hal::mapped`]): a call's new range inside
+//! one of them is a slice of that memory, with neither a driver query nor an allocation; a
+//! buffer of exactly the range (registration) costs one allocation.
 //!
 //! A wrapper only describes the range (it owns nothing and holds no driver state), so a kept
 //! one stays right for any memory later allocated at the same address. What keeping it skips is
@@ -231,15 +232,19 @@ impl WrapCache {
             let off = (ptr - span.buffer.ptr().0) as usize;
             return span.buffer.slice(off..off + bytes).map(Found::InAllocation);
         }
-        // A range seen for the first time: the allocation the device names for it, when it holds
-        // the range, is the check (one driver query) and is kept; otherwise the device's own
-        // check decides and says what is wrong. An allocation that cannot be learnt is not kept,
-        // and does not fail a range the device accepts.
-        let named = device
-            .allocation_range(DevicePtr(ptr))
-            .ok()
-            .flatten()
-            .filter(|&(base, len)| inside((base.0, len), ptr, bytes));
+        // A range seen for the first time: the memory the device names for it — one allocation,
+        // or several mappings back to back (a virtual-memory allocator's range, such as
+        // PyTorch's expandable segments) — is the check (a driver query per mapping) and is
+        // kept; otherwise the device's own check decides and says what is wrong. Memory that
+        // cannot be learnt is not kept, and does not fail a range the device accepts.
+        let named = mscclpp_hal::mapped::mapped_extent(ptr, bytes, |p| {
+            device
+                .allocation_range(DevicePtr(p))
+                .map(|r| r.map(|(base, len)| (base.0, len)))
+        })
+        .ok()
+        .flatten()
+        .map(|e| (DevicePtr(e.base), e.len));
         let buffer = match named {
             Some((base, len)) => {
                 // SAFETY: forwarded contract; the device named this allocation and it holds

@@ -483,26 +483,153 @@ fn ranges_inside_a_known_allocation_are_wrapped_without_asking_the_device_again(
         (1, 0),
         "ranges inside the allocation asked the device again"
     );
-    // The last byte is inside; one more is not, and the device's own check decides.
+    // The last byte is inside; one more is not: the device is asked what is mapped after the
+    // allocation (another mapping may happen to follow it, which then holds the rest).
     let _ = sl(base + (1 << 20) - 16, 16);
     assert_eq!(asked(), (1, 0));
+    let neighbour = device
+        .inner
+        .allocation_range(DevicePtr(base + (1 << 20)))
+        .expect("allocation range")
+        .is_some();
     let past = w(base + (1 << 20) - 16, 17);
-    assert_eq!((past.len(), asked(), cache.allocations()), (17, (2, 1), 1));
+    let (after, allocations) = if neighbour { ((3, 0), 2) } else { ((3, 1), 1) };
+    assert_eq!(
+        (past.len(), asked(), cache.allocations()),
+        (17, after, allocations)
+    );
     // Memory the device did not map is asked about every time (no allocation is named).
     let foreign = vec![0u8; 4096];
     let f = foreign.as_ptr() as u64;
     let _ = sl(f, 64);
     let _ = w(f + 64, 64);
-    assert_eq!((asked(), cache.allocations()), ((4, 3), 1));
+    assert_eq!(
+        (asked(), cache.allocations()),
+        ((after.0 + 2, after.1 + 2), allocations)
+    );
     // An empty range is the device's to refuse, every time, and learns nothing.
     for _ in 0..2 {
         // SAFETY: as above.
         let _ = unsafe { cache.wrap_slice(&device, base, 0) };
     }
-    assert_eq!(asked(), (4, 5));
+    assert_eq!(asked(), (after.0 + 2, after.1 + 4));
     // A free the library sees forgets the allocations too.
     super::memory_freed();
     let _ = sl(base + 4096, 4096);
-    assert_eq!((asked(), cache.allocations()), ((5, 5), 1));
+    assert_eq!(
+        (asked(), cache.allocations()),
+        ((after.0 + 3, after.1 + 4), 1)
+    );
     drop(mem);
+}
+
+/// A virtual-memory allocator's range (PyTorch's expandable segments): one range made of
+/// several mappings, each named by the device as its own allocation. A call on a range that
+/// starts inside one mapping and ends inside another is served, and the whole run of mappings
+/// is learnt once (one question per mapping), so later ranges inside it ask nothing.
+#[test]
+fn ranges_across_several_mappings_are_one_memory() {
+    let _one = FREES_SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let device = CountingWraps {
+        inner: mscclpp_host::HostBackend::new()
+            .open_device(0)
+            .expect("host device"),
+        wraps: AtomicUsize::new(0),
+        ranges: AtomicUsize::new(0),
+    };
+    let mem = device.inner.alloc_pieces(4096, 4).expect("pieces");
+    let base = mem.ptr().0;
+    // The device names one piece at a time.
+    assert_eq!(
+        device.allocation_range(DevicePtr(base + 4096 + 5)).unwrap(),
+        Some((DevicePtr(base + 4096), 4096))
+    );
+    device.ranges.store(0, Ordering::Relaxed);
+    let cache = super::memory::WrapCache::from_env().expect("cache");
+    // SAFETY: `mem` outlives every wrapper made here; nothing runs on them.
+    let sl = |ptr: u64, len: usize| unsafe { cache.wrap_slice(&device, ptr, len) };
+    // Inside the first piece, through the second, into the third.
+    let s = sl(base + 100, 3 * 4096).expect("a range over three mappings");
+    assert_eq!((s.ptr().0, s.len()), (base + 100, 3 * 4096));
+    assert_eq!(
+        device.ranges.load(Ordering::Relaxed),
+        4,
+        "one question per mapping"
+    );
+    assert_eq!(device.wraps.load(Ordering::Relaxed), 0);
+    // Anything inside the four mappings is now a slice of what was learnt.
+    let s = sl(base + 4096 * 2 - 8, 4096 + 16).expect("inside");
+    assert_eq!((s.ptr().0, s.len()), (base + 8184, 4112));
+    assert_eq!(device.ranges.load(Ordering::Relaxed), 4);
+    assert_eq!(cache.allocations(), 1);
+    drop(mem);
+}
+
+/// Two host ranks each hand the caller ranges of a several-mapping range, starting inside one
+/// mapping and ending inside another, for all-reduce (in and out of place) and all-gather:
+/// correct against a CPU reference, outputs poisoned first.
+#[test]
+fn collectives_run_on_ranges_across_several_mappings() {
+    let n = 2;
+    let count = 3000; // 12000 bytes of f32: over three 4 KiB mappings
+    let results = with_ranks(n, |r, c| {
+        let dev = c.communicator().device();
+        let s = c.stream(None).expect("stream");
+        let mem = dev.alloc_pieces(4096, 8).expect("pieces");
+        let base = mem.ptr().0;
+        let input = |p: usize| -> Vec<f32> {
+            (0..count)
+                .map(|i| ((i * 5 + p * 11) % 29) as f32 - 14.0)
+                .collect()
+        };
+        let want: Vec<f32> = (0..count)
+            .map(|i| (0..n).map(|p| input(p)[i]).sum())
+            .collect();
+        let write = |at: u64, v: &[f32]| {
+            // SAFETY: `at` lies in `mem` (host memory) with room for `v`; no call runs now.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), at as *mut f32, v.len()) }
+        };
+        // SAFETY: as above; the calls have finished (`finish`).
+        let read = |at: u64, len: usize| unsafe {
+            std::slice::from_raw_parts(at as *const f32, len).to_vec()
+        };
+        let mut wrong = Vec::new();
+        let (src, dst) = (base + 100, base + 4 * 4096 + 52);
+        for in_place in [false, true] {
+            let out = if in_place { src } else { dst };
+            write(src, &input(r));
+            if !in_place {
+                write(dst, &vec![f32::NAN; count]);
+            }
+            let bytes = count * 4;
+            // SAFETY: both ranges lie in `mem`, which outlives the call.
+            let (i, o) = unsafe { c.wrap_pair((src, bytes), (out, bytes)) }.expect("wrap");
+            let call = CollectiveCall::new(CollectiveKind::AllReduce, &i, &o, count, DataType::F32)
+                .op(ReduceOp::Sum);
+            c.collective(&call, &*s).expect("all-reduce");
+            c.finish(&*s).expect("finish");
+            if read(out, count) != want {
+                wrong.push(format!("all-reduce, in place {in_place}"));
+            }
+        }
+        let per = 1000;
+        write(src, &input(r)[..per]);
+        write(dst, &vec![f32::NAN; per * n]);
+        // SAFETY: as above.
+        let (i, o) = unsafe { c.wrap_pair((src, per * 4), (dst, per * n * 4)) }.expect("wrap");
+        let call = CollectiveCall::new(CollectiveKind::AllGather, &i, &o, per, DataType::F32);
+        c.collective(&call, &*s).expect("all-gather");
+        c.finish(&*s).expect("finish");
+        let got = read(dst, per * n);
+        for p in 0..n {
+            if got[p * per..(p + 1) * per] != input(p)[..per] {
+                wrong.push(format!("all-gather block {p}"));
+            }
+        }
+        drop(mem);
+        wrong
+    });
+    for (r, w) in results.iter().enumerate() {
+        assert!(w.is_empty(), "rank {r}: {w:?}");
+    }
 }

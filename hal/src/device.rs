@@ -43,6 +43,23 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Allocates `bytes` (more than zero) of memory of `kind`. Contents are unspecified.
     fn alloc(&self, bytes: usize, kind: MemoryKind) -> Result<DeviceBuffer>;
 
+    /// Allocates one contiguous range made of `count` separate mappings of at least
+    /// `piece_bytes` each (rounded up to the backend's mapping granularity), as virtual-memory
+    /// allocators make (PyTorch's expandable segments): [`Device::allocation_range`] names each
+    /// piece as its own allocation, while the range is one buffer to every other call. Freed as
+    /// one. For tests and callers that must reproduce such memory; `Unavailable` where the
+    /// backend cannot map pieces into one range.
+    fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {
+        let _ = (piece_bytes, count);
+        Err(crate::Error::unavailable(
+            "a range of several mappings",
+            format!(
+                "the {} backend cannot map pieces into one range",
+                self.info().backend
+            ),
+        ))
+    }
+
     /// Whether the device was reset under us by someone else (the application's
     /// `cudaDeviceReset` while our objects live): its memory, host-mapped memory included, is
     /// freed. See [`Stream::device_lost`]. Never on the host backend.

@@ -41,6 +41,7 @@ pub mod error;
 pub mod exit;
 pub mod ipc;
 pub mod kernel;
+pub mod mapped;
 pub mod memory;
 pub mod module;
 pub mod multicast;

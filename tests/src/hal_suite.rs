@@ -35,6 +35,10 @@ pub const CASES: &[(&str, CaseFn)] = &[
         allocation_range_names_the_allocation,
     ),
     (
+        "ranges_across_several_mappings_are_served",
+        ranges_across_several_mappings_are_served,
+    ),
+    (
         "copy_between_buffers_with_offsets",
         copy_between_buffers_with_offsets,
     ),
@@ -238,6 +242,63 @@ fn allocation_range_names_the_allocation(f: &Fixture) -> Result<(), CaseError> {
         .allocation_range(DevicePtr(foreign.as_ptr() as u64 + 64))
         .ctx("allocation_range of foreign memory")?;
     ensure!(got.is_none(), "memory of the process's heap named {got:?}");
+    Ok(())
+}
+
+/// A virtual-memory allocator's range (PyTorch's expandable segments): several mappings back
+/// to back, which the device names one at a time. A caller's range that starts inside one and
+/// ends inside another is wrapped and carries data across the boundaries; a range running past
+/// the last mapping is refused, naming where the mapped memory stops (GPU backends: the host
+/// backend takes any caller memory).
+fn ranges_across_several_mappings_are_served(f: &Fixture) -> Result<(), CaseError> {
+    let pieces = match f.device.alloc_pieces(64 << 10, 4) {
+        Ok(b) => b,
+        Err(e) if e.class() == ErrorClass::Unavailable => return Err(skipped(e)),
+        Err(e) => return Err(format!("alloc_pieces: {e}").into()),
+    };
+    let base = pieces.ptr();
+    let (first, piece) = f
+        .device
+        .allocation_range(base)
+        .ctx("allocation_range")?
+        .ok_or("the first mapping is not named")?;
+    ensure!(
+        first == base && piece * 4 == pieces.len(),
+        "the first of 4 mappings of a {}-byte range is {piece} bytes at {first:?}",
+        pieces.len()
+    );
+    let second = f
+        .device
+        .allocation_range(base.offset(piece + 1))
+        .ctx("allocation_range")?;
+    ensure!(
+        second == Some((base.offset(piece), piece)),
+        "the second mapping is named {second:?}"
+    );
+    // Inside the first mapping, through the second, into the third.
+    let (start, len) = (base.offset(100), 2 * piece);
+    // SAFETY: the range lies in `pieces`, which outlives the view and every operation enqueued
+    // with it (this function synchronises before returning).
+    let view =
+        unsafe { f.device.wrap_external(start, len) }.ctx("wrap_external across mappings")?;
+    let s = f.device.create_stream().ctx("create_stream")?;
+    let data = seeded().0.bytes(len);
+    upload(&*s, &view.full(), &data)?;
+    let plain = f.device.alloc(len, MemoryKind::Device).ctx("alloc")?;
+    s.copy(&plain.full(), &view.full()).ctx("copy")?;
+    let back = download(&*s, &plain.full())?;
+    ensure!(back == data, "bytes across the mappings came back changed");
+    if f.backend.kind() != BackendKind::Host {
+        // SAFETY: refused before any use.
+        let past = unsafe { f.device.wrap_external(base.offset(3 * piece + 8), piece) };
+        let e = past
+            .err()
+            .ok_or("a range past the last mapping was wrapped")?;
+        ensure!(
+            e.class() == ErrorClass::InvalidUsage && e.to_string().contains("nothing at"),
+            "wrong refusal: {e}"
+        );
+    }
     Ok(())
 }
 

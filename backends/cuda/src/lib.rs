@@ -15,6 +15,7 @@
 pub mod driver;
 pub mod nvrtc;
 pub mod runtime;
+mod vmm;
 
 pub use runtime::{CudaRuntime, DriverFeatures};
 

@@ -16,6 +16,7 @@ use mscclpp_hal::{BackendKind, DeviceInfo, LaunchConfig, Result};
 
 use crate::driver::{self, check, describe};
 use crate::nvrtc;
+use crate::vmm;
 
 /// Cache image kinds.
 pub mod image {
@@ -52,6 +53,27 @@ pub struct CudaRuntime {
 pub struct CudaContext {
     dev: sys::CUdevice,
     raw: sys::CUcontext,
+}
+
+/// The range the driver records for `ptr` through the pointer's attributes (start and size),
+/// where it has one.
+fn pointer_range(ptr: u64) -> Option<(u64, usize)> {
+    let (mut start, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: each out-pointer is valid for the attribute's type (a CUdeviceptr and a size_t);
+    // the driver only looks the address up.
+    let ok = unsafe {
+        sys::cuPointerGetAttribute(
+            (&raw mut start).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            ptr,
+        ) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuPointerGetAttribute(
+                (&raw mut size).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                ptr,
+            ) == sys::CUresult::CUDA_SUCCESS
+    };
+    (ok && size > 0 && start <= ptr && ptr - start < size as u64).then_some((start, size))
 }
 
 fn device(ordinal: usize) -> Result<sys::CUdevice> {
@@ -350,10 +372,28 @@ impl Runtime for CudaRuntime {
     unsafe fn mem_address_range(&self, ptr: u64) -> Result<(u64, usize)> {
         let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: valid out-pointers; the driver only looks the address up.
-        check("cuMemGetAddressRange", unsafe {
+        let r = check("cuMemGetAddressRange", unsafe {
             sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
-        })?;
-        Ok((base, size))
+        });
+        match r {
+            Ok(()) => Ok((base, size)),
+            // Page-locked host memory (cudaHostAlloc, cudaHostRegister) is not a device
+            // allocation, yet the driver knows its range: ask the pointer's attributes.
+            Err(e) => pointer_range(ptr).ok_or(e),
+        }
+    }
+
+    unsafe fn vmm_map_pieces(
+        &self,
+        ordinal: usize,
+        piece: usize,
+        count: usize,
+    ) -> Result<mscclpp_gpu::runtime::Pieces> {
+        vmm::map_pieces(device(ordinal)?, piece, count)
+    }
+
+    unsafe fn vmm_unmap_pieces(&self, pieces: &mscclpp_gpu::runtime::Pieces) -> Result<()> {
+        vmm::unmap_pieces(pieces)
     }
 
     unsafe fn ipc_get_handle(&self, ptr: u64) -> Result<IpcBytes> {

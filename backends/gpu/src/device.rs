@@ -197,6 +197,11 @@ impl<R: Runtime> DeviceApi for GpuDevice<R> {
         multicast::import::<R>(&self.info.caps.multicast, handle)
     }
 
+    fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {
+        let a = GpuAllocation::pieces(self.ctx.clone(), piece_bytes, count)?;
+        Ok(DeviceBuffer::new(Arc::new(a)))
+    }
+
     fn allocation_range(&self, ptr: DevicePtr) -> Result<Option<(DevicePtr, usize)>> {
         memory::allocation_range(&self.ctx, ptr)
     }

@@ -297,6 +297,13 @@ pub fn export<R: Runtime>(ctx: &Arc<Context<R>>, buf: &DeviceBuffer) -> Result<I
         return export_wrapped(ctx, buf.allocation().as_ref());
     }
     let a = gpu_allocation::<R>(buf)?;
+    if a.is_pieces() {
+        return Err(Error::invalid(format!(
+            "a range of several mappings cannot be exported as one {} handle: {} names one \
+             allocation of the plain allocator",
+            vendor.ipc_mechanism, vendor.ipc_export_call
+        )));
+    }
     check_exportable(vendor, a, ctx.ordinal())?;
     a.ctx.bind()?;
     // SAFETY: the context is current; `a.ptr` is the base of a live device allocation.

@@ -32,6 +32,8 @@ pub(crate) enum Backing {
     /// The runtime allocation behind memory a caller wrapped (`Device::wrap_external`),
     /// described so that it can be exported; the caller owns it, nothing to free here.
     External,
+    /// [`Runtime::vmm_map_pieces`]; released with [`Runtime::vmm_unmap_pieces`].
+    Pieces(crate::runtime::Pieces),
 }
 
 /// One allocation or imported mapping of a GPU backend.
@@ -97,6 +99,35 @@ impl<R: Runtime> GpuAllocation<R> {
             }
         };
         Ok(Self::from_raw(ctx, ptr, len, kind, backing))
+    }
+
+    /// `count` mappings of at least `piece` bytes each, back to back in one range of `ctx`'s
+    /// device ([`mscclpp_hal::Device::alloc_pieces`]).
+    pub fn pieces(ctx: Arc<Context<R>>, piece: usize, count: usize) -> Result<Self> {
+        let total = piece.checked_mul(count).filter(|&t| t <= MAX_ALLOCATION);
+        if piece == 0 || count == 0 || total.is_none() {
+            return Err(Error::invalid(format!(
+                "a range of {count} pieces of {piece} bytes: the {} backend maps 1 byte to \
+                 {MAX_ALLOCATION} bytes in at least one piece",
+                R::VENDOR.name
+            )));
+        }
+        ctx.bind()?;
+        // SAFETY: the context is current.
+        let p = unsafe { ctx.runtime().vmm_map_pieces(ctx.ordinal(), piece, count) }?;
+        let (ptr, len) = (p.ptr, p.len());
+        Ok(Self::from_raw(
+            ctx,
+            ptr,
+            len,
+            MemoryKind::Device,
+            Backing::Pieces(p),
+        ))
+    }
+
+    /// Whether the allocation is a range of several mappings.
+    pub(crate) fn is_pieces(&self) -> bool {
+        matches!(self.backing, Backing::Pieces(_))
     }
 
     pub(crate) fn from_raw(
@@ -169,6 +200,8 @@ impl<R: Runtime> Drop for GpuAllocation<R> {
             Backing::HostMapped { host } => unsafe { rt.host_free(*host, self.len) },
             // SAFETY: see above; `ptr` came from ipc_open_handle.
             Backing::Imported => unsafe { rt.ipc_close_handle(self.ptr) },
+            // SAFETY: see above; the pieces came from vmm_map_pieces.
+            Backing::Pieces(p) => unsafe { rt.vmm_unmap_pieces(p) },
         };
         if let Err(e) = r {
             tracing::warn!(ptr = self.ptr, len = self.len, "{e}");
@@ -251,8 +284,10 @@ pub fn gpu_allocation<R: Runtime>(buf: &DeviceBuffer) -> Result<&GpuAllocation<R
         })
 }
 
-/// `Device::wrap_external`: checks with [`Runtime::mem_address_range`] that the whole range
-/// lies inside one allocation the runtime knows, then wraps it without taking ownership.
+/// `Device::wrap_external`: checks with [`Runtime::mem_address_range`] that every byte of the
+/// range is mapped memory the runtime knows — one allocation, or several mappings back to back
+/// (a virtual-memory allocator's range, see [`mscclpp_hal::mapped`]) — then wraps it without
+/// taking ownership.
 ///
 /// # Safety
 /// As for [`ExternalAllocation::new`].
@@ -263,18 +298,23 @@ pub unsafe fn wrap_external<R: Runtime>(
     len: usize,
 ) -> Result<DeviceBuffer> {
     ctx.bind()?;
-    // SAFETY: the context is current; the runtime only looks the address up.
-    let (base, size) = unsafe { ctx.runtime().mem_address_range(ptr.0) }.map_err(|e| {
-        Error::invalid(format!(
-            "address {ptr:?} ({len} bytes) is not memory the {} runtime knows on device {} (a host pointer, a freed buffer or memory of another process?): {e}",
+    let mut first_error = None;
+    let extent = mscclpp_hal::mapped::mapped_extent(ptr.0, len, |p| {
+        // SAFETY: the context is current; the runtime only looks the address up.
+        match unsafe { ctx.runtime().mem_address_range(p) } {
+            Ok(r) => Ok(Some(r)),
+            Err(e) => {
+                first_error.get_or_insert(e);
+                Ok(None)
+            }
+        }
+    })?;
+    if extent.is_none() {
+        let why = first_error.map_or_else(String::new, |e| format!(": {e}"));
+        return Err(Error::invalid(format!(
+            "address {ptr:?} ({len} bytes) is not memory the {} runtime knows on device {} (a host pointer, a freed buffer or memory of another process?){why}",
             R::VENDOR.runtime,
             info.ordinal
-        ))
-    })?;
-    let end = ptr.0.checked_add(len as u64);
-    if ptr.0 < base || end.is_none_or(|end| end > base.saturating_add(size as u64)) {
-        return Err(Error::invalid(format!(
-            "{len} bytes at {ptr:?} run past the end of their allocation ({size} bytes at {base:#x})"
         )));
     }
     // SAFETY: forwarded contract; the range was just checked to be runtime memory.

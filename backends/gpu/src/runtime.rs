@@ -63,6 +63,28 @@ pub struct Features {
     pub multicast_symbols: bool,
 }
 
+/// A range of several mappings made by [`Runtime::vmm_map_pieces`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pieces {
+    /// The range's address.
+    pub ptr: u64,
+    /// Bytes of each piece (the request rounded up to the granularity).
+    pub piece: usize,
+    /// The runtime's handle of each piece's physical memory, in address order.
+    pub handles: Vec<u64>,
+}
+
+impl Pieces {
+    /// Bytes of the whole range.
+    pub fn len(&self) -> usize {
+        self.piece * self.handles.len()
+    }
+    /// Whether the range is empty (never, for one the runtime made).
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+}
+
 /// What a run-time compile produced, as the kernel cache stores it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Image {
@@ -207,6 +229,31 @@ pub trait Runtime: Send + Sync + Debug + Sized + 'static {
     /// # Safety
     /// See the trait's contract; `ptr` is closed once.
     unsafe fn ipc_close_handle(&self, ptr: u64) -> Result<()>;
+    /// Reserves one address range and maps `count` fresh allocations of the device of
+    /// `ordinal`, each `piece` bytes rounded up to the runtime's granularity, into it back to
+    /// back, readable and writable by that device: what a virtual-memory allocator makes
+    /// (PyTorch's expandable segments). `Unavailable` where the runtime has no such calls.
+    ///
+    /// # Safety
+    /// See the trait's contract.
+    unsafe fn vmm_map_pieces(&self, ordinal: usize, piece: usize, count: usize) -> Result<Pieces> {
+        let _ = (ordinal, piece, count);
+        Err(Error::unavailable(
+            "a range of several mappings",
+            format!(
+                "the {} runtime in use has no virtual memory calls",
+                Self::VENDOR.runtime
+            ),
+        ))
+    }
+    /// Unmaps and frees what [`Runtime::vmm_map_pieces`] returned.
+    ///
+    /// # Safety
+    /// See the trait's contract; `pieces` is released once and nothing uses the range any more.
+    unsafe fn vmm_unmap_pieces(&self, pieces: &Pieces) -> Result<()> {
+        let _ = pieces;
+        Ok(())
+    }
 
     // ----- streams and events -----
 

@@ -132,6 +132,11 @@ impl DeviceApi for HostDevice {
         Ok(crate::memory::allocation_range(ptr))
     }
 
+    fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {
+        let a = crate::pieces::PiecesAllocation::new(piece_bytes, count, self.info.ordinal)?;
+        Ok(DeviceBuffer::new(Arc::new(a)))
+    }
+
     fn create_stream(&self) -> Result<Arc<HostStream>> {
         Ok(Arc::new(HostStream::new()?))
     }

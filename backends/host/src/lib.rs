@@ -23,6 +23,7 @@ pub mod device;
 pub mod kernels;
 pub mod memory;
 pub mod multicast;
+pub mod pieces;
 pub mod stream;
 
 pub use device::{HostBackend, HostDevice};

@@ -114,7 +114,25 @@ impl ShmAllocation {
                 e.into(),
             )
         })?;
-        Self::map(fd, len, kind, device, false)
+        Self::map(fd, len, kind, device, false, None)
+    }
+
+    /// Allocates `len` bytes of zero-filled shared memory mapped over `at` (page aligned), which
+    /// the caller reserved for it (a piece of a range of several mappings).
+    ///
+    /// # Safety
+    /// `at..at + len` is address space the caller reserved and owns, used by nothing else:
+    /// the mapping replaces whatever is there.
+    pub(crate) unsafe fn new_at(len: usize, device: usize, at: *mut u8) -> Result<Self> {
+        let fd = rustix::fs::memfd_create("mscclpp-device-memory", MemfdFlags::CLOEXEC)
+            .map_err(|e| Error::io("memfd_create for host device memory", e.into()))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(|e| {
+            Error::io(
+                format!("sizing host device memory to {len} bytes"),
+                e.into(),
+            )
+        })?;
+        Self::map(fd, len, MemoryKind::Device, device, false, Some(at))
     }
 
     fn map(
@@ -123,18 +141,17 @@ impl ShmAllocation {
         kind: MemoryKind,
         device: usize,
         imported: bool,
+        at: Option<*mut u8>,
     ) -> Result<Self> {
         let st = rustix::fs::fstat(&fd).map_err(|e| Error::io("fstat of host memory", e.into()))?;
-        // SAFETY: a fresh shared mapping of a file we hold open; no existing memory is affected.
+        let (addr, flags) = match at {
+            Some(p) => (p.cast(), MapFlags::SHARED | MapFlags::FIXED),
+            None => (std::ptr::null_mut(), MapFlags::SHARED),
+        };
+        // SAFETY: a shared mapping of a file we hold open: a fresh one, or one over address
+        // space the caller reserved for it (`new_at`'s contract); no other memory is affected.
         let ptr = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )
+            rustix::mm::mmap(addr, len, ProtFlags::READ | ProtFlags::WRITE, flags, &fd, 0)
         }
         .map_err(|e| {
             Error::io(
@@ -254,7 +271,7 @@ impl ShmAllocation {
                 ),
             });
         }
-        Self::map(fd, len, kind, device, true)
+        Self::map(fd, len, kind, device, true, None)
     }
 }
 
@@ -305,7 +322,16 @@ pub fn host_allocation(buf: &DeviceBuffer) -> Result<&ShmAllocation> {
         .as_any()
         .downcast_ref::<ShmAllocation>()
         .ok_or_else(|| {
-            if buf.backend() == mscclpp_hal::BackendKind::Host {
+            if buf
+                .allocation()
+                .as_any()
+                .is::<crate::pieces::PiecesAllocation>()
+            {
+                Error::invalid(
+                    "a range of several mappings cannot be shared with peers as one handle: \
+                     each mapping is its own memory (allocate one buffer to share it)",
+                )
+            } else if buf.backend() == mscclpp_hal::BackendKind::Host {
                 // The one other kind of host buffer: a caller's pointer wrapped by
                 // `Device::wrap_external` (NumPy memory), which no other process can map.
                 Error::invalid(

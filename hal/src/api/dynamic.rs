@@ -58,6 +58,9 @@ impl DeviceApi for dyn Device {
     fn lost(&self) -> bool {
         Device::lost(self)
     }
+    fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {
+        Device::alloc_pieces(self, piece_bytes, count)
+    }
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {
         Device::create_stream(self)
     }

@@ -63,6 +63,10 @@ where
         DeviceApi::lost(self)
     }
 
+    fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {
+        DeviceApi::alloc_pieces(self, piece_bytes, count)
+    }
+
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {
         Ok(DeviceApi::create_stream(self)?)
     }

@@ -88,6 +88,17 @@ pub trait DeviceApi: Send + Sync + fmt::Debug + 'static {
     fn info(&self) -> &DeviceInfo;
     /// See [`crate::Device::alloc`].
     fn alloc(&self, bytes: usize, kind: MemoryKind) -> Result<DeviceBuffer>;
+    /// See [`crate::Device::alloc_pieces`].
+    fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {
+        let _ = (piece_bytes, count);
+        Err(crate::Error::unavailable(
+            "a range of several mappings",
+            format!(
+                "the {} backend cannot map pieces into one range",
+                self.info().backend
+            ),
+        ))
+    }
     /// See [`crate::Device::lost`].
     fn lost(&self) -> bool {
         false
