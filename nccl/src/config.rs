@@ -209,6 +209,31 @@ mod tests {
             e.message
         );
 
+        // A caller built with 2.32's header (ncclConfig_v23100, 120 bytes) and one built with
+        // 2.28's (80 bytes) are both read; so is a longer struct of a newer NCCL, as far as
+        // this library knows it.
+        assert_eq!(raw.size, 120);
+        let mut v228 = raw;
+        v228.size = 80;
+        v228.version = 22803;
+        // SAFETY: 80 bytes of a whole config.
+        let c = unsafe { parse_config((&v228 as *const NcclConfig).cast(), None) }.unwrap();
+        assert!(!c.blocking);
+        assert_eq!(c.comm_name.as_deref(), Some("pg-7"));
+        let mut newer = [0u8; 200];
+        // SAFETY: `raw` is plain data of 120 bytes; `newer` has room for it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&raw as *const NcclConfig).cast::<u8>(),
+                newer.as_mut_ptr(),
+                std::mem::size_of::<NcclConfig>(),
+            )
+        };
+        newer[..8].copy_from_slice(&200usize.to_ne_bytes());
+        // SAFETY: 200 readable bytes starting with a config header.
+        let c = unsafe { parse_config(newer.as_ptr().cast(), None) }.unwrap();
+        assert_eq!(c.ctas, [None, None, Some(4)]);
+
         // NULL inherits.
         let parent = CommConfig {
             blocking: false,

@@ -195,7 +195,7 @@ pub fn subsystem_of(target: &str) -> u32 {
     subsystem_bit(name).unwrap_or(1)
 }
 
-/// `2.28.3+mscclpp-rs.0.1.0`: the NCCL API version this library implements, and its own.
+/// `2.32.6+mscclpp-rs.0.1.0`: the NCCL API version this library implements, and its own.
 pub fn version_string() -> String {
     let c = NCCL_VERSION_CODE;
     format!(

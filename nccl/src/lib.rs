@@ -64,12 +64,14 @@
 #![allow(non_snake_case)]
 
 pub mod abi;
+pub mod collconfig;
 pub mod comm;
 pub mod config;
 pub mod debug;
 pub mod error;
 mod exports;
 mod exports_229;
+mod exports_232;
 pub mod group;
 pub mod init;
 pub mod job;

@@ -8,12 +8,13 @@ use std::sync::atomic::Ordering;
 
 use mscclpp::collectives::{CollectiveCall, CollectiveKind, P2pKind, P2pOp};
 use mscclpp::hal::{
-    BufferSlice, DataType, DeviceBuffer, DevicePtr, DynStream, MemoryKind, ReduceOp,
+    BufferSlice, DataType, DeviceBuffer, DevicePtr, DynStream, ErrorClass, MemoryKind, ReduceOp,
 };
 
 use mscclpp_caller::buffer_bytes;
 
 use crate::abi::*;
+use crate::collconfig::PerCall;
 use crate::comm::{Comm, Native, REDUCE_CHUNK_BYTES};
 use crate::error::{Failure, Res};
 use crate::group::{defer_p2p, enter_real_group, in_group};
@@ -219,7 +220,16 @@ impl Comm {
             } else {
                 None
             };
-            let res = self.reduce(native, &input, output.as_ref(), count, dt, op, &*stream);
+            let res = self.reduce(
+                native,
+                &input,
+                output.as_ref(),
+                count,
+                dt,
+                op,
+                call.tuning,
+                &*stream,
+            );
             let res = res.and_then(|()| caller.finish(&*stream));
             return res.map_err(|e| self.note(e));
         }
@@ -239,9 +249,10 @@ impl Comm {
         // ranges with the driver).
         let (i, o) =
             unsafe { caller.wrap_pair((send_ptr, in_bytes), (call.recv as u64, out_bytes))? };
-        // A plan of MSCCLPP_EXECUTION_PLAN_DIR that fits the call goes first (plans have no root).
+        // A plan of MSCCLPP_EXECUTION_PLAN_DIR that fits the call goes first (plans have no root),
+        // unless the call's ncclCollConfig_t named an algorithm: that request is the more specific.
         let planned = match &native.plans {
-            Some(p) if kind != CollectiveKind::Broadcast => {
+            Some(p) if kind != CollectiveKind::Broadcast && call.tuning.algorithm.is_none() => {
                 let pc = crate::plans::PlanCall {
                     collective: call.op.name(),
                     send: &i,
@@ -256,14 +267,17 @@ impl Comm {
         let res = match planned {
             Ok(true) => Ok(()),
             Err(e) => Err(e),
-            Ok(false) => caller.collective(
-                // NCCL's rule: every rank passes registered buffers or none.
-                &CollectiveCall::new(kind, &i, &o, count, dt)
-                    .op(op)
-                    .root(root)
-                    .registered(true),
-                &*stream,
-            ),
+            Ok(false) => with_tuning(call.tuning, kind, |algorithm| {
+                caller.collective(
+                    // NCCL's rule: every rank passes registered buffers or none.
+                    &CollectiveCall::new(kind, &i, &o, count, dt)
+                        .op(op)
+                        .root(root)
+                        .registered(true)
+                        .algorithm(algorithm),
+                    &*stream,
+                )
+            }),
         };
         res.map_err(|e| self.note(e))
     }
@@ -280,6 +294,7 @@ impl Comm {
         count: usize,
         dt: DataType,
         op: ReduceOp,
+        tuning: PerCall,
         stream: &DynStream,
     ) -> mscclpp::hal::Result<()> {
         let esz = dt.size();
@@ -303,8 +318,12 @@ impl Comm {
                 Some(o) => o.slice(range)?,
                 None => sink.slice(..m * esz)?,
             };
-            let call = CollectiveCall::new(CollectiveKind::AllReduce, &i, &o, m, dt).op(op);
-            c.run(&call, stream)?;
+            with_tuning(tuning, CollectiveKind::AllReduce, |algorithm| {
+                let call = CollectiveCall::new(CollectiveKind::AllReduce, &i, &o, m, dt)
+                    .op(op)
+                    .algorithm(algorithm);
+                c.run(&call, stream)
+            })?;
             at += m;
         }
         Ok(())
@@ -471,5 +490,28 @@ impl Comm {
             send: dst_ptr as *const c_void,
             ..call
         })
+    }
+}
+
+/// Runs `launch` with the algorithm a call's `ncclCollConfig_t` asked for (`None`: the policy's
+/// choice). Where that algorithm cannot serve the call and the config allows it
+/// ([`PerCall::fallback`]), runs the policy's choice instead: collectives refuses an algorithm
+/// that cannot serve a call (`InvalidUsage`) before it enqueues anything, and every rank gets the
+/// same answer for the same call, so the ranks still agree.
+fn with_tuning(
+    tuning: PerCall,
+    kind: CollectiveKind,
+    mut launch: impl FnMut(Option<mscclpp::collectives::AlgorithmId>) -> mscclpp::hal::Result<()>,
+) -> mscclpp::hal::Result<()> {
+    match (tuning.algorithm, launch(tuning.algorithm)) {
+        (Some(a), Err(e)) if tuning.fallback && e.class() == ErrorClass::InvalidUsage => {
+            tracing::info!(
+                target: crate::debug::TUNING,
+                "{}: the {a} algorithm the call's config asked for cannot serve it ({e}); the policy chooses",
+                kind.name()
+            );
+            launch(None)
+        }
+        (_, r) => r,
     }
 }

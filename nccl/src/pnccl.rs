@@ -204,6 +204,41 @@ twins! {
     fn pncclWinGetUserPtr(
         comm: NcclComm, win: NcclWindow, outUserPtr: *mut *mut c_void,
     ) -> NcclResult = crate::exports_229::ncclWinGetUserPtr;
+    fn pncclAllGatherConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: c_int,
+        comm: NcclComm, stream: CudaStream, config: *const NcclCollConfig,
+    ) -> NcclResult = crate::exports_232::ncclAllGatherConfig;
+    fn pncclAllReduceConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int,
+        comm: NcclComm, stream: CudaStream, config: *const NcclCollConfig,
+    ) -> NcclResult = crate::exports_232::ncclAllReduceConfig;
+    fn pncclAlltoAllConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
+        comm: NcclComm, stream: CudaStream, config: *const NcclCollConfig,
+    ) -> NcclResult = crate::exports_232::ncclAlltoAllConfig;
+    fn pncclBroadcastConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int,
+        comm: NcclComm, stream: CudaStream, config: *const NcclCollConfig,
+    ) -> NcclResult = crate::exports_232::ncclBroadcastConfig;
+    fn pncclGatherConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int,
+        comm: NcclComm, stream: CudaStream, config: *const NcclCollConfig,
+    ) -> NcclResult = crate::exports_232::ncclGatherConfig;
+    fn pncclReduceConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int,
+        root: c_int, comm: NcclComm, stream: CudaStream, config: *const NcclCollConfig,
+    ) -> NcclResult = crate::exports_232::ncclReduceConfig;
+    fn pncclReduceScatterConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: c_int,
+        op: c_int, comm: NcclComm, stream: CudaStream, config: *const NcclCollConfig,
+    ) -> NcclResult = crate::exports_232::ncclReduceScatterConfig;
+    fn pncclScatterConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int,
+        comm: NcclComm, stream: CudaStream, config: *const NcclCollConfig,
+    ) -> NcclResult = crate::exports_232::ncclScatterConfig;
+    fn pncclSetEncryption(
+        config: *const NcclEncryptionConfig,
+    ) -> NcclResult = crate::exports_232::ncclSetEncryption;
 }
 
 twins! {

@@ -150,6 +150,8 @@ pub struct Call {
     pub root: c_int,
     /// `cudaStream_t`.
     pub stream: CudaStream,
+    /// What the call's `ncclCollConfig_t` changes (the plain calls: nothing).
+    pub tuning: crate::collconfig::PerCall,
 }
 
 /// What a communicator's mscclpp side offers an operation.

@@ -195,7 +195,7 @@ fn version_and_strings() -> Result<(), Failed> {
     let mut v = 0;
     // SAFETY: valid out-pointer.
     assert_eq!(unsafe { get_version(&mut v) }, 0);
-    if v != 22803 {
+    if v != 23206 {
         return Err(format!("version {v}").into());
     }
     // SAFETY: NULL is checked by the export.

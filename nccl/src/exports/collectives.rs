@@ -3,6 +3,7 @@
 use std::ffi::{c_int, c_void};
 
 use crate::abi::*;
+use crate::collconfig::PerCall;
 use crate::error::{Failure, Res, guard};
 use crate::registry::{lookup, lookup_for_op};
 use crate::route::{Call, Op};
@@ -12,6 +13,157 @@ use crate::group;
 
 fn run(op: Op, comm: NcclComm, call: impl FnOnce(Op) -> Call) -> Res<()> {
     lookup_for_op(comm)?.run(call(op))
+}
+
+// The bodies of the collectives, shared by the plain exports (no per-call configuration) and
+// their `nccl*Config` variants (`exports_232`), which pass what the call's `ncclCollConfig_t`
+// asks for.
+
+/// `ncclAllReduce`'s body.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn all_reduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+    tuning: PerCall,
+) -> Res<()> {
+    run(Op::AllReduce, comm, |o| Call {
+        op: o,
+        send: sendbuff,
+        recv: recvbuff,
+        count,
+        dtype: datatype,
+        redop: op,
+        root: 0,
+        stream,
+        tuning,
+    })
+}
+
+/// `ncclAllGather`'s body.
+pub(crate) fn all_gather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+    tuning: PerCall,
+) -> Res<()> {
+    run(Op::AllGather, comm, |o| Call {
+        op: o,
+        send: sendbuff,
+        recv: recvbuff,
+        count: sendcount,
+        dtype: datatype,
+        redop: 0,
+        root: 0,
+        stream,
+        tuning,
+    })
+}
+
+/// `ncclReduceScatter`'s body.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reduce_scatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+    tuning: PerCall,
+) -> Res<()> {
+    run(Op::ReduceScatter, comm, |o| Call {
+        op: o,
+        send: sendbuff,
+        recv: recvbuff,
+        count: recvcount,
+        dtype: datatype,
+        redop: op,
+        root: 0,
+        stream,
+        tuning,
+    })
+}
+
+/// `ncclBroadcast`'s body (and `ncclBcast`'s, with `sendbuff == recvbuff`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn broadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+    tuning: PerCall,
+) -> Res<()> {
+    run(Op::Broadcast, comm, |o| Call {
+        op: o,
+        send: sendbuff,
+        recv: recvbuff,
+        count,
+        dtype: datatype,
+        redop: 0,
+        root,
+        stream,
+        tuning,
+    })
+}
+
+/// `ncclAlltoAll`'s body.
+pub(crate) fn all_to_all(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+    tuning: PerCall,
+) -> Res<()> {
+    run(Op::AllToAll, comm, |o| Call {
+        op: o,
+        send: sendbuff,
+        recv: recvbuff,
+        count,
+        dtype: datatype,
+        redop: 0,
+        root: 0,
+        stream,
+        tuning,
+    })
+}
+
+/// `ncclReduce`'s body.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: CudaStream,
+    tuning: PerCall,
+) -> Res<()> {
+    run(Op::Reduce, comm, |o| Call {
+        op: o,
+        send: sendbuff,
+        recv: recvbuff,
+        count,
+        dtype: datatype,
+        redop: op,
+        root,
+        stream,
+        tuning,
+    })
 }
 
 /// `ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -30,16 +182,16 @@ pub unsafe extern "C" fn ncclAllReduce(
     stream: CudaStream,
 ) -> NcclResult {
     guard("ncclAllReduce", || {
-        run(Op::AllReduce, comm, |o| Call {
-            op: o,
-            send: sendbuff,
-            recv: recvbuff,
+        all_reduce(
+            sendbuff,
+            recvbuff,
             count,
-            dtype: datatype,
-            redop: op,
-            root: 0,
+            datatype,
+            op,
+            comm,
             stream,
-        })
+            PerCall::default(),
+        )
     })
 }
 
@@ -58,16 +210,15 @@ pub unsafe extern "C" fn ncclAllGather(
     stream: CudaStream,
 ) -> NcclResult {
     guard("ncclAllGather", || {
-        run(Op::AllGather, comm, |o| Call {
-            op: o,
-            send: sendbuff,
-            recv: recvbuff,
-            count: sendcount,
-            dtype: datatype,
-            redop: 0,
-            root: 0,
+        all_gather(
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            comm,
             stream,
-        })
+            PerCall::default(),
+        )
     })
 }
 
@@ -87,16 +238,16 @@ pub unsafe extern "C" fn ncclReduceScatter(
     stream: CudaStream,
 ) -> NcclResult {
     guard("ncclReduceScatter", || {
-        run(Op::ReduceScatter, comm, |o| Call {
-            op: o,
-            send: sendbuff,
-            recv: recvbuff,
-            count: recvcount,
-            dtype: datatype,
-            redop: op,
-            root: 0,
+        reduce_scatter(
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            op,
+            comm,
             stream,
-        })
+            PerCall::default(),
+        )
     })
 }
 
@@ -116,16 +267,16 @@ pub unsafe extern "C" fn ncclBroadcast(
     stream: CudaStream,
 ) -> NcclResult {
     guard("ncclBroadcast", || {
-        run(Op::Broadcast, comm, |o| Call {
-            op: o,
-            send: sendbuff,
-            recv: recvbuff,
+        broadcast(
+            sendbuff,
+            recvbuff,
             count,
-            dtype: datatype,
-            redop: 0,
+            datatype,
             root,
+            comm,
             stream,
-        })
+            PerCall::default(),
+        )
     })
 }
 
@@ -145,16 +296,16 @@ pub unsafe extern "C" fn ncclBcast(
     stream: CudaStream,
 ) -> NcclResult {
     guard("ncclBcast", || {
-        run(Op::Broadcast, comm, |o| Call {
-            op: o,
-            send: buff,
-            recv: buff,
+        broadcast(
+            buff,
+            buff,
             count,
-            dtype: datatype,
-            redop: 0,
+            datatype,
             root,
+            comm,
             stream,
-        })
+            PerCall::default(),
+        )
     })
 }
 
@@ -173,16 +324,15 @@ pub unsafe extern "C" fn ncclAlltoAll(
     stream: CudaStream,
 ) -> NcclResult {
     guard("ncclAlltoAll", || {
-        run(Op::AllToAll, comm, |o| Call {
-            op: o,
-            send: sendbuff,
-            recv: recvbuff,
+        all_to_all(
+            sendbuff,
+            recvbuff,
             count,
-            dtype: datatype,
-            redop: 0,
-            root: 0,
+            datatype,
+            comm,
             stream,
-        })
+            PerCall::default(),
+        )
     })
 }
 
@@ -204,16 +354,17 @@ pub unsafe extern "C" fn ncclReduce(
     stream: CudaStream,
 ) -> NcclResult {
     guard("ncclReduce", || {
-        run(Op::Reduce, comm, |o| Call {
-            op: o,
-            send: sendbuff,
-            recv: recvbuff,
+        reduce(
+            sendbuff,
+            recvbuff,
             count,
-            dtype: datatype,
-            redop: op,
+            datatype,
+            op,
             root,
+            comm,
             stream,
-        })
+            PerCall::default(),
+        )
     })
 }
 
@@ -242,6 +393,7 @@ pub unsafe extern "C" fn ncclSend(
             redop: 0,
             root: peer,
             stream,
+            tuning: PerCall::default(),
         })
     })
 }
@@ -270,13 +422,14 @@ pub unsafe extern "C" fn ncclRecv(
             redop: 0,
             root: peer,
             stream,
+            tuning: PerCall::default(),
         })
     })
 }
 
 /// Which of NCCL 2.28's rooted data movements [`rooted`] runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Rooted {
+pub(crate) enum Rooted {
     /// Every rank's `count` elements land in block `rank` of the root's `recvbuff`.
     Gather,
     /// Block `rank` of the root's `sendbuff` lands in every rank's `recvbuff`.
@@ -293,7 +446,7 @@ enum Rooted {
 /// As for [`ncclAllReduce`]: device buffers of the communicator's device, of `count` elements
 /// (the root's `recvbuff` / `sendbuff`: `nranks * count`).
 #[allow(clippy::too_many_arguments)]
-unsafe fn rooted(
+pub(crate) unsafe fn rooted(
     what: Rooted,
     sendbuff: *const c_void,
     recvbuff: *mut c_void,
@@ -323,6 +476,7 @@ unsafe fn rooted(
             redop: 0,
             root: peer as c_int,
             stream,
+            tuning: PerCall::default(),
         })
     };
     let recv = |buf: *mut c_void, peer: usize| {
@@ -335,6 +489,7 @@ unsafe fn rooted(
             redop: 0,
             root: peer as c_int,
             stream,
+            tuning: PerCall::default(),
         })
     };
     group::group_start()?;

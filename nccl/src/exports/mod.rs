@@ -3,7 +3,7 @@
 //! `#[unsafe(no_mangle)]` function is the cdylib's symbol whichever module holds it. The exports
 //! NCCL added later are in `exports_229`.
 
-mod collectives;
+pub(crate) mod collectives;
 mod comms;
 mod groups;
 mod memory;
