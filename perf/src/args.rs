@@ -42,16 +42,19 @@ pub struct Args {
     #[arg(long, global = true)]
     pub ranks: Option<usize>,
 
-    /// Print one JSON object per row on standard output instead of the table.
-    #[arg(short = 'J', long = "json", global = true)]
-    pub json: bool,
+    /// JSON output, as nccl-tests' `-J FILE`: one JSON document written to FILE (never over an
+    /// existing file: FILE.0, FILE.1, ... instead), the table still on standard output;
+    /// `mscclpp-perf report` reads it. `-J -`: one JSON object per row on standard output
+    /// instead of the table (comments on standard error).
+    #[arg(short = 'J', long = "json", value_name = "FILE", global = true)]
+    pub json: Option<String>,
 
-    /// Element type of the collectives: float, half, bfloat16, int32, uint32.
-    #[arg(short = 'd', long = "datatype", default_value = "float", global = true)]
+    /// Element type of the collectives (the list comes from the parser's own list).
+    #[arg(short = 'd', long = "datatype", default_value = "float", global = true, help = datatype_help())]
     pub datatype: String,
 
-    /// Reduction operator: sum, prod, min, max, avg.
-    #[arg(short = 'o', long = "op", default_value = "sum", global = true)]
+    /// Reduction operator (the list comes from the parser's own list).
+    #[arg(short = 'o', long = "op", default_value = "sum", global = true, help = op_help())]
     pub op: String,
 
     /// Root rank (broadcast).
@@ -91,6 +94,22 @@ pub struct Args {
     /// benchmark would ignore.
     #[arg(skip)]
     pub given: Vec<&'static str>,
+}
+
+/// `-d`'s help: every type the parser serves, by the names it prints (from the same list,
+/// `DataType::ALL`, so that the help cannot fall behind the parser).
+fn datatype_help() -> String {
+    let names: Vec<&str> = DataType::ALL.iter().map(|d| d.name()).collect();
+    format!("Element type of the collectives: {}", names.join(", "))
+}
+
+/// `-o`'s help, from `ReduceOp::ALL` as the parser.
+fn op_help() -> String {
+    let names: Vec<&str> = mscclpp::hal::ReduceOp::ALL
+        .iter()
+        .map(|o| o.name())
+        .collect();
+    format!("Reduction operator: {}", names.join(", "))
 }
 
 /// The global flags: their ids (field names) and how the errors spell them.
@@ -159,14 +178,15 @@ pub enum Bench {
         collectives: String,
     },
     /// An HTML page of SVG plots (bus bandwidth, latency, the ratio to NCCL against size) from
-    /// the JSON lines of one or more runs (`-J`): ours, NCCL's baseline, several runs or machines.
+    /// the JSON of one or more runs (`-J`): ours, NCCL's baseline, several runs or machines.
     Report {
-        /// JSON-lines files written by `mscclpp-perf ... -J > FILE`.
+        /// Files written by `mscclpp-perf ... -J FILE` (one JSON document) or by
+        /// `mscclpp-perf ... -J - > FILE` (JSON lines).
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
-        /// Where the page goes.
-        #[arg(long, default_value = "mscclpp-perf-report.html")]
-        output: std::path::PathBuf,
+        /// Where the page goes (default: mscclpp-perf-report.html beside the first file).
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
         /// The page's title.
         #[arg(long)]
         title: Option<String>,
@@ -450,7 +470,53 @@ impl Args {
                 return Err(format!("--ranks {n}: at least 2 ranks are needed"));
             }
         }
+        self.validate_json()
+    }
+
+    /// `-J`'s value: `-` or a file whose directory exists. A subcommand's name is refused: the
+    /// old `-J` took no value, and `-J allreduce` would write a file named `allreduce` and run
+    /// the default benchmark.
+    fn validate_json(&self) -> Result<(), String> {
+        let Some(v) = &self.json else {
+            return Ok(());
+        };
+        if v.is_empty() {
+            return Err(
+                "-J: name a file (nccl-tests' -J FILE) or - for JSON lines on standard output"
+                    .into(),
+            );
+        }
+        if Args::command().find_subcommand(v).is_some() {
+            return Err(format!(
+                "-J {v}: -J takes a file (nccl-tests' -J FILE) or - for JSON lines on standard output; write e.g. -J {v}.json, or -J - {v}"
+            ));
+        }
+        if v != "-" {
+            let path = std::path::Path::new(v);
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            if !dir.is_dir() {
+                return Err(format!("-J {v}: no directory {}", dir.display()));
+            }
+        }
         Ok(())
+    }
+
+    /// Where `-J` sends JSON.
+    pub fn json_out(&self) -> crate::report::JsonOut {
+        use crate::report::JsonOut;
+        match self.json.as_deref() {
+            None => JsonOut::Off,
+            Some("-") => JsonOut::Lines,
+            Some(f) => JsonOut::File(f.into()),
+        }
+    }
+
+    /// Whether standard output carries JSON lines only (`-J -`): comments go to standard error.
+    pub fn json_lines(&self) -> bool {
+        self.json.as_deref() == Some("-")
     }
 
     /// The benchmark to run.
@@ -708,7 +774,14 @@ mod tests {
         // What applies still passes, before or after the subcommand.
         assert!(check(&["-o", "max", "allreduce"], 2, Host).is_ok());
         assert!(check(&["broadcast", "-r", "1", "-d", "half"], 2, Host).is_ok());
-        assert!(check(&["port-channel", "-b", "1K", "-e", "4K", "-J"], 2, Host).is_ok());
+        assert!(
+            check(
+                &["port-channel", "-b", "1K", "-e", "4K", "-J", "-"],
+                2,
+                Host
+            )
+            .is_ok()
+        );
         assert!(check(&["allgather", "-d", "int32"], 2, Host).is_ok());
     }
 
@@ -774,5 +847,51 @@ mod tests {
         assert!(e.contains("--register does not apply to plan"), "{e}");
         let e = three.unwrap_err();
         assert!(e.contains(path), "{e}");
+    }
+
+    /// `-J FILE` as nccl-tests takes it, `-J -` for JSON lines; a bare `-J` or a subcommand
+    /// after it is refused with a message (it would swallow the name as a file).
+    #[test]
+    fn json_takes_a_file_or_a_dash() {
+        use crate::report::JsonOut;
+        let parse = |argv: &[&str]| {
+            let mut all = vec!["mscclpp-perf"];
+            all.extend_from_slice(argv);
+            Args::try_parse_with_sources(all)
+        };
+        let a = parse(&["allreduce", "-J", "out.json"]).unwrap();
+        assert_eq!(a.json_out(), JsonOut::File("out.json".into()));
+        assert!(a.validate().is_ok());
+        assert_eq!(a.bench(), Bench::Allreduce);
+        let a = parse(&["-J", "-", "allgather"]).unwrap();
+        assert_eq!(a.json_out(), JsonOut::Lines);
+        assert!(a.json_lines());
+        assert_eq!(a.bench(), Bench::Allgather);
+        assert_eq!(parse(&[]).unwrap().json_out(), JsonOut::Off);
+        assert!(parse(&["allreduce", "-J"]).is_err());
+        let e = parse(&["-J", "allreduce"]).unwrap().validate().unwrap_err();
+        assert!(e.contains("-J allreduce.json"), "{e}");
+        let e = parse(&["-J", "/no/such/dir/x.json"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("no directory /no/such/dir"), "{e}");
+    }
+
+    /// `--help` lists every type and operator the parser serves, and every listed name parses
+    /// back to its own type (the list and the parser cannot drift).
+    #[test]
+    fn help_lists_every_served_type_and_operator() {
+        let help = Args::command().render_help().to_string();
+        let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for d in DataType::ALL {
+            assert!(flat.contains(d.name()), "{} missing from --help", d.name());
+            assert_eq!(d.name().parse::<DataType>().ok(), Some(d));
+        }
+        for o in mscclpp::hal::ReduceOp::ALL {
+            assert!(flat.contains(o.name()), "{} missing from --help", o.name());
+        }
+        let listed = datatype_help();
+        assert_eq!(listed.matches(", ").count() + 1, DataType::ALL.len());
     }
 }

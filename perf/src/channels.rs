@@ -133,9 +133,9 @@ pub fn transport_words(transport: Transport, backend: BackendKind) -> String {
     }
 }
 
-fn preamble(args: &Args, comm: &Communicator, name: &'static str, what: &str) -> Table {
+fn preamble(args: &Args, comm: &Communicator, name: &'static str, what: &str) -> Result<Table> {
     let info = comm.device().info();
-    let table = Table::new(args.json, comm.rank() == 0, false);
+    let mut table = Table::new(args.json_out(), comm.rank() == 0, false);
     table.preamble(
         &format!(
             "mscclpp-perf {what}: 2 ranks on the {} backend ({}); both directions at once",
@@ -148,7 +148,7 @@ fn preamble(args: &Args, comm: &Communicator, name: &'static str, what: &str) ->
             nranks: 2,
             timing: "one launch of all timed rounds".into(),
         },
-    );
+    )?;
     let mut legend = vec![
         format!(
             "time(us): microseconds per round (each rank puts size bytes into the other, signals and waits), the mean over {} rounds of one launch after {} warm-up, the slowest rank's",
@@ -161,7 +161,7 @@ fn preamble(args: &Args, comm: &Communicator, name: &'static str, what: &str) ->
     }
     table.legend(&legend);
     table.header();
-    table
+    Ok(table)
 }
 
 /// `memory-channel`: the device copies into the peer's mapped memory.
@@ -205,7 +205,7 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
                 "the device copies into the peer's mapped memory"
             }
         ),
-    );
+    )?;
     let launch = |size: usize, iters: u64| {
         let a = MemoryChannelPutArgs {
             chan: chan.device_handle(),
@@ -259,7 +259,7 @@ pub fn run_port_channel(args: &Args, comm: &Communicator, transport: Transport) 
             "port-channel put over {}, moved by the host proxy",
             transport_words(transport, device.info().backend)
         ),
-    );
+    )?;
     let launch = |size: usize, iters: u64| {
         let a = PortChannelPutArgs {
             chan: handle,

@@ -1,5 +1,6 @@
 //! Collective benchmarks: our collectives beside NCCL (`--baseline nccl`), same buffers, same
-//! stream, same run; every result checked against exactly representable expected values.
+//! stream, same run; every result checked against expected values that the type holds exactly
+//! (inputs chosen by the type's precision and the rank count, as nccl-tests chooses them).
 
 use std::sync::Arc;
 
@@ -27,19 +28,65 @@ pub struct Spec {
     pub root: usize,
 }
 
-/// Input element `i` of rank `r`: small integers, exact in every type and in every reduction of
-/// up to 8 ranks (products stay powers of two).
-pub(crate) fn value(spec: &Spec, r: usize, i: usize) -> u32 {
-    if spec.op == ReduceOp::Prod && spec.kind.reduces() {
-        1 + ((i + r) % 2) as u32
-    } else {
-        ((i * 7 + r * 3 + 1) % 16) as u32
+/// Every integer from 0 up to this is exact in `dtype` (2^significant bits for the floats; the
+/// largest value for the 8-bit integers, whose sums must not wrap).
+fn exact_up_to(dtype: DataType) -> u32 {
+    match dtype {
+        DataType::F8E5M2 => 1 << 3,
+        DataType::F8E4M3 => 1 << 4,
+        DataType::BF16 => 1 << 8,
+        DataType::F16 => 1 << 11,
+        DataType::I8 => i8::MAX as u32,
+        DataType::U8 => u8::MAX as u32,
+        _ => 1 << 24,
     }
+}
+
+/// Significant bits of a float type (its precision), `None` for the integers.
+fn precision(dtype: DataType) -> Option<i32> {
+    match dtype {
+        DataType::F8E5M2 => Some(3),
+        DataType::F8E4M3 => Some(4),
+        DataType::BF16 => Some(8),
+        DataType::F16 => Some(11),
+        DataType::F32 => Some(24),
+        DataType::F64 => Some(53),
+        _ => None,
+    }
+}
+
+/// Input element `i` of rank `r` of `n`: small non-negative integers chosen, as nccl-tests
+/// chooses its inputs, so that every value and every partial result of the reduction is exact
+/// in the type whatever the order of the additions: a sum of `n` of them stays within
+/// [`exact_up_to`] (FP8 E4M3 sums to 16 at most, E5M2 to 8: 0..=8 and 0..=4 on 2 ranks),
+/// products are powers of two, and the 8-bit integers do not wrap. The check can then be exact.
+pub(crate) fn value(spec: &Spec, n: usize, r: usize, i: usize) -> u32 {
+    let limit = exact_up_to(spec.dtype);
+    if spec.op == ReduceOp::Prod && spec.kind.reduces() {
+        // Factors of 2 from as many ranks as the type's integers hold (floats hold 2^8).
+        let twos = if precision(spec.dtype).is_some() {
+            8
+        } else {
+            limit.ilog2() as usize
+        };
+        return if r < twos {
+            1 + ((i + r) % 2) as u32
+        } else {
+            1
+        };
+    }
+    let adds = spec.kind.reduces() && matches!(spec.op, ReduceOp::Sum | ReduceOp::Avg);
+    let modulus = if adds {
+        (limit / n.max(1) as u32 + 1).min(16)
+    } else {
+        (limit + 1).min(16)
+    };
+    ((i * 7 + r * 3 + 1) % modulus as usize) as u32
 }
 
 fn expected(spec: &Spec, n: usize, rank: usize, count: usize, j: usize) -> f64 {
     let reduce = |i: usize| {
-        let vals = (0..n).map(|p| f64::from(value(spec, p, i)));
+        let vals = (0..n).map(|p| f64::from(value(spec, n, p, i)));
         match spec.op {
             ReduceOp::Sum => vals.sum::<f64>(),
             ReduceOp::Prod => vals.product(),
@@ -47,7 +94,7 @@ fn expected(spec: &Spec, n: usize, rank: usize, count: usize, j: usize) -> f64 {
             ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
             ReduceOp::Avg => {
                 let s: f64 = vals.sum();
-                if matches!(spec.dtype, DataType::I32 | DataType::U32) {
+                if precision(spec.dtype).is_none() {
                     (s / n as f64).trunc()
                 } else {
                     s / n as f64
@@ -58,30 +105,38 @@ fn expected(spec: &Spec, n: usize, rank: usize, count: usize, j: usize) -> f64 {
     match spec.kind {
         CollectiveKind::AllReduce => reduce(j),
         CollectiveKind::ReduceScatter => reduce(rank * count + j),
-        CollectiveKind::AllGather => f64::from(value(spec, j / count, j % count)),
-        CollectiveKind::Broadcast => f64::from(value(spec, spec.root, j)),
-        CollectiveKind::AllToAll => f64::from(value(spec, j / count, rank * count + j % count)),
+        CollectiveKind::AllGather => f64::from(value(spec, n, j / count, j % count)),
+        CollectiveKind::Broadcast => f64::from(value(spec, n, spec.root, j)),
+        CollectiveKind::AllToAll => f64::from(value(spec, n, j / count, rank * count + j % count)),
     }
 }
 
-/// Wrong output elements (`Avg` of floats gets a relative tolerance: the kernels divide in
-/// float precision).
+/// The relative tolerance of a result: 0 (exact) for every operator but `Avg` of floats, whose
+/// quotient the type cannot hold: there `n` units in the last place of the type — our kernels
+/// divide the exact sum once (half a unit), NCCL multiplies each input by 1/n and adds the
+/// products in the type (up to 2n-1 roundings of half a unit each). nccl-tests' rule is the
+/// same in kind: exact inputs and results, a tolerance in units of the last place for `Avg`.
+fn tolerance(spec: &Spec, n: usize) -> f64 {
+    match (spec.op, precision(spec.dtype)) {
+        (ReduceOp::Avg, Some(p)) if spec.kind.reduces() => n as f64 * 2f64.powi(1 - p),
+        _ => 0.0,
+    }
+}
+
+/// Wrong output elements: those farther from the expected value than [`tolerance`] allows (NaN
+/// is always wrong).
 pub(crate) fn check(spec: &Spec, n: usize, rank: usize, count: usize, got: &[u8]) -> u64 {
     let s = spec.dtype.size();
-    let tol = if spec.op == ReduceOp::Avg && !matches!(spec.dtype, DataType::I32 | DataType::U32) {
-        match spec.dtype {
-            DataType::F32 => 1e-6,
-            DataType::F16 => 2e-3,
-            _ => 1e-2,
-        }
-    } else {
-        0.0
-    };
+    let tol = tolerance(spec, n);
     got.chunks_exact(s)
         .enumerate()
         .filter(|(j, b)| {
             let (g, w) = (spec.dtype.decode_f64(b), expected(spec, n, rank, count, *j));
-            (g - w).abs() > tol * w.abs()
+            // A NaN compares as nothing and counts as wrong.
+            (g - w)
+                .abs()
+                .partial_cmp(&(tol * w.abs()))
+                .is_none_or(|o| o == std::cmp::Ordering::Greater)
         })
         .count() as u64
 }
@@ -221,10 +276,11 @@ impl<A: Api> Bench<A> {
             out_e as usize * spec.dtype.size(),
         );
         let (input, output) = self.slices(in_b, out_b)?;
+        progress_begin(in_b.max(out_b), rank == 0);
         let mut data = host_capacity(in_b, "the input's host copy")?;
         for i in 0..in_e as usize {
             spec.dtype
-                .encode_f64(f64::from(value(spec, rank, i)), &mut data);
+                .encode_f64(f64::from(value(spec, n, rank, i)), &mut data);
         }
         self.stream.write_from_host(&input, &data)?;
         drop(data);
@@ -234,7 +290,9 @@ impl<A: Api> Bench<A> {
             }
             let mut got = host_bytes(out_b, "the output's host copy")?;
             stream.read_to_host(&mut got, &output)?;
-            Ok(check(spec, n, rank, count, &got))
+            let wrong = check(spec, n, rank, count, &got);
+            progress_tick("check", 1, 1);
+            Ok(wrong)
         };
         self.stream.fill(&output, 0xA5)?;
         let zero_copy = self.coll.zero_copy_calls();
@@ -310,6 +368,58 @@ impl<A: Api> Bench<A> {
 
 /// Bytes of one rank's figures of a size: time, wrong, NCCL's time and wrong, host times.
 const RESULT_BYTES: usize = 48;
+
+/// Progress of a slow size, said on standard error by rank 0: a size of a GiB on the host
+/// backend takes more than a minute, and a run that prints nothing that long looks hung. Fast
+/// sizes say nothing.
+struct Progress {
+    bytes: usize,
+    start: std::time::Instant,
+    last: Option<std::time::Instant>,
+    print: bool,
+}
+
+/// From how long a size has run before its progress is said, and how often then.
+const PROGRESS_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
+
+thread_local! {
+    // Per thread: under --threads every rank is a thread of this process.
+    static PROGRESS: std::cell::RefCell<Option<Progress>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A size of `bytes` starts (`print`: this rank says its progress).
+pub(crate) fn progress_begin(bytes: usize, print: bool) {
+    PROGRESS.with(|p| {
+        *p.borrow_mut() = Some(Progress {
+            bytes,
+            start: std::time::Instant::now(),
+            last: None,
+            print,
+        })
+    });
+}
+
+/// Step `i` of `total` of `phase` is done: a line on standard error where the size has run
+/// longer than [`PROGRESS_AFTER`], at most one per [`PROGRESS_AFTER`].
+pub(crate) fn progress_tick(phase: &str, i: usize, total: usize) {
+    PROGRESS.with(|p| {
+        let mut p = p.borrow_mut();
+        let Some(p) = p.as_mut() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        let since = p.last.unwrap_or(p.start);
+        if !p.print || now.duration_since(since) < PROGRESS_AFTER {
+            return;
+        }
+        p.last = Some(now);
+        eprintln!(
+            "# {} bytes: {phase} {i}/{total}, {:.0} s so far",
+            p.bytes,
+            now.duration_since(p.start).as_secs_f64()
+        );
+    });
+}
 
 /// What timing a call gives, µs per call.
 #[derive(Debug, Clone, Copy, Default)]
@@ -388,10 +498,12 @@ pub(crate) fn time_calls_cpu(
         Some(g) => g.launch(&*stream),
         None => call(),
     };
-    for _ in 0..args.warmup {
+    for k in 0..args.warmup {
         run()?;
+        progress_tick("warm-up", k + 1, args.warmup);
     }
     stream.synchronize()?;
+    progress_tick("warm-up", args.warmup, args.warmup);
     comm.bootstrap().barrier()?;
     if median_timed(comm) {
         let events = (0..=args.iters)
@@ -399,13 +511,15 @@ pub(crate) fn time_calls_cpu(
             .collect::<Result<Vec<_>>>()?;
         stream.record(&*events[0])?;
         let mut host = std::time::Duration::ZERO;
-        for e in &events[1..] {
+        for (k, e) in events[1..].iter().enumerate() {
             let t = std::time::Instant::now();
             run()?;
             host += t.elapsed();
             stream.record(&**e)?;
+            progress_tick("timed", k + 1, args.iters);
         }
         stream.synchronize()?;
+        progress_tick("timed", args.iters, args.iters);
         comm.check_live()?;
         let mut us = events
             .windows(2)
@@ -424,8 +538,9 @@ pub(crate) fn time_calls_cpu(
     }
     stream.record(&*e0)?;
     let t = std::time::Instant::now();
-    for _ in 0..args.iters {
+    for k in 0..args.iters {
         run()?;
+        progress_tick("timed", k + 1, args.iters);
     }
     let host = t.elapsed();
     stream.record(&*e1)?;
@@ -489,7 +604,7 @@ fn run_on<A: Api>(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) ->
     let info = comm.device().info();
     let nranks = comm.nranks();
     let factor = bus_factor(kind, nranks);
-    let mut table = Table::new(args.json, comm.rank() == 0, bench.nccl.is_some())
+    let mut table = Table::new(args.json_out(), comm.rank() == 0, bench.nccl.is_some())
         .with_algo()
         .with_cpu();
     // Only what applies: the operator of reductions, the root of broadcasts.
@@ -528,7 +643,7 @@ fn run_on<A: Api>(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) ->
             nranks,
             timing: args.timing(),
         },
-    );
+    )?;
     let host = median_timed(&comm);
     let mut legend = vec![
         time_legend(args, host),
@@ -591,4 +706,146 @@ fn run_on<A: Api>(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) ->
     }
     table.footer();
     Ok(table.wrong_total())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rank `p`'s inputs of a reducing spec, as the type holds them.
+    fn inputs(spec: &Spec, n: usize, p: usize, count: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        for i in 0..count {
+            spec.dtype
+                .encode_f64(f64::from(value(spec, n, p, i)), &mut v);
+        }
+        v
+    }
+
+    /// The reduction as a kernel computes it: the type's own element function (FP8 rounds to
+    /// nearest even after every operation), ranks in `order`, `Avg` divided at the end.
+    fn reduce(spec: &Spec, n: usize, count: usize, order: &[usize]) -> Vec<u8> {
+        let s = spec.dtype.size();
+        let ins: Vec<Vec<u8>> = (0..n).map(|p| inputs(spec, n, p, count)).collect();
+        let mut out = vec![0u8; count * s];
+        for e in 0..count {
+            let at = e * s..(e + 1) * s;
+            let mut acc = ins[order[0]][at.clone()].to_vec();
+            let mut next = vec![0u8; s];
+            for &p in &order[1..] {
+                spec.dtype
+                    .combine_elem(&acc, &ins[p][at.clone()], spec.op, &mut next);
+                acc.copy_from_slice(&next);
+            }
+            if spec.op == ReduceOp::Avg {
+                spec.dtype.divide_elem(&acc, n as u32, &mut next);
+                acc.copy_from_slice(&next);
+            }
+            out[at].copy_from_slice(&acc);
+        }
+        out
+    }
+
+    /// Issue 41: an all-reduce of f8e4m3 counted 896 of 1024 wrong — the checker wanted sums
+    /// that FP8 cannot hold. Now every type, operator and rank count passes when reduced as the
+    /// kernels reduce (rounding after every step), in rank order and in reverse order, and a
+    /// result one unit off still counts as wrong (integers stay exact).
+    #[test]
+    fn every_type_passes_when_reduced_as_the_kernels_do_and_one_unit_off_fails() {
+        let count = 48;
+        for dtype in DataType::ALL {
+            for op in ReduceOp::ALL {
+                for n in 2..=8 {
+                    let spec = Spec {
+                        kind: CollectiveKind::AllReduce,
+                        dtype,
+                        op,
+                        root: 0,
+                    };
+                    let forward: Vec<usize> = (0..n).collect();
+                    let backward: Vec<usize> = (0..n).rev().collect();
+                    for order in [&forward, &backward] {
+                        let got = reduce(&spec, n, count, order);
+                        assert_eq!(
+                            check(&spec, n, 0, count, &got),
+                            0,
+                            "{dtype} {op:?} on {n} ranks, order {order:?}"
+                        );
+                    }
+                    // Inputs are exact in the type.
+                    for p in 0..n {
+                        let bytes = inputs(&spec, n, p, count);
+                        for (i, b) in bytes.chunks_exact(dtype.size()).enumerate() {
+                            assert_eq!(
+                                dtype.decode_f64(b),
+                                f64::from(value(&spec, n, p, i)),
+                                "{dtype}"
+                            );
+                        }
+                    }
+                    if op == ReduceOp::Avg && precision(dtype).is_some() {
+                        continue;
+                    }
+                    // One unit in the last place off (the lowest bit of an element that is
+                    // not zero: a nonzero pattern either way), one wrong.
+                    let mut got = reduce(&spec, n, count, &forward);
+                    let s = dtype.size();
+                    let j = (0..count)
+                        .find(|&j| got[j * s..(j + 1) * s].iter().any(|&b| b != 0))
+                        .unwrap_or(0);
+                    got[j * s] ^= 1;
+                    assert_eq!(check(&spec, n, 0, count, &got), 1, "{dtype} {op:?} n={n}");
+                }
+            }
+        }
+    }
+
+    /// `Avg` of floats as NCCL computes it — every input multiplied by 1/n in the type, the
+    /// products added in the type — stays within the tolerance of n units in the last place;
+    /// twice the tolerance away does not.
+    #[test]
+    fn averages_as_nccl_computes_them_are_within_the_tolerance() {
+        let count = 48;
+        for dtype in DataType::ALL
+            .into_iter()
+            .filter(|d| precision(*d).is_some())
+        {
+            for n in 2..=8 {
+                let spec = Spec {
+                    kind: CollectiveKind::AllReduce,
+                    dtype,
+                    op: ReduceOp::Avg,
+                    root: 0,
+                };
+                let s = dtype.size();
+                let mut inv = Vec::new();
+                dtype.encode_f64(1.0 / n as f64, &mut inv);
+                let mut got = Vec::new();
+                for e in 0..count {
+                    let mut acc: Option<Vec<u8>> = None;
+                    for p in 0..n {
+                        let x = inputs(&spec, n, p, count)[e * s..(e + 1) * s].to_vec();
+                        let mut scaled = vec![0u8; s];
+                        dtype.combine_elem(&x, &inv, ReduceOp::Prod, &mut scaled);
+                        acc = Some(match acc {
+                            None => scaled,
+                            Some(a) => {
+                                let mut next = vec![0u8; s];
+                                dtype.combine_elem(&a, &scaled, ReduceOp::Sum, &mut next);
+                                next
+                            }
+                        });
+                    }
+                    got.extend(acc.unwrap_or_default());
+                }
+                assert_eq!(check(&spec, n, 0, count, &got), 0, "{dtype} n={n}");
+                let mut far = Vec::new();
+                for b in got.chunks_exact(s) {
+                    let v = dtype.decode_f64(b);
+                    dtype.encode_f64(v * (1.0 + 3.0 * tolerance(&spec, n)) + 1.0, &mut far);
+                }
+                assert!(check(&spec, n, 0, count, &far) > 0, "{dtype} n={n}");
+            }
+        }
+    }
 }

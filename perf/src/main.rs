@@ -55,6 +55,7 @@ fn run(args: &Args) -> Result<ExitCode> {
             eprintln!("mscclpp-perf: {e}");
             return Ok(ExitCode::from(USAGE));
         }
+        let output = output.unwrap_or_else(|| plot::default_output(&files));
         plot::main(&files, &output, title.as_deref())?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -82,12 +83,14 @@ fn run(args: &Args) -> Result<ExitCode> {
             return Ok(ExitCode::from(USAGE));
         }
         if backend.kind() == BackendKind::Host {
-            // Comments go to stderr under -J so that stdout stays pure JSON lines.
+            // Comments go to stderr under -J - so that stdout stays pure JSON lines.
             let say = |line: String| {
-                if args.json {
-                    eprintln!("{line}");
-                } else {
-                    println!("{line}");
+                for l in report::wrap_comment(line.trim_start_matches("# ")) {
+                    if args.json_lines() {
+                        eprintln!("{l}");
+                    } else {
+                        println!("{l}");
+                    }
                 }
             };
             say("# no GPU backend available here: running on the host (CPU) backend".into());

@@ -219,7 +219,7 @@ impl Overlap {
         let mut data = Vec::with_capacity(in_b);
         for i in 0..in_e as usize {
             spec.dtype
-                .encode_f64(f64::from(value(spec, rank, i)), &mut data);
+                .encode_f64(f64::from(value(spec, n, rank, i)), &mut data);
         }
         self.comm_stream.write_from_host(&input, &data)?;
         drop(data);
@@ -371,16 +371,43 @@ pub fn run(
     let rank0 = comm.rank() == 0;
     let n = comm.nranks();
     let info = device.info();
+    // Comments wrapped at the report's width; on standard error under `-J -` (standard output
+    // stays JSON lines).
     let say = |line: String| {
         if !rank0 {
             return;
         }
-        if args.json {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
+        let lines = match line.strip_prefix("# ") {
+            Some(text) => crate::report::wrap_comment(text),
+            None => vec![line],
+        };
+        for l in lines {
+            if args.json_lines() {
+                eprintln!("{l}");
+            } else {
+                println!("{l}");
+            }
         }
     };
+    // `-J FILE`: one document of the rows (rank 0 writes it).
+    let mut doc = match (rank0, args.json_out()) {
+        (true, crate::report::JsonOut::File(f)) => {
+            let meta = serde_json::json!({"meta": {
+                "bench": "overlap",
+                "backend": info.backend.to_string(),
+                "device": info.name.clone(),
+                "nranks": n,
+                "command": crate::report::command_line(),
+                "machine": crate::report::machine(),
+                "version": env!("CARGO_PKG_VERSION"),
+            }});
+            let d = crate::report::JsonDoc::create(&f, meta).map_err(Error::invalid)?;
+            say(format!("# Writing JSON output to {}", d.path().display()));
+            Some(d)
+        }
+        _ => None,
+    };
+    let (mut busbw_sum, mut rows) = (0.0f64, 0usize);
     let per_launch = bench.time_compute(3)? / 3.0;
     say(format!(
         "# mscclpp-perf overlap: {n} ranks on the {} backend ({}), {dtype}, op {op}; compute: {} blocks of {} threads, {} passes of {} FMA rounds over {} KiB, {:.3} ms per launch (rank {}); at least {} calls per row (and at least 4 launches' time) after {} warm-up{}",
@@ -401,7 +428,7 @@ pub fn run(
         )),
     ));
     say("# efficiency = max(compute alone, comm alone) / overlapped; slowdown = compute's time overlapped / alone; times: all calls or launches of the row, slowest rank".into());
-    if !args.json {
+    if !args.json_lines() {
         say(format!(
             "{:>14} {:>5} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>9} {:>10} {:>7}",
             "collective",
@@ -454,18 +481,26 @@ pub fn run(
                 if !rank0 {
                     continue;
                 }
-                if args.json {
-                    println!(
-                        "{{\"bench\":\"overlap\",\"collective\":\"{}\",\"path\":\"{}\",\"algo\":\"{algo}\",\"bytes\":{bytes},\"count\":{count},\"dtype\":\"{}\",\"nranks\":{n},\"compute_ms\":{:.4},\"comm_ms\":{:.4},\"overlapped_ms\":{:.4},\"compute_overlapped_ms\":{:.4},\"efficiency\":{efficiency:.4},\"slowdown\":{slowdown:.4},\"comm_busbw_gbps\":{busbw:.2},\"wrong\":{}}}",
-                        kind.name(),
-                        path.name(),
-                        dtype.name(),
-                        t.compute_alone,
-                        t.comm_alone,
-                        t.overlapped,
-                        t.compute_overlapped,
-                        t.wrong
-                    );
+                busbw_sum += busbw;
+                rows += 1;
+                let json = format!(
+                    "{{\"bench\":\"overlap\",\"collective\":\"{}\",\"path\":\"{}\",\"algo\":\"{algo}\",\"bytes\":{bytes},\"count\":{count},\"dtype\":\"{}\",\"nranks\":{n},\"compute_ms\":{:.4},\"comm_ms\":{:.4},\"overlapped_ms\":{:.4},\"compute_overlapped_ms\":{:.4},\"efficiency\":{efficiency:.4},\"slowdown\":{slowdown:.4},\"comm_busbw_gbps\":{busbw:.2},\"wrong\":{}}}",
+                    kind.name(),
+                    path.name(),
+                    dtype.name(),
+                    t.compute_alone,
+                    t.comm_alone,
+                    t.overlapped,
+                    t.compute_overlapped,
+                    t.wrong
+                );
+                if let Some(d) = doc.as_mut() {
+                    if let Ok(v) = serde_json::from_str(&json) {
+                        d.push_value(v);
+                    }
+                }
+                if args.json_lines() {
+                    println!("{json}");
                 } else {
                     println!(
                         "{:>14} {:>5} {:>8} {:>12} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>9.3} {:>10.1} {:>7}",
@@ -486,5 +521,26 @@ pub fn run(
         }
     }
     say(format!("# wrong elements: {wrong_total}"));
+    // nccl-tests' summary lines (scripts parse them); the average is of the communication
+    // alone's bus bandwidth.
+    let avg = if rows == 0 {
+        0.0
+    } else {
+        busbw_sum / rows as f64
+    };
+    say(format!(
+        "# {:<20} : {} {}",
+        "Out of bounds values",
+        wrong_total,
+        if wrong_total == 0 { "OK" } else { "FAILED" }
+    ));
+    say(format!(
+        "# {:<20} : {}",
+        "Avg bus bandwidth",
+        crate::report::c_g(avg)
+    ));
+    if let Some(d) = doc.as_mut() {
+        d.finish(wrong_total, avg);
+    }
     Ok(wrong_total)
 }

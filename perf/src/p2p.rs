@@ -43,7 +43,7 @@ pub fn run(args: &Args, boot: &Bootstrap, device: Arc<dyn Device>) -> Result<u64
     let prev = (rank + n - 1) % n;
     let peer_dst = device.ipc_import(&IpcHandle::from_bytes(&handles[next])?)?;
 
-    let mut table = Table::new(args.json, rank == 0, false);
+    let mut table = Table::new(args.json_out(), rank == 0, false);
     table.preamble(
         &format!(
             "mscclpp-perf p2p: {n} ranks on the {} backend ({}), each rank copies into rank+1's buffer through an IPC mapping",
@@ -57,7 +57,7 @@ pub fn run(args: &Args, boot: &Bootstrap, device: Arc<dyn Device>) -> Result<u64
             nranks: n,
             timing: "eager copies".into(),
         },
-    );
+    )?;
     table.legend(&[format!(
         "time(us): microseconds per copy, the mean over {} copies after {} warm-up, the slowest rank's; algbw = busbw = size / time (GB/s = 1e9 B/s)",
         args.iters, args.warmup

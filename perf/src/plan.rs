@@ -61,11 +61,12 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
         Some(_) => Some(Nccl::for_communicator(&comm, &*stream)?),
         None => None,
     };
-    let mut table = Table::new(args.json, rank == 0, true).with_baselines(if nccl.is_some() {
-        &["builtin", "nccl"]
-    } else {
-        &["builtin"]
-    });
+    let mut table =
+        Table::new(args.json_out(), rank == 0, true).with_baselines(if nccl.is_some() {
+            &["builtin", "nccl"]
+        } else {
+            &["builtin"]
+        });
     table.preamble(
         &format!(
             "mscclpp-perf plan: {} plan file(s); {n} ranks on the {} backend ({})",
@@ -80,7 +81,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
             nranks: n,
             timing: args.timing(),
         },
-    );
+    )?;
     for file in files {
         let plan = Plan::from_file(file, n)?;
         let kind = kind_of(&plan)?;
@@ -155,7 +156,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
             let s = slices(&plan, kind, rank, &input, &output, in_b, out_b)?;
             let mut data = Vec::with_capacity(in_b);
             for i in 0..in_e as usize {
-                dtype.encode_f64(f64::from(value(&spec, rank, i)), &mut data);
+                dtype.encode_f64(f64::from(value(&spec, n, rank, i)), &mut data);
             }
             let run_plan = || exec.execute(&plan, &s.send, &s.recv, dtype, Some(op), &*stream);
             let run_builtin = || {

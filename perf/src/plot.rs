@@ -41,6 +41,21 @@ struct Series {
     points: Vec<(f64, f64)>,
 }
 
+/// Where the page goes without `--output`: `mscclpp-perf-report.html` beside the first file
+/// (where the run's results are, rather than wherever the command is typed; the repository's
+/// .gitignore names the file).
+pub fn default_output(files: &[PathBuf]) -> PathBuf {
+    let dir = files
+        .first()
+        .and_then(|f| f.parent())
+        .filter(|d| !d.as_os_str().is_empty())
+        .map_or_else(PathBuf::new, Path::to_path_buf);
+    dir.join(DEFAULT_NAME)
+}
+
+/// The page's file name without `--output`.
+pub const DEFAULT_NAME: &str = "mscclpp-perf-report.html";
+
 /// The `report` subcommand: reads `files`, writes the page to `output`.
 pub fn main(files: &[PathBuf], output: &Path, title: Option<&str>) -> Result<()> {
     let mut runs = Vec::new();
@@ -67,14 +82,26 @@ pub fn main(files: &[PathBuf], output: &Path, title: Option<&str>) -> Result<()>
     Ok(())
 }
 
-/// Reads one file of JSON lines: the meta line, rows of the collective, channel, p2p and plan
-/// benchmarks (ours under the benchmark's name, each baseline — `nccl`, `builtin` — under its
-/// own); other lines are counted and skipped.
+/// Reads one file: the JSON document of `-J FILE` (its `meta` object and `results` list) or the
+/// JSON lines of `-J -` (the meta line, then one row a line). Rows of the collective, channel,
+/// p2p and plan benchmarks count (ours under the benchmark's name, each baseline — `nccl`,
+/// `builtin` — under its own); other rows and lines are counted and skipped.
 fn parse(file: &Path, text: &str) -> Result<Run> {
     let mut run = Run {
         file: file.to_path_buf(),
         ..Run::default()
     };
+    // A document parses whole; JSON lines do not (more than one value), and go line by line.
+    if let Ok(doc) = serde_json::from_str::<Value>(text) {
+        if let Some(results) = doc.get("results").and_then(Value::as_array) {
+            run.meta = doc.get("meta").cloned();
+            for v in results {
+                add_row(&mut run, v);
+            }
+            sort_points(&mut run);
+            return Ok(run);
+        }
+    }
     for (k, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -92,34 +119,43 @@ fn parse(file: &Path, text: &str) -> Result<Run> {
             run.meta.get_or_insert_with(|| meta.clone());
             continue;
         }
-        let (Some(bench), Some(size)) = (v["bench"].as_str(), v["size"].as_f64()) else {
-            run.skipped += 1;
-            continue;
-        };
-        let Some(ours) = point(size, &v) else {
-            run.skipped += 1;
-            continue;
-        };
-        let ours_name = if bench == "plan" { "plan" } else { "mscclpp" };
-        run.series
-            .entry((bench.to_string(), ours_name.to_string()))
-            .or_default()
-            .push(ours);
-        if let Some(obj) = v.as_object() {
-            for (key, b) in obj {
-                if let Some(p) = b.is_object().then(|| point(size, b)).flatten() {
-                    run.series
-                        .entry((bench.to_string(), key.clone()))
-                        .or_default()
-                        .push(p);
-                }
-            }
-        }
+        add_row(&mut run, &v);
     }
+    sort_points(&mut run);
+    Ok(run)
+}
+
+fn sort_points(run: &mut Run) {
     for points in run.series.values_mut() {
         points.sort_by(|a, b| a.size.total_cmp(&b.size));
     }
-    Ok(run)
+}
+
+/// One row's points: ours, and every baseline object in it.
+fn add_row(run: &mut Run, v: &Value) {
+    let (Some(bench), Some(size)) = (v["bench"].as_str(), v["size"].as_f64()) else {
+        run.skipped += 1;
+        return;
+    };
+    let Some(ours) = point(size, v) else {
+        run.skipped += 1;
+        return;
+    };
+    let ours_name = if bench == "plan" { "plan" } else { "mscclpp" };
+    run.series
+        .entry((bench.to_string(), ours_name.to_string()))
+        .or_default()
+        .push(ours);
+    if let Some(obj) = v.as_object() {
+        for (key, b) in obj {
+            if let Some(p) = b.is_object().then(|| point(size, b)).flatten() {
+                run.series
+                    .entry((bench.to_string(), key.clone()))
+                    .or_default()
+                    .push(p);
+            }
+        }
+    }
 }
 
 fn point(size: f64, v: &Value) -> Option<Point> {

@@ -1,9 +1,48 @@
-//! Output of every benchmark: the nccl-tests table, or JSON lines with `-J` (one key scheme for
-//! all of them). Comments — the preamble and the footer — go to standard output with the table
-//! and to standard error under `-J`, so that standard output stays pure JSON. Rows are flushed
-//! as measured; rank 0 prints.
+//! Output of every benchmark: the nccl-tests table, JSON lines with `-J -`, or the table and one
+//! JSON document in a file with `-J FILE` (nccl-tests' `-J FILE`; one key scheme for all of
+//! them). Comments — the preamble and the footer — go to standard output with the table and to
+//! standard error under `-J -`, so that standard output stays pure JSON. Comments are wrapped at
+//! [`WIDTH`] characters. Rows are flushed as measured; rank 0 prints.
 
-use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+/// The widest comment line (legends and headers are wrapped to it; a terminal of 100 columns
+/// shows them whole).
+pub const WIDTH: usize = 100;
+
+/// Where `-J` sends JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum JsonOut {
+    /// No `-J`: the table on standard output.
+    #[default]
+    Off,
+    /// `-J -`: one JSON object per line on standard output, comments on standard error.
+    Lines,
+    /// `-J FILE`: the table on standard output as without `-J`, and one JSON document in the
+    /// file (see [`JsonDoc`]).
+    File(PathBuf),
+}
+
+/// `text` as `#` comment lines of at most [`WIDTH`] characters, broken at spaces (a word longer
+/// than a line — a path, a command — stays whole on its own line); continuation lines are
+/// indented so that a reader sees where an item ends.
+pub fn wrap_comment(text: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::from("#");
+    let mut empty = true;
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        if !empty && line.chars().count() + 1 + word.chars().count() > WIDTH {
+            lines.push(std::mem::replace(&mut line, String::from("#  ")));
+        }
+        line.push(' ');
+        line.push_str(word);
+        empty = false;
+    }
+    lines.push(line);
+    lines
+}
 
 /// A baseline's figures for one row.
 #[derive(Debug, Clone, Copy)]
@@ -124,7 +163,11 @@ pub fn machine() -> String {
 /// Prints rows on rank 0 only.
 #[derive(Debug)]
 pub struct Table {
+    /// JSON lines on standard output instead of the table (`-J -`).
     json: bool,
+    /// Where `-J FILE` goes: created by the preamble (rank 0 only), rewritten after each row.
+    json_file: Option<PathBuf>,
+    doc: Option<JsonDoc>,
     enabled: bool,
     /// Whether rows carry baselines (their columns are shown only then).
     baseline: bool,
@@ -137,6 +180,9 @@ pub struct Table {
     /// Whether rows carry host times (a column after each time, a `cpu_us` key).
     cpu: bool,
     wrong_total: u64,
+    /// Bus bandwidth of our rows, summed, and their number (nccl-tests' average).
+    busbw_sum: f64,
+    rows: usize,
 }
 
 /// The `{"meta":...}` line.
@@ -189,18 +235,188 @@ fn or_null<T: ToString>(v: Option<T>) -> String {
     v.map_or("null".to_string(), |v| v.to_string())
 }
 
+/// A number as C's `printf("%g")` prints it (what nccl-tests' `Avg bus bandwidth` line uses):
+/// six significant digits, trailing zeros dropped, an exponent below 1e-4 and from 1e6.
+pub fn c_g(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return if v.is_nan() {
+            "nan".into()
+        } else if v.is_infinite() {
+            if v > 0.0 { "inf".into() } else { "-inf".into() }
+        } else {
+            "0".into()
+        };
+    }
+    // The exponent after rounding to six significant digits (9.999995 is 10 in `%g`).
+    let sci = format!("{v:.5e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let trim = |t: &str| -> String {
+        if t.contains('.') {
+            t.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            t.to_string()
+        }
+    };
+    if !(-4..6).contains(&exp) {
+        format!(
+            "{}e{}{:02}",
+            trim(mantissa),
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
+    } else {
+        let decimals = (5 - exp).max(0) as usize;
+        trim(&format!("{v:.decimals$}"))
+    }
+}
+
+/// The document `-J FILE` writes: nccl-tests' top-level shape (a `results` list, then
+/// `out_of_bounds` and `average_bus_bandwidth`), with this tool's `meta` object and its row keys.
+/// Each result carries nccl-tests' keys as well (`redop`, `out_of_place` with `time`, `alg_bw`,
+/// `bus_bw`, `nwrong`; `in_place` null: we measure out of place only), so that scripts written
+/// for nccl-tests' files read ours. The file is rewritten after every row: a run cut short
+/// leaves a valid document of the rows so far (without `end_unix_time`).
+#[derive(Debug)]
+pub struct JsonDoc {
+    path: PathBuf,
+    root: Map<String, Value>,
+    results: Vec<Value>,
+    /// The first write error, said once (a run does not stop for its report).
+    failed: bool,
+}
+
+impl JsonDoc {
+    /// Creates the file as nccl-tests does: never over an existing file — `FILE.0`, `FILE.1`, …
+    /// instead — and says which (the caller prints `# Writing JSON output to …`).
+    pub fn create(path: &Path, meta: Value) -> Result<JsonDoc, String> {
+        let mut candidate = path.to_path_buf();
+        let mut k = 0u32;
+        let file = loop {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&candidate)
+            {
+                Ok(f) => break f,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && k < 1000 => {
+                    let mut name = path.as_os_str().to_owned();
+                    name.push(format!(".{k}"));
+                    candidate = PathBuf::from(name);
+                    k += 1;
+                }
+                Err(e) => return Err(format!("-J {}: {e}", candidate.display())),
+            }
+        };
+        drop(file);
+        let mut root = Map::new();
+        root.insert("tool".into(), "mscclpp-perf".into());
+        root.insert(
+            "args".into(),
+            Value::from(std::env::args().collect::<Vec<_>>()),
+        );
+        if let Some(m) = meta.get("meta") {
+            root.insert("meta".into(), m.clone());
+        }
+        let doc = JsonDoc {
+            path: candidate,
+            root,
+            results: Vec::new(),
+            failed: false,
+        };
+        let mut doc = doc;
+        doc.write();
+        if doc.failed {
+            return Err(format!("-J {}: cannot write", doc.path.display()));
+        }
+        Ok(doc)
+    }
+
+    /// Where it is written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Adds a row (its JSON-lines object) with nccl-tests' keys beside ours.
+    pub fn push(&mut self, json_line: &str, r: &Row) {
+        let mut v: Value = match serde_json::from_str(json_line) {
+            Ok(v) => v,
+            Err(_) => return,
+        };
+        if let Some(o) = v.as_object_mut() {
+            o.insert("redop".into(), r.op.into());
+            o.insert(
+                "out_of_place".into(),
+                serde_json::json!({
+                    "time": r.time_us,
+                    "alg_bw": r.algbw_gbps,
+                    "bus_bw": r.busbw_gbps,
+                    "nwrong": r.wrong,
+                }),
+            );
+            o.insert("in_place".into(), Value::Null);
+        }
+        self.results.push(v);
+        self.write();
+    }
+
+    /// Adds a row as it is (benchmarks of their own keys: overlap).
+    pub fn push_value(&mut self, v: Value) {
+        self.results.push(v);
+        self.write();
+    }
+
+    /// nccl-tests' closing keys, the end time, and the last write.
+    pub fn finish(&mut self, wrong: u64, avg_busbw: f64) {
+        self.root.insert(
+            "out_of_bounds".into(),
+            serde_json::json!({"count": wrong, "okay": wrong == 0}),
+        );
+        self.root.insert(
+            "average_bus_bandwidth".into(),
+            serde_json::json!({"bandwidth": avg_busbw, "okay": "unchecked"}),
+        );
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.root.insert("end_unix_time".into(), unix.into());
+        self.write();
+    }
+
+    fn write(&mut self) {
+        let mut root = self.root.clone();
+        root.insert("results".into(), Value::from(self.results.clone()));
+        let text = serde_json::to_string_pretty(&Value::Object(root)).unwrap_or_default();
+        if let Err(e) = std::fs::write(&self.path, text + "\n") {
+            if !self.failed {
+                eprintln!("mscclpp-perf: -J {}: {e}", self.path.display());
+            }
+            self.failed = true;
+        }
+    }
+}
+
 impl Table {
     /// A table that prints only when `enabled`; `baseline` adds the columns of one baseline,
     /// `nccl` (`with_baselines` names others).
-    pub fn new(json: bool, enabled: bool, baseline: bool) -> Self {
+    pub fn new(json: JsonOut, enabled: bool, baseline: bool) -> Self {
+        let (lines, json_file) = match json {
+            JsonOut::Off => (false, None),
+            JsonOut::Lines => (true, None),
+            JsonOut::File(f) => (false, Some(f)),
+        };
         Table {
-            json,
+            json: lines,
+            json_file,
+            doc: None,
             enabled,
             baseline,
             baseline_names: vec!["nccl"],
             algo: false,
             cpu: false,
             wrong_total: 0,
+            busbw_sum: 0.0,
+            rows: 0,
         }
     }
 
@@ -216,21 +432,29 @@ impl Table {
         self
     }
 
-    /// The run's description: a comment, and under `-J` the `{"meta":...}` line first on
-    /// standard output (the command, the machine, the backend and device, the timing).
-    pub fn preamble(&self, text: &str, meta: &Meta) {
+    /// The run's description: a comment, and under `-J -` the `{"meta":...}` line first on
+    /// standard output (the command, the machine, the backend and device, the timing); under
+    /// `-J FILE` the file is created here (an error if it cannot be) with the same meta object.
+    pub fn preamble(&mut self, text: &str, meta: &Meta) -> mscclpp::hal::Result<()> {
         if !self.enabled {
-            return;
+            return Ok(());
         }
+        let line = meta_line(text, meta, &command_line(), &machine());
         if self.json {
-            self.out(&meta_line(text, meta, &command_line(), &machine()));
+            self.out(&line);
+        }
+        if let Some(file) = &self.json_file {
+            let meta: Value = serde_json::from_str(&line)
+                .map_err(|e| mscclpp::hal::Error::Internal(format!("meta line: {e}")))?;
+            let doc = JsonDoc::create(file, meta).map_err(mscclpp::hal::Error::invalid)?;
+            self.comment(&format!("Writing JSON output to {}", doc.path().display()));
+            self.doc = Some(doc);
         }
         self.comment(text);
-        self.comment(&format!(
-            "machine: {}; command: {}",
-            machine(),
-            command_line()
-        ));
+        // Two comments: wrapped, the command then starts a line of its own.
+        self.comment(&format!("machine: {}", machine()));
+        self.comment(&format!("command: {}", command_line()));
+        Ok(())
     }
 
     /// The legend: what each column means, once per run, after the preamble.
@@ -250,21 +474,31 @@ impl Table {
 
     fn out(&self, line: &str) {
         if self.enabled {
-            let mut o = std::io::stdout().lock();
-            let _ = writeln!(o, "{line}");
-            let _ = o.flush();
+            // Unit tests print through the harness's capture (it takes `print!` only).
+            #[cfg(test)]
+            println!("{line}");
+            // A closed pipe (`| head`) is no reason to stop a run: errors are ignored.
+            #[cfg(not(test))]
+            {
+                use std::io::Write;
+                let mut o = std::io::stdout().lock();
+                let _ = writeln!(o, "{line}");
+                let _ = o.flush();
+            }
         }
     }
 
-    /// A `#` comment line.
+    /// A `#` comment, wrapped at [`WIDTH`] characters.
     pub fn comment(&self, text: &str) {
         if !self.enabled {
             return;
         }
-        if self.json {
-            eprintln!("# {text}");
-        } else {
-            self.out(&format!("# {text}"));
+        for line in wrap_comment(text) {
+            if self.json {
+                eprintln!("{line}");
+            } else {
+                self.out(&line);
+            }
         }
     }
 
@@ -329,61 +563,84 @@ impl Table {
     pub fn row_with(&mut self, r: &Row, more: &[Option<Baseline>]) {
         let line = self.row_line(r, more);
         self.out(&line);
+        if self.enabled && self.doc.is_some() {
+            let json = self.json_line(r, more);
+            if let Some(doc) = self.doc.as_mut() {
+                doc.push(&json, r);
+            }
+        }
     }
 
-    /// Counts the row's wrong elements and formats it.
+    /// Counts the row's wrong elements and bus bandwidth and formats it.
     fn row_line(&mut self, r: &Row, more: &[Option<Baseline>]) -> String {
+        self.wrong_total += r.wrong.unwrap_or(0)
+            + std::iter::once(r.baseline)
+                .chain(more.iter().copied())
+                .map(|b| b.map_or(0, |b| b.wrong))
+                .sum::<u64>();
+        self.busbw_sum += r.busbw_gbps;
+        self.rows += 1;
+        if self.json {
+            self.json_line(r, more)
+        } else {
+            self.table_line(r, more)
+        }
+    }
+
+    /// The row as one JSON object (a line of `-J -`, an element of `-J FILE`'s results).
+    fn json_line(&self, r: &Row, more: &[Option<Baseline>]) -> String {
         let figures: Vec<Option<Baseline>> = std::iter::once(r.baseline)
             .chain(more.iter().copied())
             .collect();
         let figure = |k: usize| figures.get(k).copied().flatten();
-        self.wrong_total += r.wrong.unwrap_or(0)
-            + figures
-                .iter()
-                .map(|b| b.map_or(0, |b| b.wrong))
-                .sum::<u64>();
-        if self.json {
-            let mut line = format!(
-                "{{\"bench\":\"{}\",\"size\":{},\"count\":{},\"type\":\"{}\",\"op\":\"{}\",\"root\":{},\"nranks\":{},\"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{}",
-                r.bench,
-                r.bytes,
-                r.count,
-                r.dtype,
-                r.op,
-                or_null(r.root),
-                r.nranks,
-                jnum(r.time_us),
-                jnum(r.algbw_gbps),
-                jnum(r.busbw_gbps),
-                or_null(r.wrong),
-            );
-            if self.algo {
-                line += &format!(",\"algo\":{}", or_null(r.algo.map(|a| format!("\"{a}\""))));
-            }
-            let cpu_key = |c: Option<f64>| {
-                if self.cpu {
-                    format!(",\"cpu_us\":{}", or_null(c.map(jnum)))
-                } else {
-                    String::new()
-                }
-            };
-            line += &cpu_key(r.cpu_us);
-            for (k, name) in self.baseline_names.iter().enumerate() {
-                let value = figure(k).map_or("null".to_string(), |b| {
-                    format!(
-                        "{{\"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{}{}}}",
-                        jnum(b.time_us),
-                        jnum(b.algbw_gbps),
-                        jnum(b.busbw_gbps),
-                        b.wrong,
-                        cpu_key(b.cpu_us)
-                    )
-                });
-                line += &format!(",\"{name}\":{value}");
-            }
-            line.push('}');
-            return line;
+        let mut line = format!(
+            "{{\"bench\":\"{}\",\"size\":{},\"count\":{},\"type\":\"{}\",\"op\":\"{}\",\"root\":{},\"nranks\":{},\"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{}",
+            r.bench,
+            r.bytes,
+            r.count,
+            r.dtype,
+            r.op,
+            or_null(r.root),
+            r.nranks,
+            jnum(r.time_us),
+            jnum(r.algbw_gbps),
+            jnum(r.busbw_gbps),
+            or_null(r.wrong),
+        );
+        if self.algo {
+            line += &format!(",\"algo\":{}", or_null(r.algo.map(|a| format!("\"{a}\""))));
         }
+        let cpu_key = |c: Option<f64>| {
+            if self.cpu {
+                format!(",\"cpu_us\":{}", or_null(c.map(jnum)))
+            } else {
+                String::new()
+            }
+        };
+        line += &cpu_key(r.cpu_us);
+        for (k, name) in self.baseline_names.iter().enumerate() {
+            let value = figure(k).map_or("null".to_string(), |b| {
+                format!(
+                    "{{\"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{}{}}}",
+                    jnum(b.time_us),
+                    jnum(b.algbw_gbps),
+                    jnum(b.busbw_gbps),
+                    b.wrong,
+                    cpu_key(b.cpu_us)
+                )
+            });
+            line += &format!(",\"{name}\":{value}");
+        }
+        line.push('}');
+        line
+    }
+
+    /// The row as a line of the table.
+    fn table_line(&self, r: &Row, more: &[Option<Baseline>]) -> String {
+        let figures: Vec<Option<Baseline>> = std::iter::once(r.baseline)
+            .chain(more.iter().copied())
+            .collect();
+        let figure = |k: usize| figures.get(k).copied().flatten();
         let mut line = format!(
             "  {:>12} {:>12} {:>9} {:>6} {} {} {} {:>8}",
             r.bytes,
@@ -433,9 +690,55 @@ impl Table {
         line
     }
 
-    /// The closing line: wrong values over every row and rank (the baselines' included).
-    pub fn footer(&self) {
-        self.comment(&self.footer_text());
+    /// The closing lines: wrong values over every row and rank (the baselines' included), then
+    /// nccl-tests' two summary lines, spelled as nccl-tests prints them (scripts parse them):
+    /// `# Out of bounds values : N OK|FAILED` and `# Avg bus bandwidth    : X` (the mean of our
+    /// rows' busbw, GB/s, as `%g` prints it). Under `-J FILE` the document gets the same two
+    /// figures (nccl-tests' keys) and is written a last time.
+    pub fn footer(&mut self) {
+        for line in self.footer_lines() {
+            if !self.enabled {
+                break;
+            }
+            if self.json {
+                eprintln!("{line}");
+            } else {
+                self.out(&line);
+            }
+        }
+        let (wrong, avg) = (self.wrong_total, self.avg_busbw());
+        if let Some(doc) = self.doc.as_mut() {
+            doc.finish(wrong, avg);
+        }
+    }
+
+    /// nccl-tests' average bus bandwidth: the mean over the rows (0 without rows).
+    fn avg_busbw(&self) -> f64 {
+        if self.rows == 0 {
+            0.0
+        } else {
+            self.busbw_sum / self.rows as f64
+        }
+    }
+
+    fn footer_lines(&self) -> Vec<String> {
+        let mut lines = wrap_comment(&self.footer_text());
+        lines.push(format!(
+            "# {:<20} : {} {}",
+            "Out of bounds values",
+            self.wrong_total,
+            if self.wrong_total == 0 {
+                "OK"
+            } else {
+                "FAILED"
+            }
+        ));
+        lines.push(format!(
+            "# {:<20} : {}",
+            "Avg bus bandwidth",
+            c_g(self.avg_busbw())
+        ));
+        lines
     }
 
     fn footer_text(&self) -> String {
@@ -520,7 +823,7 @@ mod tests {
     #[test]
     fn one_baseline_prints_as_before() {
         let text = lines(
-            Table::new(false, true, true),
+            Table::new(JsonOut::Off, true, true),
             &[(row(Some(B)), vec![]), (row(None), vec![])],
         );
         assert_eq!(
@@ -533,7 +836,10 @@ mod tests {
                 "# wrong values (all ranks, ours and the baseline's): 3 FAILED",
             ]
         );
-        let text = lines(Table::new(false, true, false), &[(row(None), vec![])]);
+        let text = lines(
+            Table::new(JsonOut::Off, true, false),
+            &[(row(None), vec![])],
+        );
         assert_eq!(
             text,
             [
@@ -543,7 +849,10 @@ mod tests {
                 "# wrong values (all ranks): 0 OK",
             ]
         );
-        let json = lines(Table::new(true, true, false), &[(row(None), vec![])]);
+        let json = lines(
+            Table::new(JsonOut::Lines, true, false),
+            &[(row(None), vec![])],
+        );
         assert_eq!(
             json,
             [
@@ -552,7 +861,7 @@ mod tests {
             ]
         );
         let json = lines(
-            Table::new(true, true, true).with_baselines(&["builtin"]),
+            Table::new(JsonOut::Lines, true, true).with_baselines(&["builtin"]),
             &[(
                 Row {
                     root: None,
@@ -584,7 +893,7 @@ mod tests {
             ..row(None)
         };
         let text = lines(
-            Table::new(false, true, false).with_algo(),
+            Table::new(JsonOut::Off, true, false).with_algo(),
             &[(r.clone(), vec![])],
         );
         assert_eq!(
@@ -595,7 +904,10 @@ mod tests {
                 "       1048576       262144     float    sum      12.50  0.000820    0.0164        0 ll-short",
             ]
         );
-        let json = lines(Table::new(true, true, false).with_algo(), &[(r, vec![])]);
+        let json = lines(
+            Table::new(JsonOut::Lines, true, false).with_algo(),
+            &[(r, vec![])],
+        );
         assert!(
             json[0].contains(r#""wrong":0,"algo":"ll-short","nccl":null}"#),
             "{}",
@@ -619,7 +931,7 @@ mod tests {
 
     #[test]
     fn two_named_baselines_get_columns_and_keys_in_order() {
-        let table = || Table::new(false, true, true).with_baselines(&["builtin", "nccl"]);
+        let table = || Table::new(JsonOut::Off, true, true).with_baselines(&["builtin", "nccl"]);
         let text = lines(
             table(),
             &[(row(Some(B)), vec![Some(N)]), (row(Some(B)), vec![None])],
@@ -644,7 +956,7 @@ mod tests {
             Some("# wrong values (all ranks, ours and the baselines'): 5 FAILED")
         );
         let json = lines(
-            Table::new(true, true, true).with_baselines(&["builtin", "nccl"]),
+            Table::new(JsonOut::Lines, true, true).with_baselines(&["builtin", "nccl"]),
             &[(row(Some(B)), vec![Some(N)]), (row(Some(B)), vec![])],
         );
         assert_eq!(
@@ -655,5 +967,115 @@ mod tests {
                 "# wrong values (all ranks, ours and the baselines'): 6 FAILED",
             ]
         );
+    }
+
+    /// nccl-tests' two summary lines, spelled as it prints them; the average is the mean of
+    /// our rows' busbw (139.81 and 69.9 here), as `%g` writes it.
+    #[test]
+    fn footer_has_nccl_tests_summary_lines() {
+        let mut t = Table::new(JsonOut::Off, true, false);
+        t.row_line(&row(None), &[]);
+        t.row_line(
+            &Row {
+                busbw_gbps: 69.9,
+                wrong: Some(2),
+                ..row(None)
+            },
+            &[],
+        );
+        assert_eq!(
+            t.footer_lines(),
+            [
+                "# wrong values (all ranks): 2 FAILED",
+                "# Out of bounds values : 2 FAILED",
+                "# Avg bus bandwidth    : 104.855",
+            ]
+        );
+        let empty = Table::new(JsonOut::Off, true, false);
+        assert_eq!(empty.footer_lines()[1], "# Out of bounds values : 0 OK");
+        assert_eq!(empty.footer_lines()[2], "# Avg bus bandwidth    : 0");
+        for (v, want) in [
+            (104.855, "104.855"),
+            (1.0, "1"),
+            (0.000123456, "0.000123456"),
+            (0.0000123456, "1.23456e-05"),
+            (1234567.0, "1.23457e+06"),
+            (999999.5, "1e+06"),
+            (12.3456789, "12.3457"),
+        ] {
+            assert_eq!(c_g(v), want, "{v}");
+        }
+    }
+
+    /// Comments wrap at WIDTH characters at spaces, continuation lines indented; a word longer
+    /// than a line stays whole.
+    #[test]
+    fn comments_wrap_at_the_width() {
+        let text = "word ".repeat(60);
+        let lines = wrap_comment(text.trim());
+        assert!(lines.len() > 2, "{lines:?}");
+        assert!(
+            lines.iter().all(|l| l.chars().count() <= WIDTH),
+            "{lines:?}"
+        );
+        assert!(lines[1].starts_with("#   word"), "{lines:?}");
+        let joined: Vec<&str> = lines
+            .iter()
+            .flat_map(|l| l.trim_start_matches('#').split_whitespace())
+            .collect();
+        assert_eq!(joined.len(), 60);
+        let long = format!("a {} b", "x".repeat(150));
+        let lines = wrap_comment(&long);
+        assert_eq!(lines, ["# a", &format!("#   {}", "x".repeat(150)), "#   b"]);
+        assert_eq!(wrap_comment("short"), ["# short"]);
+    }
+
+    /// `-J FILE`: one JSON document with the rows (our keys and nccl-tests'), the summary, and
+    /// never over an existing file (nccl-tests' FILE.0, FILE.1).
+    #[test]
+    fn json_file_is_one_document_beside_the_table() {
+        let dir = std::env::temp_dir().join(format!("mscclpp-perf-doc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("out.json");
+        let meta = Meta {
+            bench: "allreduce",
+            backend: "host".into(),
+            device: "cpu".into(),
+            nranks: 2,
+            timing: "eager launches".into(),
+        };
+        let run = |t: &mut Table| {
+            t.preamble("title", &meta).unwrap();
+            t.row(&row(None));
+            t.row(&Row {
+                wrong: Some(3),
+                ..row(None)
+            });
+            t.footer();
+        };
+        let mut first = Table::new(JsonOut::File(file.clone()), true, false);
+        run(&mut first);
+        let mut second = Table::new(JsonOut::File(file.clone()), true, false);
+        run(&mut second);
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let again = std::fs::read_to_string(dir.join("out.json.0")).unwrap_or_default();
+        let missing = Table::new(JsonOut::File(dir.join("no/such/dir/x.json")), true, false)
+            .preamble("title", &meta);
+        let _ = std::fs::remove_dir_all(&dir);
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["meta"]["bench"], "allreduce");
+        assert_eq!(v["results"].as_array().map(Vec::len), Some(2));
+        assert_eq!(v["results"][0]["busbw"], 139.81);
+        assert_eq!(v["results"][0]["out_of_place"]["bus_bw"], 139.81);
+        assert_eq!(v["results"][1]["out_of_place"]["nwrong"], 3);
+        assert_eq!(v["results"][0]["redop"], "sum");
+        assert_eq!(v["out_of_bounds"]["count"], 3);
+        assert_eq!(v["out_of_bounds"]["okay"], false);
+        assert_eq!(v["average_bus_bandwidth"]["bandwidth"], 139.81);
+        let w: Value = serde_json::from_str(&again).unwrap();
+        assert_eq!(w["results"].as_array().map(Vec::len), Some(2));
+        let e = missing.unwrap_err().to_string();
+        assert!(e.contains("no/such/dir/x.json"), "{e}");
     }
 }
