@@ -265,8 +265,8 @@ fn print_row(n: usize, mode: &str, schedule: Schedule, all: &[Figures]) {
 }
 
 fn print_limits(n: usize) {
-    println!(
-        "# limits: open files {} (soft), processes/threads {} (soft), pid_max {}, threads-max {}, vm.max_map_count {}; {} CPUs",
+    let text = format!(
+        "limits: open files {} (soft), processes/threads {} (soft), pid_max {}, threads-max {}, vm.max_map_count {}; {} CPUs",
         limit("Max open files").map_or("?".into(), |v| v.to_string()),
         limit("Max processes").map_or("?".into(), |v| v.to_string()),
         read_num("/proc/sys/kernel/pid_max").map_or("?".into(), |v| v.to_string()),
@@ -274,6 +274,10 @@ fn print_limits(n: usize) {
         read_num("/proc/sys/vm/max_map_count").map_or("?".into(), |v| v.to_string()),
         std::thread::available_parallelism().map_or(0, |p| p.get()),
     );
+    // Wrapped as every comment of the tool (at 100 characters).
+    for line in crate::report::wrap_comment(&text) {
+        println!("{line}");
+    }
     println!("# {n} ranks; figures are the slowest rank's (links: open bootstrap connections)");
 }
 
