@@ -102,12 +102,12 @@ unsafe fn c_string(p: *const c_char) -> Option<String> {
 /// # Safety
 /// `config` is non-NULL and points to `size` readable bytes that start with an
 /// `ncclCollConfig_t` header.
-unsafe fn copy_in(config: *const NcclCollConfig, name: &str) -> Res<NcclCollConfig> {
+unsafe fn copy_in(config: *const NcclCollConfig) -> Res<NcclCollConfig> {
     // SAFETY: every ncclCollConfig_t starts with its size (caller's contract).
     let size = unsafe { config.cast::<usize>().read_unaligned() };
     if size < COLL_CONFIG_MIN_SIZE {
         return Err(Failure::argument(format!(
-            "{name}: config->size {size} is smaller than NCCL 2.31's ncclCollConfig_t ({COLL_CONFIG_MIN_SIZE} bytes): initialise it with NCCL_COLLCONFIG_INITIALIZER"
+            "config->size {size} is smaller than NCCL 2.31's ncclCollConfig_t ({COLL_CONFIG_MIN_SIZE} bytes): initialise it with NCCL_COLLCONFIG_INITIALIZER"
         )));
     }
     let mut raw = NcclCollConfig::INITIALIZER;
@@ -123,13 +123,13 @@ unsafe fn copy_in(config: *const NcclCollConfig, name: &str) -> Res<NcclCollConf
     };
     if raw.magic != NCCL_API_MAGIC {
         return Err(Failure::argument(format!(
-            "{name}: config->magic {:#x}, expected {NCCL_API_MAGIC:#x}: initialise the ncclCollConfig_t with NCCL_COLLCONFIG_INITIALIZER",
+            "config->magic {:#x}, expected {NCCL_API_MAGIC:#x}: initialise the ncclCollConfig_t with NCCL_COLLCONFIG_INITIALIZER",
             raw.magic
         )));
     }
     if raw.version < COLL_CONFIG_SINCE {
         return Err(Failure::argument(format!(
-            "{name}: config->version {}: ncclCollConfig_t exists from NCCL 2.31 ({COLL_CONFIG_SINCE}); initialise it with NCCL_COLLCONFIG_INITIALIZER",
+            "config->version {}: ncclCollConfig_t exists from NCCL 2.31 ({COLL_CONFIG_SINCE}); initialise it with NCCL_COLLCONFIG_INITIALIZER",
             raw.version
         )));
     }
@@ -188,7 +188,7 @@ fn selection(sel: &str, force: bool, op: Option<Op>, name: &str) -> Res<PerCall>
     }
     if force {
         return Err(Failure::argument(format!(
-            "{name}: config->algSelection {sel:?} cannot be honoured: expected one of this library's algorithms ({}) or NCCL's ({}); set forceAlgSelection = 0 to fall back to automatic selection",
+            "config->algSelection {sel:?} cannot be honoured: expected one of this library's algorithms ({}) or NCCL's ({}); set forceAlgSelection = 0 to fall back to automatic selection",
             AlgorithmId::ALL.map(AlgorithmId::name).join(", "),
             "Ring, Tree, NVLS, NVLSTree, CollNetDirect, CollNetChain, PAT"
         )));
@@ -262,23 +262,23 @@ pub unsafe fn read(config: *const NcclCollConfig, op: Option<Op>, name: &str) ->
         return Ok(PerCall::default());
     }
     // SAFETY: non-NULL; the caller's contract.
-    let raw = unsafe { copy_in(config, name)? };
+    let raw = unsafe { copy_in(config)? };
     if raw.force_alg_selection != 0 && raw.force_alg_selection != 1 {
         return Err(Failure::argument(format!(
-            "{name}: config->forceAlgSelection {} must be 0 or 1",
+            "config->forceAlgSelection {} must be 0 or 1",
             raw.force_alg_selection
         )));
     }
     let all = NCCL_CTA_POLICY_EFFICIENCY | NCCL_CTA_POLICY_ZERO;
     if raw.cta_policy != NCCL_CONFIG_UNDEF_INT && !(0..=all).contains(&raw.cta_policy) {
         return Err(Failure::argument(format!(
-            "{name}: config->CTAPolicy {} is not a combination of NCCL_CTA_POLICY_* bits (0 to {all})",
+            "config->CTAPolicy {} is not a combination of NCCL_CTA_POLICY_* bits (0 to {all})",
             raw.cta_policy
         )));
     }
     if !raw.launch_completion_event.is_null() {
         return Err(Failure::usage(format!(
-            "{name}: config->launchCompletionEvent {:p}: recording a caller's event at launch completion is not supported by this library yet; pass NULL and record an event on the stream after the call",
+            "config->launchCompletionEvent {:p}: recording a caller's event at launch completion is not supported by this library yet; pass NULL and record an event on the stream after the call",
             raw.launch_completion_event
         )));
     }
@@ -393,10 +393,8 @@ mod tests {
         // Gather and scatter run as sends and receives: nothing to choose.
         c.alg_selection = c"direct".as_ptr();
         // SAFETY: as in read_of.
-        assert_eq!(
-            unsafe { read(&c, None, "test") }.unwrap(),
-            PerCall::default()
-        );
+        let p = unsafe { read(&c, None, "test") }.unwrap();
+        assert_eq!(p, PerCall::default());
     }
 
     #[test]
