@@ -19,12 +19,16 @@
 //!   `ncclInvalidUsage` and `ncclGetLastError` says to set `MSCCLPP_NCCL_LIB_PATH`.
 //! - **PreMulSum** (`ncclRedOpCreatePreMulSum`, module [`premul`]): native, a sum and then the
 //!   output scaled on the same stream.
+//! - **NCCL 2.29–2.32's additions** (`exports_229`, `exports_232`): every host function of 2.32.6's
+//!   `nccl.h` and `nccl_device/host.h` is exported, served or refused naming itself; the
+//!   `nccl*Config` collectives run the plain calls with what their `ncclCollConfig_t` asks
+//!   (module [`collconfig`]). `ncclGetVersion` says 2.32.6.
 //! - **Registration** (module [`register`]): `ncclCommWindowRegister` of `ncclMemAlloc` memory
 //!   registers collectively for zero copy; `ncclCommRegister` (local) records only.
 //!
 //! ## Communicator lifecycle (native; see [`lifecycle`])
 //! `ncclCommInitRank`, `ncclCommInitRankConfig` (`ncclConfig_t` read as NCCL reads it: at most
-//! `size` bytes of 2.28's layout, the magic, fields newer than the caller's `version` unset;
+//! `size` bytes of 2.32's layout, the magic, fields newer than the caller's `version` unset;
 //! `NCCL_COMM_BLOCKING` overrides `blocking`), `ncclCommInitRankScalable` (the first id is the
 //! root), `ncclCommInitAll` (a thread per device inside the call; a device may repeat; any
 //! `ndev` on the host backend), `ncclCommSplit` and `ncclCommShrink` (views of the parent's

@@ -1,8 +1,8 @@
-//! The exports NCCL added after 2.28's `nccl.h` (up to 2.30.7, the newest release), plus the
-//! host functions of NCCL's device-API headers (`nccl_device/*.h`) that take a communicator or a
-//! window and that `exports` does not export yet. The communicator calls (and `ncclResetDebugInit`)
-//! are here; the window and one-sided calls are in `windows.rs`, the parameter registry in
-//! `params.rs`.
+//! The exports NCCL added after 2.28's `nccl.h` up to 2.30.7 (2.31–2.32's are in `exports_232`),
+//! plus the host functions of NCCL's device-API headers (`nccl_device/*.h`) that take a
+//! communicator or a window and that `exports` does not export yet. The communicator calls (and
+//! `ncclResetDebugInit`) are here; the window and one-sided calls are in `windows.rs`, the
+//! parameter registry in `params.rs`.
 //!
 //! Every symbol of the newest `nccl.h` must be this library's: under `LD_PRELOAD`, a symbol we
 //! leave undefined resolves to the real `libnccl.so`, which would be handed our handle (a serial
