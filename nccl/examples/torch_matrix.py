@@ -89,6 +89,67 @@ def f_pow2_sizes(c):
         exact(out, torch.cat([sum(data(r, n, salt=9) for r in range(c.world))] * c.world))
 
 
+def pattern(r, n, dev, dtype, salt=0):
+    # Small integers made on the device (no host copy of a tensor this large): exact in every
+    # type the sums are checked in.
+    i = torch.arange(n, device=dev, dtype=torch.int64)
+    return ((i * 7 + r * 3 + salt) % 16 - 8).to(dtype)
+
+
+def f_segments(c):
+    # Tensors larger than one segment of the caching allocator, and views that start inside
+    # one: under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True such a tensor spans several
+    # cuMemMap mappings (one virtual range), which NCCL serves.
+    n = 128 << 20  # 256 MiB of bfloat16
+    x = pattern(c.rank, n, c.dev, torch.bfloat16)
+    dist.all_reduce(x)
+    want = sum(pattern(r, n, c.dev, torch.float32) for r in range(c.world))
+    assert torch.equal(x.float(), want), "all_reduce of 256 MiB of bfloat16"
+    del x, want
+    base = torch.empty(n + 4099, device=c.dev, dtype=torch.float32)
+    v = base[4099:]
+    v.copy_(pattern(c.rank, n, c.dev, torch.float32, 1))
+    dist.all_reduce(v)
+    want = sum(pattern(r, n, c.dev, torch.float32, 1) for r in range(c.world))
+    assert torch.equal(v, want), "all_reduce of a view starting inside a segment"
+    del base, v, want
+    m = 32 << 20
+    x = pattern(c.rank, m, c.dev, torch.float32, 2)
+    out = torch.full((c.world * m,), float("nan"), device=c.dev)
+    dist.all_gather_into_tensor(out, x)
+    want = torch.cat([pattern(r, m, c.dev, torch.float32, 2) for r in range(c.world)])
+    assert torch.equal(out, want), "all_gather_into_tensor of 128 MiB per rank"
+    del x, out, want
+    x = pattern(c.rank, c.world * m, c.dev, torch.float32, 3)
+    out = torch.full((m,), float("nan"), device=c.dev)
+    dist.reduce_scatter_tensor(out, x)
+    full = sum(pattern(r, c.world * m, c.dev, torch.float32, 3) for r in range(c.world))
+    assert torch.equal(out, full[c.rank * m:(c.rank + 1) * m]), "reduce_scatter_tensor"
+    del x, out, full
+    torch.cuda.empty_cache()
+
+
+def f_huge(c):
+    # 2^31 + 3 elements of bfloat16 (4 GiB a rank): counts past 32 bits, over many segments.
+    # Filled and checked in chunks (a whole int64 index would be 16 GiB).
+    n, step = (1 << 31) + 3, 1 << 27
+
+    def chunk(r, s, e):
+        i = torch.arange(s, e, device=c.dev, dtype=torch.int64)
+        return (i * 7 + r * 3 + 4) % 16 - 8
+
+    x = torch.empty(n, device=c.dev, dtype=torch.bfloat16)
+    for s in range(0, n, step):
+        x[s:min(n, s + step)] = chunk(c.rank, s, min(n, s + step)).to(torch.bfloat16)
+    dist.all_reduce(x)
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        want = sum(chunk(r, s, e) for r in range(c.world)).float()
+        assert torch.equal(x[s:e].float(), want), f"all_reduce of 2^31+3 bfloat16: [{s}, {e})"
+    del x
+    torch.cuda.empty_cache()
+
+
 def f_allgather(c):
     n = 12345
     x = data(c.rank, n, salt=3).to(c.dev)
@@ -334,8 +395,10 @@ FEATURES = {
     "gather_scatter": f_gather_scatter, "objects": f_objects, "new_group": f_new_group,
     "split_group": f_split_group, "coalescing": f_coalescing, "graphs": f_graphs,
     "functional": f_functional, "ddp": f_ddp, "fsdp2": f_fsdp2, "barrier": f_barrier,
-    "pow2_sizes": f_pow2_sizes,
+    "pow2_sizes": f_pow2_sizes, "segments": f_segments,
 }
+# Opt-in (--features huge): 4 GiB a rank.
+OPT_IN = {"huge": f_huge}
 
 
 def main():
@@ -358,7 +421,7 @@ def main():
     c = Ctx(dev, dist.get_rank(), dist.get_world_size())
     for name in args.features.split(","):
         try:
-            FEATURES[name](c)
+            (FEATURES.get(name) or OPT_IN[name])(c)
             torch.cuda.synchronize()
             report(name, True)
         except Exception as e:  # noqa: BLE001
