@@ -23,7 +23,7 @@ use crate::algorithms::p2p::{P2p, P2pOp};
 use crate::algorithms::read::Read;
 use crate::call::{self, CollectiveCall};
 use crate::order::LaunchOrder;
-use crate::policy::{Policy, REGISTERED_READ_RANGE, Settings};
+use crate::policy::{Policy, REGISTERED_READ_RANGE, Settings, Tuning};
 use crate::window::Window;
 
 /// Packet bytes of one LL scratch slot: 2 MiB of packets carry 1 MiB of data per peer per round
@@ -99,15 +99,18 @@ impl<A: Api> Collectives<A> {
                 "slot of {slot_bytes} bytes: a positive multiple of 16 is needed"
             )));
         }
-        let settings = Settings::from_env()?;
+        let mut settings = Settings::from_env()?;
+        // The choice by size follows this backend's measurements (a CPU's costs are not a GPU's).
+        settings.policy.tuning = Tuning::of(comm.device().info().backend);
         // The short kernels' switch is not agreed: they interoperate with the general ones.
         agree(
             &comm,
             "collective settings",
             format!(
-                "slot {slot_bytes} B, algorithms {:?}, copy engines by size from {:?} B, LL \
-                 threads {:?}, LL packets per block {}",
+                "slot {slot_bytes} B, algorithms {:?} ({:?} thresholds), copy engines by size \
+                 from {:?} B, LL threads {:?}, LL packets per block {}",
                 settings.policy.choices,
+                settings.policy.tuning,
                 settings.policy.ce_from,
                 settings.ll_threads,
                 settings.ll_packets_per_block

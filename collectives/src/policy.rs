@@ -10,11 +10,13 @@
 //! `read` for all-reduce; `ce` for every collective) forces one per collective;
 //! a forced algorithm that cannot serve a call (too large, or not set up here) leaves that call
 //! to the default choice. The thresholds are where the measurements in docs/performance.md
-//! cross over.
+//! cross over, per backend ([`Tuning`]): the above is the GPUs' choice; on the host backend the
+//! direct algorithm serves every non-empty call (its LL packets cost a CPU several times what a
+//! copy does, at every size measured).
 
 use std::ops::Range;
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_hal::{BackendKind, Error, Result};
 
 use crate::CollectiveKind;
 
@@ -27,19 +29,48 @@ pub(crate) enum Choice {
     Forced(AlgorithmId),
 }
 
-/// Rank-block bytes from which the direct algorithm serves `kind` when not forced.
-pub(crate) fn direct_threshold(kind: CollectiveKind) -> u64 {
-    match kind {
-        CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
-            2 << 20
+/// Whose measurements the choice by size follows: a GPU's and a CPU's costs differ too much
+/// for one set of thresholds (the GPUs' made the host backend up to 36x slower than it can be).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tuning {
+    /// CUDA and ROCm: LL, LL128 for mid-size all-reduces, direct from a size per collective
+    /// (2 x H200; docs/performance.md, "Figures formerly in code comments").
+    Gpu,
+    /// The host backend (ranks as CPU threads): direct for every non-empty call; LL and LL128
+    /// only when forced (docs/performance.md, "Host backend: the choice by size").
+    Host,
+}
+
+impl Tuning {
+    /// The tuning for a communicator on `backend`.
+    pub(crate) fn of(backend: BackendKind) -> Tuning {
+        match backend {
+            BackendKind::Host => Tuning::Host,
+            BackendKind::Cuda | BackendKind::Rocm => Tuning::Gpu,
         }
-        CollectiveKind::Broadcast => 512 << 10,
-        CollectiveKind::AllToAll => 1 << 20,
+    }
+}
+
+/// Rank-block bytes from which the direct algorithm serves `kind` when not forced.
+pub(crate) fn direct_threshold(kind: CollectiveKind, tuning: Tuning) -> u64 {
+    match (tuning, kind) {
+        (
+            Tuning::Gpu,
+            CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter,
+        ) => 2 << 20,
+        (Tuning::Gpu, CollectiveKind::Broadcast) => 512 << 10,
+        (Tuning::Gpu, CollectiveKind::AllToAll) => 1 << 20,
+        // On a CPU an LL packet (8 bytes stored and polled per 4 of data) costs several times
+        // a copy: direct was the fastest or within the noise at every size measured, every
+        // collective (2 ranks 1 KiB - 16 MiB, 4 ranks 1 KiB - 1 MiB; docs/performance.md).
+        // Empty calls stay with LL, as on the GPUs.
+        (Tuning::Host, _) => 1,
     }
 }
 
 /// All-reduce rank-block bytes LL128 serves when not forced (where it fits: one round). Below,
-/// its per-line agreement costs more latency than its 94 % payload saves.
+/// its per-line agreement costs more latency than its 94 % payload saves. GPUs only: on the
+/// host backend LL128 took 1.1 to 4.6 times direct's time at every size it fits (2, 4 ranks).
 pub(crate) const LL128_RANGE: Range<u64> = (256 << 10)..(2 << 20);
 
 /// All-reduce rank-block bytes for which a registered input takes the read algorithm (zero copy)
@@ -89,6 +120,8 @@ pub(crate) struct Policy {
     /// `MSCCLPP_CE_AUTO_BYTES`: rank-block bytes from which a collective chosen by size takes
     /// the copy-engine path where it serves the call (`None`: never).
     pub ce_from: Option<u64>,
+    /// Whose thresholds the choice by size follows (the communicator's backend's).
+    pub tuning: Tuning,
 }
 
 impl Policy {
@@ -113,10 +146,15 @@ impl Policy {
             {
                 AlgorithmId::Ce
             }
-            _ if fits(AlgorithmId::Ll128) && LL128_RANGE.contains(&block_bytes) => {
+            _ if self.tuning == Tuning::Gpu
+                && fits(AlgorithmId::Ll128)
+                && LL128_RANGE.contains(&block_bytes) =>
+            {
                 AlgorithmId::Ll128
             }
-            _ if fits(AlgorithmId::Direct) && block_bytes >= direct_threshold(kind) => {
+            _ if fits(AlgorithmId::Direct)
+                && block_bytes >= direct_threshold(kind, self.tuning) =>
+            {
                 AlgorithmId::Direct
             }
             _ => AlgorithmId::Ll,
@@ -191,7 +229,12 @@ impl Settings {
             b => b,
         };
         Ok(Settings {
-            policy: Policy { choices, ce_from },
+            // The communicator's backend sets its own (`Collectives::on_backend`).
+            policy: Policy {
+                choices,
+                ce_from,
+                tuning: Tuning::Gpu,
+            },
             ll_threads: threads_per_block(
                 "MSCCLPP_LL_THREADS",
                 env::parse("MSCCLPP_LL_THREADS", "threads per block")?,
@@ -263,6 +306,7 @@ mod tests {
         Policy {
             choices: [Choice::Auto; 5],
             ce_from: None,
+            tuning: Tuning::Gpu,
         }
     }
 
@@ -356,6 +400,122 @@ mod tests {
         assert_eq!(at(ReduceScatter, 2 * MIB), Direct);
         // LL128 serves all-reduce only.
         assert_eq!(at(AllGather, 512 * KIB), LlShort);
+    }
+
+    /// The host backend: every algorithm set up; LL128 (all-reduce) and the short kernels
+    /// (not broadcast) up to one round of the default 2 MiB slot.
+    fn host(kind: CollectiveKind, bytes: u64) -> impl Fn(AlgorithmId) -> bool {
+        move |a| match a {
+            Ll | Direct => true,
+            LlShort => kind != Broadcast && bytes > 0 && bytes <= MIB,
+            Ll128 => kind == AllReduce && bytes <= 1920 * KIB,
+            Read => kind == AllReduce && bytes <= 4 * MIB,
+            Ce | Hier => false,
+        }
+    }
+
+    fn on_host(mut p: Policy) -> Policy {
+        p.tuning = Tuning::Host;
+        p
+    }
+
+    #[test]
+    fn the_backend_picks_its_tuning() {
+        assert_eq!(Tuning::of(BackendKind::Host), Tuning::Host);
+        assert_eq!(Tuning::of(BackendKind::Cuda), Tuning::Gpu);
+        assert_eq!(Tuning::of(BackendKind::Rocm), Tuning::Gpu);
+    }
+
+    #[test]
+    fn the_host_backend_takes_direct_for_every_non_empty_call() {
+        // docs/performance.md, "Host backend: the choice by size": direct was the fastest (or
+        // within the noise) everywhere measured, where the GPUs' thresholds took LL, the short
+        // kernels or LL128 up to 14x slower (all-gather bf16 2 MiB: 3 883 us against 267).
+        let p = on_host(auto());
+        for kind in CollectiveKind::ALL {
+            for b in [1, KIB, 64 * KIB, 512 * KIB, MIB, 2 * MIB, 16 * MIB, 1 << 30] {
+                assert_eq!(p.choose(kind, b, host(kind, b)), Direct, "{kind:?} {b}");
+            }
+            // An empty call runs no data: LL, as on the GPUs.
+            assert_eq!(p.choose(kind, 0, host(kind, 0)), Ll, "{kind:?}");
+            // Without the direct algorithm: LL (its short kernels where they fit).
+            assert_eq!(p.choose(kind, MIB, ll_only), Ll, "{kind:?}");
+        }
+        // A forced algorithm still wins on the host.
+        let ll = on_host(forced(AllGather, "ll"));
+        assert_eq!(ll.choose(AllGather, KIB, host(AllGather, KIB)), LlShort);
+        assert_eq!(ll.choose(AllGather, 4 * MIB, host(AllGather, 4 * MIB)), Ll);
+        let ll128 = on_host(forced(AllReduce, "ll128"));
+        assert_eq!(
+            ll128.choose(AllReduce, 512 * KIB, host(AllReduce, 512 * KIB)),
+            Ll128
+        );
+        // The copy-engine threshold applies there too.
+        let mut ce = on_host(auto());
+        ce.ce_from = Some(MIB);
+        let with_ce = |k, b| move |a| a == Ce || host(k, b)(a);
+        assert_eq!(ce.choose(AllToAll, MIB, with_ce(AllToAll, MIB)), Ce);
+        assert_eq!(ce.choose(AllToAll, KIB, with_ce(AllToAll, KIB)), Direct);
+    }
+
+    /// The GPUs' choice before the host backend had its own tuning, copied here: the host's
+    /// thresholds must not move a GPU's choice.
+    fn gpu_choice_before(
+        kind: CollectiveKind,
+        b: u64,
+        fits: impl Fn(AlgorithmId) -> bool,
+    ) -> AlgorithmId {
+        let family = if fits(Ll128) && ((256 * KIB)..(2 * MIB)).contains(&b) {
+            Ll128
+        } else if fits(Direct)
+            && b >= match kind {
+                AllReduce | AllGather | ReduceScatter => 2 * MIB,
+                Broadcast => 512 * KIB,
+                AllToAll => MIB,
+            }
+        {
+            Direct
+        } else {
+            Ll
+        };
+        if family == Ll && fits(LlShort) {
+            LlShort
+        } else {
+            family
+        }
+    }
+
+    #[test]
+    fn the_gpu_choice_is_unchanged_by_the_host_tuning() {
+        let p = auto();
+        let mut sizes = vec![0, 1, 4, 1000];
+        // Every power of two from 1 KiB to 1 GiB, and its neighbours.
+        for e in 10..=30 {
+            sizes.extend([(1u64 << e) - 4, 1 << e, (1 << e) + 4]);
+        }
+        sizes.push(1920 * KIB);
+        sizes.push(1920 * KIB + 4);
+        for kind in CollectiveKind::ALL {
+            for &b in &sizes {
+                assert_eq!(
+                    p.choose(kind, b, h200(kind, b)),
+                    gpu_choice_before(kind, b, h200(kind, b)),
+                    "{kind:?} {b}"
+                );
+                assert_eq!(p.choose(kind, b, ll_only), Ll, "{kind:?} {b}");
+            }
+        }
+        // The same sizes on the host differ (LL, LL128, short kernels below the GPUs'
+        // thresholds), so the two tunings are really apart.
+        let h = on_host(auto());
+        assert_ne!(
+            h.choose(AllGather, MIB, h200(AllGather, MIB)),
+            p.choose(AllGather, MIB, h200(AllGather, MIB))
+        );
+        assert_ne!(
+            h.choose(AllReduce, MIB, h200(AllReduce, MIB)),
+            p.choose(AllReduce, MIB, h200(AllReduce, MIB))
+        );
     }
 
     #[test]

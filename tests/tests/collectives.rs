@@ -977,6 +977,26 @@ const TYPED: &[(&str, &str)] = &[("MSCCLPP_TEST_TYPED", "1")];
 /// Odd ranks keep one-round calls on the general LL kernel, even ranks take the short kernels.
 const SHORT_MIXED: &[(&str, &str)] = &[("MSCCLPP_TEST_SHORT_ODD_OFF", "1")];
 
+/// Forces LL (its short kernels where a call fits them) for every collective: the host
+/// backend's choice by size never takes it.
+const LL: &[(&str, &str)] = &[
+    ("MSCCLPP_ALGO_ALLREDUCE", "ll"),
+    ("MSCCLPP_ALGO_ALLGATHER", "ll"),
+    ("MSCCLPP_ALGO_REDUCESCATTER", "ll"),
+    ("MSCCLPP_ALGO_BROADCAST", "ll"),
+    ("MSCCLPP_ALGO_ALLTOALL", "ll"),
+];
+
+/// [`SHORT_MIXED`] with LL forced, for the host backend (where direct is chosen otherwise).
+const SHORT_MIXED_LL: &[(&str, &str)] = &[
+    ("MSCCLPP_TEST_SHORT_ODD_OFF", "1"),
+    ("MSCCLPP_ALGO_ALLREDUCE", "ll"),
+    ("MSCCLPP_ALGO_ALLGATHER", "ll"),
+    ("MSCCLPP_ALGO_REDUCESCATTER", "ll"),
+    ("MSCCLPP_ALGO_BROADCAST", "ll"),
+    ("MSCCLPP_ALGO_ALLTOALL", "ll"),
+];
+
 /// The copy-engine algorithm forced for every collective (reduce-scatter and all-reduce with
 /// their small reduction kernel), with 4 KiB of scratch so that larger counts take many chunks
 /// (GPUs: the default scratch), and its burst and graph checks.
@@ -1012,7 +1032,8 @@ const CE_GPU: &[(&str, &str)] = &[
 ];
 
 /// Nothing forced, the copy engines chosen by size from 4 KiB per rank block
-/// (`MSCCLPP_CE_AUTO_BYTES`): the matrix's small counts take LL, its large ones the copy engines.
+/// (`MSCCLPP_CE_AUTO_BYTES`): the matrix's small counts take the usual choice (LL on GPUs,
+/// direct on the host backend), its large ones the copy engines.
 const CE_BY_SIZE: &[(&str, &str)] = &[
     ("MSCCLPP_CE_AUTO_BYTES", "4096"),
     (
@@ -1105,11 +1126,15 @@ fn main() {
     type Env = &'static [(&'static str, &'static str)];
     // Host trials: (name, ranks, slot bytes, counts, environment). Small slots force many
     // rounds: 256-byte slots carry 128 data bytes per peer per round.
-    let host: [(&str, usize, u64, &'static str, Env); 18] = [
-        ("2_ranks", 2, 256, "1,3,37,1001", &[]),
+    let host: [(&str, usize, u64, &'static str, Env); 19] = [
+        // LL forced: the host backend's choice by size takes direct for every call (the
+        // direct:: trials below), and these small slots make LL run many rounds.
+        ("ll::2_ranks", 2, 256, "1,3,37,1001", LL),
+        ("ll::3_ranks", 3, 512, "1,5,333", LL),
+        ("ll::4_ranks", 4, 1024, "1,7,300", LL),
+        ("ll::8_ranks", 8, 4096, "1,129", LL),
+        // Nothing forced: the choice by size (direct on the host).
         ("3_ranks", 3, 512, "1,5,333", &[]),
-        ("4_ranks", 4, 1024, "1,7,300", &[]),
-        ("8_ranks", 8, 4096, "1,129", &[]),
         // The direct algorithm, forced at every size: chunks of 4 KiB per step make the larger
         // counts take several steps.
         ("direct::2_ranks", 2, 256, "1,3,37,5001", DIRECT),
@@ -1124,7 +1149,7 @@ fn main() {
         ("read::4_ranks_staged", 4, 256, "1,7,2100", READ_STAGED),
         ("read::8_ranks", 8, 4096, "1,129", READ_REGISTERED),
         // Short and general LL kernels mixed across ranks.
-        ("short_mixed::3_ranks", 3, 512, "1,5,333", SHORT_MIXED),
+        ("short_mixed::3_ranks", 3, 512, "1,5,333", SHORT_MIXED_LL),
         // The copy-engine algorithm (no kernel), 4 KiB chunks.
         ("ce::2_ranks", 2, 256, "1,3,37,5001", CE),
         ("ce::3_ranks", 3, 256, "1,5,3333", CE),
@@ -1142,7 +1167,7 @@ fn main() {
     // Some of the same matrices over the host backend's own types (`Collectives<Host>`), not
     // the trait objects.
     let typed_host: [(&str, usize, u64, &'static str, Env); 3] = [
-        ("2_ranks", 2, 256, "1,3,37,5001", &[]),
+        ("ll::2_ranks", 2, 256, "1,3,37,5001", LL),
         ("3_ranks", 3, 512, "1,5,333", &[]),
         ("ce::2_ranks", 2, 256, "1,37,5001", CE),
     ];

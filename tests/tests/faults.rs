@@ -751,7 +751,8 @@ fn main() {
         // a rank that never connected cannot be seen dying), naming the missing rank.
         phase_trial("bootstrap", &[("MSCCLPP_BOOTSTRAP_TIMEOUT", "2")]),
         phase_trial("connect", &[]),
-        phase_trial("ll", &[]),
+        // Forced: the host backend's choice by size takes direct for every call.
+        phase_trial("ll", &[("MSCCLPP_ALGO_ALLREDUCE", "ll")]),
         phase_trial("direct", &[]),
         phase_trial("port", &[]),
         phase_trial("ce", &[]),
