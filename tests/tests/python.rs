@@ -66,16 +66,38 @@ fn python_package_builds_and_its_tests_pass_or_skipped() {
         report!("skipped: pip could not reach the package index for maturin, pytest and numpy");
         return;
     }
-    // The pytest summary line (counts of passed and skipped) in every run's log.
+    // The pytest summary line (counts of passed and skipped) in every run's log. ci/python.sh's
+    // own lines already start with "python:": they are not prefixed twice.
     for line in stdout
         .lines()
         .filter(|l| l.contains("passed") || l.starts_with("python:"))
     {
-        report!("python: {line}");
+        report!("{}", prefixed(line));
     }
     assert!(
         out.status.success(),
         "ci/python.sh failed ({}):\n{stdout}\n{stderr}",
         out.status
+    );
+}
+
+/// `line` of ci/python.sh's output as this test reports it: with one `python: ` in front.
+fn prefixed(line: &str) -> String {
+    if line.starts_with("python:") {
+        line.to_owned()
+    } else {
+        format!("python: {line}")
+    }
+}
+
+#[test]
+fn reported_lines_carry_one_prefix() {
+    assert_eq!(
+        prefixed("python: pip install ./python took 3 s"),
+        "python: pip install ./python took 3 s"
+    );
+    assert_eq!(
+        prefixed("364 passed, 2 skipped in 80s"),
+        "python: 364 passed, 2 skipped in 80s"
     );
 }
