@@ -160,10 +160,36 @@ def worker(rank, world, uid_q, res_q):
         for p in range(world):
             equal(ys[p], vals(p * world + rank, n, 9, np.int32), f"from rank {p}")
 
+    def c_memory_kinds():
+        # Memory NCCL serves besides cudaMalloc: managed memory, page-locked host memory (one
+        # address for host and device), and a stream-ordered pool's (cudaMallocAsync).
+        n = 5000
+        want = np.sum(np.stack(all_in(n, 10, np.float32)), axis=0)
+        managed = cp.ndarray((n,), np.float32, cp.cuda.malloc_managed(n * 4))
+        managed[...] = put(vals(rank, n, 10, np.float32))
+        cp.cuda.Device().synchronize()
+        comm.allReduce(managed.data.ptr, managed.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, sp)
+        equal(managed, want, "managed memory")
+        pinned = cp.cuda.alloc_pinned_memory(n * 4)
+        host = np.frombuffer(pinned, np.float32, n)
+        host[:] = vals(rank, n, 10, np.float32)
+        comm.allReduce(pinned.ptr, pinned.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, sp)
+        stream.synchronize()
+        if not np.array_equal(host, want):
+            raise AssertionError(f"page-locked host memory: {np.count_nonzero(host != want)} wrong")
+        pool = cp.cuda.MemoryAsyncPool()
+        pooled = cp.ndarray((n,), np.float32, pool.malloc(n * 4))
+        pooled[...] = put(vals(rank, n, 10, np.float32))
+        cp.cuda.Device().synchronize()
+        out = poison(n, np.float32)
+        comm.allReduce(pooled.data.ptr, out.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, sp)
+        equal(out, want, "stream-ordered pool")
+
     cases = [("allReduce", c_allreduce), ("allReduce_inplace", c_allreduce_inplace),
              ("allGather", c_allgather), ("reduceScatter", c_reducescatter), ("bcast", c_bcast),
              ("broadcast", c_broadcast), ("reduce", c_reduce),
-             ("send_recv_ring_group", c_sendrecv_ring), ("alltoall_send_recv_group", c_alltoall_sendrecv)]
+             ("send_recv_ring_group", c_sendrecv_ring), ("alltoall_send_recv_group", c_alltoall_sendrecv),
+             ("memory_kinds", c_memory_kinds)]
     failed = []
     for name, fn in cases:
         faulthandler.dump_traceback_later(50, exit=True)
