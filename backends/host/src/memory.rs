@@ -80,6 +80,19 @@ extern "C" fn teardown_at_exit() {
     }
 }
 
+/// A new zero-filled shared-memory file of `len` bytes.
+fn memory_file(len: usize) -> Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create("mscclpp-device-memory", MemfdFlags::CLOEXEC)
+        .map_err(|e| Error::io("memfd_create for host device memory", e.into()))?;
+    rustix::fs::ftruncate(&fd, len as u64).map_err(|e| {
+        Error::io(
+            format!("sizing host device memory to {len} bytes"),
+            e.into(),
+        )
+    })?;
+    Ok(fd)
+}
+
 /// One shared-memory mapping, made here or imported.
 #[derive(Debug)]
 pub struct ShmAllocation {
@@ -106,15 +119,7 @@ impl ShmAllocation {
                 "allocation of {len} bytes: the host backend allocates 1 byte to {MAX_ALLOCATION} bytes"
             )));
         }
-        let fd = rustix::fs::memfd_create("mscclpp-device-memory", MemfdFlags::CLOEXEC)
-            .map_err(|e| Error::io("memfd_create for host device memory", e.into()))?;
-        rustix::fs::ftruncate(&fd, len as u64).map_err(|e| {
-            Error::io(
-                format!("sizing host device memory to {len} bytes"),
-                e.into(),
-            )
-        })?;
-        Self::map(fd, len, kind, device, false, None)
+        Self::map(memory_file(len)?, len, kind, device, false, None)
     }
 
     /// Allocates `len` bytes of zero-filled shared memory mapped over `at` (page aligned), which
@@ -124,15 +129,14 @@ impl ShmAllocation {
     /// `at..at + len` is address space the caller reserved and owns, used by nothing else:
     /// the mapping replaces whatever is there.
     pub(crate) unsafe fn new_at(len: usize, device: usize, at: *mut u8) -> Result<Self> {
-        let fd = rustix::fs::memfd_create("mscclpp-device-memory", MemfdFlags::CLOEXEC)
-            .map_err(|e| Error::io("memfd_create for host device memory", e.into()))?;
-        rustix::fs::ftruncate(&fd, len as u64).map_err(|e| {
-            Error::io(
-                format!("sizing host device memory to {len} bytes"),
-                e.into(),
-            )
-        })?;
-        Self::map(fd, len, MemoryKind::Device, device, false, Some(at))
+        Self::map(
+            memory_file(len)?,
+            len,
+            MemoryKind::Device,
+            device,
+            false,
+            Some(at),
+        )
     }
 
     fn map(
