@@ -55,7 +55,7 @@ fn main() -> mscclpp::Result<()> {
     if rank == 0 {
         println!(
             "# port channel over {}, moved by the host proxy",
-            common::transport_words(transport, device.info().backend)
+            transport.carrier(device.info().backend)
         );
         println!(
             "{:>12} {:>10} {:>12} {:>12}",

@@ -114,25 +114,6 @@ fn check_two(comm: &Communicator) -> Result<()> {
     Ok(())
 }
 
-/// What moves the bytes of `transport` on `backend`, in words: the transport's name alone said
-/// "over CudaIpc" on the host backend, where no CUDA runs.
-pub fn transport_words(transport: Transport, backend: BackendKind) -> String {
-    match (transport, backend) {
-        (Transport::CudaIpc, BackendKind::Host) => {
-            "host shared memory (CudaIpc transport)".to_string()
-        }
-        (Transport::CudaIpc, BackendKind::Cuda) => {
-            "peer-mapped GPU memory, CUDA IPC (CudaIpc transport)".to_string()
-        }
-        (Transport::CudaIpc, BackendKind::Rocm) => {
-            "peer-mapped GPU memory, HIP IPC (CudaIpc transport)".to_string()
-        }
-        (Transport::Ethernet, _) => "TCP sockets (Ethernet transport)".to_string(),
-        (t @ Transport::Ib(_), _) => format!("RDMA writes ({t} transport)"),
-        (t @ Transport::Net(_), _) => format!("an NCCL net plugin ({t} transport)"),
-    }
-}
-
 fn preamble(args: &Args, comm: &Communicator, name: &'static str, what: &str) -> Result<Table> {
     let info = comm.device().info();
     let mut table = Table::new(args.json_out(), comm.rank() == 0, false);
@@ -257,7 +238,7 @@ pub fn run_port_channel(args: &Args, comm: &Communicator, transport: Transport) 
         "port-channel",
         &format!(
             "port-channel put over {}, moved by the host proxy",
-            transport_words(transport, device.info().backend)
+            transport.carrier(device.info().backend)
         ),
     )?;
     let launch = |size: usize, iters: u64| {

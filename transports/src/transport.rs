@@ -25,6 +25,26 @@ pub enum Transport {
 pub const MAX_NET_DEVICES: u8 = 6;
 
 impl Transport {
+    /// What carries the bytes over this transport for ranks of `backend`, in words for a
+    /// table's heading: "TCP sockets (Ethernet transport)".
+    pub fn carrier(self, backend: mscclpp_hal::BackendKind) -> String {
+        use mscclpp_hal::BackendKind;
+        match (self, backend) {
+            (Transport::CudaIpc, BackendKind::Host) => {
+                "host shared memory (CudaIpc transport)".to_string()
+            }
+            (Transport::CudaIpc, BackendKind::Cuda) => {
+                "peer-mapped GPU memory, CUDA IPC (CudaIpc transport)".to_string()
+            }
+            (Transport::CudaIpc, BackendKind::Rocm) => {
+                "peer-mapped GPU memory, HIP IPC (CudaIpc transport)".to_string()
+            }
+            (Transport::Ethernet, _) => "TCP sockets (Ethernet transport)".to_string(),
+            (t @ Transport::Ib(_), _) => format!("RDMA writes ({t} transport)"),
+            (t @ Transport::Net(_), _) => format!("an NCCL net plugin ({t} transport)"),
+        }
+    }
+
     /// Every transport, in MSCCL++'s order.
     pub const ALL: [Transport; 16] = [
         Transport::CudaIpc,

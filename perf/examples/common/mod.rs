@@ -66,28 +66,3 @@ pub fn gbps(v: f64, width: usize) -> String {
     };
     format!("{v:>width$.decimals$}")
 }
-
-/// What moves the bytes of `transport` here, in words (the transport's name alone said
-/// "CudaIpc" on the host backend, where no CUDA runs).
-#[allow(dead_code)]
-pub fn transport_words(
-    transport: mscclpp::transports::Transport,
-    backend: mscclpp::hal::BackendKind,
-) -> String {
-    use mscclpp::hal::BackendKind;
-    use mscclpp::transports::Transport;
-    match (transport, backend) {
-        (Transport::CudaIpc, BackendKind::Host) => {
-            "host shared memory (CudaIpc transport)".to_string()
-        }
-        (Transport::CudaIpc, BackendKind::Cuda) => {
-            "peer-mapped GPU memory, CUDA IPC (CudaIpc transport)".to_string()
-        }
-        (Transport::CudaIpc, BackendKind::Rocm) => {
-            "peer-mapped GPU memory, HIP IPC (CudaIpc transport)".to_string()
-        }
-        (Transport::Ethernet, _) => "TCP sockets (Ethernet transport)".to_string(),
-        (t @ Transport::Ib(_), _) => format!("RDMA writes ({t} transport)"),
-        (t @ Transport::Net(_), _) => format!("an NCCL net plugin ({t} transport)"),
-    }
-}
