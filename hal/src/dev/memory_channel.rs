@@ -58,47 +58,56 @@ unsafe fn copy_share(dst: u64, src: u64, bytes: usize, tid: usize, nthreads: usi
     }
 }
 
+/// The signalling half of a channel handle: the semaphore's five operations, forwarded. Both
+/// handles carry them (a memory channel is a base channel plus its buffers); written once here.
+macro_rules! semaphore_forwarders {
+    () => {
+        /// Signals the peer (release).
+        ///
+        /// # Safety
+        /// The semaphore's addresses must be live (see
+        /// [`MemoryDevice2DeviceSemaphoreDeviceHandle`]).
+        pub unsafe fn signal(&self) {
+            // SAFETY: caller's contract.
+            unsafe { self.semaphore.signal() }
+        }
+        /// Signals without ordering earlier writes.
+        ///
+        /// # Safety
+        /// As for [`Self::signal`].
+        pub unsafe fn relaxed_signal(&self) {
+            // SAFETY: caller's contract.
+            unsafe { self.semaphore.relaxed_signal() }
+        }
+        /// Waits for the peer's next signal (acquire).
+        ///
+        /// # Safety
+        /// As for [`Self::signal`].
+        pub unsafe fn wait(&self, timeout: Duration) -> Result<()> {
+            // SAFETY: caller's contract.
+            unsafe { self.semaphore.wait(timeout) }
+        }
+        /// Waits without acquiring.
+        ///
+        /// # Safety
+        /// As for [`Self::signal`].
+        pub unsafe fn relaxed_wait(&self, timeout: Duration) -> Result<()> {
+            // SAFETY: caller's contract.
+            unsafe { self.semaphore.relaxed_wait(timeout) }
+        }
+        /// Consumes a signal if one has arrived.
+        ///
+        /// # Safety
+        /// As for [`Self::signal`].
+        pub unsafe fn poll(&self) -> bool {
+            // SAFETY: caller's contract.
+            unsafe { self.semaphore.poll() }
+        }
+    };
+}
+
 impl BaseMemoryChannelDeviceHandle {
-    /// Signals the peer (release).
-    ///
-    /// # Safety
-    /// The semaphore's addresses must be live (see [`MemoryDevice2DeviceSemaphoreDeviceHandle`]).
-    pub unsafe fn signal(&self) {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.signal() }
-    }
-    /// Signals without ordering earlier writes.
-    ///
-    /// # Safety
-    /// As for [`Self::signal`].
-    pub unsafe fn relaxed_signal(&self) {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.relaxed_signal() }
-    }
-    /// Waits for the peer's next signal (acquire).
-    ///
-    /// # Safety
-    /// As for [`Self::signal`].
-    pub unsafe fn wait(&self, timeout: Duration) -> Result<()> {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.wait(timeout) }
-    }
-    /// Waits without acquiring.
-    ///
-    /// # Safety
-    /// As for [`Self::signal`].
-    pub unsafe fn relaxed_wait(&self, timeout: Duration) -> Result<()> {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.relaxed_wait(timeout) }
-    }
-    /// Consumes a signal if one has arrived.
-    ///
-    /// # Safety
-    /// As for [`Self::signal`].
-    pub unsafe fn poll(&self) -> bool {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.poll() }
-    }
+    semaphore_forwarders!();
 }
 
 impl MemoryChannelDeviceHandle {
@@ -109,50 +118,7 @@ impl MemoryChannelDeviceHandle {
         }
     }
 
-    /// Signals the peer (release), as [`BaseMemoryChannelDeviceHandle::signal`].
-    ///
-    /// # Safety
-    /// The semaphore's addresses must be live.
-    pub unsafe fn signal(&self) {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.signal() }
-    }
-
-    /// Signals without ordering earlier writes.
-    ///
-    /// # Safety
-    /// As for [`Self::signal`].
-    pub unsafe fn relaxed_signal(&self) {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.relaxed_signal() }
-    }
-
-    /// Waits for the peer's next signal (acquire).
-    ///
-    /// # Safety
-    /// As for [`Self::signal`].
-    pub unsafe fn wait(&self, timeout: Duration) -> Result<()> {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.wait(timeout) }
-    }
-
-    /// Waits without acquiring.
-    ///
-    /// # Safety
-    /// As for [`Self::signal`].
-    pub unsafe fn relaxed_wait(&self, timeout: Duration) -> Result<()> {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.relaxed_wait(timeout) }
-    }
-
-    /// Consumes a signal if one has arrived.
-    ///
-    /// # Safety
-    /// As for [`Self::signal`].
-    pub unsafe fn poll(&self) -> bool {
-        // SAFETY: caller's contract.
-        unsafe { self.semaphore.poll() }
-    }
+    semaphore_forwarders!();
 
     /// Copies `bytes` from local `src + src_off` to the peer's `dst + dst_off`; thread `tid` of
     /// `nthreads` copies its share.
