@@ -283,7 +283,12 @@ fn killed_during(plan: &'static str, kind: BackendKind) -> Result<(), Failed> {
         }
         times.push(format!("r{} {:.0} ms", o.rank, took.as_secs_f64() * 1e3));
         if times.len() == 1 {
-            eprintln!("    {which}: e.g. rank {}: {error}; then: {again}", o.rank);
+            // The expected errors, wrapped: one line ran to 250 characters.
+            let head = format!("    {which}: expected errors, e.g. rank {}:", o.rank);
+            eprintln!(
+                "{}",
+                mscclpp_conformance::harness::wrapped(&head, &format!("{error}; then: {again}"))
+            );
         }
     }
     eprintln!(
@@ -314,7 +319,9 @@ fn main() {
                 format!("faults::{kind}::killed_during_{w}_plan"),
                 move || {
                     if let Err(reason) = mscclpp::registry::probe(kind) {
-                        return Ok(Completion::ignored_with(reason.to_string()));
+                        return Ok(Completion::ignored_with(
+                            mscclpp_conformance::harness::ignore_reason(reason),
+                        ));
                     }
                     killed_during(w, kind).map(|()| Completion::Completed)
                 },

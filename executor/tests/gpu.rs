@@ -288,7 +288,9 @@ fn main() {
                 format!("executor::{kind}::{name}"),
                 move || {
                     if let Err(reason) = mscclpp::registry::probe(kind) {
-                        return Ok(Completion::ignored_with(reason.to_string()));
+                        return Ok(Completion::ignored_with(
+                            mscclpp_conformance::harness::ignore_reason(reason),
+                        ));
                     }
                     run(kind, share).map(|()| Completion::Completed)
                 },

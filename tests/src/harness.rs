@@ -71,6 +71,55 @@ impl<T> Context<T> for mscclpp::hal::Result<T> {
     }
 }
 
+/// A backend's or compiler's probe error as the reason of an ignored trial: its first clause,
+/// which names what is missing, without the parenthesised list of the library files it tried
+/// and the install hint after `; ` — both there for a user, and what made every ignored line
+/// of a run 200 to 310 characters long. The tool's header (`mscclpp-perf`) and
+/// `MSCCLPP_LOG_LEVEL=debug` show the whole error.
+pub fn ignore_reason(error: impl std::fmt::Display) -> String {
+    let mut out = error.to_string();
+    while let Some(start) = out.find(" (tried ") {
+        // The list's closing parenthesis (file names have none of their own).
+        let Some(len) = out[start..].find(')') else {
+            break;
+        };
+        out.replace_range(start..start + len + 1, "");
+    }
+    if let Some(hint) = out.find("; ") {
+        out.truncate(hint);
+    }
+    out
+}
+
+/// `head` and `text` as lines of at most [`WRAP_COLUMNS`] characters (where the words allow),
+/// the later ones indented under the first's text: for the examples of expected errors that
+/// trials print, which run to 250 characters on one line.
+pub fn wrapped(head: &str, text: &str) -> String {
+    let indent = " ".repeat(head.len() - head.trim_start().len() + 4);
+    let mut out = String::from(head);
+    let mut col = head.chars().count();
+    // Whether the current line holds something to break after (never an empty line).
+    let mut filled = !head.trim().is_empty();
+    for word in text.split(' ') {
+        let w = word.chars().count();
+        if filled && col + 1 + w > WRAP_COLUMNS {
+            out.push('\n');
+            out.push_str(&indent);
+            col = indent.len();
+        } else if !out.is_empty() && !out.ends_with(' ') {
+            out.push(' ');
+            col += 1;
+        }
+        out.push_str(word);
+        col += w;
+        filled = true;
+    }
+    out
+}
+
+/// The width [`wrapped`] keeps to.
+pub const WRAP_COLUMNS: usize = 100;
+
 type Probed = Result<Arc<dyn Backend>, String>;
 
 fn probed(kind: BackendKind) -> &'static Probed {
@@ -79,7 +128,7 @@ fn probed(kind: BackendKind) -> &'static Probed {
         .iter()
         .position(|k| *k == kind)
         .unwrap_or(0);
-    CELLS[i].get_or_init(|| mscclpp::registry::probe(kind).map_err(|e| e.to_string()))
+    CELLS[i].get_or_init(|| mscclpp::registry::probe(kind).map_err(ignore_reason))
 }
 
 /// Held shared by every case and alone by the cases named in `stamp`'s `alone`.
@@ -143,4 +192,60 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{WRAP_COLUMNS, ignore_reason, wrapped};
+
+    #[test]
+    fn ignore_reasons_drop_the_list_of_files_tried() {
+        assert_eq!(
+            ignore_reason(
+                "rocm backend not available: no usable HIP runtime library (tried \
+                 libamdhip64.so.7, /opt/rocm/lib/libamdhip64.so; MSCCLPP_LOG_LEVEL=debug says why)"
+            ),
+            "rocm backend not available: no usable HIP runtime library"
+        );
+        // The install hint goes too; a reason with neither is unchanged.
+        assert_eq!(
+            ignore_reason("NVRTC could not be opened (tried libnvrtc.so.13); install CUDA"),
+            "NVRTC could not be opened"
+        );
+        assert_eq!(ignore_reason("no device (none)"), "no device (none)");
+    }
+
+    #[test]
+    fn wrapped_lines_keep_to_the_width_and_every_word() {
+        let text = "rank 1: died while this rank waited for LL16 packet at 0x7fb11f195000 to \
+                    carry flag 2; then: rank 1: died (127.0.0.1:38181, its bootstrap connection \
+                    closed: 127.0.0.1:38181 closed the connection); rank 0 learned it 0.001 s ago";
+        let out = wrapped("    ll: e.g. rank 0:", text);
+        assert!(out.lines().count() >= 3, "{out}");
+        for line in out.lines() {
+            assert!(line.chars().count() <= WRAP_COLUMNS, "{line:?}");
+        }
+        assert!(
+            out.starts_with("    ll: e.g. rank 0: rank 1: died"),
+            "{out}"
+        );
+        assert!(
+            out.lines().skip(1).all(|l| l.starts_with("        ")),
+            "{out}"
+        );
+        let words: Vec<&str> = out.split_whitespace().collect();
+        let want: Vec<&str> = "ll: e.g. rank 0:"
+            .split_whitespace()
+            .chain(text.split_whitespace())
+            .collect();
+        assert_eq!(words, want);
+        // A word longer than the width stays whole (on its own line after another word).
+        let long = "x".repeat(150);
+        let out = wrapped("  a:", &format!("b {long} c"));
+        assert!(out.lines().any(|l| l.trim() == long), "{out}");
+        assert_eq!(
+            out.split_whitespace().collect::<Vec<_>>(),
+            ["a:", "b", &long, "c"]
+        );
+    }
 }

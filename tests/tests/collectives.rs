@@ -931,7 +931,9 @@ fn gpu_trial(
 ) -> Trial {
     Trial::ignorable_test(format!("collectives::{kind}::{name}"), move || {
         if let Err(reason) = mscclpp::registry::probe(kind) {
-            return Ok(Completion::ignored_with(reason.to_string()));
+            return Ok(Completion::ignored_with(
+                mscclpp_conformance::harness::ignore_reason(reason),
+            ));
         }
         run_on(kind, n, DEFAULT_SLOT_BYTES, counts, &extra).map(|()| Completion::Completed)
     })
@@ -1221,7 +1223,9 @@ fn main() {
             format!("collectives::{kind}::two_streams::2_ranks"),
             move || {
                 if let Err(reason) = mscclpp::registry::probe(kind) {
-                    return Ok(Completion::ignored_with(reason.to_string()));
+                    return Ok(Completion::ignored_with(
+                        mscclpp_conformance::harness::ignore_reason(reason),
+                    ));
                 }
                 run_role("streams", kind, 2, DEFAULT_SLOT_BYTES, "", &[])
                     .map(|()| Completion::Completed)

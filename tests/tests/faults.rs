@@ -568,7 +568,12 @@ fn check(phase: &str, seen: &[Seen], victim: usize) -> Result<(), Failed> {
         times.join(", ")
     );
     if let Some(s) = seen.first() {
-        eprintln!("    {phase}: e.g. rank {}: {}", s.rank, s.error);
+        // The expected error, wrapped: one line ran to 220 characters.
+        let head = format!("    {phase}: expected error, e.g. rank {}:", s.rank);
+        eprintln!(
+            "{}",
+            mscclpp_conformance::harness::wrapped(&head, &s.error.to_string())
+        );
     }
     if worst > REPORT_DEADLINE {
         return Err(format!("{phase}: a survivor took {worst:?}").into());
@@ -594,7 +599,9 @@ fn gpu_trial(kind: BackendKind, phase: &'static str, algo: &'static str) -> Tria
         format!("faults::{kind}::killed_during_{phase}"),
         move || {
             if let Err(reason) = mscclpp::registry::probe(kind) {
-                return Ok(Completion::ignored_with(reason.to_string()));
+                return Ok(Completion::ignored_with(
+                    mscclpp_conformance::harness::ignore_reason(reason),
+                ));
             }
             const N: usize = 2;
             const VICTIM: usize = 1;

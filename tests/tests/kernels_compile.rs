@@ -323,7 +323,7 @@ mod nvrtc {
         let (major, minor) = match nvrtc::nvrtc_version() {
             Ok(v) => v,
             Err(e) if !required("MSCCLPP_REQUIRE_NVRTC") => {
-                return Completion::ignored_with(e.to_string());
+                return Completion::ignored_with(mscclpp_conformance::harness::ignore_reason(e));
             }
             Err(e) => panic!("MSCCLPP_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"),
         };
@@ -430,7 +430,7 @@ mod hiprtc {
         let (major, minor) = match hiprtc::hiprtc_version() {
             Ok(v) => v,
             Err(e) if !required("MSCCLPP_REQUIRE_HIPRTC") => {
-                return Completion::ignored_with(e.to_string());
+                return Completion::ignored_with(mscclpp_conformance::harness::ignore_reason(e));
             }
             Err(e) => panic!("MSCCLPP_REQUIRE_HIPRTC=1 but hipRTC is unusable: {e}"),
         };

@@ -372,7 +372,9 @@ fn by_host_id(
     extra: Vec<(String, String)>,
 ) -> Result<Completion, Failed> {
     if let Err(e) = mscclpp::registry::probe(backend) {
-        return Ok(Completion::ignored_with(format!("{backend} backend: {e}")));
+        return Ok(Completion::ignored_with(
+            mscclpp_conformance::harness::ignore_reason(e),
+        ));
     }
     let n = hosts * per_host;
     let (_root, mut env, seed) = start_root(IpAddr::V4(Ipv4Addr::LOCALHOST), n);
@@ -441,9 +443,14 @@ fn peer_host_dies(extra: Vec<(String, String)>) -> Result<(), Failed> {
     if ms > 30_000 {
         return Err(format!("the survivor took {ms} ms to fail: {}", survivor.describe()).into());
     }
+    // The expected error, wrapped to the width of the other lines.
+    let head = format!("    survivor failed as expected, in {ms} ms:");
     eprintln!(
-        "    survivor failed in {ms} ms: {}",
-        r.get("error").map(String::as_str).unwrap_or("?")
+        "{}",
+        mscclpp_conformance::harness::wrapped(
+            &head,
+            r.get("error").map(String::as_str).unwrap_or("?")
+        )
     );
     Ok(())
 }

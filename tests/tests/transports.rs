@@ -519,7 +519,9 @@ fn distinct_host_ids() -> Result<(), Failed> {
                 format!("rank {}'s refusal does not name both ranks: {why}", o.rank).into(),
             );
         }
-        eprintln!("    rank {} refused CudaIpc: {why}", o.rank);
+        // The expected refusal, wrapped: one line ran to 210 characters.
+        let head = format!("    rank {} refused CudaIpc:", o.rank);
+        eprintln!("{}", mscclpp_conformance::harness::wrapped(&head, &why));
     }
     Ok(())
 }
