@@ -718,6 +718,7 @@ fn device_host_calls_refuse_naming_themselves() -> Result<(), Failed> {
 }
 
 fn main() {
+    support::quiet_expected_refusals();
     run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
     let args = libtest_mimic::Arguments::from_args();
     let trials = vec![
