@@ -362,7 +362,7 @@ fn main() {
             format!("abort::{kind}::killed_rank_reaches_the_c_api"),
             move || {
                 if let Err(reason) = mscclpp::registry::probe(kind) {
-                    return Ok(Completion::ignored_with(reason.to_string()));
+                    return Ok(Completion::ignored_with(support::ignore_reason(reason)));
                 }
                 killed_rank_reaches_the_c_api(kind, 2, 1).map(|()| Completion::Completed)
             },

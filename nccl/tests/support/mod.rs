@@ -30,6 +30,19 @@ pub fn quiet_expected_refusals() {
     }
 }
 
+/// A backend's probe error as an ignored trial's reason: without the parenthesised list of the
+/// library files it tried (`(tried …)`), which made the line 260 characters long.
+pub fn ignore_reason(error: impl std::fmt::Display) -> String {
+    let e = error.to_string();
+    match e
+        .find(" (tried ")
+        .and_then(|s| Some((s, e[s..].find(')')?)))
+    {
+        Some((start, len)) => format!("{}{}", &e[..start], &e[start + len + 1..]),
+        None => e,
+    }
+}
+
 /// An `ncclComm_t`.
 pub type Comm = *mut c_void;
 
