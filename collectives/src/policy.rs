@@ -60,10 +60,10 @@ pub(crate) fn direct_threshold(kind: CollectiveKind, tuning: Tuning) -> u64 {
         ) => 2 << 20,
         (Tuning::Gpu, CollectiveKind::Broadcast) => 512 << 10,
         (Tuning::Gpu, CollectiveKind::AllToAll) => 1 << 20,
-        // On a CPU an LL packet (8 bytes stored and polled per 4 of data) costs several times
-        // a copy: direct was the fastest or within the noise at every size measured, every
-        // collective (2 ranks 1 KiB - 16 MiB, 4 ranks 1 KiB - 1 MiB; docs/performance.md).
-        // Empty calls stay with LL, as on the GPUs.
+        // On a CPU an LL packet (a flag beside every data word: twice the bytes stored and
+        // polled) costs several times a copy: direct was the fastest or within the noise at
+        // every size measured, every collective (2 ranks 1 KiB - 16 MiB, 4 ranks 1 KiB -
+        // 1 MiB; docs/performance.md). Empty calls stay with LL, as on the GPUs.
         (Tuning::Host, _) => 1,
     }
 }
