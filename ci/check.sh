@@ -5,6 +5,10 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
+step "structure: layers point down, docs name paths that exist (ci/structure.py, docs/map.md)"
+python3 ci/structure.py --self-test
+python3 ci/structure.py
+
 step "rustfmt"
 cargo fmt --all -- --check
 
