@@ -4,7 +4,7 @@
 //! case — as ignored, with the probe's reason — so that a run never passes silently on
 //! hardware it did not have.
 
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::hal::{Backend, BackendKind, Device};
@@ -131,8 +131,33 @@ fn probed(kind: BackendKind) -> &'static Probed {
     CELLS[i].get_or_init(|| mscclpp::registry::probe(kind).map_err(ignore_reason))
 }
 
-/// Held shared by every case and alone by the cases named in `stamp`'s `alone`.
-static GATE: RwLock<()> = RwLock::new(());
+// The gate between the cases that must run alone and the others is serial_test's: `serial`
+// excludes every other case of the key, `parallel` only the serial ones. Its attributes make
+// functions of no arguments, so the case and its fixture reach them through this thread's
+// slot (the attribute runs the body on the calling thread).
+thread_local! {
+    static PENDING: std::cell::RefCell<Option<(CaseFn, Fixture)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn run_pending() -> Result<(), CaseError> {
+    let (case, fixture) = PENDING
+        .with(|p| p.borrow_mut().take())
+        .ok_or("no case was handed to the gate")?;
+    case(&fixture)
+}
+
+/// Runs the pending case with no other case of the process at the same time.
+#[serial_test::serial(device_cases)]
+fn run_alone() -> Result<(), CaseError> {
+    run_pending()
+}
+
+/// Runs the pending case beside the others, never beside one that runs alone.
+#[serial_test::parallel(device_cases)]
+fn run_beside() -> Result<(), CaseError> {
+    run_pending()
+}
 
 /// Trials named `{suite}::{backend}::{case}` for every backend and case. The cases named in
 /// `alone` run with no other case of the process at the same time, whatever the test thread
@@ -154,12 +179,6 @@ pub fn stamp(suite: &str, cases: &[(&'static str, CaseFn)], alone: &[&str]) -> V
             let full = format!("{suite}::{kind}::{name}");
             let exclusive = alone.contains(&name);
             trials.push(Trial::ignorable_test(full, move || {
-                // A poisoned gate only means a case panicked: the others still run.
-                let (_shared, _alone) = if exclusive {
-                    (None, Some(GATE.write().unwrap_or_else(|p| p.into_inner())))
-                } else {
-                    (Some(GATE.read().unwrap_or_else(|p| p.into_inner())), None)
-                };
                 let backend = match probed(kind) {
                     Ok(b) => b.clone(),
                     Err(reason) => return Ok(Completion::ignored_with(reason.clone())),
@@ -167,7 +186,9 @@ pub fn stamp(suite: &str, cases: &[(&'static str, CaseFn)], alone: &[&str]) -> V
                 let device = backend
                     .open_device(0)
                     .map_err(|e| Failed::from(format!("opening device 0: {e}")))?;
-                match case(&Fixture { backend, device }) {
+                PENDING.with(|p| *p.borrow_mut() = Some((case, Fixture { backend, device })));
+                let run = if exclusive { run_alone } else { run_beside };
+                match run() {
                     Ok(()) => Ok(Completion::Completed),
                     Err(CaseError::Skip(reason)) => Ok(Completion::ignored_with(reason)),
                     Err(CaseError::Fail(message)) => Err(Failed::from(message)),
@@ -246,6 +267,63 @@ mod tests {
         assert_eq!(
             out.split_whitespace().collect::<Vec<_>>(),
             ["a:", "b", &long, "c"]
+        );
+    }
+
+    /// The gate: a case named in `alone` never overlaps another case, while the others do run
+    /// side by side (eight threads, the host backend).
+    #[test]
+    fn a_case_named_alone_runs_with_no_other() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::time::Duration;
+        static RUNNING: AtomicUsize = AtomicUsize::new(0);
+        static MOST: AtomicUsize = AtomicUsize::new(0);
+        static OVERLAPPED: AtomicBool = AtomicBool::new(false);
+        fn busy(_: &super::Fixture) -> Result<(), super::CaseError> {
+            let now = RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+            MOST.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(30));
+            RUNNING.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn lonely(_: &super::Fixture) -> Result<(), super::CaseError> {
+            if RUNNING.fetch_add(1, Ordering::SeqCst) != 0 {
+                OVERLAPPED.store(true, Ordering::SeqCst);
+            }
+            std::thread::sleep(Duration::from_millis(60));
+            if RUNNING.load(Ordering::SeqCst) != 1 {
+                OVERLAPPED.store(true, Ordering::SeqCst);
+            }
+            RUNNING.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        }
+        let mut cases: Vec<(&'static str, super::CaseFn)> = vec![
+            ("busy_0", busy),
+            ("busy_1", busy),
+            ("busy_2", busy),
+            ("lonely", lonely),
+        ];
+        cases.extend([
+            ("busy_3", busy as super::CaseFn),
+            ("busy_4", busy),
+            ("busy_5", busy),
+        ]);
+        let trials = super::stamp("gate", &cases, &["lonely"]);
+        let args = libtest_mimic::Arguments {
+            test_threads: Some(8),
+            filter: Some("gate::host::".into()),
+            quiet: true,
+            ..Default::default()
+        };
+        let done = libtest_mimic::run(&args, trials);
+        assert_eq!((done.num_passed, done.num_failed), (7, 0));
+        assert!(
+            !OVERLAPPED.load(Ordering::SeqCst),
+            "the lone case ran beside another"
+        );
+        assert!(
+            MOST.load(Ordering::SeqCst) > 1,
+            "the other cases never ran side by side"
         );
     }
 }
