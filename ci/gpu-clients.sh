@@ -37,7 +37,9 @@
 #   env MSCCLPP_NCCL_SO=LIB JAX_PSUM_NPROC=N <JAX_NCCL_RECIPE> PY nccl/examples/jax_psum.py --nproc N
 # where JAX_NCCL_RECIPE (from the environment) is a space-separated list of VAR=VALUE
 # assignments telling XLA how to reach our library, with @LIB@ replaced by the library's path
-# and @LIBDIR@ by its directory; unset, it is "LD_PRELOAD=@LIB@".
+# and @LIBDIR@ by its directory. Unset, it is "LD_PRELOAD=DIR/mscclpp_rs/lib/nccl/libnccl.so.2"
+# when --py DIR holds the wheel's JAX copy (SONAME libnccl.so.2: what `python -m mscclpp_rs.nccl
+# --jax` tells users to preload; no patchelf), else "LD_PRELOAD=@LIB@" (which XLA does not reach).
 #
 # Exit status: 0 when no case FAILed (SKIPs allowed), 1 otherwise, 2 on bad arguments.
 # Never creates NVLink multicast objects: NVLS is disabled for every client below.
@@ -458,11 +460,17 @@ for N in "${RANK_LIST[@]}"; do
 
   # JAX (nccl/examples/jax_psum.py, written elsewhere)
   if [ -f "$EX/jax_psum.py" ]; then
-    recipe=${JAX_NCCL_RECIPE:-LD_PRELOAD=@LIB@}
+    jax_copy=${PYDIR:+$PYDIR/mscclpp_rs/lib/nccl/libnccl.so.2}
+    if [ -n "$jax_copy" ] && [ -f "$jax_copy" ]; then
+      jdefault="LD_PRELOAD=$jax_copy" jwhat="unset, the wheel's libnccl.so.2 preloaded"
+    else
+      jdefault="LD_PRELOAD=@LIB@" jwhat="unset, LD_PRELOAD only"
+    fi
+    recipe=${JAX_NCCL_RECIPE:-$jdefault}
     recipe=${recipe//@LIBDIR@/$(dirname "$LIB")}
     recipe=${recipe//@LIB@/$LIB}
     read -ra recipe_env <<< "$recipe"
-    jnote="recipe: ${JAX_NCCL_RECIPE:-unset, LD_PRELOAD only}; $(dev_note "$N")"
+    jnote="recipe: ${JAX_NCCL_RECIPE:-$jwhat}; $(dev_note "$N")"
     run_case "jax-np$N" jax "jax_psum.py" "$N" py 180 "$jnote" -- \
       env MSCCLPP_NCCL_SO="$LIB" JAX_PSUM_NPROC="$N" "${recipe_env[@]}" "$JAX_PY" "$EX/jax_psum.py" --nproc "$N"
   else
