@@ -298,7 +298,27 @@ fn ranges_across_several_mappings_are_served(f: &Fixture) -> Result<(), CaseErro
             e.class() == ErrorClass::InvalidUsage && e.to_string().contains("nothing at"),
             "wrong refusal: {e}"
         );
+        // No single IPC handle names several mappings: the wrapped range is refused saying so.
+        let e = f
+            .device
+            .ipc_export(&view)
+            .err()
+            .ok_or("a wrapped range of several mappings was exported as one handle")?;
+        ensure!(
+            e.to_string().contains("spans 3 mappings"),
+            "wrong refusal of the wrapped range: {e}"
+        );
     }
+    // Nor the whole range, on any backend.
+    let e = f
+        .device
+        .ipc_export(&pieces)
+        .err()
+        .ok_or("a range of several mappings was exported as one handle")?;
+    ensure!(
+        e.class() == ErrorClass::InvalidUsage && e.to_string().contains("several mappings"),
+        "wrong refusal of the range: {e}"
+    );
     Ok(())
 }
 

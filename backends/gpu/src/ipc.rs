@@ -325,10 +325,24 @@ fn export_wrapped<R: Runtime>(ctx: &Arc<Context<R>>, w: &dyn Allocation) -> Resu
     })?;
     let offset = ptr.wrapping_sub(base);
     if ptr < base || (size as u64).saturating_sub(offset) < len as u64 {
-        return Err(Error::invalid(format!(
-            "wrapped memory of {len} bytes at {ptr:#x} is no longer inside one allocation \
-             ({size} bytes at {base:#x}): was it freed?"
-        )));
+        // Several mappings back to back (a virtual-memory allocator's range) are one buffer to
+        // a kernel, but no single handle names them.
+        let spans = mscclpp_hal::mapped::mapped_extent(ptr, len, |p| {
+            // SAFETY: the context is current; the runtime only looks the address up.
+            Ok(unsafe { rt.mem_address_range(p) }.ok())
+        });
+        return Err(Error::invalid(match spans {
+            Ok(Some(e)) => format!(
+                "wrapped memory of {len} bytes at {ptr:#x} spans {} mappings (a virtual-memory \
+                 allocator's range, such as PyTorch's expandable segments): {} names one \
+                 allocation, so it cannot be shared with peers as one handle",
+                e.mappings, vendor.ipc_export_call
+            ),
+            _ => format!(
+                "wrapped memory of {len} bytes at {ptr:#x} is no longer inside one allocation \
+                 ({size} bytes at {base:#x}): was it freed?"
+            ),
+        }));
     }
     // SAFETY: the context is current; `base` is the base of a live allocation, as just asked.
     let handle = unsafe { rt.ipc_get_handle(base) }.map_err(|e| {
