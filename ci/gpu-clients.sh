@@ -3,12 +3,13 @@
 # nccl-tests (every binary, and its flags: parallel init, run cycles, null stream, registration,
 # unaligned buffers, blocking, aggregation, memory report, graphs, device API, threads / GPUs per
 # process), PyTorch (its feature matrix, re-initialisation, p2p batches; through LD_PRELOAD and
-# through the Python package's backend), CuPy's NCCL binding, and JAX where its example exists.
+# through the Python package's backend), CuPy's NCCL binding, NVIDIA's nccl4py (every host call it
+# makes), and JAX where its example exists.
 # Each case is recorded PASS / FAIL / SKIP in a Markdown table (printed, and written to
 # OUT/clients.md); each case's output is OUT/logs/<case>.log.
 #
 #   ci/gpu-clients.sh --lib PATH/libmscclpp_nccl.so [--py DIR] [--nccl-tests DIR] [--out DIR]
-#                     [--only LIST] [--limit SECONDS] [--ranks 2,4]
+#                     [--nccl4py DIR] [--only LIST] [--limit SECONDS] [--ranks 2,4]
 #
 #   --lib         our library (required); preloaded into every NCCL client
 #   --py          a directory holding the mscclpp_rs package (built extension included), put on
@@ -16,9 +17,15 @@
 #                 mscclpp_rs is importable anyway, else they are SKIPped
 #   --nccl-tests  a directory of nccl-tests' built binaries (all_reduce_perf ..., MPI=1; or its
 #                 build/ subdirectory); this script builds nothing
+#   --nccl4py     nccl4py (PyPI, cp312): a directory holding its package (`nccl/core`: `pip install
+#                 --no-deps --target DIR nccl4py==0.6.0`, or the wheel unzipped), or one holding
+#                 its wheel (unpacked into OUT/nccl4py-pkg), e.g. the git-ignored .gpu-carry/nccl4py
+#                 that `pip download --no-deps --python-version 3.12 --only-binary=:all:
+#                 --platform manylinux_2_28_x86_64 nccl4py==0.6.0 -d .gpu-carry/nccl4py` fills;
+#                 put on PYTHONPATH; without it the case runs if nccl4py is importable anyway
 #   --out         where the table, logs and the build go (default ./gpu-clients)
 #   --only        comma list: client names (nccl-tests, torch-matrix, torch-reinit, torch-p2p,
-#                 cupy, jax) or shell globs over case names (e.g. 'nt-all_reduce-*',
+#                 cupy, nccl4py, jax) or shell globs over case names (e.g. 'nt-all_reduce-*',
 #                 'nt-*-p1N2-*', '*-np4'); unselected cases are left out of the table
 #   --limit       no case starts after this many seconds from the script's start (default 480;
 #                 the build counts); later cases are SKIPped; a case's timeout is also cut so that
@@ -49,18 +56,19 @@ set -u
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 START=$(date +%s)
 
-usage() { sed -n '10,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '11,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
-LIB="" PYDIR="" NT_SRC="" OUT="$PWD/gpu-clients" ONLY="" LIMIT=480 RANKS="2"
+LIB="" PYDIR="" NT_SRC="" N4P_SRC="" OUT="$PWD/gpu-clients" ONLY="" LIMIT=480 RANKS="2"
 while [ $# -gt 0 ]; do
   case $1 in
-    --lib|--py|--nccl-tests|--out|--only|--limit|--ranks)
+    --lib|--py|--nccl-tests|--nccl4py|--out|--only|--limit|--ranks)
       [ $# -ge 2 ] || { echo "gpu-clients: $1 needs a value" >&2; exit 2; } ;;
   esac
   case $1 in
     --lib) LIB=${2:-}; shift 2 ;;
     --py) PYDIR=${2:-}; shift 2 ;;
     --nccl-tests) NT_SRC=${2:-}; shift 2 ;;
+    --nccl4py) N4P_SRC=${2:-}; shift 2 ;;
     --out) OUT=${2:-}; shift 2 ;;
     --only) ONLY=${2:-}; shift 2 ;;
     --limit) LIMIT=${2:-}; shift 2 ;;
@@ -83,6 +91,10 @@ LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")
 if [ -n "$PYDIR" ]; then
   [ -d "$PYDIR" ] || { echo "gpu-clients: --py '$PYDIR' is not a directory" >&2; exit 2; }
   PYDIR=$(cd "$PYDIR" && pwd)
+fi
+if [ -n "$N4P_SRC" ]; then
+  [ -d "$N4P_SRC" ] || { echo "gpu-clients: --nccl4py '$N4P_SRC' is not a directory" >&2; exit 2; }
+  N4P_SRC=$(cd "$N4P_SRC" && pwd)
 fi
 mkdir -p "$OUT/logs" || exit 2
 OUT=$(cd "$OUT" && pwd)
@@ -222,12 +234,15 @@ run_case() {
     note="$rows rows, $checked #wrong cells checked, $wrong wrong"
   else
     local np nf names
+    local nx
     np=$(grep -cE '(^|[] ])PASS( |$)' "$log")
     nf=$(grep -cE '(^|[] ])FAIL( |$)' "$log")
+    nx=$(grep -cE '(^|[] ])XFAIL( |$)' "$log")   # refused by design, said so (nccl4py_check.py)
     names=$(py_fails "$log")
     [ "$nf" -ne 0 ] && why+=("FAIL: ${names:-$nf lines}")
     [ "$np" -eq 0 ] && [ "$nf" -eq 0 ] && why+=("no PASS/FAIL lines")
     note="$np PASS lines, $nf FAIL"
+    [ "$nx" -ne 0 ] && note="$note, $nx XFAIL"
   fi
   if [ ${#why[@]} -gt 0 ]; then
     result=FAIL
@@ -381,6 +396,34 @@ else
   WHY_MSCCLPP="mscclpp_rs.torch_backend not importable${PYDIR:+ from $PYDIR} (give --py DIR): $(echo "$out" | tail -1)"
 fi
 
+# nccl4py: the package directory for PYTHONPATH (--nccl4py DIR, or its wheel unpacked), or none
+HAVE_N4P=0 WHY_N4P="" N4P_DIR="" N4P_DESC=""
+if [ -n "$N4P_SRC" ] && [ -d "$N4P_SRC/nccl/core" ]; then
+  N4P_DIR=$N4P_SRC
+elif [ -n "$N4P_SRC" ]; then
+  n4p_whl=$(ls -1 "$N4P_SRC"/nccl4py-*.whl 2>/dev/null | sort | tail -1)
+  if [ -n "$n4p_whl" ]; then
+    rm -rf "$OUT/nccl4py-pkg"
+    if out=$("$PY" -m zipfile -e "$n4p_whl" "$OUT/nccl4py-pkg" 2>&1); then
+      N4P_DIR=$OUT/nccl4py-pkg N4P_DESC="$(basename "$n4p_whl") unpacked"
+    else
+      WHY_N4P="cannot unpack $n4p_whl: $(echo "$out" | tail -1)"
+    fi
+  else
+    WHY_N4P="--nccl4py $N4P_SRC holds neither nccl/core nor an nccl4py-*.whl"
+  fi
+fi
+PYPATH_N4P=${N4P_DIR:+$N4P_DIR}${PYTHONPATH:+${N4P_DIR:+:}$PYTHONPATH}
+if [ -z "$WHY_N4P" ]; then
+  # import only: nccl4py loads libnccl at its first call, which this does not make
+  if out=$(PYTHONPATH=$PYPATH_N4P timeout 120 "$PY" -c 'import nccl.core, cupy, cuda.pathfinder; print(nccl.core.__version__, nccl.core.__file__)' 2>&1); then
+    HAVE_N4P=1 N4P_DESC="nccl4py $(echo "$out" | tail -1)${N4P_DESC:+ ($N4P_DESC)}"
+  else
+    n4p_hint=""; [ -z "$N4P_SRC" ] && n4p_hint=" (give --nccl4py DIR)"
+    WHY_N4P="nccl4py not importable with $PY${N4P_DIR:+ from $N4P_DIR}$n4p_hint: $(echo "$out" | tail -1)"
+  fi
+fi
+
 torchrun_cmd() { # NRANKS SCRIPT ARGS... -> the command, in TR
   local n=$1; shift
   TR=("$PY" -m torch.distributed.run --standalone --nproc_per_node="$n" "$@")
@@ -422,6 +465,7 @@ HDR+=("- MSCCLPP_NCCL_LIB_PATH (fallback to the real NCCL): ${MSCCLPP_NCCL_LIB_P
 HDR+=("- NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE MSCCLPP_FORCE_DISABLE_NVLS=$MSCCLPP_FORCE_DISABLE_NVLS")
 HDR+=("- python: $PY${TORCH_VER:+ (torch $TORCH_VER)}${PYDIR:+; mscclpp_rs from $PYDIR}")
 HDR+=("- nccl-tests: ${NT_DESC:-$NT_WHY}")
+HDR+=("- nccl4py: ${N4P_DESC:-$WHY_N4P}")
 HDR+=("- ranks: $RANKS; --limit ${LIMIT}s")
 
 for N in "${RANK_LIST[@]}"; do
@@ -456,6 +500,18 @@ for N in "${RANK_LIST[@]}"; do
       env LD_PRELOAD="$LIB" "$PY" "$EX/cupy_nccl.py" --nproc "$N"
   else
     skip_case "cupy-np$N" cupy "cupy_nccl.py (LD_PRELOAD)" "$N" "$WHY_CUPY"
+  fi
+
+  # NVIDIA's nccl4py: every host call it makes. It dlsym()s from the libnccl.so.2 that
+  # cuda.pathfinder finds already loaded, so the script loads a copy of LIB whose SONAME is
+  # libnccl.so.2 (made in Python, in a temporary directory) before nccl4py; no LD_PRELOAD.
+  if [ "$HAVE_N4P" = 1 ]; then
+    run_case "nccl4py-np$N" nccl4py "nccl4py_check.py (libnccl.so.2 copy loaded first)" "$N" py 420 \
+      "$(dev_note "$N"); XFAIL lines: calls refused by design" -- \
+      env -u LD_PRELOAD PYTHONPATH="$PYPATH_N4P" MSCCLPP_NCCL_SO="$LIB" \
+      "$PY" "$EX/nccl4py_check.py" --nproc "$N" --timeout 400
+  else
+    skip_case "nccl4py-np$N" nccl4py "nccl4py_check.py (libnccl.so.2 copy loaded first)" "$N" "$WHY_N4P"
   fi
 
   # JAX (nccl/examples/jax_psum.py, written elsewhere)
