@@ -12,13 +12,12 @@
 mod support;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mscclpp::hal::{DataType, ReduceOp};
 use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    CollFn, Comm, fresh_dir, lib_path, open_lib, publish, rank_command, rank_failure, read_id,
-    run_if_rank, wait_or_kill,
+    CollFn, Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, run_ranks,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_PREMUL_TEST_RANK";
@@ -560,35 +559,18 @@ fn main() {
         fail(&e);
     }
     let dir = fresh_dir("premul").unwrap_or_else(|e| fail(&e));
-    let mut children = Vec::new();
-    for rank in 0..NRANKS {
-        let child = rank_command(ROLE_VAR, DIR_VAR, rank, &dir)
-            .and_then(|mut c| {
-                c.env_remove("MSCCLPP_ALGO_ALLREDUCE")
-                    .spawn()
-                    .map_err(|e| format!("spawning rank {rank}: {e}"))
-            })
-            .unwrap_or_else(|e| fail(&e));
-        children.push(child);
-    }
-    let deadline = Instant::now() + Duration::from_secs(240);
-    let mut failures = Vec::new();
-    for (rank, child) in children.into_iter().enumerate() {
-        let (out, killed) = wait_or_kill(child, deadline, Duration::from_millis(20))
-            .unwrap_or_else(|e| fail(&format!("rank {rank} output: {e}")));
-        if killed {
-            failures.push(format!("rank {rank}: no result within 240 s (killed)"));
-        }
-        if !out.status.success() {
-            failures.push(rank_failure(rank, &out));
-        } else if !dir.join(format!("done-{rank}")).exists() {
-            failures.push(format!("rank {rank} exited 0 without finishing its checks"));
-        }
-    }
+    let ran = run_ranks(
+        (ROLE_VAR, DIR_VAR),
+        &dir,
+        NRANKS,
+        Duration::from_secs(240),
+        |c| {
+            c.env_remove("MSCCLPP_ALGO_ALLREDUCE");
+        },
+    );
     let _ = std::fs::remove_dir_all(&dir);
-    if !failures.is_empty() {
-        eprintln!("{}", failures.join("\n"));
-        std::process::exit(1);
+    if let Err(e) = ran {
+        fail(&e);
     }
     println!("premul_register: 2 ranks on the host backend: every check passed");
 }

@@ -11,13 +11,12 @@
 mod support;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mscclpp::hal::Backend;
 use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    CollFn, Comm, MoveFn, fresh_dir, lib_path, open_lib, publish, rank_command, rank_failure,
-    read_id, run_if_rank, wait_or_kill,
+    CollFn, Comm, MoveFn, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, run_ranks,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_SEGMENTS_TEST_RANK";
@@ -216,31 +215,16 @@ fn main() {
         fail(&e);
     }
     let dir = fresh_dir("segments").unwrap_or_else(|e| fail(&e));
-    let mut children = Vec::new();
-    for rank in 0..NRANKS {
-        let child = rank_command(ROLE_VAR, DIR_VAR, rank, &dir)
-            .and_then(|mut c| c.spawn().map_err(|e| format!("spawning rank {rank}: {e}")))
-            .unwrap_or_else(|e| fail(&e));
-        children.push(child);
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut failures = Vec::new();
-    for (rank, child) in children.into_iter().enumerate() {
-        let (out, killed) = wait_or_kill(child, deadline, Duration::from_millis(20))
-            .unwrap_or_else(|e| fail(&format!("rank {rank} output: {e}")));
-        if killed {
-            failures.push(format!("rank {rank}: no result within 120 s (killed)"));
-        }
-        if !out.status.success() {
-            failures.push(rank_failure(rank, &out));
-        } else if !dir.join(format!("done-{rank}")).exists() {
-            failures.push(format!("rank {rank} exited 0 without finishing its checks"));
-        }
-    }
+    let ran = run_ranks(
+        (ROLE_VAR, DIR_VAR),
+        &dir,
+        NRANKS,
+        Duration::from_secs(120),
+        |_| {},
+    );
     let _ = std::fs::remove_dir_all(&dir);
-    if !failures.is_empty() {
-        eprintln!("{}", failures.join("\n"));
-        std::process::exit(1);
+    if let Err(e) = ran {
+        fail(&e);
     }
     println!("segments: 2 ranks on the host backend, ranges of 8 mappings: every check passed");
 }

@@ -247,3 +247,46 @@ pub fn mark(p: &Path, data: &[u8]) -> Result<(), String> {
     std::fs::write(&tmp, data).map_err(|e| e.to_string())?;
     std::fs::rename(&tmp, p).map_err(|e| e.to_string())
 }
+
+/// Runs `nranks` ranks of this test binary (children started by [`rank_command`], each given
+/// `prepare` first) and waits up to `timeout`; each must exit 0 having written `dir/done-<rank>`.
+/// The failures of every rank, joined, as the error.
+pub fn run_ranks(
+    (role_var, dir_var): (&str, &str),
+    dir: &Path,
+    nranks: usize,
+    timeout: Duration,
+    prepare: impl Fn(&mut Command),
+) -> Result<(), String> {
+    let mut children = Vec::new();
+    for rank in 0..nranks {
+        let mut cmd = rank_command(role_var, dir_var, rank, dir)?;
+        prepare(&mut cmd);
+        children.push(
+            cmd.spawn()
+                .map_err(|e| format!("spawning rank {rank}: {e}"))?,
+        );
+    }
+    let deadline = Instant::now() + timeout;
+    let mut failures = Vec::new();
+    for (rank, child) in children.into_iter().enumerate() {
+        let (out, killed) = wait_or_kill(child, deadline, Duration::from_millis(20))
+            .map_err(|e| format!("rank {rank} output: {e}"))?;
+        if killed {
+            failures.push(format!(
+                "rank {rank}: no result within {} s (killed)",
+                timeout.as_secs()
+            ));
+        }
+        if !out.status.success() {
+            failures.push(rank_failure(rank, &out));
+        } else if !dir.join(format!("done-{rank}")).exists() {
+            failures.push(format!("rank {rank} exited 0 without finishing its checks"));
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n"))
+    }
+}
