@@ -16,11 +16,20 @@
 //! - **who serves the ranks** ([`Caller::new`]): one rank copies; the ranks of one host take the
 //!   collectives; ranks on several hosts take the hierarchical ones where they can; otherwise no
 //!   collectives, and [`Caller::no_collectives`] says why (the C library then falls back);
+//! - **what a call asks for** ([`Tuning`], [`Caller::collective_tuned`]): an algorithm, and
+//!   whether the policy's choice may serve where that one cannot;
+//! - **reduce** ([`Caller::reduce`], `reduce.rs`): NCCL's rooted reduction as chunked
+//!   all-reduces into a sink the communicator allocates once;
+//! - **registration** ([`Caller::register`], `windows.rs`): caller buffers mapped into every
+//!   peer where every rank can export its own, else recorded on every rank;
 //! - **point to point** ([`Caller::send_recv`]): a group's sends and receives, or with one rank
 //!   the copies between its sends and receives to itself;
 //! - **execution plans** ([`Caller::run_plan`]): a plan runs on buffers of the library, arranged
 //!   as the plan says (in place or not), between two copies on the caller's stream, inside the
 //!   communicator's launch order.
+//!
+//! The front ends reach the collectives only through these methods (there is no accessor for
+//! them), so each rule above is written once.
 //!
 //! What stays in the front ends is theirs alone: the C ABI, its handle registry and groups; the
 //! Python objects, array protocols and the GIL.
@@ -28,7 +37,9 @@
 
 pub mod memory;
 mod plans;
+mod reduce;
 mod streams;
+mod windows;
 
 use std::sync::Arc;
 
@@ -43,7 +54,9 @@ use mscclpp_hal::{
 };
 
 pub use memory::memory_freed;
+pub use mscclpp_collectives::{AlgorithmId, Window};
 pub use plans::MAX_STAGED;
+pub use reduce::{REDUCE_CHUNK_BYTES, ReduceCall};
 
 /// One communicator's caller side: its collectives (or why there are none), its own stream,
 /// the wrapped streams of its callers and the staged buffers of its plans.
@@ -56,6 +69,8 @@ pub struct Caller {
     streams: streams::StreamCache,
     memory: memory::WrapCache,
     plans: plans::PlanStage,
+    /// Where a reduce leaves its chunks on the ranks other than the root (with collectives).
+    reduce_sink: Option<DeviceBuffer>,
     host: bool,
 }
 
@@ -102,8 +117,13 @@ impl Caller {
         let memory = memory::WrapCache::from_env()?;
         let internal = comm.device().create_stream()?;
         let host = comm.device().info().backend == BackendKind::Host;
+        let reduce_sink = match &colls {
+            Some(_) => Some(reduce::sink(&**comm.device())?),
+            None => None,
+        };
         Ok(Caller {
             memory,
+            reduce_sink,
             plans: plans::PlanStage::new(),
             comm,
             colls,
@@ -119,14 +139,43 @@ impl Caller {
         &self.comm
     }
 
-    /// The collectives, where they serve these ranks (several ranks, see [`Caller::new`]).
-    pub fn collectives(&self) -> Option<&dyn AnyCollectives> {
-        self.colls.as_deref()
-    }
-
     /// Why several ranks have no collectives (`None` with collectives, or with one rank).
     pub fn no_collectives(&self) -> Option<&str> {
         self.no_colls.as_deref()
+    }
+
+    /// Whether the collectives serve these ranks (several ranks, see [`Caller::new`]).
+    pub fn has_collectives(&self) -> bool {
+        self.colls.is_some()
+    }
+
+    /// `Ok` where collectives-level work runs natively (one rank, or collectives); else the
+    /// error a front end without a fallback returns, naming `what` and why.
+    pub fn require(&self, what: &str) -> Result<()> {
+        if self.serves() {
+            Ok(())
+        } else {
+            Err(self.unavailable(what))
+        }
+    }
+
+    /// The algorithm the collectives take for `kind` at `block_bytes` per rank block (`None`
+    /// without collectives).
+    pub fn algorithm(&self, kind: CollectiveKind, block_bytes: u64) -> Option<AlgorithmId> {
+        self.colls.as_ref().map(|c| c.algorithm(kind, block_bytes))
+    }
+
+    /// Whether the ranks span hosts and the hierarchical collectives serve them.
+    pub fn spans_hosts(&self) -> bool {
+        self.colls.as_ref().is_some_and(|c| c.hosts().is_some())
+    }
+
+    /// Whether the collectives use the short-message kernels (see
+    /// `Collectives::use_short_kernels`); nothing without collectives.
+    pub fn use_short_kernels(&self, on: bool) {
+        if let Some(c) = &self.colls {
+            c.use_short_kernels(on);
+        }
     }
 
     /// Whether collectives-level work can run natively: one rank (copies) or collectives.
@@ -243,6 +292,18 @@ impl Caller {
         self.finish(stream)
     }
 
+    /// As [`Caller::collective`], with the algorithm `tuning` asks for (see [`Tuning`]).
+    pub fn collective_tuned(
+        &self,
+        call: &CollectiveCall<'_>,
+        tuning: Tuning,
+        stream: &DynStream,
+    ) -> Result<()> {
+        tuning.apply(call.kind, |algorithm| {
+            self.collective(&(*call).algorithm(algorithm), stream)
+        })
+    }
+
     /// Enqueues a group of sends and receives as one launch on `stream` (then
     /// [`Caller::finish`]); with one rank, each send to itself lands in the matching receive.
     pub fn send_recv(&self, ops: &[P2pOp<'_>], stream: &DynStream) -> Result<()> {
@@ -296,6 +357,18 @@ impl Caller {
             .check(plan, input_bytes, output_bytes, dtype)
     }
 
+    /// `root` is a rank of the communicator, or an error naming `what`.
+    fn check_root(&self, what: &str, root: usize) -> Result<()> {
+        let n = self.comm.nranks();
+        if root < n {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "{what}: root {root} is not a rank of {n}"
+            )))
+        }
+    }
+
     fn unavailable(&self, what: &str) -> Error {
         Error::unavailable(
             what,
@@ -303,6 +376,38 @@ impl Caller {
                 .clone()
                 .unwrap_or_else(|| "no collectives for this communicator".into()),
         )
+    }
+}
+
+/// The algorithm a call asks for, and what happens where it cannot serve the call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// The algorithm asked for (`None`: the policy's choice).
+    pub algorithm: Option<AlgorithmId>,
+    /// Where that algorithm cannot serve the call, take the policy's choice instead of failing.
+    /// The collectives refuse such an algorithm (`InvalidUsage`) before they enqueue anything,
+    /// and every rank gets the same answer for the same call, so the ranks still agree.
+    pub fallback: bool,
+}
+
+impl Tuning {
+    /// Runs `launch` with the algorithm asked for, then (see [`Tuning::fallback`]) with none.
+    fn apply(
+        self,
+        kind: CollectiveKind,
+        mut launch: impl FnMut(Option<AlgorithmId>) -> Result<()>,
+    ) -> Result<()> {
+        match (self.algorithm, launch(self.algorithm)) {
+            (Some(a), Err(e)) if self.fallback && matches!(e, Error::InvalidUsage(_)) => {
+                tracing::info!(
+                    target: "mscclpp_caller::tuning",
+                    "{}: the {a} algorithm the call asked for cannot serve it ({e}); the policy chooses",
+                    kind.name()
+                );
+                launch(None)
+            }
+            (_, r) => r,
+        }
     }
 }
 

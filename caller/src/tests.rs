@@ -94,7 +94,7 @@ fn sizes_follow_the_collective_and_refuse_overflow() {
 #[test]
 fn one_rank_copies_and_the_host_stream_rule() {
     with_ranks(1, |_, c| {
-        assert!(c.serves() && c.collectives().is_none() && c.is_host());
+        assert!(c.serves() && !c.has_collectives() && c.is_host());
         let Err(e) = c.stream(Some(0x1234)) else {
             panic!("a named stream was accepted on the host backend");
         };
@@ -180,7 +180,8 @@ impl Stream for ForeignStream {
 fn the_collectives_run_on_the_backends_own_types_and_refuse_a_foreign_stream() {
     with_ranks(2, |r, c| {
         let colls = c
-            .collectives()
+            .colls
+            .as_deref()
             .expect("two ranks of one host have collectives");
         assert_eq!(colls.backend(), "host");
         let dev = c.communicator().device();
@@ -226,7 +227,7 @@ fn a_wrapped_device_runs_the_collectives_over_the_trait_objects() {
         })
     };
     with_ranks_on(2, wrap, |r, c| {
-        let colls = c.collectives().expect("collectives");
+        let colls = c.colls.as_deref().expect("collectives");
         assert_eq!(colls.backend(), "run-time");
         let dev = c.communicator().device();
         let (a, b) = (
@@ -632,4 +633,126 @@ fn collectives_run_on_ranges_across_several_mappings() {
     for (r, w) in results.iter().enumerate() {
         assert!(w.is_empty(), "rank {r}: {w:?}");
     }
+}
+
+/// Random-looking f32 data for `rank` (exact sums: small integers).
+fn ints(rank: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 31 + rank * 17) % 97) as f32 - 48.0)
+        .collect()
+}
+
+/// A reduce over more than one chunk ([`crate::REDUCE_CHUNK_BYTES`]) lands in the root's output
+/// only (the other ranks' outputs keep their poison), for each root; a root that is not a rank
+/// is refused naming it.
+#[test]
+fn reduce_lands_in_the_roots_output_across_chunks() {
+    let n = crate::REDUCE_CHUNK_BYTES / 4 + 37;
+    with_ranks(2, |r, c| {
+        let dev = c.communicator().device();
+        let s = c.stream(None).expect("own stream");
+        let (a, b) = (
+            dev.alloc(n * 4, MemoryKind::Device).unwrap(),
+            dev.alloc(n * 4, MemoryKind::Device).unwrap(),
+        );
+        write_f32(&a, &ints(r, n));
+        for root in [1, 0] {
+            write_f32(&b, &vec![f32::NAN; n]);
+            let call = crate::ReduceCall {
+                send: a.ptr().0,
+                recv: b.ptr().0,
+                count: n,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+                root,
+            };
+            // SAFETY: both buffers hold `n` floats and outlive the call (it has run on return).
+            unsafe { c.reduce(&call, crate::Tuning::default(), &*s) }.expect("reduce");
+            let got = read_f32(&b, n);
+            if r == root {
+                let (x, y) = (ints(0, n), ints(1, n));
+                let bad = (0..n).filter(|&i| got[i] != x[i] + y[i]).count();
+                assert_eq!(bad, 0, "rank {r}: {bad} wrong of {n} (root {root})");
+            } else {
+                assert!(
+                    got.iter().all(|v| v.is_nan()),
+                    "a non-root output was written"
+                );
+            }
+        }
+        let call = crate::ReduceCall {
+            send: a.ptr().0,
+            recv: b.ptr().0,
+            count: 4,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            root: 2,
+        };
+        // SAFETY: as above (refused before anything is enqueued).
+        let e = unsafe { c.reduce(&call, crate::Tuning::default(), &*s) }.unwrap_err();
+        assert!(e.to_string().contains("root 2 is not a rank of 2"), "{e}");
+    });
+}
+
+/// An algorithm asked for that cannot serve the call fails, unless the tuning allows the
+/// policy's choice; then the result is right.
+#[test]
+fn a_tuned_call_falls_back_to_the_policy_only_when_allowed() {
+    with_ranks(2, |r, c| {
+        let dev = c.communicator().device();
+        let s = c.stream(None).expect("own stream");
+        let (a, b) = (
+            dev.alloc(256, MemoryKind::Device).unwrap(),
+            dev.alloc(512, MemoryKind::Device).unwrap(),
+        );
+        write_f32(&a, &ints(r, 64));
+        write_f32(&b, &[f32::NAN; 128]);
+        let (ia, ob) = (a.full(), b.full());
+        let call = CollectiveCall::new(CollectiveKind::AllGather, &ia, &ob, 64, DataType::F32);
+        let read = crate::Tuning {
+            algorithm: Some(crate::AlgorithmId::Read),
+            fallback: false,
+        };
+        let e = c.collective_tuned(&call, read, &*s).unwrap_err();
+        assert!(e.to_string().contains("read"), "{e}");
+        assert!(read_f32(&b, 128).iter().all(|v| v.is_nan()));
+        let tuning = crate::Tuning {
+            fallback: true,
+            ..read
+        };
+        c.collective_tuned(&call, tuning, &*s)
+            .expect("the policy's choice");
+        let want: Vec<f32> = ints(0, 64).into_iter().chain(ints(1, 64)).collect();
+        assert_eq!(read_f32(&b, 128), want);
+    });
+}
+
+/// Registration is collective and agreed: every rank's buffer is mapped when every rank passes
+/// one; when one rank passes none, every rank records it (`None`) and nobody waits; with one
+/// rank there is nothing to map. Windows deregister in order.
+#[test]
+fn registration_is_agreed_by_every_rank() {
+    with_ranks(2, |r, c| {
+        let dev = c.communicator().device();
+        let a = dev.alloc(1 << 16, MemoryKind::Device).unwrap();
+        let w = c.register(Some(&a.full())).expect("register");
+        let w = w.expect("every rank passed memory the peers can map");
+        let mine = (r == 0).then(|| a.full());
+        let none = c
+            .register(mine.as_ref())
+            .expect("register with one rank out");
+        assert!(
+            none.is_none(),
+            "rank {r}: mapped although rank 1 passed nothing"
+        );
+        c.deregister(w).expect("deregister");
+    });
+    with_ranks(1, |_, c| {
+        let a = c
+            .communicator()
+            .device()
+            .alloc(4096, MemoryKind::Device)
+            .unwrap();
+        assert!(c.register(Some(&a.full())).expect("register").is_none());
+    });
 }

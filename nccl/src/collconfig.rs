@@ -1,5 +1,5 @@
 //! `ncclCollConfig_t` (NCCL 2.31–2.32): how the `nccl*Config` collectives read a caller's
-//! per-call configuration ([`read`]) and what of it this library applies ([`PerCall`]).
+//! per-call configuration ([`read`]) and what of it this library applies ([`Tuning`]).
 //!
 //! The header is checked as NCCL checks it (`ncclInvalidArgument` naming the field): `size` at
 //! least 2.31's struct, the magic, `forceAlgSelection` 0 or 1, `CTAPolicy` unset or a
@@ -40,16 +40,8 @@ use crate::abi::*;
 use crate::error::{Failure, Res};
 use crate::route::Op;
 
-/// What a per-call configuration changes in how a call runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PerCall {
-    /// The algorithm the call must take (collectives' per-call override), or `None`: the
-    /// policy's choice.
-    pub algorithm: Option<AlgorithmId>,
-    /// Where `algorithm` cannot serve the call here, run the policy's choice instead of failing
-    /// (`forceAlgSelection` 0, or an algorithm that came from `CTAPolicy`).
-    pub fallback: bool,
-}
+/// What a per-call configuration changes in how a call runs: the caller side's [`Tuning`].
+pub use mscclpp_caller::Tuning;
 
 /// Log target of the decisions (NCCL's `TUNING` subsystem).
 const TUNING: &str = crate::debug::TUNING;
@@ -148,21 +140,21 @@ fn ours(token: &str) -> Option<AlgorithmId> {
 }
 
 /// What `algSelection` asks of `op`, given `forceAlgSelection`.
-fn selection(sel: &str, force: bool, op: Option<Op>, name: &str) -> Res<PerCall> {
+fn selection(sel: &str, force: bool, op: Option<Op>, name: &str) -> Res<Tuning> {
     let tokens: Vec<&str> = sel
         .split([',', ' ', '|'])
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .collect();
     if tokens.is_empty() {
-        return Ok(PerCall::default());
+        return Ok(Tuning::default());
     }
     if !has_algorithms(op) {
         tracing::info!(
             target: TUNING,
             "{name}: config->algSelection {sel:?} is advisory: this call runs as sends and receives, which have no algorithms to choose"
         );
-        return Ok(PerCall::default());
+        return Ok(Tuning::default());
     }
     if let Some(a) = tokens.iter().find_map(|t| ours(t)) {
         tracing::info!(
@@ -170,7 +162,7 @@ fn selection(sel: &str, force: bool, op: Option<Op>, name: &str) -> Res<PerCall>
             "{name}: config->algSelection {sel:?}: this call takes the {a} algorithm (forceAlgSelection {})",
             u8::from(force)
         );
-        return Ok(PerCall {
+        return Ok(Tuning {
             algorithm: Some(a),
             fallback: !force,
         });
@@ -184,7 +176,7 @@ fn selection(sel: &str, force: bool, op: Option<Op>, name: &str) -> Res<PerCall>
             target: TUNING,
             "{name}: config->algSelection {sel:?} names NCCL's algorithms, which have no counterpart here: advisory, the policy chooses"
         );
-        return Ok(PerCall::default());
+        return Ok(Tuning::default());
     }
     if force {
         return Err(Failure::argument(format!(
@@ -197,27 +189,27 @@ fn selection(sel: &str, force: bool, op: Option<Op>, name: &str) -> Res<PerCall>
         target: TUNING,
         "{name}: config->algSelection {sel:?} cannot be honoured; falling back to automatic selection (forceAlgSelection 0)"
     );
-    Ok(PerCall::default())
+    Ok(Tuning::default())
 }
 
 /// What `CTAPolicy` asks of `op` where no algorithm was named.
-fn cta_policy(policy: c_int, op: Option<Op>, name: &str) -> PerCall {
+fn cta_policy(policy: c_int, op: Option<Op>, name: &str) -> Tuning {
     if policy == NCCL_CONFIG_UNDEF_INT {
-        return PerCall::default();
+        return Tuning::default();
     }
     if mscclpp::hal::env::get("NCCL_CTA_POLICY").is_some() {
         tracing::info!(
             target: TUNING,
             "{name}: config->CTAPolicy {policy} ignored: NCCL_CTA_POLICY is set, and the environment wins (as in NCCL)"
         );
-        return PerCall::default();
+        return Tuning::default();
     }
     if policy & NCCL_CTA_POLICY_ZERO != 0 && has_algorithms(op) {
         tracing::info!(
             target: TUNING,
             "{name}: config->CTAPolicy {policy} (NCCL_CTA_POLICY_ZERO): the copy-engine algorithm (ce) where it serves the call, else the policy's choice"
         );
-        return PerCall {
+        return Tuning {
             algorithm: Some(AlgorithmId::Ce),
             fallback: true,
         };
@@ -226,7 +218,7 @@ fn cta_policy(policy: c_int, op: Option<Op>, name: &str) -> PerCall {
         target: TUNING,
         "{name}: config->CTAPolicy {policy} is advisory: this library's algorithms size their own grids"
     );
-    PerCall::default()
+    Tuning::default()
 }
 
 /// Logs the `ext` options (ignored).
@@ -257,9 +249,9 @@ unsafe fn log_ext(mut ext: *const NcclConfigExt, name: &str) {
 /// `config` must be NULL or point to `size` readable bytes starting with an `ncclCollConfig_t`
 /// header, whose `algSelection` is NULL or a C string and whose `ext` is NULL or a
 /// non-circular list of valid options.
-pub unsafe fn read(config: *const NcclCollConfig, op: Option<Op>, name: &str) -> Res<PerCall> {
+pub unsafe fn read(config: *const NcclCollConfig, op: Option<Op>, name: &str) -> Res<Tuning> {
     if config.is_null() {
-        return Ok(PerCall::default());
+        return Ok(Tuning::default());
     }
     // SAFETY: non-NULL; the caller's contract.
     let raw = unsafe { copy_in(config)? };
@@ -325,7 +317,7 @@ pub unsafe fn read(config: *const NcclCollConfig, op: Option<Op>, name: &str) ->
 mod tests {
     use super::*;
 
-    fn read_of(c: &NcclCollConfig, op: Op) -> Res<PerCall> {
+    fn read_of(c: &NcclCollConfig, op: Op) -> Res<Tuning> {
         // SAFETY: a whole, initialised config; its strings are C strings.
         unsafe { read(c, Some(op), "test") }
     }
@@ -333,7 +325,7 @@ mod tests {
     #[test]
     fn header_checks_name_the_field() {
         let mut c = NcclCollConfig::INITIALIZER;
-        assert_eq!(read_of(&c, Op::AllReduce).unwrap(), PerCall::default());
+        assert_eq!(read_of(&c, Op::AllReduce).unwrap(), Tuning::default());
         c.size = 40;
         let e = read_of(&c, Op::AllReduce).unwrap_err();
         assert_eq!(e.code, NCCL_INVALID_ARGUMENT);
@@ -362,7 +354,7 @@ mod tests {
         // A 2.31 caller's 64 bytes: the event slot is not its, so it is not read.
         c.size = COLL_CONFIG_MIN_SIZE;
         c.version = 23102;
-        assert_eq!(read_of(&c, Op::AllReduce).unwrap(), PerCall::default());
+        assert_eq!(read_of(&c, Op::AllReduce).unwrap(), Tuning::default());
     }
 
     #[test]
@@ -373,12 +365,12 @@ mod tests {
         assert_eq!(p.algorithm, Some(AlgorithmId::Direct));
         assert!(!p.fallback);
         c.alg_selection = c"Ring,Tree".as_ptr();
-        assert_eq!(read_of(&c, Op::AllGather).unwrap(), PerCall::default());
+        assert_eq!(read_of(&c, Op::AllGather).unwrap(), Tuning::default());
         c.alg_selection = c"warp-drive".as_ptr();
         let e = read_of(&c, Op::AllGather).unwrap_err();
         assert!(e.message.contains("algSelection"), "{}", e.message);
         c.force_alg_selection = 0;
-        assert_eq!(read_of(&c, Op::AllGather).unwrap(), PerCall::default());
+        assert_eq!(read_of(&c, Op::AllGather).unwrap(), Tuning::default());
         c.alg_selection = c"LL128".as_ptr();
         let p = read_of(&c, Op::AllReduce).unwrap();
         assert_eq!(p.algorithm, Some(AlgorithmId::Ll128));
@@ -389,12 +381,12 @@ mod tests {
         assert_eq!(p.algorithm, Some(AlgorithmId::Ce));
         assert!(p.fallback);
         c.cta_policy = NCCL_CTA_POLICY_EFFICIENCY;
-        assert_eq!(read_of(&c, Op::AllToAll).unwrap(), PerCall::default());
+        assert_eq!(read_of(&c, Op::AllToAll).unwrap(), Tuning::default());
         // Gather and scatter run as sends and receives: nothing to choose.
         c.alg_selection = c"direct".as_ptr();
         // SAFETY: as in read_of.
         let p = unsafe { read(&c, None, "test") }.unwrap();
-        assert_eq!(p, PerCall::default());
+        assert_eq!(p, Tuning::default());
     }
 
     #[test]
@@ -413,6 +405,6 @@ mod tests {
         };
         let mut c = NcclCollConfig::INITIALIZER;
         c.ext = (&first as *const NcclConfigExt).cast_mut();
-        assert_eq!(read_of(&c, Op::AllReduce).unwrap(), PerCall::default());
+        assert_eq!(read_of(&c, Op::AllReduce).unwrap(), Tuning::default());
     }
 }

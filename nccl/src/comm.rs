@@ -6,7 +6,6 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mscclpp::collectives::AnyCollectives;
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{Device, DeviceBuffer, Stream};
 
@@ -26,10 +25,6 @@ pub struct Native {
     /// operation falls back), its own stream (what `stream == NULL` means on the host backend)
     /// and the wrapped streams of callers.
     pub(crate) caller: Caller,
-    /// Where `ncclReduce` leaves the all-reduce's result on the ranks other than the root
-    /// ([`REDUCE_CHUNK_BYTES`], allocated with the communicator: nothing is allocated while a
-    /// stream may be capturing).
-    pub(crate) reduce_sink: Option<DeviceBuffer>,
     /// Execution plans of `MSCCLPP_EXECUTION_PLAN_DIR`, tried ahead of the collectives.
     pub(crate) plans: Option<crate::plans::Plans>,
     /// Where a PreMulSum reduce-scatter or reduce scales this rank's input (the caller's send
@@ -37,9 +32,6 @@ pub struct Native {
     /// allocated with the communicator since calls already enqueued may still read them.
     pub(crate) premul_staging: Mutex<Vec<DeviceBuffer>>,
 }
-
-/// Bytes of the all-reduces `ncclReduce` is made of (the last may be shorter).
-pub const REDUCE_CHUNK_BYTES: usize = 8 << 20;
 
 impl Native {
     /// The mscclpp communicator.
@@ -203,11 +195,9 @@ impl Comm {
         self.real_comm().ok_or_else(|| no_real(what))
     }
 
-    /// The native collectives and communicator, where the collectives serve (several ranks of
-    /// one host).
-    pub fn native_collectives(&self) -> Option<(&dyn AnyCollectives, &Arc<Communicator>)> {
-        let n = self.native.as_ref()?;
-        Some((n.caller.collectives()?, n.communicator()))
+    /// The caller side, where this communicator has a native side.
+    pub fn caller(&self) -> Option<&Caller> {
+        self.native.as_ref().map(|n| &n.caller)
     }
 
     /// The native communicator's device, if it has a native side.

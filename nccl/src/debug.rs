@@ -185,6 +185,7 @@ pub fn subsystem_of(target: &str) -> u32 {
         ("mscclpp_collectives::algorithms::p2p", "P2P"),
         ("mscclpp_collectives", "COLL"),
         ("mscclpp_executor", "COLL"),
+        ("mscclpp_caller::tuning", "TUNING"),
         ("mscclpp_caller", "COLL"),
         ("mscclpp_hal::env", "ENV"),
     ];

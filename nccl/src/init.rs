@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use mscclpp::collectives::CollectiveKind;
 use mscclpp::comm::{Bootstrap, BootstrapConfig, Communicator, UniqueId};
-use mscclpp::hal::{Device, MemoryKind};
+use mscclpp::hal::Device;
 
 use mscclpp_caller::Caller;
 
 use crate::abi::*;
-use crate::comm::{Comm, Native, REDUCE_CHUNK_BYTES, RealComm};
+use crate::comm::{Comm, Native, RealComm};
 use crate::config::CommConfig;
 use crate::error::{Failure, Res};
 use crate::real::{RealNccl, RealResults, real};
@@ -170,23 +170,12 @@ pub fn build(
                 "rank {r}: every collective of this communicator falls back to the real NCCL: {why}"
             );
         }
-        let reduce_sink = match caller.collectives() {
-            Some(_) => Some(
-                caller
-                    .communicator()
-                    .device()
-                    .alloc(REDUCE_CHUNK_BYTES, MemoryKind::Device)?,
-            ),
-            None => None,
-        };
         // Execution plans connect the ranks of one host.
-        let plans = caller
-            .collectives()
-            .filter(|_| one_host)
-            .and_then(|_| crate::plans::Plans::from_env(&caller));
+        let plans = (caller.has_collectives() && one_host)
+            .then(|| crate::plans::Plans::from_env(&caller))
+            .flatten();
         Ok(Native {
             caller,
-            reduce_sink,
             plans,
             premul_staging: Mutex::new(Vec::new()),
         })
@@ -243,20 +232,25 @@ fn log_served(r: usize, n: usize, ordinal: usize, native: &Native, has_real: boo
     } else {
         "no real NCCL loaded (MSCCLPP_NCCL_LIB_PATH unset)"
     };
-    let served = match (native.caller.collectives(), n) {
-        (Some(_), _) => "natively by mscclpp-rs",
-        (None, 1) => "natively by mscclpp-rs (one rank: operations are copies)",
-        (None, _) => "by the real NCCL (no native collectives)",
+    let served = match (native.caller.has_collectives(), n) {
+        (true, _) => "natively by mscclpp-rs",
+        (false, 1) => "natively by mscclpp-rs (one rank: operations are copies)",
+        (false, _) => "by the real NCCL (no native collectives)",
     };
     tracing::info!(
         target: crate::debug::INIT,
         "comm rank {r} nranks {n} cudaDev {ordinal} - Init COMPLETE: served {served}; {fallback}{forced}"
     );
-    if let Some(colls) = native.caller.collectives() {
+    if native.caller.has_collectives() {
         const KIB: u64 = 1 << 10;
         for kind in CollectiveKind::ALL {
-            let by_size = [4 * KIB, 256 * KIB, 16 * KIB * KIB]
-                .map(|b| format!("{}:{}", size_label(b), colls.algorithm(kind, b).name()));
+            let by_size = [4 * KIB, 256 * KIB, 16 * KIB * KIB].map(|b| {
+                let algo = native
+                    .caller
+                    .algorithm(kind, b)
+                    .map_or("none", |a| a.name());
+                format!("{}:{}", size_label(b), algo)
+            });
             tracing::info!(
                 target: crate::debug::INIT,
                 "rank {r}: {kind:?} algorithm by rank-block size {}",

@@ -7,15 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use mscclpp::collectives::{CollectiveCall, CollectiveKind, P2pKind, P2pOp};
-use mscclpp::hal::{
-    BufferSlice, DataType, DeviceBuffer, DevicePtr, DynStream, ErrorClass, MemoryKind, ReduceOp,
-};
+use mscclpp::hal::{BufferSlice, DataType, DeviceBuffer, DevicePtr, MemoryKind, ReduceOp};
 
-use mscclpp_caller::buffer_bytes;
+use mscclpp_caller::{ReduceCall, buffer_bytes};
 
 use crate::abi::*;
-use crate::collconfig::PerCall;
-use crate::comm::{Comm, Native, REDUCE_CHUNK_BYTES};
+use crate::comm::Comm;
 use crate::error::{Failure, Res};
 use crate::group::{defer_p2p, enter_real_group, in_group};
 use crate::real::{RealResults, no_real};
@@ -86,13 +83,11 @@ impl Comm {
             } => {
                 log_route(call.op, true, "");
                 self.log_call(&call, || {
+                    let caller = &self.native.as_ref()?.caller;
                     let algo = call
                         .op
                         .collective()
-                        .zip(self.native.as_ref()?.caller.collectives())
-                        .map(|(kind, colls)| {
-                            colls.algorithm(kind, count as u64 * dt.size() as u64)
-                        });
+                        .and_then(|kind| caller.algorithm(kind, count as u64 * dt.size() as u64));
                     match algo {
                         Some(a) => Some(format!("native ({a})")),
                         None => Some("native".into()),
@@ -145,7 +140,7 @@ impl Comm {
                 NativeSide::Idle(n.caller.no_collectives().unwrap_or_default())
             }
             Some(n) => NativeSide::Serves {
-                hosts: n.caller.collectives().is_some_and(|c| c.hosts().is_some()),
+                hosts: n.caller.spans_hosts(),
             },
         }
     }
@@ -210,27 +205,17 @@ impl Comm {
         let stream = native.stream(call.stream)?;
         let root = usize::try_from(call.root).unwrap_or(0);
         if call.op == Op::Reduce {
-            let (block, _) = buffer_bytes(CollectiveKind::AllReduce, count, dt, self.nranks)?;
+            let reduce = ReduceCall {
+                send: call.send as u64,
+                recv: call.recv as u64,
+                count,
+                dtype: dt,
+                op,
+                root,
+            };
             // SAFETY: NCCL's contract: `count` elements at `sendbuff` on every rank, and at
             // `recvbuff` on the root, alive until the operation has run on `stream`.
-            let input = unsafe { caller.wrap_slice(call.send as u64, block)? };
-            let output = if root == self.rank {
-                // SAFETY: as above.
-                Some(unsafe { caller.wrap_slice(call.recv as u64, block)? })
-            } else {
-                None
-            };
-            let res = self.reduce(
-                native,
-                &input,
-                output.as_ref(),
-                count,
-                dt,
-                op,
-                call.tuning,
-                &*stream,
-            );
-            let res = res.and_then(|()| caller.finish(&*stream));
+            let res = unsafe { caller.reduce(&reduce, call.tuning, &*stream) };
             return res.map_err(|e| self.note(e));
         }
         let kind = call
@@ -267,66 +252,17 @@ impl Comm {
         let res = match planned {
             Ok(true) => Ok(()),
             Err(e) => Err(e),
-            Ok(false) => with_tuning(call.tuning, kind, |algorithm| {
-                caller.collective(
-                    // NCCL's rule: every rank passes registered buffers or none.
-                    &CollectiveCall::new(kind, &i, &o, count, dt)
-                        .op(op)
-                        .root(root)
-                        .registered(true)
-                        .algorithm(algorithm),
-                    &*stream,
-                )
-            }),
+            Ok(false) => caller.collective_tuned(
+                // NCCL's rule: every rank passes registered buffers or none.
+                &CollectiveCall::new(kind, &i, &o, count, dt)
+                    .op(op)
+                    .root(root)
+                    .registered(true),
+                call.tuning,
+                &*stream,
+            ),
         };
         res.map_err(|e| self.note(e))
-    }
-
-    /// `ncclReduce`: all-reduces of at most [`REDUCE_CHUNK_BYTES`], into the root's output there
-    /// and into the communicator's sink elsewhere (the same calls on every rank, so the same
-    /// algorithms). Stream-ordered, no host synchronisation, nothing allocated: capturable.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce(
-        &self,
-        native: &Native,
-        input: &BufferSlice,
-        output: Option<&BufferSlice>,
-        count: usize,
-        dt: DataType,
-        op: ReduceOp,
-        tuning: PerCall,
-        stream: &DynStream,
-    ) -> mscclpp::hal::Result<()> {
-        let esz = dt.size();
-        let Some(c) = native.caller.collectives() else {
-            // One rank: a copy on the root (in place: nothing to do).
-            return match output {
-                Some(o) if o.ptr() != input.ptr() => stream.copy(o, input),
-                _ => Ok(()),
-            };
-        };
-        let sink = native.reduce_sink.as_ref().ok_or_else(|| {
-            mscclpp::hal::Error::Internal("ncclReduce without its sink buffer".into())
-        })?;
-        let chunk = (REDUCE_CHUNK_BYTES / esz).max(1);
-        let mut at = 0;
-        while at < count {
-            let m = chunk.min(count - at);
-            let range = at * esz..(at + m) * esz;
-            let i: BufferSlice = input.slice(range.clone())?;
-            let o: BufferSlice = match output {
-                Some(o) => o.slice(range)?,
-                None => sink.slice(..m * esz)?,
-            };
-            with_tuning(tuning, CollectiveKind::AllReduce, |algorithm| {
-                let call = CollectiveCall::new(CollectiveKind::AllReduce, &i, &o, m, dt)
-                    .op(op)
-                    .algorithm(algorithm);
-                c.run(&call, stream)
-            })?;
-            at += m;
-        }
-        Ok(())
     }
 
     /// A group's native sends and receives on this communicator (checked when they were
@@ -445,14 +381,10 @@ impl Comm {
         let (Some(scaler), Some(factor)) = (&u.scaler, &u.factor) else {
             return Err(Failure::internal("a PreMulSum operator without its factor"));
         };
-        let in_elems = match call.op {
-            Op::ReduceScatter => count.checked_mul(self.nranks),
-            _ => Some(count),
-        }
-        .ok_or_else(|| Failure::argument("count overflows"))?;
-        let bytes = in_elems
-            .checked_mul(dt.size())
-            .ok_or_else(|| Failure::argument("count overflows"))?;
+        // The input's bytes: a reduce's are an all-reduce's.
+        let kind = call.op.collective().unwrap_or(CollectiveKind::AllReduce);
+        let (bytes, _) = buffer_bytes(kind, count, dt, self.nranks)?;
+        let in_elems = bytes / dt.size();
         let device = native.communicator().device();
         let stream = native.stream(call.stream)?;
         // SAFETY: NCCL's contract: `in_elems` elements at `sendbuff`, alive until the operation
@@ -490,28 +422,5 @@ impl Comm {
             send: dst_ptr as *const c_void,
             ..call
         })
-    }
-}
-
-/// Runs `launch` with the algorithm a call's `ncclCollConfig_t` asked for (`None`: the policy's
-/// choice). Where that algorithm cannot serve the call and the config allows it
-/// ([`PerCall::fallback`]), runs the policy's choice instead: collectives refuses an algorithm
-/// that cannot serve a call (`InvalidUsage`) before it enqueues anything, and every rank gets the
-/// same answer for the same call, so the ranks still agree.
-fn with_tuning(
-    tuning: PerCall,
-    kind: CollectiveKind,
-    mut launch: impl FnMut(Option<mscclpp::collectives::AlgorithmId>) -> mscclpp::hal::Result<()>,
-) -> mscclpp::hal::Result<()> {
-    match (tuning.algorithm, launch(tuning.algorithm)) {
-        (Some(a), Err(e)) if tuning.fallback && e.class() == ErrorClass::InvalidUsage => {
-            tracing::info!(
-                target: crate::debug::TUNING,
-                "{}: the {a} algorithm the call's config asked for cannot serve it ({e}); the policy chooses",
-                kind.name()
-            );
-            launch(None)
-        }
-        (_, r) => r,
     }
 }

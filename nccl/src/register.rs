@@ -100,23 +100,16 @@ pub fn register_window(
     owner: Option<(DeviceBuffer, usize)>,
     size: usize,
 ) -> Res<*mut c_void> {
-    let mut window = None;
-    if let Some((colls, comm)) = c.native_collectives() {
-        let mine = u8::from(owner.is_some());
-        let all = comm.bootstrap().all_gather(&[mine])?;
-        let missing: Vec<usize> = (0..all.len()).filter(|&r| all[r] != [1]).collect();
-        match &owner {
-            Some((buf, off)) if missing.is_empty() => {
-                let slice = buf.slice(*off..*off + size)?;
-                window = Some(colls.register(&slice)?);
-            }
-            _ => tracing::info!(
-                rank = c.rank,
-                "ncclCommWindowRegister: ranks {missing:?} passed memory not from ncclMemAlloc; \
-                 the window is recorded and calls on it copy"
-            ),
+    let window = match c.caller() {
+        Some(caller) => {
+            let slice = match &owner {
+                Some((buf, off)) => Some(buf.slice(*off..*off + size)?),
+                None => None,
+            };
+            caller.register(slice.as_ref())?
         }
-    }
+        None => None,
+    };
     let user = owner
         .as_ref()
         .and_then(|(b, off)| (b.ptr().0 as usize).checked_add(*off));
@@ -180,10 +173,10 @@ pub fn deregister(c: &Arc<Comm>, h: *mut c_void, kind: Kind) -> Res<()> {
         }
     };
     if let Some(w) = reg.and_then(|r| r.window) {
-        let (colls, _) = c
-            .native_collectives()
-            .ok_or_else(|| Failure::internal("a window without collectives"))?;
-        colls.deregister(w)?;
+        let caller = c
+            .caller()
+            .ok_or_else(|| Failure::internal("a window without a native side"))?;
+        caller.deregister(w)?;
     }
     Ok(())
 }

@@ -151,7 +151,7 @@ pub struct Call {
     /// `cudaStream_t`.
     pub stream: CudaStream,
     /// What the call's `ncclCollConfig_t` changes (the plain calls: nothing).
-    pub tuning: crate::collconfig::PerCall,
+    pub tuning: crate::collconfig::Tuning,
 }
 
 /// What a communicator's mscclpp side offers an operation.
@@ -221,7 +221,6 @@ pub fn decide(req: &Request, forced: &HashSet<Op>, native: NativeSide<'_>) -> Ro
                 Err("sends and receives between hosts are not served natively yet".into())
             }
             Op::Send | Op::Recv => {
-                req.count.checked_mul(req.esize).ok_or("count overflows")?;
                 let dt = req
                     .hal_dtype
                     .ok_or_else(|| format!("no native type for ncclDataType_t {}", req.dtype))?;
@@ -239,7 +238,6 @@ pub fn decide(req: &Request, forced: &HashSet<Op>, native: NativeSide<'_>) -> Ro
             }
             Op::AllGather | Op::Broadcast | Op::AllToAll => {
                 // Pure data movement: any type.
-                req.count.checked_mul(req.esize).ok_or("count overflows")?;
                 let dt = req
                     .hal_dtype
                     .ok_or_else(|| format!("no native type for ncclDataType_t {}", req.dtype))?;

@@ -3,7 +3,7 @@
 use std::ffi::{c_int, c_void};
 
 use crate::abi::*;
-use crate::collconfig::PerCall;
+use crate::collconfig::Tuning;
 use crate::error::{Failure, Res, guard};
 use crate::registry::{lookup, lookup_for_op};
 use crate::route::{Call, Op};
@@ -29,7 +29,7 @@ pub(crate) fn all_reduce(
     op: c_int,
     comm: NcclComm,
     stream: CudaStream,
-    tuning: PerCall,
+    tuning: Tuning,
 ) -> Res<()> {
     run(Op::AllReduce, comm, |o| Call {
         op: o,
@@ -52,7 +52,7 @@ pub(crate) fn all_gather(
     datatype: c_int,
     comm: NcclComm,
     stream: CudaStream,
-    tuning: PerCall,
+    tuning: Tuning,
 ) -> Res<()> {
     run(Op::AllGather, comm, |o| Call {
         op: o,
@@ -77,7 +77,7 @@ pub(crate) fn reduce_scatter(
     op: c_int,
     comm: NcclComm,
     stream: CudaStream,
-    tuning: PerCall,
+    tuning: Tuning,
 ) -> Res<()> {
     run(Op::ReduceScatter, comm, |o| Call {
         op: o,
@@ -102,7 +102,7 @@ pub(crate) fn broadcast(
     root: c_int,
     comm: NcclComm,
     stream: CudaStream,
-    tuning: PerCall,
+    tuning: Tuning,
 ) -> Res<()> {
     run(Op::Broadcast, comm, |o| Call {
         op: o,
@@ -125,7 +125,7 @@ pub(crate) fn all_to_all(
     datatype: c_int,
     comm: NcclComm,
     stream: CudaStream,
-    tuning: PerCall,
+    tuning: Tuning,
 ) -> Res<()> {
     run(Op::AllToAll, comm, |o| Call {
         op: o,
@@ -151,7 +151,7 @@ pub(crate) fn reduce(
     root: c_int,
     comm: NcclComm,
     stream: CudaStream,
-    tuning: PerCall,
+    tuning: Tuning,
 ) -> Res<()> {
     run(Op::Reduce, comm, |o| Call {
         op: o,
@@ -190,7 +190,7 @@ pub unsafe extern "C" fn ncclAllReduce(
             op,
             comm,
             stream,
-            PerCall::default(),
+            Tuning::default(),
         )
     })
 }
@@ -217,7 +217,7 @@ pub unsafe extern "C" fn ncclAllGather(
             datatype,
             comm,
             stream,
-            PerCall::default(),
+            Tuning::default(),
         )
     })
 }
@@ -246,7 +246,7 @@ pub unsafe extern "C" fn ncclReduceScatter(
             op,
             comm,
             stream,
-            PerCall::default(),
+            Tuning::default(),
         )
     })
 }
@@ -275,7 +275,7 @@ pub unsafe extern "C" fn ncclBroadcast(
             root,
             comm,
             stream,
-            PerCall::default(),
+            Tuning::default(),
         )
     })
 }
@@ -304,7 +304,7 @@ pub unsafe extern "C" fn ncclBcast(
             root,
             comm,
             stream,
-            PerCall::default(),
+            Tuning::default(),
         )
     })
 }
@@ -331,7 +331,7 @@ pub unsafe extern "C" fn ncclAlltoAll(
             datatype,
             comm,
             stream,
-            PerCall::default(),
+            Tuning::default(),
         )
     })
 }
@@ -363,7 +363,7 @@ pub unsafe extern "C" fn ncclReduce(
             root,
             comm,
             stream,
-            PerCall::default(),
+            Tuning::default(),
         )
     })
 }
@@ -393,7 +393,7 @@ pub unsafe extern "C" fn ncclSend(
             redop: 0,
             root: peer,
             stream,
-            tuning: PerCall::default(),
+            tuning: Tuning::default(),
         })
     })
 }
@@ -422,7 +422,7 @@ pub unsafe extern "C" fn ncclRecv(
             redop: 0,
             root: peer,
             stream,
-            tuning: PerCall::default(),
+            tuning: Tuning::default(),
         })
     })
 }
@@ -476,7 +476,7 @@ pub(crate) unsafe fn rooted(
             redop: 0,
             root: peer as c_int,
             stream,
-            tuning: PerCall::default(),
+            tuning: Tuning::default(),
         })
     };
     let recv = |buf: *mut c_void, peer: usize| {
@@ -489,7 +489,7 @@ pub(crate) unsafe fn rooted(
             redop: 0,
             root: peer as c_int,
             stream,
-            tuning: PerCall::default(),
+            tuning: Tuning::default(),
         })
     };
     group::group_start()?;

@@ -109,9 +109,7 @@ pub unsafe extern "C" fn ncclCommWindowDeregister(comm: NcclComm, win: NcclWindo
 pub unsafe extern "C" fn mscclppNcclZeroCopyCalls(comm: NcclComm, calls: *mut u64) -> NcclResult {
     guard("mscclppNcclZeroCopyCalls", || {
         let c = lookup(comm)?;
-        let n = c
-            .native_collectives()
-            .map_or(0, |(colls, _)| colls.zero_copy_calls());
+        let n = c.caller().map_or(0, |caller| caller.zero_copy_calls());
         // SAFETY: forwarded contract.
         unsafe { out(calls, "calls", n) }
     })

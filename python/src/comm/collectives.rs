@@ -81,7 +81,7 @@ impl Communicator {
         if count == 0 {
             return Ok(());
         }
-        inner.colls(name)?;
+        inner.require(name)?;
         let (bin, bout) = inner.wrap_pair(&vin, &vout)?;
         let registered =
             kind == CollectiveKind::AllReduce && inner.is_registered(vin.ptr, vin.nbytes() as u64);

@@ -16,7 +16,7 @@ mod registration;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use mscclpp::collectives::{AnyCollectives, CollectiveKind, P2pKind};
+use mscclpp::collectives::{CollectiveKind, P2pKind};
 use mscclpp::comm::Communicator as RawComm;
 use mscclpp::hal::{BackendKind, Device, ReduceOp};
 use mscclpp_caller::Caller;
@@ -76,15 +76,9 @@ impl Inner {
         self.backend() == BackendKind::Host
     }
 
-    fn colls(&self, what: &str) -> PyResult<Option<&dyn AnyCollectives>> {
-        match (self.caller.collectives(), self.caller.no_collectives()) {
-            (Some(c), _) => Ok(Some(c)),
-            (None, Some(why)) => Err(crate::errors::new(
-                crate::errors::Kind::Unavailable,
-                format!("{what} not available: {why}"),
-            )),
-            (None, None) => Ok(None),
-        }
+    /// `Ok` where `what` runs natively (one rank, or collectives), else why not.
+    fn require(&self, what: &str) -> PyResult<()> {
+        self.caller.require(what).py_err()
     }
 }
 
@@ -159,11 +153,7 @@ impl Communicator {
     /// (see `register`): the zero-copy path at the sizes where it pays.
     #[getter]
     fn zero_copy_calls(&self) -> PyResult<u64> {
-        Ok(self
-            .inner()?
-            .caller
-            .collectives()
-            .map_or(0, |c| c.zero_copy_calls()))
+        Ok(self.inner()?.caller.zero_copy_calls())
     }
 
     /// This rank.

@@ -53,7 +53,7 @@ impl Communicator {
             };
             buffers.push((*kind, *peer, buf, v.nbytes()));
         }
-        inner.colls("send/recv")?;
+        inner.require("send/recv")?;
         py.detach(move || {
             let slices: Vec<(P2pKind, usize, BufferSlice, usize)> = buffers
                 .iter()

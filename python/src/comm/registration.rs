@@ -1,19 +1,15 @@
 //! Registered buffers: arrays every rank's collectives map once, so that all-reduces read them
 //! in place on the peers.
 //!
-//! Memory that cannot be exported to the peers (the legacy IPC handle exists only for the plain
-//! allocator's memory: PyTorch's expandable segments, made with the virtual-memory calls and
-//! possibly of several mappings, have none) is registered as NCCL's `ncclCommRegister` of such
-//! memory is served here (nccl/src/register.rs): recorded, and calls on it copy as without it.
-//! Every rank first says whether its buffer can be exported, so that all of them take the same
-//! path: a rank failing inside the collective mapping would leave the others waiting for its
-//! handle.
+//! Which ranks can map their buffer, and the choice every rank then takes together, is the
+//! caller side's (`caller/src/windows.rs`, shared with NCCL's `ncclCommWindowRegister`): memory
+//! the peers cannot map (PyTorch's expandable segments, made with the virtual-memory calls and
+//! possibly of several mappings, have no IPC handle) is recorded, and calls on it copy.
 
 use std::sync::Mutex;
 
 use mscclpp::collectives::Window;
-use mscclpp::hal::{BufferSlice, DeviceBuffer};
-use mscclpp::transports::{Transport, TransportFlags};
+use mscclpp::hal::DeviceBuffer;
 use pyo3::prelude::*;
 
 use super::{Communicator, lock};
@@ -76,16 +72,10 @@ pub(super) fn register(
         return Err(usage("register: an empty array"));
     }
     let buffer = inner.wrap(&v)?;
-    inner.colls("register")?;
+    inner.require("register")?;
     let slice = buffer.full();
     let inner2 = inner.clone();
-    let window = py.detach(move || match inner2.caller.collectives() {
-        Some(c) => register_agreed(c, &slice),
-        None => Err(mscclpp::hal::Error::unavailable(
-            "registering a buffer",
-            "a communicator of one rank has no collectives to register with",
-        )),
-    });
+    let window = py.detach(move || inner2.caller.register(Some(&slice)));
     let window = window.py_err()?;
     let range = (buffer.ptr().0, buffer.len() as u64);
     // Only a mapped buffer lets an all-reduce read its input in place.
@@ -98,32 +88,6 @@ pub(super) fn register(
         _buffer: buffer,
         array: tensor.clone().unbind(),
     })
-}
-
-/// Registers `slice` for zero copy where every rank can export its buffer, else records it
-/// (`None`) on every rank, logging which ranks could not and this rank's reason.
-fn register_agreed(
-    c: &dyn mscclpp::collectives::AnyCollectives,
-    slice: &BufferSlice,
-) -> mscclpp::hal::Result<Option<Window>> {
-    let comm = c.communicator();
-    // The export the peers' mapping starts with, tried alone (cheap: the handle is cached).
-    let mine = comm
-        .register_memory(slice, TransportFlags::single(Transport::CudaIpc))
-        .err();
-    let all = comm.bootstrap().all_gather(&[u8::from(mine.is_none())])?;
-    let missing: Vec<usize> = (0..all.len()).filter(|&r| all[r] != [1]).collect();
-    if missing.is_empty() {
-        return c.register(slice).map(Some);
-    }
-    let why = mine.map_or_else(String::new, |e| format!("; this rank's: {e}"));
-    tracing::info!(
-        rank = comm.rank(),
-        "register: ranks {missing:?} cannot export their buffer to the peers (memory of the \
-         virtual-memory calls, such as PyTorch's expandable segments, or of several mappings, \
-         has no IPC handle){why}; the registration is recorded and calls on it copy"
-    );
-    Ok(None)
 }
 
 /// `Communicator.deregister` (documented there).
@@ -145,10 +109,5 @@ pub(super) fn deregister(
     // A recorded registration was recorded on every rank (the choice was collective): there is
     // no mapping to take down, and no collective step.
     let Some(w) = w else { return Ok(()) };
-    inner.colls("deregister")?;
-    py.detach(move || match inner.caller.collectives() {
-        Some(c) => c.deregister(w),
-        None => Ok(()),
-    })
-    .py_err()
+    py.detach(move || inner.caller.deregister(w)).py_err()
 }
