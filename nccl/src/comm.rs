@@ -53,13 +53,14 @@ impl Native {
     /// own on the host backend (which refuses any other).
     pub(crate) fn stream(&self, stream: CudaStream) -> Res<Arc<dyn Stream>> {
         let h = stream as u64;
-        if self.caller.is_host() && h != 0 {
-            // NCCL's code for a bad argument, as for any other bad pointer.
-            return Err(Failure::argument(format!(
-                "stream {stream:p}: the host backend has no native streams; pass NULL (the communicator's own stream)"
-            )));
-        }
-        Ok(self.caller.stream((h != 0).then_some(h))?)
+        // The caller side's one refusal of a stream (a named one on the host backend) is a bad
+        // argument here, NCCL's code for any other bad pointer.
+        self.caller
+            .stream((h != 0).then_some(h))
+            .map_err(|e| match e {
+                mscclpp::hal::Error::InvalidUsage(m) => Failure::argument(m),
+                e => e.into(),
+            })
     }
 }
 

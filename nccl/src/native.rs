@@ -23,7 +23,7 @@ impl Comm {
     /// Runs one operation natively or through the real NCCL (a native send or receive inside a
     /// group waits for the outermost `ncclGroupEnd`).
     pub fn run(self: &Arc<Self>, call: Call) -> Res<()> {
-        let (esize, hal_dtype) = dtype_info(call.dtype)?;
+        let (_, hal_dtype) = dtype_info(call.dtype)?;
         let reduces = matches!(call.op, Op::AllReduce | Op::ReduceScatter | Op::Reduce);
         let hal_op = if reduces { op_info(call.redop)? } else { None };
         // A PreMulSum operator: a sum, then the output scaled (or the real NCCL's operator).
@@ -69,7 +69,6 @@ impl Comm {
         let request = Request {
             op: call.op,
             count: call.count,
-            esize,
             dtype: call.dtype,
             hal_dtype,
             hal_op,

@@ -175,8 +175,6 @@ pub struct Request {
     pub op: Op,
     /// Element count.
     pub count: usize,
-    /// Element size of the `ncclDataType_t`.
-    pub esize: usize,
     /// The `ncclDataType_t` (reasons name it).
     pub dtype: c_int,
     /// Its HAL type, if it has one.
