@@ -10,6 +10,10 @@
    to the doc's folder or a crate's; "SGLang's `python/...`" names another project's file).
 3. Docs name dates and commits, not working sessions or helpers: "session 14", "this session",
    "helpers" are refused in docs/ (a working note's words; a date and a commit say when).
+4. Front ends import few crates: the library code (`src/`) of the C library, the benchmark and
+   the Python package names the facade (`mscclpp::...`), the caller side and (C library,
+   benchmark) the real NCCL's binding, nothing else of this workspace; and it reaches the
+   collectives only through the caller (`AnyCollectives`, `typed_collectives` are not named).
 
 `--self-test` runs each rule on a broken input (an upward dependency, a missing path, a session)
 and fails unless each is caught, so that a rule that silently stopped working is noticed.
@@ -24,24 +28,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Lower numbers are lower layers. Same number: no dependency allowed either way.
 LAYERS = {
-    "mscclpp-hal": 0,
-    "mscclpp-host": 1,
-    "mscclpp-gpu": 1,
-    "mscclpp-nccl-real": 1,
-    "mscclpp-cuda": 2,
-    "mscclpp-rocm": 2,
-    "mscclpp-transports": 3,
-    "mscclpp-comm": 4,
-    "mscclpp-collectives": 5,
-    "mscclpp-executor": 6,
-    "mscclpp": 7,
-    "mscclpp-caller": 8,
-    "mscclpp-nccl": 9,
-    "mscclpp-perf": 9,
-    "mscclpp-python": 9,
-    "mscclpp-conformance": 10,
+    "mscclpp-base": 0,
+    "mscclpp-hal": 1,
+    "mscclpp-bootstrap": 1,
+    "mscclpp-host": 2,
+    "mscclpp-gpu": 2,
+    "mscclpp-nccl-real": 2,
+    "mscclpp-cuda": 3,
+    "mscclpp-rocm": 3,
+    "mscclpp-transports": 4,
+    "mscclpp-comm": 5,
+    "mscclpp-collectives": 6,
+    "mscclpp-executor": 7,
+    "mscclpp": 8,
+    "mscclpp-caller": 9,
+    "mscclpp-nccl": 10,
+    "mscclpp-perf": 10,
+    "mscclpp-python": 10,
+    "mscclpp-conformance": 11,
 }
 
+# What each front end's library code may name of this workspace (rule 4).
+FRONT_ENDS = {
+    "nccl/src": {"mscclpp", "mscclpp_caller", "mscclpp_nccl_real", "mscclpp_nccl"},
+    "perf/src": {"mscclpp", "mscclpp_nccl_real", "mscclpp_perf"},
+    "python/src": {"mscclpp", "mscclpp_caller"},
+}
+CRATE_NAME = re.compile(r"\b(mscclpp(?:_[a-z_]+)?)(?:::|\s+as\b|;)")
+STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+AROUND_CALLER = re.compile(r"\b(AnyCollectives|typed_collectives)\b")
 DOC_FILES = ["README.md", "CONTRIBUTING.md", "kernels/README.md", "experiments/README.md"]
 SESSION_WORDS = re.compile(r"\b(?:[Ss]ession \d+|this session|that session|[Hh]elpers?)\b")
 PATH_TOKEN = re.compile(r"`([A-Za-z0-9_.\-]+/[A-Za-z0-9_./:\-]*)`")
@@ -71,6 +86,36 @@ def layer_errors(pkgs):
             elif LAYERS[d] >= LAYERS[name]:
                 errors.append(f"{name} (layer {LAYERS[name]}) depends on {d} (layer {LAYERS[d]}): "
                               "dependencies point down (docs/map.md, 'Layers')")
+    return errors
+
+
+def import_errors(name, text, allowed):
+    errors = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("//"):
+            continue
+        # Log targets and messages name crates as text (`"mscclpp_comm::proxy"`): not imports.
+        line = STRING.sub('""', line)
+        for m in CRATE_NAME.finditer(line):
+            if m.group(1) not in allowed:
+                errors.append(f"{name}:{n}: names `{m.group(1)}`: a front end imports the facade "
+                              "(`mscclpp::...`) and the caller (docs/map.md, 'Layers')")
+        m = AROUND_CALLER.search(line)
+        if m:
+            errors.append(f"{name}:{n}: names `{m.group(1)}`: front ends reach the collectives "
+                          "through the caller (`mscclpp_caller::Caller`)")
+    return errors
+
+
+def front_end_errors():
+    errors = []
+    for folder, allowed in FRONT_ENDS.items():
+        for base, _, files in os.walk(os.path.join(ROOT, folder)):
+            for f in sorted(files):
+                if f.endswith(".rs"):
+                    path = os.path.join(base, f)
+                    with open(path, encoding="utf-8") as fh:
+                        errors += import_errors(os.path.relpath(path, ROOT), fh.read(), allowed)
     return errors
 
 
@@ -146,6 +191,16 @@ def self_test():
     caught.append(("a missing path", len(errs) == 1 and "gone.rs" in errs[0]))
     caught.append(("a session named", bool(session_errors("x.md", "measured in session 14"))))
     caught.append(("a date accepted", not session_errors("x.md", "measured 2026-12-05 at 4083228")))
+    allowed = FRONT_ENDS["python/src"]
+    caught.append(("a front end naming a lower crate",
+                   bool(import_errors("x.rs", "use mscclpp_comm::Communicator;", allowed))))
+    caught.append(("a front end around the caller",
+                   bool(import_errors("x.rs", "fn f(c: &dyn AnyCollectives) {}", allowed))))
+    caught.append(("a front end's facade import accepted",
+                   not import_errors("x.rs", 'use mscclpp::comm::Communicator; // mscclpp_hal',
+                                     allowed)
+                   and not import_errors("x.rs", 'let t = ("mscclpp_comm::proxy", "PROXY");',
+                                         allowed)))
     bad = [what for what, ok in caught if not ok]
     for what, ok in caught:
         print(f"structure self-test: {'ok' if ok else 'FAILED'}: {what}")
@@ -155,10 +210,10 @@ def self_test():
 def main():
     if sys.argv[1:] == ["--self-test"]:
         return self_test()
-    errors = layer_errors(packages()) + doc_errors()
+    errors = layer_errors(packages()) + front_end_errors() + doc_errors()
     for e in errors:
         print(f"structure: {e}")
-    print(f"structure: {len(errors)} problem(s)" if errors else "structure: layers and doc paths ok")
+    print(f"structure: {len(errors)} problem(s)" if errors else "structure: layers, front-end imports and doc paths ok")
     return 1 if errors else 0
 
 

@@ -10,7 +10,8 @@
 //!   (custom proxies; the base of the port-channel service).
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod bootstrap;
+/// The bootstrap (its own crate, `mscclpp-bootstrap`, on the vocabulary crate alone).
+pub use mscclpp_bootstrap as bootstrap;
 pub mod channel;
 pub mod communicator;
 pub mod proxy;

@@ -31,24 +31,21 @@
 //! environment through [`env`](mod@env).
 #![deny(unsafe_op_in_unsafe_fn)]
 
+// The vocabulary below the HAL (its own crate, `mscclpp-base`), where HAL users find it.
+pub use mscclpp_base::{dtype, env, error, exit, net, wire};
+
 pub mod api;
 pub mod caps;
 pub mod dev;
 pub mod device;
-pub mod dtype;
-pub mod env;
-pub mod error;
-pub mod exit;
 pub mod ipc;
 pub mod kernel;
 pub mod mapped;
 pub mod memory;
 pub mod module;
 pub mod multicast;
-pub mod net;
 pub mod stream;
 pub mod typed_kernel;
-pub mod wire;
 
 pub use api::{Api, Concrete, DeviceApi, Dyn, DynStream, EventApi, GraphApi, KernelApi, StreamApi};
 pub use caps::{BackendKind, Capabilities, DeviceInfo, MulticastSupport, PeerMatrix};

@@ -30,8 +30,11 @@
 pub mod logging;
 pub mod registry;
 
+pub use mscclpp_base as base;
+pub use mscclpp_bootstrap as bootstrap;
 pub use mscclpp_collectives as collectives;
 pub use mscclpp_comm as comm;
+pub use mscclpp_executor as executor;
 pub use mscclpp_hal as hal;
 pub use mscclpp_host as host;
 pub use mscclpp_transports as transports;

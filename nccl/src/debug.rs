@@ -179,7 +179,7 @@ pub fn subsystem_of(target: &str) -> u32 {
         ("mscclpp_nccl::register", "REG"),
         ("mscclpp_nccl::plans", "TUNING"),
         ("mscclpp_nccl::premul", "COLL"),
-        ("mscclpp_comm::bootstrap", "BOOTSTRAP"),
+        ("mscclpp_bootstrap", "BOOTSTRAP"),
         ("mscclpp_comm::proxy", "PROXY"),
         ("mscclpp_transports", "NET"),
         ("mscclpp_collectives::algorithms::p2p", "P2P"),
@@ -187,7 +187,7 @@ pub fn subsystem_of(target: &str) -> u32 {
         ("mscclpp_executor", "COLL"),
         ("mscclpp_caller::tuning", "TUNING"),
         ("mscclpp_caller", "COLL"),
-        ("mscclpp_hal::env", "ENV"),
+        ("mscclpp_base::env", "ENV"),
     ];
     let name = BY_MODULE
         .iter()
@@ -508,10 +508,7 @@ mod tests {
         assert_eq!(subsystem_of(COLL), bit("COLL"));
         assert_eq!(subsystem_of(CALL), bit("CALL"));
         assert_eq!(subsystem_of("mscclpp_nccl::comm"), bit("INIT"));
-        assert_eq!(
-            subsystem_of("mscclpp_comm::bootstrap::root"),
-            bit("BOOTSTRAP")
-        );
+        assert_eq!(subsystem_of("mscclpp_bootstrap::root"), bit("BOOTSTRAP"));
         assert_eq!(subsystem_of("mscclpp_transports::ib"), bit("NET"));
         assert_eq!(
             subsystem_of("mscclpp_collectives::algorithms::p2p::host"),

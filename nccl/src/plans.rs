@@ -22,9 +22,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use mscclpp::executor::Plan;
 use mscclpp::hal::{BufferSlice, DataType, DynStream, Error, ReduceOp, Result};
 use mscclpp_caller::Caller;
-use mscclpp_executor::Plan;
 
 /// The variable naming the plan directory.
 pub const PLAN_DIR_VAR: &str = "MSCCLPP_EXECUTION_PLAN_DIR";
@@ -216,10 +216,10 @@ fn read_plan(file: &Path, n: usize) -> Result<Option<Plan>> {
     let len = std::fs::metadata(file)
         .map_err(|e| Error::io(format!("reading {}", file.display()), e))?
         .len();
-    if len > mscclpp_executor::plan::MAX_PLAN_BYTES as u64 {
+    if len > mscclpp::executor::plan::MAX_PLAN_BYTES as u64 {
         return Err(Error::invalid(format!(
             "{len} bytes: at most {} are accepted",
-            mscclpp_executor::plan::MAX_PLAN_BYTES
+            mscclpp::executor::plan::MAX_PLAN_BYTES
         )));
     }
     let bytes =

@@ -667,7 +667,7 @@ impl Args {
             return Err("-o avg: execution plans sum where asked to average".into());
         }
         for f in files {
-            mscclpp_executor::Plan::from_file(f, nranks)
+            mscclpp::executor::Plan::from_file(f, nranks)
                 .map_err(|e| format!("{}: {e}", f.display()))?;
         }
         Ok(())
@@ -818,7 +818,7 @@ mod tests {
         let file = dir.join("allreduce.json");
         std::fs::write(
             &file,
-            mscclpp_executor::testgen::allreduce_simple(2, true).to_string(),
+            mscclpp::executor::testgen::allreduce_simple(2, true).to_string(),
         )
         .unwrap();
         let path = file.to_str().unwrap();

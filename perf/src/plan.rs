@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives};
 use mscclpp::comm::Communicator;
+use mscclpp::executor::flat::{Sizes, flatten};
+use mscclpp::executor::{Executor, Plan};
 use mscclpp::hal::{BufferSlice, DataType, Error, MemoryKind, ReduceOp, Result, Stream};
-use mscclpp_executor::flat::{Sizes, flatten};
-use mscclpp_executor::{Executor, Plan};
 
 use crate::args::Args;
 use crate::collective::{Spec, bus_factor, check, time_calls, value};

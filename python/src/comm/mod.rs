@@ -20,7 +20,7 @@ use mscclpp::collectives::{CollectiveKind, P2pKind};
 use mscclpp::comm::Communicator as RawComm;
 use mscclpp::hal::{BackendKind, Device, ReduceOp};
 use mscclpp_caller::Caller;
-use mscclpp_executor::Plan;
+use mscclpp::executor::Plan;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 

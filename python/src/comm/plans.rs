@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mscclpp_executor::Plan;
+use mscclpp::executor::Plan;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 

@@ -6,8 +6,8 @@ use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::str::FromStr;
 use std::sync::{Mutex, OnceLock};
 
-use mscclpp_hal::wire::{Reader, Writer};
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::wire::{Reader, Writer};
+use mscclpp_base::{Error, Result};
 
 use super::protocol::{SECRET_BYTES, get_addr, put_addr};
 
@@ -236,7 +236,7 @@ pub(crate) fn parse_root_spec(s: &str) -> Result<RootSpec> {
         _ => (None, s),
     };
     if let Some(name) = &ifname {
-        mscclpp_hal::net::check_interface(name)?;
+        mscclpp_base::net::check_interface(name)?;
     }
     let addr = match rest.parse::<SocketAddr>() {
         Ok(a) => a,
@@ -263,8 +263,8 @@ pub(crate) fn parse_root_spec(s: &str) -> Result<RootSpec> {
     Ok(RootSpec { ifname, addr })
 }
 
-/// The IP a root created by [`UniqueId::new`] listens on: [`mscclpp_hal::net::local_ip`]
+/// The IP a root created by [`UniqueId::new`] listens on: [`mscclpp_base::net::local_ip`]
 /// (`MSCCLPP_SOCKET_IFNAME`, else the default route's address, else 127.0.0.1).
 pub fn default_root_ip() -> Result<IpAddr> {
-    mscclpp_hal::net::local_ip()
+    mscclpp_base::net::local_ip()
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 use super::super::Bootstrap;
 use super::super::config::{name_timeout_var, schedule_peers};
@@ -16,7 +16,7 @@ use super::{FailureHandler, PeerFailure};
 impl Bootstrap {
     /// Translates a failure in the connections' numbering into this view's; `None` when the
     /// dead rank is not a member of this view.
-    pub(in crate::bootstrap) fn in_view(&self, f: &PeerFailure) -> Option<PeerFailure> {
+    pub(crate) fn in_view(&self, f: &PeerFailure) -> Option<PeerFailure> {
         let rank = self.members.iter().position(|&m| m == f.rank)?;
         Some(PeerFailure { rank, ..f.clone() })
     }
@@ -59,12 +59,7 @@ impl Bootstrap {
 
     /// Runs a collective; if it fails because a rank was lost, tells the peers of this rank's
     /// schedule, so that ranks waiting on this one fail naming that rank rather than time out.
-    pub(in crate::bootstrap) fn coll<T>(
-        &self,
-        tag: u64,
-        name: &str,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
+    pub(crate) fn coll<T>(&self, tag: u64, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         tracing::debug!(rank = self.rank, tag, op = name, "bootstrap collective");
         let r = f();
         if let Err(Error::Remote { rank, message }) = &r
@@ -75,7 +70,7 @@ impl Bootstrap {
         r.map_err(name_timeout_var)
     }
 
-    pub(in crate::bootstrap) fn report_loss(&self, lost_rank: usize, message: &str) {
+    pub(crate) fn report_loss(&self, lost_rank: usize, message: &str) {
         let Some(r) = &self.shared().reactor else {
             return;
         };

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 use super::config::BootstrapConfig;
 use super::hello::{HELLO_LIMIT, MAX_PENDING_HELLOS, Pending, refuse};

@@ -112,7 +112,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 pub use config::{BootstrapConfig, Schedule, schedule_peers};
 pub use failure::PeerFailure;
@@ -257,7 +257,7 @@ impl Bootstrap {
     /// `MSCCLPP_MASTER_ADDR`/`MSCCLPP_MASTER_PORT`, else `MASTER_ADDR` and `MASTER_PORT + 1`
     /// (torchrun's TCPStore already holds `MASTER_PORT`).
     pub fn from_env(cfg: BootstrapConfig) -> Result<Self> {
-        let info = launch_env::detect(&|k| mscclpp_hal::env::get(k))?;
+        let info = launch_env::detect(&|k| mscclpp_base::env::get(k))?;
         let root = info.root.ok_or_else(|| {
             Error::invalid(format!(
                 "{} launch (rank {} of {}) but no bootstrap root address: set MSCCLPP_MASTER_ADDR \
@@ -520,7 +520,7 @@ fn local_host_id() -> String {
     if let Some(h) = shm_tests::host_override() {
         return h;
     }
-    mscclpp_hal::env::host_id()
+    mscclpp_base::env::host_id()
 }
 
 fn check_rank(rank: usize, nranks: usize) -> Result<()> {

@@ -42,7 +42,7 @@ pub(super) enum Word {
 }
 
 /// One mapping of a host's segment.
-pub(in crate::bootstrap) struct Segment {
+pub(crate) struct Segment {
     base: NonNull<u8>,
     len: usize,
     pub(super) nlocal: usize,
@@ -244,7 +244,7 @@ impl Segment {
     }
 
     /// Records that bootstrap rank `peer` died (the first report stays) and wakes every waiter.
-    pub(in crate::bootstrap) fn post_failure(&self, peer: usize) {
+    pub(crate) fn post_failure(&self, peer: usize) {
         let _ =
             self.failed()
                 .compare_exchange(0, peer as u32 + 1, Ordering::AcqRel, Ordering::Acquire);
@@ -264,11 +264,11 @@ impl Drop for Segment {
 }
 
 /// A view's segment as the bootstrap knows it, with the view's members (bootstrap ranks).
-pub(in crate::bootstrap) type Registered = (std::sync::Weak<Segment>, Arc<[usize]>);
+pub(crate) type Registered = (std::sync::Weak<Segment>, Arc<[usize]>);
 
 /// A view's barrier in shared memory, once set up.
 #[derive(Debug)]
-pub(in crate::bootstrap) struct SharedBarrier {
+pub(crate) struct SharedBarrier {
     /// This host's segment; `None` when this rank is alone on its host (it then only takes part
     /// in the leaders' barrier).
     pub(super) seg: Option<Arc<Segment>>,
@@ -284,7 +284,7 @@ pub(in crate::bootstrap) struct SharedBarrier {
 
 /// How a view's barrier runs.
 #[derive(Debug)]
-pub(in crate::bootstrap) enum ShmState {
+pub(crate) enum ShmState {
     /// Not decided yet: the view's first barrier sets it up.
     Untried,
     /// The TCP barrier (opted out, not possible here, or one rank per host).

@@ -961,7 +961,7 @@ fn threads_do_not_grow_with_ranks_or_connections() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "bootstrap::tests::threads_do_not_grow_with_ranks_or_connections",
+            "tests::threads_do_not_grow_with_ranks_or_connections",
             "--nocapture",
         ])
         .env("MSCCLPP_BOOT_THREADS_CHILD", "1")

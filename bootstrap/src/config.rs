@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 /// The fixed string `ip:port` bootstraps derive their secret from when
 /// `MSCCLPP_BOOTSTRAP_SECRET` is unset.
@@ -47,17 +47,17 @@ impl BootstrapConfig {
     /// fails every process that joins a bootstrap (a launching parent, its ranks, launched
     /// ranks) rather than only the ones that happen to listen through it.
     pub fn from_env() -> Result<Self> {
-        if mscclpp_hal::env::get("MSCCLPP_SOCKET_IFNAME").is_some() {
-            mscclpp_hal::net::local_ip()?;
+        if mscclpp_base::env::get("MSCCLPP_SOCKET_IFNAME").is_some() {
+            mscclpp_base::net::local_ip()?;
         }
         let mut c = Self::default();
-        if let Some(t) = checked_timeout(mscclpp_hal::env::seconds(TIMEOUT_VAR)?)? {
+        if let Some(t) = checked_timeout(mscclpp_base::env::seconds(TIMEOUT_VAR)?)? {
             c.timeout = t;
         }
-        if let Some(s) = mscclpp_hal::env::get("MSCCLPP_BOOTSTRAP_SCHEDULE") {
+        if let Some(s) = mscclpp_base::env::get("MSCCLPP_BOOTSTRAP_SCHEDULE") {
             c.schedule = s.parse()?;
         }
-        if let Some(f) = mscclpp_hal::env::flag("MSCCLPP_BOOTSTRAP_SHM")? {
+        if let Some(f) = mscclpp_base::env::flag("MSCCLPP_BOOTSTRAP_SHM")? {
             c.shared_memory = f;
         }
         Ok(c)

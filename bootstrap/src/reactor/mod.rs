@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 use rustix::event::{EventfdFlags, Timespec, epoll};
 
 use super::hello::{self, Pending};

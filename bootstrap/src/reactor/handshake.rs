@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 use rustix::event::epoll;
 
 use super::super::hello::{self, Pending};

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 use rustix::event::{PollFd, PollFlags, epoll};
 
 use super::super::failure::{Deferred, run_handlers};
@@ -26,13 +26,13 @@ const READ_BUDGET: usize = 8 << 20;
 /// Unsent bytes a connection may hold before a sender waits for the peer to read: enough for
 /// any all-gather a bootstrap carries, bounded so that a peer that stops reading cannot make a
 /// rank buffer without limit.
-pub(in crate::bootstrap) const MAX_QUEUED_BYTES: usize = 64 << 20;
+pub(crate) const MAX_QUEUED_BYTES: usize = 64 << 20;
 
 /// Scratch buffer of one read; a payload left larger than this is read in place.
 const SCRATCH: usize = 16 << 10;
 
 /// One frame's bytes: header and payload.
-pub(in crate::bootstrap) fn frame(kind: FrameKind, tag: u64, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(kind: FrameKind, tag: u64, payload: &[u8]) -> Vec<u8> {
     let h = FrameHeader {
         kind,
         tag,
@@ -45,7 +45,7 @@ pub(in crate::bootstrap) fn frame(kind: FrameKind, tag: u64, payload: &[u8]) -> 
 }
 
 /// A Data frame carrying `data` for the view `comm` (one copy of `data`).
-pub(in crate::bootstrap) fn data_frame(comm: u64, tag: u64, data: &[u8]) -> Vec<u8> {
+pub(crate) fn data_frame(comm: u64, tag: u64, data: &[u8]) -> Vec<u8> {
     let len = protocol::COMM_ID_BYTES + data.len();
     let h = FrameHeader {
         kind: FrameKind::Data,
@@ -60,7 +60,7 @@ pub(in crate::bootstrap) fn data_frame(comm: u64, tag: u64, data: &[u8]) -> Vec<
 }
 
 /// Why a send failed.
-pub(in crate::bootstrap) enum SendError {
+pub(crate) enum SendError {
     /// The connection is broken (the text says how).
     Broken(String),
     /// The peer has not read for the whole deadline.
@@ -68,12 +68,12 @@ pub(in crate::bootstrap) enum SendError {
 }
 
 /// An open connection to a peer.
-pub(in crate::bootstrap) struct Conn {
-    pub(in crate::bootstrap) peer: usize,
+pub(crate) struct Conn {
+    pub(crate) peer: usize,
     /// The peer's address, known before the connection can have been reset (after which the
     /// socket no longer reports it).
-    pub(in crate::bootstrap) addr: SocketAddr,
-    pub(in crate::bootstrap) token: u64,
+    pub(crate) addr: SocketAddr,
+    pub(crate) token: u64,
     pub(super) stream: TcpStream,
     /// Largest payload accepted from the peer.
     max: usize,
@@ -107,7 +107,7 @@ pub(super) struct Tx {
 }
 
 impl Conn {
-    pub(in crate::bootstrap) fn new(
+    pub(crate) fn new(
         peer: usize,
         addr: SocketAddr,
         token: u64,
@@ -152,7 +152,7 @@ impl Conn {
     }
 
     /// Ends the connection both ways (the loop or the owner then reads its end).
-    pub(in crate::bootstrap) fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 
@@ -250,7 +250,7 @@ impl Conn {
     }
 
     /// Queues a frame without ever waiting (the loop's Acks, and failure reports and goodbyes).
-    pub(in crate::bootstrap) fn send_nowait(
+    pub(crate) fn send_nowait(
         &self,
         r: &Reactor,
         frame: Vec<u8>,
@@ -265,7 +265,7 @@ impl Conn {
 
     /// Sends a frame for an operation: waits (until `deadline`) only while more than
     /// [`MAX_QUEUED_BYTES`] are queued; `Stalled` when the peer took nothing for `timeout`.
-    pub(in crate::bootstrap) fn send(
+    pub(crate) fn send(
         &self,
         r: &Reactor,
         frame: Vec<u8>,
@@ -291,7 +291,7 @@ impl Conn {
     }
 
     /// Writes what is queued, waiting for room until `deadline` (a closing bootstrap's goodbyes).
-    pub(in crate::bootstrap) fn flush_until(&self, deadline: Instant) {
+    pub(crate) fn flush_until(&self, deadline: Instant) {
         loop {
             let mut tx = self.tx();
             self.flush_locked(&mut tx);

@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 use super::protocol::{
     ErrorCode, FRAME_HEADER_BYTES, FrameKind, HANDSHAKE_MAX_BYTES, Hello, check_payload_len,

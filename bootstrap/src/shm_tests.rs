@@ -328,7 +328,7 @@ impl Job {
             let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
             cmd.args([
                 "--exact",
-                "bootstrap::shm_tests::shared_memory_barrier_across_processes",
+                "shm_tests::shared_memory_barrier_across_processes",
                 "--nocapture",
             ])
             .env(ROLE, "rank")

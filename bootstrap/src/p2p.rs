@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 use super::Bootstrap;
 use super::config::name_timeout_var;

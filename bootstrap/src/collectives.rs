@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 use super::Bootstrap;
 use super::config::Schedule;

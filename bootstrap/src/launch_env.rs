@@ -15,7 +15,7 @@
 //! `MASTER_PORT` on the master node, so the bootstrap root takes the next port. Set
 //! `MSCCLPP_MASTER_PORT` to choose the port explicitly.
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 /// The launch as described by the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -421,7 +421,7 @@ mod tests {
                 Err(e) if !want.is_empty() => {
                     let m = e.to_string();
                     assert!(m.contains(want), "{vars:?}: {m}");
-                    assert_eq!(e.class(), mscclpp_hal::ErrorClass::InvalidUsage);
+                    assert_eq!(e.class(), mscclpp_base::ErrorClass::InvalidUsage);
                 }
                 Ok(None) if want.is_empty() => {}
                 other => panic!("{vars:?}: {other:?}"),

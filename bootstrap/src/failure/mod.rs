@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use mscclpp_hal::Error;
+use mscclpp_base::Error;
 
 /// A handler of peer failures; it receives failures in the numbering of the bootstrap's
 /// connections (the root view's ranks), translated by the view that registered it.

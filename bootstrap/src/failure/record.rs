@@ -14,7 +14,7 @@ use super::super::state::{Link, Shared};
 use super::{Deferred, FailureHandler, PeerFailure};
 
 impl Shared {
-    pub(in crate::bootstrap) fn mark_dead(&self, peer: usize, reason: String) {
+    pub(crate) fn mark_dead(&self, peer: usize, reason: String) {
         let mut st = self.lock();
         if let std::collections::hash_map::Entry::Vacant(e) = st.dead.entry(peer) {
             e.insert(reason);
@@ -30,11 +30,7 @@ impl Shared {
     /// news floods the job: the connections the init all-gather left form a connected graph
     /// even without any one rank) and returns the failure handlers to call (by the caller,
     /// once it holds no lock).
-    pub(in crate::bootstrap) fn peer_failed(
-        self: &Arc<Self>,
-        peer: usize,
-        how: String,
-    ) -> Option<Deferred> {
+    pub(crate) fn peer_failed(self: &Arc<Self>, peer: usize, how: String) -> Option<Deferred> {
         if self.closing.load(Ordering::Acquire) || peer == self.rank || peer >= self.nranks {
             return None;
         }

@@ -1,7 +1,7 @@
 //! The bootstrap wire protocol: every byte a bootstrap socket carries.
 //!
 //! A connection carries *frames*: a fixed-size header ([`FRAME_HEADER_BYTES`], encoded with
-//! [`mscclpp_hal::wire`]) followed by `len` payload bytes. The header is read and decoded
+//! [`mscclpp_base::wire`]) followed by `len` payload bytes. The header is read and decoded
 //! first, and `len` is checked against the receiver's bound before a payload buffer is
 //! allocated, so a hostile or corrupted peer can neither crash a rank nor make it allocate
 //! unbounded memory. Payloads of the handshake frames (Hello, Table, Error) are themselves
@@ -12,8 +12,8 @@
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use mscclpp_hal::wire::{Reader, Writer};
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::wire::{Reader, Writer};
+use mscclpp_base::{Error, Result};
 
 /// Version of every bootstrap message this build writes and reads.
 pub const PROTOCOL_VERSION: u16 = 2;

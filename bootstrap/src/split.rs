@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 use super::Bootstrap;
 use super::shm::segment::ShmState;

@@ -15,7 +15,7 @@ use super::{Reactor, timespec};
 
 /// The connections one waiting operation reads itself, and the process's poller slot; both are
 /// given back to the loop when it is dropped.
-pub(in crate::bootstrap) struct Waiter<'a> {
+pub(crate) struct Waiter<'a> {
     sh: &'a Arc<Shared>,
     r: Option<&'a Reactor>,
     owned: Vec<Arc<Conn>>,
@@ -23,7 +23,7 @@ pub(in crate::bootstrap) struct Waiter<'a> {
 }
 
 impl<'a> Waiter<'a> {
-    pub(in crate::bootstrap) fn new(sh: &'a Arc<Shared>) -> Self {
+    pub(crate) fn new(sh: &'a Arc<Shared>) -> Self {
         Waiter {
             sh,
             r: sh.reactor.as_deref(),
@@ -33,12 +33,12 @@ impl<'a> Waiter<'a> {
     }
 
     /// Whether this waiter holds anything to give back.
-    pub(in crate::bootstrap) fn holds(&self) -> bool {
+    pub(crate) fn holds(&self) -> bool {
         self.poller || !self.owned.is_empty()
     }
 
     /// Whether this waiter reads every one of `conns` already.
-    pub(in crate::bootstrap) fn owns_all(&self, conns: &[Arc<Conn>]) -> bool {
+    pub(crate) fn owns_all(&self, conns: &[Arc<Conn>]) -> bool {
         self.poller
             && conns
                 .iter()
@@ -47,7 +47,7 @@ impl<'a> Waiter<'a> {
 
     /// Takes the poller slot and the reading of `conns`; false, holding nothing, when another
     /// thread has either.
-    pub(in crate::bootstrap) fn take(&mut self, conns: &[Arc<Conn>]) -> bool {
+    pub(crate) fn take(&mut self, conns: &[Arc<Conn>]) -> bool {
         let Some(r) = self.r else {
             return false;
         };
@@ -75,7 +75,7 @@ impl<'a> Waiter<'a> {
 
     /// Waits until one of the owned connections has input (and reads it), the loop reports a
     /// failure, or `deadline`.
-    pub(in crate::bootstrap) fn poll(&mut self, deadline: Instant) {
+    pub(crate) fn poll(&mut self, deadline: Instant) {
         let Some(r) = self.r else {
             return;
         };
@@ -115,7 +115,7 @@ impl<'a> Waiter<'a> {
     }
 
     /// Gives everything back to the loop.
-    pub(in crate::bootstrap) fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         let Some(r) = self.r else {
             return;
         };

@@ -5,7 +5,7 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use mscclpp_hal::{Error, Result};
+use mscclpp_base::{Error, Result};
 
 use super::config::BootstrapConfig;
 use super::protocol::{
