@@ -88,6 +88,7 @@ pub mod protocol;
 mod collectives;
 mod config;
 mod failure;
+mod fds;
 mod hello;
 mod launch_env;
 mod links;

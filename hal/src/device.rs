@@ -60,6 +60,12 @@ pub trait Device: Send + Sync + fmt::Debug {
         ))
     }
 
+    /// Its shareable memory ([`crate::Shareable`]: memory other processes of the host map at
+    /// addresses they choose), where the backend has it; `None` otherwise.
+    fn shareable(&self) -> Option<&dyn crate::Shareable> {
+        None
+    }
+
     /// Whether the device was reset under us by someone else (the application's
     /// `cudaDeviceReset` while our objects live): its memory, host-mapped memory included, is
     /// freed. See [`Stream::device_lost`]. Never on the host backend.

@@ -45,6 +45,7 @@ pub mod memory;
 pub mod module;
 pub mod multicast;
 pub mod stream;
+pub mod symmetric;
 pub mod typed_kernel;
 
 pub use api::{Api, Concrete, DeviceApi, Dyn, DynStream, EventApi, GraphApi, KernelApi, StreamApi};
@@ -60,4 +61,5 @@ pub use memory::{
 pub use module::{HostKernelFn, KernelDef, KernelModule};
 pub use multicast::{MulticastAddress, MulticastGroup, MulticastMapping};
 pub use stream::{Event, Graph, Stream, WaitCmp};
+pub use symmetric::{AddressSpace, Shareable};
 pub use typed_kernel::TypedKernel;

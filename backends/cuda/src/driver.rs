@@ -153,6 +153,8 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemHostUnregister",
     "cuMemHostGetDevicePointer_v2",
     "cuMemGetAddressRange_v2",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
     "cuPointerGetAttribute",
     "cuMemAddressReserve",
     "cuMemAddressFree",

@@ -396,6 +396,44 @@ impl Runtime for CudaRuntime {
         vmm::unmap_pieces(pieces)
     }
 
+    fn vmm_shareable_granularity(&self, ordinal: usize) -> Result<usize> {
+        vmm::shareable_granularity(device(ordinal)?)
+    }
+
+    unsafe fn vmm_alloc_shareable(
+        &self,
+        ordinal: usize,
+        bytes: usize,
+    ) -> Result<mscclpp_gpu::runtime::Pieces> {
+        vmm::alloc_shareable(device(ordinal)?, bytes)
+    }
+
+    unsafe fn vmm_export(&self, handle: u64) -> Result<std::os::fd::OwnedFd> {
+        vmm::export_fd(handle)
+    }
+
+    unsafe fn vmm_reserve(&self, bytes: usize, align: usize) -> Result<u64> {
+        vmm::reserve(bytes, align)
+    }
+
+    unsafe fn vmm_free_reserve(&self, ptr: u64, bytes: usize) -> Result<()> {
+        vmm::free_reserve(ptr, bytes)
+    }
+
+    unsafe fn vmm_map_fd(
+        &self,
+        ordinal: usize,
+        at: u64,
+        fd: std::os::fd::BorrowedFd<'_>,
+        bytes: usize,
+    ) -> Result<()> {
+        vmm::map_fd(device(ordinal)?, at, fd, bytes)
+    }
+
+    unsafe fn vmm_unmap(&self, at: u64, bytes: usize) -> Result<()> {
+        vmm::unmap(at, bytes)
+    }
+
     unsafe fn ipc_get_handle(&self, ptr: u64) -> Result<IpcBytes> {
         // SAFETY: an all-zero CUipcMemHandle is a valid value of this plain byte array struct.
         let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };

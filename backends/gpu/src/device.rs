@@ -69,8 +69,14 @@ impl<R: Runtime> GpuBackend<R> {
         let info = self.device_info(ordinal)?;
         let ctx = Context::retain(self.rt, ordinal)?;
         ctx.bind()?;
+        let shareable = self
+            .rt
+            .vmm_shareable_granularity(ordinal)
+            .ok()
+            .map(|_| crate::shareable::GpuShareable { ctx: ctx.clone() });
         Ok(Arc::new(GpuDevice {
             info,
+            shareable,
             ctx,
             modules: Mutex::new(HashMap::new()),
         }))
@@ -129,6 +135,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 pub struct GpuDevice<R: Runtime> {
     info: DeviceInfo,
     ctx: Arc<Context<R>>,
+    /// Its shareable memory, where the runtime has it (`None`: see `Device::shareable`).
+    shareable: Option<crate::shareable::GpuShareable<R>>,
     /// Modules loaded into this device's context, by module name and source hash; each is
     /// loaded once.
     modules: Mutex<HashMap<ModuleKey, Arc<LoadedModule<R>>>>,
@@ -195,6 +203,12 @@ impl<R: Runtime> DeviceApi for GpuDevice<R> {
 
     fn multicast_import(&self, handle: &IpcHandle) -> Result<Arc<dyn MulticastGroup>> {
         multicast::import::<R>(&self.info.caps.multicast, handle)
+    }
+
+    fn shareable(&self) -> Option<&dyn mscclpp_hal::Shareable> {
+        self.shareable
+            .as_ref()
+            .map(|s| s as &dyn mscclpp_hal::Shareable)
     }
 
     fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {

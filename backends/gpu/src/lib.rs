@@ -39,6 +39,7 @@ pub mod module;
 pub mod multicast;
 pub mod rtc;
 pub mod runtime;
+pub mod shareable;
 pub mod stream;
 
 pub use cache::{CacheStats, cache_stats};

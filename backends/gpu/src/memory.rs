@@ -34,6 +34,9 @@ pub(crate) enum Backing {
     External,
     /// [`Runtime::vmm_map_pieces`]; released with [`Runtime::vmm_unmap_pieces`].
     Pieces(crate::runtime::Pieces),
+    /// [`Runtime::vmm_alloc_shareable`] (one piece whose handle exports); released with
+    /// [`Runtime::vmm_unmap_pieces`].
+    Shareable(crate::runtime::Pieces),
 }
 
 /// One allocation or imported mapping of a GPU backend.
@@ -125,6 +128,14 @@ impl<R: Runtime> GpuAllocation<R> {
         ))
     }
 
+    /// The handle of shareable memory ([`crate::shareable`]), if it is such memory.
+    pub(crate) fn shareable_handle(&self) -> Option<u64> {
+        match &self.backing {
+            Backing::Shareable(p) => p.handles.first().copied(),
+            _ => None,
+        }
+    }
+
     /// Whether the allocation is a range of several mappings.
     pub(crate) fn is_pieces(&self) -> bool {
         matches!(self.backing, Backing::Pieces(_))
@@ -201,7 +212,7 @@ impl<R: Runtime> Drop for GpuAllocation<R> {
             // SAFETY: see above; `ptr` came from ipc_open_handle.
             Backing::Imported => unsafe { rt.ipc_close_handle(self.ptr) },
             // SAFETY: see above; the pieces came from vmm_map_pieces.
-            Backing::Pieces(p) => unsafe { rt.vmm_unmap_pieces(p) },
+            Backing::Pieces(p) | Backing::Shareable(p) => unsafe { rt.vmm_unmap_pieces(p) },
         };
         if let Err(e) = r {
             tracing::warn!(ptr = self.ptr, len = self.len, "{e}");

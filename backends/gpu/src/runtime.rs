@@ -254,6 +254,79 @@ pub trait Runtime: Send + Sync + Debug + Sized + 'static {
         let _ = pieces;
         Ok(())
     }
+    /// The granularity of shareable memory of the device of `ordinal` (sizes and map offsets
+    /// are multiples of it); `Unavailable` where the runtime has no shareable memory, which the
+    /// other `vmm_*shareable*`/`vmm_*map*` calls then are never asked for.
+    fn vmm_shareable_granularity(&self, ordinal: usize) -> Result<usize> {
+        let _ = ordinal;
+        Err(Error::unavailable(
+            "shareable memory (symmetric windows)",
+            format!(
+                "the {} runtime in use has no memory handles to share as file descriptors",
+                Self::VENDOR.runtime
+            ),
+        ))
+    }
+    /// One allocation of at least `bytes` of the device of `ordinal`, mapped read-write in a
+    /// range of its own, whose handle [`Runtime::vmm_export`] shares (a [`Pieces`] of one piece,
+    /// released with [`Runtime::vmm_unmap_pieces`]).
+    ///
+    /// # Safety
+    /// See the trait's contract.
+    unsafe fn vmm_alloc_shareable(&self, ordinal: usize, bytes: usize) -> Result<Pieces> {
+        let _ = bytes;
+        Err(self
+            .vmm_shareable_granularity(ordinal)
+            .err()
+            .unwrap_or_else(|| Error::Internal("vmm_alloc_shareable is not implemented".into())))
+    }
+    /// A file descriptor for the physical memory `handle` (of [`Runtime::vmm_alloc_shareable`]).
+    ///
+    /// # Safety
+    /// See the trait's contract; `handle` is live.
+    unsafe fn vmm_export(&self, handle: u64) -> Result<std::os::fd::OwnedFd> {
+        let _ = handle;
+        Err(Error::Internal("vmm_export is not implemented".into()))
+    }
+    /// Reserves `bytes` of address space aligned to `align`.
+    ///
+    /// # Safety
+    /// See the trait's contract.
+    unsafe fn vmm_reserve(&self, bytes: usize, align: usize) -> Result<u64> {
+        let _ = (bytes, align);
+        Err(Error::Internal("vmm_reserve is not implemented".into()))
+    }
+    /// Releases a range of [`Runtime::vmm_reserve`].
+    ///
+    /// # Safety
+    /// See the trait's contract; nothing is mapped in the range any more.
+    unsafe fn vmm_free_reserve(&self, ptr: u64, bytes: usize) -> Result<()> {
+        let _ = (ptr, bytes);
+        Ok(())
+    }
+    /// Maps `bytes` of the memory behind `fd` (another process's [`Runtime::vmm_export`], or
+    /// this one's) at `at`, read-write for the device of `ordinal`.
+    ///
+    /// # Safety
+    /// See the trait's contract; `at..at + bytes` is reserved and unmapped.
+    unsafe fn vmm_map_fd(
+        &self,
+        ordinal: usize,
+        at: u64,
+        fd: std::os::fd::BorrowedFd<'_>,
+        bytes: usize,
+    ) -> Result<()> {
+        let _ = (ordinal, at, fd, bytes);
+        Err(Error::Internal("vmm_map_fd is not implemented".into()))
+    }
+    /// Removes a mapping of [`Runtime::vmm_map_fd`].
+    ///
+    /// # Safety
+    /// See the trait's contract; nothing uses the mapping any more.
+    unsafe fn vmm_unmap(&self, at: u64, bytes: usize) -> Result<()> {
+        let _ = (at, bytes);
+        Ok(())
+    }
 
     // ----- streams and events -----
 

@@ -99,6 +99,7 @@ impl Backend for HostBackend {
         crate::memory::install_exit_teardown()?;
         Ok(Arc::new(HostDevice {
             info: self.device_info(ordinal)?,
+            shareable: crate::shareable::HostShareable { device: ordinal },
         }))
     }
 
@@ -111,6 +112,7 @@ impl Backend for HostBackend {
 #[derive(Debug)]
 pub struct HostDevice {
     info: DeviceInfo,
+    shareable: crate::shareable::HostShareable,
 }
 
 impl DeviceApi for HostDevice {
@@ -130,6 +132,10 @@ impl DeviceApi for HostDevice {
 
     fn allocation_range(&self, ptr: DevicePtr) -> Result<Option<(DevicePtr, usize)>> {
         Ok(crate::memory::allocation_range(ptr))
+    }
+
+    fn shareable(&self) -> Option<&dyn mscclpp_hal::Shareable> {
+        Some(&self.shareable)
     }
 
     fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {

@@ -24,6 +24,7 @@ pub mod kernels;
 pub mod memory;
 pub mod multicast;
 pub mod pieces;
+pub mod shareable;
 pub mod stream;
 
 pub use device::{HostBackend, HostDevice};

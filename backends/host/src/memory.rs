@@ -93,6 +93,23 @@ fn memory_file(len: usize) -> Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Records a mapping made outside [`ShmAllocation`] (a part of a symmetric range), so that
+/// [`allocation_range`] names it.
+pub(crate) fn note_mapping(ptr: usize, len: usize) {
+    live_mappings()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(ptr, len);
+}
+
+/// Forgets a mapping of [`note_mapping`].
+pub(crate) fn forget_mapping(ptr: usize) {
+    live_mappings()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&ptr);
+}
+
 /// One shared-memory mapping, made here or imported.
 #[derive(Debug)]
 pub struct ShmAllocation {
@@ -276,6 +293,14 @@ impl ShmAllocation {
             });
         }
         Self::map(fd, len, kind, device, true, None)
+    }
+}
+
+impl ShmAllocation {
+    /// The file of the memory (another process or range maps the same pages through it).
+    pub(crate) fn file(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
     }
 }
 

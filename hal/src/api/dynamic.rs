@@ -61,6 +61,9 @@ impl DeviceApi for dyn Device {
     fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {
         Device::alloc_pieces(self, piece_bytes, count)
     }
+    fn shareable(&self) -> Option<&dyn crate::Shareable> {
+        Device::shareable(self)
+    }
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {
         Device::create_stream(self)
     }

@@ -67,6 +67,10 @@ where
         DeviceApi::alloc_pieces(self, piece_bytes, count)
     }
 
+    fn shareable(&self) -> Option<&dyn crate::Shareable> {
+        DeviceApi::shareable(self)
+    }
+
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {
         Ok(DeviceApi::create_stream(self)?)
     }

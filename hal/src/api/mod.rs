@@ -88,6 +88,10 @@ pub trait DeviceApi: Send + Sync + fmt::Debug + 'static {
     fn info(&self) -> &DeviceInfo;
     /// See [`crate::Device::alloc`].
     fn alloc(&self, bytes: usize, kind: MemoryKind) -> Result<DeviceBuffer>;
+    /// See [`crate::Device::shareable`].
+    fn shareable(&self) -> Option<&dyn crate::Shareable> {
+        None
+    }
     /// See [`crate::Device::alloc_pieces`].
     fn alloc_pieces(&self, piece_bytes: usize, count: usize) -> Result<DeviceBuffer> {
         let _ = (piece_bytes, count);
