@@ -25,6 +25,8 @@ pub struct Native {
     /// operation falls back), its own stream (what `stream == NULL` means on the host backend)
     /// and the wrapped streams of callers.
     pub(crate) caller: Caller,
+    /// NCCL's device API: the symmetric space and the device communicators.
+    pub(crate) devapi: crate::devapi::State,
     /// Execution plans of `MSCCLPP_EXECUTION_PLAN_DIR`, tried ahead of the collectives.
     pub(crate) plans: Option<crate::plans::Plans>,
     /// Where a PreMulSum reduce-scatter or reduce scales this rank's input (the caller's send

@@ -175,6 +175,7 @@ pub fn build(
             .then(|| crate::plans::Plans::from_env(&caller))
             .flatten();
         Ok(Native {
+            devapi: Default::default(),
             caller,
             plans,
             premul_staging: Mutex::new(Vec::new()),

@@ -72,6 +72,7 @@ pub mod collconfig;
 pub mod comm;
 pub mod config;
 pub mod debug;
+pub mod devapi;
 pub mod error;
 mod exports;
 mod exports_229;

@@ -25,6 +25,9 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use mscclpp::collectives::Window;
 use mscclpp::hal::DeviceBuffer;
 
+use crate::devapi::layout::WIN_COLL_SYMMETRIC;
+use crate::devapi::space::{Mapped, Space};
+
 use crate::comm::Comm;
 use crate::error::{Failure, Res};
 
@@ -57,6 +60,9 @@ struct Reg {
     /// The caller's address of the range (`ncclWinGetUserPtr`), where it is known: ranges
     /// inside `ncclMemAlloc` memory (the only ones whose owner and offset are recorded).
     user: Option<usize>,
+    /// A symmetric window (`NCCL_WIN_COLL_SYMMETRIC`): its mapping in every LSA rank's space;
+    /// the handle is then its record's device address, which kernels read.
+    sym: Option<(Arc<Space>, Mapped)>,
 }
 
 fn regs() -> &'static Mutex<HashMap<usize, Reg>> {
@@ -68,7 +74,12 @@ fn regs() -> &'static Mutex<HashMap<usize, Reg>> {
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x1000_0007);
 
 fn insert(reg: Reg) -> *mut c_void {
-    let h = NEXT_HANDLE.fetch_add(16, Ordering::Relaxed) as usize;
+    // A symmetric window's handle is its record's device address (what NCCL's `ncclWindow_t`
+    // is), unique while the record lives.
+    let h = match &reg.sym {
+        Some((_, m)) => m.record.ptr().0 as usize,
+        None => NEXT_HANDLE.fetch_add(16, Ordering::Relaxed) as usize,
+    };
     let mut m = regs().lock().unwrap_or_else(|p| p.into_inner());
     // Registrations of destroyed communicators go with them.
     m.retain(|_, r| r.comm.strong_count() > 0);
@@ -90,16 +101,35 @@ pub fn register_local(c: &Arc<Comm>, owner: Option<DeviceBuffer>) -> *mut c_void
         _keep: owner,
         window: None,
         user: None,
+        sym: None,
     })
 }
 
 /// `ncclCommWindowRegister`: a collective call. `owner` is the `ncclMemAlloc` buffer holding
-/// `[buff, buff + size)` and the range's offset in it, if any.
+/// `[buff, buff + size)` and the range's offset in it, if any; `flags` the window's
+/// (`NCCL_WIN_COLL_SYMMETRIC`: mapped into every LSA rank's symmetric space, for the device
+/// API; every rank's memory must then come from `ncclMemAlloc`).
 pub fn register_window(
     c: &Arc<Comm>,
     owner: Option<(DeviceBuffer, usize)>,
     size: usize,
+    flags: i32,
 ) -> Res<*mut c_void> {
+    let sym = match c.native.as_ref() {
+        Some(n) if flags & WIN_COLL_SYMMETRIC != 0 => {
+            let space = n.devapi.space(n.communicator())?;
+            let user = owner.as_ref().map_or(0, |(b, off)| b.ptr().0 + *off as u64);
+            let m = space.map(
+                owner.as_ref().map(|(b, _)| b),
+                owner.as_ref().map_or(0, |(_, off)| *off),
+                size,
+                user,
+                flags as u32,
+            )?;
+            Some((space, m))
+        }
+        _ => None,
+    };
     let window = match c.caller() {
         Some(caller) => {
             let slice = match &owner {
@@ -119,6 +149,7 @@ pub fn register_window(
         _keep: owner.map(|(b, _)| b),
         window,
         user,
+        sym,
     }))
 }
 
@@ -172,11 +203,53 @@ pub fn deregister(c: &Arc<Comm>, h: *mut c_void, kind: Kind) -> Res<()> {
             Some(_) => m.remove(&(h as usize)),
         }
     };
-    if let Some(w) = reg.and_then(|r| r.window) {
+    let Some(reg) = reg else { return Ok(()) };
+    if let Some((space, m)) = reg.sym {
+        space.unmap(m)?;
+    }
+    if let Some(w) = reg.window {
         let caller = c
             .caller()
             .ok_or_else(|| Failure::internal("a window without a native side"))?;
         caller.deregister(w)?;
     }
     Ok(())
+}
+
+/// The address of `offset` bytes into LSA rank `lsa`'s copy of symmetric window `h`
+/// (`ncclGetLsaDevicePointer`); `peer` names a world rank instead (`ncclGetPeerDevicePointer`).
+pub fn symmetric_pointer(
+    h: *mut c_void,
+    offset: usize,
+    lsa: Option<usize>,
+    peer: Option<usize>,
+) -> Res<u64> {
+    let m = regs().lock().unwrap_or_else(|p| p.into_inner());
+    let reg = m.get(&(h as usize)).ok_or_else(|| {
+        Failure::argument(format!(
+            "window {h:p} was not returned by ncclCommWindowRegister, or was deregistered already"
+        ))
+    })?;
+    let (space, mapped) = reg.sym.as_ref().ok_or_else(|| {
+        Failure::usage(format!(
+            "window {h:p} is not symmetric: register it with NCCL_WIN_COLL_SYMMETRIC (and memory of ncclMemAlloc) for device pointers"
+        ))
+    })?;
+    let size = mapped.entry.1 as usize;
+    if offset >= size {
+        return Err(Failure::argument(format!(
+            "offset {offset} is past the window's {size} bytes"
+        )));
+    }
+    let lsa = match (lsa, peer) {
+        (Some(l), _) => l,
+        (None, Some(p)) => space.team.iter().position(|&r| r == p).ok_or_else(|| {
+            Failure::argument(format!(
+                "rank {p} is not in this rank's LSA team {:?}: its memory is not mapped here",
+                space.team
+            ))
+        })?,
+        (None, None) => return Err(Failure::internal("neither an LSA rank nor a peer")),
+    };
+    space.lsa_pointer(mapped, offset as u64, lsa)
 }

@@ -1253,7 +1253,9 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
         p.host_rma,
         p.railed_gin,
     );
-    if got != (rank as c_int, 2, dev, -1, false, false, 0, 0, false, 0) {
+    // The device API (LSA) is served: the host backend has shareable memory; both ranks share
+    // one host, so one LSA team; no multicast, no GIN.
+    if got != (rank as c_int, 2, dev, -1, true, false, 0, 1, false, 0) {
         return Err(format!("ncclCommQueryProperties (2.30 struct): {p:?}"));
     }
     let mut p = fresh(40, 22902);
@@ -1332,10 +1334,10 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
             4,
         )?;
         refused(
-            "ncclGetPeerDevicePointer",
+            "ncclGetPeerDevicePointer of a window registered without NCCL_WIN_COLL_SYMMETRIC",
             peer_ptr(w, 0, peer, &mut up),
             5,
-            &["ncclGetPeerDevicePointer", "not supported"],
+            &["ncclGetPeerDevicePointer", "not symmetric"],
         )?;
         expect(
             "ncclCommWindowRegister of host memory",

@@ -579,21 +579,49 @@ fn device_host_calls_refuse_naming_themselves() -> Result<(), Failed> {
     let win = 0x1000 as *mut c_void;
     let mut off = 0usize;
     let o: *mut usize = &mut off;
-    let team_req = |name: &'static str| -> Result<(), String> {
+    let team_req = |name: &'static str, served: bool| -> Result<(), String> {
         type F = unsafe extern "C" fn(Team, c_int, *mut c_void, *mut c_void) -> c_int;
         // SAFETY: the header's signature of the Lsa/Cft barrier requirement calls.
         let f = *unsafe { lib.get::<F>(format!("{name}\0").as_bytes()) }
             .map_err(|e| format!("{name}: {e}"))?;
-        // SAFETY: valid or NULL pointers; nothing is written.
+        // SAFETY: valid or NULL pointers; a served call writes its 56-byte requirement and
+        // 8-byte handle into `slot` (64 bytes; the two share it here).
         unsafe {
             expect_code(&lib, name, f(team, 1, null, p), 4, &[name, "outHandle"])?;
             expect_code(&lib, name, f(team, 1, p, null), 4, &[name, "outReq"])?;
-            expect_code(&lib, name, f(team, 1, p, p), 5, &[name, "device API"])
+            if served {
+                expect_code(&lib, name, f(team, 1, p, p), 0, &[])
+            } else {
+                expect_code(&lib, name, f(team, 1, p, p), 5, &[name, "device API"])
+            }
         }
     };
-    team_req("ncclLsaBarrierCreateRequirement")?;
-    team_req("ncclCftBarrierCreateRequirement")?;
-    let int_req = |name: &'static str| -> Result<(), String> {
+    team_req("ncclLsaBarrierCreateRequirement", true)?;
+    // ncclLsaBarrierCreateRequirement's sizes: (3 + nRanks) * 4 bytes per barrier, aligned to 4.
+    let lsa_req = sym!(
+        lib,
+        "ncclLsaBarrierCreateRequirement",
+        fn(Team, c_int, *mut c_void, *mut c_void) -> c_int
+    );
+    let mut handle = [7u32; 2];
+    let mut req = [0xffu8; 56];
+    // SAFETY: an 8-byte handle and a 56-byte requirement.
+    let rc = unsafe { lsa_req(team, 3, handle.as_mut_ptr().cast(), req.as_mut_ptr().cast()) };
+    let word = |at: usize| u64::from_le_bytes(req[at..at + 8].try_into().unwrap_or_default());
+    if rc != 0
+        || word(0) != 0
+        || word(8) != 60
+        || word(16) != 4
+        || word(24) != handle.as_ptr() as u64
+        || handle[1] != 3
+    {
+        return Err(format!(
+            "ncclLsaBarrierCreateRequirement: rc {rc}, requirement {req:?}, handle {handle:?}"
+        )
+        .into());
+    }
+    team_req("ncclCftBarrierCreateRequirement", false)?;
+    let int_req = |name: &'static str, served: bool| -> Result<(), String> {
         type F = unsafe extern "C" fn(c_int, c_int, *mut c_void, *mut c_void) -> c_int;
         // SAFETY: the header's signature of the LLA2A and GIN outbox requirement calls.
         let f = *unsafe { lib.get::<F>(format!("{name}\0").as_bytes()) }
@@ -601,11 +629,15 @@ fn device_host_calls_refuse_naming_themselves() -> Result<(), Failed> {
         // SAFETY: as above.
         unsafe {
             expect_code(&lib, name, f(1, 1, null, p), 4, &[name, "outHandle"])?;
-            expect_code(&lib, name, f(1, 1, p, p), 5, &[name, "device API"])
+            if served {
+                expect_code(&lib, name, f(1, 1, p, p), 0, &[])
+            } else {
+                expect_code(&lib, name, f(1, 1, p, p), 5, &[name, "device API"])
+            }
         }
     };
-    int_req("ncclLLA2ACreateRequirement")?;
-    int_req("ncclGinOutboxCreateRequirement")?;
+    int_req("ncclLLA2ACreateRequirement", true)?;
+    int_req("ncclGinOutboxCreateRequirement", false)?;
     {
         let name = "ncclGinInboxA2ACreateRequirement";
         let f = sym!(
@@ -683,11 +715,11 @@ fn device_host_calls_refuse_naming_themselves() -> Result<(), Failed> {
         // SAFETY: a handle that is no communicator: checked, never followed.
         let t = unsafe { f(0x10 as Comm) };
         let last = last_error(&lib);
-        // ncclTeamWorld serves live communicators only: this handle is not one.
-        let word = if name == "ncclTeamWorld" {
-            "not a communicator"
-        } else {
+        // The world, LSA and rail teams serve live communicators only: this handle is not one.
+        let word = if name == "ncclTeamCftMultimem" {
             "device API"
+        } else {
+            "not a communicator"
         };
         if t != empty || !last.contains(name) || !last.contains(word) {
             return Err(format!("{name}: {t:?}, last error {last:?}").into());
@@ -708,11 +740,12 @@ fn device_host_calls_refuse_naming_themselves() -> Result<(), Failed> {
     if r != -1 || !last.contains("ncclTeamRankToLsa") {
         return Err(format!("ncclTeamRankToLsa: {r}, last error {last:?}").into());
     }
+    // NCCL's arithmetic: a slot holds 8 bytes.
     // SAFETY: as above.
-    let r = unsafe { calc(64, 8) };
+    let r = unsafe { (calc(64, 8), calc(64, 12), calc(-1, 8)) };
     let last = last_error(&lib);
-    if r != -1 || !last.contains("ncclLLA2ACalcSlots") {
-        return Err(format!("ncclLLA2ACalcSlots: {r}, last error {last:?}").into());
+    if r != (64, 128, -1) || !last.contains("ncclLLA2ACalcSlots") {
+        return Err(format!("ncclLLA2ACalcSlots: {r:?}, last error {last:?}").into());
     }
     Ok(())
 }

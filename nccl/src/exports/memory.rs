@@ -62,7 +62,14 @@ pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> Ncc
         if size == 0 {
             return Err(Failure::argument("size is 0"));
         }
-        let buf = mem_device()?.alloc(size, MemoryKind::Device)?;
+        // Shareable memory where the device has it: what symmetric windows (NCCL's device API)
+        // map into every LSA rank, as NCCL's own ncclMemAlloc returns virtual-memory
+        // allocations with exportable handles.
+        let dev = mem_device()?;
+        let buf = match dev.shareable() {
+            Some(sh) => sh.alloc(size)?,
+            None => dev.alloc(size, MemoryKind::Device)?,
+        };
         let p = buf.ptr().0 as usize;
         mem_map()
             .lock()

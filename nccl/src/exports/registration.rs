@@ -47,7 +47,9 @@ pub unsafe extern "C" fn ncclCommDeregister(comm: NcclComm, handle: *mut c_void)
 /// win, int winFlags)`: collective, as NCCL 2.27's. When every rank's buffer came from
 /// `ncclMemAlloc`, the buffers are registered with the collectives (mapped into every peer now),
 /// and all-reduces whose input lies in the window read it in place where that pays; otherwise
-/// the window is recorded and calls copy.
+/// the window is recorded and calls copy. With `NCCL_WIN_COLL_SYMMETRIC` the window is also
+/// mapped into every LSA rank's symmetric space and `*win` is the device address of its record,
+/// which kernels of NCCL's device API read (see `devapi`).
 ///
 /// # Safety
 /// `win` must be NULL or valid for a write; `buff` `size` bytes of the caller's device memory.
@@ -57,12 +59,12 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
     buff: *mut c_void,
     size: usize,
     win: *mut NcclWindow,
-    _winFlags: c_int,
+    winFlags: c_int,
 ) -> NcclResult {
     guard("ncclCommWindowRegister", || {
         let c = lookup(comm)?;
         check_range(buff, size, win.is_null(), "win")?;
-        let h = register::register_window(&c, mem_owner(buff, size), size)?;
+        let h = register::register_window(&c, mem_owner(buff, size), size, winFlags)?;
         // SAFETY: non-null (checked); the caller's out-pointer.
         unsafe { out(win, "win", h) }
     })

@@ -48,7 +48,9 @@ pub unsafe extern "C" fn ncclRedOpDestroy(op: c_int, comm: NcclComm) -> NcclResu
 }
 
 /// `ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* reqs,
-/// ncclDevComm_t* outDevComm)` (NCCL 2.28 device API): through the real NCCL.
+/// ncclDevComm_t* outDevComm)` (NCCL's device API): native (`devapi::devcomm`: LSA served;
+/// GIN, multimem and CFT refused naming the field), collective; through the real NCCL for a
+/// communicator it made.
 ///
 /// # Safety
 /// As NCCL's.
@@ -62,6 +64,13 @@ pub unsafe extern "C" fn ncclDevCommCreate(
         let c = lookup(comm)?;
         if reqs.is_null() || outDevComm.is_null() {
             return Err(Failure::argument("reqs or outDevComm is NULL"));
+        }
+        if let Some(n) = c.native.as_ref() {
+            let space = n.devapi.space(n.communicator())?;
+            // SAFETY: the caller's requirements and out-struct, as NCCL's contract has them.
+            let d = unsafe { crate::devapi::devcomm::create(&space, reqs, outDevComm)? };
+            n.devapi.keep(d);
+            return Ok(());
         }
         let (lib, rc) = c.require_real("ncclDevCommCreate (NCCL's device API)")?;
         let f = lib.need(lib.dev_comm_create, "ncclDevCommCreate")?;
@@ -80,6 +89,19 @@ pub unsafe extern "C" fn ncclDevCommDestroy(comm: NcclComm, devComm: *const c_vo
         let c = lookup(comm)?;
         if devComm.is_null() {
             return Err(Failure::argument("devComm is NULL"));
+        }
+        if let Some(n) = c.native.as_ref() {
+            // SAFETY: the caller's device communicator, which this library wrote.
+            let key = unsafe { crate::devapi::devcomm::resource_window(devComm) };
+            let d = n.devapi.forget(key).ok_or_else(|| {
+                Failure::argument(format!(
+                    "devComm {devComm:p} was not made by ncclDevCommCreate on this communicator, or was destroyed already"
+                ))
+            })?;
+            if let Some((m, _buf)) = d.resources {
+                n.devapi.space(n.communicator())?.unmap(m)?;
+            }
+            return Ok(());
         }
         let (lib, rc) = c.require_real("ncclDevCommDestroy (NCCL's device API)")?;
         let f = lib.need(lib.dev_comm_destroy, "ncclDevCommDestroy")?;

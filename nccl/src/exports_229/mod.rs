@@ -30,7 +30,7 @@ use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::abi::*;
 use crate::error::{Failure, guard, out};
@@ -388,15 +388,53 @@ pub unsafe extern "C" fn ncclCommQueryProperties(
                 unsafe { base.add(offset).cast::<bool>().write(v) };
             }
         };
+        // The device API (LSA) is served on a native communicator whose device has shareable
+        // memory; NCCL tells 2.29 clients it is there only when one LSA team holds every rank.
+        let lsa = c.native.as_ref().and_then(|n| {
+            let comm = n.communicator();
+            comm.device().shareable()?;
+            let boot = comm.bootstrap();
+            Some(crate::devapi::lsa_of(boot.hosts(), boot.rank()).0)
+        });
+        let device_api = match lsa {
+            Some(size) if version < 23000 => size == c.nranks,
+            Some(_) => true,
+            None => false,
+        };
         put_int(offset_of!(CommProperties, rank), c.rank as c_int);
         put_int(offset_of!(CommProperties, n_ranks), c.nranks as c_int);
         put_int(offset_of!(CommProperties, cuda_dev), c.device);
         put_int(offset_of!(CommProperties, nvml_dev), -1);
-        put_bool(offset_of!(CommProperties, device_api_support), false);
+        put_bool(offset_of!(CommProperties, device_api_support), device_api);
         put_bool(offset_of!(CommProperties, multimem_support), false);
         put_int(offset_of!(CommProperties, gin_type), NCCL_GIN_TYPE_NONE);
+        if version >= 23100 {
+            // 2.31's fields: commHash (56), ginMinStride (64), ginConnectionType (68),
+            // ginSupport[64] (72), devCommRuntimeVersionSize (136); 2.32's CFT flags (144..147).
+            if fits(56, 8) {
+                // SAFETY: within the caller's `size` bytes, at the field's (aligned) offset.
+                unsafe { base.add(56).cast::<u64>().write(Arc::as_ptr(&c) as u64) };
+            }
+            put_int(64, 0);
+            put_int(68, 0);
+            for i in 0..64 {
+                put_bool(72 + i, false);
+            }
+            if fits(136, 8) {
+                // SAFETY: as above.
+                unsafe { base.add(136).cast::<usize>().write(248) };
+            }
+            if version >= 23200 {
+                for at in 144..147 {
+                    put_bool(at, false);
+                }
+            }
+        }
         if version > PROPERTIES_V2 {
-            put_int(offset_of!(CommProperties, n_lsa_teams), 0);
+            put_int(
+                offset_of!(CommProperties, n_lsa_teams),
+                lsa.map_or(0, |s| (c.nranks / s) as c_int),
+            );
             put_bool(offset_of!(CommProperties, host_rma_support), false);
             put_int(
                 offset_of!(CommProperties, railed_gin_type),

@@ -48,7 +48,7 @@ fn refuse_rma(name: &'static str, comm: NcclComm, checks: impl FnOnce() -> Res<(
 /// What the device-API window calls answer.
 fn no_device_api(what: &str) -> Failure {
     Failure::usage(format!(
-        "{what} (NCCL's device API over symmetric windows) is not supported by this library: its windows (ncclCommWindowRegister) are not NCCL symmetric windows"
+        "{what} (NCCL's device API: multimem, NVLink multicast) is not supported by this library: it never creates multicast objects; LSA pointers (ncclGetLsaDevicePointer) are served"
     ))
 }
 
@@ -116,33 +116,59 @@ pub unsafe extern "C" fn ncclGetMultimemDevicePointer(
 }
 
 /// `ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window, size_t offset, int lsaRank,
-/// void** outPtr)` (NCCL 2.29 device API): not supported.
+/// void** outPtr)` (NCCL 2.29 device API): native for a symmetric window (the address of
+/// `offset` in LSA rank `lsaRank`'s copy, as the device headers compute it).
 ///
 /// # Safety
-/// Nothing is read or written through the pointers.
+/// `outPtr` must be NULL or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGetLsaDevicePointer(
     window: NcclWindow,
-    _offset: usize,
-    _lsaRank: c_int,
+    offset: usize,
+    lsaRank: c_int,
     outPtr: *mut *mut c_void,
 ) -> NcclResult {
-    refuse_device_pointer("ncclGetLsaDevicePointer", window, outPtr)
+    guard("ncclGetLsaDevicePointer", || {
+        if window.is_null() {
+            return Err(Failure::argument("window is NULL"));
+        }
+        if outPtr.is_null() {
+            return Err(Failure::argument("outPtr is NULL"));
+        }
+        let lsa = usize::try_from(lsaRank)
+            .map_err(|_| Failure::argument(format!("lsaRank {lsaRank} is negative")))?;
+        let p = crate::register::symmetric_pointer(window, offset, Some(lsa), None)?;
+        // SAFETY: the caller's out-pointer (checked for NULL by `out`).
+        unsafe { out(outPtr, "outPtr", p as *mut c_void) }
+    })
 }
 
 /// `ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void**
-/// outPtr)` (NCCL 2.29 device API): not supported.
+/// outPtr)` (NCCL 2.29 device API): native for a symmetric window and a peer of this rank's
+/// LSA team (world rank `peer`).
 ///
 /// # Safety
-/// Nothing is read or written through the pointers.
+/// `outPtr` must be NULL or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGetPeerDevicePointer(
     window: NcclWindow,
-    _offset: usize,
-    _peer: c_int,
+    offset: usize,
+    peer: c_int,
     outPtr: *mut *mut c_void,
 ) -> NcclResult {
-    refuse_device_pointer("ncclGetPeerDevicePointer", window, outPtr)
+    guard("ncclGetPeerDevicePointer", || {
+        if window.is_null() {
+            return Err(Failure::argument("window is NULL"));
+        }
+        if outPtr.is_null() {
+            return Err(Failure::argument("outPtr is NULL"));
+        }
+        let p = usize::try_from(peer)
+            .map_err(|_| Failure::argument(format!("peer {peer} is negative")))?;
+        let a = crate::register::symmetric_pointer(window, offset, None, Some(p))?;
+        // SAFETY: the caller's out-pointer (checked for NULL by `out`).
+        unsafe { out(outPtr, "outPtr", a as *mut c_void) }
+    })
 }
 
 /// What every device-pointer call answers: its arguments checked, then refused.
@@ -265,8 +291,8 @@ mod tests {
         assert!(e.starts_with(name) && e.contains(says), "{name}: {e}");
     }
 
-    /// Every device-pointer call checks its pointers, then refuses as `ncclInvalidUsage`
-    /// naming itself; the one-sided calls refuse a handle that is not a communicator first.
+    /// Every device-pointer call checks its pointers; the multimem ones then refuse as
+    /// `ncclInvalidUsage` naming themselves, the LSA ones refuse a window they do not know; the one-sided calls refuse a handle that is not a communicator first.
     #[test]
     fn device_pointer_and_one_sided_calls_refuse_naming_themselves() {
         let mut p: *mut c_void = std::ptr::null_mut();
@@ -290,8 +316,9 @@ mod tests {
             ncclGetMultimemDevicePointer(w, 0, mm, out)
         });
         let name = "ncclGetLsaDevicePointer";
+        let unknown = "not returned by ncclCommWindowRegister";
         // SAFETY: as said above the first call.
-        answers(name, NCCL_INVALID_USAGE, api, || unsafe {
+        answers(name, NCCL_INVALID_ARGUMENT, unknown, || unsafe {
             ncclGetLsaDevicePointer(w, 0, 0, out)
         });
         // SAFETY: as said above the first call.
@@ -300,7 +327,7 @@ mod tests {
         });
         let name = "ncclGetPeerDevicePointer";
         // SAFETY: as said above the first call.
-        answers(name, NCCL_INVALID_USAGE, api, || unsafe {
+        answers(name, NCCL_INVALID_ARGUMENT, unknown, || unsafe {
             ncclGetPeerDevicePointer(w, 0, 1, out)
         });
         // SAFETY: as said above the first call.

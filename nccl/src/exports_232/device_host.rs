@@ -1,9 +1,8 @@
-//! The host functions of NCCL 2.32's `nccl_device/host.h` that this library did not export:
-//! the world team served (every rank, stride 1: nothing of the device API is needed for it),
-//! the rest refused naming the call. NCCL's device API (teams beyond the world, barriers, the
-//! LL all-to-all, GIN, CFT load/store entries) is served by a later issue; until then a call
-//! here answers `ncclInvalidUsage` (or, where it returns no result code, an empty team or -1,
-//! with the same message for `ncclGetLastError`), after its NULL-pointer checks.
+//! The host functions of NCCL 2.32's `nccl_device/host.h`: the teams (world, LSA, rail) and
+//! the LSA barrier and LL all-to-all requirements served (`devapi`); CFT and GIN's outbox and
+//! inbox refused naming the call: `ncclInvalidUsage` (or, where the call returns no result
+//! code, an empty team or -1, with the same message for `ncclGetLastError`), after its
+//! NULL-pointer checks.
 
 use std::ffi::{c_int, c_void};
 
@@ -15,7 +14,7 @@ use crate::registry::lookup;
 /// What a refused call answers.
 fn no_device_api(name: &str) -> Failure {
     Failure::usage(format!(
-        "{name} is part of NCCL's device API (nccl_device/host.h), which this library does not serve yet (a later issue serves it)"
+        "{name} is part of NCCL's device API that this library does not serve (CFT load/store entries, GIN's outbox and inbox); LSA is served"
     ))
 }
 
@@ -120,13 +119,34 @@ pub unsafe extern "C" fn ncclTeamRankToWorld(comm: NcclComm, team: NcclTeam, ran
     })
 }
 
-/// `ncclTeam_t ncclTeamLsa(ncclComm_t comm)`: refused (the empty team).
+/// This rank's LSA team in `comm` (`(lsaSize, lsaRank)`): the ranks of its host when every
+/// host holds the same run of consecutive ranks, else itself (`devapi::space::lsa_team`).
+fn lsa(comm: NcclComm) -> Res<(usize, usize)> {
+    let c = lookup(comm)?;
+    let n = c.native.as_ref().ok_or_else(|| {
+        Failure::usage(
+            "the communicator was made by the real NCCL: this library's device API serves its own",
+        )
+    })?;
+    let boot = n.communicator().bootstrap();
+    Ok(crate::devapi::lsa_of(boot.hosts(), boot.rank()))
+}
+
+/// `ncclTeam_t ncclTeamLsa(ncclComm_t comm)`: native, the ranks this rank reaches by load and
+/// store through symmetric windows (stride 1).
 ///
 /// # Safety
-/// Nothing is read through `comm`.
+/// `comm` is a handle (checked against the live ones).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclTeamLsa(_comm: NcclComm) -> NcclTeam {
-    answer("ncclTeamLsa", NO_TEAM, || Err(no_device_api("ncclTeamLsa")))
+pub unsafe extern "C" fn ncclTeamLsa(comm: NcclComm) -> NcclTeam {
+    answer("ncclTeamLsa", NO_TEAM, || {
+        let (size, rank) = lsa(comm)?;
+        Ok(NcclTeam {
+            n_ranks: size as c_int,
+            rank: rank as c_int,
+            stride: 1,
+        })
+    })
 }
 
 /// `ncclTeam_t ncclTeamCft(ncclComm_t comm, ncclCftTeamMode_t mode)`: refused (the empty
@@ -150,56 +170,127 @@ pub unsafe extern "C" fn ncclTeamCftMultimem(_comm: NcclComm) -> NcclTeam {
     })
 }
 
-/// `ncclTeam_t ncclTeamRail(ncclComm_t comm)`: refused (the empty team).
+/// `ncclTeam_t ncclTeamRail(ncclComm_t comm)`: native, the ranks of the same LSA index on
+/// every LSA team (`{nRanks / lsaSize, rank / lsaSize, lsaSize}`).
 ///
 /// # Safety
-/// Nothing is read through `comm`.
+/// `comm` is a handle (checked against the live ones).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclTeamRail(_comm: NcclComm) -> NcclTeam {
+pub unsafe extern "C" fn ncclTeamRail(comm: NcclComm) -> NcclTeam {
     answer("ncclTeamRail", NO_TEAM, || {
-        Err(no_device_api("ncclTeamRail"))
+        let c = lookup(comm)?;
+        let (size, _) = lsa(comm)?;
+        Ok(NcclTeam {
+            n_ranks: (c.nranks / size) as c_int,
+            rank: (c.rank / size) as c_int,
+            stride: size as c_int,
+        })
     })
 }
 
-/// `int ncclTeamRankToLsa(ncclComm_t comm, ncclTeam_t team, int rank)`: refused (-1).
+/// `int ncclTeamRankToLsa(ncclComm_t comm, ncclTeam_t team, int rank)`: native, NCCL's team
+/// arithmetic (this rank's LSA rank plus `(rank - team.rank) * team.stride`); -1 for a result
+/// outside the LSA team.
 ///
 /// # Safety
-/// Nothing is read through `comm`.
+/// `comm` is a handle (checked against the live ones).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclTeamRankToLsa(
-    _comm: NcclComm,
-    _team: NcclTeam,
-    _rank: c_int,
-) -> c_int {
+pub unsafe extern "C" fn ncclTeamRankToLsa(comm: NcclComm, team: NcclTeam, rank: c_int) -> c_int {
     answer("ncclTeamRankToLsa", -1, || {
-        Err(no_device_api("ncclTeamRankToLsa"))
+        let (size, me) = lsa(comm)?;
+        let l = i64::from(rank)
+            .checked_sub(i64::from(team.rank))
+            .and_then(|d| d.checked_mul(i64::from(team.stride)))
+            .and_then(|d| d.checked_add(me as i64))
+            .filter(|l| (0..size as i64).contains(l));
+        l.map(|l| l as c_int).ok_or_else(|| {
+            Failure::argument(format!(
+                "rank {rank} of team {{nRanks {}, rank {}, stride {}}} is outside the LSA team of {size}",
+                team.n_ranks, team.rank, team.stride
+            ))
+        })
     })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Resource requirements
 
-/// `int ncclLLA2ACalcSlots(int maxElts, int maxEltSize)`: refused (-1).
+/// `int ncclLLA2ACalcSlots(int maxElts, int maxEltSize)`: NCCL's arithmetic (a slot holds 8
+/// bytes: `maxElts * ceil(maxEltSize / 8)`); -1 for negative or overflowing arguments.
 #[unsafe(no_mangle)]
-pub extern "C" fn ncclLLA2ACalcSlots(_maxElts: c_int, _maxEltSize: c_int) -> c_int {
+pub extern "C" fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int {
     answer("ncclLLA2ACalcSlots", -1, || {
-        Err(no_device_api("ncclLLA2ACalcSlots"))
+        if maxElts < 0 || maxEltSize < 0 {
+            return Err(Failure::argument(format!(
+                "maxElts {maxElts} and maxEltSize {maxEltSize} must not be negative"
+            )));
+        }
+        maxElts
+            .checked_mul((maxEltSize + 7) / 8)
+            .ok_or_else(|| Failure::argument("the slot count overflows an int"))
     })
 }
 
-/// `ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers,
-/// ncclLsaBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq)`: refused.
+/// Fills an `ncclDevResourceRequirements` (56 bytes, zeroed first) with a buffer of `bytes`
+/// aligned to `align` whose handle goes to `out`.
 ///
 /// # Safety
-/// Nothing is written through the pointers.
+/// `req` is valid for writes of 56 bytes.
+unsafe fn buffer_requirement(req: *mut c_void, bytes: usize, align: usize, out: *mut c_void) {
+    use crate::devapi::layout::reqs::resource as f;
+    let r = req.cast::<u8>();
+    // SAFETY: the caller's 56 bytes.
+    unsafe {
+        std::ptr::write_bytes(r, 0, f::BYTES);
+        r.add(f::BUFFER_SIZE)
+            .cast::<u64>()
+            .write_unaligned(bytes as u64);
+        r.add(f::BUFFER_ALIGN)
+            .cast::<u64>()
+            .write_unaligned(align as u64);
+        r.add(f::OUT_BUFFER_HANDLE)
+            .cast::<*mut c_void>()
+            .write_unaligned(out);
+    }
+}
+
+/// `ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers,
+/// ncclLsaBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq)`: native, NCCL's
+/// sizes (`(3 + team.nRanks) * 4` bytes per barrier); the handle's buffer is set when
+/// `ncclDevCommCreate` places the requirement.
+///
+/// # Safety
+/// `outHandle` (8 bytes) and `outReq` (56 bytes) must be NULL or valid for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclLsaBarrierCreateRequirement(
-    _team: NcclTeam,
-    _nBarriers: c_int,
+    team: NcclTeam,
+    nBarriers: c_int,
     outHandle: *mut c_void,
     outReq: *mut c_void,
 ) -> NcclResult {
-    refuse_requirement("ncclLsaBarrierCreateRequirement", outHandle, outReq)
+    guard("ncclLsaBarrierCreateRequirement", || {
+        if outHandle.is_null() {
+            return Err(Failure::argument("outHandle is NULL"));
+        }
+        if outReq.is_null() {
+            return Err(Failure::argument("outReq is NULL"));
+        }
+        if nBarriers < 0 || team.n_ranks < 1 {
+            return Err(Failure::argument(format!(
+                "{nBarriers} barriers over a team of {} ranks",
+                team.n_ranks
+            )));
+        }
+        let bytes = (3 + team.n_ranks as usize) * 4 * nBarriers as usize;
+        let h = outHandle.cast::<u32>();
+        // SAFETY: the caller's handle (`bufHandle`, `nBarriers`) and requirement.
+        unsafe {
+            h.write_unaligned(0);
+            h.add(1).write_unaligned(nBarriers as u32);
+            buffer_requirement(outReq, bytes, 4, outHandle);
+        }
+        Ok(())
+    })
 }
 
 /// `ncclResult_t ncclCftBarrierCreateRequirement(ncclTeam_t team, int nBarriers,
@@ -218,18 +309,40 @@ pub unsafe extern "C" fn ncclCftBarrierCreateRequirement(
 }
 
 /// `ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle_t*
-/// outHandle, ncclDevResourceRequirements_t* outReq)`: refused.
+/// outHandle, ncclDevResourceRequirements_t* outReq)`: native, NCCL's sizes
+/// (`nBlocks * (1 + 2 * nSlots) * 16` bytes, aligned to 16).
 ///
 /// # Safety
-/// Nothing is written through the pointers.
+/// `outHandle` (8 bytes) and `outReq` (56 bytes) must be NULL or valid for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclLLA2ACreateRequirement(
-    _nBlocks: c_int,
-    _nSlots: c_int,
+    nBlocks: c_int,
+    nSlots: c_int,
     outHandle: *mut c_void,
     outReq: *mut c_void,
 ) -> NcclResult {
-    refuse_requirement("ncclLLA2ACreateRequirement", outHandle, outReq)
+    guard("ncclLLA2ACreateRequirement", || {
+        if outHandle.is_null() {
+            return Err(Failure::argument("outHandle is NULL"));
+        }
+        if outReq.is_null() {
+            return Err(Failure::argument("outReq is NULL"));
+        }
+        if nBlocks < 0 || nSlots < 0 {
+            return Err(Failure::argument(format!(
+                "{nBlocks} blocks of {nSlots} slots"
+            )));
+        }
+        let bytes = nBlocks as usize * (1 + 2 * nSlots as usize) * 16;
+        let h = outHandle.cast::<u32>();
+        // SAFETY: the caller's handle (`bufHandle`, `nSlots`) and requirement.
+        unsafe {
+            h.write_unaligned(0);
+            h.add(1).write_unaligned(nSlots as u32);
+            buffer_requirement(outReq, bytes, 16, outHandle);
+        }
+        Ok(())
+    })
 }
 
 /// `ncclResult_t ncclGinOutboxCreateRequirement(int nBlocks, int size_log2,

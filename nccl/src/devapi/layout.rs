@@ -1,0 +1,417 @@
+//! The device-visible structures of NCCL's device API at the byte offsets of the headers a
+//! client compiled with: `ncclDevComm` (a different layout at each minor version since 2.29),
+//! the window record an `ncclWindow_t` points to (grown only by appending, so one record of the
+//! newest layout serves every version), the window table, and the requirements a client passes
+//! in. The offsets are facts read from NCCL's public headers (2.29.2 to 2.32.6) and checked
+//! against them by `nccl/tests/devapi_layout.rs`.
+
+/// `NCCL_API_MAGIC`.
+pub const API_MAGIC: u32 = 0xcafe_beef;
+/// Bytes of a resource handle's unit (`ncclGetResourceBufferOffset(h) = h * 128`).
+pub const RESOURCE_UNIT: usize = 128;
+/// `NCCL_LSA_PEER_DELTA4G_INVALID`: a peer outside the LSA team.
+pub const PEER_DELTA_INVALID: i32 = i32::MIN;
+/// `NCCL_LE_ID_INVALID`.
+pub const LE_ID_INVALID: u32 = u32::MAX;
+/// `NCCL_WIN_COLL_SYMMETRIC`.
+pub const WIN_COLL_SYMMETRIC: i32 = 0x01;
+/// `NCCL_WIN_REQUIRED_ALIGNMENT`: a symmetric window's offset inside its allocation.
+pub const WIN_ALIGNMENT: usize = 4096;
+
+/// A layout of `ncclDevComm`, by the version a client compiled with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DevCommLayout {
+    /// 2.29.2, 2.29.3: no magic, 200 bytes.
+    V22902,
+    /// 2.29.5 to 2.29.7: an abort flag appended, 224 bytes.
+    V22907,
+    /// 2.30: magic and version first, 240 bytes.
+    V2300,
+    /// 2.31 and 2.32: the inlined resource window cut to its three fields, 248 bytes.
+    V2310,
+}
+
+/// Where the fields of one layout sit (bytes from the start).
+#[derive(Debug, Clone, Copy)]
+pub struct DevCommOffsets {
+    /// `magic` and `version` (none before 2.30).
+    pub header: Option<usize>,
+    /// `rank`; `nRanks`, `nRanks_rcp32`, `lsaRank`, `lsaSize`, `lsaSize_rcp32` follow, 4 bytes each.
+    pub rank: usize,
+    /// `windowTable`.
+    pub window_table: usize,
+    /// `resourceWindow`.
+    pub resource_window: usize,
+    /// `resourceWindow_inlined`, and how many bytes of the window record it copies (the whole
+    /// record's prefix before 2.31; only `lsaFlatBase`, `stride4G`, `mcOffset4K` after).
+    pub inlined: usize,
+    /// Whether the inlined copy is the record's prefix (`Some(bytes)`) or the 16-byte form.
+    pub inlined_prefix: Option<usize>,
+    /// `lsaMultimem`.
+    pub lsa_multimem: usize,
+    /// `lsaBarrier`.
+    pub lsa_barrier: usize,
+    /// `hybridLsaBarrier` (2.30 on).
+    pub hybrid_lsa_barrier: Option<usize>,
+    /// `ucLeId` and `mcLeId` (2.31 on).
+    pub le_ids: Option<usize>,
+    /// `sizeof(ncclDevComm)`.
+    pub size: usize,
+}
+
+impl DevCommLayout {
+    /// The layout of a client of NCCL version `version` (`NCCL_VERSION_CODE`), or why none.
+    pub fn of(version: u32) -> Result<Self, String> {
+        match version {
+            22902..=22903 => Ok(Self::V22902),
+            22905..=22907 => Ok(Self::V22907),
+            23000..=23099 => Ok(Self::V2300),
+            23100..=23206 => Ok(Self::V2310),
+            v => Err(format!(
+                "a client of NCCL {}: this library serves the device API to clients built against NCCL 2.29.2 to 2.32.6",
+                version_name(v)
+            )),
+        }
+    }
+
+    /// Its offsets.
+    pub fn offsets(self) -> DevCommOffsets {
+        match self {
+            Self::V22902 | Self::V22907 => DevCommOffsets {
+                header: None,
+                rank: 0,
+                window_table: 24,
+                resource_window: 32,
+                inlined: 40,
+                inlined_prefix: Some(72),
+                lsa_multimem: 112,
+                lsa_barrier: 120,
+                hybrid_lsa_barrier: None,
+                le_ids: None,
+                size: if self == Self::V22902 { 200 } else { 224 },
+            },
+            Self::V2300 => DevCommOffsets {
+                header: Some(0),
+                rank: 8,
+                window_table: 32,
+                resource_window: 40,
+                inlined: 48,
+                // 2.30.3/2.30.4 reserve 72 bytes, 2.30.7 64: the three fields sit at the
+                // record's offsets (8, 24, 28) in both; only they are written.
+                inlined_prefix: None,
+                lsa_multimem: 120,
+                lsa_barrier: 128,
+                hybrid_lsa_barrier: Some(216),
+                le_ids: None,
+                size: 240,
+            },
+            Self::V2310 => DevCommOffsets {
+                header: Some(0),
+                rank: 8,
+                window_table: 32,
+                resource_window: 40,
+                inlined: 48,
+                inlined_prefix: None,
+                lsa_multimem: 72,
+                lsa_barrier: 80,
+                hybrid_lsa_barrier: Some(176),
+                le_ids: Some(224),
+                size: 248,
+            },
+        }
+    }
+}
+
+/// `22907` as `2.29.7`.
+pub fn version_name(v: u32) -> String {
+    format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+}
+
+/// NCCL's `idivRcp32(x)`: `0xFFFFFFFF / x`, plus one when `x` is a power of two (wrapping).
+pub fn rcp32(x: u32) -> u32 {
+    if x == 0 {
+        return 0;
+    }
+    (u32::MAX / x).wrapping_add(u32::from(x.is_power_of_two()))
+}
+
+/// What a window record holds ([`WindowRecord::bytes`] lays it out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowRecord {
+    /// `winHost`: this library's id of the window (the device never reads it).
+    pub host_id: u64,
+    /// `lsaFlatBase`: the address of LSA rank 0's copy of the window.
+    pub lsa_flat_base: u64,
+    /// `lsaRank`.
+    pub lsa_rank: u32,
+    /// `worldRank`.
+    pub world_rank: u32,
+    /// `stride4G`: between consecutive LSA ranks' copies, in 4 GiB.
+    pub stride4g: u32,
+    /// `mcOffset4K`: the window's offset in the team's range, in 4 KiB.
+    pub mc_offset4k: u32,
+    /// `ginOffset4K`: the window's offset in its allocation, in 4 KiB.
+    pub gin_offset4k: u32,
+    /// `winFlags`.
+    pub flags: u32,
+    /// `lsaPeerDelta4G`: the device table of each world rank's distance, in 4 GiB.
+    pub peer_delta: u64,
+}
+
+/// Bytes of the window record (2.32.6's, the superset).
+pub const WINDOW_RECORD_BYTES: usize = 104;
+
+impl WindowRecord {
+    /// The record as the device reads it.
+    pub fn bytes(&self) -> [u8; WINDOW_RECORD_BYTES] {
+        let mut b = [0u8; WINDOW_RECORD_BYTES];
+        put64(&mut b, 0, self.host_id);
+        put64(&mut b, 8, self.lsa_flat_base);
+        put32(&mut b, 16, self.lsa_rank);
+        put32(&mut b, 20, self.world_rank);
+        put32(&mut b, 24, self.stride4g);
+        put32(&mut b, 28, self.mc_offset4k);
+        put32(&mut b, 32, self.gin_offset4k);
+        put32(&mut b, 36, self.flags);
+        // ginWins[4] (40), ginMultiSegmentWins (72), numSegments (80), cftFlatRank (84): no
+        // GIN, no CFT. ucLeIdBase (88): no load/store entries.
+        put32(&mut b, 88, LE_ID_INVALID);
+        put64(&mut b, 96, self.peer_delta);
+        b
+    }
+}
+
+/// Entries of one window table (`ncclDevCommWindowTable`), then its `next` pointer.
+pub const TABLE_ENTRIES: usize = 32;
+/// Bytes of one window table.
+pub const TABLE_BYTES: usize = TABLE_ENTRIES * 24 + 8;
+
+/// One window table: `(base, size, window record)` per entry, `next`.
+pub fn table_bytes(entries: &[(u64, u64, u64)], next: u64) -> [u8; TABLE_BYTES] {
+    let mut b = [0u8; TABLE_BYTES];
+    for (i, &(base, size, win)) in entries.iter().take(TABLE_ENTRIES).enumerate() {
+        put64(&mut b, i * 24, base);
+        put64(&mut b, i * 24 + 8, size);
+        put64(&mut b, i * 24 + 16, win);
+    }
+    put64(&mut b, TABLE_ENTRIES * 24, next);
+    b
+}
+
+/// What `ncclDevCommCreate` writes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DevCommValues {
+    /// The client's version (written into 2.30+ layouts).
+    pub version: u32,
+    /// `rank`, `nRanks`.
+    pub rank: u32,
+    /// `nRanks`.
+    pub nranks: u32,
+    /// `lsaRank`.
+    pub lsa_rank: u32,
+    /// `lsaSize`.
+    pub lsa_size: u32,
+    /// `windowTable`.
+    pub window_table: u64,
+    /// `resourceWindow` (0 without resources).
+    pub resource_window: u64,
+    /// The resource window's record (its prefix is inlined).
+    pub resource: WindowRecord,
+    /// `lsaBarrier`: (buffer handle, barriers).
+    pub lsa_barrier: (u32, u32),
+}
+
+impl DevCommValues {
+    /// The `ncclDevComm` of `layout`.
+    pub fn bytes(&self, layout: DevCommLayout) -> Vec<u8> {
+        let o = layout.offsets();
+        let mut b = vec![0u8; o.size];
+        if let Some(h) = o.header {
+            put32(&mut b, h, API_MAGIC);
+            put32(&mut b, h + 4, self.version);
+        }
+        put32(&mut b, o.rank, self.rank);
+        put32(&mut b, o.rank + 4, self.nranks);
+        put32(&mut b, o.rank + 8, rcp32(self.nranks));
+        put32(&mut b, o.rank + 12, self.lsa_rank);
+        put32(&mut b, o.rank + 16, self.lsa_size);
+        put32(&mut b, o.rank + 20, rcp32(self.lsa_size));
+        put64(&mut b, o.window_table, self.window_table);
+        put64(&mut b, o.resource_window, self.resource_window);
+        if self.resource_window != 0 {
+            match o.inlined_prefix {
+                Some(n) => b[o.inlined..o.inlined + n].copy_from_slice(&self.resource.bytes()[..n]),
+                None if layout == DevCommLayout::V2300 => {
+                    put64(&mut b, o.inlined + 8, self.resource.lsa_flat_base);
+                    put32(&mut b, o.inlined + 24, self.resource.stride4g);
+                    put32(&mut b, o.inlined + 28, self.resource.mc_offset4k);
+                }
+                None => {
+                    put64(&mut b, o.inlined, self.resource.lsa_flat_base);
+                    put32(&mut b, o.inlined + 8, self.resource.stride4g);
+                    put32(&mut b, o.inlined + 12, self.resource.mc_offset4k);
+                }
+            }
+        }
+        put32(&mut b, o.lsa_barrier, self.lsa_barrier.0);
+        put32(&mut b, o.lsa_barrier + 4, self.lsa_barrier.1);
+        if let Some(l) = o.le_ids {
+            put32(&mut b, l, LE_ID_INVALID);
+            put32(&mut b, l + 4, LE_ID_INVALID);
+        }
+        b
+    }
+}
+
+/// Offsets of `ncclDevCommRequirements` from 2.29.2 on (`size`, `magic`, `version` first).
+pub mod reqs {
+    /// `size_t size`.
+    pub const SIZE: usize = 0;
+    /// `unsigned magic`.
+    pub const MAGIC: usize = 8;
+    /// `unsigned version`.
+    pub const VERSION: usize = 12;
+    /// `ncclDevResourceRequirements_t* resourceRequirementsList`.
+    pub const RESOURCE_LIST: usize = 16;
+    /// `ncclTeamRequirements_t* teamRequirementsList`.
+    pub const TEAM_LIST: usize = 24;
+    /// `bool lsaMultimem`.
+    pub const LSA_MULTIMEM: usize = 32;
+    /// `int barrierCount`.
+    pub const BARRIER_COUNT: usize = 36;
+    /// `int lsaBarrierCount`.
+    pub const LSA_BARRIER_COUNT: usize = 40;
+    /// `int railGinBarrierCount`.
+    pub const RAIL_GIN_BARRIER_COUNT: usize = 44;
+    /// `bool ginForceEnable`.
+    pub const GIN_FORCE_ENABLE: usize = 56;
+    /// `int ginSignalCount`.
+    pub const GIN_SIGNAL_COUNT: usize = 64;
+    /// `int ginCounterCount`.
+    pub const GIN_COUNTER_COUNT: usize = 68;
+    /// `ncclGinConnectionType_t ginConnectionType` (2.29.7 on).
+    pub const GIN_CONNECTION_TYPE: usize = 72;
+    /// `int worldGinBarrierCount` (2.30 on).
+    pub const WORLD_GIN_BARRIER_COUNT: usize = 88;
+    /// `int cftCaps` (2.31 on).
+    pub const CFT_CAPS: usize = 108;
+    /// `int cftBarrierCount` (2.31 on).
+    pub const CFT_BARRIER_COUNT: usize = 112;
+    /// `int* ginCustomArray`, `int ginCustomArrayCount` (2.32.6 on).
+    pub const GIN_CUSTOM_ARRAY_COUNT: usize = 128;
+
+    /// `ncclDevResourceRequirements`: `next`, `bufferSize`, `bufferAlign`, `outBufferHandle`,
+    /// `ginSignalCount`, `ginCounterCount`, `outGinSignalStart`, `outGinCounterStart`.
+    pub mod resource {
+        /// `next`.
+        pub const NEXT: usize = 0;
+        /// `size_t bufferSize`.
+        pub const BUFFER_SIZE: usize = 8;
+        /// `size_t bufferAlign`.
+        pub const BUFFER_ALIGN: usize = 16;
+        /// `ncclDevResourceHandle_t* outBufferHandle`.
+        pub const OUT_BUFFER_HANDLE: usize = 24;
+        /// `int ginSignalCount`.
+        pub const GIN_SIGNAL_COUNT: usize = 32;
+        /// `int ginCounterCount`.
+        pub const GIN_COUNTER_COUNT: usize = 36;
+        /// `sizeof`.
+        pub const BYTES: usize = 56;
+    }
+
+    /// `ncclTeamRequirements`: `next`, `team`, `multimem`, `outMultimemHandle`.
+    pub mod team {
+        /// `next`.
+        pub const NEXT: usize = 0;
+        /// `bool multimem`.
+        pub const MULTIMEM: usize = 20;
+    }
+}
+
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reciprocals_follow_nccls_rule() {
+        assert_eq!(rcp32(1), 0);
+        assert_eq!(rcp32(2), 0x8000_0000);
+        assert_eq!(rcp32(3), 0x5555_5555);
+        assert_eq!(rcp32(8), 0x2000_0000);
+    }
+
+    #[test]
+    fn versions_pick_their_layouts() {
+        assert_eq!(DevCommLayout::of(22902), Ok(DevCommLayout::V22902));
+        assert_eq!(DevCommLayout::of(22907), Ok(DevCommLayout::V22907));
+        assert_eq!(DevCommLayout::of(23007), Ok(DevCommLayout::V2300));
+        assert_eq!(DevCommLayout::of(23206), Ok(DevCommLayout::V2310));
+        let e = DevCommLayout::of(22809).unwrap_err();
+        assert!(e.contains("NCCL 2.28.9"), "{e}");
+        assert!(DevCommLayout::of(23300).is_err());
+    }
+
+    /// Each layout's fields at their offsets, and nothing past its size.
+    #[test]
+    fn devcomm_fields_land_where_each_layout_has_them() {
+        let v = DevCommValues {
+            version: 23206,
+            rank: 3,
+            nranks: 4,
+            lsa_rank: 1,
+            lsa_size: 2,
+            window_table: 0x1111,
+            resource_window: 0x2222,
+            resource: WindowRecord {
+                lsa_flat_base: 0x7000_0000_0000,
+                stride4g: 20,
+                mc_offset4k: 5,
+                ..Default::default()
+            },
+            lsa_barrier: (3, 16),
+        };
+        let get32 = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let get64 = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        let e = v.bytes(DevCommLayout::V2310);
+        assert_eq!(e.len(), 248);
+        assert_eq!((get32(&e, 0), get32(&e, 4)), (API_MAGIC, 23206));
+        assert_eq!(
+            (get32(&e, 8), get32(&e, 12), get32(&e, 20), get32(&e, 24)),
+            (3, 4, 1, 2)
+        );
+        assert_eq!((get64(&e, 32), get64(&e, 40)), (0x1111, 0x2222));
+        assert_eq!(
+            (get64(&e, 48), get32(&e, 56), get32(&e, 60)),
+            (0x7000_0000_0000, 20, 5)
+        );
+        assert_eq!((get32(&e, 80), get32(&e, 84)), (3, 16));
+        assert_eq!(
+            (get32(&e, 224), get32(&e, 228)),
+            (LE_ID_INVALID, LE_ID_INVALID)
+        );
+        let d = v.bytes(DevCommLayout::V2300);
+        assert_eq!(d.len(), 240);
+        assert_eq!(
+            (get64(&d, 56), get32(&d, 72), get32(&d, 76)),
+            (0x7000_0000_0000, 20, 5)
+        );
+        assert_eq!((get32(&d, 128), get32(&d, 132)), (3, 16));
+        let c = v.bytes(DevCommLayout::V22907);
+        assert_eq!(c.len(), 224);
+        assert_eq!((get32(&c, 0), get32(&c, 4)), (3, 4));
+        assert_eq!(
+            (get64(&c, 48), get32(&c, 64), get32(&c, 68)),
+            (0x7000_0000_0000, 20, 5)
+        );
+        assert_eq!((get32(&c, 120), get32(&c, 124)), (3, 16));
+        assert_eq!(get64(&c, 216), 0, "abortFlag stays NULL");
+    }
+}

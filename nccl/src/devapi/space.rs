@@ -1,0 +1,338 @@
+//! A communicator's symmetric space: one reserved range of `lsaSize` slots at a fixed stride (a
+//! multiple of 4 GiB, as NCCL's device headers require), where every symmetric memory of every
+//! rank of the LSA team is mapped at the same offset of the rank's slot. The device headers'
+//! arithmetic (`lsaFlatBase + lsaIndex * stride4G << 32 + offset`) then lands in the right
+//! rank's memory. Registrations are collective: every rank makes the same calls in the same
+//! order, so each takes the same offset.
+
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex};
+
+use mscclpp::comm::Communicator;
+use mscclpp::hal::{AddressSpace, DeviceBuffer, MemoryKind, Shareable, Stream};
+
+use super::layout::{
+    PEER_DELTA_INVALID, TABLE_BYTES, TABLE_ENTRIES, WIN_ALIGNMENT, WINDOW_RECORD_BYTES,
+    WindowRecord, table_bytes,
+};
+use crate::error::{Failure, Res};
+
+/// 4 GiB: the unit of the stride between slots.
+const G4: usize = 1 << 32;
+
+/// The LSA team of `rank` given every rank's host: the ranks of its host when every host holds
+/// the same number of consecutive ranks (NCCL's rule: LSA teams are runs of consecutive world
+/// ranks of one size), else the rank alone.
+pub fn lsa_team(hosts: &[u32], rank: usize) -> Vec<usize> {
+    let n = hosts.len();
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for r in 1..=n {
+        if r == n || hosts[r] != hosts[start] {
+            runs.push((start, r - start));
+            start = r;
+        }
+    }
+    let size = runs.first().map_or(1, |&(_, l)| l);
+    let mut seen = std::collections::HashSet::new();
+    let regular = runs
+        .iter()
+        .all(|&(s, l)| l == size && seen.insert(hosts[s]));
+    if regular {
+        let first = rank - rank % size;
+        (first..first + size).collect()
+    } else {
+        vec![rank]
+    }
+}
+
+/// A symmetric memory mapped for every member of the team.
+#[derive(Debug)]
+pub struct Mapped {
+    /// Its offset in each slot.
+    pub offset: usize,
+    /// Each member's length (team order), as mapped.
+    pub lens: Vec<usize>,
+    /// The window record on the device.
+    pub record: DeviceBuffer,
+    /// What the record holds.
+    pub values: WindowRecord,
+    /// The window table entry's range (the caller's address and size).
+    pub entry: (u64, u64),
+}
+
+/// The symmetric space of one communicator.
+#[derive(Debug)]
+pub struct Space {
+    comm: Arc<Communicator>,
+    /// World ranks of the LSA team, in order.
+    pub team: Vec<usize>,
+    /// This rank's index in it.
+    pub lsa_rank: usize,
+    /// Bytes between slots.
+    pub stride: usize,
+    gran: usize,
+    range: Box<dyn AddressSpace>,
+    stream: Arc<dyn Stream>,
+    /// The next free offset in the slots (the same on every rank).
+    next: Mutex<usize>,
+    /// `lsaPeerDelta4G` on the device.
+    peer_delta: DeviceBuffer,
+    tables: Mutex<Tables>,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    /// (base, size, record) of every window, in registration order.
+    entries: Vec<(u64, u64, u64)>,
+    /// The device tables, chained.
+    bufs: Vec<DeviceBuffer>,
+}
+
+fn shareable(comm: &Communicator) -> Option<&dyn Shareable> {
+    comm.device().shareable()
+}
+
+impl Space {
+    /// Makes the space of `comm` (collective: every rank at once).
+    pub fn new(comm: Arc<Communicator>) -> Res<Space> {
+        let boot = comm.bootstrap().clone();
+        let (rank, n) = (comm.rank(), comm.nranks());
+        let device = comm.device().clone();
+        let sh = device.shareable();
+        let mem = if sh.is_some() {
+            device.info().total_memory
+        } else {
+            0
+        };
+        let all = boot.all_gather(&mem.to_le_bytes())?;
+        let mems: Vec<u64> = all
+            .iter()
+            .map(|b| {
+                b.get(..8)
+                    .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
+            })
+            .collect();
+        let without: Vec<usize> = (0..n).filter(|&r| mems[r] == 0).collect();
+        let Some(sh) = sh.filter(|_| without.is_empty()) else {
+            return Err(Failure::usage(format!(
+                "symmetric memory (NCCL's device API): ranks {without:?} have no shareable memory (the {} backend of rank {rank} {})",
+                device.info().backend,
+                if sh.is_some() { "has it" } else { "has none" }
+            )));
+        };
+        let team = lsa_team(boot.hosts(), rank);
+        let lsa_rank = team.iter().position(|&r| r == rank).unwrap_or(0);
+        let biggest = team.iter().map(|&r| mems[r]).max().unwrap_or(0) as usize;
+        let stride = biggest.max(1).div_ceil(G4).max(1) * G4;
+        let gran = sh.granularity();
+        let range = sh.reserve(stride * team.len())?;
+        let stream = device.create_stream()?;
+        let stride4g = (stride / G4) as i32;
+        let deltas: Vec<u8> = (0..n)
+            .map(|p| match team.iter().position(|&r| r == p) {
+                Some(i) => i as i32 * stride4g,
+                None => PEER_DELTA_INVALID,
+            })
+            .flat_map(i32::to_le_bytes)
+            .collect();
+        let peer_delta = device.alloc(deltas.len(), MemoryKind::Device)?;
+        stream.write_from_host(&peer_delta.full(), &deltas)?;
+        stream.synchronize()?;
+        tracing::info!(
+            target: crate::debug::INIT,
+            "rank {rank}: symmetric space of {} slots of {} GiB (LSA team {team:?})",
+            team.len(),
+            stride >> 30
+        );
+        Ok(Space {
+            comm,
+            team,
+            lsa_rank,
+            stride,
+            gran,
+            range,
+            stream,
+            next: Mutex::new(0),
+            peer_delta,
+            tables: Mutex::new(Tables::default()),
+        })
+    }
+
+    /// The communicator.
+    pub fn communicator(&self) -> &Arc<Communicator> {
+        &self.comm
+    }
+
+    /// `stride4G`.
+    pub fn stride4g(&self) -> u32 {
+        (self.stride / G4) as u32
+    }
+
+    /// The first window table on the device (`windowTable`), made on first use.
+    pub fn table(&self) -> Res<u64> {
+        let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        if t.bufs.is_empty() {
+            self.write_tables(&mut t)?;
+        }
+        Ok(t.bufs[0].ptr().0)
+    }
+
+    fn write_tables(&self, t: &mut Tables) -> Res<()> {
+        let need = t.entries.len().div_ceil(TABLE_ENTRIES).max(1);
+        while t.bufs.len() < need {
+            t.bufs
+                .push(self.comm.device().alloc(TABLE_BYTES, MemoryKind::Device)?);
+        }
+        for (i, buf) in t.bufs.iter().enumerate() {
+            let from = (i * TABLE_ENTRIES).min(t.entries.len());
+            let to = ((i + 1) * TABLE_ENTRIES).min(t.entries.len());
+            let next = t.bufs.get(i + 1).map_or(0, |b| b.ptr().0);
+            self.stream
+                .write_from_host(&buf.full(), &table_bytes(&t.entries[from..to], next))?;
+        }
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    /// Maps `alloc` (this rank's shareable allocation; `None` where this rank has none to give,
+    /// which fails every rank naming it) into every team member's space, with its record for a
+    /// window of `size` bytes at `off` in the allocation (`user`: the caller's address of it).
+    /// Collective over every rank of the communicator.
+    pub fn map(
+        &self,
+        alloc: Option<&DeviceBuffer>,
+        off: usize,
+        size: usize,
+        user: u64,
+        flags: u32,
+    ) -> Res<Mapped> {
+        let boot = self.comm.bootstrap();
+        let (rank, n) = (self.comm.rank(), self.comm.nranks());
+        let fd = match alloc {
+            Some(a) if off % WIN_ALIGNMENT == 0 => shareable(&self.comm)
+                .ok_or_else(|| Failure::internal("a symmetric space without shareable memory"))?
+                .export(a)
+                .map_err(|e| format!("{e}")),
+            Some(_) => Err(format!(
+                "the window starts {off} bytes into its ncclMemAlloc allocation, not at a multiple of {WIN_ALIGNMENT}"
+            )),
+            None => Err("its memory is not from ncclMemAlloc".into()),
+        };
+        let len = match (&fd, alloc) {
+            (Ok(_), Some(a)) => a.len() as u64,
+            _ => 0,
+        };
+        let all = boot.all_gather(&len.to_le_bytes())?;
+        let lens: Vec<usize> = all
+            .iter()
+            .map(|b| {
+                b.get(..8)
+                    .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
+                    as usize
+            })
+            .collect();
+        let missing: Vec<usize> = (0..n).filter(|&r| lens[r] == 0).collect();
+        let fd = match fd {
+            Ok(fd) if missing.is_empty() => fd,
+            mine => {
+                let why = mine
+                    .err()
+                    .map_or_else(String::new, |e| format!(" (rank {rank}: {e})"));
+                return Err(Failure::argument(format!(
+                    "a symmetric window needs memory of ncclMemAlloc on every rank, at a multiple of {WIN_ALIGNMENT} bytes into it: ranks {missing:?} passed other memory{why}"
+                )));
+            }
+        };
+        let biggest = self.team.iter().map(|&r| lens[r]).max().unwrap_or(0);
+        let span = biggest.next_multiple_of(self.gran);
+        let offset = {
+            let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+            if *next + span > self.stride {
+                return Err(Failure::usage(format!(
+                    "symmetric memory: {span} more bytes do not fit the {} GiB each rank's slot has ({} in use)",
+                    self.stride >> 30,
+                    *next
+                )));
+            }
+            let at = *next;
+            *next += span;
+            at
+        };
+        let fds = boot.exchange_fds(&self.team, fd.as_fd())?;
+        let mut mapped: Vec<usize> = Vec::with_capacity(fds.len());
+        let mut done = Ok(());
+        for (i, f) in fds.iter().enumerate() {
+            let at = i * self.stride + offset;
+            match self.range.map(at, f.as_fd(), lens[self.team[i]]) {
+                Ok(()) => mapped.push(at),
+                Err(e) => {
+                    done = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Err(e) = done {
+            for (i, &at) in mapped.iter().enumerate() {
+                let _ = self.range.unmap(at, lens[self.team[i]]);
+            }
+            return Err(e.into());
+        }
+        let values = WindowRecord {
+            host_id: user,
+            lsa_flat_base: self.range.base().0 + (offset + off) as u64,
+            lsa_rank: self.lsa_rank as u32,
+            world_rank: rank as u32,
+            stride4g: self.stride4g(),
+            mc_offset4k: ((offset + off) >> 12) as u32,
+            gin_offset4k: (off >> 12) as u32,
+            flags,
+            peer_delta: self.peer_delta.ptr().0,
+        };
+        let record = self
+            .comm
+            .device()
+            .alloc(WINDOW_RECORD_BYTES, MemoryKind::Device)?;
+        self.stream
+            .write_from_host(&record.full(), &values.bytes())?;
+        let entry = (user, size as u64);
+        {
+            let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+            t.entries.push((entry.0, entry.1, record.ptr().0));
+            self.write_tables(&mut t)?;
+        }
+        Ok(Mapped {
+            offset,
+            lens: self.team.iter().map(|&r| lens[r]).collect(),
+            record,
+            values,
+            entry,
+        })
+    }
+
+    /// Takes `m` out of the window table and this rank's space (its peers' memory stays theirs).
+    pub fn unmap(&self, m: Mapped) -> Res<()> {
+        {
+            let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+            let rec = m.record.ptr().0;
+            t.entries.retain(|e| e.2 != rec);
+            self.write_tables(&mut t)?;
+        }
+        let mut first = Ok(());
+        for (i, &len) in m.lens.iter().enumerate() {
+            first = first.and(self.range.unmap(i * self.stride + m.offset, len));
+        }
+        first.map_err(Into::into)
+    }
+
+    /// The address of `offset` in LSA member `lsa`'s copy of `m`.
+    pub fn lsa_pointer(&self, m: &Mapped, offset: u64, lsa: usize) -> Res<u64> {
+        if lsa >= self.team.len() {
+            return Err(Failure::argument(format!(
+                "LSA rank {lsa} of a team of {}",
+                self.team.len()
+            )));
+        }
+        Ok(m.values.lsa_flat_base + (lsa * self.stride) as u64 + offset)
+    }
+}

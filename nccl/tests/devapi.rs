@@ -1,0 +1,469 @@
+//! NCCL's device API through the C ABI (`dlopen`, as a C program), on the host backend, where
+//! "device" memory is the host's: two ranks as child processes register symmetric windows of
+//! `ncclMemAlloc` memory, read each other's data and write into each other's windows through
+//! the address arithmetic of NCCL's device headers (`lsaFlatBase + lsaRank * stride4G << 32`),
+//! create device communicators at every client layout served (2.29.2, 2.29.7, 2.30.7, 2.32.6)
+//! and check their fields, run the LSA barrier's protocol over the resource buffer as the
+//! headers' `ncclLsaBarrierSession` does (arrive: store `epoch + 1` into each peer's slot;
+//! wait: load one's own), and get the refusals of what is not served (GIN, multimem, 2.28
+//! clients) by code and message. Runs with `cargo test -p mscclpp-nccl --test devapi`.
+
+#[macro_use]
+mod support;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use mscclpp_nccl::abi::NcclUniqueId;
+use support::{Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, run_ranks};
+
+const ROLE_VAR: &str = "MSCCLPP_NCCL_DEVAPI_TEST_RANK";
+const DIR_VAR: &str = "MSCCLPP_NCCL_DEVAPI_TEST_DIR";
+const NRANKS: usize = 2;
+const SYMMETRIC: c_int = 1;
+const MAGIC: u32 = 0xcafe_beef;
+const NCCL_INVALID_ARGUMENT: c_int = 4;
+const NCCL_INVALID_USAGE: c_int = 5;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Team {
+    n_ranks: c_int,
+    rank: c_int,
+    stride: c_int,
+}
+
+fn rd32(p: u64, at: usize) -> u32 {
+    // SAFETY: `p` is memory of this process (host backend) that the callers name: a window
+    // record, a device communicator or a window table of the library, each longer than `at + 4`.
+    unsafe { ((p as usize + at) as *const u32).read_unaligned() }
+}
+
+fn rd64(p: u64, at: usize) -> u64 {
+    // SAFETY: as for `rd32`.
+    unsafe { ((p as usize + at) as *const u64).read_unaligned() }
+}
+
+/// Requirements of NCCL `version`'s layout (its `size`), with `lsa` LSA barriers.
+fn requirements(version: u32, lsa: i32) -> Vec<u8> {
+    let size: usize = match version {
+        22902..=22903 => 72,
+        22905..=22907 => 88,
+        23000..=23099 => 96,
+        23100..=23205 => 120,
+        _ => 136,
+    };
+    let mut r = vec![0u8; size];
+    r[0..8].copy_from_slice(&(size as u64).to_le_bytes());
+    r[8..12].copy_from_slice(&MAGIC.to_le_bytes());
+    r[12..16].copy_from_slice(&version.to_le_bytes());
+    r[40..44].copy_from_slice(&lsa.to_le_bytes());
+    // ginContextCount's default (4) is left as the initializer sets it: it asks for nothing.
+    r[60..64].copy_from_slice(&4i32.to_le_bytes());
+    if size > 84 {
+        r[84..88].copy_from_slice(&i32::MIN.to_le_bytes());
+    }
+    r
+}
+
+fn set32(r: &mut [u8], at: usize, v: i32) {
+    r[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
+    let lib = open_lib()?;
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRank",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
+    );
+    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
+    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
+    let mem_free = sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int);
+    let win_reg = sym!(
+        lib,
+        "ncclCommWindowRegister",
+        fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int
+    );
+    let win_dereg = sym!(
+        lib,
+        "ncclCommWindowDeregister",
+        fn(Comm, *mut c_void) -> c_int
+    );
+    let lsa_ptr = sym!(
+        lib,
+        "ncclGetLsaDevicePointer",
+        fn(*mut c_void, usize, c_int, *mut *mut c_void) -> c_int
+    );
+    let peer_ptr = sym!(
+        lib,
+        "ncclGetPeerDevicePointer",
+        fn(*mut c_void, usize, c_int, *mut *mut c_void) -> c_int
+    );
+    let team_lsa = sym!(lib, "ncclTeamLsa", fn(Comm) -> Team);
+    let barrier_req = sym!(
+        lib,
+        "ncclLsaBarrierCreateRequirement",
+        fn(Team, c_int, *mut c_void, *mut c_void) -> c_int
+    );
+    let dev_create = sym!(
+        lib,
+        "ncclDevCommCreate",
+        fn(Comm, *const c_void, *mut c_void) -> c_int
+    );
+    let dev_destroy = sym!(lib, "ncclDevCommDestroy", fn(Comm, *const c_void) -> c_int);
+    let all_reduce: support::CollFn = sym!(lib, "ncclAllReduce" as support::CollFn);
+    let message = || {
+        // SAFETY: the library's thread-local NUL-terminated message.
+        unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let check = |what: &str, got: c_int| -> Result<(), String> {
+        if got == 0 {
+            Ok(())
+        } else {
+            Err(format!("{what}: code {got}: {}", message()))
+        }
+    };
+    let refused = |what: &str, got: c_int, code: c_int, words: &str| -> Result<(), String> {
+        let m = message();
+        if got == code && m.contains(words) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what}: code {got} ({m}); expected {code} naming '{words}'"
+            ))
+        }
+    };
+
+    let id = if rank == 0 {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        // SAFETY: a valid out-pointer.
+        check("ncclGetUniqueId", unsafe { get_id(&mut id) })?;
+        publish(dir, &id.internal)?;
+        id
+    } else {
+        read_id(dir)?
+    };
+    let mut comm: Comm = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and id.
+    check("ncclCommInitRank", unsafe {
+        init(&mut comm, NRANKS as c_int, id, rank as c_int)
+    })?;
+    // A barrier between the ranks: a one-element all-reduce (the host backend returns when done).
+    let sync = || -> Result<(), String> {
+        let mut x = [1.0f32];
+        let p = x.as_mut_ptr().cast::<c_void>();
+        // SAFETY: one float in place; the call has run when it returns (host backend).
+        check("barrier", unsafe {
+            all_reduce(p, p, 1, 7, 0, comm, std::ptr::null_mut())
+        })
+    };
+
+    // SAFETY: every call below gets valid pointers of this function or the library's handles.
+    unsafe {
+        let lsa = team_lsa(comm);
+        if lsa
+            != (Team {
+                n_ranks: 2,
+                rank: rank as c_int,
+                stride: 1,
+            })
+        {
+            return Err(format!("ncclTeamLsa: {lsa:?}"));
+        }
+
+        // Windows of different sizes per rank, each rank's data its own.
+        let bytes = (1 + rank) << 20;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        check("ncclMemAlloc", mem_alloc(&mut p, bytes))?;
+        let data =
+            |r: usize, i: usize| (i as u32).wrapping_mul(2654435761) ^ (r as u32 * 0x01010101 + 7);
+        let words = std::slice::from_raw_parts_mut(p.cast::<u32>(), bytes / 4);
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = data(rank, i);
+        }
+        let mut win: *mut c_void = std::ptr::null_mut();
+        check(
+            "ncclCommWindowRegister (symmetric)",
+            win_reg(comm, p, bytes, &mut win, SYMMETRIC),
+        )?;
+        let rec = win as u64;
+        let (flat, lsa_rank, world, stride4g) =
+            (rd64(rec, 8), rd32(rec, 16), rd32(rec, 20), rd32(rec, 24));
+        if (lsa_rank, world) != (rank as u32, rank as u32) || stride4g == 0 {
+            return Err(format!(
+                "window record: lsaRank {lsa_rank} worldRank {world} stride4G {stride4g}"
+            ));
+        }
+        let copy = |r: usize| flat + ((r as u64 * stride4g as u64) << 32);
+        if copy(rank) != p as u64
+            && std::slice::from_raw_parts(copy(rank) as *const u32, 4) != &words[..4]
+        {
+            return Err("this rank's copy in the flat range is not its memory".into());
+        }
+        let peer = 1 - rank;
+        let peer_words = (1 + peer) << 18;
+        let theirs = std::slice::from_raw_parts(copy(peer) as *const u32, peer_words);
+        let bad = (0..peer_words)
+            .filter(|&i| theirs[i] != data(peer, i))
+            .count();
+        if bad != 0 {
+            return Err(format!(
+                "reading rank {peer}'s window through the flat range: {bad} words wrong"
+            ));
+        }
+        let mut q: *mut c_void = std::ptr::null_mut();
+        check(
+            "ncclGetLsaDevicePointer",
+            lsa_ptr(win, 64, peer as c_int, &mut q),
+        )?;
+        if q as u64 != copy(peer) + 64 {
+            return Err(format!(
+                "ncclGetLsaDevicePointer: {q:p}, not {:#x}",
+                copy(peer) + 64
+            ));
+        }
+        check(
+            "ncclGetPeerDevicePointer",
+            peer_ptr(win, 128, peer as c_int, &mut q),
+        )?;
+        if q as u64 != copy(peer) + 128 {
+            return Err(format!("ncclGetPeerDevicePointer: {q:p}"));
+        }
+        refused(
+            "ncclGetLsaDevicePointer past the window",
+            lsa_ptr(win, bytes << 1, 0, &mut q),
+            NCCL_INVALID_ARGUMENT,
+            "past the window",
+        )?;
+        // A write into the peer's window lands in its memory.
+        (copy(peer) as *mut u32)
+            .add(10)
+            .write_volatile(0xabcd_0000 + rank as u32);
+        sync()?;
+        if words[10] != 0xabcd_0000 + peer as u32 {
+            return Err(format!(
+                "rank {peer}'s store did not land: {:#x}",
+                words[10]
+            ));
+        }
+
+        // Device communicators at each client layout: (version, rank offset, table, resource
+        // window, inlined lsaFlatBase, lsaBarrier).
+        let layouts: [(u32, usize, usize, usize, usize, usize); 4] = [
+            (22902, 0, 24, 32, 48, 120),
+            (22907, 0, 24, 32, 48, 120),
+            (23007, 8, 32, 40, 56, 128),
+            (23206, 8, 32, 40, 48, 80),
+        ];
+        for (version, at_rank, at_table, at_res, at_flat, at_barrier) in layouts {
+            let nb = 5;
+            let mut reqs = requirements(version, nb);
+            // One resource of the client's own: 1000 bytes aligned to 256.
+            let mut handle = [0u32; 2];
+            let mut node = [0u8; 56];
+            node[8..16].copy_from_slice(&1000u64.to_le_bytes());
+            node[16..24].copy_from_slice(&256u64.to_le_bytes());
+            node[24..32].copy_from_slice(&(handle.as_mut_ptr() as u64).to_le_bytes());
+            reqs[16..24].copy_from_slice(&(node.as_ptr() as u64).to_le_bytes());
+            let mut dc = vec![0xeeu8; 256];
+            check(
+                &format!("ncclDevCommCreate ({version})"),
+                dev_create(comm, reqs.as_ptr().cast(), dc.as_mut_ptr().cast()),
+            )?;
+            let d = dc.as_ptr() as u64;
+            if at_rank == 8 && (rd32(d, 0), rd32(d, 4)) != (MAGIC, version) {
+                return Err(format!(
+                    "{version}: magic/version {:#x} {}",
+                    rd32(d, 0),
+                    rd32(d, 4)
+                ));
+            }
+            let fields = [
+                rd32(d, at_rank),
+                rd32(d, at_rank + 4),
+                rd32(d, at_rank + 12),
+                rd32(d, at_rank + 16),
+            ];
+            if fields != [rank as u32, 2, rank as u32, 2] {
+                return Err(format!(
+                    "{version}: rank, nRanks, lsaRank, lsaSize {fields:?}"
+                ));
+            }
+            let (table, res, inl) = (rd64(d, at_table), rd64(d, at_res), rd64(d, at_flat));
+            let (bh, nbar) = (rd32(d, at_barrier), rd32(d, at_barrier + 4));
+            if res == 0 || table == 0 || nbar != nb as u32 || inl != rd64(res, 8) {
+                return Err(format!(
+                    "{version}: table {table:#x} resource {res:#x} inlined {inl:#x} barrier ({bh}, {nbar})"
+                ));
+            }
+            // The window table lists the user window and the resource window.
+            let entries: Vec<(u64, u64, u64)> = (0..32)
+                .map(|i| {
+                    (
+                        rd64(table, i * 24),
+                        rd64(table, i * 24 + 8),
+                        rd64(table, i * 24 + 16),
+                    )
+                })
+                .filter(|e| e.2 != 0)
+                .collect();
+            if !entries.contains(&(p as u64, bytes as u64, rec))
+                || !entries.iter().any(|e| e.2 == res)
+            {
+                return Err(format!("{version}: window table {entries:?}"));
+            }
+            // The barrier's region first, the client's resource after it at 256 bytes.
+            let barrier_bytes = (3 + 2) * 4 * nb as usize;
+            let want_user = (barrier_bytes.next_multiple_of(256) / 128) as u32;
+            if bh != 0 || handle[0] != want_user {
+                return Err(format!(
+                    "{version}: barrier handle {bh}, client's handle {} (want {want_user})",
+                    handle[0]
+                ));
+            }
+            // The LSA barrier's protocol over the resource buffer, as ncclLsaBarrierSession runs
+            // it: arrive stores epoch + 1 into every peer's slot `3nB + index*N + me`; wait
+            // loads one's own slot `3nB + index*N + peer`.
+            let rstride = rd32(res, 24) as u64;
+            let slot = |owner: usize, index: usize, from: usize| -> &AtomicU32 {
+                let base = rd64(res, 8) + ((owner as u64 * rstride) << 32) + bh as u64 * 128;
+                let w = 3 * nb as usize + index * NRANKS + from;
+                &*((base as usize + 4 * w) as *const AtomicU32)
+            };
+            for epoch in 0..3u32 {
+                for index in 0..nb as usize {
+                    slot(peer, index, rank).store(epoch + 1, Ordering::Release);
+                }
+                let deadline = Instant::now() + Duration::from_secs(20);
+                for index in 0..nb as usize {
+                    // Wrap-safe "at least", as the headers compare: a fast peer may be an
+                    // epoch ahead already.
+                    while slot(rank, index, peer)
+                        .load(Ordering::Acquire)
+                        .wrapping_sub(epoch + 1)
+                        > 0x7fff_ffff
+                    {
+                        if Instant::now() > deadline {
+                            return Err(format!(
+                                "{version}: barrier {index} epoch {epoch}: rank {peer} never arrived"
+                            ));
+                        }
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+            sync()?;
+            check("ncclDevCommDestroy", dev_destroy(comm, dc.as_ptr().cast()))?;
+            refused(
+                "ncclDevCommDestroy twice",
+                dev_destroy(comm, dc.as_ptr().cast()),
+                NCCL_INVALID_ARGUMENT,
+                "destroyed already",
+            )?;
+        }
+
+        // ncclLsaBarrierCreateRequirement's sizes, placed by ncclDevCommCreate.
+        let mut h = [0u32; 2];
+        let mut node = [0u8; 56];
+        check(
+            "ncclLsaBarrierCreateRequirement",
+            barrier_req(lsa, 3, h.as_mut_ptr().cast(), node.as_mut_ptr().cast()),
+        )?;
+        let size = u64::from_le_bytes(node[8..16].try_into().unwrap_or_default());
+        if size != (3 * 3 + 3 * 2) * 4 || h[1] != 3 {
+            return Err(format!(
+                "ncclLsaBarrierCreateRequirement: {size} bytes, {} barriers",
+                h[1]
+            ));
+        }
+
+        // What is not served is refused, naming it, on every rank alike.
+        let mut dc = vec![0u8; 256];
+        let mut gin = requirements(23206, 1);
+        set32(&mut gin, 64, 2);
+        refused(
+            "GIN signals",
+            dev_create(comm, gin.as_ptr().cast(), dc.as_mut_ptr().cast()),
+            NCCL_INVALID_USAGE,
+            "GIN",
+        )?;
+        let mut mm = requirements(23206, 1);
+        mm[32] = 1;
+        refused(
+            "lsaMultimem",
+            dev_create(comm, mm.as_ptr().cast(), dc.as_mut_ptr().cast()),
+            NCCL_INVALID_USAGE,
+            "multicast",
+        )?;
+        let mut old = requirements(23206, 1);
+        old[8..12].copy_from_slice(&0u32.to_le_bytes());
+        refused(
+            "2.28 requirements",
+            dev_create(comm, old.as_ptr().cast(), dc.as_mut_ptr().cast()),
+            NCCL_INVALID_USAGE,
+            "NCCL 2.28",
+        )?;
+        let newer = requirements(23301, 1);
+        refused(
+            "newer client",
+            dev_create(comm, newer.as_ptr().cast(), dc.as_mut_ptr().cast()),
+            NCCL_INVALID_USAGE,
+            "newer",
+        )?;
+
+        // A symmetric window of memory that is not ncclMemAlloc's fails on every rank.
+        let mut plain = vec![0u8; 8192];
+        let mut w2: *mut c_void = std::ptr::null_mut();
+        refused(
+            "a symmetric window of malloc memory",
+            win_reg(
+                comm,
+                plain.as_mut_ptr().cast(),
+                plain.len(),
+                &mut w2,
+                SYMMETRIC,
+            ),
+            NCCL_INVALID_ARGUMENT,
+            "ncclMemAlloc",
+        )?;
+
+        check("ncclCommWindowDeregister", win_dereg(comm, win))?;
+        check("ncclMemFree", mem_free(p))?;
+        check("ncclCommDestroy", destroy(comm))?;
+    }
+    std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn fail(e: &str) -> ! {
+    eprintln!("devapi: {e}");
+    std::process::exit(1);
+}
+
+fn main() {
+    run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
+    if let Err(e) = lib_path() {
+        fail(&e);
+    }
+    let dir = fresh_dir("devapi").unwrap_or_else(|e| fail(&e));
+    let ran = run_ranks(
+        (ROLE_VAR, DIR_VAR),
+        &dir,
+        NRANKS,
+        Duration::from_secs(120),
+        |_| {},
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = ran {
+        fail(&e);
+    }
+    println!(
+        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, refusals: every check passed"
+    );
+}
