@@ -76,6 +76,8 @@ pub mod devapi;
 pub mod error;
 mod exports;
 mod exports_229;
+/// `ncclCommProperties_t` as this library writes it (its offsets are checked against the headers).
+pub use exports_229::CommProperties;
 mod exports_232;
 pub mod group;
 pub mod init;

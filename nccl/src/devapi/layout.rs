@@ -161,24 +161,66 @@ pub struct WindowRecord {
 /// Bytes of the window record (2.32.6's, the superset).
 pub const WINDOW_RECORD_BYTES: usize = 104;
 
+/// Offsets of the window record's fields (`struct ncclWindow_vidmem`).
+pub mod record {
+    /// `winHost`.
+    pub const WIN_HOST: usize = 0;
+    /// `lsaFlatBase`.
+    pub const LSA_FLAT_BASE: usize = 8;
+    /// `lsaRank`.
+    pub const LSA_RANK: usize = 16;
+    /// `worldRank`.
+    pub const WORLD_RANK: usize = 20;
+    /// `stride4G`.
+    pub const STRIDE4G: usize = 24;
+    /// `mcOffset4K`.
+    pub const MC_OFFSET4K: usize = 28;
+    /// `ginOffset4K` (2.28.7 on).
+    pub const GIN_OFFSET4K: usize = 32;
+    /// `winFlags` (2.32.3 on).
+    pub const WIN_FLAGS: usize = 36;
+    /// `ucLeIdBase` (2.32.3 on).
+    pub const UC_LE_ID_BASE: usize = 88;
+    /// `lsaPeerDelta4G` (2.32.6 on).
+    pub const LSA_PEER_DELTA4G: usize = 96;
+}
+
 impl WindowRecord {
     /// The record as the device reads it.
     pub fn bytes(&self) -> [u8; WINDOW_RECORD_BYTES] {
+        use record::*;
         let mut b = [0u8; WINDOW_RECORD_BYTES];
-        put64(&mut b, 0, self.host_id);
-        put64(&mut b, 8, self.lsa_flat_base);
-        put32(&mut b, 16, self.lsa_rank);
-        put32(&mut b, 20, self.world_rank);
-        put32(&mut b, 24, self.stride4g);
-        put32(&mut b, 28, self.mc_offset4k);
-        put32(&mut b, 32, self.gin_offset4k);
-        put32(&mut b, 36, self.flags);
+        put64(&mut b, WIN_HOST, self.host_id);
+        put64(&mut b, LSA_FLAT_BASE, self.lsa_flat_base);
+        put32(&mut b, LSA_RANK, self.lsa_rank);
+        put32(&mut b, WORLD_RANK, self.world_rank);
+        put32(&mut b, STRIDE4G, self.stride4g);
+        put32(&mut b, MC_OFFSET4K, self.mc_offset4k);
+        put32(&mut b, GIN_OFFSET4K, self.gin_offset4k);
+        put32(&mut b, WIN_FLAGS, self.flags);
         // ginWins[4] (40), ginMultiSegmentWins (72), numSegments (80), cftFlatRank (84): no
-        // GIN, no CFT. ucLeIdBase (88): no load/store entries.
-        put32(&mut b, 88, LE_ID_INVALID);
-        put64(&mut b, 96, self.peer_delta);
+        // GIN, no CFT; no load/store entries.
+        put32(&mut b, UC_LE_ID_BASE, LE_ID_INVALID);
+        put64(&mut b, LSA_PEER_DELTA4G, self.peer_delta);
         b
     }
+}
+
+/// Offsets of `ncclCommProperties` fields that 2.31 and 2.32 appended (the earlier ones are
+/// `exports_229::CommProperties`'s).
+pub mod props {
+    /// `uint64_t commHash`.
+    pub const COMM_HASH: usize = 56;
+    /// `int ginMinStride`.
+    pub const GIN_MIN_STRIDE: usize = 64;
+    /// `ncclGinConnectionType_t ginConnectionType`.
+    pub const GIN_CONNECTION_TYPE: usize = 68;
+    /// `bool ginSupport[64]`.
+    pub const GIN_SUPPORT: usize = 72;
+    /// `size_t devCommRuntimeVersionSize`.
+    pub const DEV_COMM_RUNTIME_VERSION_SIZE: usize = 136;
+    /// `bool cftSupport, cftMulticastSupport, cftCountedSupport` (2.32).
+    pub const CFT_SUPPORT: usize = 144;
 }
 
 /// Entries of one window table (`ncclDevCommWindowTable`), then its `next` pointer.

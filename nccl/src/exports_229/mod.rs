@@ -409,24 +409,33 @@ pub unsafe extern "C" fn ncclCommQueryProperties(
         put_bool(offset_of!(CommProperties, multimem_support), false);
         put_int(offset_of!(CommProperties, gin_type), NCCL_GIN_TYPE_NONE);
         if version >= 23100 {
-            // 2.31's fields: commHash (56), ginMinStride (64), ginConnectionType (68),
-            // ginSupport[64] (72), devCommRuntimeVersionSize (136); 2.32's CFT flags (144..147).
-            if fits(56, 8) {
+            // 2.31's fields (no GIN: its minimum stride, connection type and support all
+            // none), and 2.32's CFT flags (none).
+            use crate::devapi::layout::props;
+            if fits(props::COMM_HASH, 8) {
                 // SAFETY: within the caller's `size` bytes, at the field's (aligned) offset.
-                unsafe { base.add(56).cast::<u64>().write(Arc::as_ptr(&c) as u64) };
+                unsafe {
+                    base.add(props::COMM_HASH)
+                        .cast::<u64>()
+                        .write(Arc::as_ptr(&c) as u64)
+                };
             }
-            put_int(64, 0);
-            put_int(68, 0);
+            put_int(props::GIN_MIN_STRIDE, 0);
+            put_int(props::GIN_CONNECTION_TYPE, 0);
             for i in 0..64 {
-                put_bool(72 + i, false);
+                put_bool(props::GIN_SUPPORT + i, false);
             }
-            if fits(136, 8) {
-                // SAFETY: as above.
-                unsafe { base.add(136).cast::<usize>().write(248) };
+            if fits(props::DEV_COMM_RUNTIME_VERSION_SIZE, 8) {
+                // SAFETY: as above. The size of the newest ncclDevComm (2.31's on).
+                unsafe {
+                    base.add(props::DEV_COMM_RUNTIME_VERSION_SIZE)
+                        .cast::<usize>()
+                        .write(crate::devapi::layout::DevCommLayout::V2310.offsets().size)
+                };
             }
             if version >= 23200 {
-                for at in 144..147 {
-                    put_bool(at, false);
+                for i in 0..3 {
+                    put_bool(props::CFT_SUPPORT + i, false);
                 }
             }
         }

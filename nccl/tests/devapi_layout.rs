@@ -1,0 +1,317 @@
+//! The device API's layouts against NCCL's own headers: for every NCCL version whose headers
+//! are at hand (`MSCCLPP_NCCL_HEADERS`: a folder of `<version>/nccl.h` trees, as
+//! `ci/install-toolchains.sh` fetches them from PyPI's `nvidia-nccl-cu13` wheels), a C++ program
+//! printing `offsetof`/`sizeof` of every field this library reads or writes is compiled against
+//! them (host compiler; the CUDA headers of `MSCCLPP_CUDA_INCLUDE`, colon-separated) and each
+//! number is compared with the offsets `mscclpp_nccl::devapi::layout` uses for that version.
+//! Without headers or a compiler the case is skipped with the reason
+//! (`MSCCLPP_REQUIRE_DEVAPI_LAYOUT=1` makes that a failure, as CI sets it).
+
+use std::mem::offset_of;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use mscclpp_nccl::CommProperties;
+use mscclpp_nccl::devapi::layout::{
+    self, API_MAGIC, DevCommLayout, TABLE_BYTES, TABLE_ENTRIES, WIN_COLL_SYMMETRIC, record, reqs,
+};
+
+/// `(C expression, what this library uses)` for a client of `version`.
+fn expected(version: u32) -> Vec<(String, u64)> {
+    let mut e: Vec<(String, u64)> = Vec::new();
+    let mut put = |expr: &str, v: usize| e.push((expr.to_string(), v as u64));
+    let l = DevCommLayout::of(version).expect("a served version");
+    let o = l.offsets();
+    let dc = |f: &str| format!("offsetof(ncclDevComm, {f})");
+    put("sizeof(ncclDevComm)", o.size);
+    if let Some(h) = o.header {
+        put(&dc("magic"), h);
+        put(&dc("version"), h + 4);
+    }
+    for (i, f) in [
+        "rank",
+        "nRanks",
+        "nRanks_rcp32",
+        "lsaRank",
+        "lsaSize",
+        "lsaSize_rcp32",
+    ]
+    .iter()
+    .enumerate()
+    {
+        put(&dc(f), o.rank + 4 * i);
+    }
+    put(&dc("windowTable"), o.window_table);
+    put(&dc("resourceWindow"), o.resource_window);
+    put(&dc("resourceWindow_inlined"), o.inlined);
+    let (flat, stride, mc) = match (o.inlined_prefix, l) {
+        (Some(_), _) | (None, DevCommLayout::V2300) => (8, 24, 28),
+        (None, _) => (0, 8, 12),
+    };
+    put(&dc("resourceWindow_inlined.lsaFlatBase"), o.inlined + flat);
+    put(&dc("resourceWindow_inlined.stride4G"), o.inlined + stride);
+    put(&dc("resourceWindow_inlined.mcOffset4K"), o.inlined + mc);
+    if let Some(n) = o.inlined_prefix {
+        put("sizeof(((ncclDevComm*)0)->resourceWindow_inlined)", n);
+    }
+    put(&dc("lsaMultimem"), o.lsa_multimem);
+    put(&dc("lsaBarrier"), o.lsa_barrier);
+    if let Some(h) = o.hybrid_lsa_barrier {
+        put(&dc("hybridLsaBarrier"), h);
+    }
+    if let Some(le) = o.le_ids {
+        put(&dc("ucLeId"), le);
+        put(&dc("mcLeId"), le + 4);
+    }
+    put("offsetof(ncclLsaBarrierHandle, bufHandle)", 0);
+    put("offsetof(ncclLsaBarrierHandle, nBarriers)", 4);
+    // The window record (what ncclWindow_t points to): only appended to, so this library's
+    // 104-byte record holds every version's.
+    let w = |f: &str| format!("offsetof(struct ncclWindow_vidmem, {f})");
+    put(&w("lsaFlatBase"), record::LSA_FLAT_BASE);
+    put(&w("lsaRank"), record::LSA_RANK);
+    put(&w("worldRank"), record::WORLD_RANK);
+    put(&w("stride4G"), record::STRIDE4G);
+    put(&w("mcOffset4K"), record::MC_OFFSET4K);
+    put(&w("ginOffset4K"), record::GIN_OFFSET4K);
+    if version >= 23203 {
+        put(&w("winFlags"), record::WIN_FLAGS);
+        put(&w("ucLeIdBase"), record::UC_LE_ID_BASE);
+    }
+    if version >= 23206 {
+        put(&w("lsaPeerDelta4G"), record::LSA_PEER_DELTA4G);
+        put(
+            "sizeof(struct ncclWindow_vidmem)",
+            layout::WINDOW_RECORD_BYTES,
+        );
+    }
+    put("sizeof(ncclDevCommWindowTable)", TABLE_BYTES);
+    put("offsetof(ncclDevCommWindowTable, next)", TABLE_ENTRIES * 24);
+    put(
+        "sizeof(((ncclDevCommWindowTable*)0)->entries)",
+        TABLE_ENTRIES * 24,
+    );
+    let r = |f: &str| format!("offsetof(ncclDevCommRequirements, {f})");
+    put(&r("size"), reqs::SIZE);
+    put(&r("magic"), reqs::MAGIC);
+    put(&r("version"), reqs::VERSION);
+    put(&r("resourceRequirementsList"), reqs::RESOURCE_LIST);
+    put(&r("teamRequirementsList"), reqs::TEAM_LIST);
+    put(&r("lsaMultimem"), reqs::LSA_MULTIMEM);
+    put(&r("barrierCount"), reqs::BARRIER_COUNT);
+    put(&r("lsaBarrierCount"), reqs::LSA_BARRIER_COUNT);
+    put(&r("railGinBarrierCount"), reqs::RAIL_GIN_BARRIER_COUNT);
+    put(&r("ginForceEnable"), reqs::GIN_FORCE_ENABLE);
+    put(&r("ginSignalCount"), reqs::GIN_SIGNAL_COUNT);
+    put(&r("ginCounterCount"), reqs::GIN_COUNTER_COUNT);
+    if version >= 22905 {
+        put(&r("ginConnectionType"), reqs::GIN_CONNECTION_TYPE);
+    }
+    if version >= 23000 {
+        put(&r("worldGinBarrierCount"), reqs::WORLD_GIN_BARRIER_COUNT);
+    }
+    if version >= 23100 {
+        put(&r("cftCaps"), reqs::CFT_CAPS);
+        put(&r("cftBarrierCount"), reqs::CFT_BARRIER_COUNT);
+    }
+    if version >= 23206 {
+        put(&r("ginCustomArrayCount"), reqs::GIN_CUSTOM_ARRAY_COUNT);
+    }
+    let rr = |f: &str| format!("offsetof(ncclDevResourceRequirements, {f})");
+    put(&rr("next"), reqs::resource::NEXT);
+    put(&rr("bufferSize"), reqs::resource::BUFFER_SIZE);
+    put(&rr("bufferAlign"), reqs::resource::BUFFER_ALIGN);
+    put(&rr("outBufferHandle"), reqs::resource::OUT_BUFFER_HANDLE);
+    put(&rr("ginSignalCount"), reqs::resource::GIN_SIGNAL_COUNT);
+    put(&rr("ginCounterCount"), reqs::resource::GIN_COUNTER_COUNT);
+    put("sizeof(ncclDevResourceRequirements)", reqs::resource::BYTES);
+    put("offsetof(ncclTeamRequirements, next)", reqs::team::NEXT);
+    put(
+        "offsetof(ncclTeamRequirements, multimem)",
+        reqs::team::MULTIMEM,
+    );
+    let p = |f: &str| format!("offsetof(ncclCommProperties, {f})");
+    put(&p("size"), offset_of!(CommProperties, size));
+    put(&p("magic"), offset_of!(CommProperties, magic));
+    put(&p("version"), offset_of!(CommProperties, version));
+    put(&p("rank"), offset_of!(CommProperties, rank));
+    put(&p("nRanks"), offset_of!(CommProperties, n_ranks));
+    put(&p("cudaDev"), offset_of!(CommProperties, cuda_dev));
+    put(&p("nvmlDev"), offset_of!(CommProperties, nvml_dev));
+    put(
+        &p("deviceApiSupport"),
+        offset_of!(CommProperties, device_api_support),
+    );
+    put(
+        &p("multimemSupport"),
+        offset_of!(CommProperties, multimem_support),
+    );
+    if version >= 22905 {
+        put(&p("ginType"), offset_of!(CommProperties, gin_type));
+        put(&p("nLsaTeams"), offset_of!(CommProperties, n_lsa_teams));
+        put(
+            &p("hostRmaSupport"),
+            offset_of!(CommProperties, host_rma_support),
+        );
+        put(
+            &p("railedGinType"),
+            offset_of!(CommProperties, railed_gin_type),
+        );
+    }
+    if version >= 23100 {
+        use layout::props;
+        put(&p("commHash"), props::COMM_HASH);
+        put(&p("ginMinStride"), props::GIN_MIN_STRIDE);
+        put(&p("ginConnectionType"), props::GIN_CONNECTION_TYPE);
+        put(&p("ginSupport"), props::GIN_SUPPORT);
+        put(
+            &p("devCommRuntimeVersionSize"),
+            props::DEV_COMM_RUNTIME_VERSION_SIZE,
+        );
+    }
+    if version >= 23200 {
+        put(&p("cftSupport"), layout::props::CFT_SUPPORT);
+    }
+    put("NCCL_WIN_COLL_SYMMETRIC", WIN_COLL_SYMMETRIC as usize);
+    put("NCCL_API_MAGIC", API_MAGIC as usize);
+    e
+}
+
+fn version_of(dir: &Path) -> Option<u32> {
+    let h = std::fs::read_to_string(dir.join("nccl.h")).ok()?;
+    let line = h
+        .lines()
+        .find(|l| l.starts_with("#define NCCL_VERSION_CODE"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Compiles and runs the program for `dir`'s headers; the numbers it prints, in order.
+fn measure(
+    dir: &Path,
+    cuda: &[PathBuf],
+    exprs: &[String],
+    work: &Path,
+) -> Result<Vec<u64>, String> {
+    let mut src = String::from(
+        "#include <nccl.h>\n#include <nccl_device.h>\n#include <cstdio>\n#include <cstddef>\nint main() {\n",
+    );
+    for e in exprs {
+        src += &format!("  printf(\"%llu\\n\", (unsigned long long)({e}));\n");
+    }
+    src += "  return 0;\n}\n";
+    let cpp = work.join("layout.cpp");
+    let exe = work.join("layout");
+    std::fs::write(&cpp, src).map_err(|e| e.to_string())?;
+    let mut cc = Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()));
+    cc.args(["-std=c++17", "-w", "-o"])
+        .arg(&exe)
+        .arg("-I")
+        .arg(dir);
+    for c in cuda {
+        cc.arg("-I").arg(c);
+    }
+    let out = cc
+        .arg(&cpp)
+        .output()
+        .map_err(|e| format!("running the C++ compiler: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "compiling against {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        ));
+    }
+    let run = Command::new(&exe).output().map_err(|e| e.to_string())?;
+    String::from_utf8_lossy(&run.stdout)
+        .lines()
+        .map(|l| l.trim().parse::<u64>().map_err(|e| format!("{l:?}: {e}")))
+        .collect()
+}
+
+#[test]
+fn device_api_layouts_match_nccls_headers() {
+    let required = std::env::var("MSCCLPP_REQUIRE_DEVAPI_LAYOUT").is_ok_and(|v| v == "1");
+    let skip = |why: String| {
+        assert!(!required, "MSCCLPP_REQUIRE_DEVAPI_LAYOUT=1 but {why}");
+        println!("SKIPPED device_api_layouts_match_nccls_headers: {why}");
+    };
+    let Some(root) = std::env::var_os("MSCCLPP_NCCL_HEADERS").map(PathBuf::from) else {
+        return skip("MSCCLPP_NCCL_HEADERS names no folder of NCCL header trees (ci/install-toolchains.sh fetches them)".into());
+    };
+    let cuda: Vec<PathBuf> = std::env::var("MSCCLPP_CUDA_INCLUDE")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    let mut dirs: Vec<PathBuf> = match std::fs::read_dir(&root) {
+        Ok(d) => d
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.join("nccl.h").exists())
+            .collect(),
+        Err(e) => return skip(format!("{}: {e}", root.display())),
+    };
+    dirs.sort();
+    if dirs.is_empty() {
+        return skip(format!("no <version>/nccl.h under {}", root.display()));
+    }
+    let work = std::env::temp_dir().join(format!("mscclpp-devapi-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&work).expect("a work folder");
+    let mut wrong = Vec::new();
+    let mut checked = Vec::new();
+    for dir in &dirs {
+        let v =
+            version_of(dir).unwrap_or_else(|| panic!("no NCCL_VERSION_CODE in {}", dir.display()));
+        if DevCommLayout::of(v).is_err() {
+            // A version this library does not serve (2.28): its refusal is checked elsewhere.
+            continue;
+        }
+        let exp = expected(v);
+        let exprs: Vec<String> = exp.iter().map(|(e, _)| e.clone()).collect();
+        let got = match measure(dir, &cuda, &exprs, &work) {
+            Ok(g) => g,
+            Err(e) if e.starts_with("running the C++ compiler") => return skip(e),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(
+            got.len(),
+            exp.len(),
+            "{}: the program printed {} numbers",
+            dir.display(),
+            got.len()
+        );
+        for ((expr, want), g) in exp.iter().zip(&got) {
+            if want != g {
+                wrong.push(format!(
+                    "NCCL {}: {expr} is {g} in the headers, {want} here",
+                    layout::version_name(v)
+                ));
+            }
+        }
+        checked.push(format!(
+            "{} ({} fields)",
+            layout::version_name(v),
+            exp.len()
+        ));
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    assert!(
+        wrong.is_empty(),
+        "layouts differ from NCCL's headers:\n{}",
+        wrong.join("\n")
+    );
+    assert!(
+        !checked.is_empty(),
+        "no served version among {}",
+        root.display()
+    );
+    println!(
+        "device API layouts match NCCL's headers: {}",
+        checked.join(", ")
+    );
+}
