@@ -63,6 +63,21 @@ impl Caller {
         }
     }
 
+    /// Registers `slice` with every rank's collectives where the front end mapped every rank's
+    /// buffer itself (`mapped[r]`: rank `r`'s address here and its length; a symmetric window),
+    /// so no IPC mapping is needed (collective; every rank calls it for the same window).
+    /// `None` without collectives, as [`Caller::register`].
+    pub fn register_mapped(
+        &self,
+        slice: &BufferSlice,
+        mapped: &[(u64, u64)],
+    ) -> Result<Option<Window>> {
+        match &self.colls {
+            Some(c) => c.register_mapped(slice, mapped).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Deregisters a window of [`Caller::register`] (collective, in the same order on every
     /// rank; every call that used it has finished on its stream, on every rank).
     pub fn deregister(&self, window: Window) -> Result<()> {

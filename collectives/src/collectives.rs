@@ -338,6 +338,17 @@ impl<A: Api> Collectives<A> {
     /// ([`CollectiveCall::registered`]) and its size is one where that pays; the IPC mappings
     /// are made here, once. The buffer stays alive until [`Collectives::deregister`].
     pub fn register(&self, slice: &BufferSlice) -> Result<Window> {
+        self.register_mapped(slice, None)
+    }
+
+    /// As [`Collectives::register`], with every rank's buffer already mapped here by the caller
+    /// (`mapped[r]`: rank `r`'s address and length; a symmetric window's flat range), so that
+    /// no IPC mapping is made; the mappings must outlive the window.
+    pub fn register_mapped(
+        &self,
+        slice: &BufferSlice,
+        mapped: Option<&[(u64, u64)]>,
+    ) -> Result<Window> {
         if self.hier.is_some() {
             return Err(Error::unavailable(
                 "registering a buffer with the collectives",
@@ -353,7 +364,7 @@ impl<A: Api> Collectives<A> {
                 ),
             )
         })?;
-        read.register(&self.comm, slice)
+        read.register(&self.comm, slice, mapped)
     }
 
     /// Deregisters a window (a collective call, in the same order on every rank). Every call

@@ -40,6 +40,8 @@ pub trait AnyCollectives: Send + Sync + std::fmt::Debug {
     fn hosts(&self) -> Option<(usize, usize)>;
     /// See [`Collectives::register`].
     fn register(&self, slice: &BufferSlice) -> Result<Window>;
+    /// See [`Collectives::register_mapped`].
+    fn register_mapped(&self, slice: &BufferSlice, mapped: &[(u64, u64)]) -> Result<Window>;
     /// See [`Collectives::deregister`].
     fn deregister(&self, window: Window) -> Result<()>;
     /// See [`Collectives::zero_copy_calls`].
@@ -99,6 +101,10 @@ impl<A: Api> AnyCollectives for Collectives<A> {
 
     fn register(&self, slice: &BufferSlice) -> Result<Window> {
         Collectives::register(self, slice)
+    }
+
+    fn register_mapped(&self, slice: &BufferSlice, mapped: &[(u64, u64)]) -> Result<Window> {
+        Collectives::register_mapped(self, slice, Some(mapped))
     }
 
     fn deregister(&self, window: Window) -> Result<()> {

@@ -80,7 +80,14 @@ impl Windows {
     }
 
     /// Registers `slice` on every rank (a collective call; see [`crate::Collectives::register`]).
-    pub fn register(&self, comm: &Communicator, slice: &BufferSlice) -> Result<Window> {
+    /// `mapped`: every rank's buffer as already mapped here (its address, its length), where the
+    /// caller mapped them itself (a symmetric window); else the IPC mappings are made here.
+    pub fn register(
+        &self,
+        comm: &Communicator,
+        slice: &BufferSlice,
+        mapped: Option<&[(u64, u64)]>,
+    ) -> Result<Window> {
         let backend = comm.device().info().backend;
         if slice.buffer().backend() != backend {
             return Err(Error::invalid(format!(
@@ -106,7 +113,31 @@ impl Windows {
                 MAX_WINDOWS - 1
             )));
         }
-        let maps = map_peers(comm, slice, "registered buffer")?;
+        let maps = match mapped {
+            Some(m) if m.len() == comm.nranks() && m.len() <= MAX_RANKS => {
+                let mut bases = [0u64; MAX_RANKS];
+                let mut lens = [0u64; MAX_RANKS];
+                for (r, &(b, l)) in m.iter().enumerate() {
+                    bases[r] = b;
+                    lens[r] = l;
+                }
+                bases[comm.rank()] = slice.ptr().0;
+                lens[comm.rank()] = slice.len() as u64;
+                crate::scratch::PeerMaps {
+                    peers: Vec::new(),
+                    bases,
+                    lens,
+                }
+            }
+            Some(m) => {
+                return Err(Error::invalid(format!(
+                    "register: {} mapped buffers for {} ranks",
+                    m.len(),
+                    comm.nranks()
+                )));
+            }
+            None => map_peers(comm, slice, "registered buffer")?,
+        };
         let stream = comm.device().create_stream()?;
         write_row(&*stream, &self.table, index, &maps.bases, &maps.lens)?;
         stream.synchronize()?;

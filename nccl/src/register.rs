@@ -136,7 +136,14 @@ pub fn register_window(
                 Some((buf, off)) => Some(buf.slice(*off..*off + size)?),
                 None => None,
             };
-            caller.register(slice.as_ref())?
+            // A symmetric window every rank mapped at the same offset: the collectives read the
+            // peers' windows through the symmetric mappings (no IPC handle is needed, which
+            // shareable memory has none of); otherwise the caller side's agreed registration.
+            let mapped = sym.as_ref().and_then(|(_, m)| m.peers.as_ref());
+            match (&slice, mapped) {
+                (Some(s), Some(peers)) => caller.register_mapped(s, peers)?,
+                _ => caller.register(slice.as_ref())?,
+            }
         }
         None => None,
     };
@@ -204,14 +211,15 @@ pub fn deregister(c: &Arc<Comm>, h: *mut c_void, kind: Kind) -> Res<()> {
         }
     };
     let Some(reg) = reg else { return Ok(()) };
-    if let Some((space, m)) = reg.sym {
-        space.unmap(m)?;
-    }
+    // The collectives' window first: it may read through the symmetric mappings.
     if let Some(w) = reg.window {
         let caller = c
             .caller()
             .ok_or_else(|| Failure::internal("a window without a native side"))?;
         caller.deregister(w)?;
+    }
+    if let Some((space, m)) = reg.sym {
+        space.unmap(m)?;
     }
     Ok(())
 }

@@ -433,6 +433,24 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
             "ncclMemAlloc",
         )?;
 
+        // The collectives on the symmetric window (registered with them through the symmetric
+        // mappings): an in-place all-reduce of its first MiB against a CPU reference.
+        let n = (1 << 20) / 4;
+        let floats = std::slice::from_raw_parts_mut(p.cast::<f32>(), n);
+        let v = |r: usize, i: usize| ((i * 7 + r * 3) % 31) as f32 - 15.0;
+        for (i, f) in floats.iter_mut().enumerate() {
+            *f = v(rank, i);
+        }
+        check(
+            "ncclAllReduce on the symmetric window",
+            all_reduce(p, p, n, 7, 0, comm, std::ptr::null_mut()),
+        )?;
+        let bad = (0..n).filter(|&i| floats[i] != v(0, i) + v(1, i)).count();
+        if bad != 0 {
+            return Err(format!(
+                "all-reduce on the symmetric window: {bad} of {n} wrong"
+            ));
+        }
         check("ncclCommWindowDeregister", win_dereg(comm, win))?;
         check("ncclMemFree", mem_free(p))?;
         check("ncclCommDestroy", destroy(comm))?;

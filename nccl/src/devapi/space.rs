@@ -59,6 +59,10 @@ pub struct Mapped {
     pub values: WindowRecord,
     /// The window table entry's range (the caller's address and size).
     pub entry: (u64, u64),
+    /// Every rank's window, as mapped here (address, bytes), where every rank of the
+    /// communicator is in the LSA team and placed its window at the same offset of its
+    /// allocation (what lets the collectives read the peers' windows in place).
+    pub peers: Option<Vec<(u64, u64)>>,
 }
 
 /// The symmetric space of one communicator.
@@ -223,15 +227,18 @@ impl Space {
             (Ok(_), Some(a)) => a.len() as u64,
             _ => 0,
         };
-        let all = boot.all_gather(&len.to_le_bytes())?;
-        let lens: Vec<usize> = all
+        let card: Vec<u8> = [len, off as u64, size as u64]
             .iter()
-            .map(|b| {
-                b.get(..8)
-                    .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
-                    as usize
-            })
+            .flat_map(|v| v.to_le_bytes())
             .collect();
+        let all = boot.all_gather(&card)?;
+        let word = |b: &Vec<u8>, i: usize| {
+            b.get(8 * i..8 * i + 8)
+                .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
+        };
+        let lens: Vec<usize> = all.iter().map(|b| word(b, 0) as usize).collect();
+        let offs: Vec<u64> = all.iter().map(|b| word(b, 1)).collect();
+        let sizes: Vec<u64> = all.iter().map(|b| word(b, 2)).collect();
         let missing: Vec<usize> = (0..n).filter(|&r| lens[r] == 0).collect();
         let fd = match fd {
             Ok(fd) if missing.is_empty() => fd,
@@ -301,12 +308,19 @@ impl Space {
             t.entries.push((entry.0, entry.1, record.ptr().0));
             self.write_tables(&mut t)?;
         }
+        let same = offs.iter().all(|&o| o == off as u64);
+        let peers = (same && self.team.len() == n).then(|| {
+            (0..n)
+                .map(|r| (values.lsa_flat_base + (r * self.stride) as u64, sizes[r]))
+                .collect()
+        });
         Ok(Mapped {
             offset,
             lens: self.team.iter().map(|&r| lens[r]).collect(),
             record,
             values,
             entry,
+            peers,
         })
     }
 

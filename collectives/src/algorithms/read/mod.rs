@@ -97,8 +97,13 @@ impl<A: Api> Read<A> {
         }
     }
 
-    pub fn register(&self, comm: &Communicator, slice: &BufferSlice) -> Result<Window> {
-        self.windows.register(comm, slice)
+    pub fn register(
+        &self,
+        comm: &Communicator,
+        slice: &BufferSlice,
+        mapped: Option<&[(u64, u64)]>,
+    ) -> Result<Window> {
+        self.windows.register(comm, slice, mapped)
     }
 
     pub fn deregister(&self, comm: &Communicator, window: Window) -> Result<()> {
