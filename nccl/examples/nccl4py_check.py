@@ -898,22 +898,37 @@ def worker(rank, world, path, mechanism, expect, qs, res_q, case_timeout):
         w0 = comm.team_rank_to_world(t, 0)  # ncclTeamRankToWorld
         if w0 != 0:
             raise AssertionError(f"ncclTeamRankToWorld(world team, 0) = {w0}")
-        why = []
-        for what, fn in (("ncclTeamLsa", lambda: comm.team_lsa), ("ncclTeamRail", lambda: comm.team_rail),
-                         ("ncclDevCommCreate", lambda: comm.create_dev_comm())):
-            try:
-                r = fn()
-                if what == "ncclTeamLsa" and r.n_ranks < 1:
-                    why.append(f"{what}: an empty team ({comm.get_last_error()[:120]})")
-                elif what == "ncclDevCommCreate":
-                    r.close()  # ncclDevCommDestroy
-            except NCCLError as e:
-                if not refused(e):
-                    raise
-                why.append(f"{what}: {e}")
-        if why:
-            raise Refused("world team served; " + "; ".join(why))
-        return "world team, LSA team, device communicator"
+        # One host: one LSA team of every rank; the device API (LSA) served, GIN and
+        # multicast not (the properties say so, and a GIN request is refused naming it).
+        p = comm.properties
+        if not p.device_api_support or p.n_lsa_teams != 1 or p.multimem_support or p.gin_type.name != "NONE":
+            raise AssertionError(f"ncclCommQueryProperties: {p}")
+        lsa = comm.team_lsa  # ncclTeamLsa
+        if (lsa.n_ranks, lsa.rank, lsa.stride) != (world, rank, 1):
+            raise AssertionError(f"ncclTeamLsa {lsa}")
+        rail = comm.team_rail  # ncclTeamRail
+        if (rail.n_ranks, rail.rank, rail.stride) != (1, 0, world):
+            raise AssertionError(f"ncclTeamRail {rail}")
+        r = comm.create_dev_comm(nc.NCCLDevCommRequirements(lsa_barrier_count=4))  # ncclDevCommCreate
+        try:
+            # nccl4py 0.6.0 was built against NCCL 2.32.3: the 248-byte ncclDevComm of 2.31+.
+            raw = ctypes.string_at(r.ptr, 248)
+            magic, _version, rk, nr = struct.unpack_from("<IIii", raw, 0)
+            lsa_rank, lsa_size = struct.unpack_from("<ii", raw, 20)
+            table, res = struct.unpack_from("<QQ", raw, 32)
+            _handle, nbar = struct.unpack_from("<Ii", raw, 80)
+            got = (hex(magic), rk, nr, lsa_rank, lsa_size, nbar, table != 0, res != 0)
+            if got != (hex(0xCAFEBEEF), rank, world, rank, world, 4, True, True):
+                raise AssertionError(f"ncclDevComm fields {got}")
+        finally:
+            r.close()  # ncclDevCommDestroy
+        try:
+            comm.create_dev_comm(nc.NCCLDevCommRequirements(gin_signal_count=1))
+            raise AssertionError("a GIN request was accepted")
+        except NCCLError:
+            if "GIN" not in comm.get_last_error():
+                raise AssertionError(f"a GIN request refused without naming GIN: {comm.get_last_error()}")
+        return "world, LSA and rail teams; a device communicator of 4 LSA barriers; GIN refused naming it"
 
     def c_bad_argument():
         n = 16

@@ -39,6 +39,10 @@ pub const CASES: &[(&str, CaseFn)] = &[
         ranges_across_several_mappings_are_served,
     ),
     (
+        "shareable_memory_maps_at_chosen_offsets",
+        shareable_memory_maps_at_chosen_offsets,
+    ),
+    (
         "copy_between_buffers_with_offsets",
         copy_between_buffers_with_offsets,
     ),
@@ -242,6 +246,75 @@ fn allocation_range_names_the_allocation(f: &Fixture) -> Result<(), CaseError> {
         .allocation_range(DevicePtr(foreign.as_ptr() as u64 + 64))
         .ctx("allocation_range of foreign memory")?;
     ensure!(got.is_none(), "memory of the process's heap named {got:?}");
+    Ok(())
+}
+
+/// Symmetric memory's base (`Device::shareable`): two shareable allocations, exported as file
+/// descriptors and mapped into one reserved range at offsets of our choosing, each a second
+/// view of its allocation (data written through one is read through the other, by copies on
+/// the device); an overlapping mapping and one past the range are refused. Skipped where the
+/// backend has no shareable memory.
+fn shareable_memory_maps_at_chosen_offsets(f: &Fixture) -> Result<(), CaseError> {
+    let Some(sh) = f.device.shareable() else {
+        return Err(skipped(format!(
+            "the {} backend has no shareable memory",
+            f.backend.kind()
+        )));
+    };
+    let g = sh.granularity();
+    let (a, b) = (
+        sh.alloc(g + 1).ctx("shareable alloc")?,
+        sh.alloc(g).ctx("shareable alloc")?,
+    );
+    ensure!(
+        a.len() == 2 * g && b.len() == g,
+        "lengths {} and {} for granularity {g}",
+        a.len(),
+        b.len()
+    );
+    let space = sh.reserve(8 * g).ctx("reserve")?;
+    let (fa, fb) = (sh.export(&a).ctx("export")?, sh.export(&b).ctx("export")?);
+    use std::os::fd::AsFd;
+    space.map(g, fa.as_fd(), a.len()).ctx("map a")?;
+    space.map(5 * g, fb.as_fd(), b.len()).ctx("map b")?;
+    ensure!(
+        space.map(2 * g, fb.as_fd(), g).is_err(),
+        "a mapping over another was accepted"
+    );
+    ensure!(
+        space.map(7 * g, fa.as_fd(), 2 * g).is_err(),
+        "a mapping past the range was accepted"
+    );
+    // SAFETY: the views lie in mappings of `space`, which outlives them and every operation
+    // enqueued with them (this function synchronises before returning).
+    let (va, vb) = unsafe {
+        (
+            f.device
+                .wrap_external(space.base().offset(g), a.len())
+                .ctx("wrap a's view")?,
+            f.device
+                .wrap_external(space.base().offset(5 * g), g)
+                .ctx("wrap b's view")?,
+        )
+    };
+    let s = f.device.create_stream().ctx("create_stream")?;
+    let (da, db) = (seeded().0.bytes(a.len()), seeded().0.bytes(g));
+    upload(&*s, &a.full(), &da)?;
+    upload(&*s, &vb.full(), &db)?;
+    ensure!(
+        download(&*s, &va.full())? == da,
+        "a's view does not hold a's bytes"
+    );
+    ensure!(
+        download(&*s, &b.full())? == db,
+        "bytes written through b's view are not b's"
+    );
+    drop((va, vb));
+    space.unmap(5 * g, g).ctx("unmap")?;
+    ensure!(
+        space.unmap(5 * g, g).is_err(),
+        "a second unmap was accepted"
+    );
     Ok(())
 }
 
