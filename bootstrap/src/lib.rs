@@ -153,6 +153,10 @@ pub struct Bootstrap {
     crowded: bool,
     coll_seq: AtomicU64,
     split_seq: AtomicU64,
+    /// Shrinks made so far, by excluded set: a shrink's view id counts only the earlier shrinks
+    /// of the same set, which every remaining rank made too (the excluded ranks do not call
+    /// `ncclCommShrink`, so no counter they share could stay in step).
+    shrinks: Mutex<HashMap<Vec<u64>, u64>>,
     /// How this view's barrier runs (shared memory within hosts, or TCP); held through a
     /// barrier, so that one rank's barriers on a view never overlap.
     shm: Mutex<ShmState>,
@@ -456,6 +460,7 @@ impl Bootstrap {
             crowded: true,
             coll_seq: AtomicU64::new(0),
             split_seq: AtomicU64::new(0),
+            shrinks: Mutex::new(HashMap::new()),
             shm: Mutex::new(ShmState::Untried),
         })
     }

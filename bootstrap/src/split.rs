@@ -60,15 +60,22 @@ impl Bootstrap {
         for &r in exclude {
             self.check_peer(r)?;
         }
-        let seq = self.split_seq.fetch_add(1, Ordering::Relaxed);
         if exclude.contains(&self.rank) {
             return Ok(None);
         }
         let ranks: Vec<usize> = (0..self.nranks).filter(|r| !exclude.contains(r)).collect();
-        let mut salt = vec![2, seq];
         let mut ex: Vec<u64> = exclude.iter().map(|&r| r as u64).collect();
         ex.sort_unstable();
         ex.dedup();
+        // Not the split counter: the excluded ranks make no call, so it would leave them a step
+        // behind the others, and the next split's view ids would differ between ranks.
+        let seq = {
+            let mut s = self.shrinks.lock().unwrap_or_else(|p| p.into_inner());
+            let n = s.entry(ex.clone()).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        let mut salt = vec![2, seq];
         salt.extend(ex);
         Ok(Some(self.view(&ranks, &salt)))
     }
@@ -106,6 +113,7 @@ impl Bootstrap {
             crowded: true,
             coll_seq: AtomicU64::new(0),
             split_seq: AtomicU64::new(0),
+            shrinks: Mutex::new(std::collections::HashMap::new()),
             shm: Mutex::new(ShmState::Untried),
         };
         Bootstrap {

@@ -838,6 +838,32 @@ fn split_and_shrink_reuse_the_parent() {
     });
 }
 
+/// NCCL's excluded ranks do not call `ncclCommShrink`: a shrink by the others must not put
+/// them out of step, so a later split over every rank still meets (it used to wait for a view
+/// id the excluded rank never made, until the deadline); two shrinks of the same set are two
+/// views.
+#[test]
+fn a_shrink_the_excluded_rank_skips_leaves_later_splits_in_step() {
+    const N: usize = 3;
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    on_ranks(N, move |r| {
+        let b = Bootstrap::new(&uid, r, N, cfg(10_000)).unwrap();
+        if r != 2 {
+            let first = b.shrink(&[2]).unwrap().unwrap();
+            let second = b.shrink(&[2]).unwrap().unwrap();
+            first.send(1 - first.rank(), 5, b"first").unwrap();
+            second.send(1 - second.rank(), 5, b"second").unwrap();
+            assert_eq!(second.recv(1 - second.rank(), 5).unwrap(), b"second");
+            assert_eq!(first.recv(1 - first.rank(), 5).unwrap(), b"first");
+        }
+        let all = b.split(Some(0), r as u32).unwrap().unwrap();
+        assert_eq!(
+            all.all_gather(&[r as u8]).unwrap(),
+            vec![vec![0], vec![1], vec![2]]
+        );
+    });
+}
+
 #[test]
 fn all_gather_blocks_are_validated() {
     let blocks = vec![vec![1u8, 2], vec![], vec![3]];

@@ -357,6 +357,19 @@ impl Caller {
             .check(plan, input_bytes, output_bytes, dtype)
     }
 
+    /// Records `tuning`'s launch event, if any, on `stream` (after the call's work there).
+    ///
+    /// # Safety
+    /// The event is a live event of the communicator's device (the front end's contract with
+    /// its caller).
+    pub unsafe fn record_launch(&self, tuning: Tuning, stream: &DynStream) -> Result<()> {
+        match tuning.launch_event {
+            // SAFETY: forwarded contract.
+            Some(e) => unsafe { stream.record_native_event(e) },
+            None => Ok(()),
+        }
+    }
+
     /// `root` is a rank of the communicator, or an error naming `what`.
     fn check_root(&self, what: &str, root: usize) -> Result<()> {
         let n = self.comm.nranks();
@@ -388,6 +401,10 @@ pub struct Tuning {
     /// The collectives refuse such an algorithm (`InvalidUsage`) before they enqueue anything,
     /// and every rank gets the same answer for the same call, so the ranks still agree.
     pub fallback: bool,
+    /// A caller's native event (`cudaEvent_t`) to record on the call's stream once the call is
+    /// enqueued (NCCL's `launchCompletionEvent`); the front end records it
+    /// ([`Caller::record_launch`]).
+    pub launch_event: Option<u64>,
 }
 
 impl Tuning {

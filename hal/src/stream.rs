@@ -111,6 +111,20 @@ pub trait Stream: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Records the caller's event `native` (`CUevent`, `hipEvent_t` as an integer) on this
+    /// stream at this point of its order: what NCCL's `launchCompletionEvent` asks of a call.
+    /// `Unavailable` on the host backend (no native events).
+    ///
+    /// # Safety
+    /// `native` is a live event of the stream's device that outlives the recording.
+    unsafe fn record_native_event(&self, native: u64) -> Result<()> {
+        let _ = native;
+        Err(crate::Error::unavailable(
+            "recording a native event",
+            "this backend has no native events",
+        ))
+    }
+
     /// Backend-specific access for downcasting.
     fn as_any(&self) -> &dyn std::any::Any;
 }

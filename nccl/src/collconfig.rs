@@ -24,8 +24,10 @@
 //!   per-call value, as in NCCL.
 //! - `minCTAs`, `maxCTAs`, `nvlsCTAs`, `cgaClusterSize`: advisory (the algorithms size their own
 //!   grids; there is no NVLS pool); `userProfilerTag`: advisory (no profiler plugins here).
-//! - `launchCompletionEvent` (2.32): not recorded by this library yet, so a non-NULL event is
-//!   `ncclInvalidUsage` naming the field (a caller that waits on it would be ordered by nothing).
+//! - `launchCompletionEvent` (2.32): recorded on the call's stream right after the call is
+//!   enqueued ([`Tuning::launch_event`]). NCCL records it when the call's kernel has launched,
+//!   so that work waiting on it may start beside the kernel; here it completes when the call
+//!   has run — later, never earlier, so whatever waits on it is ordered after the launch too.
 //! - `ext`: ignored, each option logged: NCCL's header says the official library ignores every
 //!   extension, and this library defines no vendor options.
 //!
@@ -165,6 +167,7 @@ fn selection(sel: &str, force: bool, op: Option<Op>, name: &str) -> Res<Tuning> 
         return Ok(Tuning {
             algorithm: Some(a),
             fallback: !force,
+            launch_event: None,
         });
     }
     let known = |t: &&str| {
@@ -212,6 +215,7 @@ fn cta_policy(policy: c_int, op: Option<Op>, name: &str) -> Tuning {
         return Tuning {
             algorithm: Some(AlgorithmId::Ce),
             fallback: true,
+            launch_event: None,
         };
     }
     tracing::info!(
@@ -268,12 +272,8 @@ pub unsafe fn read(config: *const NcclCollConfig, op: Option<Op>, name: &str) ->
             raw.cta_policy
         )));
     }
-    if !raw.launch_completion_event.is_null() {
-        return Err(Failure::usage(format!(
-            "config->launchCompletionEvent {:p}: recording a caller's event at launch completion is not supported by this library yet; pass NULL and record an event on the stream after the call",
-            raw.launch_completion_event
-        )));
-    }
+    let launch_event =
+        (!raw.launch_completion_event.is_null()).then_some(raw.launch_completion_event as u64);
     // SAFETY: the caller's list (contract).
     unsafe { log_ext(raw.ext, name) };
     let advisory = [
@@ -308,9 +308,15 @@ pub unsafe fn read(config: *const NcclCollConfig, op: Option<Op>, name: &str) ->
                 raw.cta_policy
             );
         }
-        return Ok(picked);
+        return Ok(Tuning {
+            launch_event,
+            ..picked
+        });
     }
-    Ok(cta_policy(raw.cta_policy, op, name))
+    Ok(Tuning {
+        launch_event,
+        ..cta_policy(raw.cta_policy, op, name)
+    })
 }
 
 #[cfg(test)]
@@ -348,9 +354,7 @@ mod tests {
         assert!(e.message.contains("CTAPolicy"), "{}", e.message);
         c = NcclCollConfig::INITIALIZER;
         c.launch_completion_event = 8 as *mut std::ffi::c_void;
-        let e = read_of(&c, Op::AllReduce).unwrap_err();
-        assert_eq!(e.code, NCCL_INVALID_USAGE);
-        assert!(e.message.contains("launchCompletionEvent"), "{}", e.message);
+        assert_eq!(read_of(&c, Op::AllReduce).unwrap().launch_event, Some(8));
         // A 2.31 caller's 64 bytes: the event slot is not its, so it is not read.
         c.size = COLL_CONFIG_MIN_SIZE;
         c.version = 23102;

@@ -23,6 +23,32 @@ impl Comm {
     /// Runs one operation natively or through the real NCCL (a native send or receive inside a
     /// group waits for the outermost `ncclGroupEnd`).
     pub fn run(self: &Arc<Self>, call: Call) -> Res<()> {
+        let (tuning, stream) = (call.tuning, call.stream);
+        if tuning.launch_event.is_some() && self.native.as_ref().is_some_and(|n| n.caller.is_host())
+        {
+            // Before anything runs: the same answer on every rank.
+            return Err(Failure::usage(
+                "config->launchCompletionEvent: the host backend has no native events (its calls complete before they return)",
+            ));
+        }
+        self.run_op(call)?;
+        self.record_launch(stream, tuning)
+    }
+
+    /// Records a call's `launchCompletionEvent` (in `tuning`) on its stream, after the call.
+    pub fn record_launch(&self, stream: CudaStream, tuning: crate::collconfig::Tuning) -> Res<()> {
+        if tuning.launch_event.is_none() {
+            return Ok(());
+        }
+        let n = self.native.as_ref().ok_or_else(|| {
+            Failure::usage("config->launchCompletionEvent on a communicator the real NCCL made: this library records it on its own communicators only")
+        })?;
+        let s = n.stream(stream)?;
+        // SAFETY: NCCL's contract: the config's event is a live event of the call's device.
+        unsafe { n.caller.record_launch(tuning, &*s) }.map_err(|e| self.note(e))
+    }
+
+    fn run_op(self: &Arc<Self>, call: Call) -> Res<()> {
         let (_, hal_dtype) = dtype_info(call.dtype)?;
         let reduces = matches!(call.op, Op::AllReduce | Op::ReduceScatter | Op::Reduce);
         let hal_op = if reduces { op_info(call.redop)? } else { None };

@@ -505,6 +505,10 @@ impl Runtime for CudaRuntime {
         native as usize as sys::CUstream
     }
 
+    fn event_from_native(native: u64) -> sys::CUevent {
+        native as usize as sys::CUevent
+    }
+
     unsafe fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, s: sys::CUstream) -> Result<()> {
         // SAFETY: in-bounds ranges kept alive until the copy ran (caller's contract).
         check("cuMemcpyDtoDAsync", unsafe {

@@ -349,6 +349,8 @@ pub trait Runtime: Send + Sync + Debug + Sized + 'static {
     fn stream_to_native(stream: Self::Stream) -> u64;
     /// A handle from an integer of [`Runtime::stream_to_native`]'s form (0: the default stream).
     fn stream_from_native(native: u64) -> Self::Stream;
+    /// An event from its native handle (a caller's `CUevent`/`hipEvent_t`).
+    fn event_from_native(native: u64) -> Self::Event;
     /// Device-to-device copy.
     ///
     /// # Safety

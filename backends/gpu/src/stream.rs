@@ -500,6 +500,15 @@ impl<R: Runtime> StreamApi for GpuStream<R> {
     fn native_handle(&self) -> Option<u64> {
         Some(R::stream_to_native(self.raw))
     }
+
+    unsafe fn record_native_event(&self, native: u64) -> Result<()> {
+        if native == 0 {
+            return Err(Error::invalid("recording a NULL event"));
+        }
+        let raw = R::event_from_native(native);
+        // SAFETY: the caller's live event (contract) and this live stream.
+        self.enqueue([], |rt, stream| unsafe { rt.event_record(raw, stream) })
+    }
 }
 
 /// An event of a GPU backend (timing enabled).

@@ -297,6 +297,10 @@ impl Runtime for RocmRuntime {
         ptr(native)
     }
 
+    fn event_from_native(native: u64) -> Self::Event {
+        ptr(native)
+    }
+
     unsafe fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, s: HipStream) -> Result<()> {
         // SAFETY: in-bounds ranges kept alive until the copy ran (caller's contract);
         // hipMemcpyDefault lets the runtime find each pointer's device.

@@ -156,6 +156,10 @@ impl StreamApi for dyn Stream {
     fn native_handle(&self) -> Option<u64> {
         Stream::native_handle(self)
     }
+    unsafe fn record_native_event(&self, native: u64) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { Stream::record_native_event(self, native) }
+    }
 }
 
 impl EventApi for dyn Event {

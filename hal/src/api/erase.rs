@@ -210,6 +210,11 @@ where
         StreamApi::native_handle(self)
     }
 
+    unsafe fn record_native_event(&self, native: u64) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { StreamApi::record_native_event(self, native) }
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

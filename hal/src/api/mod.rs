@@ -250,6 +250,17 @@ pub trait StreamApi: Send + Sync + fmt::Debug + 'static {
     fn native_handle(&self) -> Option<u64> {
         None
     }
+    /// See [`crate::Stream::record_native_event`].
+    ///
+    /// # Safety
+    /// As there.
+    unsafe fn record_native_event(&self, native: u64) -> Result<()> {
+        let _ = native;
+        Err(crate::Error::unavailable(
+            "recording a native event",
+            "this backend has no native events",
+        ))
+    }
 }
 
 /// The event of an [`Api`].

@@ -7,6 +7,7 @@ use crate::abi::*;
 use crate::collconfig;
 use crate::error::guard;
 use crate::exports::collectives as plain;
+use crate::registry::lookup;
 use crate::route::Op;
 
 /// `ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config)` (NCCL 2.31): `ncclAllReduce`
@@ -190,9 +191,9 @@ pub unsafe extern "C" fn ncclGatherConfig(
     config: *const NcclCollConfig,
 ) -> NcclResult {
     guard("ncclGatherConfig", || {
-        // SAFETY: the caller's contract for `config`. What it asks is only logged: the call
-        // runs as one group of sends and receives, which has no algorithm to choose.
-        unsafe { collconfig::read(config, None, "ncclGatherConfig")? };
+        // SAFETY: the caller's contract for `config`. What it asks of the algorithm is only
+        // logged: the call runs as one group of sends and receives, which has none to choose.
+        let tuning = unsafe { collconfig::read(config, None, "ncclGatherConfig")? };
         // SAFETY: forwarded contract.
         unsafe {
             plain::rooted(
@@ -204,8 +205,9 @@ pub unsafe extern "C" fn ncclGatherConfig(
                 root,
                 comm,
                 stream,
-            )
-        }
+            )?
+        };
+        lookup(comm)?.record_launch(stream, tuning)
     })
 }
 
@@ -228,9 +230,9 @@ pub unsafe extern "C" fn ncclScatterConfig(
     config: *const NcclCollConfig,
 ) -> NcclResult {
     guard("ncclScatterConfig", || {
-        // SAFETY: the caller's contract for `config`. What it asks is only logged: the call
-        // runs as one group of sends and receives, which has no algorithm to choose.
-        unsafe { collconfig::read(config, None, "ncclScatterConfig")? };
+        // SAFETY: the caller's contract for `config`. What it asks of the algorithm is only
+        // logged: the call runs as one group of sends and receives, which has none to choose.
+        let tuning = unsafe { collconfig::read(config, None, "ncclScatterConfig")? };
         // SAFETY: forwarded contract.
         unsafe {
             plain::rooted(
@@ -242,7 +244,8 @@ pub unsafe extern "C" fn ncclScatterConfig(
                 root,
                 comm,
                 stream,
-            )
-        }
+            )?
+        };
+        lookup(comm)?.record_launch(stream, tuning)
     })
 }
