@@ -712,6 +712,7 @@ fn a_tuned_call_falls_back_to_the_policy_only_when_allowed() {
         let read = crate::Tuning {
             algorithm: Some(crate::AlgorithmId::Read),
             fallback: false,
+            launch_event: None,
         };
         let e = c.collective_tuned(&call, read, &*s).unwrap_err();
         assert!(e.to_string().contains("read"), "{e}");
