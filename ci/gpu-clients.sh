@@ -287,6 +287,8 @@ NT_MODES=(
   "m2|-m 2|core|1"
   "M1|-M 1|core|1"
   "D1R2|-D 1 -R 2|dev|1"
+  "D2R2|-D 2 -R 2|dev|1"
+  "D1R2G3|-D 1 -R 2 -G 3|dev|1"
   "t2|-t 2|core|2"
   "g2|-g 2|core|2"
 )
@@ -365,7 +367,7 @@ nt_case() {
     dev=(-x NCCL_TESTS_DEVICE=0)
     if [ "$per" -gt 1 ]; then note="every process on devices 0..$((per - 1))"; else note="ranks share device 0"; fi
   fi
-  [ "$slug" = D1R2 ] && note="$note; device API: expected to fail cleanly today"
+  case $slug in D*) note="$note; NCCL's device API (LSA), nccl-tests built against NCCL >= 2.29 headers" ;; esac
   local sizes=("${NT_SIZES[@]}")
   [ "$slug" = dall_oall ] && sizes=(-b 8 -e 64K -f 64 -n 2 -w 1 -c 1)
   # shellcheck disable=SC2086  # flags split on purpose

@@ -32,6 +32,14 @@ impl Caller {
             );
             return Ok(None);
         };
+        if colls.hosts().is_some() {
+            // The same on every rank: the hierarchical collectives map no buffers.
+            tracing::info!(
+                rank = self.comm.rank(),
+                "register: the ranks span hosts, where the collectives map no buffers; the registration is recorded and calls on it copy"
+            );
+            return Ok(None);
+        }
         let mine = match candidate {
             None => Err("its memory is not one this library maps (not from ncclMemAlloc)".into()),
             Some(slice) => self

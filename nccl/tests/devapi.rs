@@ -19,6 +19,7 @@ use mscclpp_nccl::abi::NcclUniqueId;
 use support::{Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, run_ranks};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_DEVAPI_TEST_RANK";
+const HOSTS_ROLE_VAR: &str = "MSCCLPP_NCCL_DEVAPI_HOSTS_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_DEVAPI_TEST_DIR";
 const NRANKS: usize = 2;
 const SYMMETRIC: c_int = 1;
@@ -459,6 +460,132 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Four ranks on two simulated hosts (`MSCCLPP_HOSTID`): LSA teams of the two ranks of each
+/// host; a symmetric window maps the host's pair only; the rail team crosses the hosts; a
+/// device communicator says lsaSize 2 of 4 ranks; a peer on the other host has no device
+/// pointer (refused naming the team).
+fn hosts_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
+    let lib = open_lib()?;
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRank",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
+    );
+    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
+    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
+    let mem_free = sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int);
+    let win_reg = sym!(
+        lib,
+        "ncclCommWindowRegister",
+        fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int
+    );
+    let win_dereg = sym!(
+        lib,
+        "ncclCommWindowDeregister",
+        fn(Comm, *mut c_void) -> c_int
+    );
+    let peer_ptr = sym!(
+        lib,
+        "ncclGetPeerDevicePointer",
+        fn(*mut c_void, usize, c_int, *mut *mut c_void) -> c_int
+    );
+    let team_lsa = sym!(lib, "ncclTeamLsa", fn(Comm) -> Team);
+    let team_rail = sym!(lib, "ncclTeamRail", fn(Comm) -> Team);
+    let dev_create = sym!(
+        lib,
+        "ncclDevCommCreate",
+        fn(Comm, *const c_void, *mut c_void) -> c_int
+    );
+    let dev_destroy = sym!(lib, "ncclDevCommDestroy", fn(Comm, *const c_void) -> c_int);
+    let check = |what: &str, got: c_int| -> Result<(), String> {
+        if got == 0 {
+            return Ok(());
+        }
+        // SAFETY: the library's thread-local NUL-terminated message.
+        let m = unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) };
+        Err(format!("{what}: code {got}: {}", m.to_string_lossy()))
+    };
+    let id = if rank == 0 {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        // SAFETY: a valid out-pointer.
+        check("ncclGetUniqueId", unsafe { get_id(&mut id) })?;
+        publish(dir, &id.internal)?;
+        id
+    } else {
+        read_id(dir)?
+    };
+    let mut comm: Comm = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and id.
+    check("ncclCommInitRank", unsafe {
+        init(&mut comm, 4, id, rank as c_int)
+    })?;
+    // SAFETY: every call gets valid pointers of this function or the library's handles.
+    unsafe {
+        let (lsa, rail) = (team_lsa(comm), team_rail(comm));
+        let want_lsa = Team {
+            n_ranks: 2,
+            rank: (rank % 2) as c_int,
+            stride: 1,
+        };
+        let want_rail = Team {
+            n_ranks: 2,
+            rank: (rank / 2) as c_int,
+            stride: 2,
+        };
+        if (lsa, rail) != (want_lsa, want_rail) {
+            return Err(format!("teams: LSA {lsa:?}, rail {rail:?}"));
+        }
+        let bytes = 1 << 16;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        check("ncclMemAlloc", mem_alloc(&mut p, bytes))?;
+        std::slice::from_raw_parts_mut(p.cast::<u32>(), 4).fill(100 + rank as u32);
+        let mut win: *mut c_void = std::ptr::null_mut();
+        check(
+            "ncclCommWindowRegister",
+            win_reg(comm, p, bytes, &mut win, SYMMETRIC),
+        )?;
+        let mate = rank ^ 1;
+        let mut q: *mut c_void = std::ptr::null_mut();
+        check(
+            "ncclGetPeerDevicePointer (same host)",
+            peer_ptr(win, 0, mate as c_int, &mut q),
+        )?;
+        if q.cast::<u32>().read_volatile() != 100 + mate as u32 {
+            return Err(format!(
+                "rank {mate}'s window through the flat range holds {}",
+                q.cast::<u32>().read()
+            ));
+        }
+        let far = (rank + 2) % 4;
+        let rc = peer_ptr(win, 0, far as c_int, &mut q);
+        let m = CStr::from_ptr(last_err(std::ptr::null_mut()))
+            .to_string_lossy()
+            .into_owned();
+        if rc != 4 || !m.contains("LSA team") {
+            return Err(format!("a peer on the other host: code {rc} ({m})"));
+        }
+        let reqs = requirements(23206, 2);
+        let mut dc = vec![0u8; 256];
+        check(
+            "ncclDevCommCreate",
+            dev_create(comm, reqs.as_ptr().cast(), dc.as_mut_ptr().cast()),
+        )?;
+        let d = dc.as_ptr() as u64;
+        let f = [rd32(d, 8), rd32(d, 12), rd32(d, 20), rd32(d, 24)];
+        if f != [rank as u32, 4, (rank % 2) as u32, 2] {
+            return Err(format!("ncclDevComm rank, nRanks, lsaRank, lsaSize: {f:?}"));
+        }
+        check("ncclDevCommDestroy", dev_destroy(comm, dc.as_ptr().cast()))?;
+        check("ncclCommWindowDeregister", win_dereg(comm, win))?;
+        check("ncclMemFree", mem_free(p))?;
+        check("ncclCommDestroy", destroy(comm))?;
+    }
+    std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 fn fail(e: &str) -> ! {
     eprintln!("devapi: {e}");
     std::process::exit(1);
@@ -466,6 +593,7 @@ fn fail(e: &str) -> ! {
 
 fn main() {
     run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
+    run_if_rank(HOSTS_ROLE_VAR, DIR_VAR, hosts_rank_main);
     if let Err(e) = lib_path() {
         fail(&e);
     }
@@ -481,7 +609,27 @@ fn main() {
     if let Err(e) = ran {
         fail(&e);
     }
+    // Two simulated hosts of two ranks each: the host id follows the rank (set per child).
+    let dir = fresh_dir("devapi-hosts").unwrap_or_else(|e| fail(&e));
+    let ran = run_ranks(
+        (HOSTS_ROLE_VAR, DIR_VAR),
+        &dir,
+        4,
+        Duration::from_secs(120),
+        |cmd| {
+            let rank: usize = cmd
+                .get_envs()
+                .find(|(k, _)| *k == HOSTS_ROLE_VAR)
+                .and_then(|(_, v)| v?.to_str()?.parse().ok())
+                .unwrap_or(0);
+            cmd.env("MSCCLPP_HOSTID", format!("devapi-host-{}", rank / 2));
+        },
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = ran {
+        fail(&e);
+    }
     println!(
-        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, refusals: every check passed"
+        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, refusals; 4 ranks on 2 simulated hosts: LSA teams per host: every check passed"
     );
 }
