@@ -133,3 +133,30 @@ pub fn enter_real_group(lib: &'static RealNccl) -> Res<()> {
     REAL_GROUP.with(|g| g.set(Some(lib)));
     Ok(())
 }
+
+/// Runs a collective call that may be made inside a group (`ncclCommWindowRegister`,
+/// `ncclDevCommCreate`): at once outside a group; inside one, on a thread of its own whose
+/// result the outermost `ncclGroupEnd` waits for — one thread may drive several ranks of a
+/// communicator in one group (a process of several GPUs, nccl-tests' `-g`), which a blocking
+/// collective on the calling thread would deadlock. NCCL's contract: the call's outputs may be
+/// written only when the group ends, so its pointers stay valid until then.
+pub fn run_collective(
+    what: &'static str,
+    body: impl FnOnce() -> Res<()> + Send + 'static,
+) -> Res<()> {
+    if !in_group() {
+        return body();
+    }
+    let job = Job::new();
+    let j = Arc::clone(&job);
+    std::thread::Builder::new()
+        .name(format!("nccl-{what}"))
+        .spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
+                .unwrap_or_else(|_| Err(Failure::internal(format!("{what}: caught a panic"))));
+            j.finish(r);
+        })
+        .map_err(|e| Failure::system(format!("{what}: starting its thread: {e}")))?;
+    defer_job(job, true, what);
+    Ok(())
+}

@@ -586,12 +586,122 @@ fn hosts_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// One thread driving two ranks (`ncclCommInitAll`, as a process of two GPUs does): symmetric
+/// windows and device communicators made inside one group each, as nccl-tests' `-g 2` makes
+/// them; the collective registrations run at `ncclGroupEnd`, not on the calling thread (where
+/// the first rank's would wait for the second's forever).
+#[allow(clippy::needless_range_loop)] // ranks index several arrays at once
+fn one_thread_two_ranks() -> Result<(), String> {
+    let lib = open_lib()?;
+    let init_all = sym!(
+        lib,
+        "ncclCommInitAll",
+        fn(*mut Comm, c_int, *const c_int) -> c_int
+    );
+    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
+    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    let group_start = sym!(lib, "ncclGroupStart", fn() -> c_int);
+    let group_end = sym!(lib, "ncclGroupEnd", fn() -> c_int);
+    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
+    let mem_free = sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int);
+    let win_reg = sym!(
+        lib,
+        "ncclCommWindowRegister",
+        fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int
+    );
+    let win_dereg = sym!(
+        lib,
+        "ncclCommWindowDeregister",
+        fn(Comm, *mut c_void) -> c_int
+    );
+    let dev_create = sym!(
+        lib,
+        "ncclDevCommCreate",
+        fn(Comm, *const c_void, *mut c_void) -> c_int
+    );
+    let dev_destroy = sym!(lib, "ncclDevCommDestroy", fn(Comm, *const c_void) -> c_int);
+    let check = |what: &str, got: c_int| -> Result<(), String> {
+        if got == 0 {
+            return Ok(());
+        }
+        // SAFETY: the library's thread-local NUL-terminated message.
+        let m = unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) };
+        Err(format!("{what}: code {got}: {}", m.to_string_lossy()))
+    };
+    // SAFETY: every call gets valid pointers of this function or the library's handles; the
+    // out-pointers given inside a group stay valid past its end.
+    unsafe {
+        let mut comms: [Comm; 2] = [std::ptr::null_mut(); 2];
+        check(
+            "ncclCommInitAll",
+            init_all(comms.as_mut_ptr(), 2, std::ptr::null()),
+        )?;
+        let mut bufs = [std::ptr::null_mut::<c_void>(); 2];
+        for (r, b) in bufs.iter_mut().enumerate() {
+            check("ncclMemAlloc", mem_alloc(b, 1 << 16))?;
+            b.cast::<u32>().write(500 + r as u32);
+        }
+        let mut wins = [std::ptr::null_mut::<c_void>(); 2];
+        check("ncclGroupStart", group_start())?;
+        for r in 0..2 {
+            check(
+                "ncclCommWindowRegister in a group",
+                win_reg(comms[r], bufs[r], 1 << 16, &mut wins[r], SYMMETRIC),
+            )?;
+        }
+        check("ncclGroupEnd (window registrations)", group_end())?;
+        for r in 0..2 {
+            let rec = wins[r] as u64;
+            let other = rd64(rec, 8) + (((1 - r) as u64 * rd32(rec, 24) as u64) << 32);
+            if (other as *const u32).read_volatile() != 500 + (1 - r) as u32 {
+                return Err(format!("rank {r} does not see rank {}'s window", 1 - r));
+            }
+        }
+        let reqs = requirements(23206, 2);
+        let mut dcs = [[0u8; 256]; 2];
+        check("ncclGroupStart", group_start())?;
+        for r in 0..2 {
+            check(
+                "ncclDevCommCreate in a group",
+                dev_create(comms[r], reqs.as_ptr().cast(), dcs[r].as_mut_ptr().cast()),
+            )?;
+        }
+        check("ncclGroupEnd (device communicators)", group_end())?;
+        for r in 0..2 {
+            let d = dcs[r].as_ptr() as u64;
+            if (rd32(d, 0), rd32(d, 8), rd32(d, 24)) != (MAGIC, r as u32, 2) {
+                return Err(format!("rank {r}'s device communicator was not written"));
+            }
+            check(
+                "ncclDevCommDestroy",
+                dev_destroy(comms[r], dcs[r].as_ptr().cast()),
+            )?;
+        }
+        check("ncclGroupStart", group_start())?;
+        for r in 0..2 {
+            check(
+                "ncclCommWindowDeregister in a group",
+                win_dereg(comms[r], wins[r]),
+            )?;
+        }
+        check("ncclGroupEnd (deregistrations)", group_end())?;
+        for r in 0..2 {
+            check("ncclMemFree", mem_free(bufs[r]))?;
+            check("ncclCommDestroy", destroy(comms[r]))?;
+        }
+    }
+    Ok(())
+}
+
 fn fail(e: &str) -> ! {
     eprintln!("devapi: {e}");
     std::process::exit(1);
 }
 
 fn main() {
+    // The test runner itself drives two ranks of the host backend in `one_thread_two_ranks`.
+    // SAFETY: set before any thread is started or the library loaded.
+    unsafe { std::env::set_var("MSCCLPP_BACKEND", "host") };
     run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
     run_if_rank(HOSTS_ROLE_VAR, DIR_VAR, hosts_rank_main);
     if let Err(e) = lib_path() {
@@ -629,7 +739,10 @@ fn main() {
     if let Err(e) = ran {
         fail(&e);
     }
+    if let Err(e) = one_thread_two_ranks() {
+        fail(&format!("one thread, two ranks: {e}"));
+    }
     println!(
-        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, refusals; 4 ranks on 2 simulated hosts: LSA teams per host: every check passed"
+        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, refusals; 4 ranks on 2 simulated hosts: LSA teams per host; one thread driving 2 ranks through groups: every check passed"
     );
 }

@@ -64,9 +64,14 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
     guard("ncclCommWindowRegister", || {
         let c = lookup(comm)?;
         check_range(buff, size, win.is_null(), "win")?;
-        let h = register::register_window(&c, mem_owner(buff, size), size, winFlags)?;
-        // SAFETY: non-null (checked); the caller's out-pointer.
-        unsafe { out(win, "win", h) }
+        let owner = mem_owner(buff, size);
+        let win = win as usize;
+        crate::group::run_collective("ncclCommWindowRegister", move || {
+            let h = register::register_window(&c, owner, size, winFlags)?;
+            // SAFETY: non-null (checked); the caller's out-pointer, valid until the call (or
+            // its group) ends.
+            unsafe { out(win as *mut NcclWindow, "win", h) }
+        })
     })
 }
 
@@ -97,7 +102,11 @@ fn check_range(buff: *mut c_void, size: usize, out_null: bool, what: &str) -> Re
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommWindowDeregister(comm: NcclComm, win: NcclWindow) -> NcclResult {
     guard("ncclCommWindowDeregister", || {
-        register::deregister(&lookup(comm)?, win, register::Kind::Window)
+        let c = lookup(comm)?;
+        let w = win as usize;
+        crate::group::run_collective("ncclCommWindowDeregister", move || {
+            register::deregister(&c, w as *mut c_void, register::Kind::Window)
+        })
     })
 }
 

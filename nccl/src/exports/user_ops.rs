@@ -65,12 +65,22 @@ pub unsafe extern "C" fn ncclDevCommCreate(
         if reqs.is_null() || outDevComm.is_null() {
             return Err(Failure::argument("reqs or outDevComm is NULL"));
         }
-        if let Some(n) = c.native.as_ref() {
-            let space = n.devapi.space(n.communicator())?;
-            // SAFETY: the caller's requirements and out-struct, as NCCL's contract has them.
-            let d = unsafe { crate::devapi::devcomm::create(&space, reqs, outDevComm)? };
-            n.devapi.keep(d);
-            return Ok(());
+        if c.native.is_some() {
+            let (r, o) = (reqs as usize, outDevComm as usize);
+            return crate::group::run_collective("ncclDevCommCreate", move || {
+                let n = c
+                    .native
+                    .as_ref()
+                    .ok_or_else(|| Failure::internal("no native side"))?;
+                let space = n.devapi.space(n.communicator())?;
+                // SAFETY: the caller's requirements and out-struct, as NCCL's contract has them
+                // (valid until the call, or its group, ends).
+                let d = unsafe {
+                    crate::devapi::devcomm::create(&space, r as *const c_void, o as *mut c_void)?
+                };
+                n.devapi.keep(d);
+                Ok(())
+            });
         }
         let (lib, rc) = c.require_real("ncclDevCommCreate (NCCL's device API)")?;
         let f = lib.need(lib.dev_comm_create, "ncclDevCommCreate")?;
