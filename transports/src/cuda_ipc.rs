@@ -5,10 +5,8 @@
 //! gone (a dead peer's mapped memory stays writable, so nothing else would).
 
 use std::fmt;
-use std::io::Read;
-use std::net::{Shutdown, TcpStream};
+
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mscclpp_hal::{Error, Result, Stream};
@@ -25,8 +23,8 @@ pub struct CudaIpcConnection {
     remote_rank: usize,
     stream: Arc<dyn Stream>,
     health: Arc<Health>,
-    sock: TcpStream,
-    watcher: Option<JoinHandle<()>>,
+    /// Marks `health` dead when the link ends; dropped last (shuts the link).
+    _watcher: link::Watcher,
 }
 
 impl fmt::Debug for CudaIpcConnection {
@@ -45,31 +43,13 @@ impl CudaIpcConnection {
         let (me, peer) = (local.endpoint.rank, remote.rank);
         let stream = local.ctx.device().create_stream()?;
         let health = Arc::new(Health::new(peer));
-        let mut rd = sock
-            .try_clone()
-            .map_err(|e| Error::io("cloning a connection's socket", e))?;
-        let h = health.clone();
-        let watcher = std::thread::Builder::new()
-            .name(format!("mscclpp-ipc-watch-{me}-{peer}"))
-            .spawn(move || {
-                // Nothing is ever sent on the link: any byte, EOF or error ends the peer's life
-                // as far as this connection is concerned.
-                let mut b = [0u8; 64];
-                let why = match rd.read(&mut b) {
-                    Ok(0) => link::describe_end(peer, me, None),
-                    Ok(n) => format!("rank {peer} sent {n} unexpected bytes on a CudaIpc link"),
-                    Err(e) => link::describe_end(peer, me, Some(e)),
-                };
-                h.mark_dead(why);
-            })
-            .map_err(|e| Error::io("spawning a CudaIpc link watcher", e))?;
+        let watcher = link::Watcher::start(sock, Transport::CudaIpc, (me, peer), health.clone())?;
         Ok(CudaIpcConnection {
             local_rank: me,
             remote_rank: peer,
             stream,
             health,
-            sock,
-            watcher: Some(watcher),
+            _watcher: watcher,
         })
     }
 
@@ -145,15 +125,5 @@ impl Connection for CudaIpcConnection {
 
     fn remote_rank(&self) -> usize {
         self.remote_rank
-    }
-}
-
-impl Drop for CudaIpcConnection {
-    fn drop(&mut self) {
-        // Unblocks the watcher's read (and tells the peer this side is gone).
-        let _ = self.sock.shutdown(Shutdown::Both);
-        if let Some(w) = self.watcher.take() {
-            let _ = w.join();
-        }
     }
 }

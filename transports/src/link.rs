@@ -325,6 +325,60 @@ impl Health {
     }
 }
 
+/// The thread that watches a connection's link after its handshake: nothing is sent on it any
+/// more, so any byte, EOF or error means the peer is gone, and `health` is marked dead. Owns
+/// the link; dropping it shuts the socket (which ends the read, and tells the peer this side is
+/// gone) and joins the thread.
+#[derive(Debug)]
+pub(crate) struct Watcher {
+    sock: TcpStream,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watcher {
+    /// Starts watching `sock`, the link of rank `me`'s connection to `peer` over `transport`.
+    pub(crate) fn start(
+        sock: TcpStream,
+        transport: Transport,
+        (me, peer): (usize, usize),
+        health: std::sync::Arc<Health>,
+    ) -> Result<Watcher> {
+        let mut rd = sock
+            .try_clone()
+            .map_err(|e| Error::io(format!("cloning a {transport} link's socket"), e))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("mscclpp-{transport}-watch-{me}-{peer}"))
+            .spawn(move || {
+                let mut b = [0u8; 64];
+                let why = match rd.read(&mut b) {
+                    Ok(0) => describe_end(peer, me, None),
+                    Ok(n) => format!("rank {peer} sent {n} unexpected bytes on a {transport} link"),
+                    Err(e) => describe_end(peer, me, Some(e)),
+                };
+                health.mark_dead(why);
+            });
+        match thread {
+            Ok(t) => Ok(Watcher {
+                sock,
+                thread: Some(t),
+            }),
+            Err(e) => {
+                let _ = sock.shutdown(Shutdown::Both);
+                Err(Error::io(format!("spawning a {transport} link watcher"), e))
+            }
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.sock.shutdown(Shutdown::Both);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Describes how a link ended, for the dead-connection error.
 pub(crate) fn describe_end(peer: usize, local: usize, e: Option<std::io::Error>) -> String {
     match e {

@@ -31,7 +31,6 @@ mod tests;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -83,8 +82,8 @@ pub struct IbConnection {
     /// The TCP link of the handshake, kept open: its end is how a dead peer is noticed at once
     /// rather than after the QP's retries run out.
     health: Arc<Health>,
-    watcher: Option<JoinHandle<()>>,
-    sock: TcpStream,
+    /// Marks `health` dead when the link ends; taken in drop (shuts the link).
+    watcher: Option<link::Watcher>,
 }
 
 impl fmt::Debug for IbConnection {
@@ -194,31 +193,10 @@ impl IbConnection {
             }
         };
         let health = Arc::new(Health::new(peer));
-        let watcher = match sock.try_clone() {
-            Ok(mut rd) => {
-                let h = health.clone();
-                std::thread::Builder::new()
-                    .name(format!("mscclpp-ib-watch-{me}-{peer}"))
-                    .spawn(move || {
-                        use std::io::Read;
-                        // Nothing is sent on the link after the handshake: any byte, EOF or
-                        // error means the peer is gone.
-                        let mut b = [0u8; 64];
-                        let why = match rd.read(&mut b) {
-                            Ok(0) => link::describe_end(peer, me, None),
-                            Ok(n) => format!("rank {peer} sent {n} unexpected bytes on an IB link"),
-                            Err(e) => link::describe_end(peer, me, Some(e)),
-                        };
-                        h.mark_dead(why);
-                    })
-                    .map_err(|e| Error::io("spawning an IB link watcher", e))
-            }
-            Err(e) => Err(Error::io("cloning an IB link's socket", e)),
-        };
-        let watcher = match watcher {
+        let watcher = match link::Watcher::start(sock, Transport::Ib(n), (me, peer), health.clone())
+        {
             Ok(w) => w,
             Err(e) => {
-                let _ = sock.shutdown(Shutdown::Both);
                 stop_receiver(receiver);
                 return Err(e);
             }
@@ -245,7 +223,6 @@ impl IbConnection {
             receiver,
             health,
             watcher: Some(watcher),
-            sock,
         })
     }
 
@@ -512,10 +489,7 @@ impl Drop for IbConnection {
         if let Some(r) = self.receiver.take() {
             let _ = r.join();
         }
-        // Unblocks the watcher's read (and tells the peer this side is gone).
-        let _ = self.sock.shutdown(Shutdown::Both);
-        if let Some(w) = self.watcher.take() {
-            let _ = w.join();
-        }
+        // Shuts the link (which tells the peer this side is gone) and joins its watcher.
+        drop(self.watcher.take());
     }
 }
