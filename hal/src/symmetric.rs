@@ -31,6 +31,38 @@ pub trait Shareable: Send + Sync + fmt::Debug {
     fn reserve(&self, bytes: usize) -> Result<Box<dyn AddressSpace>>;
 }
 
+/// The checks every [`AddressSpace::map`] makes: `bytes` at `offset` are whole units of
+/// `granularity`, inside a range of `len` bytes, and over none of the `mapped` ones (offset →
+/// length); an error naming what is wrong otherwise.
+pub fn check_map(
+    len: usize,
+    granularity: usize,
+    mapped: &std::collections::BTreeMap<usize, usize>,
+    offset: usize,
+    bytes: usize,
+) -> Result<()> {
+    let fits = granularity > 0
+        && offset % granularity == 0
+        && bytes % granularity == 0
+        && bytes > 0
+        && offset.checked_add(bytes).is_some_and(|e| e <= len);
+    if !fits {
+        return Err(crate::Error::invalid(format!(
+            "{bytes} bytes at offset {offset} of a reserved range of {len} bytes: multiples of {granularity} inside the range are needed"
+        )));
+    }
+    let overlaps = mapped
+        .range(..offset + bytes)
+        .next_back()
+        .is_some_and(|(&o, &l)| o + l > offset);
+    if overlaps {
+        return Err(crate::Error::invalid(format!(
+            "{bytes} bytes at offset {offset}: the range holds a mapping there already"
+        )));
+    }
+    Ok(())
+}
+
 /// A reserved range of addresses that handles of [`Shareable::export`] are mapped into.
 pub trait AddressSpace: Send + Sync + fmt::Debug {
     /// Its first address.

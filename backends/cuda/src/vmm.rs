@@ -53,20 +53,26 @@ impl Partial {
     }
 }
 
-/// `count` pieces of at least `piece` bytes of device `dev`, back to back in one range.
-pub fn map_pieces(dev: sys::CUdevice, piece: usize, count: usize) -> Result<Pieces> {
-    let prop = properties(dev);
+/// The minimum mapping granularity of allocations of `prop` (at least 1).
+fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
     let mut gran = 0usize;
     // SAFETY: valid out-pointer and properties.
     check("cuMemGetAllocationGranularity", unsafe {
         sys::cuMemGetAllocationGranularity(
             &mut gran,
-            &prop,
+            prop,
             sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
         )
     })?;
+    Ok(gran.max(1))
+}
+
+/// `count` pieces of at least `piece` bytes of device `dev`, back to back in one range.
+pub fn map_pieces(dev: sys::CUdevice, piece: usize, count: usize) -> Result<Pieces> {
+    let prop = properties(dev);
+    let gran = granularity(&prop)?;
     let piece = piece
-        .checked_next_multiple_of(gran.max(1))
+        .checked_next_multiple_of(gran)
         .ok_or_else(|| Error::invalid(format!("pieces of {piece} bytes are too large")))?;
     let total = piece
         .checked_mul(count)
@@ -141,17 +147,7 @@ fn shareable_properties(dev: sys::CUdevice) -> sys::CUmemAllocationProp {
 
 /// The mapping granularity of shareable memory of `dev`.
 pub fn shareable_granularity(dev: sys::CUdevice) -> Result<usize> {
-    let prop = shareable_properties(dev);
-    let mut gran = 0usize;
-    // SAFETY: valid out-pointer and properties.
-    check("cuMemGetAllocationGranularity", unsafe {
-        sys::cuMemGetAllocationGranularity(
-            &mut gran,
-            &prop,
-            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-        )
-    })?;
-    Ok(gran.max(1))
+    granularity(&shareable_properties(dev))
 }
 
 /// One allocation of at least `bytes` of `dev` with a shareable handle, mapped read-write for

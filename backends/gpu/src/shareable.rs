@@ -112,26 +112,8 @@ impl<R: Runtime> AddressSpace for GpuSpace<R> {
     }
 
     fn map(&self, offset: usize, handle: BorrowedFd<'_>, bytes: usize) -> Result<()> {
-        let fits = offset % self.gran == 0
-            && bytes % self.gran == 0
-            && bytes > 0
-            && offset.checked_add(bytes).is_some_and(|e| e <= self.len);
-        if !fits {
-            return Err(Error::invalid(format!(
-                "{bytes} bytes at offset {offset} of a reserved range of {} bytes: multiples of {} inside the range are needed",
-                self.len, self.gran
-            )));
-        }
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-        if mapped
-            .range(..offset + bytes)
-            .next_back()
-            .is_some_and(|(&o, &l)| o + l > offset)
-        {
-            return Err(Error::invalid(format!(
-                "{bytes} bytes at offset {offset}: the range holds a mapping there already"
-            )));
-        }
+        mscclpp_hal::symmetric::check_map(self.len, self.gran, &mapped, offset, bytes)?;
         self.ctx.bind()?;
         // SAFETY: the place lies in this reservation and holds no mapping (both checked).
         unsafe {

@@ -89,23 +89,6 @@ struct HostSpace {
     mapped: Mutex<BTreeMap<usize, usize>>,
 }
 
-impl HostSpace {
-    fn check(&self, offset: usize, bytes: usize) -> Result<()> {
-        let fits = offset % GRANULARITY == 0
-            && bytes % GRANULARITY == 0
-            && bytes > 0
-            && offset.checked_add(bytes).is_some_and(|e| e <= self.len);
-        if fits {
-            Ok(())
-        } else {
-            Err(Error::invalid(format!(
-                "{bytes} bytes at offset {offset} of a reserved range of {} bytes: whole pages inside the range are needed",
-                self.len
-            )))
-        }
-    }
-}
-
 impl AddressSpace for HostSpace {
     fn base(&self) -> DevicePtr {
         DevicePtr(self.base as u64)
@@ -116,17 +99,8 @@ impl AddressSpace for HostSpace {
     }
 
     fn map(&self, offset: usize, handle: BorrowedFd<'_>, bytes: usize) -> Result<()> {
-        self.check(offset, bytes)?;
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-        let overlaps = mapped
-            .range(..offset + bytes)
-            .next_back()
-            .is_some_and(|(&o, &l)| o + l > offset);
-        if overlaps {
-            return Err(Error::invalid(format!(
-                "{bytes} bytes at offset {offset}: the range holds a mapping there already"
-            )));
-        }
+        mscclpp_hal::symmetric::check_map(self.len, GRANULARITY, &mapped, offset, bytes)?;
         let st = rustix::fs::fstat(handle)
             .map_err(|e| Error::io("fstat of a shareable handle", e.into()))?;
         if (st.st_size as u64) < bytes as u64 {
