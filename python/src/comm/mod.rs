@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use mscclpp::collectives::{CollectiveKind, P2pKind};
 use mscclpp::comm::Communicator as RawComm;
+use mscclpp::executor::Plan;
 use mscclpp::hal::{BackendKind, Device, ReduceOp};
 use mscclpp_caller::Caller;
-use mscclpp::executor::Plan;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
