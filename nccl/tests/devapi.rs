@@ -72,64 +72,136 @@ fn set32(r: &mut [u8], at: usize, v: i32) {
     r[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
 
-fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
-    let lib = open_lib()?;
-    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
-    let init = sym!(
-        lib,
-        "ncclCommInitRank",
-        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
-    );
-    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
-    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
-    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
-    let mem_free = sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int);
-    let win_reg = sym!(
-        lib,
-        "ncclCommWindowRegister",
-        fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int
-    );
-    let win_dereg = sym!(
-        lib,
-        "ncclCommWindowDeregister",
-        fn(Comm, *mut c_void) -> c_int
-    );
-    let lsa_ptr = sym!(
-        lib,
-        "ncclGetLsaDevicePointer",
-        fn(*mut c_void, usize, c_int, *mut *mut c_void) -> c_int
-    );
-    let peer_ptr = sym!(
-        lib,
-        "ncclGetPeerDevicePointer",
-        fn(*mut c_void, usize, c_int, *mut *mut c_void) -> c_int
-    );
-    let team_lsa = sym!(lib, "ncclTeamLsa", fn(Comm) -> Team);
-    let barrier_req = sym!(
-        lib,
-        "ncclLsaBarrierCreateRequirement",
-        fn(Team, c_int, *mut c_void, *mut c_void) -> c_int
-    );
-    let dev_create = sym!(
-        lib,
-        "ncclDevCommCreate",
-        fn(Comm, *const c_void, *mut c_void) -> c_int
-    );
-    let dev_destroy = sym!(lib, "ncclDevCommDestroy", fn(Comm, *const c_void) -> c_int);
-    let all_reduce: support::CollFn = sym!(lib, "ncclAllReduce" as support::CollFn);
-    let message = || {
+type WinRegFn = unsafe extern "C" fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int;
+type PtrFn = unsafe extern "C" fn(*mut c_void, usize, c_int, *mut *mut c_void) -> c_int;
+
+/// The library's exports these checks call, loaded once per process (`_lib` keeps it loaded).
+struct Api {
+    _lib: libloading::Library,
+    get_id: unsafe extern "C" fn(*mut NcclUniqueId) -> c_int,
+    init: unsafe extern "C" fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int,
+    init_all: unsafe extern "C" fn(*mut Comm, c_int, *const c_int) -> c_int,
+    destroy: unsafe extern "C" fn(Comm) -> c_int,
+    last_err: unsafe extern "C" fn(Comm) -> *const c_char,
+    group_start: unsafe extern "C" fn() -> c_int,
+    group_end: unsafe extern "C" fn() -> c_int,
+    mem_alloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int,
+    mem_free: unsafe extern "C" fn(*mut c_void) -> c_int,
+    win_reg: WinRegFn,
+    win_dereg: unsafe extern "C" fn(Comm, *mut c_void) -> c_int,
+    lsa_ptr: PtrFn,
+    peer_ptr: PtrFn,
+    team_lsa: unsafe extern "C" fn(Comm) -> Team,
+    team_rail: unsafe extern "C" fn(Comm) -> Team,
+    barrier_req: unsafe extern "C" fn(Team, c_int, *mut c_void, *mut c_void) -> c_int,
+    dev_create: unsafe extern "C" fn(Comm, *const c_void, *mut c_void) -> c_int,
+    dev_destroy: unsafe extern "C" fn(Comm, *const c_void) -> c_int,
+    all_reduce: support::CollFn,
+}
+
+impl Api {
+    fn load() -> Result<Api, String> {
+        let lib = open_lib()?;
+        Ok(Api {
+            get_id: sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int),
+            init: sym!(
+                lib,
+                "ncclCommInitRank",
+                fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
+            ),
+            init_all: sym!(
+                lib,
+                "ncclCommInitAll",
+                fn(*mut Comm, c_int, *const c_int) -> c_int
+            ),
+            destroy: sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int),
+            last_err: sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char),
+            group_start: sym!(lib, "ncclGroupStart", fn() -> c_int),
+            group_end: sym!(lib, "ncclGroupEnd", fn() -> c_int),
+            mem_alloc: sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int),
+            mem_free: sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int),
+            win_reg: sym!(lib, "ncclCommWindowRegister" as WinRegFn),
+            win_dereg: sym!(
+                lib,
+                "ncclCommWindowDeregister",
+                fn(Comm, *mut c_void) -> c_int
+            ),
+            lsa_ptr: sym!(lib, "ncclGetLsaDevicePointer" as PtrFn),
+            peer_ptr: sym!(lib, "ncclGetPeerDevicePointer" as PtrFn),
+            team_lsa: sym!(lib, "ncclTeamLsa", fn(Comm) -> Team),
+            team_rail: sym!(lib, "ncclTeamRail", fn(Comm) -> Team),
+            barrier_req: sym!(
+                lib,
+                "ncclLsaBarrierCreateRequirement",
+                fn(Team, c_int, *mut c_void, *mut c_void) -> c_int
+            ),
+            dev_create: sym!(
+                lib,
+                "ncclDevCommCreate",
+                fn(Comm, *const c_void, *mut c_void) -> c_int
+            ),
+            dev_destroy: sym!(lib, "ncclDevCommDestroy", fn(Comm, *const c_void) -> c_int),
+            all_reduce: sym!(lib, "ncclAllReduce" as support::CollFn),
+            _lib: lib,
+        })
+    }
+
+    /// `ncclGetLastError`'s text.
+    fn message(&self) -> String {
         // SAFETY: the library's thread-local NUL-terminated message.
-        unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) }
+        unsafe { CStr::from_ptr((self.last_err)(std::ptr::null_mut())) }
             .to_string_lossy()
             .into_owned()
-    };
-    let check = |what: &str, got: c_int| -> Result<(), String> {
+    }
+
+    /// `Ok` for `ncclSuccess`, else the code and the message.
+    fn check(&self, what: &str, got: c_int) -> Result<(), String> {
         if got == 0 {
             Ok(())
         } else {
-            Err(format!("{what}: code {got}: {}", message()))
+            Err(format!("{what}: code {got}: {}", self.message()))
         }
-    };
+    }
+
+    /// Rank `rank` of `n` joins the communicator whose id rank 0 publishes in `dir`.
+    fn join(&self, rank: usize, n: usize, dir: &Path) -> Result<Comm, String> {
+        let id = if rank == 0 {
+            let mut id = NcclUniqueId { internal: [0; 128] };
+            // SAFETY: a valid out-pointer.
+            self.check("ncclGetUniqueId", unsafe { (self.get_id)(&mut id) })?;
+            publish(dir, &id.internal)?;
+            id
+        } else {
+            read_id(dir)?
+        };
+        let mut comm: Comm = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and id.
+        self.check("ncclCommInitRank", unsafe {
+            (self.init)(&mut comm, n as c_int, id, rank as c_int)
+        })?;
+        Ok(comm)
+    }
+}
+
+fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
+    let api = Api::load()?;
+    let Api {
+        destroy,
+        mem_alloc,
+        mem_free,
+        win_reg,
+        win_dereg,
+        lsa_ptr,
+        peer_ptr,
+        team_lsa,
+        barrier_req,
+        dev_create,
+        dev_destroy,
+        all_reduce,
+        ..
+    } = api;
+    let message = || api.message();
+    let check = |what: &str, got: c_int| api.check(what, got);
     let refused = |what: &str, got: c_int, code: c_int, words: &str| -> Result<(), String> {
         let m = message();
         if got == code && m.contains(words) {
@@ -141,20 +213,7 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         }
     };
 
-    let id = if rank == 0 {
-        let mut id = NcclUniqueId { internal: [0; 128] };
-        // SAFETY: a valid out-pointer.
-        check("ncclGetUniqueId", unsafe { get_id(&mut id) })?;
-        publish(dir, &id.internal)?;
-        id
-    } else {
-        read_id(dir)?
-    };
-    let mut comm: Comm = std::ptr::null_mut();
-    // SAFETY: valid out-pointer and id.
-    check("ncclCommInitRank", unsafe {
-        init(&mut comm, NRANKS as c_int, id, rank as c_int)
-    })?;
+    let comm = api.join(rank, NRANKS, dir)?;
     // A barrier between the ranks: a one-element all-reduce (the host backend returns when done).
     let sync = || -> Result<(), String> {
         let mut x = [1.0f32];
@@ -465,62 +524,23 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
 /// device communicator says lsaSize 2 of 4 ranks; a peer on the other host has no device
 /// pointer (refused naming the team).
 fn hosts_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
-    let lib = open_lib()?;
-    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
-    let init = sym!(
-        lib,
-        "ncclCommInitRank",
-        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
-    );
-    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
-    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
-    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
-    let mem_free = sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int);
-    let win_reg = sym!(
-        lib,
-        "ncclCommWindowRegister",
-        fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int
-    );
-    let win_dereg = sym!(
-        lib,
-        "ncclCommWindowDeregister",
-        fn(Comm, *mut c_void) -> c_int
-    );
-    let peer_ptr = sym!(
-        lib,
-        "ncclGetPeerDevicePointer",
-        fn(*mut c_void, usize, c_int, *mut *mut c_void) -> c_int
-    );
-    let team_lsa = sym!(lib, "ncclTeamLsa", fn(Comm) -> Team);
-    let team_rail = sym!(lib, "ncclTeamRail", fn(Comm) -> Team);
-    let dev_create = sym!(
-        lib,
-        "ncclDevCommCreate",
-        fn(Comm, *const c_void, *mut c_void) -> c_int
-    );
-    let dev_destroy = sym!(lib, "ncclDevCommDestroy", fn(Comm, *const c_void) -> c_int);
-    let check = |what: &str, got: c_int| -> Result<(), String> {
-        if got == 0 {
-            return Ok(());
-        }
-        // SAFETY: the library's thread-local NUL-terminated message.
-        let m = unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) };
-        Err(format!("{what}: code {got}: {}", m.to_string_lossy()))
-    };
-    let id = if rank == 0 {
-        let mut id = NcclUniqueId { internal: [0; 128] };
-        // SAFETY: a valid out-pointer.
-        check("ncclGetUniqueId", unsafe { get_id(&mut id) })?;
-        publish(dir, &id.internal)?;
-        id
-    } else {
-        read_id(dir)?
-    };
-    let mut comm: Comm = std::ptr::null_mut();
-    // SAFETY: valid out-pointer and id.
-    check("ncclCommInitRank", unsafe {
-        init(&mut comm, 4, id, rank as c_int)
-    })?;
+    let api = Api::load()?;
+    let Api {
+        destroy,
+        last_err,
+        mem_alloc,
+        mem_free,
+        win_reg,
+        win_dereg,
+        peer_ptr,
+        team_lsa,
+        team_rail,
+        dev_create,
+        dev_destroy,
+        ..
+    } = api;
+    let check = |what: &str, got: c_int| api.check(what, got);
+    let comm = api.join(rank, 4, dir)?;
     // SAFETY: every call gets valid pointers of this function or the library's handles.
     unsafe {
         let (lsa, rail) = (team_lsa(comm), team_rail(comm));
@@ -592,42 +612,21 @@ fn hosts_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
 /// the first rank's would wait for the second's forever).
 #[allow(clippy::needless_range_loop)] // ranks index several arrays at once
 fn one_thread_two_ranks() -> Result<(), String> {
-    let lib = open_lib()?;
-    let init_all = sym!(
-        lib,
-        "ncclCommInitAll",
-        fn(*mut Comm, c_int, *const c_int) -> c_int
-    );
-    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
-    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
-    let group_start = sym!(lib, "ncclGroupStart", fn() -> c_int);
-    let group_end = sym!(lib, "ncclGroupEnd", fn() -> c_int);
-    let mem_alloc = sym!(lib, "ncclMemAlloc", fn(*mut *mut c_void, usize) -> c_int);
-    let mem_free = sym!(lib, "ncclMemFree", fn(*mut c_void) -> c_int);
-    let win_reg = sym!(
-        lib,
-        "ncclCommWindowRegister",
-        fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int
-    );
-    let win_dereg = sym!(
-        lib,
-        "ncclCommWindowDeregister",
-        fn(Comm, *mut c_void) -> c_int
-    );
-    let dev_create = sym!(
-        lib,
-        "ncclDevCommCreate",
-        fn(Comm, *const c_void, *mut c_void) -> c_int
-    );
-    let dev_destroy = sym!(lib, "ncclDevCommDestroy", fn(Comm, *const c_void) -> c_int);
-    let check = |what: &str, got: c_int| -> Result<(), String> {
-        if got == 0 {
-            return Ok(());
-        }
-        // SAFETY: the library's thread-local NUL-terminated message.
-        let m = unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) };
-        Err(format!("{what}: code {got}: {}", m.to_string_lossy()))
-    };
+    let api = Api::load()?;
+    let Api {
+        init_all,
+        destroy,
+        group_start,
+        group_end,
+        mem_alloc,
+        mem_free,
+        win_reg,
+        win_dereg,
+        dev_create,
+        dev_destroy,
+        ..
+    } = api;
+    let check = |what: &str, got: c_int| api.check(what, got);
     // SAFETY: every call gets valid pointers of this function or the library's handles; the
     // out-pointers given inside a group stay valid past its end.
     unsafe {
