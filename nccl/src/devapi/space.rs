@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 
 use mscclpp::comm::Communicator;
-use mscclpp::hal::{AddressSpace, DeviceBuffer, MemoryKind, Shareable, Stream};
+use mscclpp::hal::{AddressSpace, DeviceBuffer, MemoryKind, Stream};
 
 use super::layout::{
     PEER_DELTA_INVALID, TABLE_BYTES, TABLE_ENTRIES, WIN_ALIGNMENT, WINDOW_RECORD_BYTES,
@@ -93,8 +93,26 @@ struct Tables {
     bufs: Vec<DeviceBuffer>,
 }
 
-fn shareable(comm: &Communicator) -> Option<&dyn Shareable> {
-    comm.device().shareable()
+/// Every rank's `words` (the same count on every rank): a collective call over the
+/// communicator; a rank that sent another count fails the call naming it.
+fn gather_words(comm: &Communicator, words: &[u64]) -> Res<Vec<Vec<u64>>> {
+    let card: Vec<u8> = words.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let all = comm.bootstrap().all_gather(&card)?;
+    all.iter()
+        .enumerate()
+        .map(|(r, b)| {
+            if b.len() != card.len() {
+                return Err(Failure::internal(format!(
+                    "symmetric memory: rank {r} sent {} bytes, {} expected",
+                    b.len(),
+                    card.len()
+                )));
+            }
+            Ok(b.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect())
+        })
+        .collect()
 }
 
 impl Space {
@@ -109,14 +127,7 @@ impl Space {
         } else {
             0
         };
-        let all = boot.all_gather(&mem.to_le_bytes())?;
-        let mems: Vec<u64> = all
-            .iter()
-            .map(|b| {
-                b.get(..8)
-                    .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
-            })
-            .collect();
+        let mems: Vec<u64> = gather_words(&comm, &[mem])?.iter().map(|w| w[0]).collect();
         let without: Vec<usize> = (0..n).filter(|&r| mems[r] == 0).collect();
         let Some(sh) = sh.filter(|_| without.is_empty()) else {
             return Err(Failure::usage(format!(
@@ -214,7 +225,10 @@ impl Space {
         let boot = self.comm.bootstrap();
         let (rank, n) = (self.comm.rank(), self.comm.nranks());
         let fd = match alloc {
-            Some(a) if off % WIN_ALIGNMENT == 0 => shareable(&self.comm)
+            Some(a) if off % WIN_ALIGNMENT == 0 => self
+                .comm
+                .device()
+                .shareable()
                 .ok_or_else(|| Failure::internal("a symmetric space without shareable memory"))?
                 .export(a)
                 .map_err(|e| format!("{e}")),
@@ -227,18 +241,10 @@ impl Space {
             (Ok(_), Some(a)) => a.len() as u64,
             _ => 0,
         };
-        let card: Vec<u8> = [len, off as u64, size as u64]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let all = boot.all_gather(&card)?;
-        let word = |b: &Vec<u8>, i: usize| {
-            b.get(8 * i..8 * i + 8)
-                .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
-        };
-        let lens: Vec<usize> = all.iter().map(|b| word(b, 0) as usize).collect();
-        let offs: Vec<u64> = all.iter().map(|b| word(b, 1)).collect();
-        let sizes: Vec<u64> = all.iter().map(|b| word(b, 2)).collect();
+        let all = gather_words(&self.comm, &[len, off as u64, size as u64])?;
+        let lens: Vec<usize> = all.iter().map(|w| w[0] as usize).collect();
+        let offs: Vec<u64> = all.iter().map(|w| w[1]).collect();
+        let sizes: Vec<u64> = all.iter().map(|w| w[2]).collect();
         let missing: Vec<usize> = (0..n).filter(|&r| lens[r] == 0).collect();
         let fd = match fd {
             Ok(fd) if missing.is_empty() => fd,
