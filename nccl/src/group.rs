@@ -86,6 +86,14 @@ pub fn group_end() -> Res<()> {
     if depth == 1 {
         // Creations first: operations in the same group may use what they create.
         let created = end_group_jobs();
+        // Then the collective calls (window registrations, device communicators), which the
+        // group's operations may use too.
+        let collectives = if created.is_ok() {
+            end_group_collectives()
+        } else {
+            GROUP_COLLECTIVES.with(|g| g.borrow_mut().clear());
+            Ok(())
+        };
         // The group's native sends and receives: one launch per communicator.
         let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
         let mut first_error: Option<Failure> = None;
@@ -113,6 +121,7 @@ pub fn group_end() -> Res<()> {
             return Err(e);
         }
         created?;
+        collectives?;
     }
     Ok(())
 }
@@ -134,29 +143,79 @@ pub fn enter_real_group(lib: &'static RealNccl) -> Res<()> {
     Ok(())
 }
 
+/// A collective call left to the outermost `ncclGroupEnd`: its communicator (by address), its
+/// name, and its body.
+type Deferred = (usize, &'static str, Box<dyn FnOnce() -> Res<()> + Send>);
+
+thread_local! {
+    /// The collective calls of this thread's open group ([`run_collective`]), in call order.
+    static GROUP_COLLECTIVES: std::cell::RefCell<Vec<Deferred>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Runs a collective call that may be made inside a group (`ncclCommWindowRegister`,
-/// `ncclDevCommCreate`): at once outside a group; inside one, on a thread of its own whose
-/// result the outermost `ncclGroupEnd` waits for — one thread may drive several ranks of a
-/// communicator in one group (a process of several GPUs, nccl-tests' `-g`), which a blocking
-/// collective on the calling thread would deadlock. NCCL's contract: the call's outputs may be
-/// written only when the group ends, so its pointers stay valid until then.
+/// `ncclCommWindowDeregister`, `ncclDevCommCreate`) on communicator `comm`: at once outside a
+/// group; inside one, at the outermost `ncclGroupEnd` — one thread may drive several ranks in
+/// one group (a process of several GPUs, nccl-tests' `-g`), which a blocking collective on the
+/// calling thread would deadlock. There each communicator's calls run in call order on a thread
+/// of their own (its collectives must not interleave: every rank makes them in the same
+/// order), the communicators side by side. NCCL's contract: the outputs may be written only
+/// when the group ends, so the call's pointers stay valid until then.
 pub fn run_collective(
+    comm: &Arc<Comm>,
     what: &'static str,
     body: impl FnOnce() -> Res<()> + Send + 'static,
 ) -> Res<()> {
     if !in_group() {
         return body();
     }
-    let job = Job::new();
-    let j = Arc::clone(&job);
-    std::thread::Builder::new()
-        .name(format!("nccl-{what}"))
-        .spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
-                .unwrap_or_else(|_| Err(Failure::internal(format!("{what}: caught a panic"))));
-            j.finish(r);
-        })
-        .map_err(|e| Failure::system(format!("{what}: starting its thread: {e}")))?;
-    defer_job(job, true, what);
+    let key = Arc::as_ptr(comm) as usize;
+    GROUP_COLLECTIVES.with(|g| g.borrow_mut().push((key, what, Box::new(body))));
     Ok(())
+}
+
+/// The outermost `ncclGroupEnd`'s run of the group's collective calls (see [`run_collective`]).
+fn end_group_collectives() -> Res<()> {
+    let calls = GROUP_COLLECTIVES.with(|g| std::mem::take(&mut *g.borrow_mut()));
+    if calls.is_empty() {
+        return Ok(());
+    }
+    let mut by_comm: Vec<(
+        usize,
+        Vec<(&'static str, Box<dyn FnOnce() -> Res<()> + Send>)>,
+    )> = Vec::new();
+    for (key, what, body) in calls {
+        match by_comm.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, list)) => list.push((what, body)),
+            None => by_comm.push((key, vec![(what, body)])),
+        }
+    }
+    let results: Vec<Res<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = by_comm
+            .into_iter()
+            .map(|(_, list)| {
+                s.spawn(move || -> Res<()> {
+                    for (what, body) in list {
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
+                            .unwrap_or_else(|_| {
+                                Err(Failure::internal(format!("{what}: caught a panic")))
+                            })
+                            .map_err(|f| Failure {
+                                code: f.code,
+                                message: format!("{what} inside the group: {}", f.message),
+                            })?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Failure::internal("a group's collective calls panicked"))
+                })
+            })
+            .collect()
+    });
+    results.into_iter().collect()
 }

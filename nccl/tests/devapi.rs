@@ -635,25 +635,46 @@ fn one_thread_two_ranks() -> Result<(), String> {
             "ncclCommInitAll",
             init_all(comms.as_mut_ptr(), 2, std::ptr::null()),
         )?;
-        let mut bufs = [std::ptr::null_mut::<c_void>(); 2];
-        for (r, b) in bufs.iter_mut().enumerate() {
-            check("ncclMemAlloc", mem_alloc(b, 1 << 16))?;
-            b.cast::<u32>().write(500 + r as u32);
+        // Two windows per rank registered in one group, as nccl-tests registers its send and
+        // receive buffers: each communicator's registrations run in call order (their
+        // collective exchanges must not interleave), so window k of every rank is window k.
+        let mut bufs = [[std::ptr::null_mut::<c_void>(); 2]; 2];
+        for r in 0..2 {
+            for k in 0..2 {
+                check("ncclMemAlloc", mem_alloc(&mut bufs[r][k], (1 + k) << 16))?;
+                bufs[r][k]
+                    .cast::<u32>()
+                    .write(500 + 10 * k as u32 + r as u32);
+            }
         }
-        let mut wins = [std::ptr::null_mut::<c_void>(); 2];
+        let mut wins = [[std::ptr::null_mut::<c_void>(); 2]; 2];
         check("ncclGroupStart", group_start())?;
         for r in 0..2 {
-            check(
-                "ncclCommWindowRegister in a group",
-                win_reg(comms[r], bufs[r], 1 << 16, &mut wins[r], SYMMETRIC),
-            )?;
+            for k in 0..2 {
+                check(
+                    "ncclCommWindowRegister in a group",
+                    win_reg(
+                        comms[r],
+                        bufs[r][k],
+                        (1 + k) << 16,
+                        &mut wins[r][k],
+                        SYMMETRIC,
+                    ),
+                )?;
+            }
         }
         check("ncclGroupEnd (window registrations)", group_end())?;
         for r in 0..2 {
-            let rec = wins[r] as u64;
-            let other = rd64(rec, 8) + (((1 - r) as u64 * rd32(rec, 24) as u64) << 32);
-            if (other as *const u32).read_volatile() != 500 + (1 - r) as u32 {
-                return Err(format!("rank {r} does not see rank {}'s window", 1 - r));
+            for k in 0..2 {
+                let rec = wins[r][k] as u64;
+                let other = rd64(rec, 8) + (((1 - r) as u64 * rd32(rec, 24) as u64) << 32);
+                let got = (other as *const u32).read_volatile();
+                if got != 500 + 10 * k as u32 + (1 - r) as u32 {
+                    return Err(format!(
+                        "rank {r}'s window {k} shows {got} where rank {}'s window {k} is",
+                        1 - r
+                    ));
+                }
             }
         }
         let reqs = requirements(23206, 2);
@@ -678,14 +699,18 @@ fn one_thread_two_ranks() -> Result<(), String> {
         }
         check("ncclGroupStart", group_start())?;
         for r in 0..2 {
-            check(
-                "ncclCommWindowDeregister in a group",
-                win_dereg(comms[r], wins[r]),
-            )?;
+            for k in 0..2 {
+                check(
+                    "ncclCommWindowDeregister in a group",
+                    win_dereg(comms[r], wins[r][k]),
+                )?;
+            }
         }
         check("ncclGroupEnd (deregistrations)", group_end())?;
         for r in 0..2 {
-            check("ncclMemFree", mem_free(bufs[r]))?;
+            for k in 0..2 {
+                check("ncclMemFree", mem_free(bufs[r][k]))?;
+            }
             check("ncclCommDestroy", destroy(comms[r]))?;
         }
     }

@@ -66,7 +66,7 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
         check_range(buff, size, win.is_null(), "win")?;
         let owner = mem_owner(buff, size);
         let win = win as usize;
-        crate::group::run_collective("ncclCommWindowRegister", move || {
+        crate::group::run_collective(&c.clone(), "ncclCommWindowRegister", move || {
             let h = register::register_window(&c, owner, size, winFlags)?;
             // SAFETY: non-null (checked); the caller's out-pointer, valid until the call (or
             // its group) ends.
@@ -104,7 +104,7 @@ pub unsafe extern "C" fn ncclCommWindowDeregister(comm: NcclComm, win: NcclWindo
     guard("ncclCommWindowDeregister", || {
         let c = lookup(comm)?;
         let w = win as usize;
-        crate::group::run_collective("ncclCommWindowDeregister", move || {
+        crate::group::run_collective(&c.clone(), "ncclCommWindowDeregister", move || {
             register::deregister(&c, w as *mut c_void, register::Kind::Window)
         })
     })

@@ -67,7 +67,7 @@ pub unsafe extern "C" fn ncclDevCommCreate(
         }
         if c.native.is_some() {
             let (r, o) = (reqs as usize, outDevComm as usize);
-            return crate::group::run_collective("ncclDevCommCreate", move || {
+            return crate::group::run_collective(&c.clone(), "ncclDevCommCreate", move || {
                 let n = c
                     .native
                     .as_ref()
