@@ -145,7 +145,9 @@ pub fn enter_real_group(lib: &'static RealNccl) -> Res<()> {
 
 /// A collective call left to the outermost `ncclGroupEnd`: its communicator (by address), its
 /// name, and its body.
-type Deferred = (usize, &'static str, Box<dyn FnOnce() -> Res<()> + Send>);
+type Deferred = (usize, &'static str, Body);
+/// The body of a deferred collective call.
+type Body = Box<dyn FnOnce() -> Res<()> + Send>;
 
 thread_local! {
     /// The collective calls of this thread's open group ([`run_collective`]), in call order.
@@ -169,7 +171,7 @@ pub fn run_collective(
         return body();
     }
     let key = Arc::as_ptr(comm) as usize;
-    GROUP_COLLECTIVES.with(|g| g.borrow_mut().push((key, what, Box::new(body))));
+    GROUP_COLLECTIVES.with(|g| g.borrow_mut().push((key, what, Box::new(body) as Body)));
     Ok(())
 }
 
@@ -179,10 +181,7 @@ fn end_group_collectives() -> Res<()> {
     if calls.is_empty() {
         return Ok(());
     }
-    let mut by_comm: Vec<(
-        usize,
-        Vec<(&'static str, Box<dyn FnOnce() -> Res<()> + Send>)>,
-    )> = Vec::new();
+    let mut by_comm: Vec<(usize, Vec<(&'static str, Body)>)> = Vec::new();
     for (key, what, body) in calls {
         match by_comm.iter_mut().find(|(k, _)| *k == key) {
             Some((_, list)) => list.push((what, body)),
