@@ -1468,20 +1468,28 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
             rank: rank as c_int,
             stride: 1,
         };
-        let mut h = [0u8; 64];
-        let mut req = [0u8; 256];
-        refused(
+        let mut h = [0xffu8; 8];
+        let mut req = [0xffu8; 56];
+        expect(
             "ncclGinBarrierCreateRequirement",
             gin_barrier(
                 comm,
                 team,
-                1,
+                3,
                 h.as_mut_ptr().cast(),
                 req.as_mut_ptr().cast(),
             ),
-            5,
-            &["ncclGinBarrierCreateRequirement"],
+            0,
         )?;
+        // 3 barriers of max(2, 2) signals; outGinSignalStart -> the handle's signal0.
+        let signals = i32::from_le_bytes(req[32..36].try_into().unwrap_or_default());
+        let start = u64::from_le_bytes(req[40..48].try_into().unwrap_or_default());
+        if signals != 6 || start != h.as_ptr() as u64 || h != [0; 8] || req[..32] != [0; 32] {
+            return Err(format!(
+                "ncclGinBarrierCreateRequirement: {signals} signals, start {start:#x} (handle at {:p}), handle {h:?}",
+                h.as_ptr()
+            ));
+        }
     }
 
     // parameters: an empty registry, answered as NCCL answers unknown keys

@@ -5,14 +5,16 @@
 //! create device communicators at every client layout served (2.29.2, 2.29.7, 2.30.7, 2.32.6)
 //! and check their fields, run the LSA barrier's protocol over the resource buffer as the
 //! headers' `ncclLsaBarrierSession` does (arrive: store `epoch + 1` into each peer's slot;
-//! wait: load one's own), and get the refusals of what is not served (GIN, multimem, 2.28
-//! clients) by code and message. Runs with `cargo test -p mscclpp-nccl --test devapi`.
+//! wait: load one's own), drive GIN through the library's proxy as device code does (descriptors
+//! posted into its queues, data, signals and counters checked), and get the refusals of what is
+//! not served (GIN of 2.29 clients and between hosts, multimem, 2.28 clients) by code and
+//! message. Runs with `cargo test -p mscclpp-nccl --test devapi`.
 
 #[macro_use]
 mod support;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mscclpp_nccl::abi::NcclUniqueId;
@@ -445,14 +447,7 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
 
         // What is not served is refused, naming it, on every rank alike.
         let mut dc = vec![0u8; 256];
-        let mut gin = requirements(23206, 1);
-        set32(&mut gin, 64, 2);
-        refused(
-            "GIN signals",
-            dev_create(comm, gin.as_ptr().cast(), dc.as_mut_ptr().cast()),
-            NCCL_INVALID_USAGE,
-            "GIN",
-        )?;
+        gin_through_the_proxy(&api, comm, rank, p as u64, rec, &sync)?;
         let mut mm = requirements(23206, 1);
         mm[32] = 1;
         refused(
@@ -516,6 +511,267 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         check("ncclCommDestroy", destroy(comm))?;
     }
     std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// A GIN descriptor as NCCL's device code writes it (2.30.7+ bit layout): every qword's bit 0
+/// set; `version` 3 fills the first 8 qwords only. (op, size, (srcOff, srcHandle) or the inline
+/// value, (dstOff, dstHandle), counter, signal, signal value.)
+#[allow(clippy::too_many_arguments)]
+fn gfd(
+    version: u64,
+    op: u64,
+    size: u64,
+    src: (u64, u64),
+    inline: Option<u64>,
+    dst: (u64, u64),
+    counter: u64,
+    signal: u64,
+    value: u64,
+) -> [u64; 16] {
+    let mut q = [1u64; 16];
+    q[0] = 1 | version << 1 | size << 7;
+    match inline {
+        Some(v) => {
+            q[1] = 1 | (v & 0xffff_ffff) << 8 | ((v >> 32) & 0xffff) << 40;
+            q[2] = 1 | (v >> 48) << 8;
+        }
+        None => {
+            q[1] = 1 | src.0 << 1;
+            q[2] = 1 | src.1 << 1;
+        }
+    }
+    q[3] = 1 | dst.0 << 1;
+    q[4] = 1 | dst.1 << 1;
+    q[5] = 1 | counter << 1 | signal << 24 | (value & 0xffff) << 48;
+    q[6] = 1 | ((value >> 16) & 0xffff) << 8 | (value >> 32) << 24;
+    q[7] = 1 | op << 8;
+    q
+}
+
+/// GIN through this library's proxy, with this test in the device's place (host backend: the
+/// device communicator's pointers are this process's memory): a device communicator of 2.32.6
+/// with GIN signals, counters and hybrid barriers; descriptors posted into the queues as
+/// `postGfd` writes them (a put with a signal add and a counter, an inline put with a signal
+/// increment, a flush); the data, signals, counters and `cis` checked against what was sent,
+/// destinations poisoned first; then a descriptor naming no memory raises the abort flag
+/// instead of hanging; then what GIN does not serve is refused, naming it.
+fn gin_through_the_proxy(
+    api: &Api,
+    comm: Comm,
+    rank: usize,
+    win_base: u64,
+    rec: u64,
+    sync: &dyn Fn() -> Result<(), String>,
+) -> Result<(), String> {
+    let check = |what: &str, got: c_int| api.check(what, got);
+    let peer = 1 - rank;
+    let (dev_create, dev_destroy) = (api.dev_create, api.dev_destroy);
+    let mut reqs = requirements(23206, 0);
+    set32(&mut reqs, 36, 2); // barrierCount: hybrid barriers
+    set32(&mut reqs, 64, 4); // ginSignalCount
+    set32(&mut reqs, 68, 2); // ginCounterCount
+    set32(&mut reqs, 72, 1); // ginConnectionType FULL
+    reqs[92] = 1; // ginStrongSignalsRequired
+    let mut dc = vec![0u8; 256];
+    // Poison where the peer's puts land: 4 KiB at 512 KiB + 64 KiB * peer, 8 bytes at 600 KiB.
+    let land = 512 * 1024 + 65536 * peer;
+    // SAFETY: this rank's window (at least 1 MiB), written before the peer may put into it.
+    unsafe {
+        std::ptr::write_bytes((win_base as usize + land) as *mut u8, 0xa5, 4096);
+        std::ptr::write_bytes((win_base as usize + 600 * 1024) as *mut u8, 0xa5, 8);
+    }
+    sync()?;
+    // SAFETY: valid requirements and out-struct.
+    check("ncclDevCommCreate (GIN)", unsafe {
+        dev_create(comm, reqs.as_ptr().cast(), dc.as_mut_ptr().cast())
+    })?;
+    let d = dc.as_ptr() as u64;
+    let u8at = |at: usize| dc[at];
+    let (contexts, signals, counters) = (rd32(d, 152), rd32(d, 136), rd32(d, 140));
+    // 4 of the user's, 2 hybrid dense barriers of 2 slots, 2 hybrid rail barriers of 2.
+    if (u8at(96), u8at(98), contexts, signals, counters) != (1, 2, 4, 12, 2)
+        || (rd32(d, 156), rd32(d, 160), u8at(164)) != (1, 1, 1)
+        || rd64(d, 104) == 0
+        || rd64(d, 144) == 0
+        || rd64(d, 168) == 0
+        || rd32(d, 180) != 2
+        || rd32(d, 64) != 4
+        || rd32(d, 184) != 8
+    {
+        return Err(format!(
+            "GIN devcomm: connections {} type {} contexts {contexts} signals {signals} counters {counters} strides {} {} strong {} hybrid LSA {} dense {} rail {}",
+            u8at(96),
+            u8at(98),
+            rd32(d, 156),
+            rd32(d, 160),
+            u8at(164),
+            rd32(d, 180),
+            rd32(d, 64),
+            rd32(d, 184)
+        ));
+    }
+    // The window's GIN handle (ginWins[0..4]), one segment.
+    let handle = rd64(rec, 40);
+    if handle == 0 || handle >= 1 << 63 || rd64(rec, 64) != handle || rd32(rec, 80) != 1 {
+        return Err(format!(
+            "window record: ginWins {handle:#x} .. {:#x}, numSegments {}",
+            rd64(rec, 64),
+            rd32(rec, 80)
+        ));
+    }
+    // Context 1 (structs of 80 bytes in 2.32.6).
+    let ctx = rd64(d, 104) + 80;
+    let (nranks, queue) = (rd32(ctx, 0) as u64, rd32(ctx, 4) as u64);
+    let (queues, cis, ctr, sig) = (rd64(ctx, 8), rd64(ctx, 24), rd64(ctx, 32), rd64(ctx, 40));
+    if nranks != 2 || !queue.is_power_of_two() || queues == 0 || sig == 0 || cis == 0 {
+        return Err(format!("context 1: nranks {nranks} queue {queue}"));
+    }
+    let post = |to: usize, index: u64, words: &[u64; 16], count: usize| {
+        let slot = queues + ((to as u64 * queue + index) * 128);
+        for i in (0..count).rev() {
+            // SAFETY: slot `index` of queue (1, to), host memory of the library.
+            unsafe { AtomicU64::from_ptr((slot + 8 * i as u64) as *mut u64) }
+                .store(words[i], Ordering::Release);
+        }
+    };
+    let src_off = 256 * 1024u64;
+    let value = 0x1122_3344_5566_7788u64 ^ rank as u64;
+    // A put of 4 KiB with SignalAdd(1, 5 + rank) and counter 1 (version 3: 8 qwords).
+    post(
+        peer,
+        0,
+        &gfd(
+            3,
+            0x01 | 0x10 | 0x04,
+            4096,
+            (src_off, handle),
+            None,
+            ((512 * 1024 + 65536 * rank) as u64, handle),
+            1,
+            1,
+            5 + rank as u64,
+        ),
+        8,
+    );
+    // An inline put of 8 bytes with SignalInc(0) (version 2: 16 qwords).
+    post(
+        peer,
+        1,
+        &gfd(
+            2,
+            0x01 | 0x02 | 0x08,
+            8,
+            (0, 0),
+            Some(value),
+            (600 * 1024, handle),
+            0,
+            0,
+            0,
+        ),
+        16,
+    );
+    // A flush on this rank's own queue.
+    post(rank, 0, &gfd(3, 0x80, 0, (0, 0), None, (0, 0), 0, 0, 0), 8);
+    let ci = |q: usize| {
+        // SAFETY: `cis[q]` of context 1, host memory of the library.
+        unsafe { AtomicU32::from_ptr((cis + 4 * q as u64) as *mut u32) }.load(Ordering::Acquire)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ci(peer) < 2 || ci(rank) < 1 {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the proxy finished {} of 2 descriptors to rank {peer} and {} of 1 to itself in 30 s",
+                ci(peer),
+                ci(rank)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The slots are zeroed for the device's next lap; counter 1 counts the put.
+    let slot0 = queues + peer as u64 * queue * 128;
+    if (0..16).any(|i| rd64(slot0, 8 * i) != 0) || rd64(ctr, 8) != 1 || rd64(ctr, 0) != 0 {
+        return Err(format!(
+            "after the proxy: slot not zeroed or counters {} {}",
+            rd64(ctr, 0),
+            rd64(ctr, 8)
+        ));
+    }
+    sync()?;
+    // What the peer sent landed here: its signals on context 1, its data, its inline value.
+    let (s0, s1) = (rd64(sig, 0), rd64(sig, 8));
+    if (s0, s1) != (1, 5 + peer as u64) {
+        return Err(format!(
+            "signals of context 1: {s0}, {s1} (want 1, {})",
+            5 + peer
+        ));
+    }
+    let data =
+        |r: usize, i: usize| (i as u32).wrapping_mul(2654435761) ^ (r as u32 * 0x01010101 + 7);
+    let first = src_off as usize / 4;
+    let bad = (0..1024)
+        .filter(|&i| rd32(win_base, land + 4 * i) != data(peer, first + i))
+        .count();
+    let inline = rd64(win_base, 600 * 1024);
+    if bad != 0 || inline != 0x1122_3344_5566_7788 ^ peer as u64 {
+        return Err(format!(
+            "rank {peer}'s put: {bad} of 1024 words wrong; inline {inline:#x}"
+        ));
+    }
+    // A descriptor naming no memory: the proxy raises the abort flag and stops, no hang.
+    let abort = rd64(d, 168);
+    post(
+        peer,
+        2,
+        &gfd(3, 0x01, 64, (0, 0x7777), None, (0, handle), 0, 0, 0),
+        8,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rd32(abort, 0) == 0 {
+        if Instant::now() > deadline {
+            return Err("a put naming GIN handle 0x7777: no abort flag in 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sync()?;
+    // SAFETY: the device communicator made above.
+    check("ncclDevCommDestroy (GIN)", unsafe {
+        dev_destroy(comm, dc.as_ptr().cast())
+    })?;
+
+    // What GIN does not serve, refused naming it.
+    let refused = |what: &str, reqs: &[u8], code: c_int, words: &str| -> Result<(), String> {
+        let mut dc = vec![0u8; 256];
+        // SAFETY: valid requirements and out-struct.
+        let got = unsafe { dev_create(comm, reqs.as_ptr().cast(), dc.as_mut_ptr().cast()) };
+        let m = api.message();
+        if got == code && m.contains(words) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what}: code {got} ({m}); expected {code} naming '{words}'"
+            ))
+        }
+    };
+    let mut old = requirements(22907, 0);
+    set32(&mut old, 64, 2);
+    set32(&mut old, 72, 1);
+    refused("GIN of a 2.29.7 client", &old, NCCL_INVALID_USAGE, "2.30.3")?;
+    let mut none = requirements(23206, 0);
+    set32(&mut none, 64, 2);
+    refused(
+        "GIN signals without a connection",
+        &none,
+        NCCL_INVALID_ARGUMENT,
+        "NCCL_GIN_CONNECTION_NONE",
+    )?;
+    let mut rail = requirements(23206, 0);
+    set32(&mut rail, 72, 2);
+    refused("RAIL connections", &rail, NCCL_INVALID_USAGE, "RAIL")?;
+    let mut many = requirements(23206, 0);
+    set32(&mut many, 72, 1);
+    set32(&mut many, 60, 64);
+    refused("64 GIN contexts", &many, NCCL_INVALID_USAGE, "at most 32")?;
     Ok(())
 }
 
@@ -598,6 +854,17 @@ fn hosts_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
             return Err(format!("ncclDevComm rank, nRanks, lsaRank, lsaSize: {f:?}"));
         }
         check("ncclDevCommDestroy", dev_destroy(comm, dc.as_ptr().cast()))?;
+        // GIN between the hosts: refused naming the team, on every rank alike (no hang).
+        let mut gin = requirements(23206, 0);
+        set32(&mut gin, 64, 2);
+        set32(&mut gin, 72, 1);
+        let rc = dev_create(comm, gin.as_ptr().cast(), dc.as_mut_ptr().cast());
+        let m = CStr::from_ptr(last_err(std::ptr::null_mut()))
+            .to_string_lossy()
+            .into_owned();
+        if rc != 5 || !m.contains("between hosts") {
+            return Err(format!("GIN across two hosts: code {rc} ({m})"));
+        }
         check("ncclCommWindowDeregister", win_dereg(comm, win))?;
         check("ncclMemFree", mem_free(p))?;
         check("ncclCommDestroy", destroy(comm))?;
@@ -767,6 +1034,6 @@ fn main() {
         fail(&format!("one thread, two ranks: {e}"));
     }
     println!(
-        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, refusals; 4 ranks on 2 simulated hosts: LSA teams per host; one thread driving 2 ranks through groups: every check passed"
+        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, GIN through the proxy, refusals; 4 ranks on 2 simulated hosts: LSA teams per host; one thread driving 2 ranks through groups: every check passed"
     );
 }

@@ -1,11 +1,15 @@
 //! `ncclDevCommCreate`/`ncclDevCommDestroy`: the requirements a client compiled read at its
 //! version's offsets, the resources laid out in one symmetric buffer (zeroed; LSA barriers
 //! first, then the client's own requirements, each at a 128-byte boundary as NCCL's handles
-//! count), and the `ncclDevComm` written at the client's layout. What is not served — GIN,
-//! multimem, CFT — is refused naming the field, before anything is allocated.
+//! count), and the `ncclDevComm` written at the client's layout. GIN gets its signal arrays in
+//! the resources and its proxy ([`super::gin`]). What is not served — multimem, CFT, GIN between
+//! hosts — is refused naming the field, before anything is allocated.
 
 use std::ffi::c_void;
 
+use std::sync::Arc;
+
+use super::gin;
 use super::layout::{self, DevCommLayout, DevCommValues, RESOURCE_UNIT, reqs};
 use super::space::{Mapped, Space};
 use crate::error::{Failure, Res};
@@ -22,16 +26,31 @@ unsafe fn field<T: Copy>(base: *const u8, size: usize, at: usize) -> Option<T> {
 /// Longest requirement list walked (a cycle in a client's list fails instead of looping).
 const MAX_LIST: usize = 1 << 16;
 
-/// One resource to place: bytes, alignment, where its handle goes.
+/// One resource to place: bytes, alignment, where its handle goes, its GIN signals and
+/// counters and where their first ids go.
 struct Resource {
     bytes: usize,
     align: usize,
     out: *mut u32,
+    gin: (u32, u32, *mut u32, *mut u32),
+}
+
+impl Resource {
+    fn plain(bytes: usize, align: usize, out: *mut u32) -> Resource {
+        Resource {
+            bytes,
+            align,
+            out,
+            gin: (0, 0, std::ptr::null_mut(), std::ptr::null_mut()),
+        }
+    }
 }
 
 /// A created device communicator: its resources, kept until destroyed.
 #[derive(Debug)]
 pub struct DevComm {
+    /// Its GIN proxy and memory (stopped before the resources are unmapped).
+    pub gin: Option<super::gin::Gin>,
     /// The resource buffer's symmetric mapping (`None` without resources).
     pub resources: Option<(Mapped, mscclpp::hal::DeviceBuffer)>,
 }
@@ -41,6 +60,11 @@ struct Asked {
     version: u32,
     layout: DevCommLayout,
     lsa_barriers: u32,
+    /// `barrierCount` (2.30 on: hybrid barriers).
+    barriers: u32,
+    /// `railGinBarrierCount`.
+    rail: u32,
+    gin: Option<GinAsk>,
     resources: Vec<Resource>,
 }
 
@@ -106,26 +130,28 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
             "ncclDevCommCreate: {name} {v} is negative"
         )));
     }
-    let no_gin = |what: &str| {
-        Failure::usage(format!(
-            "ncclDevCommCreate: {what} asks for GIN (GPU-initiated networking), which this library does not serve yet: \
-             ncclCommQueryProperties reports ginType NCCL_GIN_TYPE_NONE; LSA (load/store within the host) is served"
-        ))
+    let user_signals = get(reqs::GIN_SIGNAL_COUNT);
+    let user_counters = get(reqs::GIN_COUNTER_COUNT);
+    let world = if version >= 23000 {
+        get(reqs::WORLD_GIN_BARRIER_COUNT)
+    } else {
+        0
     };
-    let gin_fields = [
-        ("barrierCount", barriers),
-        ("railGinBarrierCount", rail),
-        ("ginSignalCount", get(reqs::GIN_SIGNAL_COUNT)),
-        ("ginCounterCount", get(reqs::GIN_COUNTER_COUNT)),
-        ("worldGinBarrierCount", get(reqs::WORLD_GIN_BARRIER_COUNT)),
-        ("ginConnectionType", get(reqs::GIN_CONNECTION_TYPE)),
-        ("ginCustomArrayCount", get(reqs::GIN_CUSTOM_ARRAY_COUNT)),
+    let connection = if version >= 22907 {
+        get(reqs::GIN_CONNECTION_TYPE)
+    } else {
+        0
+    };
+    let counts = [
+        ("ginSignalCount", user_signals),
+        ("ginCounterCount", user_counters),
+        ("worldGinBarrierCount", world),
+        ("ginContextCount", get(reqs::GIN_CONTEXT_COUNT)),
     ];
-    if let Some((name, v)) = gin_fields.iter().find(|(_, v)| *v != 0) {
-        return Err(no_gin(&format!("{name} {v}")));
-    }
-    if flag(reqs::GIN_FORCE_ENABLE) {
-        return Err(no_gin("ginForceEnable"));
+    if let Some((name, v)) = counts.iter().find(|(_, v)| *v < 0) {
+        return Err(Failure::argument(format!(
+            "ncclDevCommCreate: {name} {v} is negative"
+        )));
     }
     if flag(reqs::LSA_MULTIMEM) {
         return Err(Failure::usage(
@@ -179,7 +205,7 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
         }
         use reqs::resource as f;
         // SAFETY: a node of the client's list (56 bytes from 2.28.7 on).
-        let (next, bytes, align, out, signals, counters) = unsafe {
+        let (next, bytes, align, out, signals, counters, out_signal, out_counter) = unsafe {
             (
                 node.add(f::NEXT).cast::<*const u8>().read_unaligned(),
                 node.add(f::BUFFER_SIZE).cast::<u64>().read_unaligned(),
@@ -191,11 +217,17 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
                 node.add(f::GIN_COUNTER_COUNT)
                     .cast::<i32>()
                     .read_unaligned(),
+                node.add(f::OUT_GIN_SIGNAL_START)
+                    .cast::<*mut u32>()
+                    .read_unaligned(),
+                node.add(f::OUT_GIN_COUNTER_START)
+                    .cast::<*mut u32>()
+                    .read_unaligned(),
             )
         };
-        if signals != 0 || counters != 0 {
-            return Err(no_gin(&format!(
-                "a resource requirement of {signals} GIN signals and {counters} counters"
+        if signals < 0 || counters < 0 {
+            return Err(Failure::argument(format!(
+                "ncclDevCommCreate: a resource requirement of {signals} GIN signals and {counters} counters"
             )));
         }
         let bytes = usize::try_from(bytes)
@@ -210,33 +242,174 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
                 "ncclDevCommCreate: a resource alignment of {align} (a power of two is needed)"
             )));
         }
-        resources.push(Resource { bytes, align, out });
+        resources.push(Resource {
+            bytes,
+            align,
+            out,
+            gin: (signals as u32, counters as u32, out_signal, out_counter),
+        });
         node = next;
+    }
+    let asks_gin = user_signals > 0
+        || user_counters > 0
+        || world > 0
+        || rail > 0
+        || resources.iter().any(|r| r.gin.0 > 0 || r.gin.1 > 0);
+    let force = flag(reqs::GIN_FORCE_ENABLE);
+    let gin = match (connection, force) {
+        (0, false) if asks_gin => {
+            return Err(Failure::argument(
+                "ncclDevCommCreate: GIN signals, counters or GIN barriers are asked for with ginConnectionType NCCL_GIN_CONNECTION_NONE (set NCCL_GIN_CONNECTION_FULL)",
+            ));
+        }
+        (0, false) => None,
+        (0 | 1, _) => {
+            let ctx_stride = super::gin::context_stride(version)
+                .map_err(|e| Failure::usage(format!("ncclDevCommCreate: {e}")))?;
+            let ty = if version >= 23100 {
+                get(reqs::GIN_TYPE)
+            } else {
+                0
+            };
+            if ty != 0 && ty != i32::from(layout::GIN_TYPE_PROXY) {
+                return Err(Failure::usage(format!(
+                    "ncclDevCommCreate: ginType {ty} asked for; this library serves GIN of the proxy type ({})",
+                    layout::GIN_TYPE_PROXY
+                )));
+            }
+            let contexts = get(reqs::GIN_CONTEXT_COUNT).max(1) as usize;
+            if contexts > MAX_CONTEXTS {
+                return Err(Failure::usage(format!(
+                    "ncclDevCommCreate: ginContextCount {contexts}: this library serves at most {MAX_CONTEXTS} GIN contexts"
+                )));
+            }
+            let depth = if version >= 22907 {
+                get(reqs::GIN_QUEUE_DEPTH)
+            } else {
+                0
+            };
+            let queue = if depth > 0 {
+                (depth as usize).next_power_of_two().clamp(16, 1 << 16)
+            } else {
+                DEFAULT_QUEUE
+            };
+            Some(GinAsk {
+                ctx_stride,
+                contexts,
+                queue,
+                user_signals: user_signals as u32,
+                user_counters: user_counters as u32,
+                world: world as u32,
+                strong_legacy: version < 23007 || flag(reqs::GIN_STRONG_SIGNALS_REQUIRED),
+            })
+        }
+        (c, _) => {
+            return Err(Failure::usage(format!(
+                "ncclDevCommCreate: ginConnectionType {c} ({}): this library serves NCCL_GIN_CONNECTION_FULL (every rank of one host a GIN peer)",
+                match c {
+                    2 => "RAIL",
+                    3 => "CUSTOM_STRIDE",
+                    4 => "CUSTOM_ARRAY",
+                    _ => "unknown",
+                }
+            )));
+        }
+    };
+    if gin.is_none() && rail > 0 {
+        return Err(Failure::argument(
+            "ncclDevCommCreate: railGinBarrierCount asks for GIN",
+        ));
     }
     Ok(Asked {
         version,
         layout,
         lsa_barriers: lsa as u32,
+        barriers: barriers as u32,
+        rail: rail as u32,
+        gin,
         resources,
     })
+}
+
+/// Most GIN contexts served.
+const MAX_CONTEXTS: usize = 32;
+/// Slots per GIN queue unless the client asks (`ginQueueDepth`).
+const DEFAULT_QUEUE: usize = 256;
+
+/// What a client's GIN requirements ask for.
+struct GinAsk {
+    ctx_stride: usize,
+    contexts: usize,
+    queue: usize,
+    user_signals: u32,
+    user_counters: u32,
+    world: u32,
+    strong_legacy: bool,
 }
 
 /// `ncclDevCommCreate` on `space`: collective over the communicator.
 ///
 /// # Safety
 /// `r` points to the client's requirements; `out` to an `ncclDevComm` of the client's version.
-pub unsafe fn create(space: &Space, r: *const c_void, out: *mut c_void) -> Res<DevComm> {
+pub unsafe fn create(space: &Arc<Space>, r: *const c_void, out: *mut c_void) -> Res<DevComm> {
     // SAFETY: forwarded contract.
     let mut asked = unsafe { read(r.cast())? };
+    let comm = space.communicator();
+    let (rank, n) = (comm.rank(), comm.nranks());
     let lsa_size = space.team.len();
-    // The LSA barriers first: `(3 + lsaSize) * 4` bytes per barrier.
-    let mut lsa_handle = 0u32;
-    let lsa_bytes = (3 + lsa_size) * 4 * asked.lsa_barriers as usize;
-    let mut place = vec![Resource {
-        bytes: lsa_bytes,
-        align: 4,
-        out: &mut lsa_handle,
-    }];
+    if asked.gin.is_some() && lsa_size != n {
+        return Err(Failure::usage(format!(
+            "ncclDevCommCreate: GIN between hosts is not served yet: rank {rank}'s LSA team holds ranks {:?} of {n} (GIN is served where one host holds every rank)",
+            space.team
+        )));
+    }
+    // The LSA barriers first: `(3 + lsaSize) * 4` bytes per barrier; then the hybrid
+    // barriers' LSA part.
+    let lsa_barrier_bytes = |count: u32| (3 + lsa_size) * 4 * count as usize;
+    let (mut lsa_handle, mut hybrid_handle) = (0u32, 0u32);
+    let mut place = vec![Resource::plain(
+        lsa_barrier_bytes(asked.lsa_barriers),
+        4,
+        &mut lsa_handle,
+    )];
+    if asked.barriers > 0 {
+        place.push(Resource::plain(
+            lsa_barrier_bytes(asked.barriers),
+            4,
+            &mut hybrid_handle,
+        ));
+    }
+    // GIN: signal ids, the user's first (NCCL promises they start at 0), then each GIN
+    // barrier's, then each requirement's; the signal arrays and their shadows in the
+    // resources (the signals where every rank's proxy can add to them).
+    let mut ids = gin::Ids::default();
+    let mut gin_values = layout::GinValues::default();
+    let (mut signals_handle, mut shadows_handle) = (0u32, 0u32);
+    let gin_ask = asked.gin.take();
+    if let Some(g) = &gin_ask {
+        ids.signals(g.user_signals)?;
+        ids.counters(g.user_counters)?;
+        gin_values.world = ids.signals(gin::barrier_signals(g.world, n))?;
+        // The rail team of one host is one rank.
+        gin_values.rail = ids.signals(gin::barrier_signals(asked.rail, 1))?;
+        gin_values.hybrid_dense = ids.signals(gin::barrier_signals(asked.barriers, n))?;
+        gin_values.hybrid_rail = ids.signals(gin::barrier_signals(asked.barriers, 1))?;
+        for res in &asked.resources {
+            let (s, k, out_s, out_k) = res.gin;
+            let (first_s, first_k) = (ids.signals(s)?, ids.counters(k)?);
+            if !out_s.is_null() {
+                // SAFETY: `outGinSignalStart` of the client's requirement, valid for a write.
+                unsafe { out_s.write_unaligned(first_s) };
+            }
+            if !out_k.is_null() {
+                // SAFETY: `outGinCounterStart`, as above.
+                unsafe { out_k.write_unaligned(first_k) };
+            }
+        }
+        let bytes = g.contexts * ids.signals as usize * 8;
+        place.push(Resource::plain(bytes, 8, &mut signals_handle));
+        place.push(Resource::plain(bytes, 8, &mut shadows_handle));
+    }
     place.append(&mut asked.resources);
     let mut off = 0usize;
     let mut handles = Vec::with_capacity(place.len());
@@ -250,7 +423,6 @@ pub unsafe fn create(space: &Space, r: *const c_void, out: *mut c_void) -> Res<D
             .ok_or_else(|| Failure::argument("ncclDevCommCreate: resources overflow"))?;
     }
     let total = off.next_multiple_of(RESOURCE_UNIT);
-    let comm = space.communicator();
     let device = comm.device();
     let resources = if total > 0 {
         let sh = device
@@ -265,33 +437,75 @@ pub unsafe fn create(space: &Space, r: *const c_void, out: *mut c_void) -> Res<D
     } else {
         None
     };
-    // Every rank's resources are zeroed before any rank's kernel can arrive at a barrier.
-    comm.bootstrap().barrier()?;
     for (res, &h) in place.iter().zip(&handles) {
         if !res.out.is_null() {
             // SAFETY: `outBufferHandle` of the client's requirement (or ours), valid for a write.
             unsafe { res.out.write_unaligned(h) };
         }
     }
+    let gin = match (&gin_ask, &resources) {
+        (Some(g), Some((m, _))) => {
+            let at = |h: u32| h as usize * RESOURCE_UNIT;
+            let shape = gin::Shape {
+                contexts: g.contexts,
+                queue: g.queue,
+                signals: ids.signals as usize,
+                counters: ids.counters as usize,
+                ctx_stride: g.ctx_stride,
+                signals_at: at(signals_handle),
+            };
+            let started = gin::Gin::start(space, shape, m.offset)?;
+            gin_values.contexts_array = started.contexts.ptr().0;
+            gin_values.contexts = g.contexts as u32;
+            gin_values.signals = ids.signals;
+            gin_values.counters = ids.counters;
+            gin_values.shadows = space.flat(space.lsa_rank, m.offset + at(shadows_handle));
+            gin_values.strong_legacy = g.strong_legacy;
+            gin_values.abort_flag = started.abort.ptr().0;
+            gin_values.hybrid_lsa = (hybrid_handle, asked.barriers);
+            tracing::info!(
+                target: crate::debug::INIT,
+                "rank {rank}: GIN (proxy) with {} contexts of {} signals and {} counters, queues of {} slots",
+                g.contexts,
+                ids.signals,
+                ids.counters,
+                g.queue
+            );
+            Some(started)
+        }
+        _ => None,
+    };
+    // Every rank's resources are zeroed (and its proxy running) before any rank's kernel can
+    // arrive at a barrier or signal it.
+    comm.bootstrap().barrier()?;
     let (resource_window, resource) = match &resources {
         Some((m, _)) => (m.record.ptr().0, m.values),
         None => (0, Default::default()),
     };
     let values = DevCommValues {
         version: asked.version,
-        rank: comm.rank() as u32,
-        nranks: comm.nranks() as u32,
+        rank: rank as u32,
+        nranks: n as u32,
         lsa_rank: space.lsa_rank as u32,
         lsa_size: lsa_size as u32,
         window_table: space.table()?,
         resource_window,
         resource,
         lsa_barrier: (lsa_handle, asked.lsa_barriers),
+        gin: gin.is_some().then_some(gin_values),
     };
-    let bytes = values.bytes(asked.layout);
+    let mut bytes = values.bytes(asked.layout);
+    if gin.is_none() && asked.barriers > 0 {
+        // Hybrid barriers without GIN: their LSA part only (the rail team of one host is one
+        // rank, so its GIN part has no peer).
+        if let Some(at) = asked.layout.offsets().hybrid_lsa_barrier {
+            bytes[at..at + 4].copy_from_slice(&hybrid_handle.to_le_bytes());
+            bytes[at + 4..at + 8].copy_from_slice(&asked.barriers.to_le_bytes());
+        }
+    }
     // SAFETY: the client's `ncclDevComm` of its version: `bytes.len()` bytes.
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), bytes.len()) };
-    Ok(DevComm { resources })
+    Ok(DevComm { gin, resources })
 }
 
 /// The `resourceWindow` of the `ncclDevComm` at `d` (its layout told by its magic, as NCCL

@@ -156,6 +156,9 @@ pub struct WindowRecord {
     pub flags: u32,
     /// `lsaPeerDelta4G`: the device table of each world rank's distance, in 4 GiB.
     pub peer_delta: u64,
+    /// `ginWins[0..4]`: the GIN handle of the window's allocation (what the proxy resolves;
+    /// non-zero and below 2^63, or a put without a signal is never posted), 0 for none.
+    pub gin_handle: u64,
 }
 
 /// Bytes of the window record (2.32.6's, the superset).
@@ -179,6 +182,10 @@ pub mod record {
     pub const GIN_OFFSET4K: usize = 32;
     /// `winFlags` (2.32.3 on).
     pub const WIN_FLAGS: usize = 36;
+    /// `ginWins[4]` (`ginWinsDefaultBackend` from 2.31).
+    pub const GIN_WINS: usize = 40;
+    /// `numSegments` (2.30.7 on).
+    pub const NUM_SEGMENTS: usize = 80;
     /// `ucLeIdBase` (2.32.3 on).
     pub const UC_LE_ID_BASE: usize = 88;
     /// `lsaPeerDelta4G` (2.32.6 on).
@@ -198,8 +205,14 @@ impl WindowRecord {
         put32(&mut b, MC_OFFSET4K, self.mc_offset4k);
         put32(&mut b, GIN_OFFSET4K, self.gin_offset4k);
         put32(&mut b, WIN_FLAGS, self.flags);
-        // ginWins[4] (40), ginMultiSegmentWins (72), numSegments (80), cftFlatRank (84): no
-        // GIN, no CFT; no load/store entries.
+        // One GIN connection's handle in every slot; one segment (ginMultiSegmentWins stays
+        // NULL: read only with a backend index, which is 0). No CFT, no load/store entries.
+        if self.gin_handle != 0 {
+            for i in 0..4 {
+                put64(&mut b, GIN_WINS + 8 * i, self.gin_handle);
+            }
+            put32(&mut b, NUM_SEGMENTS, 1);
+        }
         put32(&mut b, UC_LE_ID_BASE, LE_ID_INVALID);
         put64(&mut b, LSA_PEER_DELTA4G, self.peer_delta);
         b
@@ -261,7 +274,41 @@ pub struct DevCommValues {
     pub resource: WindowRecord,
     /// `lsaBarrier`: (buffer handle, barriers).
     pub lsa_barrier: (u32, u32),
+    /// The GIN fields, where GIN was asked for.
+    pub gin: Option<GinValues>,
 }
+
+/// The GIN fields of an `ncclDevComm` (one connection, of the proxy type).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GinValues {
+    /// `ginHandles[0]`: the device array of per-context proxy structs.
+    pub contexts_array: u64,
+    /// `ginContextCount`.
+    pub contexts: u32,
+    /// `ginSignalCount`, `ginCounterCount` (every requirement's, the user's first).
+    pub signals: u32,
+    /// `ginCounterCount`.
+    pub counters: u32,
+    /// `ginSignalShadows`.
+    pub shadows: u64,
+    /// `ginStrongLegacySignals`.
+    pub strong_legacy: bool,
+    /// `abortFlag`.
+    pub abort_flag: u64,
+    /// `hybridLsaBarrier`: (buffer handle, barriers).
+    pub hybrid_lsa: (u32, u32),
+    /// `signal0` of `hybridDenseGinBarrier` (2.31+) / `hybridWorldGinBarrier` (2.30.5+).
+    pub hybrid_dense: u32,
+    /// `signal0` of `hybridRailGinBarrier`.
+    pub hybrid_rail: u32,
+    /// `signal0` of `railGinBarrier`.
+    pub rail: u32,
+    /// `signal0` of `worldGinBarrier`.
+    pub world: u32,
+}
+
+/// `NCCL_GIN_TYPE_PROXY` (`NCCL_NET_DEVICE_GIN_PROXY`).
+pub const GIN_TYPE_PROXY: u8 = 2;
 
 impl DevCommValues {
     /// The `ncclDevComm` of `layout`.
@@ -301,7 +348,53 @@ impl DevCommValues {
             put32(&mut b, l, LE_ID_INVALID);
             put32(&mut b, l + 4, LE_ID_INVALID);
         }
+        if let Some(g) = &self.gin {
+            self.put_gin(&mut b, layout, g);
+        }
         b
+    }
+
+    /// The GIN fields at `layout`'s offsets (2.30 and 2.31+; GIN is not served to 2.29).
+    fn put_gin(&self, b: &mut [u8], layout: DevCommLayout, g: &GinValues) {
+        // (hybrid dense/world, railGin, connection count, device types, handles, signal
+        // count, counter count, shadows, context count, strong legacy, abort, hybrid LSA,
+        // hybrid rail, world)
+        let at: [usize; 14] = match layout {
+            DevCommLayout::V2310 => [
+                64, 88, 96, 98, 104, 136, 140, 144, 152, 164, 168, 176, 184, 192,
+            ],
+            DevCommLayout::V2300 => [
+                112, 136, 144, 145, 152, 184, 188, 192, 200, 205, 208, 216, 224, 232,
+            ],
+            _ => return,
+        };
+        // 2.30.3/2.30.4 have no hybrid world barrier nor strong legacy signals (their bytes
+        // there are padding).
+        let old = layout == DevCommLayout::V2300 && self.version < 23005;
+        if !old {
+            put32(b, at[0], g.hybrid_dense);
+            b[at[9]] = u8::from(g.strong_legacy);
+        }
+        put32(b, at[1], g.rail);
+        b[at[2]] = 1;
+        b[at[3]] = GIN_TYPE_PROXY;
+        put64(b, at[4], g.contexts_array);
+        put32(b, at[5], g.signals);
+        put32(b, at[6], g.counters);
+        put64(b, at[7], g.shadows);
+        put32(b, at[8], g.contexts);
+        put64(b, at[10], g.abort_flag);
+        put32(b, at[11], g.hybrid_lsa.0);
+        put32(b, at[11] + 4, g.hybrid_lsa.1);
+        put32(b, at[12], g.hybrid_rail);
+        put32(b, at[13], g.world);
+        if layout == DevCommLayout::V2310 {
+            // backendIndex 0; connection and context strides 1 (every rank a GIN peer), the
+            // connection stride's reciprocal NCCL's idivRcp32(1).
+            put32(b, 156, 1);
+            put32(b, 160, 1);
+            put32(b, 200, rcp32(1));
+        }
     }
 }
 
@@ -327,12 +420,22 @@ pub mod reqs {
     pub const RAIL_GIN_BARRIER_COUNT: usize = 44;
     /// `bool ginForceEnable`.
     pub const GIN_FORCE_ENABLE: usize = 56;
+    /// `int ginContextCount` (a hint; NCCL's initializer says 4).
+    pub const GIN_CONTEXT_COUNT: usize = 60;
     /// `int ginSignalCount`.
     pub const GIN_SIGNAL_COUNT: usize = 64;
     /// `int ginCounterCount`.
     pub const GIN_COUNTER_COUNT: usize = 68;
     /// `ncclGinConnectionType_t ginConnectionType` (2.29.7 on).
     pub const GIN_CONNECTION_TYPE: usize = 72;
+    /// `int ginQueueDepth` (2.29.7 on).
+    pub const GIN_QUEUE_DEPTH: usize = 80;
+    /// `bool ginStrongSignalsRequired` (2.30.7 on).
+    pub const GIN_STRONG_SIGNALS_REQUIRED: usize = 92;
+    /// `int ginCustomStride` (2.31 on).
+    pub const GIN_CUSTOM_STRIDE: usize = 96;
+    /// `ncclGinType_t ginType` (2.31 on; NONE: any).
+    pub const GIN_TYPE: usize = 100;
     /// `int worldGinBarrierCount` (2.30 on).
     pub const WORLD_GIN_BARRIER_COUNT: usize = 88;
     /// `int cftCaps` (2.31 on).
@@ -357,6 +460,10 @@ pub mod reqs {
         pub const GIN_SIGNAL_COUNT: usize = 32;
         /// `int ginCounterCount`.
         pub const GIN_COUNTER_COUNT: usize = 36;
+        /// `uint32_t* outGinSignalStart`.
+        pub const OUT_GIN_SIGNAL_START: usize = 40;
+        /// `uint32_t* outGinCounterStart`.
+        pub const OUT_GIN_COUNTER_START: usize = 48;
         /// `sizeof`.
         pub const BYTES: usize = 56;
     }
@@ -419,6 +526,7 @@ mod tests {
                 ..Default::default()
             },
             lsa_barrier: (3, 16),
+            gin: None,
         };
         let get32 = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
         let get64 = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());

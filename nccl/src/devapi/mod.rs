@@ -6,10 +6,12 @@
 //! the client's own) in one zeroed symmetric buffer and writes the `ncclDevComm` ([`devcomm`]).
 //!
 //! Served: LSA (load/store access to every rank of the host through symmetric windows, LSA
-//! barriers, the window table, peer pointers). Refused, naming the field: GIN (GPU-initiated
-//! networking), multimem (NVLink multicast: never created on the lent machines), CFT.
+//! barriers, the window table, peer pointers) and GIN of the proxy type where one host holds
+//! every rank ([`gin`]). Refused, naming the field: GIN between hosts, multimem (NVLink
+//! multicast: never created on the lent machines), CFT.
 
 pub mod devcomm;
+pub mod gin;
 pub mod layout;
 pub mod space;
 

@@ -83,6 +83,8 @@ pub struct Space {
     /// `lsaPeerDelta4G` on the device.
     peer_delta: DeviceBuffer,
     tables: Mutex<Tables>,
+    /// Every mapped memory by its GIN handle: (offset in the slots, each member's length).
+    regions: Mutex<Vec<(u64, usize, Vec<usize>)>>,
 }
 
 #[derive(Debug, Default)]
@@ -171,12 +173,30 @@ impl Space {
             next: Mutex::new(0),
             peer_delta,
             tables: Mutex::new(Tables::default()),
+            regions: Mutex::new(Vec::new()),
         })
     }
 
     /// The communicator.
     pub fn communicator(&self) -> &Arc<Communicator> {
         &self.comm
+    }
+
+    /// The address of byte `offset` of LSA member `member`'s slot.
+    pub fn flat(&self, member: usize, offset: usize) -> u64 {
+        self.range.base().0 + (member * self.stride + offset) as u64
+    }
+
+    /// The GIN handle of the memory mapped at `offset` of the slots: the same on every rank
+    /// (registrations are collective and take the same offsets), non-zero, below 2^63.
+    fn gin_handle(offset: usize) -> u64 {
+        (offset >> 12) as u64 + 1
+    }
+
+    /// The memory a GIN handle names: its offset in the slots and each member's length.
+    pub fn gin_region(&self, handle: u64) -> Option<(usize, Vec<usize>)> {
+        let r = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        r.iter().find(|e| e.0 == handle).map(|e| (e.1, e.2.clone()))
     }
 
     /// `stride4G`.
@@ -301,6 +321,7 @@ impl Space {
             gin_offset4k: (off >> 12) as u32,
             flags,
             peer_delta: self.peer_delta.ptr().0,
+            gin_handle: Self::gin_handle(offset),
         };
         let record = self
             .comm
@@ -314,6 +335,11 @@ impl Space {
             t.entries.push((entry.0, entry.1, record.ptr().0));
             self.write_tables(&mut t)?;
         }
+        let lens_team: Vec<usize> = self.team.iter().map(|&r| lens[r]).collect();
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((values.gin_handle, offset, lens_team.clone()));
         let same = offs.iter().all(|&o| o == off as u64);
         let peers = (same && self.team.len() == n).then(|| {
             (0..n)
@@ -322,7 +348,7 @@ impl Space {
         });
         Ok(Mapped {
             offset,
-            lens: self.team.iter().map(|&r| lens[r]).collect(),
+            lens: lens_team,
             record,
             values,
             entry,
@@ -338,6 +364,10 @@ impl Space {
             t.entries.retain(|e| e.2 != rec);
             self.write_tables(&mut t)?;
         }
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|e| e.1 != m.offset);
         let mut first = Ok(());
         for (i, &len) in m.lens.iter().enumerate() {
             first = first.and(self.range.unmap(i * self.stride + m.offset, len));

@@ -108,7 +108,10 @@ pub unsafe extern "C" fn ncclDevCommDestroy(comm: NcclComm, devComm: *const c_vo
                     "devComm {devComm:p} was not made by ncclDevCommCreate on this communicator, or was destroyed already"
                 ))
             })?;
-            if let Some((m, _buf)) = d.resources {
+            let super::super::devapi::devcomm::DevComm { gin, resources } = d;
+            // The proxy stops before the memory it copies into leaves the space.
+            drop(gin);
+            if let Some((m, _buf)) = resources {
                 n.devapi.space(n.communicator())?.unmap(m)?;
             }
             return Ok(());

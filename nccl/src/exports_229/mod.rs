@@ -407,10 +407,20 @@ pub unsafe extern "C" fn ncclCommQueryProperties(
         put_int(offset_of!(CommProperties, nvml_dev), -1);
         put_bool(offset_of!(CommProperties, device_api_support), device_api);
         put_bool(offset_of!(CommProperties, multimem_support), false);
-        put_int(offset_of!(CommProperties, gin_type), NCCL_GIN_TYPE_NONE);
+        // GIN (proxy type) where one host holds every rank and the client's headers have the
+        // descriptor format this library serves (2.30.3 on; NCCL tells 2.29 clients NONE).
+        let gin = device_api
+            && lsa == Some(c.nranks)
+            && crate::devapi::gin::context_stride(version).is_ok();
+        let gin_type = if gin {
+            c_int::from(crate::devapi::layout::GIN_TYPE_PROXY)
+        } else {
+            NCCL_GIN_TYPE_NONE
+        };
+        put_int(offset_of!(CommProperties, gin_type), gin_type);
         if version >= 23100 {
-            // 2.31's fields (no GIN: its minimum stride, connection type and support all
-            // none), and 2.32's CFT flags (none).
+            // 2.31's fields (GIN: a minimum stride of 1, FULL connections, the proxy type
+            // supported), and 2.32's CFT flags (none).
             use crate::devapi::layout::props;
             if fits(props::COMM_HASH, 8) {
                 // SAFETY: within the caller's `size` bytes, at the field's (aligned) offset.
@@ -420,10 +430,13 @@ pub unsafe extern "C" fn ncclCommQueryProperties(
                         .write(Arc::as_ptr(&c) as u64)
                 };
             }
-            put_int(props::GIN_MIN_STRIDE, 0);
-            put_int(props::GIN_CONNECTION_TYPE, 0);
+            put_int(props::GIN_MIN_STRIDE, c_int::from(gin));
+            put_int(props::GIN_CONNECTION_TYPE, c_int::from(gin));
             for i in 0..64 {
-                put_bool(props::GIN_SUPPORT + i, false);
+                put_bool(
+                    props::GIN_SUPPORT + i,
+                    gin && i == usize::from(crate::devapi::layout::GIN_TYPE_PROXY),
+                );
             }
             if fits(props::DEV_COMM_RUNTIME_VERSION_SIZE, 8) {
                 // SAFETY: as above. The size of the newest ncclDevComm (2.31's on).
@@ -445,10 +458,7 @@ pub unsafe extern "C" fn ncclCommQueryProperties(
                 lsa.map_or(0, |s| (c.nranks / s) as c_int),
             );
             put_bool(offset_of!(CommProperties, host_rma_support), false);
-            put_int(
-                offset_of!(CommProperties, railed_gin_type),
-                NCCL_GIN_TYPE_NONE,
-            );
+            put_int(offset_of!(CommProperties, railed_gin_type), gin_type);
         }
         Ok(())
     })

@@ -189,24 +189,51 @@ fn refuse_device_pointer(
 }
 
 /// `ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam_t team, int
-/// nBarriers, ncclGinBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq)` (NCCL
-/// 2.28 device API, GPU-initiated networking): not supported (`ncclInvalidUsage`).
+/// nBarriers, ncclGinBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq)` (NCCL's
+/// device API, GPU-initiated networking): a requirement of `nBarriers * max(team.nRanks, 2)`
+/// GIN signals (what NCCL's device code of 2.30 to 2.32.6 indexes), whose first id
+/// `ncclDevCommCreate` writes into the handle's `signal0`.
 ///
 /// # Safety
-/// `comm` is a handle (checked); nothing is written.
+/// `comm` is a handle (checked); `outHandle` (8 bytes) and `outReq` (56 bytes) must be valid
+/// for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGinBarrierCreateRequirement(
     comm: NcclComm,
-    _team: NcclTeam,
-    _nBarriers: c_int,
-    _outHandle: *mut c_void,
-    _outReq: *mut c_void,
+    team: NcclTeam,
+    nBarriers: c_int,
+    outHandle: *mut c_void,
+    outReq: *mut c_void,
 ) -> NcclResult {
     guard("ncclGinBarrierCreateRequirement", || {
         lookup(comm)?;
-        Err(Failure::usage(
-            "NCCL's GPU-initiated networking (GIN) is not supported by this library",
-        ))
+        if outHandle.is_null() || outReq.is_null() {
+            return Err(Failure::argument("outHandle or outReq is NULL"));
+        }
+        if nBarriers < 0 || team.n_ranks < 1 {
+            return Err(Failure::argument(format!(
+                "{nBarriers} barriers over a team of {} ranks",
+                team.n_ranks
+            )));
+        }
+        let signals = crate::devapi::gin::barrier_signals(nBarriers as u32, team.n_ranks as usize);
+        use crate::devapi::layout::reqs::resource as f;
+        let h = outHandle.cast::<u32>();
+        // SAFETY: the caller's handle (`signal0`, unused) and requirement (56 bytes), zeroed
+        // first as NCCL does.
+        unsafe {
+            h.write_unaligned(0);
+            h.add(1).write_unaligned(0);
+            let r = outReq.cast::<u8>();
+            std::ptr::write_bytes(r, 0, f::BYTES);
+            r.add(f::GIN_SIGNAL_COUNT)
+                .cast::<i32>()
+                .write_unaligned(signals as i32);
+            r.add(f::OUT_GIN_SIGNAL_START)
+                .cast::<*mut u32>()
+                .write_unaligned(h);
+        }
+        Ok(())
     })
 }
 
