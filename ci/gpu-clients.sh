@@ -289,6 +289,9 @@ NT_MODES=(
   "D1R2|-D 1 -R 2|dev|1"
   "D2R2|-D 2 -R 2|dev|1"
   "D1R2G3|-D 1 -R 2 -G 3|dev|1"
+  "D3R2|-D 3 -R 2|gin|1"
+  "D4R2|-D 4 -R 2|gin|1"
+  "D3R2G3|-D 3 -R 2 -G 3|gin|1"
   "t2|-t 2|core|2"
   "g2|-g 2|core|2"
 )
@@ -367,7 +370,10 @@ nt_case() {
     dev=(-x NCCL_TESTS_DEVICE=0)
     if [ "$per" -gt 1 ]; then note="every process on devices 0..$((per - 1))"; else note="ranks share device 0"; fi
   fi
-  case $slug in D*) note="$note; NCCL's device API (LSA), nccl-tests built against NCCL >= 2.29 headers" ;; esac
+  case $slug in
+    D3*|D4*) note="$note; NCCL's device API (GIN, proxy type), nccl-tests built against NCCL >= 2.30.3 headers" ;;
+    D*) note="$note; NCCL's device API (LSA), nccl-tests built against NCCL >= 2.29 headers" ;;
+  esac
   local sizes=("${NT_SIZES[@]}")
   [ "$slug" = dall_oall ] && sizes=(-b 8 -e 64K -f 64 -n 2 -w 1 -c 1)
   # shellcheck disable=SC2086  # flags split on purpose
@@ -544,6 +550,7 @@ for N in "${RANK_LIST[@]}"; do
     case $set in
       core) bins=("${NT_CORE[@]}") ;;
       dev) bins=(all_reduce alltoall) ;;   # the binaries with a device implementation (-D 1 = LSA)
+      gin) bins=(alltoall) ;;              # GIN (-D 3) and hybrid LSA+GIN (-D 4): alltoall's
     esac
     for b in "${bins[@]}"; do nt_case "$b" "$slug" "$flags" "$N" "$per"; done
   done

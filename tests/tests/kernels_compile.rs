@@ -1,6 +1,7 @@
 //! Compiles every kernel module the library owns — the collectives' (`mscclpp-collectives`), the
 //! benchmark kernels (`mscclpp-perf`), the conformance kernels (this crate), the device-API check
-//! and the execution-plan interpreter (`mscclpp-executor`) —
+//! the execution-plan interpreter (`mscclpp-executor`) and the GIN proxy's signal add
+//! (`mscclpp-nccl`) —
 //! through each GPU backend's own run-time compile path (NVRTC for sm_80, sm_90 and sm_100;
 //! hipRTC for gfx90a and gfx908) and with `hipcc` from the files on disk, failing on errors and
 //! on warnings. No device is needed. Without the compiler a test is reported ignored with the
@@ -30,6 +31,7 @@ fn modules() -> Vec<&'static KernelModule> {
     all.push(&mscclpp_conformance::kernels::MODULE);
     all.push(&mscclpp_gpu::device_api::DEVICE_API_CHECK);
     all.push(&mscclpp_executor::kernel::EXECUTOR_MODULE);
+    all.push(&mscclpp_nccl::devapi::gin::MODULE);
     all
 }
 

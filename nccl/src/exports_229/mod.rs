@@ -20,7 +20,7 @@
 //! | `ncclParam*` | 2.30.4 | native: an empty parameter registry |
 //! | `ncclResetDebugInit` | 2.24 | a no-op |
 //! | `ncclCommQueryProperties` (`nccl_device/core.h`) | 2.29 | native: what we know, size/magic/version respected |
-//! | `ncclGet{Lsa,Peer,LsaMultimem,Multimem}DevicePointer`, `ncclGinBarrierCreateRequirement` | 2.28/2.29 | `ncclInvalidUsage` |
+//! | `ncclGet{Lsa,Peer,LsaMultimem,Multimem}DevicePointer` | 2.28/2.29 | `ncclInvalidUsage` |
 //!
 //! The real NCCL's binding (`mscclpp-nccl-real`) binds NCCL 2.28's functions only, so nothing
 //! here forwards to it: a communicator the real NCCL made gets the same answers (or errors) as a
