@@ -135,20 +135,28 @@ impl Gfd {
     /// Decodes the qwords of one slot (flag bits set; reserved bits masked).
     pub fn decode(q: &[u64; 16]) -> Gfd {
         let h = |w: u64| w >> 1;
+        let op = (q[7] >> 8) & 0xFFFF;
+        // An inline put carries its value where a put carries its source.
+        let (src, inline) = if op & op::INLINE != 0 {
+            let v = ((q[1] >> 8) & 0xFFFF_FFFF)
+                | ((q[1] >> 40) & 0xFFFF) << 32
+                | ((q[2] >> 8) & 0xFFFF) << 48;
+            ((0, 0), v)
+        } else {
+            ((h(q[1]), h(q[2])), 0)
+        };
         Gfd {
             version: ((q[0] >> 1) & 0xF) as u32,
             size: q[0] >> 7,
-            op: (q[7] >> 8) & 0xFFFF,
-            src: (h(q[1]), h(q[2])),
+            op,
+            src,
             dst: (h(q[3]), h(q[4])),
             counter: ((q[5] >> 1) & 0x7F_FFFF) as u32,
             signal: ((q[5] >> 24) & 0xFF_FFFF) as u32,
             signal_value: (q[5] >> 48)
                 | ((q[6] >> 8) & 0xFFFF) << 16
                 | ((q[6] >> 24) & 0xFFFF_FFFF) << 32,
-            inline: ((q[1] >> 8) & 0xFFFF_FFFF)
-                | ((q[1] >> 40) & 0xFFFF) << 32
-                | ((q[2] >> 8) & 0xFFFF) << 48,
+            inline,
         }
     }
 
@@ -661,9 +669,7 @@ mod tests {
             inline: 0x0102_0304_0506_0708,
             ..g
         };
-        let d = Gfd::decode(&v.encode());
-        assert_eq!(d.inline, v.inline);
-        assert_eq!(d.op, v.op);
+        assert_eq!(Gfd::decode(&v.encode()), v);
     }
 
     #[test]

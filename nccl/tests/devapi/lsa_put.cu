@@ -3,7 +3,9 @@
 // ncclGetLsaPointer, between two LSA barriers, for several launches with new values (the
 // barriers' epochs persist across launches); then each rank checks that every slot holds the
 // block its owner put. A second kernel does the same through ncclGetPeerPointer and world
-// ranks. Built by nccl/tests/devapi_kernel.rs with nvcc; usage: lsa_put RANK NRANKS DIR.
+// ranks; a third (headers of 2.30.3 or newer) through GIN: puts with a signal increment, a wait
+// for every peer's signal, a flush. Built by nccl/tests/devapi_kernel.rs with nvcc; usage:
+// lsa_put RANK NRANKS DIR.
 #include <nccl.h>
 #include <nccl_device.h>
 #include <cuda_runtime.h>
@@ -46,6 +48,31 @@ __global__ void peerPut(ncclDevComm dc, ncclWindow_t win, int round) {
   bar.sync(ncclCoopCta(), cuda::memory_order_release);
 }
 
+#if NCCL_VERSION_CODE >= 23003
+#define HAVE_GIN 1
+// Writes this rank's block into its own slot, then puts it into the same slot of every other
+// rank over GIN with a signal increment, and waits until every other rank's put has signalled.
+__global__ void ginPut(ncclDevComm dc, ncclWindow_t win, int round) {
+  ncclGin gin{dc, 0};
+  uint64_t before = gin.readSignal(0);
+  ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), dc, ncclTeamLsa(dc), dc.lsaBarrier, blockIdx.x};
+  bar.sync(ncclCoopCta(), cuda::memory_order_acquire);
+  size_t bytes = kPer * sizeof(int);
+  int* mine = (int*)ncclGetLsaPointer(win, (size_t)dc.rank * bytes, dc.lsaRank);
+  for (size_t i = threadIdx.x; i < kPer; i += blockDim.x) mine[i] = value(dc.rank, i, round);
+  __syncthreads();
+  for (int peer = threadIdx.x; peer < dc.nRanks; peer += blockDim.x)
+    if (peer != dc.rank)
+      gin.put(ncclTeamWorld(dc), peer, win, (size_t)dc.rank * bytes, win, (size_t)dc.rank * bytes, bytes,
+              ncclGin_SignalInc{0});
+  gin.waitSignal(ncclCoopCta(), 0, before + dc.nRanks - 1);
+  gin.flush(ncclCoopCta());
+  bar.sync(ncclCoopCta(), cuda::memory_order_release);
+}
+#else
+#define HAVE_GIN 0
+#endif
+
 int main(int argc, char** argv) {
   int rank = argc > 1 ? atoi(argv[1]) : -1;
   if (argc != 4) { fprintf(stderr, "usage: lsa_put RANK NRANKS DIR\n"); return 2; }
@@ -79,30 +106,44 @@ int main(int argc, char** argv) {
   NK(ncclCommWindowRegister(comm, buf, bytes, &win, NCCL_WIN_COLL_SYMMETRIC));
   ncclDevCommRequirements reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
   reqs.lsaBarrierCount = kBlocks;
+  int kinds = 2;
+#if HAVE_GIN
+  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
+  NK(ncclCommQueryProperties(comm, &props));
+  if (props.ginType == NCCL_GIN_TYPE_NONE) { fprintf(stderr, "rank %d: ginType NONE on one host\n", rank); return 1; }
+  reqs.ginSignalCount = 1;
+  reqs.ginConnectionType = NCCL_GIN_CONNECTION_FULL;
+  kinds = 3;
+#endif
   ncclDevComm dc;
   NK(ncclDevCommCreate(comm, &reqs, &dc));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<int> host(nranks * kPer);
   int rounds = 0;
-  for (int kind = 0; kind < 2; kind++) {
+  const char* names[3] = {"lsaPut", "peerPut", "ginPut"};
+  for (int kind = 0; kind < kinds; kind++) {
     for (int round = 0; round < 5; round++, rounds++) {
       if (kind == 0) lsaPut<<<kBlocks, 256, 0, s>>>(dc, win, round);
-      else peerPut<<<kBlocks, 256, 0, s>>>(dc, win, round);
+      else if (kind == 1) peerPut<<<kBlocks, 256, 0, s>>>(dc, win, round);
+#if HAVE_GIN
+      else ginPut<<<1, 256, 0, s>>>(dc, win, round + 10);
+#endif
       CK(cudaGetLastError());
       CK(cudaStreamSynchronize(s));
       CK(cudaMemcpy(host.data(), buf, bytes, cudaMemcpyDeviceToHost));
       size_t bad = 0;
       for (int o = 0; o < nranks; o++)
         for (size_t i = 0; i < kPer; i++)
-          if (host[o * kPer + i] != o * 1000003 + (int)i * 7 + round * 31) bad++;
-      if (bad) { fprintf(stderr, "rank %d: %s round %d: %zu of %zu ints wrong\n", rank, kind ? "peerPut" : "lsaPut", round, bad, nranks * kPer); return 1; }
+          if (host[o * kPer + i] != o * 1000003 + (int)i * 7 + (round + (kind == 2 ? 10 : 0)) * 31) bad++;
+      if (bad) { fprintf(stderr, "rank %d: %s round %d: %zu of %zu ints wrong\n", rank, names[kind], round, bad, nranks * kPer); return 1; }
     }
   }
   NK(ncclDevCommDestroy(comm, &dc));
   NK(ncclCommWindowDeregister(comm, win));
   NK(ncclMemFree(buf));
   NK(ncclCommDestroy(comm));
-  printf("rank %d: %d launches of two kernels over NCCL's device API, every slot right\n", rank, rounds);
+  printf("rank %d: %d launches of %d kernels over NCCL's device API%s, every slot right\n", rank, rounds, kinds,
+         kinds == 3 ? " (LSA, peer pointers, GIN)" : " (LSA, peer pointers)");
   return 0;
 }
