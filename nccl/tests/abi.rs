@@ -1253,9 +1253,9 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
         p.host_rma,
         p.railed_gin,
     );
-    // The device API (LSA) is served: the host backend has shareable memory; both ranks share
-    // one host, so one LSA team; no multicast, no GIN.
-    if got != (rank as c_int, 2, dev, -1, true, false, 0, 1, false, 0) {
+    // The device API is served: the host backend has shareable memory; both ranks share one
+    // host, so one LSA team, and GIN of the proxy type (2); no multicast.
+    if got != (rank as c_int, 2, dev, -1, true, false, 2, 1, false, 2) {
         return Err(format!("ncclCommQueryProperties (2.30 struct): {p:?}"));
     }
     let mut p = fresh(40, 22902);
