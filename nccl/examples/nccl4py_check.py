@@ -898,10 +898,10 @@ def worker(rank, world, path, mechanism, expect, qs, res_q, case_timeout):
         w0 = comm.team_rank_to_world(t, 0)  # ncclTeamRankToWorld
         if w0 != 0:
             raise AssertionError(f"ncclTeamRankToWorld(world team, 0) = {w0}")
-        # One host: one LSA team of every rank; the device API (LSA) served, GIN and
-        # multicast not (the properties say so, and a GIN request is refused naming it).
+        # One host: one LSA team of every rank; the device API served, LSA and GIN of the proxy
+        # type; multicast not (the properties say so).
         p = comm.properties
-        if not p.device_api_support or p.n_lsa_teams != 1 or p.multimem_support or p.gin_type.name != "NONE":
+        if not p.device_api_support or p.n_lsa_teams != 1 or p.multimem_support or p.gin_type.name != "PROXY":
             raise AssertionError(f"ncclCommQueryProperties: {p}")
         lsa = comm.team_lsa  # ncclTeamLsa
         if (lsa.n_ranks, lsa.rank, lsa.stride) != (world, rank, 1):
@@ -922,13 +922,29 @@ def worker(rank, world, path, mechanism, expect, qs, res_q, case_timeout):
                 raise AssertionError(f"ncclDevComm fields {got}")
         finally:
             r.close()  # ncclDevCommDestroy
+        # GIN with FULL connections: the devcomm's GIN fields (one connection of the proxy
+        # type, the user's signals and counters at least).
+        g = comm.create_dev_comm(nc.NCCLDevCommRequirements(
+            gin_signal_count=3, gin_counter_count=2,
+            gin_connection_type=nc.NcclGinConnectionType.FULL))
+        try:
+            raw = ctypes.string_at(g.ptr, 248)
+            conns, kind = raw[96], raw[98]
+            handles, = struct.unpack_from("<Q", raw, 104)
+            nsig, nctr = struct.unpack_from("<ii", raw, 136)
+            got = (conns, kind, handles != 0, nsig >= 3, nctr)
+            if got != (1, 2, True, True, 2):
+                raise AssertionError(f"GIN ncclDevComm fields {got}")
+        finally:
+            g.close()
+        # GIN signals without a connection type: refused naming it, as NCCL refuses them.
         try:
             comm.create_dev_comm(nc.NCCLDevCommRequirements(gin_signal_count=1))
-            raise AssertionError("a GIN request was accepted")
+            raise AssertionError("GIN signals with connection type NONE were accepted")
         except NCCLError:
-            if "GIN" not in comm.get_last_error():
-                raise AssertionError(f"a GIN request refused without naming GIN: {comm.get_last_error()}")
-        return "world, LSA and rail teams; a device communicator of 4 LSA barriers; GIN refused naming it"
+            if "NCCL_GIN_CONNECTION_NONE" not in comm.get_last_error():
+                raise AssertionError(f"GIN without a connection refused without naming it: {comm.get_last_error()}")
+        return "world, LSA and rail teams; a device communicator of 4 LSA barriers; one of GIN (proxy); GIN without a connection refused naming it"
 
     def c_bad_argument():
         n = 16
