@@ -462,7 +462,6 @@ pub unsafe fn create(space: &Arc<Space>, r: *const c_void, out: *mut c_void) -> 
             gin_values.shadows = space.flat(space.lsa_rank, m.offset + at(shadows_handle));
             gin_values.strong_legacy = g.strong_legacy;
             gin_values.abort_flag = started.abort.ptr().0;
-            gin_values.hybrid_lsa = (hybrid_handle, asked.barriers);
             tracing::info!(
                 target: crate::debug::INIT,
                 "rank {rank}: GIN (proxy) with {} contexts of {} signals and {} counters, queues of {} slots",
@@ -492,17 +491,12 @@ pub unsafe fn create(space: &Arc<Space>, r: *const c_void, out: *mut c_void) -> 
         resource_window,
         resource,
         lsa_barrier: (lsa_handle, asked.lsa_barriers),
+        // With or without GIN (the rail team of one host is one rank, so the GIN part of a
+        // hybrid barrier has no peer there).
+        hybrid_lsa_barrier: (hybrid_handle, asked.barriers),
         gin: gin.is_some().then_some(gin_values),
     };
-    let mut bytes = values.bytes(asked.layout);
-    if gin.is_none() && asked.barriers > 0 {
-        // Hybrid barriers without GIN: their LSA part only (the rail team of one host is one
-        // rank, so its GIN part has no peer).
-        if let Some(at) = asked.layout.offsets().hybrid_lsa_barrier {
-            bytes[at..at + 4].copy_from_slice(&hybrid_handle.to_le_bytes());
-            bytes[at + 4..at + 8].copy_from_slice(&asked.barriers.to_le_bytes());
-        }
-    }
+    let bytes = values.bytes(asked.layout);
     // SAFETY: the client's `ncclDevComm` of its version: `bytes.len()` bytes.
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), bytes.len()) };
     Ok(DevComm { gin, resources })

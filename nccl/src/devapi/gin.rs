@@ -160,9 +160,10 @@ impl Gfd {
         }
     }
 
-    /// Encodes (what the device's `postGfd` writes; for tests and the host emulation of a
-    /// device client): `version` 2 or 3 qword layout, flag bits set.
-    pub fn encode(&self) -> [u64; 16] {
+    /// Encodes (what the device's `postGfd` writes): `version` 2 or 3 qword layout, flag bits
+    /// set.
+    #[cfg(test)]
+    fn encode(&self) -> [u64; 16] {
         let mut q = [1u64; 16];
         q[0] = 1 | u64::from(self.version & 0xF) << 1 | self.size << 7;
         let inline = self.op & op::INLINE != 0;
@@ -543,20 +544,21 @@ impl Proxy {
         (off, handle): (u64, u64),
         bytes: u64,
     ) -> Res<mscclpp::hal::BufferSlice> {
-        if !self.wrapped.contains_key(&(member, handle)) {
-            let (offset, lens) = self.space.gin_region(handle).ok_or_else(|| {
-                Failure::internal(format!("GIN handle {handle:#x} names no symmetric memory"))
-            })?;
-            let len = *lens.get(member).ok_or_else(|| {
-                Failure::internal(format!("rank {member} is not in the LSA team"))
-            })?;
-            let at = DevicePtr(self.space.flat(member, offset));
-            // SAFETY: `len` bytes of `member`'s copy, mapped in this process's space while the
-            // memory stays registered (the device communicator is destroyed first).
-            let b = unsafe { self.space.communicator().device().wrap_external(at, len)? };
-            self.wrapped.insert((member, handle), b);
-        }
-        let b = &self.wrapped[&(member, handle)];
+        let b = match self.wrapped.entry((member, handle)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let (offset, lens) = self.space.gin_region(handle).ok_or_else(|| {
+                    Failure::internal(format!("GIN handle {handle:#x} names no symmetric memory"))
+                })?;
+                let len = *lens.get(member).ok_or_else(|| {
+                    Failure::internal(format!("rank {member} is not in the LSA team"))
+                })?;
+                let at = DevicePtr(self.space.flat(member, offset));
+                // SAFETY: `len` bytes of `member`'s copy, mapped in this process's space while
+                // the memory stays registered (the device communicator is destroyed first).
+                e.insert(unsafe { self.space.communicator().device().wrap_external(at, len)? })
+            }
+        };
         let end = off.checked_add(bytes).filter(|&e| e <= b.len() as u64);
         match end {
             Some(e) => Ok(b.slice(off as usize..e as usize)?),
@@ -616,25 +618,22 @@ pub struct Ids {
 impl Ids {
     /// Takes `n` signals; returns the first.
     pub fn signals(&mut self, n: u32) -> Res<u32> {
-        let first = self.signals;
-        self.signals = self
-            .signals
-            .checked_add(n)
-            .filter(|&s| s < 1 << 24)
-            .ok_or_else(|| Failure::argument("ncclDevCommCreate: more than 2^24 GIN signals"))?;
-        Ok(first)
+        take_ids(&mut self.signals, n, 1 << 24, "signals")
     }
 
     /// Takes `n` counters; returns the first.
     pub fn counters(&mut self, n: u32) -> Res<u32> {
-        let first = self.counters;
-        self.counters = self
-            .counters
-            .checked_add(n)
-            .filter(|&s| s < 1 << 23)
-            .ok_or_else(|| Failure::argument("ncclDevCommCreate: more than 2^23 GIN counters"))?;
-        Ok(first)
+        take_ids(&mut self.counters, n, 1 << 23, "counters")
     }
+}
+
+/// Takes `n` ids from `next`, below `limit` (the width of the descriptor's id field).
+fn take_ids(next: &mut u32, n: u32, limit: u32, what: &str) -> Res<u32> {
+    let first = *next;
+    *next = next.checked_add(n).filter(|&s| s < limit).ok_or_else(|| {
+        Failure::argument(format!("ncclDevCommCreate: {limit} or more GIN {what}"))
+    })?;
+    Ok(first)
 }
 
 /// Signals a GIN barrier of `n` barriers over a team of `team` ranks takes.

@@ -274,6 +274,8 @@ pub struct DevCommValues {
     pub resource: WindowRecord,
     /// `lsaBarrier`: (buffer handle, barriers).
     pub lsa_barrier: (u32, u32),
+    /// `hybridLsaBarrier` (2.30 on): the LSA part of `barrierCount`'s hybrid barriers.
+    pub hybrid_lsa_barrier: (u32, u32),
     /// The GIN fields, where GIN was asked for.
     pub gin: Option<GinValues>,
 }
@@ -295,8 +297,6 @@ pub struct GinValues {
     pub strong_legacy: bool,
     /// `abortFlag`.
     pub abort_flag: u64,
-    /// `hybridLsaBarrier`: (buffer handle, barriers).
-    pub hybrid_lsa: (u32, u32),
     /// `signal0` of `hybridDenseGinBarrier` (2.31+) / `hybridWorldGinBarrier` (2.30.5+).
     pub hybrid_dense: u32,
     /// `signal0` of `hybridRailGinBarrier`.
@@ -344,6 +344,10 @@ impl DevCommValues {
         }
         put32(&mut b, o.lsa_barrier, self.lsa_barrier.0);
         put32(&mut b, o.lsa_barrier + 4, self.lsa_barrier.1);
+        if let Some(at) = o.hybrid_lsa_barrier {
+            put32(&mut b, at, self.hybrid_lsa_barrier.0);
+            put32(&mut b, at + 4, self.hybrid_lsa_barrier.1);
+        }
         if let Some(l) = o.le_ids {
             put32(&mut b, l, LE_ID_INVALID);
             put32(&mut b, l + 4, LE_ID_INVALID);
@@ -357,14 +361,12 @@ impl DevCommValues {
     /// The GIN fields at `layout`'s offsets (2.30 and 2.31+; GIN is not served to 2.29).
     fn put_gin(&self, b: &mut [u8], layout: DevCommLayout, g: &GinValues) {
         // (hybrid dense/world, railGin, connection count, device types, handles, signal
-        // count, counter count, shadows, context count, strong legacy, abort, hybrid LSA,
-        // hybrid rail, world)
-        let at: [usize; 14] = match layout {
-            DevCommLayout::V2310 => [
-                64, 88, 96, 98, 104, 136, 140, 144, 152, 164, 168, 176, 184, 192,
-            ],
+        // count, counter count, shadows, context count, strong legacy, abort, hybrid rail,
+        // world); `hybridLsaBarrier` is written with or without GIN.
+        let at: [usize; 13] = match layout {
+            DevCommLayout::V2310 => [64, 88, 96, 98, 104, 136, 140, 144, 152, 164, 168, 184, 192],
             DevCommLayout::V2300 => [
-                112, 136, 144, 145, 152, 184, 188, 192, 200, 205, 208, 216, 224, 232,
+                112, 136, 144, 145, 152, 184, 188, 192, 200, 205, 208, 224, 232,
             ],
             _ => return,
         };
@@ -384,10 +386,8 @@ impl DevCommValues {
         put64(b, at[7], g.shadows);
         put32(b, at[8], g.contexts);
         put64(b, at[10], g.abort_flag);
-        put32(b, at[11], g.hybrid_lsa.0);
-        put32(b, at[11] + 4, g.hybrid_lsa.1);
-        put32(b, at[12], g.hybrid_rail);
-        put32(b, at[13], g.world);
+        put32(b, at[11], g.hybrid_rail);
+        put32(b, at[12], g.world);
         if layout == DevCommLayout::V2310 {
             // backendIndex 0; connection and context strides 1 (every rank a GIN peer), the
             // connection stride's reciprocal NCCL's idivRcp32(1).
@@ -477,6 +477,52 @@ pub mod reqs {
     }
 }
 
+/// What one `ncclDevResourceRequirements` asks for: a buffer (bytes, alignment, where its
+/// handle goes) and GIN signals (how many, where their first id goes).
+#[derive(Debug, Clone, Copy)]
+pub struct Requirement {
+    /// `bufferSize`.
+    pub bytes: usize,
+    /// `bufferAlign`.
+    pub align: usize,
+    /// `outBufferHandle`.
+    pub out_buffer: *mut std::ffi::c_void,
+    /// `ginSignalCount`.
+    pub signals: u32,
+    /// `outGinSignalStart`.
+    pub out_signal: *mut std::ffi::c_void,
+}
+
+impl Requirement {
+    /// Writes the requirement at `req`, zeroed first as NCCL's `*CreateRequirement` calls do.
+    ///
+    /// # Safety
+    /// `req` is valid for writes of [`reqs::resource::BYTES`] bytes.
+    pub unsafe fn write(&self, req: *mut std::ffi::c_void) {
+        use reqs::resource as f;
+        let r = req.cast::<u8>();
+        // SAFETY: the caller's 56 bytes; unaligned writes of plain values.
+        unsafe {
+            std::ptr::write_bytes(r, 0, f::BYTES);
+            r.add(f::BUFFER_SIZE)
+                .cast::<u64>()
+                .write_unaligned(self.bytes as u64);
+            r.add(f::BUFFER_ALIGN)
+                .cast::<u64>()
+                .write_unaligned(self.align as u64);
+            r.add(f::OUT_BUFFER_HANDLE)
+                .cast::<*mut std::ffi::c_void>()
+                .write_unaligned(self.out_buffer);
+            r.add(f::GIN_SIGNAL_COUNT)
+                .cast::<i32>()
+                .write_unaligned(self.signals as i32);
+            r.add(f::OUT_GIN_SIGNAL_START)
+                .cast::<*mut std::ffi::c_void>()
+                .write_unaligned(self.out_signal);
+        }
+    }
+}
+
 fn put32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
@@ -526,6 +572,7 @@ mod tests {
                 ..Default::default()
             },
             lsa_barrier: (3, 16),
+            hybrid_lsa_barrier: (0, 0),
             gin: None,
         };
         let get32 = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());

@@ -216,22 +216,19 @@ pub unsafe extern "C" fn ncclGinBarrierCreateRequirement(
                 team.n_ranks
             )));
         }
-        let signals = crate::devapi::gin::barrier_signals(nBarriers as u32, team.n_ranks as usize);
-        use crate::devapi::layout::reqs::resource as f;
         let h = outHandle.cast::<u32>();
-        // SAFETY: the caller's handle (`signal0`, unused) and requirement (56 bytes), zeroed
-        // first as NCCL does.
+        let r = crate::devapi::layout::Requirement {
+            bytes: 0,
+            align: 0,
+            out_buffer: std::ptr::null_mut(),
+            signals: crate::devapi::gin::barrier_signals(nBarriers as u32, team.n_ranks as usize),
+            out_signal: outHandle,
+        };
+        // SAFETY: the caller's handle (`signal0`, unused) and requirement (56 bytes).
         unsafe {
             h.write_unaligned(0);
             h.add(1).write_unaligned(0);
-            let r = outReq.cast::<u8>();
-            std::ptr::write_bytes(r, 0, f::BYTES);
-            r.add(f::GIN_SIGNAL_COUNT)
-                .cast::<i32>()
-                .write_unaligned(signals as i32);
-            r.add(f::OUT_GIN_SIGNAL_START)
-                .cast::<*mut u32>()
-                .write_unaligned(h);
+            r.write(outReq);
         }
         Ok(())
     })

@@ -237,21 +237,15 @@ pub extern "C" fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int
 /// # Safety
 /// `req` is valid for writes of 56 bytes.
 unsafe fn buffer_requirement(req: *mut c_void, bytes: usize, align: usize, out: *mut c_void) {
-    use crate::devapi::layout::reqs::resource as f;
-    let r = req.cast::<u8>();
-    // SAFETY: the caller's 56 bytes.
-    unsafe {
-        std::ptr::write_bytes(r, 0, f::BYTES);
-        r.add(f::BUFFER_SIZE)
-            .cast::<u64>()
-            .write_unaligned(bytes as u64);
-        r.add(f::BUFFER_ALIGN)
-            .cast::<u64>()
-            .write_unaligned(align as u64);
-        r.add(f::OUT_BUFFER_HANDLE)
-            .cast::<*mut c_void>()
-            .write_unaligned(out);
-    }
+    let r = crate::devapi::layout::Requirement {
+        bytes,
+        align,
+        out_buffer: out,
+        signals: 0,
+        out_signal: std::ptr::null_mut(),
+    };
+    // SAFETY: forwarded contract.
+    unsafe { r.write(req) };
 }
 
 /// `ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers,
