@@ -7,7 +7,7 @@
 //! headers' `ncclLsaBarrierSession` does (arrive: store `epoch + 1` into each peer's slot;
 //! wait: load one's own), drive GIN through the library's proxy as device code does (descriptors
 //! posted into its queues, data, signals and counters checked), and get the refusals of what is
-//! not served (GIN of 2.29 clients and between hosts, multimem, 2.28 clients) by code and
+//! not served (GIN of 2.29 clients, multimem, 2.28 clients) by code and
 //! message. Runs with `cargo test -p mscclpp-nccl --test devapi`.
 
 #[macro_use]
@@ -778,7 +778,7 @@ fn gin_through_the_proxy(
 /// Four ranks on two simulated hosts (`MSCCLPP_HOSTID`): LSA teams of the two ranks of each
 /// host; a symmetric window maps the host's pair only; the rail team crosses the hosts; a
 /// device communicator says lsaSize 2 of 4 ranks; a peer on the other host has no device
-/// pointer (refused naming the team).
+/// pointer (refused naming the team); GIN reaches it ([`gin_between_hosts`]).
 fn hosts_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let api = Api::load()?;
     let Api {
@@ -817,6 +817,13 @@ fn hosts_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         let mut p: *mut c_void = std::ptr::null_mut();
         check("ncclMemAlloc", mem_alloc(&mut p, bytes))?;
         std::slice::from_raw_parts_mut(p.cast::<u32>(), 4).fill(100 + rank as u32);
+        // GIN's sources (4 KiB at 4 KiB) and what lands (poisoned; the VA signal's word 0).
+        let words = std::slice::from_raw_parts_mut(p.cast::<u32>(), bytes / 4);
+        for (i, w) in words.iter_mut().enumerate().skip(1024).take(1024) {
+            *w = gin_data(rank, i);
+        }
+        words[2048..12288].fill(0xa5a5_a5a5);
+        words[6144..6148].fill(0);
         let mut win: *mut c_void = std::ptr::null_mut();
         check(
             "ncclCommWindowRegister",
@@ -854,23 +861,232 @@ fn hosts_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
             return Err(format!("ncclDevComm rank, nRanks, lsaRank, lsaSize: {f:?}"));
         }
         check("ncclDevCommDestroy", dev_destroy(comm, dc.as_ptr().cast()))?;
-        // GIN between the hosts: refused naming the team, on every rank alike (no hang).
-        let mut gin = requirements(23206, 0);
-        set32(&mut gin, 64, 2);
-        set32(&mut gin, 72, 1);
-        let rc = dev_create(comm, gin.as_ptr().cast(), dc.as_mut_ptr().cast());
-        let m = CStr::from_ptr(last_err(std::ptr::null_mut()))
-            .to_string_lossy()
-            .into_owned();
-        if rc != 5 || !m.contains("between hosts") {
-            return Err(format!("GIN across two hosts: code {rc} ({m})"));
-        }
+        // GIN between the hosts, through the transport between them.
+        let sync = || -> Result<(), String> {
+            let mut x = [1.0f32];
+            let q = x.as_mut_ptr().cast::<c_void>();
+            // SAFETY: one float in place; the call has run when it returns (host backend).
+            check(
+                "barrier",
+                (api.all_reduce)(q, q, 1, 7, 0, comm, std::ptr::null_mut()),
+            )
+        };
+        gin_between_hosts(&api, comm, rank, p as u64, win as u64, &sync)?;
         check("ncclCommWindowDeregister", win_dereg(comm, win))?;
         check("ncclMemFree", mem_free(p))?;
         check("ncclCommDestroy", destroy(comm))?;
     }
     std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Word `i` of rank `r`'s GIN source.
+fn gin_data(r: usize, i: usize) -> u32 {
+    (i as u32).wrapping_mul(2654435761) ^ (r as u32 * 0x0101_0101 + 11)
+}
+
+/// GIN on four ranks of two simulated hosts, descriptors posted as device code posts them
+/// (context 0): to the rank of the other host with the same LSA rank (`far`), a put of 1 KiB
+/// with SignalAdd(1, 5 + rank) and counter 1, an inline put with SignalInc(0), a VA signal
+/// adding 3 to a word of its window, and a get of 512 bytes of its window; to the rank of this
+/// host (`mate`), a put of 256 bytes with SignalAdd(2, 1). Everything checked where it lands,
+/// poisoned first: the transport between the hosts carries the data, the peer's proxy adds the
+/// signals and answers the get. Then 2500 signals in laps of the queue and of the peer's inbox
+/// ring (1024 records), each counted once.
+fn gin_between_hosts(
+    api: &Api,
+    comm: Comm,
+    rank: usize,
+    win_base: u64,
+    rec: u64,
+    sync: &dyn Fn() -> Result<(), String>,
+) -> Result<(), String> {
+    let check = |what: &str, got: c_int| api.check(what, got);
+    let (far, mate) = ((rank + 2) % 4, rank ^ 1);
+    let mut reqs = requirements(23206, 0);
+    set32(&mut reqs, 36, 1); // barrierCount: a hybrid barrier (its rail part crosses hosts)
+    set32(&mut reqs, 64, 4); // ginSignalCount
+    set32(&mut reqs, 68, 2); // ginCounterCount
+    set32(&mut reqs, 72, 1); // ginConnectionType FULL
+    let mut dc = vec![0u8; 256];
+    sync()?;
+    // SAFETY: valid requirements and out-struct.
+    check("ncclDevCommCreate (GIN between hosts)", unsafe {
+        (api.dev_create)(comm, reqs.as_ptr().cast(), dc.as_mut_ptr().cast())
+    })?;
+    let d = dc.as_ptr() as u64;
+    // 4 of the user's, a hybrid dense barrier of 4 ranks (4), its rail part of 2 ranks (2).
+    let (contexts, signals, counters) = (rd32(d, 152), rd32(d, 136), rd32(d, 140));
+    if (dc[96], dc[98], contexts, signals, counters) != (1, 2, 4, 10, 2) {
+        return Err(format!(
+            "GIN devcomm between hosts: connections {} type {} contexts {contexts} signals {signals} counters {counters}",
+            dc[96], dc[98]
+        ));
+    }
+    let handle = rd64(rec, 40);
+    let ctx = rd64(d, 104);
+    let (nranks, queue) = (rd32(ctx, 0) as u64, rd32(ctx, 4) as u64);
+    let (queues, cis, ctr, sig) = (rd64(ctx, 8), rd64(ctx, 24), rd64(ctx, 32), rd64(ctx, 40));
+    if nranks != 4 || !queue.is_power_of_two() {
+        return Err(format!("context 0: nranks {nranks} queue {queue}"));
+    }
+    let post = |to: usize, index: u64, words: &[u64; 16]| {
+        let slot = queues + ((to as u64 * queue + index) * 128);
+        for i in (0..8).rev() {
+            // SAFETY: slot `index` of queue (0, to), host memory of the library.
+            unsafe { AtomicU64::from_ptr((slot + 8 * i as u64) as *mut u64) }
+                .store(words[i], Ordering::Release);
+        }
+    };
+    let value = 0x0102_0304_0506_0708u64 ^ rank as u64;
+    let g = |op, size, src, inline, dst, counter, signal, v| {
+        gfd(3, op, size, src, inline, dst, counter, signal, v)
+    };
+    post(
+        far,
+        0,
+        &g(
+            0x01 | 0x10 | 0x04,
+            1024,
+            (4096, handle),
+            None,
+            (8192, handle),
+            1,
+            1,
+            5 + rank as u64,
+        ),
+    );
+    post(
+        far,
+        1,
+        &g(
+            0x01 | 0x02 | 0x08,
+            8,
+            (0, 0),
+            Some(value),
+            (16384, handle),
+            0,
+            0,
+            0,
+        ),
+    );
+    post(
+        far,
+        2,
+        &g(0x20 | 0x10, 8, (24576, handle), None, (0, 0), 0, 0, 3),
+    );
+    post(
+        far,
+        3,
+        &g(0x40, 512, (4096, handle), None, (32768, handle), 0, 0, 0),
+    );
+    post(
+        mate,
+        0,
+        &g(
+            0x01 | 0x10,
+            256,
+            (4096, handle),
+            None,
+            (40960, handle),
+            0,
+            2,
+            1,
+        ),
+    );
+    let ci = |q: usize| {
+        // SAFETY: `cis[q]` of context 0, host memory of the library.
+        unsafe { AtomicU32::from_ptr((cis + 4 * q as u64) as *mut u32) }.load(Ordering::Acquire)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ci(far) < 4 || ci(mate) < 1 {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the proxy finished {} of 4 descriptors to rank {far} (another host) and {} of 1 to rank {mate} in 60 s",
+                ci(far),
+                ci(mate)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if rd64(ctr, 8) != 1 {
+        return Err(format!(
+            "counter 1: {} after the put between hosts",
+            rd64(ctr, 8)
+        ));
+    }
+    // The get has landed when its descriptor finished: rank `far`'s source words.
+    let bad_get = (0..128)
+        .filter(|&i| rd32(win_base, 32768 + 4 * i) != gin_data(far, 1024 + i))
+        .count();
+    if bad_get != 0 {
+        return Err(format!(
+            "a get of 512 bytes from rank {far}: {bad_get} of 128 words wrong"
+        ));
+    }
+    sync()?;
+    // What the peers sent: rank `far`'s put, inline value and VA signal, rank `mate`'s put.
+    let bad_put = (0..256)
+        .filter(|&i| rd32(win_base, 8192 + 4 * i) != gin_data(far, 1024 + i))
+        .count();
+    let bad_mate = (0..64)
+        .filter(|&i| rd32(win_base, 40960 + 4 * i) != gin_data(mate, 1024 + i))
+        .count();
+    let (inline, va) = (rd64(win_base, 16384), rd64(win_base, 24576));
+    if bad_put != 0 || bad_mate != 0 || inline != 0x0102_0304_0506_0708 ^ far as u64 || va != 3 {
+        return Err(format!(
+            "rank {far}'s put: {bad_put} of 256 words wrong; rank {mate}'s: {bad_mate} of 64; inline {inline:#x}; VA signal word {va}"
+        ));
+    }
+    let got = (rd64(sig, 0), rd64(sig, 8), rd64(sig, 16));
+    if got != (1, 5 + far as u64, 1) {
+        return Err(format!(
+            "signals of context 0: {got:?} (want 1 from rank {far}, {} from it, 1 from rank {mate})",
+            5 + far
+        ));
+    }
+    // Laps of the queue and of the peer's inbox: more signals than its ring holds, each
+    // posted once the queue has room, as the device waits for it.
+    let laps = 2500u64;
+    for j in 0..laps {
+        let at = 4 + j;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while at - u64::from(ci(far)) >= queue {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "queue to rank {far}: no room after {} of {laps} signals",
+                    j
+                ));
+            }
+            std::hint::spin_loop();
+        }
+        post(
+            far,
+            at % queue,
+            &g(0x20 | 0x08, 8, (24576 + 8, handle), None, (0, 0), 0, 0, 0),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while u64::from(ci(far)) < 4 + laps {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} of {laps} signals finished in 60 s",
+                u64::from(ci(far)) - 4
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sync()?;
+    let count = rd64(win_base, 24576 + 8);
+    if count != laps {
+        return Err(format!(
+            "{laps} VA SignalIncs from rank {far} added up to {count}"
+        ));
+    }
+    // SAFETY: the device communicator made above.
+    check("ncclDevCommDestroy (GIN between hosts)", unsafe {
+        (api.dev_destroy)(comm, dc.as_ptr().cast())
+    })
 }
 
 /// One thread driving two ranks (`ncclCommInitAll`, as a process of two GPUs does): symmetric
@@ -1034,6 +1250,6 @@ fn main() {
         fail(&format!("one thread, two ranks: {e}"));
     }
     println!(
-        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, GIN through the proxy, refusals; 4 ranks on 2 simulated hosts: LSA teams per host; one thread driving 2 ranks through groups: every check passed"
+        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, GIN through the proxy, refusals; 4 ranks on 2 simulated hosts: LSA teams per host, GIN between the hosts; one thread driving 2 ranks through groups: every check passed"
     );
 }

@@ -2,8 +2,9 @@
 //! version's offsets, the resources laid out in one symmetric buffer (zeroed; LSA barriers
 //! first, then the client's own requirements, each at a 128-byte boundary as NCCL's handles
 //! count), and the `ncclDevComm` written at the client's layout. GIN gets its signal arrays in
-//! the resources and its proxy ([`super::gin`]). What is not served — multimem, CFT, GIN between
-//! hosts — is refused naming the field, before anything is allocated.
+//! the resources and its proxy ([`super::gin`]), which reaches other hosts through
+//! [`super::hosts`]. What is not served — multimem, CFT, RAIL and CUSTOM GIN connections — is
+//! refused naming the field, before anything is allocated.
 
 use std::ffi::c_void;
 
@@ -305,7 +306,7 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
         }
         (c, _) => {
             return Err(Failure::usage(format!(
-                "ncclDevCommCreate: ginConnectionType {c} ({}): this library serves NCCL_GIN_CONNECTION_FULL (every rank of one host a GIN peer)",
+                "ncclDevCommCreate: ginConnectionType {c} ({}): this library serves NCCL_GIN_CONNECTION_FULL (every rank a GIN peer)",
                 match c {
                     2 => "RAIL",
                     3 => "CUSTOM_STRIDE",
@@ -357,12 +358,6 @@ pub unsafe fn create(space: &Arc<Space>, r: *const c_void, out: *mut c_void) -> 
     let comm = space.communicator();
     let (rank, n) = (comm.rank(), comm.nranks());
     let lsa_size = space.team.len();
-    if asked.gin.is_some() && lsa_size != n {
-        return Err(Failure::usage(format!(
-            "ncclDevCommCreate: GIN between hosts is not served yet: rank {rank}'s LSA team holds ranks {:?} of {n} (GIN is served where one host holds every rank)",
-            space.team
-        )));
-    }
     // The LSA barriers first: `(3 + lsaSize) * 4` bytes per barrier; then the hybrid
     // barriers' LSA part.
     let lsa_barrier_bytes = |count: u32| (3 + lsa_size) * 4 * count as usize;
@@ -390,10 +385,11 @@ pub unsafe fn create(space: &Arc<Space>, r: *const c_void, out: *mut c_void) -> 
         ids.signals(g.user_signals)?;
         ids.counters(g.user_counters)?;
         gin_values.world = ids.signals(gin::barrier_signals(g.world, n))?;
-        // The rail team of one host is one rank.
-        gin_values.rail = ids.signals(gin::barrier_signals(asked.rail, 1))?;
+        // The rail team: this rank's peers of the same LSA rank on every host.
+        let rail = n / lsa_size.max(1);
+        gin_values.rail = ids.signals(gin::barrier_signals(asked.rail, rail))?;
         gin_values.hybrid_dense = ids.signals(gin::barrier_signals(asked.barriers, n))?;
-        gin_values.hybrid_rail = ids.signals(gin::barrier_signals(asked.barriers, 1))?;
+        gin_values.hybrid_rail = ids.signals(gin::barrier_signals(asked.barriers, rail))?;
         for res in &asked.resources {
             let (s, k, out_s, out_k) = res.gin;
             let (first_s, first_k) = (ids.signals(s)?, ids.counters(k)?);
@@ -491,7 +487,7 @@ pub unsafe fn create(space: &Arc<Space>, r: *const c_void, out: *mut c_void) -> 
         resource_window,
         resource,
         lsa_barrier: (lsa_handle, asked.lsa_barriers),
-        // With or without GIN (the rail team of one host is one rank, so the GIN part of a
+        // With or without GIN (on one host the rail team is one rank, so the GIN part of a
         // hybrid barrier has no peer there).
         hybrid_lsa_barrier: (hybrid_handle, asked.barriers),
         gin: gin.is_some().then_some(gin_values),

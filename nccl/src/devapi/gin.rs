@@ -6,11 +6,11 @@
 //! device how many it finished (`cis`). The device structures are NCCL's facts (offsets and bit
 //! positions from its public headers, 2.30.3 to 2.32.6); the service is ours.
 //!
-//! Served where every rank of the communicator is in one LSA team (one host): every peer's
-//! memory is then mapped in this process's symmetric space, so a put is a copy on a stream of
-//! ours and a signal a one-thread kernel adding at system scope after it. Ranks that span
-//! hosts are refused at `ncclDevCommCreate`, naming the teams (no transport carries GIN
-//! between hosts yet).
+//! A peer of this rank's LSA team (its host) has its memory mapped in this process's symmetric
+//! space, so a put to it is a copy on a stream of ours and a signal a one-thread kernel adding
+//! at system scope after it. A peer on another host is reached through the transport between
+//! hosts ([`super::hosts`]): puts are writes into its registration of the window, signals and
+//! gets records its proxy serves.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +23,7 @@ use mscclpp::hal::{
     MemoryKind, Stream,
 };
 
+use super::hosts::{Hosts, Record, kind};
 use super::space::Space;
 use crate::error::{Failure, Res};
 
@@ -241,6 +242,10 @@ unsafe impl Send for Words {}
 /// The proxy of one device communicator.
 struct Proxy {
     space: Arc<Space>,
+    /// The ranks of other hosts (`None` where one host holds every rank).
+    hosts: Option<Hosts>,
+    /// Every (rank, handle)'s registration for the transport between hosts, looked up once.
+    registered: HashMap<(usize, u64), Arc<mscclpp::transports::RegisteredMemory>>,
     shape: Shape,
     rank: usize,
     nranks: usize,
@@ -331,8 +336,11 @@ impl Gin {
             abort: word(&abort)?.cast(),
         };
         let kernel = device.load(&MODULE, SIGNAL_ADD)?;
+        let hosts = Hosts::connect(space, STREAM_DEADLINE)?;
         let proxy = Proxy {
             space: space.clone(),
+            hosts,
+            registered: HashMap::new(),
             shape,
             rank,
             nranks: n,
@@ -392,6 +400,7 @@ impl Proxy {
     /// order. Returns how many descriptors it took.
     fn pass(&mut self) -> Res<usize> {
         let (c, n, q) = (self.shape.contexts, self.nranks, self.shape.queue);
+        let arrived = self.drain()?;
         let mut taken = Vec::new();
         for ctx in 0..c {
             for peer in 0..n {
@@ -413,12 +422,32 @@ impl Proxy {
                 }
             }
         }
-        if taken.is_empty() {
+        if taken.is_empty() && arrived == 0 {
             return Ok(0);
         }
         self.stream
             .synchronize_timeout(STREAM_DEADLINE)
             .map_err(|e| Failure::internal(format!("the proxy's stream: {e}")))?;
+        // What went to other hosts has landed, and every get asked of them is served, before
+        // any descriptor finishes.
+        if let Some(h) = self.hosts.as_mut() {
+            h.flush()?;
+            let deadline = h.deadline();
+            while self.hosts.as_ref().is_some_and(Hosts::gets_pending) {
+                if self.drain()? == 0 {
+                    std::thread::yield_now();
+                }
+                if Instant::now() > deadline {
+                    return Err(Failure::internal(format!(
+                        "GIN gets from other hosts unserved after {} s",
+                        STREAM_DEADLINE.as_secs()
+                    )));
+                }
+            }
+            self.stream
+                .synchronize_timeout(STREAM_DEADLINE)
+                .map_err(|e| Failure::internal(format!("the proxy's stream: {e}")))?;
+        }
         for t in &taken {
             if let Some(k) = t.counter {
                 // SAFETY: counter `k` of this context, inside the counters allocation (checked
@@ -431,7 +460,173 @@ impl Proxy {
             unsafe { AtomicU32::from_ptr(self.words.cis.add(t.queue)) }
                 .store(self.done[t.queue], Ordering::Release);
         }
-        Ok(taken.len())
+        Ok(taken.len() + arrived)
+    }
+
+    /// Serves what the ranks of other hosts sent this rank's inbox (signals to add, gets to
+    /// answer) and gives them credit; returns how many records it took.
+    fn drain(&mut self) -> Res<usize> {
+        let Some(h) = self.hosts.as_mut() else {
+            return Ok(0);
+        };
+        let records = h.arrived();
+        for (from, r) in &records {
+            self.apply(*from, r).map_err(|e| {
+                Failure::internal(format!("a record of rank {from} ({r:?}): {}", e.message))
+            })?;
+        }
+        if !records.is_empty()
+            && let Some(h) = self.hosts.as_mut()
+        {
+            h.give_credit()?;
+        }
+        Ok(records.len())
+    }
+
+    /// Performs one record of rank `from` (another host's) on this rank's memory.
+    fn apply(&mut self, from: usize, r: &Record) -> Res<()> {
+        let me = self.space.lsa_rank;
+        match r.kind {
+            kind::SIGNAL => {
+                let (c, s) = (self.shape.contexts, self.shape.signals);
+                if r.ctx as usize >= c || r.id as usize >= s {
+                    return Err(Failure::internal(format!(
+                        "signal {} of context {} ({s} signals, {c} contexts)",
+                        r.id, r.ctx
+                    )));
+                }
+                let at = self.signal_addr(me, r.ctx as usize, r.id as usize);
+                self.add(at, r.value)
+            }
+            kind::VA_SIGNAL => {
+                let word = self.resolve(me, r.at, 8)?;
+                if word.ptr().0 % 8 != 0 {
+                    return Err(Failure::internal("a VA signal at an unaligned address"));
+                }
+                self.add(word.ptr(), r.value)
+            }
+            kind::GET => {
+                let src = self.registered(self.rank, r.at.1)?;
+                let dst = self.registered(from, r.back.1)?;
+                // The bytes asked are read as they are now: the sender's device posted the get
+                // after whatever it ordered before it.
+                self.stream
+                    .synchronize_timeout(STREAM_DEADLINE)
+                    .map_err(|e| Failure::internal(format!("the proxy's stream: {e}")))?;
+                self.hosts()?
+                    .serve_get(from, &dst, r.back.0, &src, r.at.0, r.value)
+            }
+            k => Err(Failure::internal(format!("record kind {k}"))),
+        }
+    }
+
+    fn hosts(&mut self) -> Res<&mut Hosts> {
+        self.hosts
+            .as_mut()
+            .ok_or_else(|| Failure::internal("no ranks on other hosts"))
+    }
+
+    /// Sends `r` to `peer` (another host's), draining this rank's inbox while `peer`'s ring
+    /// for it is full.
+    fn send(&mut self, peer: usize, r: Record) -> Res<()> {
+        let deadline = self.hosts()?.deadline();
+        while !self.hosts()?.has_room(peer) {
+            if self.drain()? == 0 {
+                std::thread::yield_now();
+            }
+            if Instant::now() > deadline {
+                return Err(Failure::internal(format!(
+                    "rank {peer} took none of this rank's GIN records for {} s",
+                    STREAM_DEADLINE.as_secs()
+                )));
+            }
+        }
+        self.hosts()?.send(peer, &r)
+    }
+
+    /// `rank`'s registration of the memory `handle` names, for the transport between hosts.
+    fn registered(
+        &mut self,
+        rank: usize,
+        handle: u64,
+    ) -> Res<Arc<mscclpp::transports::RegisteredMemory>> {
+        if let Some(m) = self.registered.get(&(rank, handle)) {
+            return Ok(m.clone());
+        }
+        let region = self.space.gin_region(handle).ok_or_else(|| {
+            Failure::internal(format!("GIN handle {handle:#x} names no symmetric memory"))
+        })?;
+        let found = if rank == self.rank {
+            region.local
+        } else {
+            region
+                .peers
+                .get(rank)
+                .cloned()
+                .unwrap_or_else(|| Err(format!("no rank {rank}")))
+        };
+        let m = found.map_err(|why| {
+            Failure::internal(format!("GIN handle {handle:#x} between hosts: {why}"))
+        })?;
+        self.registered.insert((rank, handle), m.clone());
+        Ok(m)
+    }
+
+    /// Enqueues the work of `g` for `peer`, a rank of another host.
+    fn perform_remote(&mut self, ctx: usize, peer: usize, g: &Gfd) -> Res<()> {
+        let o = g.op;
+        let value = if o & op::SIGNAL_INC != 0 {
+            1
+        } else {
+            g.signal_value
+        };
+        if o == op::GET {
+            return self.send(
+                peer,
+                Record {
+                    kind: kind::GET,
+                    value: g.size,
+                    at: g.src,
+                    back: g.dst,
+                    ..Record::default()
+                },
+            );
+        }
+        if o & op::VA_SIGNAL != 0 {
+            return self.send(
+                peer,
+                Record {
+                    kind: kind::VA_SIGNAL,
+                    value,
+                    at: g.src,
+                    ..Record::default()
+                },
+            );
+        }
+        if o & op::INLINE != 0 {
+            let dst = self.registered(peer, g.dst.1)?;
+            let bytes = g.inline.to_le_bytes();
+            self.hosts()?
+                .put_inline(peer, &dst, g.dst.0, &bytes[..g.size as usize])?;
+        } else if g.size > 0 {
+            let dst = self.registered(peer, g.dst.1)?;
+            let src = self.registered(self.rank, g.src.1)?;
+            self.hosts()?
+                .put(peer, &dst, g.dst.0, &src, g.src.0, g.size)?;
+        }
+        if o & (op::SIGNAL_INC | op::SIGNAL_ADD) != 0 {
+            self.send(
+                peer,
+                Record {
+                    kind: kind::SIGNAL,
+                    ctx: ctx as u32,
+                    id: g.signal,
+                    value,
+                    ..Record::default()
+                },
+            )?;
+        }
+        Ok(())
     }
 
     /// Enqueues the work of `g` from queue (`ctx`, `peer`); returns its counter's index.
@@ -445,15 +640,28 @@ impl Proxy {
         let (s, k) = (self.shape.signals, self.shape.counters);
         let o = g.op;
         if o == op::FLUSH {
-            // Gets complete when their copy has (the stream is synchronized before any
-            // descriptor finishes), so a flush has nothing left to wait for.
+            // Gets complete when their copy has (the stream is synchronized, and gets asked of
+            // other hosts are served, before any descriptor finishes), so a flush has nothing
+            // left to wait for.
             return Ok(None);
         }
+        // The LSA team's member `peer` is, or `None` for a rank of another host.
+        let member = self.space.member(peer);
+        if member.is_none() && !self.hosts.as_ref().is_some_and(|h| h.reaches(peer)) {
+            return Err(Failure::internal(format!(
+                "rank {peer} is neither of this host nor reached between hosts"
+            )));
+        }
         if o == op::GET {
-            let dst = self.resolve(self.rank, g.dst, g.size)?;
-            let src = self.resolve(peer, g.src, g.size)?;
-            if g.size > 0 {
-                self.stream.copy(&dst, &src)?;
+            match member {
+                Some(m) => {
+                    let dst = self.resolve(self.space.lsa_rank, g.dst, g.size)?;
+                    let src = self.resolve(m, g.src, g.size)?;
+                    if g.size > 0 {
+                        self.stream.copy(&dst, &src)?;
+                    }
+                }
+                None => self.perform_remote(ctx, peer, g)?,
             }
             return Ok(None);
         }
@@ -470,58 +678,65 @@ impl Proxy {
             if o & (op::PUT | op::INLINE | op::COUNTER | op::GET) != 0 || signal == 0 {
                 return Err(Failure::internal(format!("op {o:#x}")));
             }
-            let word = self.resolve(peer, g.src, 8)?;
-            if word.ptr().0 % 8 != 0 {
-                return Err(Failure::internal("a VA signal at an unaligned address"));
+            match member {
+                Some(m) => {
+                    let word = self.resolve(m, g.src, 8)?;
+                    if word.ptr().0 % 8 != 0 {
+                        return Err(Failure::internal("a VA signal at an unaligned address"));
+                    }
+                    self.add(word.ptr(), value)?;
+                }
+                None => self.perform_remote(ctx, peer, g)?,
             }
-            self.add(word.ptr(), value)?;
             return Ok(None);
         }
         if o & op::PUT == 0 || o & (op::GET | op::FLUSH) != 0 {
             return Err(Failure::internal(format!("op {o:#x}")));
         }
-        if o & op::INLINE != 0 {
-            if !matches!(g.size, 1 | 2 | 4 | 8) {
-                return Err(Failure::internal(format!(
-                    "an inline put of {} bytes",
-                    g.size
-                )));
-            }
-            let dst = self.resolve(peer, g.dst, g.size)?;
-            self.stream
-                .write_from_host(&dst, &g.inline.to_le_bytes()[..g.size as usize])?;
-        } else if g.size > 0 {
-            let src = self.resolve(self.rank, g.src, g.size)?;
-            let dst = self.resolve(peer, g.dst, g.size)?;
-            self.stream.copy(&dst, &src)?;
+        if o & op::INLINE != 0 && !matches!(g.size, 1 | 2 | 4 | 8) {
+            return Err(Failure::internal(format!(
+                "an inline put of {} bytes",
+                g.size
+            )));
         }
-        if signal != 0 {
-            if g.signal as usize >= s {
-                return Err(Failure::internal(format!(
-                    "signal {} of {s} (ginSignalCount)",
-                    g.signal
-                )));
-            }
-            let at = self.signal_addr(peer, ctx, g.signal as usize);
-            self.add(at, value)?;
+        if signal != 0 && g.signal as usize >= s {
+            return Err(Failure::internal(format!(
+                "signal {} of {s} (ginSignalCount)",
+                g.signal
+            )));
         }
-        if o & op::COUNTER != 0 {
-            if g.counter as usize >= k {
-                return Err(Failure::internal(format!(
-                    "counter {} of {k} (ginCounterCount)",
-                    g.counter
-                )));
-            }
-            return Ok(Some(ctx * k + g.counter as usize));
+        if o & op::COUNTER != 0 && g.counter as usize >= k {
+            return Err(Failure::internal(format!(
+                "counter {} of {k} (ginCounterCount)",
+                g.counter
+            )));
         }
-        Ok(None)
+        match member {
+            Some(m) => {
+                if o & op::INLINE != 0 {
+                    let dst = self.resolve(m, g.dst, g.size)?;
+                    self.stream
+                        .write_from_host(&dst, &g.inline.to_le_bytes()[..g.size as usize])?;
+                } else if g.size > 0 {
+                    let src = self.resolve(self.space.lsa_rank, g.src, g.size)?;
+                    let dst = self.resolve(m, g.dst, g.size)?;
+                    self.stream.copy(&dst, &src)?;
+                }
+                if signal != 0 {
+                    let at = self.signal_addr(m, ctx, g.signal as usize);
+                    self.add(at, value)?;
+                }
+            }
+            None => self.perform_remote(ctx, peer, g)?,
+        }
+        Ok((o & op::COUNTER != 0).then(|| ctx * k + g.counter as usize))
     }
 
-    /// Rank `peer`'s signal `signal` of context `ctx`.
-    fn signal_addr(&self, peer: usize, ctx: usize, signal: usize) -> DevicePtr {
+    /// LSA member `member`'s signal `signal` of context `ctx`.
+    fn signal_addr(&self, member: usize, ctx: usize, signal: usize) -> DevicePtr {
         let at =
             self.resources_offset + self.shape.signals_at + (ctx * self.shape.signals + signal) * 8;
-        DevicePtr(self.space.flat(peer, at))
+        DevicePtr(self.space.flat(member, at))
     }
 
     fn add(&self, at: DevicePtr, value: u64) -> Res<()> {
@@ -547,13 +762,16 @@ impl Proxy {
         let b = match self.wrapped.entry((member, handle)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                let (offset, lens) = self.space.gin_region(handle).ok_or_else(|| {
+                let region = self.space.gin_region(handle).ok_or_else(|| {
                     Failure::internal(format!("GIN handle {handle:#x} names no symmetric memory"))
                 })?;
-                let len = *lens.get(member).ok_or_else(|| {
-                    Failure::internal(format!("rank {member} is not in the LSA team"))
+                let len = *region.lens.get(member).ok_or_else(|| {
+                    Failure::internal(format!(
+                        "LSA member {member} of a team of {}",
+                        region.lens.len()
+                    ))
                 })?;
-                let at = DevicePtr(self.space.flat(member, offset));
+                let at = DevicePtr(self.space.flat(member, region.offset));
                 // SAFETY: `len` bytes of `member`'s copy, mapped in this process's space while
                 // the memory stays registered (the device communicator is destroyed first).
                 e.insert(unsafe { self.space.communicator().device().wrap_external(at, len)? })

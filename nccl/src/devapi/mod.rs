@@ -6,12 +6,13 @@
 //! the client's own) in one zeroed symmetric buffer and writes the `ncclDevComm` ([`devcomm`]).
 //!
 //! Served: LSA (load/store access to every rank of the host through symmetric windows, LSA
-//! barriers, the window table, peer pointers) and GIN of the proxy type where one host holds
-//! every rank ([`gin`]). Refused, naming the field: GIN between hosts, multimem (NVLink
-//! multicast: never created on the lent machines), CFT.
+//! barriers, the window table, peer pointers) and GIN of the proxy type ([`gin`]), to the
+//! ranks of other hosts through the transport between them ([`hosts`]). Refused, naming the
+//! field: multimem (NVLink multicast: never created on the lent machines), CFT.
 
 pub mod devcomm;
 pub mod gin;
+pub mod hosts;
 pub mod layout;
 pub mod space;
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{AddressSpace, DeviceBuffer, MemoryKind, Stream};
+use mscclpp::transports::{RegisteredMemory, Transport, TransportFlags};
 
 use super::layout::{
     PEER_DELTA_INVALID, TABLE_BYTES, TABLE_ENTRIES, WIN_ALIGNMENT, WINDOW_RECORD_BYTES,
@@ -65,6 +66,26 @@ pub struct Mapped {
     pub peers: Option<Vec<(u64, u64)>>,
 }
 
+/// A registration for the transport between hosts, or why there is none.
+pub type Registration = Result<Arc<RegisteredMemory>, String>;
+
+/// A symmetric memory as GIN names it (by its handle): where it sits in the slots, and, where
+/// the communicator spans hosts, every rank's registration for the transport between them.
+#[derive(Debug, Clone)]
+pub struct Region {
+    /// The GIN handle.
+    pub handle: u64,
+    /// Its offset in each slot.
+    pub offset: usize,
+    /// Each LSA member's length (team order).
+    pub lens: Vec<usize>,
+    /// This rank's registration for [`Space::remote`] (`Err`: why it has none).
+    pub local: Registration,
+    /// Every rank's registration as this rank reaches it (world order; `Err` for the LSA team,
+    /// which needs none, and for ranks whose registration failed, saying why).
+    pub peers: Vec<Registration>,
+}
+
 /// The symmetric space of one communicator.
 #[derive(Debug)]
 pub struct Space {
@@ -83,8 +104,10 @@ pub struct Space {
     /// `lsaPeerDelta4G` on the device.
     peer_delta: DeviceBuffer,
     tables: Mutex<Tables>,
-    /// Every mapped memory by its GIN handle: (offset in the slots, each member's length).
-    regions: Mutex<Vec<(u64, usize, Vec<usize>)>>,
+    /// Every mapped memory, by its GIN handle.
+    regions: Mutex<Vec<Region>>,
+    /// The transport to the ranks of other hosts (`None` where the LSA team is every rank).
+    pub remote: Option<Transport>,
 }
 
 #[derive(Debug, Default)]
@@ -156,6 +179,17 @@ impl Space {
         let peer_delta = device.alloc(deltas.len(), MemoryKind::Device)?;
         stream.write_from_host(&peer_delta.full(), &deltas)?;
         stream.synchronize()?;
+        // The ranks of other hosts are reached through the transport the hierarchical
+        // collectives pick (collective: every rank of a communicator that spans hosts).
+        let remote = if team.len() < n {
+            let probe = device.alloc(4096, MemoryKind::Device)?;
+            Some(mscclpp::collectives::inter_host_transport(
+                &comm,
+                &probe.full(),
+            )?)
+        } else {
+            None
+        };
         tracing::info!(
             target: crate::debug::INIT,
             "rank {rank}: symmetric space of {} slots of {} GiB (LSA team {team:?})",
@@ -174,6 +208,7 @@ impl Space {
             peer_delta,
             tables: Mutex::new(Tables::default()),
             regions: Mutex::new(Vec::new()),
+            remote,
         })
     }
 
@@ -193,10 +228,57 @@ impl Space {
         (offset >> 12) as u64 + 1
     }
 
-    /// The memory a GIN handle names: its offset in the slots and each member's length.
-    pub fn gin_region(&self, handle: u64) -> Option<(usize, Vec<usize>)> {
+    /// The memory a GIN handle names.
+    pub fn gin_region(&self, handle: u64) -> Option<Region> {
         let r = self.regions.lock().unwrap_or_else(|p| p.into_inner());
-        r.iter().find(|e| e.0 == handle).map(|e| (e.1, e.2.clone()))
+        r.iter().find(|e| e.handle == handle).cloned()
+    }
+
+    /// World rank `rank`'s index in the LSA team, if it is in it.
+    pub fn member(&self, rank: usize) -> Option<usize> {
+        self.team.iter().position(|&r| r == rank)
+    }
+
+    /// Registers `alloc` for the transport between hosts and learns every rank's registration
+    /// (collective; nothing where one host holds every rank). A rank whose registration fails
+    /// keeps its window for LSA: its GIN peers learn why it has none, and a put naming it
+    /// stops their proxy saying so.
+    fn register_remote(&self, alloc: &DeviceBuffer) -> Res<(Registration, Vec<Registration>)> {
+        let n = self.comm.nranks();
+        let Some(t) = self.remote else {
+            let none = || Err("one host holds every rank".to_string());
+            return Ok((none(), (0..n).map(|_| none()).collect()));
+        };
+        let mine = self
+            .comm
+            .register_memory(&alloc.full(), TransportFlags::single(t))
+            .map(Arc::new)
+            .map_err(|e| format!("rank {} cannot register it for {t}: {e}", self.comm.rank()));
+        let card = match &mine {
+            Ok(m) => m.to_bytes(),
+            Err(e) => {
+                tracing::warn!("symmetric memory for GIN between hosts: {e}");
+                Vec::new()
+            }
+        };
+        let all = self.comm.bootstrap().all_gather(&card)?;
+        let ctx = self.comm.context();
+        let peers = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                if self.member(r).is_some() {
+                    Err(format!("rank {r} is in the LSA team"))
+                } else if b.is_empty() {
+                    Err(format!("rank {r} could not register it for {t}"))
+                } else {
+                    RegisteredMemory::from_bytes(ctx, b)
+                        .map(Arc::new)
+                        .map_err(|e| format!("rank {r}'s registration for {t}: {e}"))
+                }
+            })
+            .collect();
+        Ok((mine, peers))
     }
 
     /// `stride4G`.
@@ -277,6 +359,11 @@ impl Space {
                 )));
             }
         };
+        // Before anything is mapped, so that a failure leaves nothing behind.
+        let (local, peers) = match alloc {
+            Some(a) => self.register_remote(a)?,
+            None => return Err(Failure::internal("a shared window without its allocation")),
+        };
         let biggest = self.team.iter().map(|&r| lens[r]).max().unwrap_or(0);
         let span = biggest.next_multiple_of(self.gran);
         let offset = {
@@ -339,7 +426,13 @@ impl Space {
         self.regions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((values.gin_handle, offset, lens_team.clone()));
+            .push(Region {
+                handle: values.gin_handle,
+                offset,
+                lens: lens_team.clone(),
+                local,
+                peers,
+            });
         let same = offs.iter().all(|&o| o == off as u64);
         let peers = (same && self.team.len() == n).then(|| {
             (0..n)
@@ -367,7 +460,7 @@ impl Space {
         self.regions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|e| e.1 != m.offset);
+            .retain(|e| e.offset != m.offset);
         let mut first = Ok(());
         for (i, &len) in m.lens.iter().enumerate() {
             first = first.and(self.range.unmap(i * self.stride + m.offset, len));

@@ -407,11 +407,10 @@ pub unsafe extern "C" fn ncclCommQueryProperties(
         put_int(offset_of!(CommProperties, nvml_dev), -1);
         put_bool(offset_of!(CommProperties, device_api_support), device_api);
         put_bool(offset_of!(CommProperties, multimem_support), false);
-        // GIN (proxy type) where one host holds every rank and the client's headers have the
-        // descriptor format this library serves (2.30.3 on; NCCL tells 2.29 clients NONE).
-        let gin = device_api
-            && lsa == Some(c.nranks)
-            && crate::devapi::gin::context_stride(version).is_ok();
+        // GIN (proxy type; between hosts through their transport) where the client's headers
+        // have the descriptor format this library serves (2.30.3 on; NCCL tells 2.29 clients
+        // NONE).
+        let gin = device_api && crate::devapi::gin::context_stride(version).is_ok();
         let gin_type = if gin {
             c_int::from(crate::devapi::layout::GIN_TYPE_PROXY)
         } else {

@@ -115,7 +115,9 @@ impl Topology {
 /// The transport between hosts: `MSCCLPP_HIER_TRANSPORT` when set, else IB0 where this build
 /// and this machine have it and it can register `probe` (device memory needs peer memory or
 /// dma-buf), else Ethernet — the same on every rank of the rail (Ethernet unless all can use IB).
-fn choose_transport(rail: &Communicator, probe: &BufferSlice) -> Result<Transport> {
+/// Collective over `rail`. What every path between hosts picks (the hierarchical collectives'
+/// port channels, the NCCL device API's GIN proxy), so that they pick alike.
+pub fn inter_host_transport(rail: &Communicator, probe: &BufferSlice) -> Result<Transport> {
     if let Some(v) = mscclpp_hal::env::get("MSCCLPP_HIER_TRANSPORT") {
         let t = Transport::from_str(&v).map_err(|e| {
             Error::invalid(format!("MSCCLPP_HIER_TRANSPORT={v:?} is malformed: {e}"))
@@ -290,7 +292,7 @@ impl<A: Api> Hier<A> {
             .map_err(|_| Error::invalid("inter-host scratch does not fit this host"))?;
         let send = device.alloc(bytes, MemoryKind::Device)?;
         let recv = device.alloc(bytes, MemoryKind::Device)?;
-        let transport = choose_transport(&rail, &send.full())?;
+        let transport = inter_host_transport(&rail, &send.full())?;
         // Every rank of the communicator takes the same path: agreed over the whole of it.
         crate::agree::agree(
             comm,
