@@ -106,29 +106,49 @@ pub fn register_local(c: &Arc<Comm>, owner: Option<DeviceBuffer>) -> *mut c_void
 }
 
 /// `ncclCommWindowRegister`: a collective call. `owner` is the `ncclMemAlloc` buffer holding
-/// `[buff, buff + size)` and the range's offset in it, if any; `flags` the window's
-/// (`NCCL_WIN_COLL_SYMMETRIC`: mapped into every LSA rank's symmetric space, for the device
-/// API; every rank's memory must then come from `ncclMemAlloc`).
+/// `[buff, buff + size)` and the range's offset in it, if any; `flags` the window's. Where every
+/// rank's memory comes from `ncclMemAlloc`, the window is mapped into every LSA rank's
+/// symmetric space for the device API whatever its flags (as NCCL does: DeepEP registers with
+/// `NCCL_WIN_STRICT_ORDERING` alone and asks for LSA pointers); with `NCCL_WIN_COLL_SYMMETRIC`
+/// every rank's memory must come from `ncclMemAlloc`, and the collectives read the peers'
+/// windows through the mappings.
 pub fn register_window(
     c: &Arc<Comm>,
     owner: Option<(DeviceBuffer, usize)>,
     size: usize,
     flags: i32,
 ) -> Res<*mut c_void> {
+    let symmetric = flags & WIN_COLL_SYMMETRIC != 0;
     let sym = match c.native.as_ref() {
-        Some(n) if flags & WIN_COLL_SYMMETRIC != 0 => {
-            let space = n.devapi.space(n.communicator())?;
-            let user = owner.as_ref().map_or(0, |(b, off)| b.ptr().0 + *off as u64);
-            let m = space.map(
-                owner.as_ref().map(|(b, _)| b),
-                owner.as_ref().map_or(0, |(_, off)| *off),
-                size,
-                user,
-                flags as u32,
-            )?;
-            Some((space, m))
+        Some(n) => {
+            // Collective on every rank alike: a rank without shareable memory fails the space
+            // on every rank, which only a symmetric window turns into an error.
+            let space = match n.devapi.space(n.communicator()) {
+                Ok(s) => Some(s),
+                Err(e) if symmetric => return Err(e),
+                Err(e) => {
+                    tracing::debug!("a window without a device window: {}", e.message);
+                    None
+                }
+            };
+            match space {
+                Some(space) => {
+                    let user = owner.as_ref().map_or(0, |(b, off)| b.ptr().0 + *off as u64);
+                    space
+                        .map(
+                            owner.as_ref().map(|(b, _)| b),
+                            owner.as_ref().map_or(0, |(_, off)| *off),
+                            size,
+                            user,
+                            flags as u32,
+                            symmetric,
+                        )?
+                        .map(|m| (space, m))
+                }
+                None => None,
+            }
         }
-        _ => None,
+        None => None,
     };
     let window = match c.caller() {
         Some(caller) => {
@@ -139,7 +159,10 @@ pub fn register_window(
             // A symmetric window every rank mapped at the same offset: the collectives read the
             // peers' windows through the symmetric mappings (no IPC handle is needed, which
             // shareable memory has none of); otherwise the caller side's agreed registration.
-            let mapped = sym.as_ref().and_then(|(_, m)| m.peers.as_ref());
+            let mapped = sym
+                .as_ref()
+                .filter(|_| symmetric)
+                .and_then(|(_, m)| m.peers.as_ref());
             match (&slice, mapped) {
                 (Some(s), Some(peers)) => caller.register_mapped(s, peers)?,
                 _ => caller.register(slice.as_ref())?,
@@ -240,7 +263,8 @@ pub fn symmetric_pointer(
     })?;
     let (space, mapped) = reg.sym.as_ref().ok_or_else(|| {
         Failure::usage(format!(
-            "window {h:p} is not symmetric: register it with NCCL_WIN_COLL_SYMMETRIC (and memory of ncclMemAlloc) for device pointers"
+            "window {h:p} has no device window: on some rank its memory is not ncclMemAlloc memory starting at a multiple of {} bytes into its allocation",
+            crate::devapi::layout::WIN_ALIGNMENT
         ))
     })?;
     let size = mapped.entry.1 as usize;

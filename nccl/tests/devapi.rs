@@ -765,13 +765,34 @@ fn gin_through_the_proxy(
         NCCL_INVALID_ARGUMENT,
         "NCCL_GIN_CONNECTION_NONE",
     )?;
+    let mut bad = requirements(23206, 0);
+    set32(&mut bad, 72, 9);
+    refused(
+        "ginConnectionType 9",
+        &bad,
+        NCCL_INVALID_ARGUMENT,
+        "none of NCCL's",
+    )?;
+    // RAIL connections with 129 contexts, as DeepEP asks on one host: served as FULL (a
+    // superset of the rail's peers), the context count a hint met with 32.
     let mut rail = requirements(23206, 0);
     set32(&mut rail, 72, 2);
-    refused("RAIL connections", &rail, NCCL_INVALID_USAGE, "RAIL")?;
-    let mut many = requirements(23206, 0);
-    set32(&mut many, 72, 1);
-    set32(&mut many, 60, 64);
-    refused("64 GIN contexts", &many, NCCL_INVALID_USAGE, "at most 32")?;
+    set32(&mut rail, 60, 129);
+    let mut dc = vec![0u8; 256];
+    // SAFETY: valid requirements and out-struct.
+    check("ncclDevCommCreate (RAIL, 129 contexts)", unsafe {
+        dev_create(comm, rail.as_ptr().cast(), dc.as_mut_ptr().cast())
+    })?;
+    let contexts = rd32(dc.as_ptr() as u64, 152);
+    if contexts != 32 {
+        return Err(format!(
+            "129 GIN contexts asked: ginContextCount {contexts}"
+        ));
+    }
+    // SAFETY: the device communicator made above.
+    check("ncclDevCommDestroy (RAIL)", unsafe {
+        dev_destroy(comm, dc.as_ptr().cast())
+    })?;
     Ok(())
 }
 
@@ -824,10 +845,12 @@ fn hosts_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         }
         words[2048..12288].fill(0xa5a5_a5a5);
         words[6144..6148].fill(0);
+        // NCCL_WIN_STRICT_ORDERING alone, as DeepEP registers: ncclMemAlloc memory on every
+        // rank gets a device window all the same.
         let mut win: *mut c_void = std::ptr::null_mut();
         check(
-            "ncclCommWindowRegister",
-            win_reg(comm, p, bytes, &mut win, SYMMETRIC),
+            "ncclCommWindowRegister (NCCL_WIN_STRICT_ORDERING)",
+            win_reg(comm, p, bytes, &mut win, 2),
         )?;
         let mate = rank ^ 1;
         let mut q: *mut c_void = std::ptr::null_mut();

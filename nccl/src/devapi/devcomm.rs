@@ -264,7 +264,15 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
             ));
         }
         (0, false) => None,
-        (0 | 1, _) => {
+        (0..=4, _) => {
+            if connection >= 2 {
+                // RAIL and CUSTOM name a subset of peers GIN must reach; every rank is reached
+                // here, a superset, so the client's kernels find every peer they expect.
+                tracing::info!(
+                    target: crate::debug::INIT,
+                    "ncclDevCommCreate: ginConnectionType {connection} served as NCCL_GIN_CONNECTION_FULL (every rank a GIN peer)"
+                );
+            }
             let ctx_stride = super::gin::context_stride(version)
                 .map_err(|e| Failure::usage(format!("ncclDevCommCreate: {e}")))?;
             let ty = if version >= 23100 {
@@ -278,11 +286,14 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
                     layout::GIN_TYPE_PROXY
                 )));
             }
-            let contexts = get(reqs::GIN_CONTEXT_COUNT).max(1) as usize;
-            if contexts > MAX_CONTEXTS {
-                return Err(Failure::usage(format!(
-                    "ncclDevCommCreate: ginContextCount {contexts}: this library serves at most {MAX_CONTEXTS} GIN contexts"
-                )));
+            // A hint, as NCCL's header says: clients read the count back from the devcomm.
+            let asked_contexts = get(reqs::GIN_CONTEXT_COUNT).max(1) as usize;
+            let contexts = asked_contexts.min(MAX_CONTEXTS);
+            if contexts < asked_contexts {
+                tracing::info!(
+                    target: crate::debug::INIT,
+                    "ncclDevCommCreate: ginContextCount {asked_contexts} asked, {contexts} given (ncclDevComm.ginContextCount)"
+                );
             }
             let depth = if version >= 22907 {
                 get(reqs::GIN_QUEUE_DEPTH)
@@ -305,14 +316,8 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
             })
         }
         (c, _) => {
-            return Err(Failure::usage(format!(
-                "ncclDevCommCreate: ginConnectionType {c} ({}): this library serves NCCL_GIN_CONNECTION_FULL (every rank a GIN peer)",
-                match c {
-                    2 => "RAIL",
-                    3 => "CUSTOM_STRIDE",
-                    4 => "CUSTOM_ARRAY",
-                    _ => "unknown",
-                }
+            return Err(Failure::argument(format!(
+                "ncclDevCommCreate: ginConnectionType {c} is none of NCCL's (NONE, FULL, RAIL, CUSTOM_STRIDE, CUSTOM_ARRAY: 0 to 4)"
             )));
         }
     };
@@ -419,6 +424,13 @@ pub unsafe fn create(space: &Arc<Space>, r: *const c_void, out: *mut c_void) -> 
             .ok_or_else(|| Failure::argument("ncclDevCommCreate: resources overflow"))?;
     }
     let total = off.next_multiple_of(RESOURCE_UNIT);
+    // GIN without signals (puts and counters only) still needs its proxy, which lives with
+    // the resources.
+    let total = if gin_ask.is_some() {
+        total.max(RESOURCE_UNIT)
+    } else {
+        total
+    };
     let device = comm.device();
     let resources = if total > 0 {
         let sh = device
@@ -428,7 +440,9 @@ pub unsafe fn create(space: &Arc<Space>, r: *const c_void, out: *mut c_void) -> 
         let stream = device.create_stream()?;
         stream.fill(&buf.full(), 0)?;
         stream.synchronize()?;
-        let m = space.map(Some(&buf), 0, total, 0, 0)?;
+        let m = space
+            .map(Some(&buf), 0, total, 0, 0, true)?
+            .ok_or_else(|| Failure::internal("the resources were not mapped"))?;
         Some((m, buf))
     } else {
         None

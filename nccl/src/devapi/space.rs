@@ -312,10 +312,12 @@ impl Space {
         Ok(())
     }
 
-    /// Maps `alloc` (this rank's shareable allocation; `None` where this rank has none to give,
-    /// which fails every rank naming it) into every team member's space, with its record for a
-    /// window of `size` bytes at `off` in the allocation (`user`: the caller's address of it).
-    /// Collective over every rank of the communicator.
+    /// Maps `alloc` (this rank's shareable allocation; `None` where this rank has none to give)
+    /// into every team member's space, with its record for a window of `size` bytes at `off` in
+    /// the allocation (`user`: the caller's address of it). Collective over every rank of the
+    /// communicator. Where some rank has no such memory to give, every rank fails naming it if
+    /// `required` (a window registered `NCCL_WIN_COLL_SYMMETRIC`), else every rank maps
+    /// nothing (`Ok(None)`: a window of other memory has no device window, as with NCCL).
     pub fn map(
         &self,
         alloc: Option<&DeviceBuffer>,
@@ -323,7 +325,8 @@ impl Space {
         size: usize,
         user: u64,
         flags: u32,
-    ) -> Res<Mapped> {
+        required: bool,
+    ) -> Res<Option<Mapped>> {
         let boot = self.comm.bootstrap();
         let (rank, n) = (self.comm.rank(), self.comm.nranks());
         let fd = match alloc {
@@ -350,6 +353,12 @@ impl Space {
         let missing: Vec<usize> = (0..n).filter(|&r| lens[r] == 0).collect();
         let fd = match fd {
             Ok(fd) if missing.is_empty() => fd,
+            _ if !required => {
+                tracing::debug!(
+                    "rank {rank}: a window without NCCL_WIN_COLL_SYMMETRIC on ranks {missing:?} of other memory: no device window"
+                );
+                return Ok(None);
+            }
             mine => {
                 let why = mine
                     .err()
@@ -439,14 +448,14 @@ impl Space {
                 .map(|r| (values.lsa_flat_base + (r * self.stride) as u64, sizes[r]))
                 .collect()
         });
-        Ok(Mapped {
+        Ok(Some(Mapped {
             offset,
             lens: lens_team,
             record,
             values,
             entry,
             peers,
-        })
+        }))
     }
 
     /// Takes `m` out of the window table and this rank's space (its peers' memory stays theirs).
