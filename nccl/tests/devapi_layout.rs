@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use mscclpp_nccl::CommProperties;
+use mscclpp_nccl::devapi::gin;
 use mscclpp_nccl::devapi::layout::{
     self, API_MAGIC, DevCommLayout, TABLE_BYTES, TABLE_ENTRIES, WIN_COLL_SYMMETRIC, record, reqs,
 };
@@ -172,6 +173,74 @@ fn expected(version: u32) -> Vec<(String, u64)> {
     if version >= 23200 {
         put(&p("cftSupport"), layout::props::CFT_SUPPORT);
     }
+    // GIN (served from 2.30.3): the devcomm's GIN fields, the proxy's per-context struct, its
+    // queue slot and the op bits the proxy decodes.
+    if let (Some(g), Ok(stride)) = (l.gin_offsets(), gin::context_stride(version)) {
+        let hybrid = if version >= 23100 {
+            "hybridDenseGinBarrier"
+        } else {
+            "hybridWorldGinBarrier"
+        };
+        if version >= 23005 {
+            put(&dc(hybrid), g.hybrid_dense);
+            put(&dc("ginStrongLegacySignals"), g.strong_legacy);
+        }
+        for (f, at) in [
+            ("railGinBarrier", g.rail),
+            ("ginConnectionCount", g.connection_count),
+            ("ginNetDeviceTypes", g.net_device_types),
+            ("ginHandles", g.handles),
+            ("ginSignalCount", g.signal_count),
+            ("ginCounterCount", g.counter_count),
+            ("ginSignalShadows", g.shadows),
+            ("ginContextCount", g.context_count),
+            ("abortFlag", g.abort_flag),
+            ("hybridRailGinBarrier", g.hybrid_rail),
+            ("worldGinBarrier", g.world),
+        ] {
+            put(&dc(f), at);
+        }
+        if let Some((connection, context, rcp)) = g.strides {
+            put(&dc("ginConnectionStride"), connection);
+            put(&dc("ginContextStride"), context);
+            put(&dc("ginConnectionStride_rcp32"), rcp);
+        }
+        put("offsetof(ncclGinBarrierHandle, signal0)", 0);
+        let c = |f: &str| format!("offsetof(ncclGinProxyGpuCtx_t, {f})");
+        put("sizeof(ncclGinProxyGpuCtx_t)", stride);
+        for (f, at) in [
+            ("nranks", gin::ctx::NRANKS),
+            ("queueSize", gin::ctx::QUEUE_SIZE),
+            ("queues", gin::ctx::QUEUES),
+            ("pis", gin::ctx::PIS),
+            ("cis", gin::ctx::CIS),
+            ("counters", gin::ctx::COUNTERS),
+            ("signals", gin::ctx::SIGNALS),
+        ] {
+            put(&c(f), at);
+        }
+        if version >= 23005 {
+            put(&c("signalOffsets"), gin::ctx::SIGNAL_OFFSETS);
+            put(&c("lastIssuedGet"), gin::ctx::LAST_ISSUED_GET);
+            put(&c("lastVisibleGet"), gin::ctx::LAST_VISIBLE_GET);
+        }
+        if version >= 23203 {
+            put(&c("flushesAllPutsOnAnySignal"), gin::ctx::FLUSHES_ALL_PUTS);
+        }
+        put("sizeof(ncclGinProxyGfd_t)", gin::SLOT);
+        for (e, v) in [
+            ("ncclGinProxyOpPut", gin::op::PUT),
+            ("ncclGinProxyOpWithInline", gin::op::INLINE),
+            ("ncclGinProxyOpWithCounter", gin::op::COUNTER),
+            ("ncclGinProxyOpWithSignalInc", gin::op::SIGNAL_INC),
+            ("ncclGinProxyOpWithSignalAdd", gin::op::SIGNAL_ADD),
+            ("ncclGinProxyOpVASignal", gin::op::VA_SIGNAL),
+            ("ncclGinProxyOpGet", gin::op::GET),
+            ("ncclGinProxyOpFlush", gin::op::FLUSH),
+        ] {
+            put(e, v as usize);
+        }
+    }
     put("NCCL_WIN_COLL_SYMMETRIC", WIN_COLL_SYMMETRIC as usize);
     put("NCCL_API_MAGIC", API_MAGIC as usize);
     e
@@ -193,8 +262,14 @@ fn measure(
     work: &Path,
 ) -> Result<Vec<u64>, String> {
     let mut src = String::from(
-        "#include <nccl.h>\n#include <nccl_device.h>\n#include <cstdio>\n#include <cstddef>\nint main() {\n",
+        "#include <nccl.h>\n#include <nccl_device.h>\n#include <cstdio>\n#include <cstddef>\n",
     );
+    // The proxy GIN's structures, which `nccl_device.h` includes only for device code.
+    let proxy = "nccl_device/gin/proxy/gin_proxy_device_host_common.h";
+    if dir.join(proxy).exists() {
+        src += &format!("#include <{proxy}>\n");
+    }
+    src += "int main() {\n";
     for e in exprs {
         src += &format!("  printf(\"%llu\\n\", (unsigned long long)({e}));\n");
     }

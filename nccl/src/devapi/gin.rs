@@ -90,20 +90,56 @@ pub fn context_stride(version: u32) -> Result<usize, String> {
     }
 }
 
+/// Offsets in the per-context proxy struct (`ncclGinProxyGpuCtx_t`; the last three from 2.30.5,
+/// `flushesAllPutsOnAnySignal` from 2.32.3), checked against NCCL's headers by
+/// `nccl/tests/devapi_layout.rs`.
+pub mod ctx {
+    /// `int nranks`.
+    pub const NRANKS: usize = 0;
+    /// `uint32_t queueSize`.
+    pub const QUEUE_SIZE: usize = 4;
+    /// `ncclGinProxyGfd_t* queues`.
+    pub const QUEUES: usize = 8;
+    /// `uint32_t* pis`.
+    pub const PIS: usize = 16;
+    /// `uint32_t* cis`.
+    pub const CIS: usize = 24;
+    /// `uint64_t* counters`.
+    pub const COUNTERS: usize = 32;
+    /// `uint64_t* signals`.
+    pub const SIGNALS: usize = 40;
+    /// `uint64_t* signalOffsets`.
+    pub const SIGNAL_OFFSETS: usize = 48;
+    /// `uint32_t* lastIssuedGet`.
+    pub const LAST_ISSUED_GET: usize = 56;
+    /// `uint32_t* lastVisibleGet`.
+    pub const LAST_VISIBLE_GET: usize = 64;
+    /// `bool flushesAllPutsOnAnySignal`.
+    pub const FLUSHES_ALL_PUTS: usize = 72;
+}
+
 /// The ops of a GFD (`ncclGinProxyOp_t` bits).
-mod op {
+pub mod op {
+    /// `ncclGinProxyOpPut`.
     pub const PUT: u64 = 0x01;
+    /// `ncclGinProxyOpWithInline`.
     pub const INLINE: u64 = 0x02;
+    /// `ncclGinProxyOpWithCounter`.
     pub const COUNTER: u64 = 0x04;
+    /// `ncclGinProxyOpWithSignalInc`.
     pub const SIGNAL_INC: u64 = 0x08;
+    /// `ncclGinProxyOpWithSignalAdd`.
     pub const SIGNAL_ADD: u64 = 0x10;
+    /// `ncclGinProxyOpVASignal`.
     pub const VA_SIGNAL: u64 = 0x20;
+    /// `ncclGinProxyOpGet`.
     pub const GET: u64 = 0x40;
+    /// `ncclGinProxyOpFlush`.
     pub const FLUSH: u64 = 0x80;
 }
 
-/// Bytes of a queue slot (16 qwords; version 3 writes only the first 8).
-const SLOT: usize = 128;
+/// Bytes of a queue slot (`ncclGinProxyGfd_t`: 16 qwords; version 3 writes only the first 8).
+pub const SLOT: usize = 128;
 /// Descriptors taken from one queue in one pass (so that one busy queue starves none).
 const BATCH: usize = 32;
 /// How long the proxy waits for its stream before it gives up and raises the abort flag.
@@ -307,17 +343,21 @@ impl Gin {
             let mut put = |at: usize, v: u64, bytes: usize| {
                 e[at..at + bytes].copy_from_slice(&v.to_le_bytes()[..bytes]);
             };
-            put(0, n as u64, 4);
-            put(4, q as u64, 4);
-            put(8, queues.ptr().0 + (i * n * q * SLOT) as u64, 8);
-            put(16, pis.ptr().0 + (i * 2 * n * 4) as u64, 8);
-            put(24, cis.ptr().0 + (i * n * 4) as u64, 8);
-            put(32, counters.ptr().0 + (i * k * 8) as u64, 8);
-            put(40, own_signals + (i * s * 8) as u64, 8);
-            if shape.ctx_stride >= 72 {
-                put(48, offsets.ptr().0 + (i * s * 8) as u64, 8);
-                put(56, issued.ptr().0 + (i * n * 4) as u64, 8);
-                put(64, visible.ptr().0 + (i * n * 4) as u64, 8);
+            put(ctx::NRANKS, n as u64, 4);
+            put(ctx::QUEUE_SIZE, q as u64, 4);
+            put(ctx::QUEUES, queues.ptr().0 + (i * n * q * SLOT) as u64, 8);
+            put(ctx::PIS, pis.ptr().0 + (i * 2 * n * 4) as u64, 8);
+            put(ctx::CIS, cis.ptr().0 + (i * n * 4) as u64, 8);
+            put(ctx::COUNTERS, counters.ptr().0 + (i * k * 8) as u64, 8);
+            put(ctx::SIGNALS, own_signals + (i * s * 8) as u64, 8);
+            if shape.ctx_stride > ctx::LAST_VISIBLE_GET {
+                put(ctx::SIGNAL_OFFSETS, offsets.ptr().0 + (i * s * 8) as u64, 8);
+                put(ctx::LAST_ISSUED_GET, issued.ptr().0 + (i * n * 4) as u64, 8);
+                put(
+                    ctx::LAST_VISIBLE_GET,
+                    visible.ptr().0 + (i * n * 4) as u64,
+                    8,
+                );
             }
             // 80-byte structs: flushesAllPutsOnAnySignal (72) stays false: a signal here
             // orders only its own queue's earlier puts.

@@ -360,40 +360,108 @@ impl DevCommValues {
 
     /// The GIN fields at `layout`'s offsets (2.30 and 2.31+; GIN is not served to 2.29).
     fn put_gin(&self, b: &mut [u8], layout: DevCommLayout, g: &GinValues) {
-        // (hybrid dense/world, railGin, connection count, device types, handles, signal
-        // count, counter count, shadows, context count, strong legacy, abort, hybrid rail,
-        // world); `hybridLsaBarrier` is written with or without GIN.
-        let at: [usize; 13] = match layout {
-            DevCommLayout::V2310 => [64, 88, 96, 98, 104, 136, 140, 144, 152, 164, 168, 184, 192],
-            DevCommLayout::V2300 => [
-                112, 136, 144, 145, 152, 184, 188, 192, 200, 205, 208, 224, 232,
-            ],
-            _ => return,
+        let Some(o) = layout.gin_offsets() else {
+            return;
         };
         // 2.30.3/2.30.4 have no hybrid world barrier nor strong legacy signals (their bytes
         // there are padding).
         let old = layout == DevCommLayout::V2300 && self.version < 23005;
         if !old {
-            put32(b, at[0], g.hybrid_dense);
-            b[at[9]] = u8::from(g.strong_legacy);
+            put32(b, o.hybrid_dense, g.hybrid_dense);
+            b[o.strong_legacy] = u8::from(g.strong_legacy);
         }
-        put32(b, at[1], g.rail);
-        b[at[2]] = 1;
-        b[at[3]] = GIN_TYPE_PROXY;
-        put64(b, at[4], g.contexts_array);
-        put32(b, at[5], g.signals);
-        put32(b, at[6], g.counters);
-        put64(b, at[7], g.shadows);
-        put32(b, at[8], g.contexts);
-        put64(b, at[10], g.abort_flag);
-        put32(b, at[11], g.hybrid_rail);
-        put32(b, at[12], g.world);
-        if layout == DevCommLayout::V2310 {
+        put32(b, o.rail, g.rail);
+        b[o.connection_count] = 1;
+        b[o.net_device_types] = GIN_TYPE_PROXY;
+        put64(b, o.handles, g.contexts_array);
+        put32(b, o.signal_count, g.signals);
+        put32(b, o.counter_count, g.counters);
+        put64(b, o.shadows, g.shadows);
+        put32(b, o.context_count, g.contexts);
+        put64(b, o.abort_flag, g.abort_flag);
+        put32(b, o.hybrid_rail, g.hybrid_rail);
+        put32(b, o.world, g.world);
+        if let Some((connection, context, rcp)) = o.strides {
             // backendIndex 0; connection and context strides 1 (every rank a GIN peer), the
             // connection stride's reciprocal NCCL's idivRcp32(1).
-            put32(b, 156, 1);
-            put32(b, 160, 1);
-            put32(b, 200, rcp32(1));
+            put32(b, connection, 1);
+            put32(b, context, 1);
+            put32(b, rcp, rcp32(1));
+        }
+    }
+}
+
+/// Where `ncclDevComm`'s GIN fields sit (checked against NCCL's headers by
+/// `nccl/tests/devapi_layout.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GinOffsets {
+    /// `hybridDenseGinBarrier` (2.31 on) / `hybridWorldGinBarrier` (2.30.5 on).
+    pub hybrid_dense: usize,
+    /// `railGinBarrier`.
+    pub rail: usize,
+    /// `uint8_t ginConnectionCount`.
+    pub connection_count: usize,
+    /// `uint8_t ginNetDeviceTypes[4]`.
+    pub net_device_types: usize,
+    /// `void* ginHandles[4]`.
+    pub handles: usize,
+    /// `int ginSignalCount`.
+    pub signal_count: usize,
+    /// `int ginCounterCount`.
+    pub counter_count: usize,
+    /// `uint64_t* ginSignalShadows`.
+    pub shadows: usize,
+    /// `uint32_t ginContextCount`.
+    pub context_count: usize,
+    /// `bool ginStrongLegacySignals` (2.30.5 on).
+    pub strong_legacy: usize,
+    /// `uint32_t* abortFlag`.
+    pub abort_flag: usize,
+    /// `hybridRailGinBarrier`.
+    pub hybrid_rail: usize,
+    /// `worldGinBarrier`.
+    pub world: usize,
+    /// `ginConnectionStride`, `ginContextStride`, `ginConnectionStride_rcp32` (2.31 on).
+    pub strides: Option<(usize, usize, usize)>,
+}
+
+impl DevCommLayout {
+    /// The GIN fields of this layout (`None` for 2.29's, to which GIN is not served).
+    pub fn gin_offsets(self) -> Option<GinOffsets> {
+        match self {
+            DevCommLayout::V2310 => Some(GinOffsets {
+                hybrid_dense: 64,
+                rail: 88,
+                connection_count: 96,
+                net_device_types: 98,
+                handles: 104,
+                signal_count: 136,
+                counter_count: 140,
+                shadows: 144,
+                context_count: 152,
+                strong_legacy: 164,
+                abort_flag: 168,
+                hybrid_rail: 184,
+                world: 192,
+                strides: Some((156, 160, 200)),
+            }),
+            DevCommLayout::V2300 => Some(GinOffsets {
+                hybrid_dense: 112,
+                rail: 136,
+                connection_count: 144,
+                net_device_types: 145,
+                handles: 152,
+                signal_count: 184,
+                counter_count: 188,
+                shadows: 192,
+                context_count: 200,
+                strong_legacy: 205,
+                abort_flag: 208,
+                hybrid_rail: 224,
+                world: 232,
+                strides: None,
+            }),
+            _ => None,
         }
     }
 }
