@@ -40,7 +40,6 @@ mod window;
 
 pub use algorithms::MODULES;
 pub use algorithms::base::MAX_RANKS;
-pub use algorithms::hier::inter_host_transport;
 pub use algorithms::id::AlgorithmId;
 pub use algorithms::p2p::{P2pKind, P2pOp};
 pub use call::CollectiveCall;

@@ -12,6 +12,7 @@
 
 /// The bootstrap (its own crate, `mscclpp-bootstrap`, on the vocabulary crate alone).
 pub use mscclpp_bootstrap as bootstrap;
+pub mod between_hosts;
 pub mod channel;
 pub mod communicator;
 pub mod proxy;
@@ -22,4 +23,5 @@ pub use bootstrap::{
     UNIQUE_ID_BYTES, UniqueId,
 };
 
+pub use between_hosts::inter_host_transport;
 pub use communicator::Communicator;

@@ -50,6 +50,50 @@ fn reduces(plan: &Plan, rank: usize) -> bool {
     })
 }
 
+/// What of `plan` joins ranks of two hosts but needs one (memory channels, memory access to a
+/// peer's buffer, switch channels), named with the ranks and their hosts: the same answer on
+/// every rank (`hosts` is every rank's host).
+fn crosses_hosts(plan: &Plan, hosts: &[u32]) -> Option<String> {
+    let spans = hosts.iter().any(|&h| Some(&h) != hosts.first());
+    if !spans {
+        return None;
+    }
+    let host = |r: usize| hosts.get(r).copied().unwrap_or(u32::MAX);
+    for (r, gpu) in plan.gpus.iter().enumerate() {
+        if let Some(&p) = gpu
+            .peers(ChannelType::Memory)
+            .iter()
+            .find(|&&p| host(p) != host(r))
+        {
+            return Some(format!(
+                "rank {r}'s memory channel to rank {p} (hosts {} and {})",
+                host(r),
+                host(p)
+            ));
+        }
+        if let Some(b) = gpu
+            .remote_buffers
+            .iter()
+            .find(|b| b.access.contains(&ChannelType::Memory) && host(b.rank) != host(r))
+        {
+            return Some(format!(
+                "rank {r}'s memory access to buffer {} of rank {} (hosts {} and {})",
+                b.buffer.name(),
+                b.rank,
+                host(r),
+                host(b.rank)
+            ));
+        }
+        if !gpu.switch_channels().is_empty() {
+            return Some(format!(
+                "rank {r}'s switch channels, over ranks of {} hosts",
+                hosts.iter().collect::<std::collections::HashSet<_>>().len()
+            ));
+        }
+    }
+    None
+}
+
 /// FIFO slots of an executor context's proxy.
 const PROXY_FIFO_SLOTS: usize = 512;
 
@@ -245,11 +289,23 @@ impl Executor {
                 ));
             }
         }
+        self.check_hosts(plan)?;
         let sizes = Sizes {
             input: input_bytes as u64,
             output: output_bytes as u64,
         };
         crate::flat::check_sizes(plan, rank, sizes)
+    }
+
+    /// Refuses a plan whose memory or switch channels would join ranks of two hosts.
+    fn check_hosts(&self, plan: &Plan) -> Result<()> {
+        match crosses_hosts(plan, self.comm.bootstrap().hosts()) {
+            Some(what) => Err(Error::unavailable(
+                format!("execution plan {}: {what}", plan.name),
+                "memory and switch channels join ranks of one host (they map the peer's memory); between hosts a plan uses port channels, which run over IB, an NCCL net plugin or Ethernet",
+            )),
+            None => Ok(()),
+        }
     }
 
     fn setup(&self, plan: &Plan, send: &BufferSlice, recv: &BufferSlice) -> Result<Context> {
@@ -270,6 +326,7 @@ impl Executor {
             output: recv.len() as u64,
         };
         let flat = flatten(plan, rank, sizes)?;
+        self.check_hosts(plan)?;
         let device = comm.device().clone();
         let stream = device.create_stream()?;
 
@@ -277,6 +334,25 @@ impl Executor {
         let scratch_bytes = flat.scratch_bytes;
         let scratch = device.alloc((scratch_bytes as usize).max(16), MemoryKind::Device)?;
         stream.fill(&scratch.full(), 0)?;
+
+        // Port channels to the ranks of other hosts take the transport every path between
+        // hosts takes (chosen by every rank together, where the communicator spans hosts).
+        let hosts = comm.bootstrap().hosts().to_vec();
+        let between = if hosts.iter().any(|&h| h != hosts[0]) {
+            Some(mscclpp_comm::inter_host_transport(comm, &scratch.full())?)
+        } else {
+            None
+        };
+        let ipc = TransportFlags::single(Transport::CudaIpc);
+        let flags = between.map_or(ipc, |t| ipc | t);
+        let endpoint = |p: usize| match between {
+            Some(t) if hosts[p] != hosts[rank] => {
+                let mut cfg = EndpointConfig::new(t);
+                cfg.connect_timeout = comm.bootstrap().timeout();
+                cfg
+            }
+            _ => EndpointConfig::new(Transport::CudaIpc),
+        };
 
         // Channels: per peer, as many connections (and semaphores) of each type as the larger
         // of the two sides declares, in order, so that both sides pair them the same way.
@@ -295,7 +371,26 @@ impl Executor {
                     .count();
                 let ours = mine.iter().filter(|&&q| q == p).count();
                 for _ in 0..ours.max(theirs) {
-                    let conn = comm.connect(p, EndpointConfig::new(Transport::CudaIpc))?;
+                    let cfg = endpoint(p);
+                    let t = cfg.transport;
+                    let conn = comm.connect(p, cfg).map_err(|x| {
+                        // Which channel of which plan, between which ranks and hosts, over what.
+                        let ctx = format!(
+                            "plan {}: the {} channel from rank {rank} (host {}) to rank {p} (host {}) over {t}",
+                            plan.name,
+                            ty.name(),
+                            hosts[rank],
+                            hosts[p]
+                        );
+                        match x {
+                            Error::Unavailable { what, reason } => Error::Unavailable {
+                                what: format!("{what} for {ctx}"),
+                                reason,
+                            },
+                            Error::InvalidUsage(m) => Error::InvalidUsage(format!("{ctx}: {m}")),
+                            other => other.with_context(|| ctx),
+                        }
+                    })?;
                     let slot = match ty {
                         ChannelType::Memory => {
                             memory_semaphores
@@ -326,14 +421,14 @@ impl Executor {
             }
         }
 
-        // Local buffers, registered for the peers (CudaIpc: one host) and the proxy.
-        let ipc = TransportFlags::single(Transport::CudaIpc);
+        // Local buffers, registered for the peers (CudaIpc within the host, and the transport
+        // between hosts where there are others) and the proxy.
         let mut registered = Vec::new();
         let local = |slice: &BufferSlice| -> Result<Option<Arc<RegisteredMemory>>> {
             if slice.is_empty() {
                 Ok(None)
             } else {
-                Ok(Some(Arc::new(comm.register_memory(slice, ipc)?)))
+                Ok(Some(Arc::new(comm.register_memory(slice, flags)?)))
             }
         };
         let locals = [
@@ -433,7 +528,7 @@ impl Executor {
             // A port channel handle names a destination of its peer and a local source; ops
             // replace both, so each channel starts with a small anchor buffer of its peer.
             let a = device.alloc(64, MemoryKind::Device)?;
-            let mine = Arc::new(comm.register_memory(&a.full(), ipc)?);
+            let mine = Arc::new(comm.register_memory(&a.full(), flags)?);
             let anchor_local = svc.add_memory(mine.clone())?;
             let mut anchor_ids = HashMap::new();
             for p in (0..n).filter(|&p| p != rank) {

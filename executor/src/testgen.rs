@@ -18,6 +18,12 @@
 //!   into every member's scratch, `upkt` of every slot into the output (the DSL's
 //!   `allgather_nvls_zero_copy_pkt`).
 //!
+//! - [`allgather_hosts`]: ranks on several hosts (`per_host` consecutive ranks each): the own
+//!   chunk `put` through memory channels into the outputs of the host's ranks, and through
+//!   port channels into the outputs of every other host's ranks, between signal/wait rounds on
+//!   both, then a flush of the port channels (the shape of the DSL's multi-node plans: memory
+//!   channels within a node, port channels between nodes).
+//!
 //! The NVLS plans run on the host backend, which emulates multicast; GPUs refuse them.
 //!
 //! Built only with the crate's `testgen` feature (off by default): the tests that use these
@@ -203,6 +209,84 @@ pub fn allgather_simple(n: usize, inplace: bool) -> Value {
         })
         .collect();
     let name = format!("allgather_simple_{n}{}", if inplace { "_ip" } else { "" });
+    header(&name, "allgather", "Simple", inplace, gpus)
+}
+
+/// An all-gather of `hosts * per_host` ranks across hosts: memory channels to the ranks of the
+/// own host, port channels to the others (see the module).
+pub fn allgather_hosts(hosts: usize, per_host: usize, inplace: bool) -> Value {
+    let n = hosts * per_host;
+    let gpus = (0..n)
+        .map(|r| {
+            let (near, far): (Vec<usize>, Vec<usize>) =
+                peers(r, n).into_iter().partition(|p| p / per_host == r / per_host);
+            let (kn, kf) = (near.len(), far.len());
+            let remote: Vec<Value> = near
+                .iter()
+                .map(|&p| json!({"rank": p, "type": "o", "access_channel_types": ["memory"]}))
+                .chain(far.iter().map(
+                    |&p| json!({"rank": p, "type": "o", "access_channel_types": ["port"]}),
+                ))
+                .collect();
+            let mut ops = Vec::new();
+            if !inplace {
+                ops.push(json!({"name": "copy",
+                    "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                    "dst_buff": [{"type": "o", "index": r, "size": 1}]}));
+            }
+            let sync = |name: &str, ops: &mut Vec<Value>| {
+                if kn > 0 {
+                    ops.push(json!({"name": name, "channel_type": "memory",
+                        "channel_ids": (0..kn).collect::<Vec<_>>()}));
+                }
+                ops.push(json!({"name": name, "channel_type": "port",
+                    "channel_ids": (0..kf).collect::<Vec<_>>()}));
+            };
+            sync("signal", &mut ops);
+            sync("wait", &mut ops);
+            if kn > 0 {
+                ops.push(json!({"name": "put", "channel_type": "memory",
+                    "src_buff": (0..kn).map(|_| json!({"type": "o", "index": r, "size": 1})).collect::<Vec<_>>(),
+                    "dst_buff": (0..kn).map(|j| json!({"buffer_id": j, "index": r, "size": 1})).collect::<Vec<_>>()}));
+            }
+            ops.push(json!({"name": "put", "channel_type": "port",
+                "channel_ids": (0..kf).collect::<Vec<_>>(),
+                "src_buff": (0..kf).map(|_| json!({"type": "o", "index": r, "size": 1})).collect::<Vec<_>>(),
+                "dst_buff": (0..kf).map(|j| json!({"buffer_id": j, "index": r, "size": 1})).collect::<Vec<_>>()}));
+            sync("signal", &mut ops);
+            sync("wait", &mut ops);
+            ops.push(json!({"name": "flush", "channel_type": "port",
+                "channel_ids": (0..kf).collect::<Vec<_>>()}));
+            let mut channels = Vec::new();
+            let mut tb_channels = Vec::new();
+            let mut refs = Vec::new();
+            if kn > 0 {
+                channels.push(json!({"channel_type": "memory", "connected_to": near}));
+                tb_channels.push(json!({"channel_type": "memory", "channel_ids": (0..kn).collect::<Vec<_>>()}));
+                refs.push(json!({"access_channel_type": "memory",
+                    "remote_buffer_ids": (0..kn).collect::<Vec<_>>()}));
+            }
+            channels.push(json!({"channel_type": "port", "connected_to": far}));
+            tb_channels.push(json!({"channel_type": "port", "channel_ids": (0..kf).collect::<Vec<_>>()}));
+            refs.push(json!({"access_channel_type": "port",
+                "remote_buffer_ids": (kn..kn + kf).collect::<Vec<_>>()}));
+            json!({
+                "id": r, "input_chunks": 1, "output_chunks": n, "scratch_chunks": 0,
+                "channels": channels,
+                "remote_buffers": remote,
+                "semaphores": [],
+                "threadblocks": [{
+                    "id": 0, "ops": ops,
+                    "channels": tb_channels,
+                    "remote_buffer_refs": refs,
+                }],
+            })
+        })
+        .collect();
+    let name = format!(
+        "allgather_hosts_{hosts}x{per_host}{}",
+        if inplace { "_ip" } else { "" }
+    );
     header(&name, "allgather", "Simple", inplace, gpus)
 }
 

@@ -183,10 +183,7 @@ impl Space {
         // collectives pick (collective: every rank of a communicator that spans hosts).
         let remote = if team.len() < n {
             let probe = device.alloc(4096, MemoryKind::Device)?;
-            Some(mscclpp::collectives::inter_host_transport(
-                &comm,
-                &probe.full(),
-            )?)
+            Some(mscclpp::comm::inter_host_transport(&comm, &probe.full())?)
         } else {
             None
         };

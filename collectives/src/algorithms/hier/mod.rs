@@ -6,7 +6,6 @@
 //!
 #![doc = include_str!("spec.md")]
 
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use mscclpp_comm::Communicator;
@@ -17,7 +16,7 @@ use mscclpp_hal::{
     Api, BufferSlice, DataType, DeviceBuffer, Error, KernelDef, KernelId, KernelModule,
     LaunchConfig, MemoryKind, ReduceOp, Result, StreamApi, TypedKernel,
 };
-use mscclpp_transports::{Endpoint, EndpointConfig, Transport, TransportFlags};
+use mscclpp_transports::{EndpointConfig, Transport, TransportFlags};
 
 pub(crate) mod args;
 pub(crate) mod host;
@@ -110,93 +109,6 @@ impl Topology {
             local: rank % per_host,
         }))
     }
-}
-
-/// The transport between hosts: `MSCCLPP_HIER_TRANSPORT` when set, else IB0 where this build
-/// and this machine have it and it can register `probe` (device memory needs peer memory or
-/// dma-buf), else Ethernet — the same on every rank of the rail (Ethernet unless all can use IB).
-/// Collective over `rail`. What every path between hosts picks (the hierarchical collectives'
-/// port channels, the NCCL device API's GIN proxy), so that they pick alike.
-pub fn inter_host_transport(rail: &Communicator, probe: &BufferSlice) -> Result<Transport> {
-    if let Some(v) = mscclpp_hal::env::get("MSCCLPP_HIER_TRANSPORT") {
-        let t = Transport::from_str(&v).map_err(|e| {
-            Error::invalid(format!("MSCCLPP_HIER_TRANSPORT={v:?} is malformed: {e}"))
-        })?;
-        if t == Transport::CudaIpc {
-            return Err(Error::invalid(
-                "MSCCLPP_HIER_TRANSPORT=CudaIpc: hosts cannot share memory; use Ethernet, IB0..IB7 or Net0..Net5",
-            ));
-        }
-        return Ok(t);
-    }
-    let ib = Transport::Ib(0);
-    let here = ib.built().is_ok()
-        && Endpoint::new(rail.context(), EndpointConfig::new(ib)).is_ok()
-        && rail
-            .register_memory(probe, TransportFlags::single(ib))
-            .inspect_err(|e| tracing::info!("IB0 cannot register the rail's scratch: {e}"))
-            .is_ok();
-    let net = Transport::Net(0);
-    let net_here = !here && net_is_faster(rail.rank());
-    let all = rail
-        .bootstrap()
-        .all_gather(&[u8::from(here), u8::from(net_here)])?;
-    Ok(if all.iter().all(|v| v.first() == Some(&1)) {
-        ib
-    } else if all.iter().all(|v| v.get(1) == Some(&1)) {
-        tracing::info!(
-            "between hosts: Net0 (an NCCL net plugin reporting more bandwidth than TCP on every rank; MSCCLPP_HIER_TRANSPORT overrides)"
-        );
-        net
-    } else {
-        Transport::Ethernet
-    })
-}
-
-/// Whether an NCCL net plugin loads here and its device 0 reports more bandwidth than the
-/// fastest NIC the kernel lists (`/sys/class/net/*/speed`; unknown counts as none), saying why
-/// at info level.
-fn net_is_faster(rank: usize) -> bool {
-    let plugin = match mscclpp_transports::net::plugin::plugin() {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::debug!(rank, "no NCCL net plugin for the hosts' traffic: {e}");
-            return false;
-        }
-    };
-    let props = match plugin.properties(0) {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::info!(
-                rank,
-                "NCCL net plugin {} has no usable device 0: {e}",
-                plugin.name
-            );
-            return false;
-        }
-    };
-    let tcp = tcp_speed_mbps().unwrap_or(0);
-    let faster = props.speed_mbps > tcp;
-    tracing::info!(
-        rank,
-        plugin = %plugin.name,
-        device = %props.name,
-        plugin_mbps = props.speed_mbps,
-        tcp_mbps = tcp,
-        "NCCL net plugin {} for the hosts' traffic",
-        if faster { "preferred" } else { "not preferred (TCP is as fast)" }
-    );
-    faster
-}
-
-/// The fastest speed (Mbit/s) a non-loopback interface reports in `/sys/class/net`.
-fn tcp_speed_mbps() -> Option<i32> {
-    let dir = std::fs::read_dir("/sys/class/net").ok()?;
-    dir.filter_map(|e| e.ok())
-        .filter(|e| e.file_name() != "lo")
-        .filter_map(|e| std::fs::read_to_string(e.path().join("speed")).ok())
-        .filter_map(|s| s.trim().parse::<i32>().ok())
-        .max()
 }
 
 /// The hierarchical collectives of one rank.
@@ -292,7 +204,7 @@ impl<A: Api> Hier<A> {
             .map_err(|_| Error::invalid("inter-host scratch does not fit this host"))?;
         let send = device.alloc(bytes, MemoryKind::Device)?;
         let recv = device.alloc(bytes, MemoryKind::Device)?;
-        let transport = inter_host_transport(&rail, &send.full())?;
+        let transport = mscclpp_comm::inter_host_transport(&rail, &send.full())?;
         // Every rank of the communicator takes the same path: agreed over the whole of it.
         crate::agree::agree(
             comm,
