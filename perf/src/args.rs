@@ -42,6 +42,13 @@ pub struct Args {
     #[arg(long, global = true)]
     pub ranks: Option<usize>,
 
+    /// Simulated hosts when run standalone: the ranks split into this many groups of
+    /// consecutive ranks, each with its own `MSCCLPP_HOSTID`, so that the paths between hosts
+    /// (the hierarchical collectives, multi-node plans) run on one machine. Must divide the
+    /// ranks.
+    #[arg(long, global = true)]
+    pub hosts: Option<usize>,
+
     /// JSON output, as nccl-tests' `-J FILE`: one JSON document written to FILE (never over an
     /// existing file: FILE.0, FILE.1, ... instead), the table still on standard output;
     /// `mscclpp-perf report` reads it. `-J -`: one JSON object per row on standard output

@@ -91,6 +91,18 @@ pub fn bootstrap(role: &Role) -> Result<Bootstrap> {
 /// output is passed through (rows appear as they are measured); every rank's standard error is.
 /// Returns the number of ranks that failed.
 pub fn spawn_and_wait(nranks: usize) -> Result<usize> {
+    spawn_hosts_and_wait(nranks, 1)
+}
+
+/// [`spawn_and_wait`] with the ranks split into `hosts` simulated hosts: each group of
+/// `nranks / hosts` consecutive ranks gets its own `MSCCLPP_HOSTID`.
+pub fn spawn_hosts_and_wait(nranks: usize, hosts: usize) -> Result<usize> {
+    if hosts == 0 || nranks % hosts != 0 {
+        return Err(Error::invalid(format!(
+            "--hosts {hosts}: {nranks} ranks do not split into {hosts} hosts of equal size"
+        )));
+    }
+    let per_host = nranks / hosts;
     let cfg = BootstrapConfig::from_env()?;
     let (root, uid) =
         BootstrapRoot::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), nranks, &cfg)?;
@@ -98,7 +110,19 @@ pub fn spawn_and_wait(nranks: usize) -> Result<usize> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut children: Vec<(usize, Child)> = Vec::with_capacity(nranks);
     for rank in 0..nranks {
-        let child = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        if hosts > 1 {
+            cmd.env(
+                "MSCCLPP_HOSTID",
+                format!(
+                    "{}-{}-host-{}",
+                    program_name(),
+                    std::process::id(),
+                    rank / per_host
+                ),
+            );
+        }
+        let child = cmd
             .args(&args)
             .env(UID_VAR, uid.to_string())
             .env(RANK_VAR, rank.to_string())

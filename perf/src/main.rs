@@ -101,9 +101,14 @@ fn run(args: &Args) -> Result<ExitCode> {
             }
         }
         if args.threads {
+            if args.hosts.is_some_and(|h| h > 1) {
+                return Err(mscclpp::Error::invalid(
+                    "--hosts with --threads: simulated hosts need a process per rank (MSCCLPP_HOSTID is per process); drop --threads",
+                ));
+            }
             return rank_threads(args, nranks);
         }
-        let failed = launch::spawn_and_wait(nranks)?;
+        let failed = launch::spawn_hosts_and_wait(nranks, args.hosts.unwrap_or(1))?;
         return Ok(if failed == 0 {
             ExitCode::SUCCESS
         } else {

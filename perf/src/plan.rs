@@ -35,6 +35,17 @@ fn kind_of(plan: &Plan) -> Result<CollectiveKind> {
     })
 }
 
+/// " on H hosts" where the ranks span several (by their host identities), else nothing.
+fn hosts_note(comm: &Communicator) -> String {
+    let hosts = comm.bootstrap().hosts();
+    let count = hosts.iter().collect::<std::collections::HashSet<_>>().len();
+    if count > 1 {
+        format!(" on {count} hosts")
+    } else {
+        String::new()
+    }
+}
+
 /// One rank's buffers for a plan and a size: where the input is written and what the plan and
 /// the built-in algorithm get as send and receive buffers.
 struct Slices {
@@ -69,8 +80,9 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
         });
     table.preamble(
         &format!(
-            "mscclpp-perf plan: {} plan file(s); {n} ranks on the {} backend ({})",
+            "mscclpp-perf plan: {} plan file(s); {n} ranks{} on the {} backend ({})",
             files.len(),
+            hosts_note(&comm),
             info.backend,
             info.name
         ),
