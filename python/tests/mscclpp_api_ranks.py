@@ -149,6 +149,34 @@ def executor_plan(group, mscclpp):
     return plan.name
 
 
+def dsl_multi_node(group, mscclpp):
+    """SGLang's multi-node path: ``mscclpp.compile`` of MSCCL++'s ``allreduce_multi_nodes`` (its
+    DSL, from MSCCLPP_DSL_PATH) for the ranks' two hosts, then ``execute`` in place, sum, every
+    element checked against NumPy, at two sizes of the plan's range."""
+    import mscclpp.default_algos as d
+    from mscclpp.language.collectives import AllReduce
+    from mscclpp.language.utils import AlgoSpec
+
+    n, rank = group.nranks, group.my_rank
+    spec = AlgoSpec(name="allreduce_2nodes", collective=AllReduce(n, 1, True),
+                    nranks_per_node=n // 2, world_size=n, in_place=True, instances=1,
+                    protocol="LL", auto_sync=False, num_threads_per_block=1024,
+                    reuse_resources=True, use_double_scratch_buffer=True,
+                    min_message_size=1 << 10, max_message_size=64 << 10, tags={"default": 1})
+    algo = mscclpp.compile(d.allreduce_multi_nodes, spec, rank, thread_block_group_size=1)
+    done = []
+    for count in (n * 64, n * 1024):
+        x = ((np.arange(count) * 7 + rank * 3) % 11).astype(np.float32)
+        want = sum(((np.arange(count) * 7 + r * 3) % 11) for r in range(n)).astype(np.float32)
+        rc = algo.execute(group.communicator, x.ctypes.data, x.ctypes.data, x.nbytes, x.nbytes,
+                          mscclpp.DataType.float32, mscclpp.ReduceOp.SUM)
+        assert rc == 0, f"execute returned {rc}"
+        group.barrier()
+        assert np.array_equal(x, want), (count, x[:4], want[:4])
+        done.append(x.nbytes)
+    return algo.name, done
+
+
 def serve(rank, size, addr, case, conn, env):
     os.environ.update(env)
     try:

@@ -27,7 +27,8 @@ MSCCLPP_DEFAULTS = sorted([
 ])
 
 
-def run_ranks(size, case, env=None):
+def run_ranks(size, case, env=None, rank_env=None):
+    """Runs `case` on `size` host-backend ranks; `rank_env(r)` adds variables per rank."""
     import mscclpp_api_ranks
 
     ctx = mp.get_context("spawn")
@@ -35,8 +36,9 @@ def run_ranks(size, case, env=None):
     pipes, procs = [], []
     for r in range(size):
         a, b = ctx.Pipe()
+        e = dict(HOST, **(env or {}), **(rank_env(r) if rank_env else {}))
         p = ctx.Process(target=mscclpp_api_ranks.serve,
-                        args=(r, size, addr, case, b, dict(HOST, **(env or {}))), daemon=True)
+                        args=(r, size, addr, case, b, e), daemon=True)
         p.start()
         pipes.append(a)
         procs.append(p)
@@ -196,6 +198,24 @@ def test_dsl_from_a_real_mscclpp_runs_through_our_compile(fake_real_mscclpp):
     # Found through MSCCLPP_DSL_PATH too, with no real MSCCL++ on sys.path.
     out = _py(code, None, MSCCLPP_RS="1", MSCCLPP_DSL_PATH=str(fake_real_mscclpp / "mscclpp"))
     assert out.startswith("ar2 (1024, 8388608) True"), out
+
+
+@pytest.mark.parametrize("per_host", [2, 4])
+def test_dsl_multi_node_allreduce_across_simulated_hosts(per_host):
+    """MSCCL++'s own allreduce_multi_nodes (MSCCLPP_DSL_PATH: its python/mscclpp, never
+    shipped) compiled by our mscclpp.compile and executed on 2 simulated hosts."""
+    dsl = os.environ.get("MSCCLPP_DSL_PATH")
+    if not dsl or not os.path.isfile(os.path.join(dsl, "default_algos", "allreduce_multi_nodes.py")):
+        pytest.skip("MSCCLPP_DSL_PATH names no MSCCL++ DSL with default_algos/allreduce_multi_nodes.py")
+    import importlib.util
+    if importlib.util.find_spec("sortedcontainers") is None:
+        pytest.skip("sortedcontainers (MSCCL++'s DSL imports it) is not installed")
+    size = 2 * per_host
+    tag = f"dsl-hosts-{os.getpid()}-{per_host}"
+    outs = run_ranks(size, "dsl_multi_node", env={"MSCCLPP_DSL_PATH": dsl},
+                     rank_env=lambda r: {"MSCCLPP_HOSTID": f"{tag}-{r // per_host}"})
+    for name, sizes in outs:
+        assert name == "allreduce_2nodes" and len(sizes) == 2, (name, sizes)
 
 
 def test_dsl_absent_says_why():
