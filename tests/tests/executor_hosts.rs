@@ -1,11 +1,12 @@
 //! The executor across hosts on this machine: ranks as processes on the host backend, grouped
 //! into "hosts" by `MSCCLPP_HOSTID`. A plan of the multi-node shape (memory channels within a
 //! host, port channels between hosts: `testgen::allgather_hosts`) runs over the transport
-//! between hosts (Ethernet here), outputs poisoned first, random inputs (1024 i32 per rank: whole 16-byte units, as plans need), in and out of place,
-//! several rounds, checked against a CPU reference; a plan whose memory channels cross the hosts
-//! is refused on every rank naming the channel, the ranks and their hosts; a transport between
-//! hosts that cannot open is named with the channel and ranks it was for. Runs with
-//! `cargo test -p mscclpp-conformance --test executor_hosts`.
+//! between hosts (Ethernet, and Net through the NCCL net plugin fixture), outputs poisoned
+//! first, random inputs (1024 i32 per rank: whole 16-byte units, as plans need), in and out of
+//! place, several rounds, checked against a CPU reference; a plan whose memory channels cross
+//! the hosts is refused on every rank naming the channel, the ranks and their hosts; a
+//! transport between hosts that cannot open is named with the channel and ranks it was for.
+//! Runs with `cargo test -p mscclpp-conformance --test executor_hosts`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -229,6 +230,29 @@ fn main() {
         trials.push(Trial::test(
             format!("executor_hosts::allgather_{hosts}x{per_host}"),
             move || run("executed", hosts, per_host),
+        ));
+    }
+    // The Net transport between the hosts, through an NCCL net plugin (the fixture, or the one
+    // MSCCLPP_TEST_NET_PLUGIN names); ignored with the reason where none builds.
+    for (hosts, per_host) in [(2, 2), (2, 1)] {
+        trials.push(Trial::ignorable_test(
+            format!("executor_hosts::net::allgather_{hosts}x{per_host}"),
+            move || {
+                let plugin = match mscclpp_conformance::net_fixture::plugin() {
+                    Ok(p) => p,
+                    Err(why) => return Ok(libtest_mimic::Completion::ignored_with(why)),
+                };
+                run_with(
+                    "executed",
+                    hosts,
+                    per_host,
+                    vec![
+                        ("MSCCLPP_HIER_TRANSPORT".into(), "Net".into()),
+                        ("NCCL_NET_PLUGIN".into(), plugin.display().to_string()),
+                    ],
+                )
+                .map(|()| libtest_mimic::Completion::Completed)
+            },
         ));
     }
     trials.push(Trial::test(
