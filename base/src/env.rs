@@ -44,6 +44,10 @@ pub const KNOWN_VARS: &[(&str, &str)] = &[
         "seconds every bootstrap wait may take (default 60, at least 0.001)",
     ),
     (
+        "MSCCLPP_HOST_WAIT",
+        "seconds a device-side wait of the host backend spins at most (default 60)",
+    ),
+    (
         "MSCCLPP_BOOTSTRAP_SECRET",
         "shared secret for ip:port bootstrap (UniqueIds carry their own)",
     ),

@@ -93,6 +93,7 @@ mod hello;
 mod launch_env;
 mod links;
 mod p2p;
+mod progress;
 mod reactor;
 mod rendezvous;
 mod root;
@@ -120,6 +121,7 @@ pub use failure::PeerFailure;
 pub use launch_env::{
     LaunchInfo, detect as detect_launch, detect_optional as detect_launch_optional,
 };
+pub use progress::Progress;
 pub use protocol::RESERVED_TAG_BIT;
 pub use root::BootstrapRoot;
 pub use state::LinkStats;
@@ -440,6 +442,8 @@ impl Bootstrap {
             forwarding: Mutex::new(()),
             host_id: local_host_id(),
             segments: Mutex::new(Vec::new()),
+            progress: progress::Record::default(),
+            surveys: std::sync::atomic::AtomicU64::new(0),
         });
         if let Some(r) = &shared.reactor {
             r.add_listener(&shared)?;

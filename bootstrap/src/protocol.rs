@@ -66,6 +66,11 @@ pub enum FrameKind {
     /// A finished root's answer to a rank with its (stale) id: the encoded unique id of the
     /// rendezvous that replaced it (see `successor`).
     Moved,
+    /// A survey: what was the receiver's last call? (tag: the survey's id; no payload.) The
+    /// receiver's event loop answers, whatever its program is doing (see `progress`).
+    Status,
+    /// The answer to a survey (tag: its id): the receiver's record.
+    StatusReply,
 }
 
 impl FrameKind {
@@ -79,6 +84,8 @@ impl FrameKind {
             FrameKind::Lost => 6,
             FrameKind::Bye => 7,
             FrameKind::Moved => 8,
+            FrameKind::Status => 9,
+            FrameKind::StatusReply => 10,
         }
     }
 
@@ -92,6 +99,8 @@ impl FrameKind {
             6 => FrameKind::Lost,
             7 => FrameKind::Bye,
             8 => FrameKind::Moved,
+            9 => FrameKind::Status,
+            10 => FrameKind::StatusReply,
             _ => return None,
         })
     }

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -53,6 +53,10 @@ pub(super) struct Shared {
     /// The shared-memory barrier segments of this rank's views, with each view's members
     /// (bootstrap ranks): a death is written into those it concerns.
     pub(super) segments: Mutex<Vec<Registered>>,
+    /// This rank's last call, as surveys report it.
+    pub(super) progress: super::progress::Record,
+    /// The last survey id this rank used.
+    pub(super) surveys: AtomicU64,
 }
 
 /// A connection to one peer.
@@ -89,6 +93,11 @@ pub(super) struct State {
 }
 
 impl Shared {
+    /// A fresh survey id.
+    pub(super) fn next_survey(&self) -> u64 {
+        self.surveys.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // State stays consistent across a panicking holder: every update is a single insert.
         self.state.lock().unwrap_or_else(|p| p.into_inner())

@@ -1255,3 +1255,60 @@ fn a_successor_picked_before_the_communicator_existed_is_forgotten() {
     assert!(m.contains("still lives"), "{m}");
     drop(member);
 }
+
+/// A survey (issue 46's hang diagnosis): every rank notes its calls; rank 3 stops after one.
+/// While rank 3's program sits in a `recv` (its thread reading its connections) and rank 2's
+/// sleeps outside the bootstrap, rank 0's survey gets every record within its deadline, and
+/// `laggards` names rank 3 with its last call and no one else.
+#[test]
+fn a_survey_names_the_rank_that_stopped_calling() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let n = 4;
+    let out = on_ranks(n, move |r| {
+        let b = Bootstrap::new(&uid, r, n, cfg(10_000)).unwrap();
+        b.note_call("ncclAllReduce", 4096);
+        if r != 3 {
+            b.note_call("ncclBroadcast", 8192);
+        }
+        b.barrier().unwrap();
+        let mut found = None;
+        match r {
+            0 => {
+                let t = Instant::now();
+                let answers = b.survey(Duration::from_secs(2));
+                let took = t.elapsed();
+                let line = b.laggards(Duration::from_secs(2));
+                b.send(3, 7, b"go").unwrap();
+                found = Some((answers, took, line));
+            }
+            2 => thread::sleep(Duration::from_millis(300)),
+            3 => assert_eq!(b.recv(0, 7).unwrap(), b"go"),
+            _ => {}
+        }
+        b.barrier().unwrap();
+        found
+    });
+    let (answers, took, line) = out.into_iter().next().flatten().unwrap();
+    assert!(took < Duration::from_secs(2), "the survey took {took:?}");
+    for (v, a) in answers.iter().enumerate() {
+        let p = a.as_ref().unwrap_or_else(|e| panic!("rank {v}: {e}"));
+        let want = if v == 3 {
+            (1, "ncclAllReduce", 4096)
+        } else {
+            (2, "ncclBroadcast", 8192)
+        };
+        assert_eq!((p.calls, p.op.as_str(), p.bytes), want, "rank {v}");
+        assert!(p.ago < Duration::from_secs(5), "rank {v}: {p}");
+    }
+    let line = line.expect("a rank is behind");
+    assert!(
+        line.contains("rank 3: call #1 ncclAllReduce of 4096 bytes"),
+        "{line}"
+    );
+    assert!(
+        line.starts_with("behind this rank (call #2)")
+            && !line.contains("rank 1")
+            && !line.contains("rank 2"),
+        "{line}"
+    );
+}

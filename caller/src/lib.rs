@@ -281,15 +281,42 @@ impl Caller {
     /// are an error saying why (a front end that can fall back checks
     /// [`Caller::no_collectives`] first).
     pub fn collective(&self, call: &CollectiveCall<'_>, stream: &DynStream) -> Result<()> {
-        match &self.colls {
-            Some(c) => c.run(call, stream)?,
-            None if self.comm.nranks() > 1 => return Err(self.unavailable(call.kind.name())),
-            None if call.input.ptr() != call.output.ptr() => {
-                stream.copy(call.output, call.input)?
+        let bytes = call.input.len().max(call.output.len()) as u64;
+        self.noted(call.kind.name(), bytes, || {
+            match &self.colls {
+                Some(c) => c.run(call, stream)?,
+                None if self.comm.nranks() > 1 => {
+                    return Err(self.unavailable(call.kind.name()));
+                }
+                None if call.input.ptr() != call.output.ptr() => {
+                    stream.copy(call.output, call.input)?
+                }
+                None => {}
             }
-            None => {}
-        }
-        self.finish(stream)
+            self.finish(stream)
+        })
+    }
+
+    /// Runs `call` as this rank's next call (`op` over `bytes`, noted for its peers' surveys:
+    /// see [`mscclpp_comm::bootstrap::Bootstrap::survey`]); a call that waited past its
+    /// deadline fails naming the ranks behind this one and their last calls, as their event
+    /// loops answer.
+    fn noted<T>(&self, op: &str, bytes: u64, call: impl FnOnce() -> Result<T>) -> Result<T> {
+        let boot = self.comm.bootstrap();
+        boot.note_call(op, bytes);
+        call().map_err(|e| match e {
+            Error::Timeout { waiting_for, after } => {
+                let behind = boot.laggards(SURVEY_WAIT).map_or_else(
+                    || "; every rank has issued as many calls as this one".to_string(),
+                    |l| format!("; {l}"),
+                );
+                Error::Timeout {
+                    waiting_for: format!("{waiting_for} ({op}){behind}"),
+                    after,
+                }
+            }
+            other => other,
+        })
     }
 
     /// As [`Caller::collective`], with the algorithm `tuning` asks for (see [`Tuning`]).
@@ -307,12 +334,15 @@ impl Caller {
     /// Enqueues a group of sends and receives as one launch on `stream` (then
     /// [`Caller::finish`]); with one rank, each send to itself lands in the matching receive.
     pub fn send_recv(&self, ops: &[P2pOp<'_>], stream: &DynStream) -> Result<()> {
-        match &self.colls {
-            Some(c) => c.send_recv(ops, stream)?,
-            None if self.comm.nranks() > 1 => return Err(self.unavailable("send/recv")),
-            None => self_copies(ops, stream)?,
-        }
-        self.finish(stream)
+        let bytes = ops.iter().map(|o| o.bytes as u64).sum();
+        self.noted("send/recv", bytes, || {
+            match &self.colls {
+                Some(c) => c.send_recv(ops, stream)?,
+                None if self.comm.nranks() > 1 => return Err(self.unavailable("send/recv")),
+                None => self_copies(ops, stream)?,
+            }
+            self.finish(stream)
+        })
     }
 
     /// Enqueues execution `plan` with `send` as its input and `recv` as its output (the
@@ -328,14 +358,17 @@ impl Caller {
         op: Option<ReduceOp>,
         stream: &DynStream,
     ) -> Result<bool> {
-        let ran = self.ordered(stream, || {
-            self.plans
-                .run(&self.comm, plan, send, recv, dtype, op, stream)
-        })?;
-        if ran {
-            self.finish(stream)?;
-        }
-        Ok(ran)
+        let bytes = send.len().max(recv.len()) as u64;
+        self.noted(&format!("plan {}", plan.name), bytes, || {
+            let ran = self.ordered(stream, || {
+                self.plans
+                    .run(&self.comm, plan, send, recv, dtype, op, stream)
+            })?;
+            if ran {
+                self.finish(stream)?;
+            }
+            Ok(ran)
+        })
     }
 
     /// The communicator's plan executor, made at its first use (it loads its kernel).
@@ -427,6 +460,10 @@ impl Tuning {
         }
     }
 }
+
+/// How long a call that timed out waits for its peers' answers to the survey naming the ranks
+/// behind it.
+const SURVEY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `MSCCLPP_TYPED=0` runs the collectives over the trait objects instead of the backend's own
 /// types (the same code; for comparison and as a way out).

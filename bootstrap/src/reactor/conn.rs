@@ -531,6 +531,23 @@ impl Conn {
                 let why = format!("{} closed its bootstrap (an orderly exit)", self.addr);
                 self.end(sh, r, rx, why, true, deferred);
             }
+            FrameKind::Status => {
+                // Answered here, by whichever thread reads this connection: the program of
+                // this rank need not take part (see `progress`).
+                let answer = crate::progress::encode(&sh.progress.now());
+                if let Err(why) = self.send_nowait(r, frame(FrameKind::StatusReply, h.tag, &answer))
+                {
+                    tracing::debug!(peer, %why, "could not answer a survey");
+                }
+            }
+            FrameKind::StatusReply => {
+                let mut st = sh.lock();
+                st.queues
+                    .entry((crate::progress::SURVEY_COMM, peer, h.tag))
+                    .or_default()
+                    .push_back(payload);
+                sh.notify(st);
+            }
             kind => {
                 let why = format!("unexpected {kind:?} frame after setup");
                 self.end(sh, r, rx, why, false, deferred);

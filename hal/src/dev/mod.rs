@@ -39,6 +39,25 @@ use crate::kernel::LaunchConfig;
 /// beyond any legitimate wait between live ranks).
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(60);
 
+/// `MSCCLPP_HOST_WAIT`: seconds a device-side wait on the host backend may spin at most
+/// (default [`DEFAULT_WAIT`]); what jobs and tests that diagnose hangs lower. Read once.
+pub fn host_wait() -> Result<Duration> {
+    static WAIT: std::sync::OnceLock<std::result::Result<Duration, String>> =
+        std::sync::OnceLock::new();
+    WAIT.get_or_init(|| {
+        match crate::env::parse::<f64>("MSCCLPP_HOST_WAIT", "seconds (a number above 0)") {
+            Ok(None) => Ok(DEFAULT_WAIT),
+            Ok(Some(s)) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+            Ok(Some(s)) => Err(format!(
+                "environment variable MSCCLPP_HOST_WAIT={s} is malformed: expected seconds above 0"
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .clone()
+    .map_err(Error::invalid)
+}
+
 /// The atomic 64-bit word at a device address.
 ///
 /// # Safety
@@ -144,6 +163,7 @@ pub fn spin_until(
     what: impl Fn() -> String,
     mut done: impl FnMut() -> bool,
 ) -> Result<()> {
+    let timeout = timeout.min(host_wait()?);
     let mut spins = 0u32;
     let start = Instant::now();
     let abort = current_abort();

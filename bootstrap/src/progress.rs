@@ -1,0 +1,248 @@
+//! What each rank last asked of its communicators, and how a peer learns it without that rank's
+//! program taking part (the hang diagnosis of issue 46): the front end notes every collective
+//! it issues ([`Bootstrap::note_call`]); a rank that waits too long asks its peers
+//! ([`Bootstrap::survey`]), and each peer's event loop answers from its record — so a rank that
+//! is alive but never calls still says what it did last and how long ago.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use mscclpp_base::wire::{Reader, Writer};
+use mscclpp_base::{Error, Result};
+
+use super::Bootstrap;
+use super::protocol::FrameKind;
+use super::reactor::conn::frame;
+
+/// Queue key of the answers to surveys (no view has this id).
+pub(super) const SURVEY_COMM: u64 = u64::MAX;
+
+/// A rank's last call, as it answers a survey.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Calls noted so far (the last one's sequence number; 0: none).
+    pub calls: u64,
+    /// The last call's operation (e.g. `ncclAllReduce`).
+    pub op: String,
+    /// Its bytes.
+    pub bytes: u64,
+    /// How long before the answer it was issued.
+    pub ago: Duration,
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.calls == 0 {
+            return write!(f, "no call yet");
+        }
+        write!(
+            f,
+            "call #{} {} of {} bytes, issued {:.1} s ago",
+            self.calls,
+            self.op,
+            self.bytes,
+            self.ago.as_secs_f64()
+        )
+    }
+}
+
+/// This rank's record.
+#[derive(Debug, Default)]
+pub(super) struct Record {
+    inner: Mutex<Option<Last>>,
+}
+
+#[derive(Debug)]
+struct Last {
+    calls: u64,
+    op: String,
+    bytes: u64,
+    at: Instant,
+}
+
+impl Record {
+    /// One lock; no allocation when the operation is the last one's (the common case).
+    fn note(&self, op: &str, bytes: u64) -> u64 {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let at = Instant::now();
+        match &mut *g {
+            Some(last) => {
+                last.calls += 1;
+                if last.op != op {
+                    op.clone_into(&mut last.op);
+                }
+                last.bytes = bytes;
+                last.at = at;
+                last.calls
+            }
+            None => {
+                *g = Some(Last {
+                    calls: 1,
+                    op: op.to_owned(),
+                    bytes,
+                    at,
+                });
+                1
+            }
+        }
+    }
+
+    pub(super) fn now(&self) -> Progress {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match &*g {
+            None => Progress::default(),
+            Some(last) => Progress {
+                calls: last.calls,
+                op: last.op.clone(),
+                bytes: last.bytes,
+                ago: last.at.elapsed(),
+            },
+        }
+    }
+}
+
+const MAGIC: [u8; 4] = *b"MSPG";
+const VERSION: u16 = 1;
+/// Longest operation name an answer carries.
+const MAX_OP: usize = 256;
+
+/// The answer's payload.
+pub(super) fn encode(p: &Progress) -> Vec<u8> {
+    let mut w = Writer::new(MAGIC, VERSION);
+    w.u64(p.calls);
+    w.u64(p.bytes);
+    w.u64(p.ago.as_millis().min(u128::from(u64::MAX)) as u64);
+    let mut end = p.op.len().min(MAX_OP);
+    while !p.op.is_char_boundary(end) {
+        end -= 1;
+    }
+    let op = &p.op[..end];
+    w.bytes(op.as_bytes());
+    w.finish()
+}
+
+fn decode(buf: &[u8]) -> Result<Progress> {
+    let mut r = Reader::open("survey answer", buf, MAGIC, VERSION, VERSION)?;
+    let calls = r.u64()?;
+    let bytes = r.u64()?;
+    let ago = Duration::from_millis(r.u64()?);
+    let op = r.str("op", MAX_OP)?.to_owned();
+    r.finish()?;
+    Ok(Progress {
+        calls,
+        op,
+        bytes,
+        ago,
+    })
+}
+
+impl Bootstrap {
+    /// Notes that this rank issued `op` over `bytes` (what a survey of its peers reports);
+    /// returns its sequence number. Cheap: one lock, no message.
+    pub fn note_call(&self, op: &str, bytes: u64) -> u64 {
+        self.shared().progress.note(op, bytes)
+    }
+
+    /// This rank's own record.
+    pub fn progress(&self) -> Progress {
+        self.shared().progress.now()
+    }
+
+    /// Asks every other rank of this view for its record, waiting up to `timeout` in all;
+    /// answers in rank order (this rank's own included), each `Err` saying why none came
+    /// (dead, unreachable, no answer in time). Each peer's event loop answers, whatever its
+    /// program is doing.
+    pub fn survey(&self, timeout: Duration) -> Vec<std::result::Result<Progress, String>> {
+        let sh = self.shared();
+        let deadline = Instant::now() + timeout;
+        let id = sh.next_survey();
+        let mut out: Vec<std::result::Result<Progress, String>> =
+            vec![Err("no answer".into()); self.nranks];
+        let mut asked = vec![false; self.nranks];
+        for (v, &target) in self.members.iter().enumerate() {
+            if target == sh.rank {
+                out[v] = Ok(self.progress());
+                continue;
+            }
+            let sent = self.link(target, deadline).and_then(|c| {
+                let r = sh
+                    .reactor
+                    .as_ref()
+                    .ok_or_else(|| Error::Internal("a survey without an event loop".into()))?;
+                c.send_nowait(r, frame(FrameKind::Status, id, &[]))
+                    .map_err(|why| Error::Internal(format!("sending a survey: {why}")))
+            });
+            match sent {
+                Ok(()) => asked[v] = true,
+                Err(e) => out[v] = Err(e.to_string()),
+            }
+        }
+        let mut st = sh.lock();
+        loop {
+            for (v, &target) in self.members.iter().enumerate() {
+                if !asked[v] {
+                    continue;
+                }
+                if let Some(q) = st.queues.remove(&(SURVEY_COMM, target, id))
+                    && let Some(b) = q.into_iter().next()
+                {
+                    asked[v] = false;
+                    out[v] = decode(&b).map_err(|e| e.to_string());
+                } else if let Some(why) = st.dead.get(&target) {
+                    asked[v] = false;
+                    out[v] = Err(format!("dead: {why}"));
+                }
+            }
+            let now = Instant::now();
+            if !asked.contains(&true) || now >= deadline {
+                break;
+            }
+            st = sh.wait(st, deadline.min(now + Duration::from_millis(20))).0;
+        }
+        for (v, a) in asked.iter().enumerate() {
+            if *a {
+                out[v] = Err(format!("no answer in {:.1} s", timeout.as_secs_f64()));
+            }
+        }
+        out
+    }
+
+    /// One line naming the ranks behind this one (fewer calls noted), each with its last
+    /// call; `None` when a survey finds none behind. For errors of calls that waited too long.
+    pub fn laggards(&self, timeout: Duration) -> Option<String> {
+        let me = self.progress().calls;
+        let answers = self.survey(timeout);
+        let behind: Vec<String> = answers
+            .iter()
+            .enumerate()
+            .filter_map(|(v, a)| match a {
+                Ok(p) if p.calls < me => Some(format!("rank {v}: {p}")),
+                Err(why) => Some(format!("rank {v}: {why}")),
+                _ => None,
+            })
+            .collect();
+        (!behind.is_empty())
+            .then(|| format!("behind this rank (call #{me}): {}", behind.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_round_trip() {
+        let p = Progress {
+            calls: 7,
+            op: "ncclAllReduce".into(),
+            bytes: 1 << 20,
+            ago: Duration::from_millis(2500),
+        };
+        assert_eq!(decode(&encode(&p)).unwrap(), p);
+        assert!(decode(&encode(&p)[..10]).is_err());
+        assert_eq!(
+            p.to_string(),
+            "call #7 ncclAllReduce of 1048576 bytes, issued 2.5 s ago"
+        );
+    }
+}

@@ -1,0 +1,152 @@
+//! A rank that is alive but stops calling (issue 46's hang diagnosis), through the C ABI
+//! (`dlopen`, as a C program), three ranks as child processes on the host backend with device
+//! waits cut to 3 s (`MSCCLPP_HOST_WAIT`): every rank all-reduces once; ranks 0 and 1 then
+//! all-reduce again while rank 2 sleeps outside the library. Their call fails within seconds
+//! (not hangs), and the error `ncclGetLastError` gives names rank 2 and its last call (call #1,
+//! an all-reduce, how long ago), as rank 2's event loop answered the survey; rank 2 itself is
+//! not blamed for anything. Runs with `cargo test -p mscclpp-nccl --test laggard`.
+
+#[macro_use]
+mod support;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mscclpp_nccl::abi::NcclUniqueId;
+use support::{
+    CollFn, Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, run_ranks,
+};
+
+const ROLE_VAR: &str = "MSCCLPP_NCCL_LAGGARD_TEST_RANK";
+const DIR_VAR: &str = "MSCCLPP_NCCL_LAGGARD_TEST_DIR";
+const NRANKS: usize = 3;
+const NCCL_FLOAT32: c_int = 7;
+const NCCL_SUM: c_int = 0;
+
+fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
+    let lib = open_lib()?;
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRank",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
+    );
+    let abort = sym!(lib, "ncclCommAbort", fn(Comm) -> c_int);
+    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
+    let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    let all_reduce: CollFn = sym!(lib, "ncclAllReduce" as CollFn);
+    let id = if rank == 0 {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        // SAFETY: valid out-pointer.
+        if unsafe { get_id(&mut id) } != 0 {
+            return Err("ncclGetUniqueId failed".into());
+        }
+        publish(dir, &id.internal)?;
+        id
+    } else {
+        read_id(dir)?
+    };
+    let mut comm: Comm = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    if unsafe { init(&mut comm, NRANKS as c_int, id, rank as c_int) } != 0 {
+        return Err("ncclCommInitRank failed".into());
+    }
+    let mut x = vec![1.0f32; 1024];
+    let p = x.as_mut_ptr().cast::<c_void>();
+    // SAFETY: `x` in place; the host backend's call has run when it returns.
+    let rc = unsafe {
+        all_reduce(
+            p,
+            p,
+            x.len(),
+            NCCL_FLOAT32,
+            NCCL_SUM,
+            comm,
+            std::ptr::null_mut(),
+        )
+    };
+    if rc != 0 || x[0] != NRANKS as f32 {
+        return Err(format!("the first all-reduce: code {rc}, x[0] = {}", x[0]));
+    }
+    if rank == 2 {
+        // Alive, not calling: the others' surveys are answered by this rank's event loop.
+        std::thread::sleep(Duration::from_secs(8));
+        // SAFETY: the communicator made above (its peers gave up on their call).
+        unsafe { abort(comm) };
+        std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    let t = Instant::now();
+    // SAFETY: as above.
+    let rc = unsafe {
+        all_reduce(
+            p,
+            p,
+            x.len(),
+            NCCL_FLOAT32,
+            NCCL_SUM,
+            comm,
+            std::ptr::null_mut(),
+        )
+    };
+    let took = t.elapsed();
+    // SAFETY: the library's thread-local NUL-terminated message.
+    let msg = unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) }
+        .to_string_lossy()
+        .into_owned();
+    if rc == 0 {
+        return Err("the second all-reduce succeeded without rank 2".into());
+    }
+    if took > Duration::from_secs(7) {
+        return Err(format!("the call failed only after {took:?}: {msg}"));
+    }
+    let names = msg.contains("rank 2: call #1 allreduce of 4096 bytes, issued")
+        && msg.contains("behind this rank (call #2)")
+        && !msg.contains("rank 1: call")
+        && !msg.contains("rank 0: call");
+    if !names {
+        return Err(format!(
+            "the error does not name rank 2 and its last call alone: {msg}"
+        ));
+    }
+    if rank == 0 {
+        // The message as a user reads it (the parent prints it).
+        std::fs::write(dir.join("message"), &msg).map_err(|e| e.to_string())?;
+    }
+    // SAFETY: the communicator made above; failed, so aborted rather than destroyed.
+    unsafe { abort(comm) };
+    let _ = destroy;
+    std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("laggard: {msg}");
+    std::process::exit(1)
+}
+
+fn main() {
+    run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
+    if let Err(e) = lib_path() {
+        fail(&e);
+    }
+    let dir = fresh_dir("laggard").unwrap_or_else(|e| fail(&e));
+    let ran = run_ranks(
+        (ROLE_VAR, DIR_VAR),
+        &dir,
+        NRANKS,
+        Duration::from_secs(120),
+        |cmd| {
+            cmd.env("MSCCLPP_HOST_WAIT", "3");
+        },
+    );
+    let message = std::fs::read_to_string(dir.join("message")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = ran {
+        fail(&e);
+    }
+    println!("laggard: rank 0's error: {message}");
+    println!(
+        "laggard: 3 ranks on the host backend, rank 2 stops calling: the others' call fails in seconds naming it and its last call"
+    );
+}
