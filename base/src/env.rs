@@ -44,6 +44,14 @@ pub const KNOWN_VARS: &[(&str, &str)] = &[
         "seconds every bootstrap wait may take (default 60, at least 0.001)",
     ),
     (
+        "MSCCLPP_STATUS",
+        "1 or HOST:PORT: rank 0 serves every rank's last call to `mscclpp-perf status`",
+    ),
+    (
+        "MSCCLPP_STATUS_FILE",
+        "where rank 0 appends the `mscclpp-perf status ADDR TOKEN` line",
+    ),
+    (
         "MSCCLPP_HOST_WAIT",
         "seconds a device-side wait of the host backend spins at most (default 60)",
     ),

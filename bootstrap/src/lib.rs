@@ -100,6 +100,7 @@ mod root;
 mod shm;
 mod split;
 mod state;
+mod status;
 mod successor;
 mod unique_id;
 
@@ -125,6 +126,7 @@ pub use progress::Progress;
 pub use protocol::RESERVED_TAG_BIT;
 pub use root::BootstrapRoot;
 pub use state::LinkStats;
+pub use status::{StatusServer, ask_status, report as status_report};
 pub use unique_id::{UNIQUE_ID_BYTES, UniqueId, default_root_ip};
 
 use config::{env_secret, name_timeout_var};

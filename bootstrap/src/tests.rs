@@ -1312,3 +1312,55 @@ fn a_survey_names_the_rank_that_stopped_calling() {
         "{line}"
     );
 }
+
+/// The status service (issue 46): 64 ranks; rank 41 stops calling after 2 calls while the
+/// others make 5 and wait in a barrier (their threads inside the bootstrap). One client with the
+/// token, as `mscclpp-perf status` is, gets every rank's line within 2 s and rank 41 named as
+/// behind with its last call; a wrong token is refused.
+#[test]
+fn the_status_command_names_the_rank_that_stopped_among_64() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let n = 64;
+    let out = on_ranks(n, move |r| {
+        let b = Arc::new(Bootstrap::new(&uid, r, n, cfg(30_000)).unwrap());
+        for i in 0..if r == 41 { 2 } else { 5 } {
+            b.note_call("allreduce", 1024 << i);
+        }
+        b.barrier().unwrap();
+        let mut got = None;
+        if r == 0 {
+            let server = b.serve_status(localhost0()).unwrap();
+            let t = Instant::now();
+            let report = status::ask_status(server.addr(), server.token(), Duration::from_secs(5));
+            let took = t.elapsed();
+            let bad = status::ask_status(server.addr(), &"0".repeat(32), Duration::from_secs(5));
+            got = Some((report, took, bad));
+        }
+        b.barrier().unwrap();
+        got
+    });
+    let (report, took, bad) = out.into_iter().next().flatten().unwrap();
+    let report = report.unwrap();
+    assert!(
+        took < Duration::from_secs(2),
+        "the status took {took:?}:\n{report}"
+    );
+    assert_eq!(
+        report.lines().filter(|l| l.starts_with("rank ")).count(),
+        64,
+        "{report}"
+    );
+    assert!(
+        report.contains("rank 41: call #2 allreduce of 2048 bytes"),
+        "{report}"
+    );
+    let last = report.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("behind (the most calls is 5): rank 41 (call #2 allreduce")
+            && !last.contains("rank 40")
+            && !last.contains("rank 42"),
+        "{report}"
+    );
+    let e = bad.unwrap_err().to_string();
+    assert!(e.contains("wrong token"), "{e}");
+}

@@ -29,6 +29,57 @@ pub struct Communicator {
     setup_seq: Mutex<HashMap<usize, u64>>,
     abort: Arc<AbortState>,
     handler: u64,
+    /// The status service, on rank 0 where `MSCCLPP_STATUS` asks for it.
+    _status: Option<mscclpp_bootstrap::StatusServer>,
+}
+
+/// The status service of `boot` when `MSCCLPP_STATUS` asks for it (`1`: any address, a port
+/// chosen; `HOST:PORT`: there) and this is rank 0; tells the operator how to ask it (standard
+/// error, and a line appended to `MSCCLPP_STATUS_FILE` when set). A failure to start it is
+/// logged: the job runs without it.
+fn status_service(boot: &Arc<Bootstrap>) -> Option<mscclpp_bootstrap::StatusServer> {
+    let v = mscclpp_hal::env::get("MSCCLPP_STATUS")?;
+    if boot.rank() != 0 || matches!(v.as_str(), "0" | "off" | "no" | "false") {
+        return None;
+    }
+    let bind: std::net::SocketAddr = if matches!(v.as_str(), "1" | "on" | "yes" | "true") {
+        std::net::SocketAddr::from(([0, 0, 0, 0], 0))
+    } else {
+        match v.parse() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(
+                    "MSCCLPP_STATUS={v:?} is malformed ({e}): expected 1 or HOST:PORT; no status service"
+                );
+                return None;
+            }
+        }
+    };
+    match boot.serve_status(bind) {
+        Ok(s) => {
+            let line = format!("mscclpp-perf status {} {}", s.addr(), s.token());
+            eprintln!(
+                "mscclpp: status of this job's {} ranks: {line}",
+                boot.nranks()
+            );
+            if let Some(f) = mscclpp_hal::env::get("MSCCLPP_STATUS_FILE") {
+                use std::io::Write;
+                let wrote = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&f)
+                    .and_then(|mut h| writeln!(h, "{line}"));
+                if let Err(e) = wrote {
+                    tracing::warn!("MSCCLPP_STATUS_FILE={f}: {e}");
+                }
+            }
+            Some(s)
+        }
+        Err(e) => {
+            tracing::warn!("no status service: {e}");
+            None
+        }
+    }
 }
 
 /// The communicator's failure state: a host copy, and the device-visible abort word that
@@ -149,12 +200,14 @@ impl Communicator {
             a.set(f.rank as u64 + 1);
         }));
         let ctx = TransportContext::new(boot.rank(), device);
+        let status = status_service(&boot);
         Communicator {
             boot,
             ctx,
             setup_seq: Mutex::new(HashMap::new()),
             abort,
             handler,
+            _status: status,
         }
     }
 

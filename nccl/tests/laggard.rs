@@ -4,7 +4,9 @@
 //! all-reduce again while rank 2 sleeps outside the library. Their call fails within seconds
 //! (not hangs), and the error `ncclGetLastError` gives names rank 2 and its last call (call #1,
 //! an all-reduce, how long ago), as rank 2's event loop answered the survey; rank 2 itself is
-//! not blamed for anything. Runs with `cargo test -p mscclpp-nccl --test laggard`.
+//! not blamed for anything. Rank 0's status service (`MSCCLPP_STATUS`, the address and token
+//! appended to `MSCCLPP_STATUS_FILE`) answers within 2 s naming rank 2 as behind. Runs with
+//! `cargo test -p mscclpp-nccl --test laggard`.
 
 #[macro_use]
 mod support;
@@ -112,6 +114,27 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     if rank == 0 {
         // The message as a user reads it (the parent prints it).
         std::fs::write(dir.join("message"), &msg).map_err(|e| e.to_string())?;
+        // The status service rank 0 started (MSCCLPP_STATUS), asked as `mscclpp-perf status`
+        // asks it, with the line it appended to MSCCLPP_STATUS_FILE.
+        let line = std::fs::read_to_string(dir.join("status")).map_err(|e| e.to_string())?;
+        let mut words = line.split_whitespace().skip(2);
+        let (addr, token) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        let addr = addr
+            .parse()
+            .map_err(|e| format!("status line {line:?}: {e}"))?;
+        let t = Instant::now();
+        let report = mscclpp::comm::bootstrap::ask_status(addr, token, Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        if t.elapsed() > Duration::from_secs(2)
+            || !report.contains("rank 2: call #1 allreduce")
+            || !report.contains("behind (the most calls is 2): rank 2 (call #1 allreduce")
+        {
+            return Err(format!(
+                "the status service said, in {:?}:\n{report}",
+                t.elapsed()
+            ));
+        }
+        std::fs::write(dir.join("report"), &report).map_err(|e| e.to_string())?;
     }
     // SAFETY: the communicator made above; failed, so aborted rather than destroyed.
     unsafe { abort(comm) };
@@ -137,15 +160,19 @@ fn main() {
         NRANKS,
         Duration::from_secs(120),
         |cmd| {
-            cmd.env("MSCCLPP_HOST_WAIT", "3");
+            cmd.env("MSCCLPP_HOST_WAIT", "3")
+                .env("MSCCLPP_STATUS", "127.0.0.1:0")
+                .env("MSCCLPP_STATUS_FILE", dir.join("status"));
         },
     );
     let message = std::fs::read_to_string(dir.join("message")).unwrap_or_default();
+    let report = std::fs::read_to_string(dir.join("report")).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     if let Err(e) = ran {
         fail(&e);
     }
     println!("laggard: rank 0's error: {message}");
+    println!("laggard: the status service's report:\n{report}");
     println!(
         "laggard: 3 ranks on the host backend, rank 2 stops calling: the others' call fails in seconds naming it and its last call"
     );

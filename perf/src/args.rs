@@ -198,6 +198,14 @@ pub enum Bench {
         #[arg(long)]
         title: Option<String>,
     },
+    /// Asks a job's status service (started on its rank 0 by `MSCCLPP_STATUS`, which prints
+    /// the address and token) for every rank's last call and who is behind.
+    Status {
+        /// The service's address (`HOST:PORT`).
+        addr: std::net::SocketAddr,
+        /// Its token (hex).
+        token: String,
+    },
     /// The bootstrap at scale: first barrier, barrier, all-gather, split, connections, RSS.
     Bootstrap {
         /// Timed repetitions of each operation.
@@ -221,6 +229,7 @@ impl Bench {
             | Bench::Plan { .. }
             | Bench::Overlap { .. }
             | Bench::Report { .. }
+            | Bench::Status { .. }
             | Bench::Bootstrap { .. } => None,
         }
     }
@@ -236,6 +245,7 @@ impl Bench {
                 Bench::Plan { .. } => "plan",
                 Bench::Overlap { .. } => "overlap",
                 Bench::Report { .. } => "report",
+                Bench::Status { .. } => "status",
                 _ => "p2p",
             },
         }
@@ -344,7 +354,7 @@ impl Args {
     fn refuse_ignored(&self, bench: &Bench) -> Result<(), String> {
         let applies = |id: &str| -> bool {
             match bench {
-                Bench::Report { .. } => false,
+                Bench::Report { .. } | Bench::Status { .. } => false,
                 Bench::Bootstrap { .. } => matches!(id, "ranks" | "threads"),
                 _ if id == "typed" => matches!(
                     bench,

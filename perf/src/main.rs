@@ -59,6 +59,12 @@ fn run(args: &Args) -> Result<ExitCode> {
         plot::main(&files, &output, title.as_deref())?;
         return Ok(ExitCode::SUCCESS);
     }
+    if let Bench::Status { addr, token } = args.bench() {
+        let report =
+            mscclpp::comm::bootstrap::ask_status(addr, &token, std::time::Duration::from_secs(5))?;
+        print!("{report}");
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Bench::Bootstrap { reps } = args.bench() {
         if let Err(e) = args.validate_for(args.ranks.unwrap_or(2), BackendKind::Host) {
             eprintln!("mscclpp-perf: {e}");
