@@ -20,6 +20,8 @@ use mscclpp_nccl::devapi::layout::{
 /// `(C expression, what this library uses)` for a client of `version`.
 fn expected(version: u32) -> Vec<(String, u64)> {
     let mut e: Vec<(String, u64)> = Vec::new();
+    // Entries whose numbers are not offsets (the descriptor's qwords), added at the end.
+    let mut extra: Vec<(String, u64)> = Vec::new();
     let mut put = |expr: &str, v: usize| e.push((expr.to_string(), v as u64));
     let l = DevCommLayout::of(version).expect("a served version");
     let o = l.offsets();
@@ -228,6 +230,76 @@ fn expected(version: u32) -> Vec<(String, u64)> {
             put(&c("flushesAllPutsOnAnySignal"), gin::ctx::FLUSHES_ALL_PUTS);
         }
         put("sizeof(ncclGinProxyGfd_t)", gin::SLOT);
+        // The descriptor's bits: qwords built through the headers' bitfields against this
+        // library's encoding (the inverse of what its proxy decodes), a put with a counter
+        // and a signal add, then an inline put.
+        let g = gin::Gfd {
+            version: 3,
+            op: gin::op::PUT | gin::op::COUNTER | gin::op::SIGNAL_ADD,
+            size: 0x1234_5678_9ab,
+            src: (0x1_2345_6789, 0x77),
+            dst: (0x2_0000_1000, 0x99),
+            counter: 0x12345,
+            signal: 0xab_cdef,
+            signal_value: 0x1122_3344_5566_7788,
+            inline: 0,
+        };
+        let q = g.encode();
+        let word = |fields: &str| {
+            format!("[]{{ ncclGinProxyQword_t q; q.raw = 0; {fields} return q.raw; }}()")
+        };
+        let v = g.signal_value;
+        for (i, fields) in [
+            format!("q.header.flag = 1; q.header.version = 3; q.header.size = {:#x}ull;", g.size),
+            format!("q.srcOff.flag = 1; q.srcOff.srcOff = {:#x}ull;", g.src.0),
+            format!("q.srcHandle.flag = 1; q.srcHandle.srcHandle = {:#x}ull;", g.src.1),
+            format!("q.dstOff.flag = 1; q.dstOff.dstOff = {:#x}ull;", g.dst.0),
+            format!("q.dstHandle.flag = 1; q.dstHandle.dstHandle = {:#x}ull;", g.dst.1),
+            format!(
+                "q.completion.flag = 1; q.completion.counterId = {:#x}; q.completion.signalId = {:#x}; q.completion.signalValLow = {:#x};",
+                g.counter,
+                g.signal,
+                v & 0xffff
+            ),
+            format!(
+                "q.signalVal.flag = 1; q.signalVal.signalValLow2 = {:#x}; q.signalVal.signalValHigh = {:#x};",
+                (v >> 16) & 0xffff,
+                v >> 32
+            ),
+            format!("q.headerExt.flag = 1; q.headerExt.op = {:#x};", g.op),
+        ]
+        .iter()
+        .enumerate()
+        {
+            extra.push((word(fields), q[i]));
+        }
+        let inline = gin::Gfd {
+            op: gin::op::PUT | gin::op::INLINE,
+            size: 8,
+            src: (0, 0),
+            inline: 0xfedc_ba98_7654_3210,
+            ..g
+        };
+        let qi = inline.encode();
+        let x = inline.inline;
+        extra.push((
+            word(&format!(
+                "q.inlineLow.flag = 1; q.inlineLow.inlineValLow = {:#x}u; q.inlineLow.inlineValLow2 = {:#x};",
+                x & 0xffff_ffff,
+                (x >> 32) & 0xffff
+            )),
+            qi[1],
+        ));
+        extra.push((
+            word(&format!(
+                "q.inlineHigh.flag = 1; q.inlineHigh.inlineValHigh = {:#x};",
+                x >> 48
+            )),
+            qi[2],
+        ));
+        // And this library reads back what it wrote.
+        assert_eq!(gin::Gfd::decode(&q), g);
+        assert_eq!(gin::Gfd::decode(&qi), inline);
         for (e, v) in [
             ("ncclGinProxyOpPut", gin::op::PUT),
             ("ncclGinProxyOpWithInline", gin::op::INLINE),
@@ -243,6 +315,7 @@ fn expected(version: u32) -> Vec<(String, u64)> {
     }
     put("NCCL_WIN_COLL_SYMMETRIC", WIN_COLL_SYMMETRIC as usize);
     put("NCCL_API_MAGIC", API_MAGIC as usize);
+    e.extend(extra);
     e
 }
 

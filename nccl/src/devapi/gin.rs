@@ -198,9 +198,9 @@ impl Gfd {
     }
 
     /// Encodes (what the device's `postGfd` writes): `version` 2 or 3 qword layout, flag bits
-    /// set.
-    #[cfg(test)]
-    fn encode(&self) -> [u64; 16] {
+    /// set. The inverse of [`Gfd::decode`]; `nccl/tests/devapi_layout.rs` compares it with
+    /// qwords built through the bitfields of NCCL's own headers.
+    pub fn encode(&self) -> [u64; 16] {
         let mut q = [1u64; 16];
         q[0] = 1 | u64::from(self.version & 0xF) << 1 | self.size << 7;
         let inline = self.op & op::INLINE != 0;
