@@ -236,7 +236,7 @@ fn expected(version: u32) -> Vec<(String, u64)> {
         let g = gin::Gfd {
             version: 3,
             op: gin::op::PUT | gin::op::COUNTER | gin::op::SIGNAL_ADD,
-            size: 0x1234_5678_9ab,
+            size: 0x0123_4567_89ab,
             src: (0x1_2345_6789, 0x77),
             dst: (0x2_0000_1000, 0x99),
             counter: 0x12345,
