@@ -13,5 +13,6 @@ pub mod harness;
 pub mod kernels;
 pub mod multiproc;
 pub mod net_fixture;
+pub mod netns;
 pub mod reference;
 pub mod rng;

@@ -1,7 +1,8 @@
 //! The executor across hosts on this machine: ranks as processes on the host backend, grouped
 //! into "hosts" by `MSCCLPP_HOSTID`. A plan of the multi-node shape (memory channels within a
 //! host, port channels between hosts: `testgen::allgather_hosts`) runs over the transport
-//! between hosts (Ethernet, and Net through the NCCL net plugin fixture), outputs poisoned
+//! between hosts (Ethernet, and Net through the NCCL net plugin fixture; also between network
+//! namespaces where root and `ip` are there), outputs poisoned
 //! first, random inputs (1024 i32 per rank: whole 16-byte units, as plans need), in and out of
 //! place, several rounds, checked against a CPU reference; a plan whose memory channels cross
 //! the hosts is refused on every rank naming the channel, the ranks and their hosts; a
@@ -9,14 +10,16 @@
 //! Runs with `cargo test -p mscclpp-conformance --test executor_hosts`.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use libtest_mimic::{Failed, Trial};
+use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
 use mscclpp::hal::{DataType, MemoryKind};
 use mscclpp_conformance::multiproc;
+use mscclpp_conformance::netns::{NET, Namespaces};
 use mscclpp_conformance::rng::Rng;
 use mscclpp_executor::{Executor, Plan, testgen};
 
@@ -222,6 +225,81 @@ fn run_with(
     }
 }
 
+/// `hosts` network namespaces of `per_host` ranks each (the host ids name the namespaces; the
+/// root and every rank on the namespaces' addresses): the multi-node plan over Ethernet between
+/// real network stacks. Ignored, saying why, where namespaces cannot be made.
+fn by_namespace(hosts: usize, per_host: usize) -> Result<Completion, Failed> {
+    let ns = match Namespaces::create(hosts) {
+        Ok(ns) => ns,
+        Err(why) => {
+            return Ok(Completion::ignored_with(format!(
+                "cannot make network namespaces here (needs root and `ip`): {why}"
+            )));
+        }
+    };
+    let n = hosts * per_host;
+    let cfg = BootstrapConfig {
+        timeout: Duration::from_secs(60),
+        ..BootstrapConfig::default()
+    };
+    let root_ip: Ipv4Addr = format!("{NET}.254").parse().map_err(|_| "root address")?;
+    let (_root, uid) = BootstrapRoot::start(SocketAddr::from((root_ip, 0)), n, &cfg).map_err(e)?;
+    let (_, seed) = Rng::from_time();
+    let exe = std::env::current_exe()?;
+    let mut kids = Vec::new();
+    for r in 0..n {
+        let h = r / per_host;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &ns.names[h]])
+            .arg(&exe)
+            .env(multiproc::ROLE_VAR, "executed")
+            .env(multiproc::RANK_VAR, r.to_string())
+            .env(multiproc::NRANKS_VAR, n.to_string())
+            .env(UID_VAR, uid.to_string())
+            .env(SEED_VAR, seed.to_string())
+            .env(SHAPE_VAR, format!("{hosts}x{per_host}"))
+            .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "60")
+            .env("MSCCLPP_BACKEND", "host")
+            .env("MSCCLPP_SOCKET_IFNAME", format!("{NET}.{}", h + 1))
+            .env(
+                "MSCCLPP_HOSTID",
+                format!("exec-netns-{}-{h}", std::process::id()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        kids.push((r, cmd.spawn()?));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let mut bad = Vec::new();
+    for (rank, mut k) in kids {
+        while k.try_wait()?.is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = k.kill();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = k.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || !stdout.contains("executed=ok") {
+            bad.push(format!(
+                "rank {rank}: {:?}\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    if bad.is_empty() {
+        Ok(Completion::Completed)
+    } else {
+        Err(format!(
+            "{hosts} namespaces x {per_host}, seed {seed}:\n{}",
+            bad.join("\n")
+        )
+        .into())
+    }
+}
+
 fn main() {
     multiproc::run_child(child);
     let args = libtest_mimic::Arguments::from_args();
@@ -240,7 +318,7 @@ fn main() {
             move || {
                 let plugin = match mscclpp_conformance::net_fixture::plugin() {
                     Ok(p) => p,
-                    Err(why) => return Ok(libtest_mimic::Completion::ignored_with(why)),
+                    Err(why) => return Ok(Completion::ignored_with(why)),
                 };
                 run_with(
                     "executed",
@@ -251,10 +329,14 @@ fn main() {
                         ("NCCL_NET_PLUGIN".into(), plugin.display().to_string()),
                     ],
                 )
-                .map(|()| libtest_mimic::Completion::Completed)
+                .map(|()| Completion::Completed)
             },
         ));
     }
+    trials.push(Trial::ignorable_test(
+        "executor_hosts::netns::allgather_2x2",
+        || by_namespace(2, 2),
+    ));
     trials.push(Trial::test(
         "executor_hosts::memory_channels_across_hosts_refused",
         || run("refused", 2, 1),
