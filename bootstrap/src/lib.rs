@@ -427,6 +427,7 @@ impl Bootstrap {
             cfg: cfg.clone(),
             state: Mutex::new(State {
                 queues: HashMap::new(),
+                open_surveys: Default::default(),
                 links: HashMap::new(),
                 dead: HashMap::new(),
                 dead_order: Vec::new(),

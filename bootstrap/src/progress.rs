@@ -46,10 +46,10 @@ impl std::fmt::Display for Progress {
     }
 }
 
-/// This rank's record.
+/// This rank's records, one per view (communicator) it notes calls on.
 #[derive(Debug, Default)]
 pub(super) struct Record {
-    inner: Mutex<Option<Last>>,
+    inner: Mutex<std::collections::HashMap<u64, Last>>,
 }
 
 #[derive(Debug)]
@@ -61,11 +61,11 @@ struct Last {
 }
 
 impl Record {
-    /// One lock; no allocation when the operation is the last one's (the common case).
-    fn note(&self, op: &str, bytes: u64) -> u64 {
+    /// One lock; no allocation when the operation is the view's last one (the common case).
+    fn note(&self, view: u64, op: &str, bytes: u64) -> u64 {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let at = Instant::now();
-        match &mut *g {
+        match g.get_mut(&view) {
             Some(last) => {
                 last.calls += 1;
                 if last.op != op {
@@ -76,20 +76,24 @@ impl Record {
                 last.calls
             }
             None => {
-                *g = Some(Last {
-                    calls: 1,
-                    op: op.to_owned(),
-                    bytes,
-                    at,
-                });
+                g.insert(
+                    view,
+                    Last {
+                        calls: 1,
+                        op: op.to_owned(),
+                        bytes,
+                        at,
+                    },
+                );
                 1
             }
         }
     }
 
-    pub(super) fn now(&self) -> Progress {
+    /// View `view`'s record.
+    pub(super) fn now(&self, view: u64) -> Progress {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        match &*g {
+        match g.get(&view) {
             None => Progress::default(),
             Some(last) => Progress {
                 calls: last.calls,
@@ -99,6 +103,16 @@ impl Record {
             },
         }
     }
+}
+
+/// A survey's payload: the view asked about.
+pub(super) fn encode_view(view: u64) -> [u8; 8] {
+    view.to_le_bytes()
+}
+
+/// The view a survey asks about (`None`: malformed).
+pub(super) fn decode_view(payload: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(payload.try_into().ok()?))
 }
 
 const MAGIC: [u8; 4] = *b"MSPG";
@@ -140,18 +154,21 @@ impl Bootstrap {
     /// Notes that this rank issued `op` over `bytes` (what a survey of its peers reports);
     /// returns its sequence number. Cheap: one lock, no message.
     pub fn note_call(&self, op: &str, bytes: u64) -> u64 {
-        self.shared().progress.note(op, bytes)
+        self.shared().progress.note(self.comm_id, op, bytes)
     }
 
-    /// This rank's own record.
+    /// This rank's own record of this view.
     pub fn progress(&self) -> Progress {
-        self.shared().progress.now()
+        self.shared().progress.now(self.comm_id)
     }
 
-    /// Asks every other rank of this view for its record, waiting up to `timeout` in all;
-    /// answers in rank order (this rank's own included), each `Err` saying why none came
-    /// (dead, unreachable, no answer in time). Each peer's event loop answers, whatever its
-    /// program is doing.
+    /// Asks every other rank of this view for its record of the view, waiting up to `timeout`
+    /// for the answers; answers in rank order (this rank's own included), each `Err` saying why
+    /// none came (dead, unreachable, no answer in time). Each peer's event loop answers,
+    /// whatever its program is doing. A peer this rank has no connection to yet is dialled as
+    /// any send dials it (within the bootstrap's own deadline, so that a dial is never given up
+    /// half-way, which the peer would take for this rank's death); dialling stops once
+    /// `timeout` has passed, and the peers not reached are named as not asked.
     pub fn survey(&self, timeout: Duration) -> Vec<std::result::Result<Progress, String>> {
         let sh = self.shared();
         let deadline = Instant::now() + timeout;
@@ -164,14 +181,22 @@ impl Bootstrap {
                 out[v] = Ok(self.progress());
                 continue;
             }
-            let sent = self.link(target, deadline).and_then(|c| {
-                let r = sh
-                    .reactor
-                    .as_ref()
-                    .ok_or_else(|| Error::Internal("a survey without an event loop".into()))?;
-                c.send_nowait(r, frame(FrameKind::Status, id, &[]))
-                    .map_err(|why| Error::Internal(format!("sending a survey: {why}")))
-            });
+            if Instant::now() >= deadline {
+                out[v] = Err(format!(
+                    "not asked: dialling the ranks before it took the survey's {:.1} s",
+                    timeout.as_secs_f64()
+                ));
+                continue;
+            }
+            let sent =
+                self.link(target, Instant::now() + self.cfg.timeout)
+                    .and_then(|c| {
+                        let r = sh.reactor.as_ref().ok_or_else(|| {
+                            Error::Internal("a survey without an event loop".into())
+                        })?;
+                        c.send_nowait(r, frame(FrameKind::Status, id, &encode_view(self.comm_id)))
+                            .map_err(|why| Error::Internal(format!("sending a survey: {why}")))
+                    });
             match sent {
                 Ok(()) => asked[v] = true,
                 Err(e) => out[v] = Err(e.to_string()),
@@ -199,6 +224,9 @@ impl Bootstrap {
             }
             st = sh.wait(st, deadline.min(now + Duration::from_millis(20))).0;
         }
+        // Late answers are dropped on arrival from now on (the id is no longer open).
+        sh.close_survey(id, &mut st);
+        drop(st);
         for (v, a) in asked.iter().enumerate() {
             if *a {
                 out[v] = Err(format!("no answer in {:.1} s", timeout.as_secs_f64()));

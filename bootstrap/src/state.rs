@@ -70,6 +70,8 @@ pub(super) enum Link {
 pub(super) struct State {
     /// Messages by (communicator id, peer, tag).
     pub(super) queues: HashMap<(u64, usize, u64), VecDeque<Vec<u8>>>,
+    /// Surveys of this rank still waiting for answers (others' answers are dropped).
+    pub(super) open_surveys: std::collections::HashSet<u64>,
     /// Open or opening connections; absent: none yet. Sparse: a rank talks to few peers.
     pub(super) links: HashMap<usize, Link>,
     /// Why each peer's connection ended (or the peer was reported lost), if it did.
@@ -93,9 +95,18 @@ pub(super) struct State {
 }
 
 impl Shared {
-    /// A fresh survey id.
+    /// A fresh survey id, open for answers until [`Shared::close_survey`].
     pub(super) fn next_survey(&self) -> u64 {
-        self.surveys.fetch_add(1, Ordering::Relaxed) + 1
+        let id = self.surveys.fetch_add(1, Ordering::Relaxed) + 1;
+        self.lock().open_surveys.insert(id);
+        id
+    }
+
+    /// Closes survey `id`: its queued answers are dropped, and later ones on arrival.
+    pub(super) fn close_survey(&self, id: u64, st: &mut State) {
+        st.open_surveys.remove(&id);
+        st.queues
+            .retain(|&(view, _, tag), _| view != super::progress::SURVEY_COMM || tag != id);
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {

@@ -8,12 +8,12 @@
 //! constant time, as the bootstrap's secret is; whoever starts the service tells its operator
 //! the address and the token (the log, `MSCCLPP_STATUS_FILE`).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mscclpp_base::{Error, Result};
 
@@ -24,8 +24,12 @@ use super::protocol::secrets_equal;
 const GREETING: &str = "MSCCLPP-STATUS";
 /// How long the survey behind one answer waits for the ranks.
 const SURVEY: Duration = Duration::from_secs(2);
-/// How long a client may take to send its line.
-const CLIENT_READ: Duration = Duration::from_secs(5);
+/// How long one client may take to send its line, and each write to it may block.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(5);
+/// Longest line a client may send.
+const MAX_LINE: usize = 256;
+/// How often the accept loop looks for clients and for the stop flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
 /// A running status service; stopped when dropped.
 #[derive(Debug)]
@@ -50,9 +54,9 @@ impl StatusServer {
 
 impl Drop for StatusServer {
     fn drop(&mut self) {
+        // The accept loop polls the flag (its listener does not block), and each client has a
+        // deadline of its own: the join is bounded.
         self.stop.store(true, Ordering::Release);
-        // Wake the accept loop.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -100,6 +104,9 @@ impl Bootstrap {
     pub fn serve_status(self: &Arc<Self>, bind: SocketAddr) -> Result<StatusServer> {
         let listener = TcpListener::bind(bind)
             .map_err(|e| Error::io(format!("binding the status service on {bind}"), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("the status service's listener", e))?;
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io("the status service's address", e))?;
@@ -110,13 +117,17 @@ impl Bootstrap {
         let thread = std::thread::Builder::new()
             .name("mscclpp-status".into())
             .spawn(move || {
-                for conn in listener.incoming() {
-                    if flag.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let Ok(stream) = conn else { continue };
-                    if let Err(e) = answer(&boot, stream, &secret) {
-                        tracing::debug!("status service: {e}");
+                // Connections to every rank now, while the job is healthy, so that a survey
+                // during a hang has nothing to dial.
+                boot.link_all();
+                while !flag.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            if let Err(e) = answer(&boot, stream, &secret) {
+                                tracing::debug!("status service: {e}");
+                            }
+                        }
+                        Err(_) => std::thread::sleep(ACCEPT_POLL),
                     }
                 }
             })
@@ -128,19 +139,48 @@ impl Bootstrap {
             thread: Some(thread),
         })
     }
+
+    /// Opens the connection to every rank of this view that has none (within the bootstrap's
+    /// deadline each; a failure is left for the survey to report).
+    fn link_all(&self) {
+        let me = self.shared().rank;
+        for &target in self.members.iter().filter(|&&t| t != me) {
+            if let Err(e) = self.link(target, Instant::now() + self.cfg.timeout) {
+                tracing::debug!("status service: no connection to rank {target} yet: {e}");
+            }
+        }
+    }
 }
 
-/// Reads the client's line; answers with the report, or refuses a wrong token.
+/// Reads the client's line (within [`CLIENT_DEADLINE`] in all); answers with the report, or
+/// refuses a wrong token; every write has a deadline too.
 fn answer(
     boot: &Bootstrap,
-    stream: TcpStream,
+    mut stream: TcpStream,
     secret: &[u8; super::protocol::SECRET_BYTES],
 ) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(CLIENT_READ))?;
-    let mut line = String::new();
-    BufReader::new(std::io::Read::take(stream.try_clone()?, 256)).read_line(&mut line)?;
-    let mut w = stream;
+    stream.set_nonblocking(false)?;
+    stream.set_write_timeout(Some(CLIENT_DEADLINE))?;
+    let deadline = Instant::now() + CLIENT_DEADLINE;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 128];
+    while !line.contains(&b'\n') && line.len() < MAX_LINE {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        stream.set_read_timeout(Some(left))?;
+        let got = std::io::Read::read(&mut stream, &mut buf)?;
+        if got == 0 {
+            return Ok(());
+        }
+        line.extend_from_slice(&buf[..got]);
+    }
+    let line = String::from_utf8_lossy(&line);
     let token = line
+        .lines()
+        .next()
+        .unwrap_or("")
         .trim()
         .strip_prefix(GREETING)
         .map(str::trim)
@@ -153,10 +193,10 @@ fn answer(
                 .is_ok()
         });
     if !parsed || !secrets_equal(&given, secret) {
-        w.write_all(b"refused: wrong token\n")?;
+        stream.write_all(b"refused: wrong token\n")?;
         return Ok(());
     }
-    w.write_all(report(boot, SURVEY).as_bytes())
+    stream.write_all(report(boot, SURVEY).as_bytes())
 }
 
 /// The client side: asks the service at `addr` with `token`; its answer.

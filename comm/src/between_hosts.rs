@@ -15,7 +15,25 @@ use crate::Communicator;
 /// Collective over `rail`.
 /// port channels, the NCCL device API's GIN proxy), so that they pick alike.
 pub fn inter_host_transport(rail: &Communicator, probe: &BufferSlice) -> Result<Transport> {
-    if let Some(v) = mscclpp_hal::env::get("MSCCLPP_HIER_TRANSPORT") {
+    // The override is agreed first, on every rank alike: a variable set on some ranks only
+    // (per-node environments) must not send them down another sequence of exchanges.
+    let forced = mscclpp_hal::env::get("MSCCLPP_HIER_TRANSPORT");
+    let all = rail
+        .bootstrap()
+        .all_gather(forced.as_deref().unwrap_or("").as_bytes())?;
+    if let Some((r, v)) = all
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.as_slice() != forced.as_deref().unwrap_or("").as_bytes())
+    {
+        return Err(Error::invalid(format!(
+            "MSCCLPP_HIER_TRANSPORT differs between ranks: rank {} has {:?}, rank {r} has {:?} (set it alike on every rank, or on none)",
+            rail.rank(),
+            forced.as_deref().unwrap_or(""),
+            String::from_utf8_lossy(v)
+        )));
+    }
+    if let Some(v) = forced {
         let t = Transport::from_str(&v).map_err(|e| {
             Error::invalid(format!("MSCCLPP_HIER_TRANSPORT={v:?} is malformed: {e}"))
         })?;

@@ -1,7 +1,7 @@
 //! A rank that is alive but stops calling (issue 46's hang diagnosis), through the C ABI
 //! (`dlopen`, as a C program), three ranks as child processes on the host backend with device
 //! waits cut to 3 s (`MSCCLPP_HOST_WAIT`): every rank all-reduces once; ranks 0 and 1 then
-//! all-reduce again while rank 2 sleeps outside the library. Their call fails within seconds
+//! all-reduce again while rank 2 waits outside the library (until rank 0 has asked the status service). Their call fails within seconds
 //! (not hangs), and the error `ncclGetLastError` gives names rank 2 and its last call (call #1,
 //! an all-reduce, how long ago), as rank 2's event loop answered the survey; rank 2 itself is
 //! not blamed for anything. Rank 0's status service (`MSCCLPP_STATUS`, the address and token
@@ -71,8 +71,12 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         return Err(format!("the first all-reduce: code {rc}, x[0] = {}", x[0]));
     }
     if rank == 2 {
-        // Alive, not calling: the others' surveys are answered by this rank's event loop.
-        std::thread::sleep(Duration::from_secs(8));
+        // Alive, not calling, until rank 0 has asked the status service: the others' surveys
+        // are answered by this rank's event loop.
+        let until = Instant::now() + Duration::from_secs(30);
+        while !dir.join("asked").exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         // SAFETY: the communicator made above (its peers gave up on their call).
         unsafe { abort(comm) };
         std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
@@ -135,6 +139,13 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
             ));
         }
         std::fs::write(dir.join("report"), &report).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("asked"), b"").map_err(|e| e.to_string())?;
+    } else {
+        // Alive until rank 0 has asked the status service (else its report has a gone rank).
+        let until = Instant::now() + Duration::from_secs(20);
+        while !dir.join("asked").exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     // SAFETY: the communicator made above; failed, so aborted rather than destroyed.
     unsafe { abort(comm) };

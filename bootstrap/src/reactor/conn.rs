@@ -533,8 +533,13 @@ impl Conn {
             }
             FrameKind::Status => {
                 // Answered here, by whichever thread reads this connection: the program of
-                // this rank need not take part (see `progress`).
-                let answer = crate::progress::encode(&sh.progress.now());
+                // this rank need not take part (see `progress`). The payload names the view.
+                let Some(view) = crate::progress::decode_view(&payload) else {
+                    let why = format!("a survey of {} bytes (8 expected)", payload.len());
+                    self.end(sh, r, rx, why, false, deferred);
+                    return;
+                };
+                let answer = crate::progress::encode(&sh.progress.now(view));
                 if let Err(why) = self.send_nowait(r, frame(FrameKind::StatusReply, h.tag, &answer))
                 {
                     tracing::debug!(peer, %why, "could not answer a survey");
@@ -542,6 +547,10 @@ impl Conn {
             }
             FrameKind::StatusReply => {
                 let mut st = sh.lock();
+                if !st.open_surveys.contains(&h.tag) {
+                    // Late, or never asked for: nobody will take it.
+                    return;
+                }
                 st.queues
                     .entry((crate::progress::SURVEY_COMM, peer, h.tag))
                     .or_default()

@@ -117,11 +117,11 @@ pub struct Hosts {
     deadline: Duration,
     // The registrations' memory, and the registrations the peers write through.
     _keep: (
-        DeviceBuffer,
-        DeviceBuffer,
-        DeviceBuffer,
         RegisteredMemory,
         RegisteredMemory,
+        DeviceBuffer,
+        DeviceBuffer,
+        DeviceBuffer,
     ),
 }
 
@@ -223,7 +223,8 @@ impl Hosts {
             served: vec![0; n],
             dirty: vec![false; n],
             deadline,
-            _keep: (inbox_buf, acks_buf, stage_buf, inbox_mem, acks_mem),
+            // Tuple fields drop in order: the registrations before their memory.
+            _keep: (inbox_mem, acks_mem, inbox_buf, acks_buf, stage_buf),
         }))
     }
 
@@ -412,7 +413,9 @@ impl Hosts {
         Ok(())
     }
 
-    /// Gives each sender credit for the records taken from it.
+    /// Gives each sender credit for the records taken from it. A sender that is gone (its
+    /// device communicator destroyed, at the end of a run, before this rank's) needs none: the
+    /// failure is logged, not raised. Credit needs no flush (nothing is ordered behind it).
     pub fn give_credit(&mut self) -> Res<()> {
         for s in 0..self.conns.len() {
             if self.taken[s] != self.credited[s] {
@@ -420,9 +423,13 @@ impl Hosts {
                     .as_ref()
                     .ok_or_else(|| Failure::internal(format!("no acknowledgements of rank {s}")))?;
                 let conn = Arc::clone(self.conn(s)?);
-                conn.update_and_sync(acks, (self.rank * 16) as u64, self.taken[s])?;
-                self.credited[s] = self.taken[s];
-                self.dirty[s] = true;
+                match conn.update_and_sync(acks, (self.rank * 16) as u64, self.taken[s]) {
+                    Ok(()) => self.credited[s] = self.taken[s],
+                    Err(e) => tracing::debug!(
+                        "rank {}: GIN credit for rank {s} not given (it is gone?): {e}",
+                        self.rank
+                    ),
+                }
             }
         }
         Ok(())

@@ -152,7 +152,11 @@ impl Space {
         } else {
             0
         };
-        let mems: Vec<u64> = gather_words(&comm, &[mem])?.iter().map(|w| w[0]).collect();
+        let gran_here = sh.as_ref().map_or(0, |s| s.granularity() as u64);
+        let cards = gather_words(&comm, &[mem, gran_here])?;
+        let mems: Vec<u64> = cards.iter().map(|w| w[0]).collect();
+        // The coarsest granularity of any rank: windows take the same span everywhere.
+        let gran_all = cards.iter().map(|w| w[1]).max().unwrap_or(0) as usize;
         let without: Vec<usize> = (0..n).filter(|&r| mems[r] == 0).collect();
         let Some(sh) = sh.filter(|_| without.is_empty()) else {
             return Err(Failure::usage(format!(
@@ -163,9 +167,11 @@ impl Space {
         };
         let team = lsa_team(boot.hosts(), rank);
         let lsa_rank = team.iter().position(|&r| r == rank).unwrap_or(0);
-        let biggest = team.iter().map(|&r| mems[r]).max().unwrap_or(0) as usize;
+        // Every rank's memory, not only the team's: the slots' layout (offsets, and the GIN
+        // handles derived from them) must be the same on every host.
+        let biggest = mems.iter().copied().max().unwrap_or(0) as usize;
         let stride = biggest.max(1).div_ceil(G4).max(1) * G4;
-        let gran = sh.granularity();
+        let gran = gran_all.max(sh.granularity());
         let range = sh.reserve(stride * team.len())?;
         let stream = device.create_stream()?;
         let stride4g = (stride / G4) as i32;
@@ -370,7 +376,9 @@ impl Space {
             Some(a) => self.register_remote(a)?,
             None => return Err(Failure::internal("a shared window without its allocation")),
         };
-        let biggest = self.team.iter().map(|&r| lens[r]).max().unwrap_or(0);
+        // The largest of every rank's (not only the team's): each window then takes the same
+        // offset on every host, so its GIN handle names it everywhere.
+        let biggest = lens.iter().copied().max().unwrap_or(0);
         let span = biggest.next_multiple_of(self.gran);
         let offset = {
             let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
