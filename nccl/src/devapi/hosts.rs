@@ -164,18 +164,51 @@ impl Hosts {
             unsafe { std::ptr::write_bytes(p, 0, bytes) };
             Ok((b, p.cast()))
         };
-        let (inbox_buf, inbox) = host(tails(n) + n * RING * RECORD)?;
-        let (acks_buf, acks) = host(n * 16)?;
-        let (stage_buf, stage) = host(STAGE * RECORD)?;
         let flags = TransportFlags::single(t);
-        let inbox_mem = comm.register_memory(&inbox_buf.full(), flags)?;
-        let acks_mem = comm.register_memory(&acks_buf.full(), flags)?;
-        let stage_mem = comm.register_memory(&stage_buf.full(), flags)?;
-        let (a, b) = (inbox_mem.to_bytes(), acks_mem.to_bytes());
-        let mut card = (a.len() as u64).to_le_bytes().to_vec();
-        card.extend_from_slice(&a);
-        card.extend_from_slice(&b);
+        // This rank's side, made before the exchange; a failure is sent as an empty card, so
+        // that every rank fails together naming it instead of waiting for it.
+        let mine = (|| -> Res<_> {
+            let (inbox_buf, inbox) = host(tails(n) + n * RING * RECORD)?;
+            let (acks_buf, acks) = host(n * 16)?;
+            let (stage_buf, stage) = host(STAGE * RECORD)?;
+            let inbox_mem = comm.register_memory(&inbox_buf.full(), flags)?;
+            let acks_mem = comm.register_memory(&acks_buf.full(), flags)?;
+            let stage_mem = comm.register_memory(&stage_buf.full(), flags)?;
+            Ok((
+                (inbox_buf, inbox),
+                (acks_buf, acks),
+                (stage_buf, stage),
+                (inbox_mem, acks_mem, stage_mem),
+            ))
+        })();
+        let card = match &mine {
+            Ok((_, _, _, (inbox_mem, acks_mem, _))) => {
+                let (a, b) = (inbox_mem.to_bytes(), acks_mem.to_bytes());
+                let mut card = (a.len() as u64).to_le_bytes().to_vec();
+                card.extend_from_slice(&a);
+                card.extend_from_slice(&b);
+                card
+            }
+            Err(_) => Vec::new(),
+        };
         let all = comm.bootstrap().all_gather(&card)?;
+        let failed: Vec<usize> = (0..n).filter(|&r| all[r].is_empty()).collect();
+        let (
+            (inbox_buf, inbox),
+            (acks_buf, acks),
+            (stage_buf, stage),
+            (inbox_mem, acks_mem, stage_mem),
+        ) = match mine {
+            Ok(m) if failed.is_empty() => m,
+            mine => {
+                let why = mine
+                    .err()
+                    .map_or_else(String::new, |e| format!(" (rank {rank}: {})", e.message));
+                return Err(Failure::internal(format!(
+                    "GIN between hosts over {t}: ranks {failed:?} could not make their inboxes{why}"
+                )));
+            }
+        };
         let mut conns = vec![None; n];
         let (mut inbox_at, mut acks_at) = (Vec::new(), Vec::new());
         // Peers in ascending order on every rank: each pair's set-up steps meet.
