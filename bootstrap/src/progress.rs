@@ -239,19 +239,30 @@ impl Bootstrap {
     /// call; `None` when a survey finds none behind. For errors of calls that waited too long.
     pub fn laggards(&self, timeout: Duration) -> Option<String> {
         let me = self.progress().calls;
-        let answers = self.survey(timeout);
-        let behind: Vec<String> = answers
-            .iter()
-            .enumerate()
-            .filter_map(|(v, a)| match a {
-                Ok(p) if p.calls < me => Some(format!("rank {v}: {p}")),
-                Err(why) => Some(format!("rank {v}: {why}")),
-                _ => None,
-            })
+        let behind: Vec<String> = behind(&self.survey(timeout), me)
+            .into_iter()
+            .map(|(v, what)| format!("rank {v}: {what}"))
             .collect();
         (!behind.is_empty())
             .then(|| format!("behind this rank (call #{me}): {}", behind.join("; ")))
     }
+}
+
+/// The ranks of a survey's `answers` behind `than` calls, or that did not answer, each with
+/// what it said (its last call, or why no answer came).
+pub(super) fn behind(
+    answers: &[std::result::Result<Progress, String>],
+    than: u64,
+) -> Vec<(usize, String)> {
+    answers
+        .iter()
+        .enumerate()
+        .filter_map(|(v, a)| match a {
+            Ok(p) if p.calls < than => Some((v, p.to_string())),
+            Ok(_) => None,
+            Err(why) => Some((v, format!("no answer: {why}"))),
+        })
+        .collect()
 }
 
 #[cfg(test)]

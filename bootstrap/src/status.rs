@@ -76,21 +76,16 @@ pub fn report(boot: &Bootstrap, timeout: Duration) -> String {
         .max()
         .unwrap_or(0);
     let mut out = String::new();
-    let mut behind = Vec::new();
     for (r, a) in answers.iter().enumerate() {
         match a {
-            Ok(p) => {
-                out += &format!("rank {r}: {p}\n");
-                if p.calls < most {
-                    behind.push(format!("rank {r} ({p})"));
-                }
-            }
-            Err(why) => {
-                out += &format!("rank {r}: no answer: {why}\n");
-                behind.push(format!("rank {r} (no answer: {why})"));
-            }
+            Ok(p) => out += &format!("rank {r}: {p}\n"),
+            Err(why) => out += &format!("rank {r}: no answer: {why}\n"),
         }
     }
+    let behind: Vec<String> = super::progress::behind(&answers, most)
+        .into_iter()
+        .map(|(r, what)| format!("rank {r} ({what})"))
+        .collect();
     if behind.is_empty() {
         out += &format!("every rank has issued {most} calls\n");
     } else {

@@ -359,7 +359,8 @@ impl Caller {
         stream: &DynStream,
     ) -> Result<bool> {
         let bytes = send.len().max(recv.len()) as u64;
-        self.noted(&format!("plan {}", plan.name), bytes, || {
+        // The plan's name as the operation (no allocation per call).
+        self.noted(&plan.name, bytes, || {
             let ran = self.ordered(stream, || {
                 self.plans
                     .run(&self.comm, plan, send, recv, dtype, op, stream)

@@ -11,31 +11,45 @@ use crate::Communicator;
 
 /// The transport between hosts: `MSCCLPP_HIER_TRANSPORT` when set, else IB0 where this build
 /// and this machine have it and it can register `probe` (device memory needs peer memory or
-/// dma-buf), else Ethernet — the same on every rank of the rail (Ethernet unless all can use IB).
-/// Collective over `rail`.
-/// port channels, the NCCL device API's GIN proxy), so that they pick alike.
+/// dma-buf), else an NCCL net plugin faster than TCP, else Ethernet — the same on every rank of
+/// the rail (Ethernet unless all can use IB). Collective over `rail`: one all-gather, which also
+/// agrees the override (a variable set on some ranks only, as per-node environments do, fails
+/// every rank alike instead of sending them down different exchanges).
 pub fn inter_host_transport(rail: &Communicator, probe: &BufferSlice) -> Result<Transport> {
-    // The override is agreed first, on every rank alike: a variable set on some ranks only
-    // (per-node environments) must not send them down another sequence of exchanges.
-    let forced = mscclpp_hal::env::get("MSCCLPP_HIER_TRANSPORT");
-    let all = rail
-        .bootstrap()
-        .all_gather(forced.as_deref().unwrap_or("").as_bytes())?;
+    let forced = mscclpp_hal::env::get("MSCCLPP_HIER_TRANSPORT").unwrap_or_default();
+    let ib = Transport::Ib(0);
+    let net = Transport::Net(0);
+    // Probed only without an override: [IB here, Net faster here, the override's bytes...].
+    let (here, net_here) = if forced.is_empty() {
+        let here = ib.built().is_ok()
+            && Endpoint::new(rail.context(), EndpointConfig::new(ib)).is_ok()
+            && rail
+                .register_memory(probe, TransportFlags::single(ib))
+                .inspect_err(|e| tracing::info!("IB0 cannot register the rail's scratch: {e}"))
+                .is_ok();
+        (here, !here && net_is_faster(rail.rank()))
+    } else {
+        (false, false)
+    };
+    let mut card = vec![u8::from(here), u8::from(net_here)];
+    card.extend_from_slice(forced.as_bytes());
+    let all = rail.bootstrap().all_gather(&card)?;
     if let Some((r, v)) = all
         .iter()
         .enumerate()
-        .find(|(_, v)| v.as_slice() != forced.as_deref().unwrap_or("").as_bytes())
+        .find(|(_, v)| v.get(2..) != Some(forced.as_bytes()))
     {
         return Err(Error::invalid(format!(
-            "MSCCLPP_HIER_TRANSPORT differs between ranks: rank {} has {:?}, rank {r} has {:?} (set it alike on every rank, or on none)",
+            "MSCCLPP_HIER_TRANSPORT differs between ranks: rank {} has {forced:?}, rank {r} has {:?} (set it alike on every rank, or on none)",
             rail.rank(),
-            forced.as_deref().unwrap_or(""),
-            String::from_utf8_lossy(v)
+            String::from_utf8_lossy(v.get(2..).unwrap_or_default())
         )));
     }
-    if let Some(v) = forced {
-        let t = Transport::from_str(&v).map_err(|e| {
-            Error::invalid(format!("MSCCLPP_HIER_TRANSPORT={v:?} is malformed: {e}"))
+    if !forced.is_empty() {
+        let t = Transport::from_str(&forced).map_err(|e| {
+            Error::invalid(format!(
+                "MSCCLPP_HIER_TRANSPORT={forced:?} is malformed: {e}"
+            ))
         })?;
         if t == Transport::CudaIpc {
             return Err(Error::invalid(
@@ -44,18 +58,6 @@ pub fn inter_host_transport(rail: &Communicator, probe: &BufferSlice) -> Result<
         }
         return Ok(t);
     }
-    let ib = Transport::Ib(0);
-    let here = ib.built().is_ok()
-        && Endpoint::new(rail.context(), EndpointConfig::new(ib)).is_ok()
-        && rail
-            .register_memory(probe, TransportFlags::single(ib))
-            .inspect_err(|e| tracing::info!("IB0 cannot register the rail's scratch: {e}"))
-            .is_ok();
-    let net = Transport::Net(0);
-    let net_here = !here && net_is_faster(rail.rank());
-    let all = rail
-        .bootstrap()
-        .all_gather(&[u8::from(here), u8::from(net_here)])?;
     Ok(if all.iter().all(|v| v.first() == Some(&1)) {
         ib
     } else if all.iter().all(|v| v.get(1) == Some(&1)) {

@@ -514,6 +514,42 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// One GIN context's queues and `cis` as device code reaches them (host backend: this
+/// process's memory), read from its per-context struct at `ctx`.
+struct Queues {
+    queues: u64,
+    queue: u64,
+    cis: u64,
+}
+
+impl Queues {
+    fn of(ctx: u64) -> Queues {
+        Queues {
+            queues: rd64(ctx, 8),
+            queue: rd32(ctx, 4) as u64,
+            cis: rd64(ctx, 24),
+        }
+    }
+
+    /// Writes the first `count` qwords of `words` into slot `index` of the queue to `to`, last
+    /// first, as `postGfd` does (the first qword's flag bit tells the proxy it is whole).
+    fn post(&self, to: usize, index: u64, words: &[u64; 16], count: usize) {
+        let slot = self.queues + ((to as u64 * self.queue + index) * 128);
+        for i in (0..count).rev() {
+            // SAFETY: slot `index` of queue `to` of this context, host memory of the library.
+            unsafe { AtomicU64::from_ptr((slot + 8 * i as u64) as *mut u64) }
+                .store(words[i], Ordering::Release);
+        }
+    }
+
+    /// Descriptors the proxy finished on the queue to `q`.
+    fn ci(&self, q: usize) -> u32 {
+        // SAFETY: `cis[q]` of this context, host memory of the library.
+        unsafe { AtomicU32::from_ptr((self.cis + 4 * q as u64) as *mut u32) }
+            .load(Ordering::Acquire)
+    }
+}
+
 /// A GIN descriptor as NCCL's device code writes it (2.30.7+ bit layout): every qword's bit 0
 /// set; `version` 3 fills the first 8 qwords only. (op, size, (srcOff, srcHandle) or the inline
 /// value, (dstOff, dstHandle), counter, signal, signal value.)
@@ -627,14 +663,8 @@ fn gin_through_the_proxy(
     if nranks != 2 || !queue.is_power_of_two() || queues == 0 || sig == 0 || cis == 0 {
         return Err(format!("context 1: nranks {nranks} queue {queue}"));
     }
-    let post = |to: usize, index: u64, words: &[u64; 16], count: usize| {
-        let slot = queues + ((to as u64 * queue + index) * 128);
-        for i in (0..count).rev() {
-            // SAFETY: slot `index` of queue (1, to), host memory of the library.
-            unsafe { AtomicU64::from_ptr((slot + 8 * i as u64) as *mut u64) }
-                .store(words[i], Ordering::Release);
-        }
-    };
+    let qs = Queues::of(ctx);
+    let post = |to, index, words: &[u64; 16], count| qs.post(to, index, words, count);
     let src_off = 256 * 1024u64;
     let value = 0x1122_3344_5566_7788u64 ^ rank as u64;
     // A put of 4 KiB with SignalAdd(1, 5 + rank) and counter 1 (version 3: 8 qwords).
@@ -673,10 +703,7 @@ fn gin_through_the_proxy(
     );
     // A flush on this rank's own queue.
     post(rank, 0, &gfd(3, 0x80, 0, (0, 0), None, (0, 0), 0, 0, 0), 8);
-    let ci = |q: usize| {
-        // SAFETY: `cis[q]` of context 1, host memory of the library.
-        unsafe { AtomicU32::from_ptr((cis + 4 * q as u64) as *mut u32) }.load(Ordering::Acquire)
-    };
+    let ci = |q| qs.ci(q);
     let deadline = Instant::now() + Duration::from_secs(30);
     while ci(peer) < 2 || ci(rank) < 1 {
         if Instant::now() > deadline {
@@ -949,18 +976,12 @@ fn gin_between_hosts(
     let handle = rd64(rec, 40);
     let ctx = rd64(d, 104);
     let (nranks, queue) = (rd32(ctx, 0) as u64, rd32(ctx, 4) as u64);
-    let (queues, cis, ctr, sig) = (rd64(ctx, 8), rd64(ctx, 24), rd64(ctx, 32), rd64(ctx, 40));
+    let (ctr, sig) = (rd64(ctx, 32), rd64(ctx, 40));
     if nranks != 4 || !queue.is_power_of_two() {
         return Err(format!("context 0: nranks {nranks} queue {queue}"));
     }
-    let post = |to: usize, index: u64, words: &[u64; 16]| {
-        let slot = queues + ((to as u64 * queue + index) * 128);
-        for i in (0..8).rev() {
-            // SAFETY: slot `index` of queue (0, to), host memory of the library.
-            unsafe { AtomicU64::from_ptr((slot + 8 * i as u64) as *mut u64) }
-                .store(words[i], Ordering::Release);
-        }
-    };
+    let qs = Queues::of(ctx);
+    let post = |to, index, words: &[u64; 16]| qs.post(to, index, words, 8);
     let value = 0x0102_0304_0506_0708u64 ^ rank as u64;
     let g = |op, size, src, inline, dst, counter, signal, v| {
         gfd(3, op, size, src, inline, dst, counter, signal, v)
@@ -1017,10 +1038,7 @@ fn gin_between_hosts(
             1,
         ),
     );
-    let ci = |q: usize| {
-        // SAFETY: `cis[q]` of context 0, host memory of the library.
-        unsafe { AtomicU32::from_ptr((cis + 4 * q as u64) as *mut u32) }.load(Ordering::Acquire)
-    };
+    let ci = |q| qs.ci(q);
     let deadline = Instant::now() + Duration::from_secs(60);
     while ci(far) < 4 || ci(mate) < 1 {
         if Instant::now() > deadline {

@@ -125,8 +125,27 @@ impl Running {
 
 /// Starts one child of this binary in `role`, with `rank`/`nranks` and extra variables.
 pub fn spawn(role: &str, rank: usize, nranks: usize, env: &[(String, String)]) -> Running {
+    spawn_via(&[], role, rank, nranks, env)
+}
+
+/// [`spawn`] through a launcher command `via` (e.g. `ip netns exec NAME`, which runs the child
+/// in a network namespace); empty: the binary itself.
+pub fn spawn_via(
+    via: &[&str],
+    role: &str,
+    rank: usize,
+    nranks: usize,
+    env: &[(String, String)],
+) -> Running {
     let exe = std::env::current_exe().expect("current_exe of the test binary");
-    let mut cmd = Command::new(exe);
+    let mut cmd = match via.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     cmd.env(ROLE_VAR, role)
         .env(RANK_VAR, rank.to_string())
         .env(NRANKS_VAR, nranks.to_string())

@@ -10,7 +10,6 @@
 //! Runs with `cargo test -p mscclpp-conformance --test executor_hosts`.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -245,50 +244,37 @@ fn by_namespace(hosts: usize, per_host: usize) -> Result<Completion, Failed> {
     let root_ip: Ipv4Addr = format!("{NET}.254").parse().map_err(|_| "root address")?;
     let (_root, uid) = BootstrapRoot::start(SocketAddr::from((root_ip, 0)), n, &cfg).map_err(e)?;
     let (_, seed) = Rng::from_time();
-    let exe = std::env::current_exe()?;
-    let mut kids = Vec::new();
-    for r in 0..n {
-        let h = r / per_host;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &ns.names[h]])
-            .arg(&exe)
-            .env(multiproc::ROLE_VAR, "executed")
-            .env(multiproc::RANK_VAR, r.to_string())
-            .env(multiproc::NRANKS_VAR, n.to_string())
-            .env(UID_VAR, uid.to_string())
-            .env(SEED_VAR, seed.to_string())
-            .env(SHAPE_VAR, format!("{hosts}x{per_host}"))
-            .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "60")
-            .env("MSCCLPP_BACKEND", "host")
-            .env("MSCCLPP_SOCKET_IFNAME", format!("{NET}.{}", h + 1))
-            .env(
-                "MSCCLPP_HOSTID",
-                format!("exec-netns-{}-{h}", std::process::id()),
+    let kids: Vec<_> = (0..n)
+        .map(|r| {
+            let h = r / per_host;
+            let vars = vec![
+                (UID_VAR.to_string(), uid.to_string()),
+                (SEED_VAR.to_string(), seed.to_string()),
+                (SHAPE_VAR.to_string(), format!("{hosts}x{per_host}")),
+                ("MSCCLPP_BOOTSTRAP_TIMEOUT".into(), "60".into()),
+                ("MSCCLPP_BACKEND".into(), "host".into()),
+                ("MSCCLPP_SOCKET_IFNAME".into(), format!("{NET}.{}", h + 1)),
+                (
+                    "MSCCLPP_HOSTID".into(),
+                    format!("exec-netns-{}-{h}", std::process::id()),
+                ),
+            ];
+            multiproc::spawn_via(
+                &["ip", "netns", "exec", &ns.names[h]],
+                "executed",
+                r,
+                n,
+                &vars,
             )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        kids.push((r, cmd.spawn()?));
-    }
+        })
+        .collect();
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    let mut bad = Vec::new();
-    for (rank, mut k) in kids {
-        while k.try_wait()?.is_none() {
-            if std::time::Instant::now() > deadline {
-                let _ = k.kill();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let out = k.wait_with_output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() || !stdout.contains("executed=ok") {
-            bad.push(format!(
-                "rank {rank}: {:?}\n{stdout}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-    }
+    let bad: Vec<String> = kids
+        .into_iter()
+        .map(|k| multiproc::wait(k, deadline))
+        .filter(|o| !o.ok() || o.reports().get("executed").map(String::as_str) != Some("ok"))
+        .map(|o| o.describe())
+        .collect();
     if bad.is_empty() {
         Ok(Completion::Completed)
     } else {

@@ -6,7 +6,6 @@
 //! `cargo test -p mscclpp-conformance --test multinode`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -477,55 +476,31 @@ fn by_namespace(
     let n = hosts * per_host;
     let root_ip: Ipv4Addr = format!("{NET}.254").parse().map_err(|_| "root address")?;
     let (_root, env, seed) = start_root(IpAddr::V4(root_ip), n);
-    let exe = std::env::current_exe()?;
     let deadline = Instant::now() + Duration::from_secs(300);
-    let mut kids = Vec::new();
-    for r in 0..n {
-        let h = r / per_host;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &ns.names[h]])
-            .arg(&exe)
-            .env(multiproc::ROLE_VAR, "hier")
-            .env(multiproc::RANK_VAR, r.to_string())
-            .env(multiproc::NRANKS_VAR, n.to_string())
-            .env(HOSTS_VAR, format!("{hosts}x{per_host}"))
-            .env(FULL_VAR, "0")
-            .env("MSCCLPP_BACKEND", "host")
-            .env("MSCCLPP_SOCKET_IFNAME", format!("{NET}.{}", h + 1))
-            // the fixture net plugin's address (it listens on loopback otherwise)
-            .env("FIXTURE_NET_IP", format!("{NET}.{}", h + 1))
-            .envs(extra.iter().map(|(k, v)| (k, v)))
-            .env(
-                "MSCCLPP_HOSTID",
+    let kids: Vec<_> = (0..n)
+        .map(|r| {
+            let h = r / per_host;
+            let mut vars = vec![
+                (HOSTS_VAR.to_string(), format!("{hosts}x{per_host}")),
+                (FULL_VAR.to_string(), "0".to_string()),
+                ("MSCCLPP_BACKEND".into(), "host".into()),
+                ("MSCCLPP_SOCKET_IFNAME".into(), format!("{NET}.{}", h + 1)),
+                // the fixture net plugin's address (it listens on loopback otherwise)
+                ("FIXTURE_NET_IP".into(), format!("{NET}.{}", h + 1)),
+            ];
+            vars.extend(extra.iter().cloned());
+            vars.push((
+                "MSCCLPP_HOSTID".into(),
                 format!("hier-netns-{}-{h}", std::process::id()),
-            )
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        kids.push((r, cmd.spawn()?));
-    }
-    let mut outs = Vec::new();
-    for (rank, mut k) in kids {
-        let started = Instant::now();
-        let mut timed_out = false;
-        while k.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = k.kill();
-                timed_out = true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let out = k.wait_with_output()?;
-        outs.push(ChildOutcome {
-            rank,
-            code: out.status.code(),
-            timed_out,
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            elapsed: started.elapsed(),
-        });
-    }
+            ));
+            vars.extend(env.iter().cloned());
+            multiproc::spawn_via(&["ip", "netns", "exec", &ns.names[h]], "hier", r, n, &vars)
+        })
+        .collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| multiproc::wait(k, deadline))
+        .collect();
     judge(
         &outs,
         seed,

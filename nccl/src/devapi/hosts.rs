@@ -388,11 +388,6 @@ impl Hosts {
         })
     }
 
-    /// Whether any get is outstanding.
-    pub fn gets_pending(&self) -> bool {
-        !self.gets_done()
-    }
-
     /// The records that arrived from the ranks of other hosts since the last call, each with
     /// its sender, in order per sender.
     pub fn arrived(&mut self) -> Vec<(usize, Record)> {
@@ -433,10 +428,10 @@ impl Hosts {
         src_off: u64,
         len: u64,
     ) -> Res<()> {
-        let conn = Arc::clone(self.conn(peer)?);
         if len > 0 {
-            conn.write(dst, dst_off, src, src_off, len)?;
+            self.put(peer, dst, dst_off, src, src_off, len)?;
         }
+        let conn = Arc::clone(self.conn(peer)?);
         self.served[peer] += 1;
         let acks = self.acks_at[peer]
             .as_ref()
