@@ -33,6 +33,9 @@ pub struct Native {
     /// buffer is read-only): the current buffer last, grown on demand; the earlier ones stay
     /// allocated with the communicator since calls already enqueued may still read them.
     pub(crate) premul_staging: Mutex<Vec<DeviceBuffer>>,
+    /// The id `ncclCommGetUniqueId` made on this rank for an `ncclCommGrow` not yet run (NCCL
+    /// allows one unconsumed grow id per communicator).
+    pub(crate) grow_id: Mutex<Option<mscclpp::comm::UniqueId>>,
 }
 
 impl Native {

@@ -179,6 +179,7 @@ pub fn build(
             caller,
             plans,
             premul_staging: Mutex::new(Vec::new()),
+            grow_id: Mutex::new(None),
         })
     })();
     crate::debug::set_device(ordinal as i32);

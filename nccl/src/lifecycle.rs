@@ -453,6 +453,259 @@ pub unsafe fn shrink(
     }
 }
 
+/// `ncclCommGetUniqueId`: a fresh bootstrap id for growing `parent`, its root listener parked
+/// in this process (this rank's grown communicator runs the root). One id at a time: a second
+/// before the first is consumed by `ncclCommGrow` is refused, as NCCL refuses it.
+pub fn grow_id(parent: &Arc<Comm>) -> Res<UniqueId> {
+    let native = parent.native.as_ref().ok_or_else(|| {
+        Failure::usage(
+            "this communicator was made by the real NCCL, whose ncclCommGetUniqueId this library does not bind",
+        )
+    })?;
+    let mut pending = native.grow_id.lock().unwrap_or_else(|p| p.into_inner());
+    if pending.is_some() {
+        return Err(Failure::usage(
+            "a grow id made earlier by ncclCommGetUniqueId on this communicator has not been consumed by ncclCommGrow yet",
+        ));
+    }
+    let id = UniqueId::new()?;
+    *pending = Some(id);
+    Ok(id)
+}
+
+/// The grow id an existing rank passed.
+#[derive(Clone, Copy)]
+enum GrowId {
+    /// NULL: another existing rank holds it.
+    None,
+    /// The id this rank's `ncclCommGetUniqueId` made.
+    Made(UniqueId),
+    /// An id this rank's `ncclCommGetUniqueId` did not make.
+    Foreign,
+}
+
+/// What each existing rank tells the others before a grow: which [`GrowId`] it passed (0, 1,
+/// 2), the size it asks for, and the id.
+fn grow_card(nranks: usize, id: GrowId) -> Vec<u8> {
+    let (tag, bytes) = match id {
+        GrowId::None => (0, [0; mscclpp::comm::UNIQUE_ID_BYTES]),
+        GrowId::Made(i) => (1, i.to_bytes()),
+        GrowId::Foreign => (2, [0; mscclpp::comm::UNIQUE_ID_BYTES]),
+    };
+    let mut card = Vec::with_capacity(1 + 8 + mscclpp::comm::UNIQUE_ID_BYTES);
+    card.push(tag);
+    card.extend_from_slice(&(nranks as u64).to_le_bytes());
+    card.extend_from_slice(&bytes);
+    card
+}
+
+/// The id and size the existing ranks agreed on, from every rank's [`grow_card`]: exactly one
+/// holds the id, every one asks for the same size; otherwise an error naming the ranks.
+fn agree_grow(cards: &[Vec<u8>]) -> Res<(UniqueId, usize)> {
+    let mut holders = Vec::new();
+    let mut sizes = Vec::with_capacity(cards.len());
+    let mut id = None;
+    for (r, c) in cards.iter().enumerate() {
+        if c.len() != 1 + 8 + mscclpp::comm::UNIQUE_ID_BYTES {
+            return Err(Failure::internal(format!(
+                "ncclCommGrow: rank {r} sent a {}-byte card",
+                c.len()
+            )));
+        }
+        let n = u64::from_le_bytes(c[1..9].try_into().unwrap_or([0; 8])) as usize;
+        sizes.push(n);
+        match c[0] {
+            1 => {
+                holders.push(r);
+                id = Some(UniqueId::from_bytes(&c[9..])?);
+            }
+            2 => {
+                return Err(Failure::argument(format!(
+                    "ncclCommGrow: existing rank {r} passed a uniqueId that its ncclCommGetUniqueId on this communicator did not make (the other existing ranks pass NULL)"
+                )));
+            }
+            _ => {}
+        }
+    }
+    if let Some((r, n)) = sizes.iter().enumerate().find(|(_, n)| **n != sizes[0]) {
+        return Err(Failure::argument(format!(
+            "ncclCommGrow: existing rank 0 asks for {} ranks, rank {r} for {n}",
+            sizes[0]
+        )));
+    }
+    match (holders.as_slice(), id) {
+        ([_], Some(id)) => Ok((id, sizes[0])),
+        ([], _) => Err(Failure::usage(
+            "ncclCommGrow: no existing rank passed the grow id (the rank that called ncclCommGetUniqueId passes it, the others NULL)",
+        )),
+        (many, _) => Err(Failure::usage(format!(
+            "ncclCommGrow: existing ranks {many:?} each passed a grow id; only the rank that called ncclCommGetUniqueId passes it, the others NULL"
+        ))),
+    }
+}
+
+/// After a grow, every rank of the grown communicator checks that the existing ranks kept
+/// their numbers (`0..parent size`) and the new ones took the rest; otherwise every rank fails
+/// naming the ranks out of place. `parent`: this rank's parent size, `None` for a new rank.
+fn check_grown(c: &Comm, parent: Option<usize>) -> Res<()> {
+    let native = c
+        .native
+        .as_ref()
+        .ok_or_else(|| Failure::internal("a grown communicator without a native part"))?;
+    let card = (parent.map_or(0u64, |n| n as u64 + 1)).to_le_bytes();
+    let cards = native.communicator().bootstrap().all_gather(&card)?;
+    let olds: Vec<Option<usize>> = cards
+        .iter()
+        .map(|b| {
+            let v = u64::from_le_bytes(b.as_slice().try_into().unwrap_or([0; 8]));
+            (v > 0).then(|| (v - 1) as usize)
+        })
+        .collect();
+    let old_n = olds.iter().flatten().copied().next().unwrap_or(0);
+    if let Some((r, n)) = olds
+        .iter()
+        .enumerate()
+        .find_map(|(r, o)| o.filter(|&n| n != old_n).map(|n| (r, n)))
+    {
+        return Err(Failure::argument(format!(
+            "ncclCommGrow: existing ranks disagree on the parent's size ({old_n} and {n} at rank {r})"
+        )));
+    }
+    let misplaced: Vec<String> = olds
+        .iter()
+        .enumerate()
+        .filter(|(r, o)| o.is_some() != (*r < old_n))
+        .map(|(r, o)| {
+            if o.is_some() {
+                format!("rank {r} is an existing rank")
+            } else {
+                format!("new rank {r} takes an existing rank's number")
+            }
+        })
+        .collect();
+    if !misplaced.is_empty() {
+        return Err(Failure::argument(format!(
+            "ncclCommGrow: the existing ranks keep 0..{old_n} and the new ranks take {old_n}..{}: {}",
+            olds.len(),
+            misplaced.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// A communicator made by `init_rank` for a grow, checked by [`check_grown`]; released if the
+/// check fails.
+fn grown(plan: InitPlan, parent: Option<usize>) -> Made {
+    let c = init_rank(plan)?;
+    if let Err(f) = check_grown(&c, parent) {
+        c.abort_native();
+        if let Err(e) = c.release_real(true) {
+            tracing::warn!(target: crate::debug::COMM_MODULE, "{}", e.message);
+        }
+        return Err(f);
+    }
+    Ok(Some(c))
+}
+
+/// `ncclCommGrow`: a communicator of `nranks` over the parent's ranks (which keep their
+/// numbers) and new ones. Existing ranks pass their communicator and rank -1 (the one that
+/// called `ncclCommGetUniqueId` passes its id, the others NULL: the existing ranks agree on it
+/// over the parent's bootstrap); new ranks pass NULL, the id and their rank. Everyone then
+/// joins a fresh bootstrap on that id, as `ncclCommInitRank` does.
+///
+/// # Safety
+/// `out` must be NULL or valid for a write; `id` NULL or a valid id; `config` as for
+/// [`parse_config`].
+pub unsafe fn grow(
+    parent: Option<&Arc<Comm>>,
+    nranks: c_int,
+    id: Option<&NcclUniqueId>,
+    rank: c_int,
+    out: *mut NcclComm,
+    config: *const c_void,
+) -> Res<()> {
+    if out.is_null() {
+        return Err(Failure::argument("newcomm is NULL"));
+    }
+    let n = usize::try_from(nranks)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| {
+            Failure::argument(format!(
+                "nRanks {nranks}: the grown communicator's size must be positive"
+            ))
+        })?;
+    let Some(parent) = parent else {
+        // A new rank.
+        let id = id.ok_or_else(|| {
+            Failure::argument("uniqueId is NULL: a new rank (comm NULL) needs the grow id")
+        })?;
+        // SAFETY: forwarded contract.
+        let cfg = unsafe { parse_config(config, None)? };
+        let blocking = cfg.blocking;
+        let plan = InitPlan::new(nranks, id, rank, cfg)?;
+        // SAFETY: checked non-NULL; caller's contract.
+        return unsafe { launch(out, blocking, None, true, "grow", move || grown(plan, None)) };
+    };
+    if n <= parent.nranks {
+        return Err(Failure::argument(format!(
+            "nRanks {nranks}: not more than the communicator's {} ranks",
+            parent.nranks
+        )));
+    }
+    if rank != -1 {
+        return Err(Failure::argument(format!(
+            "rank {rank}: an existing rank passes -1 (it keeps its rank, {})",
+            parent.rank
+        )));
+    }
+    let native = parent.native.as_ref().ok_or_else(|| {
+        Failure::usage(
+            "this communicator was made by the real NCCL, whose ncclCommGrow this library does not bind",
+        )
+    })?;
+    // The id, if passed, must be the one this rank's ncclCommGetUniqueId made; it is consumed.
+    // A wrong one is told to the other ranks (they fail naming this rank) rather than leaving
+    // them waiting at the exchange.
+    let mine = match id {
+        None => GrowId::None,
+        Some(id) => {
+            let mut pending = native.grow_id.lock().unwrap_or_else(|p| p.into_inner());
+            match crate::init::decode_id(id) {
+                Ok(uid) if *pending == Some(uid) => {
+                    *pending = None;
+                    GrowId::Made(uid)
+                }
+                _ => GrowId::Foreign,
+            }
+        }
+    };
+    // SAFETY: forwarded contract.
+    let cfg = unsafe { parse_config(config, Some(&parent.config))? };
+    let blocking = cfg.blocking;
+    let boot = Arc::clone(native.communicator().bootstrap());
+    let (old_n, old_rank) = (parent.nranks, parent.rank);
+    let ordinal = usize::try_from(parent.device).ok();
+    crate::debug::show_version();
+    crate::route::forced()?;
+    crate::real::real()?;
+    // SAFETY: checked non-NULL; caller's contract.
+    unsafe {
+        launch(out, blocking, Some(parent), true, "grow", move || {
+            let cards = boot.all_gather(&grow_card(n, mine))?;
+            let (uid, size) = agree_grow(&cards)?;
+            let plan = InitPlan {
+                nranks: size,
+                rank: old_rank,
+                uid,
+                ordinal,
+                config: cfg,
+            };
+            grown(plan, Some(old_n))
+        })
+    }
+}
+
 /// `ncclCommFinalize`: waits for the communicator's outstanding work (host backend: its own
 /// stream) and finalizes the real one; non-blocking: on a thread, `ncclInProgress` until done.
 /// Afterwards only destroy and abort are accepted.

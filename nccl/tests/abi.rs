@@ -1389,27 +1389,27 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
         expect("ncclCommSuspend bogus comm", suspend(bogus, 0), 4)?;
     }
 
-    // grow: not supported, after NCCL's argument checks
+    // grow's argument checks (growing itself: tests/grow.rs)
     let mut gid = NcclUniqueId { internal: [0; 128] };
     let mut nc: Comm = null;
     // SAFETY: valid pointers; nothing is created.
     unsafe {
-        refused(
-            "ncclCommGetUniqueId",
-            comm_get_id(comm, &mut gid),
-            5,
-            &["ncclCommGetUniqueId", "ncclCommGrow"],
-        )?;
         expect(
             "ncclCommGetUniqueId NULL",
             comm_get_id(comm, std::ptr::null_mut()),
             4,
         )?;
+        expect("ncclCommGetUniqueId", comm_get_id(comm, &mut gid), 0)?;
         refused(
-            "ncclCommGrow",
-            grow(comm, 3, std::ptr::null(), -1, &mut nc, null),
+            "ncclCommGetUniqueId twice",
+            comm_get_id(comm, &mut gid),
             5,
-            &["ncclCommGrow", "not supported"],
+            &["ncclCommGetUniqueId", "not been consumed"],
+        )?;
+        expect(
+            "ncclCommGrow with a rank",
+            grow(comm, 3, std::ptr::null(), 1, &mut nc, null),
+            4,
         )?;
         expect(
             "ncclCommGrow not larger",
@@ -1422,9 +1422,14 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
             4,
         )?;
         expect(
-            "ncclCommGrow as a new rank",
-            grow(std::ptr::null_mut(), 3, &gid, 2, &mut nc, null),
-            5,
+            "ncclCommGrow as a new rank without an id",
+            grow(std::ptr::null_mut(), 3, std::ptr::null(), 2, &mut nc, null),
+            4,
+        )?;
+        expect(
+            "ncclCommGrow as a new rank out of range",
+            grow(std::ptr::null_mut(), 3, &gid, 3, &mut nc, null),
+            4,
         )?;
         if !nc.is_null() {
             return Err(format!("ncclCommGrow wrote {nc:p}"));

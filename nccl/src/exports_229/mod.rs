@@ -13,7 +13,7 @@
 //! | function | since | here |
 //! | --- | --- | --- |
 //! | `ncclCommRevoke` | 2.28 | native: aborts the native side (kernels give up), aborts the real side; then only destroy, split and shrink |
-//! | `ncclCommGetUniqueId`, `ncclCommGrow` | 2.29 | `ncclInvalidUsage`: growing a communicator is not supported |
+//! | `ncclCommGetUniqueId`, `ncclCommGrow` | 2.29 | native: the parent's ranks keep theirs, new ranks join on the grow id |
 //! | `ncclWinGetUserPtr` | 2.29 | native for windows inside `ncclMemAlloc` memory |
 //! | `ncclPutSignal`, `ncclSignal`, `ncclWaitSignal` | 2.29 | `ncclInvalidUsage`: one-sided operations are not supported |
 //! | `ncclCommSuspend`, `ncclCommResume`, `ncclCommMemStats` | 2.29.7 | as NCCL with its memory manager disabled |
@@ -168,32 +168,47 @@ pub unsafe extern "C" fn ncclCommRevoke(comm: NcclComm, revokeFlags: c_int) -> N
 }
 
 /// `ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId)` (NCCL 2.29):
-/// the id of an `ncclCommGrow`, which this library does not support: `ncclInvalidUsage`.
+/// native. The id of an `ncclCommGrow` of `comm`: a fresh bootstrap whose root this rank runs
+/// when it grows. One at a time per communicator (a second before `ncclCommGrow` consumed the
+/// first is `ncclInvalidUsage`, as NCCL).
 ///
 /// # Safety
-/// `comm` is a handle (checked); `uniqueId` is not written.
+/// `comm` is a handle (checked); `uniqueId` NULL or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommGetUniqueId(
     comm: NcclComm,
     uniqueId: *mut NcclUniqueId,
 ) -> NcclResult {
     guard("ncclCommGetUniqueId", || {
-        lookup(comm)?;
+        let c = lookup(comm)?;
         if uniqueId.is_null() {
             return Err(Failure::argument("uniqueId is NULL"));
         }
-        Err(Failure::usage(
-            "ncclCommGrow is not supported by this library, so there is no grow id to make (ncclGetUniqueId makes the id of a new communicator)",
-        ))
+        let id = crate::lifecycle::grow_id(&c)?;
+        // SAFETY: non-null (checked); the caller's out-pointer.
+        unsafe {
+            out(
+                uniqueId,
+                "uniqueId",
+                NcclUniqueId {
+                    internal: id.to_bytes(),
+                },
+            )
+        }
     })
 }
 
 /// `ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int
-/// rank, ncclComm_t* newcomm, ncclConfig_t* config)` (NCCL 2.29): not supported
-/// (`ncclInvalidUsage`) once the arguments are checked as NCCL checks them.
+/// rank, ncclComm_t* newcomm, ncclConfig_t* config)` (NCCL 2.29): native, NCCL's parameter
+/// usage: an existing rank passes `comm` and rank -1 (the one that called
+/// `ncclCommGetUniqueId` passes its id, the others NULL) and keeps its rank; a new rank passes
+/// NULL, the id and its rank (from the parent's size up). Blocking or not as `config` (an
+/// existing rank's NULL config inherits the parent's), inside groups too. See
+/// [`crate::lifecycle::grow`].
 ///
 /// # Safety
-/// `comm` is NULL or a handle (checked); nothing is read or written through the pointers.
+/// `comm` is NULL or a handle (checked); `uniqueId` NULL or valid; `newcomm` NULL or valid for
+/// a write; `config` NULL or an `ncclConfig_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommGrow(
     comm: NcclComm,
@@ -201,40 +216,18 @@ pub unsafe extern "C" fn ncclCommGrow(
     uniqueId: *const NcclUniqueId,
     rank: c_int,
     newcomm: *mut NcclComm,
-    _config: *mut c_void,
+    config: *mut c_void,
 ) -> NcclResult {
     guard("ncclCommGrow", || {
-        if newcomm.is_null() {
-            return Err(Failure::argument("newcomm is NULL"));
-        }
-        if nRanks <= 0 {
-            return Err(Failure::argument(format!(
-                "nRanks {nRanks}: the grown communicator's size must be positive"
-            )));
-        }
-        if comm.is_null() {
-            if uniqueId.is_null() {
-                return Err(Failure::argument(
-                    "uniqueId is NULL: a new rank (comm NULL) needs the grow id",
-                ));
-            }
-            if rank < 0 || rank >= nRanks {
-                return Err(Failure::argument(format!(
-                    "rank {rank} is not a rank of {nRanks}"
-                )));
-            }
+        let parent = if comm.is_null() {
+            None
         } else {
-            let c = lookup(comm)?;
-            if usize::try_from(nRanks).unwrap_or(0) <= c.nranks {
-                return Err(Failure::argument(format!(
-                    "nRanks {nRanks}: not more than the communicator's {} ranks",
-                    c.nranks
-                )));
-            }
-        }
-        Err(Failure::usage(
-            "growing a communicator is not supported by this library: create a new one (ncclGetUniqueId, ncclCommInitRank) over every rank",
-        ))
+            Some(lookup(comm)?)
+        };
+        // SAFETY: NULL or a valid id (caller's contract).
+        let id = unsafe { uniqueId.as_ref() };
+        // SAFETY: forwarded contract.
+        unsafe { crate::lifecycle::grow(parent.as_ref(), nRanks, id, rank, newcomm, config) }
     })
 }
 
