@@ -25,6 +25,9 @@ pub struct BootstrapConfig {
     /// between hosts only (`MSCCLPP_BOOTSTRAP_SHM`, default on). A view uses it only when
     /// every member allows it and every host could set it up; else it keeps the TCP barrier.
     pub shared_memory: bool,
+    /// Lets another thread end the join (the rendezvous through the root) early; `None`: only
+    /// the deadline ends it. Not kept once the bootstrap is up.
+    pub cancel: Option<super::Cancel>,
 }
 
 impl Default for BootstrapConfig {
@@ -35,6 +38,7 @@ impl Default for BootstrapConfig {
             max_frame_bytes: 1 << 30,
             schedule: Schedule::Log,
             shared_memory: true,
+            cancel: None,
         }
     }
 }

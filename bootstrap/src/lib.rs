@@ -85,6 +85,7 @@
 
 pub mod protocol;
 
+mod cancel;
 mod collectives;
 mod config;
 mod failure;
@@ -117,6 +118,7 @@ use std::time::{Duration, Instant};
 
 use mscclpp_base::{Error, Result};
 
+pub use cancel::Cancel;
 pub use config::{BootstrapConfig, Schedule, schedule_peers};
 pub use failure::PeerFailure;
 pub use launch_env::{
@@ -311,6 +313,15 @@ impl Bootstrap {
         let _g = span.enter();
         let deadline = Instant::now() + cfg.timeout;
         let result = rendezvous(uid, rank, nranks, &cfg, deadline, root_prebound);
+        // The join is over (or failed): a later cancel touches nothing, and views do not
+        // inherit the token.
+        if let Some(c) = &cfg.cancel {
+            c.forget();
+        }
+        let cfg = BootstrapConfig {
+            cancel: None,
+            ..cfg
+        };
         let (listener, table, joined) = match (result, root) {
             (Ok(t), Some(root)) => {
                 // We have the table, so the root is sending its last ones.

@@ -36,6 +36,7 @@ pub(super) fn rendezvous(
     let mut moves = 0;
     let mut listener: Option<(TcpListener, SocketAddr)> = None;
     let mut attempt: u32 = 0;
+    let cancel = cfg.cancel.clone().unwrap_or_default();
     loop {
         let root_addr = uid.root_addr();
         let mut to_root = connect_retry(
@@ -44,7 +45,10 @@ pub(super) fn rendezvous(
             cfg.timeout,
             "the bootstrap root",
             root_prebound,
+            &cancel,
         )?;
+        // A cancel shuts it down, ending the wait for the table.
+        cancel.watch(&to_root);
         if listener.is_none() {
             // Listen on the address this host reaches the root from: it is routable
             // from there.
@@ -89,6 +93,11 @@ pub(super) fn rendezvous(
                 )
             });
         match reply {
+            Err(_) if cancel.is_cancelled() => {
+                return Err(super::cancel::cancelled(&format!(
+                    "waiting for the bootstrap root at {root_addr}"
+                )));
+            }
             Ok((FrameKind::Table, payload)) => {
                 let table = decode_table(&payload, nranks)?;
                 tracing::debug!(%listen, attempt, "joined through the bootstrap root");
@@ -118,6 +127,7 @@ pub(super) fn rendezvous(
                 let pause = jitter(rank, attempt);
                 tracing::debug!(attempt, ?pause, error = %e, "the bootstrap root turned us away; retrying");
                 std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+                cancel.check("joining through the bootstrap root")?;
             }
             Err(e) => return Err(e),
         }
@@ -157,16 +167,19 @@ fn jitter(rank: usize, attempt: u32) -> Duration {
 
 /// Connects to `addr`, retrying while it is not listening yet, until `deadline`; with
 /// `refused_is_final`, a refused connection ends it at once (the root listened before its id
-/// could be handed out, so it is gone, not late).
+/// could be handed out, so it is gone, not late). `cancel` is checked between attempts (each
+/// at most 1 s).
 fn connect_retry(
     addr: SocketAddr,
     deadline: Instant,
     timeout: Duration,
     what: &str,
     refused_is_final: bool,
+    cancel: &super::Cancel,
 ) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(5);
     loop {
+        cancel.check(&format!("connecting to {what} at {addr}"))?;
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout {
@@ -174,7 +187,7 @@ fn connect_retry(
                 after: timeout,
             });
         }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(1))) {
             Ok(s) => return Ok(s),
             Err(e) if refused_is_final && e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 return Err(Error::invalid(format!(

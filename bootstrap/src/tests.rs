@@ -1364,3 +1364,48 @@ fn the_status_command_names_the_rank_that_stopped_among_64() {
     let e = bad.unwrap_err().to_string();
     assert!(e.contains("wrong token"), "{e}");
 }
+
+/// A join cancelled from another thread ends at once, for the rank that runs the root and for
+/// one waiting on it, long before the deadline.
+#[test]
+fn a_cancelled_join_ends_at_once() {
+    let uid = UniqueId::with_root(localhost0()).unwrap();
+    let tokens = [Cancel::new(), Cancel::new()];
+    let handles: Vec<_> = tokens
+        .iter()
+        .enumerate()
+        .map(|(rank, c)| {
+            let cfg = BootstrapConfig {
+                cancel: Some(c.clone()),
+                ..cfg(60_000)
+            };
+            thread::spawn(move || {
+                let t = Instant::now();
+                (Bootstrap::new(&uid, rank, 3, cfg).map(|_| ()), t)
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+    for c in &tokens {
+        c.cancel();
+    }
+    for (rank, h) in handles.into_iter().enumerate() {
+        let (r, t) = h.join().unwrap();
+        let e = r.expect_err("a join without its third rank cannot succeed");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "rank {rank} ended after {:?}",
+            t.elapsed()
+        );
+        assert!(e.to_string().contains("cancelled"), "rank {rank}: {e}");
+    }
+    // A token cancelled before the join starts fails it before any connection.
+    let c = Cancel::new();
+    c.cancel();
+    let cfg = BootstrapConfig {
+        cancel: Some(c),
+        ..cfg(60_000)
+    };
+    let e = Bootstrap::new(&UniqueId::with_root(localhost0()).unwrap(), 0, 2, cfg).unwrap_err();
+    assert!(e.to_string().contains("cancelled"), "{e}");
+}

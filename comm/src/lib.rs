@@ -19,7 +19,7 @@ pub mod proxy;
 pub mod semaphore;
 
 pub use bootstrap::{
-    Bootstrap, BootstrapConfig, BootstrapRoot, LaunchInfo, PeerFailure, RESERVED_TAG_BIT,
+    Bootstrap, BootstrapConfig, BootstrapRoot, Cancel, LaunchInfo, PeerFailure, RESERVED_TAG_BIT,
     UNIQUE_ID_BYTES, UniqueId,
 };
 

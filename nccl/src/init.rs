@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32};
 use std::sync::{Arc, Mutex};
 
 use mscclpp::collectives::CollectiveKind;
-use mscclpp::comm::{Bootstrap, BootstrapConfig, Communicator, UniqueId};
+use mscclpp::comm::{Bootstrap, BootstrapConfig, Cancel, Communicator, UniqueId};
 use mscclpp::hal::Device;
 
 use mscclpp_caller::Caller;
@@ -57,6 +57,8 @@ pub struct InitPlan {
     pub ordinal: Option<usize>,
     /// The communicator's configuration.
     pub config: CommConfig,
+    /// Ends the bootstrap join early (an abort of the pending handle).
+    pub cancel: Cancel,
 }
 
 impl InitPlan {
@@ -74,6 +76,7 @@ impl InitPlan {
             uid,
             ordinal,
             config,
+            cancel: Cancel::new(),
         })
     }
 }
@@ -84,12 +87,11 @@ impl InitPlan {
 pub fn init_rank(plan: InitPlan) -> Res<Comm> {
     let (n, r) = (plan.nranks, plan.rank);
     let real_lib = real()?;
-    let boot = Arc::new(Bootstrap::new(
-        &plan.uid,
-        r,
-        n,
-        BootstrapConfig::from_env()?,
-    )?);
+    let cfg = BootstrapConfig {
+        cancel: Some(plan.cancel.clone()),
+        ..BootstrapConfig::from_env()?
+    };
+    let boot = Arc::new(Bootstrap::new(&plan.uid, r, n, cfg)?);
     let backend = mscclpp::registry::select()?;
     let ordinal = match plan.ordinal {
         Some(d) => d,

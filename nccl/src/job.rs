@@ -4,7 +4,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use mscclpp::comm::BootstrapConfig;
+use mscclpp::comm::{BootstrapConfig, Cancel};
 
 use crate::abi::NCCL_REMOTE_ERROR;
 use crate::error::{Failure, Res};
@@ -15,6 +15,8 @@ pub struct Job {
     /// `None` while running, then its result.
     done: Mutex<Option<Res<()>>>,
     cv: Condvar,
+    /// Ends a creation's bootstrap join early (`ncclCommAbort` of its pending handle).
+    cancel: Cancel,
 }
 
 impl Job {
@@ -23,7 +25,18 @@ impl Job {
         Arc::new(Job {
             done: Mutex::new(None),
             cv: Condvar::new(),
+            cancel: Cancel::new(),
         })
+    }
+
+    /// The token that cancels the job's bootstrap join.
+    pub fn token(&self) -> Cancel {
+        self.cancel.clone()
+    }
+
+    /// Cancels the job's bootstrap join, if it is still joining: it then fails at once.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
     }
 
     /// Records the result and wakes the waiters.

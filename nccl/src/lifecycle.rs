@@ -20,7 +20,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use mscclpp::comm::UniqueId;
+use mscclpp::comm::{Cancel, UniqueId};
 use mscclpp::hal::BackendKind;
 
 use crate::abi::*;
@@ -50,11 +50,12 @@ unsafe fn launch(
     parent: Option<&Arc<Comm>>,
     yields: bool,
     what: &'static str,
-    body: impl FnOnce() -> Made + Send + 'static,
+    body: impl FnOnce(Cancel) -> Made + Send + 'static,
 ) -> Res<()> {
     let in_group = in_group();
     if blocking && !in_group {
-        let h = match body()? {
+        // Nobody else holds the handle yet, so nobody can cancel this one.
+        let h = match body(Cancel::new())? {
             Some(c) => register(c),
             None => std::ptr::null_mut(),
         };
@@ -74,10 +75,11 @@ unsafe fn launch(
         p.set_busy(Arc::clone(&job));
     }
     let (hv, j) = (h as usize, Arc::clone(&job));
+    let token = job.token();
     let spawned = std::thread::Builder::new()
         .name(format!("nccl-{what}"))
         .spawn(move || {
-            let made = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|p| {
+            let made = catch_unwind(AssertUnwindSafe(|| body(token))).unwrap_or_else(|p| {
                 let why = p
                     .downcast_ref::<&str>()
                     .map(|s| (*s).to_owned())
@@ -144,8 +146,8 @@ pub unsafe fn init_rank_config(
     let plan = InitPlan::new(nranks, id, rank, cfg)?;
     // SAFETY: checked non-NULL; caller's contract.
     unsafe {
-        launch(out, blocking, None, true, "init", move || {
-            init_rank(plan).map(Some)
+        launch(out, blocking, None, true, "init", move |cancel| {
+            init_rank(InitPlan { cancel, ..plan }).map(Some)
         })
     }
 }
@@ -199,14 +201,15 @@ pub unsafe fn init_all(out: *mut NcclComm, ndev: c_int, devlist: *const c_int) -
     let deadline = job_deadline();
     let mut started: Vec<(NcclComm, Arc<Job>)> = Vec::with_capacity(n);
     for (rank, &d) in devices.iter().enumerate() {
+        let job = Job::new();
         let plan = InitPlan {
             nranks: n,
             rank,
             uid,
             ordinal: Some(d),
             config: CommConfig::default(),
+            cancel: job.token(),
         };
-        let job = Job::new();
         let h = register_pending(&job);
         let j = Arc::clone(&job);
         let hv = h as usize;
@@ -316,7 +319,7 @@ pub unsafe fn split(
     let bcolor = u32::try_from(color).ok();
     // SAFETY: checked non-NULL; caller's contract.
     unsafe {
-        launch(out, blocking, Some(parent), yields, "split", move || {
+        launch(out, blocking, Some(parent), yields, "split", move |_| {
             let view = boot.split(bcolor, key_order(key))?;
             let rc = match real_child {
                 Some(f) => f()?,
@@ -442,7 +445,7 @@ pub unsafe fn shrink(
     let yields = !ex.contains(&parent.rank);
     // SAFETY: checked non-NULL; caller's contract.
     unsafe {
-        launch(out, blocking, Some(parent), yields, "shrink", move || {
+        launch(out, blocking, Some(parent), yields, "shrink", move |_| {
             let view = boot.shrink(&ex)?;
             let rc = match real_child {
                 Some(f) if view.is_some() => f()?,
@@ -645,7 +648,11 @@ pub unsafe fn grow(
         let blocking = cfg.blocking;
         let plan = InitPlan::new(nranks, id, rank, cfg)?;
         // SAFETY: checked non-NULL; caller's contract.
-        return unsafe { launch(out, blocking, None, true, "grow", move || grown(plan, None)) };
+        return unsafe {
+            launch(out, blocking, None, true, "grow", move |cancel| {
+                grown(InitPlan { cancel, ..plan }, None)
+            })
+        };
     };
     if n <= parent.nranks {
         return Err(Failure::argument(format!(
@@ -691,7 +698,7 @@ pub unsafe fn grow(
     crate::real::real()?;
     // SAFETY: checked non-NULL; caller's contract.
     unsafe {
-        launch(out, blocking, Some(parent), true, "grow", move || {
+        launch(out, blocking, Some(parent), true, "grow", move |cancel| {
             let cards = boot.all_gather(&grow_card(n, mine))?;
             let (uid, size) = agree_grow(&cards)?;
             let plan = InitPlan {
@@ -700,6 +707,7 @@ pub unsafe fn grow(
                 uid,
                 ordinal,
                 config: cfg,
+                cancel,
             };
             grown(plan, Some(old_n))
         })
@@ -760,14 +768,26 @@ pub fn destroy(h: NcclComm) -> Res<()> {
 }
 
 /// `ncclCommAbort`: frees the communicator without waiting for anything; kernels of it still
-/// waiting (on any thread) end at their next poll of the abort word.
+/// waiting (on any thread) end at their next poll of the abort word. A communicator still
+/// being created (non-blocking init or grow, NVIDIA/nccl#289) has its bootstrap join cancelled:
+/// it fails at once rather than at the bootstrap's deadline, and whatever it made is released
+/// as it settles (the handle is gone); this waits briefly for that, so that its thread and
+/// sockets are gone when abort returns.
 pub fn abort(h: NcclComm) -> Res<()> {
     match registry::unregister(h)? {
         Slot::Ready(c) => {
             c.abort_native();
             c.release_real(true)
         }
-        Slot::Pending(_) | Slot::Failed(_) => Ok(()),
+        Slot::Pending(job) => {
+            job.cancel();
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            if let Err(f) = job.wait(until, "the creation ncclCommAbort cancelled") {
+                tracing::debug!(target: crate::debug::COMM_MODULE, "ncclCommAbort {h:p}: {}", f.message);
+            }
+            Ok(())
+        }
+        Slot::Failed(_) => Ok(()),
     }
 }
 

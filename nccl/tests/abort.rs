@@ -4,6 +4,12 @@
 //! another thread than the one in `ncclAllReduce`, frees the communicator without waiting.
 //! Runs with `cargo test -p mscclpp-nccl --test abort -- --nocapture`.
 //!
+//! `abort::pending_init_is_cancelled`: two non-blocking inits of a 3-rank communicator whose
+//! third rank never comes, each aborted from the test's thread while it waits to join (one
+//! running the bootstrap root, one waiting on it): each `ncclCommAbort` returns within seconds
+//! (not at the bootstrap's 60 s deadline), the handles are gone, and a new communicator can be
+//! made after (NVIDIA/nccl#289).
+//!
 //! The GPU trials (`abort::cuda::*`, `abort::rocm::*`; ignored, with the reason, where the backend
 //! cannot be probed) do the same with 2 ranks on the GPUs there are (both on device 0: the
 //! library takes the current device), rank 1 killed while rank 0's all-reduce kernels wait for
@@ -23,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::hal::{BackendKind, MemoryKind};
-use mscclpp_nccl::abi::NcclUniqueId;
+use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
 use support::{
     CollFn, Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, self_command,
     wait_or_kill,
@@ -345,6 +351,109 @@ fn killed_rank_reaches_the_c_api(kind: BackendKind, n: usize, victim: usize) -> 
     }
 }
 
+/// Threads of this process running a communicator creation (named `nccl-init`).
+fn init_threads() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "nccl-init")
+        })
+        .count()
+}
+
+fn pending_init_is_cancelled() -> Result<(), Failed> {
+    const IN_PROGRESS: c_int = 7;
+    let lib = open_lib()?;
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRankConfig",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int, *mut NcclConfig) -> c_int
+    );
+    let abort = sym!(lib, "ncclCommAbort", fn(Comm) -> c_int);
+    let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
+    let async_err = sym!(lib, "ncclCommGetAsyncError", fn(Comm, *mut c_int) -> c_int);
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    // SAFETY: valid out-pointer.
+    if unsafe { get_id(&mut id) } != 0 {
+        return Err("ncclGetUniqueId failed".into());
+    }
+    let mut cfg = NcclConfig::INITIALIZER;
+    cfg.blocking = 0;
+    let mut handles = [std::ptr::null_mut(); 2];
+    for (rank, h) in handles.iter_mut().enumerate() {
+        // SAFETY: valid pointers.
+        let rc = unsafe { init(h, 3, id, rank as c_int, &mut cfg) };
+        if rc != IN_PROGRESS || h.is_null() {
+            return Err(
+                format!("non-blocking init of rank {rank}: code {rc}, handle {h:p}").into(),
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    if init_threads() != 2 {
+        return Err(format!("{} init threads run, expected 2", init_threads()).into());
+    }
+    for (rank, &h) in handles.iter().enumerate() {
+        let mut e = -1;
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { async_err(h, &mut e) };
+        if rc != 0 || e != IN_PROGRESS {
+            return Err(format!("rank {rank} without its third rank: code {rc}, state {e}").into());
+        }
+    }
+    for (rank, &h) in handles.iter().enumerate().rev() {
+        let t = Instant::now();
+        // SAFETY: a pending handle of this library.
+        let rc = unsafe { abort(h) };
+        let took = t.elapsed();
+        println!("abort of rank {rank}'s pending init returned {rc} in {took:?}");
+        if rc != 0 || took > Duration::from_secs(5) {
+            return Err(format!(
+                "ncclCommAbort of rank {rank}'s pending init: code {rc} after {took:?}"
+            )
+            .into());
+        }
+        let mut e = -1;
+        // SAFETY: as above; the handle is gone, which must be refused, not crash.
+        let rc = unsafe { async_err(h, &mut e) };
+        if rc != 4 {
+            return Err(
+                format!("the aborted handle of rank {rank} is still answered: code {rc}").into(),
+            );
+        }
+    }
+    // The creations' threads have ended (they would wait for the third rank until the
+    // bootstrap's deadline if the aborts had only dropped the handles).
+    // (A thread that finished its job may take a moment to exit.)
+    let until = Instant::now() + Duration::from_secs(2);
+    while init_threads() != 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let left = init_threads();
+    if left != 0 {
+        return Err(format!("{left} init threads still run after the aborts").into());
+    }
+    // A communicator can be made after.
+    // SAFETY: valid out-pointer.
+    if unsafe { get_id(&mut id) } != 0 {
+        return Err("ncclGetUniqueId after the aborts failed".into());
+    }
+    let mut one: Comm = std::ptr::null_mut();
+    let mut blocking = NcclConfig::INITIALIZER;
+    blocking.blocking = 1;
+    // SAFETY: valid pointers; one rank joins at once.
+    let rc = unsafe { init(&mut one, 1, id, 0, &mut blocking) };
+    // SAFETY: the communicator just made.
+    if rc != 0 || unsafe { destroy(one) } != 0 {
+        return Err(format!("a 1-rank init after the aborts: code {rc}").into());
+    }
+    Ok(())
+}
+
 fn main() {
     run_if_rank(ROLE_VAR, DIR_VAR, |rank, dir| {
         let n: usize = std::env::var(NRANKS_VAR)
@@ -354,9 +463,15 @@ fn main() {
         rank_main(rank, n, dir)
     });
     let args = libtest_mimic::Arguments::from_args();
-    let mut trials = vec![Trial::test("abort::killed_rank_reaches_the_c_api", || {
-        killed_rank_reaches_the_c_api(BackendKind::Host, 4, 2)
-    })];
+    let mut trials = vec![
+        Trial::test("abort::killed_rank_reaches_the_c_api", || {
+            killed_rank_reaches_the_c_api(BackendKind::Host, 4, 2)
+        }),
+        Trial::test(
+            "abort::pending_init_is_cancelled",
+            pending_init_is_cancelled,
+        ),
+    ];
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
         trials.push(Trial::ignorable_test(
             format!("abort::{kind}::killed_rank_reaches_the_c_api"),
