@@ -108,9 +108,35 @@ pub struct Comm {
     pub has_busy: AtomicBool,
     /// `ncclCommFinalize` has run: only destroy and abort remain.
     pub finalized: AtomicBool,
+    /// An identity every rank computes alike (NCCL's `commHash`: a profiler plugin's
+    /// `commId`): from the unique id, or the parent's and the child's place among its
+    /// children.
+    pub id: u64,
+    /// Children made so far (splits, shrinks): each child's [`Comm::id`] counts it.
+    pub children: std::sync::atomic::AtomicU64,
+    /// The profiler plugin's context for this communicator, if a plugin is loaded.
+    pub profiler: Option<Arc<crate::profiler::Attached>>,
+}
+
+/// Mixes `b` into the identity `a` (splitmix64's finaliser over their combination).
+pub fn mix_id(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b
+        .wrapping_add(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(a << 6)
+        .wrapping_add(a >> 2);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl Comm {
+    /// The identity of this communicator's next child (every rank makes its children in the
+    /// same order, so they agree), mixed with what tells siblings made at once apart.
+    pub fn child_id(&self, salt: u64) -> u64 {
+        let n = self.children.fetch_add(1, Ordering::Relaxed) + 1;
+        mix_id(mix_id(self.id, n), salt)
+    }
+
     /// The real communicator, if any.
     pub(crate) fn real_comm(&self) -> Option<(&'static RealNccl, NcclComm)> {
         self.real

@@ -117,6 +117,8 @@ pub fn group_end() -> Res<()> {
             // SAFETY: closes the group this thread opened in the real NCCL.
             lib.check("ncclGroupEnd", unsafe { end() })?;
         }
+        // The group API event of the profiler, if one is open on this thread, ends here.
+        crate::profiler::group_end();
         if let Some(e) = first_error {
             return Err(e);
         }

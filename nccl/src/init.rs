@@ -149,7 +149,14 @@ pub fn init_rank(plan: InitPlan) -> Res<Comm> {
             Some(RealComm { lib, comm: c })
         }
     };
-    build(boot, device, real_comm, plan.config)
+    let id = plan
+        .uid
+        .to_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            crate::comm::mix_id(h, u64::from(b))
+        });
+    build(boot, device, real_comm, plan.config, id)
 }
 
 /// A communicator of this library over `boot` (a fresh bootstrap, or a split or shrunk view of
@@ -160,10 +167,17 @@ pub fn build(
     device: Arc<dyn Device>,
     real_comm: Option<RealComm>,
     config: CommConfig,
+    id: u64,
 ) -> Res<Comm> {
     let (r, n) = (boot.rank(), boot.nranks());
     let ordinal = device.info().ordinal;
     let one_host = boot.hosts().iter().all(|&h| h == boot.hosts()[r]);
+    let nodes = {
+        let mut h = boot.hosts().to_vec();
+        h.sort_unstable();
+        h.dedup();
+        h.len()
+    };
     let made = (|| -> Res<Native> {
         let caller = Caller::new(Arc::new(Communicator::new(boot, device)))?;
         if let Some(why) = caller.no_collectives() {
@@ -199,10 +213,21 @@ pub fn build(
         busy: Mutex::new(None),
         has_busy: AtomicBool::new(false),
         finalized: AtomicBool::new(false),
+        id,
+        children: Default::default(),
+        profiler: None,
     };
     match made {
         Ok(native) => Ok(Comm {
             native: Some(native),
+            profiler: crate::profiler::Attached::new(
+                id,
+                c.config.comm_name.as_deref(),
+                nodes,
+                n,
+                r,
+            )
+            .map(Arc::new),
             ..c
         }),
         Err(f) => {
@@ -303,5 +328,8 @@ pub unsafe fn from_real(lib: &'static RealNccl, c: NcclComm) -> Res<Comm> {
         busy: Mutex::new(None),
         has_busy: AtomicBool::new(false),
         finalized: AtomicBool::new(false),
+        id: 0,
+        children: Default::default(),
+        profiler: None,
     })
 }

@@ -87,6 +87,7 @@ pub mod native;
 pub mod plans;
 mod pnccl;
 pub mod premul;
+pub mod profiler;
 pub mod real;
 pub mod register;
 pub mod registry;

@@ -317,6 +317,7 @@ pub unsafe fn split(
     let blocking = cfg.blocking;
     let yields = color != NCCL_SPLIT_NOCOLOR;
     let bcolor = u32::try_from(color).ok();
+    let id = parent.child_id(color as u32 as u64);
     // SAFETY: checked non-NULL; caller's contract.
     unsafe {
         launch(out, blocking, Some(parent), yields, "split", move |_| {
@@ -325,7 +326,7 @@ pub unsafe fn split(
                 Some(f) => f()?,
                 None => None,
             };
-            child(view, device, rc, cfg)
+            child(view, device, rc, cfg, id)
         })
     }
 }
@@ -336,9 +337,10 @@ fn child(
     device: Arc<dyn mscclpp::hal::Device>,
     rc: Option<RealComm>,
     cfg: CommConfig,
+    id: u64,
 ) -> Made {
     match view {
-        Some(v) => build(Arc::new(v), device, rc, cfg).map(Some),
+        Some(v) => build(Arc::new(v), device, rc, cfg, id).map(Some),
         None => {
             if let Some(rc) = rc {
                 let f = rc.lib.need(rc.lib.comm_destroy, "ncclCommDestroy")?;
@@ -443,6 +445,10 @@ pub unsafe fn shrink(
     });
     let blocking = cfg.blocking;
     let yields = !ex.contains(&parent.rank);
+    let id = parent.child_id(
+        ex.iter()
+            .fold(0x5348_5249_4e4b, |h, &r| crate::comm::mix_id(h, r as u64)),
+    );
     // SAFETY: checked non-NULL; caller's contract.
     unsafe {
         launch(out, blocking, Some(parent), yields, "shrink", move |_| {
@@ -451,7 +457,7 @@ pub unsafe fn shrink(
                 Some(f) if view.is_some() => f()?,
                 _ => None,
             };
-            child(view, device, rc, cfg)
+            child(view, device, rc, cfg, id)
         })
     }
 }

@@ -19,6 +19,29 @@ use crate::real::{RealResults, no_real};
 use crate::route::{Call, NativeSide, Op, Request, Route, decide, forced, log_route};
 use crate::types::{dtype_info, op_info};
 
+/// A call as the profiler describes it.
+fn profiled_call(call: &Call) -> crate::profiler::What {
+    use crate::profiler::abi::Func;
+    let func = match call.op {
+        Op::AllReduce => Func::AllReduce,
+        Op::AllGather => Func::AllGather,
+        Op::ReduceScatter => Func::ReduceScatter,
+        Op::Broadcast => Func::Broadcast,
+        Op::AllToAll => Func::AllToAll,
+        Op::Reduce => Func::Reduce,
+        Op::Send => Func::Send,
+        Op::Recv => Func::Recv,
+    };
+    crate::profiler::What {
+        func,
+        count: call.count,
+        dtype: call.dtype,
+        root: call.root,
+        stream: call.stream.cast(),
+        captured: false,
+    }
+}
+
 impl Comm {
     /// Runs one operation natively or through the real NCCL (a native send or receive inside a
     /// group waits for the outermost `ncclGroupEnd`).
@@ -31,7 +54,15 @@ impl Comm {
                 "config->launchCompletionEvent: the host backend has no native events (its calls complete before they return)",
             ));
         }
-        self.run_op(call)?;
+        let profiled = self.profiler.as_ref().map(|a| {
+            let w = profiled_call(&call);
+            (crate::profiler::Call::begin(a, &w, in_group()), w)
+        });
+        let ran = self.run_op(call, profiled.as_ref());
+        if let Some((p, _)) = profiled {
+            p.end(in_group());
+        }
+        ran?;
         self.record_launch(stream, tuning)
     }
 
@@ -48,7 +79,11 @@ impl Comm {
         unsafe { n.caller.record_launch(tuning, &*s) }.map_err(|e| self.note(e))
     }
 
-    fn run_op(self: &Arc<Self>, call: Call) -> Res<()> {
+    fn run_op(
+        self: &Arc<Self>,
+        call: Call,
+        profiled: Option<&(crate::profiler::Call<'_>, crate::profiler::What)>,
+    ) -> Res<()> {
         let (_, hal_dtype) = dtype_info(call.dtype)?;
         let reduces = matches!(call.op, Op::AllReduce | Op::ReduceScatter | Op::Reduce);
         let hal_op = if reduces { op_info(call.redop)? } else { None };
@@ -119,6 +154,14 @@ impl Comm {
                     }
                 });
                 if matches!(call.op, Op::Send | Op::Recv) {
+                    if let Some((p, w)) = profiled {
+                        let buff = if call.op == Op::Send {
+                            call.send.cast_mut()
+                        } else {
+                            call.recv
+                        };
+                        p.p2p(w, buff);
+                    }
                     if in_group() {
                         defer_p2p(self.clone(), call, Comm::run_p2p);
                         return Ok(());
@@ -128,12 +171,22 @@ impl Comm {
                 if call.count == 0 {
                     return Ok(());
                 }
-                match &user {
+                let run = || match &user {
                     Some(u) => {
                         let scaled = self.pre_scale(call, dt, count, u)?;
                         self.run_native(scaled, dt, count, op)
                     }
                     None => self.run_native(call, dt, count, op),
+                };
+                match profiled {
+                    None => run(),
+                    Some((p, w)) => {
+                        let algo = self.native.as_ref().and_then(|n| {
+                            let kind = call.op.collective().unwrap_or(CollectiveKind::AllReduce);
+                            n.caller.algorithm(kind, count as u64 * dt.size() as u64)
+                        });
+                        p.launch(w, call.send, call.recv, crate::profiler::algo(algo), run)
+                    }
                 }
             }
             Route::Real(why) => {
