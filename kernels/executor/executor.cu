@@ -131,18 +131,22 @@ MSCCLPP_DEVICE_INLINE bool execCasAcqRelDevice(uint64_t* p, uint64_t expected, u
 #endif
 }
 
-// Polls `done()` until it returns true, at most MSCCLPP_DEFAULT_MAX_SPIN times; false when it
-// gave up: on the abort word (spinUntil's schedule: the block's state after the first failed
-// poll, the word every kAbortPollSpins polls; once the block saw it, one failed poll), or at the
-// limit. The caller's op fails; execMain stops the block for the first and traps for the second.
+// Polls `done()` until it returns true; false when it gave up: on the abort word (spinUntil's
+// schedule: the block's state after the first failed poll, the word every kAbortPollSpins polls;
+// once the block saw it, one failed poll), or after MSCCLPP_DEVICE_WAIT_SECONDS (spin.cuh: a
+// bound in time, as spinUntil's with an abort word). The caller's op fails; execMain stops the
+// block for the first and traps for the second.
 template <typename Done>
 MSCCLPP_DEVICE_INLINE bool execSpin(Done done) {
-  for (int64_t n = 0; n < MSCCLPP_DEFAULT_MAX_SPIN; ++n) {
+  uint64_t since = 0;
+  for (int64_t n = 0;; ++n) {
     if (done()) return true;
-    if ((n & (kAbortPollSpins - 1)) == 0 && abortRequested(n != 0)) return false;
+    if ((n & (kAbortPollSpins - 1)) == 0) {
+      if (abortRequested(n != 0)) return false;
+      if (waitExpired(&since)) return false;
+    }
     spinPause();
   }
-  return false;
 }
 
 // FifoDeviceHandle::push and sync with bounded waits (the same protocol, fifo.cuh). A push

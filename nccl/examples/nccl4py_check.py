@@ -1025,22 +1025,23 @@ def worker(rank, world, path, mechanism, expect, qs, res_q, case_timeout):
         return f"{world - 1} ranks"
 
     def c_grow():
-        # rank 0 asks for a grow id; the outcome goes to every rank
-        out = None
-        if rank == 0:
-            try:
-                out = ("ok", bytes(comm.get_unique_id()))
-            except NCCLError as e:
-                out = ("refused" if refused(e) else "error", f"{e}; {comm.get_last_error()[:200]}")
-        out = share_from(0, out)
-        if out[0] == "refused":
-            raise Refused(f"ncclCommGetUniqueId: {out[1]}")
-        if out[0] == "error":
-            raise AssertionError(out[1])
-        # served: the last rank leaves through a split and comes back through ncclCommGrow
-        uid = nc.UniqueId.from_bytes(out[1])
+        # the last rank leaves through a split; rank 0 asks the split communicator for a grow
+        # id (ncclCommGetUniqueId on the communicator that grows) and the last rank comes back
+        # through ncclCommGrow
         sub = comm.split(color=None if rank == world - 1 else 0)
         try:
+            out = None
+            if rank == 0:
+                try:
+                    out = ("ok", bytes(sub.get_unique_id()))
+                except NCCLError as e:
+                    out = ("refused" if refused(e) else "error", f"{e}; {comm.get_last_error()[:200]}")
+            out = share_from(0, out)
+            if out[0] == "refused":
+                raise Refused(f"ncclCommGetUniqueId: {out[1]}")
+            if out[0] == "error":
+                raise AssertionError(out[1])
+            uid = nc.UniqueId.from_bytes(out[1])
             if rank == world - 1:
                 grown = nc.Communicator().grow(world, uid, rank=world - 1)
             else:
@@ -1051,7 +1052,8 @@ def worker(rank, world, path, mechanism, expect, qs, res_q, case_timeout):
             check(y, host_all(n, 370, np.float32).sum(axis=0), "all-reduce on the grown")
             grown.destroy()
         finally:
-            sub.destroy()
+            if sub is not None:
+                sub.destroy()
         return "grown back to every rank"
 
     def c_suspend_resume():

@@ -28,6 +28,15 @@ namespace mscclpp {
 // Polls between two reads of the abort word (a read of host memory: about a microsecond).
 constexpr int64_t kAbortPollSpins = 1024;
 
+// How long a wait of a module with an abort word may last before it traps. Such a module has a
+// way out that NCCL's callers use (ncclCommAbort, a dead peer reported by the host), so its bound
+// is in time and long: a peer late by minutes (a checkpoint being written, a slow first step) is
+// a legitimate wait that NCCL serves, and PyTorch's watchdog (10 min by default) aborts first.
+// A count of polls would not do: 10^8 polls of mapped memory last tens of seconds.
+#ifndef MSCCLPP_DEVICE_WAIT_SECONDS
+#define MSCCLPP_DEVICE_WAIT_SECONDS 1800
+#endif
+
 #if MSCCLPP_DEVICE_ABORT
 // The block's abort state: the word's device address (0: none), bit 0 set once a wait of the
 // block saw the word set (addresses are 8-byte aligned). Shared memory is not zeroed at launch:
@@ -37,6 +46,18 @@ constexpr int64_t kAbortPollSpins = 1024;
 __shared__ uint64_t abortState;
 
 MSCCLPP_DEVICE_INLINE void abortWordInit(uint64_t addr) { *(volatile uint64_t*)&abortState = addr & ~1ull; }
+
+// Whether a wait that began at `*since` (0: this is its first check, which records the clock)
+// has run past MSCCLPP_DEVICE_WAIT_SECONDS. Out of line, called every kAbortPollSpins polls, so
+// that the clock costs the waits no registers.
+__device__ __noinline__ bool waitExpired(uint64_t* since) {
+  const uint64_t now = deviceClockNs();
+  if (*since == 0) {
+    *since = now | 1;
+    return false;
+  }
+  return now - *since > (uint64_t)MSCCLPP_DEVICE_WAIT_SECONDS * 1000000000ull;
+}
 
 // Whether a wait of this block saw the abort word set; with `readWord`, also reads the word and
 // records what it holds. Out of line: inlined into every wait, it cost the LL kernels up to 13
@@ -57,18 +78,26 @@ struct SpinAlone {
   MSCCLPP_DEVICE_INLINE bool operator()(bool giveUp) const { return giveUp; }
 };
 
-// Polls `done()` until it returns true; traps after `maxSpinCount` polls (never when negative).
-// Returns false when it gave up on the kernel's abort word (MSCCLPP_DEVICE_ABORT modules only).
+// Polls `done()` until it returns true; traps after `maxSpinCount` polls (never when negative),
+// or, in MSCCLPP_DEVICE_ABORT modules, after MSCCLPP_DEVICE_WAIT_SECONDS (a non-negative
+// `maxSpinCount` only says that the wait is bounded). Returns false when it gave up on the
+// kernel's abort word (MSCCLPP_DEVICE_ABORT modules only).
 // Threads whose polls must stay together (a shuffle in `done`) pass an `agree` that makes the
 // decision to give up the same in each of them (it is called at the same poll in every one).
 template <typename Done, typename Agree = SpinAlone>
 MSCCLPP_DEVICE_INLINE bool spinUntil(Done done, int64_t maxSpinCount = MSCCLPP_DEFAULT_MAX_SPIN,
                                      Agree agree = Agree()) {
   int64_t spins = 0;
+#if MSCCLPP_DEVICE_ABORT
+  uint64_t since = 0;
+#endif
   while (!done()) {
 #if MSCCLPP_DEVICE_ABORT
-    if ((spins & (kAbortPollSpins - 1)) == 0 && agree(abortRequested(spins != 0))) return false;
-    if (++spins > maxSpinCount && maxSpinCount >= 0) deviceTrap();
+    if ((spins & (kAbortPollSpins - 1)) == 0) {
+      if (agree(abortRequested(spins != 0))) return false;
+      if (maxSpinCount >= 0 && waitExpired(&since)) deviceTrap();
+    }
+    ++spins;
 #else
     (void)agree;
     if (maxSpinCount >= 0 && ++spins > maxSpinCount) deviceTrap();

@@ -216,6 +216,13 @@ MSCCLPP_DEVICE_INLINE void multimemStoreF32x4(float* mc, float a, float b, float
 // Aborts the kernel (the launch fails with an illegal-instruction error).
 MSCCLPP_DEVICE_INLINE void deviceTrap() { asm volatile("trap;"); }
 
+// A clock in nanoseconds, the same on every SM (the global timer), for waits bounded in time.
+MSCCLPP_DEVICE_INLINE uint64_t deviceClockNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // Between polls. Nothing on NVIDIA: a sleep would add its granularity to every signal's latency.
 MSCCLPP_DEVICE_INLINE void spinPause() {}
 

@@ -151,6 +151,11 @@ MSCCLPP_DEVICE_INLINE uint32_t shuffleInGroupOf8(uint32_t v, uint32_t src) { ret
 // Aborts the kernel.
 MSCCLPP_DEVICE_INLINE void deviceTrap() { __builtin_trap(); }
 
+// A clock in nanoseconds for waits bounded in time: the constant-rate real-time counter, counted
+// at 100 MHz on CDNA 2 and 3 (hipDeviceAttributeWallClockRate); another rate only scales the
+// bound.
+MSCCLPP_DEVICE_INLINE uint64_t deviceClockNs() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
+
 // Between polls: a short sleep frees the issue slot for the other wavefronts of the CU.
 MSCCLPP_DEVICE_INLINE void spinPause() { __builtin_amdgcn_s_sleep(1); }
 
