@@ -28,6 +28,11 @@ pub struct Progress {
     pub bytes: u64,
     /// How long before the answer it was issued.
     pub ago: Duration,
+    /// Calls noted per operation, by name (sorted).
+    pub counts: Vec<(String, u64)>,
+    /// What the front end says about this rank's view ([`Bootstrap::set_card`]; empty when it
+    /// said nothing): opaque here.
+    pub card: Vec<u8>,
 }
 
 impl std::fmt::Display for Progress {
@@ -58,36 +63,48 @@ struct Last {
     op: String,
     bytes: u64,
     at: Instant,
+    counts: std::collections::BTreeMap<String, u64>,
+    card: Vec<u8>,
+}
+
+impl Last {
+    fn new() -> Self {
+        Last {
+            calls: 0,
+            op: String::new(),
+            bytes: 0,
+            at: Instant::now(),
+            counts: Default::default(),
+            card: Vec::new(),
+        }
+    }
 }
 
 impl Record {
     /// One lock; no allocation when the operation is the view's last one (the common case).
     fn note(&self, view: u64, op: &str, bytes: u64) -> u64 {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let at = Instant::now();
-        match g.get_mut(&view) {
-            Some(last) => {
-                last.calls += 1;
-                if last.op != op {
-                    op.clone_into(&mut last.op);
-                }
-                last.bytes = bytes;
-                last.at = at;
-                last.calls
-            }
+        let last = g.entry(view).or_insert_with(Last::new);
+        last.calls += 1;
+        if last.op != op {
+            op.clone_into(&mut last.op);
+        }
+        last.bytes = bytes;
+        last.at = Instant::now();
+        // No allocation once an operation has been seen.
+        match last.counts.get_mut(op) {
+            Some(c) => *c += 1,
             None => {
-                g.insert(
-                    view,
-                    Last {
-                        calls: 1,
-                        op: op.to_owned(),
-                        bytes,
-                        at,
-                    },
-                );
-                1
+                last.counts.insert(op.to_owned(), 1);
             }
         }
+        last.calls
+    }
+
+    fn set_card(&self, view: u64, card: &[u8]) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let last = g.entry(view).or_insert_with(Last::new);
+        card.clone_into(&mut last.card);
     }
 
     /// View `view`'s record.
@@ -100,6 +117,8 @@ impl Record {
                 op: last.op.clone(),
                 bytes: last.bytes,
                 ago: last.at.elapsed(),
+                counts: last.counts.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                card: last.card.clone(),
             },
         }
     }
@@ -116,7 +135,11 @@ pub(super) fn decode_view(payload: &[u8]) -> Option<u64> {
 }
 
 const MAGIC: [u8; 4] = *b"MSPG";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
+/// Most operations an answer counts.
+const MAX_COUNTS: usize = 64;
+/// The largest card a front end may set.
+pub(crate) const MAX_CARD: usize = 1024;
 /// Longest operation name an answer carries.
 const MAX_OP: usize = 256;
 
@@ -132,6 +155,17 @@ pub(super) fn encode(p: &Progress) -> Vec<u8> {
     }
     let op = &p.op[..end];
     w.bytes(op.as_bytes());
+    let counts = &p.counts[..p.counts.len().min(MAX_COUNTS)];
+    w.u64(counts.len() as u64);
+    for (name, n) in counts {
+        let mut end = name.len().min(MAX_OP);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        w.bytes(&name.as_bytes()[..end]);
+        w.u64(*n);
+    }
+    w.bytes(&p.card[..p.card.len().min(MAX_CARD)]);
     w.finish()
 }
 
@@ -141,12 +175,21 @@ fn decode(buf: &[u8]) -> Result<Progress> {
     let bytes = r.u64()?;
     let ago = Duration::from_millis(r.u64()?);
     let op = r.str("op", MAX_OP)?.to_owned();
+    let n = r.usize_at_most("counts", MAX_COUNTS)?;
+    let mut counts = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = r.str("count's operation", MAX_OP)?.to_owned();
+        counts.push((name, r.u64()?));
+    }
+    let card = r.bytes("card", MAX_CARD)?.to_vec();
     r.finish()?;
     Ok(Progress {
         calls,
         op,
         bytes,
         ago,
+        counts,
+        card,
     })
 }
 
@@ -155,6 +198,15 @@ impl Bootstrap {
     /// returns its sequence number. Cheap: one lock, no message.
     pub fn note_call(&self, op: &str, bytes: u64) -> u64 {
         self.shared().progress.note(self.comm_id, op, bytes)
+    }
+
+    /// Sets what a survey of this view reports beside this rank's calls (at most
+    /// [`MAX_CARD`] bytes; more is cut): a front end's description of its communicator (its
+    /// process, device, state), opaque to the bootstrap.
+    pub fn set_card(&self, card: &[u8]) {
+        self.shared()
+            .progress
+            .set_card(self.comm_id, &card[..card.len().min(MAX_CARD)]);
     }
 
     /// This rank's own record of this view.
@@ -276,6 +328,8 @@ mod tests {
             op: "ncclAllReduce".into(),
             bytes: 1 << 20,
             ago: Duration::from_millis(2500),
+            counts: vec![("allgather".into(), 2), ("allreduce".into(), 5)],
+            card: b"front end".to_vec(),
         };
         assert_eq!(decode(&encode(&p)).unwrap(), p);
         assert!(decode(&encode(&p)[..10]).is_err());

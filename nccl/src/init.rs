@@ -218,18 +218,24 @@ pub fn build(
         profiler: None,
     };
     match made {
-        Ok(native) => Ok(Comm {
-            native: Some(native),
-            profiler: crate::profiler::Attached::new(
-                id,
-                c.config.comm_name.as_deref(),
-                nodes,
-                n,
-                r,
-            )
-            .map(Arc::new),
-            ..c
-        }),
+        Ok(native) => {
+            let c = Comm {
+                native: Some(native),
+                profiler: crate::profiler::Attached::new(
+                    id,
+                    c.config.comm_name.as_deref(),
+                    nodes,
+                    n,
+                    r,
+                )
+                .map(Arc::new),
+                ..c
+            };
+            // NCCL's RAS service reports it from now on (every rank's card says who it is).
+            crate::ras::start();
+            crate::ras::publish(&c, false, false);
+            Ok(c)
+        }
         Err(f) => {
             if let Err(e) = c.release_real(true) {
                 tracing::warn!(target: crate::debug::COMM_MODULE, "{}", e.message);

@@ -88,6 +88,7 @@ pub mod plans;
 mod pnccl;
 pub mod premul;
 pub mod profiler;
+pub mod ras;
 pub mod real;
 pub mod register;
 pub mod registry;

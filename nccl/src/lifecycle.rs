@@ -731,6 +731,7 @@ pub fn finalize(h: NcclComm) -> Res<()> {
     if c.config.blocking {
         let r = c.finalize();
         c.finalized.store(true, Ordering::Release);
+        crate::ras::publish(&c, false, false);
         return r;
     }
     let job = Job::new();
@@ -742,6 +743,7 @@ pub fn finalize(h: NcclComm) -> Res<()> {
             let r = catch_unwind(AssertUnwindSafe(|| c2.finalize()))
                 .unwrap_or_else(|_| Err(Failure::internal("finalize: caught panic")));
             c2.finalized.store(true, Ordering::Release);
+            crate::ras::publish(&c2, false, false);
             j.finish(r);
         });
     if let Err(e) = spawned {
@@ -759,6 +761,7 @@ pub fn finalize(h: NcclComm) -> Res<()> {
 pub fn destroy(h: NcclComm) -> Res<()> {
     match registry::unregister(h)? {
         Slot::Ready(c) => {
+            crate::ras::publish(&c, true, false);
             if let Some(job) = c.take_busy() {
                 job.wait(job_deadline(), "the finalize before ncclCommDestroy")?;
             }
@@ -782,6 +785,7 @@ pub fn destroy(h: NcclComm) -> Res<()> {
 pub fn abort(h: NcclComm) -> Res<()> {
     match registry::unregister(h)? {
         Slot::Ready(c) => {
+            crate::ras::publish(&c, false, true);
             c.abort_native();
             c.release_real(true)
         }

@@ -94,6 +94,18 @@ pub fn register(c: Comm) -> NcclComm {
     insert(Slot::Ready(Arc::new(c)))
 }
 
+/// Every communicator ready now (the RAS service reports them).
+pub fn ready() -> Vec<Arc<Comm>> {
+    lock_registry()
+        .live
+        .values()
+        .filter_map(|s| match s {
+            Slot::Ready(c) => Some(Arc::clone(c)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Issues the handle of a communicator a background job is creating; the job settles it with
 /// [`settle`].
 pub fn register_pending(job: &Arc<Job>) -> NcclComm {
