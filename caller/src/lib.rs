@@ -39,9 +39,10 @@ pub mod memory;
 mod plans;
 mod reduce;
 mod streams;
+mod suspend;
 mod windows;
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use mscclpp_collectives::{
     AnyCollectives, CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES, MAX_RANKS,
@@ -57,13 +58,21 @@ pub use memory::memory_freed;
 pub use mscclpp_collectives::{AlgorithmId, Window};
 pub use plans::MAX_STAGED;
 pub use reduce::{REDUCE_CHUNK_BYTES, ReduceCall};
+pub use suspend::MemStats;
 
 /// One communicator's caller side: its collectives (or why there are none), its own stream,
 /// the wrapped streams of its callers and the staged buffers of its plans.
 #[derive(Debug)]
 pub struct Caller {
     comm: Arc<Communicator>,
-    colls: Option<Box<dyn AnyCollectives>>,
+    /// The collectives (`None` without them, and while suspended). Written only by
+    /// [`Caller::suspend`] and [`Caller::resume`], which NCCL's contract keeps apart from the
+    /// communicator's operations.
+    colls: RwLock<Option<Box<dyn AnyCollectives>>>,
+    /// Whether this communicator has collectives at all (fixed at creation).
+    has_colls: bool,
+    /// Suspension and memory accounting ([`Caller::suspend`]).
+    mem: suspend::MemState,
     no_colls: Option<String>,
     internal: Arc<dyn Stream>,
     streams: streams::StreamCache,
@@ -81,6 +90,7 @@ impl Caller {
         let boot = comm.bootstrap();
         let hosts = boot.hosts();
         let one_host = hosts.iter().all(|&h| h == hosts[comm.rank()]);
+        let start = mscclpp_hal::memory::allocated_here();
         let (colls, no_colls) = if n == 1 {
             // No collectives to set up (operations are copies), but the same settings are
             // refused as with several ranks.
@@ -114,6 +124,7 @@ impl Caller {
         if let Some(why) = &no_colls {
             tracing::info!("no native collectives for this communicator: {why}");
         }
+        let colls_bytes = mscclpp_hal::memory::allocated_here() - start;
         let memory = memory::WrapCache::from_env()?;
         let internal = comm.device().create_stream()?;
         let host = comm.device().info().backend == BackendKind::Host;
@@ -121,12 +132,15 @@ impl Caller {
             Some(_) => Some(reduce::sink(&**comm.device())?),
             None => None,
         };
+        let total = mscclpp_hal::memory::allocated_here() - start;
         Ok(Caller {
             memory,
             reduce_sink,
             plans: plans::PlanStage::new(),
             comm,
-            colls,
+            has_colls: colls.is_some(),
+            colls: RwLock::new(colls),
+            mem: suspend::MemState::new(colls_bytes, total - colls_bytes),
             no_colls,
             internal,
             streams: streams::StreamCache::default(),
@@ -146,7 +160,19 @@ impl Caller {
 
     /// Whether the collectives serve these ranks (several ranks, see [`Caller::new`]).
     pub fn has_collectives(&self) -> bool {
-        self.colls.is_some()
+        self.has_colls
+    }
+
+    /// The collectives, read-locked for a call (`None` without them or while suspended).
+    fn colls(&self) -> RwLockReadGuard<'_, Option<Box<dyn AnyCollectives>>> {
+        // A panic while holding the lock leaves the option itself consistent.
+        self.colls.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// As [`Caller::colls`] for an operation: refused while the communicator is suspended.
+    fn live(&self) -> Result<RwLockReadGuard<'_, Option<Box<dyn AnyCollectives>>>> {
+        self.mem.check_live()?;
+        Ok(self.colls())
     }
 
     /// `Ok` where collectives-level work runs natively (one rank, or collectives); else the
@@ -162,25 +188,27 @@ impl Caller {
     /// The algorithm the collectives take for `kind` at `block_bytes` per rank block (`None`
     /// without collectives).
     pub fn algorithm(&self, kind: CollectiveKind, block_bytes: u64) -> Option<AlgorithmId> {
-        self.colls.as_ref().map(|c| c.algorithm(kind, block_bytes))
+        self.colls()
+            .as_ref()
+            .map(|c| c.algorithm(kind, block_bytes))
     }
 
     /// Whether the ranks span hosts and the hierarchical collectives serve them.
     pub fn spans_hosts(&self) -> bool {
-        self.colls.as_ref().is_some_and(|c| c.hosts().is_some())
+        self.colls().as_ref().is_some_and(|c| c.hosts().is_some())
     }
 
     /// Whether the collectives use the short-message kernels (see
     /// `Collectives::use_short_kernels`); nothing without collectives.
     pub fn use_short_kernels(&self, on: bool) {
-        if let Some(c) = &self.colls {
+        if let Some(c) = self.colls().as_ref() {
             c.use_short_kernels(on);
         }
     }
 
     /// Whether collectives-level work can run natively: one rank (copies) or collectives.
     pub fn serves(&self) -> bool {
-        self.colls.is_some() || self.comm.nranks() == 1
+        self.has_colls || self.comm.nranks() == 1
     }
 
     /// Whether the device is the host backend's (no native streams; calls complete on return).
@@ -270,7 +298,7 @@ impl Caller {
     /// Runs `enqueue` in the communicator's launch order on `stream` (the order every launch
     /// of its collectives keeps across streams), or at once without collectives.
     pub fn ordered<T>(&self, stream: &DynStream, enqueue: impl FnOnce() -> Result<T>) -> Result<T> {
-        match &self.colls {
+        match self.live()?.as_ref() {
             Some(c) => c.ordered(stream, enqueue),
             None => enqueue(),
         }
@@ -283,7 +311,7 @@ impl Caller {
     pub fn collective(&self, call: &CollectiveCall<'_>, stream: &DynStream) -> Result<()> {
         let bytes = call.input.len().max(call.output.len()) as u64;
         self.noted(call.kind.name(), bytes, || {
-            match &self.colls {
+            match self.live()?.as_ref() {
                 Some(c) => c.run(call, stream)?,
                 None if self.comm.nranks() > 1 => {
                     return Err(self.unavailable(call.kind.name()));
@@ -336,7 +364,7 @@ impl Caller {
     pub fn send_recv(&self, ops: &[P2pOp<'_>], stream: &DynStream) -> Result<()> {
         let bytes = ops.iter().map(|o| o.bytes as u64).sum();
         self.noted("send/recv", bytes, || {
-            match &self.colls {
+            match self.live()?.as_ref() {
                 Some(c) => c.send_recv(ops, stream)?,
                 None if self.comm.nranks() > 1 => return Err(self.unavailable("send/recv")),
                 None => self_copies(ops, stream)?,

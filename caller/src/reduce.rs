@@ -76,7 +76,8 @@ impl Caller {
         tuning: Tuning,
         stream: &DynStream,
     ) -> Result<()> {
-        let Some(colls) = &self.colls else {
+        let guard = self.live()?;
+        let Some(colls) = guard.as_ref() else {
             if self.comm.nranks() > 1 {
                 return Err(self.unavailable("reduce"));
             }

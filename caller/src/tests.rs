@@ -179,8 +179,8 @@ impl Stream for ForeignStream {
 #[test]
 fn the_collectives_run_on_the_backends_own_types_and_refuse_a_foreign_stream() {
     with_ranks(2, |r, c| {
-        let colls = c
-            .colls
+        let guard = c.colls();
+        let colls = guard
             .as_deref()
             .expect("two ranks of one host have collectives");
         assert_eq!(colls.backend(), "host");
@@ -227,7 +227,8 @@ fn a_wrapped_device_runs_the_collectives_over_the_trait_objects() {
         })
     };
     with_ranks_on(2, wrap, |r, c| {
-        let colls = c.colls.as_deref().expect("collectives");
+        let guard = c.colls();
+        let colls = guard.as_deref().expect("collectives");
         assert_eq!(colls.backend(), "run-time");
         let dev = c.communicator().device();
         let (a, b) = (

@@ -22,7 +22,8 @@ impl Caller {
     /// front end that has no fallback). `candidate`: `None` where the front end knows this
     /// rank's memory is not one to map (NCCL: not from `ncclMemAlloc`).
     pub fn register(&self, candidate: Option<&BufferSlice>) -> Result<Option<Window>> {
-        let Some(colls) = &self.colls else {
+        let guard = self.live()?;
+        let Some(colls) = guard.as_ref() else {
             tracing::info!(
                 rank = self.comm.rank(),
                 "register: {}; the registration is recorded and calls on it copy",
@@ -54,7 +55,11 @@ impl Caller {
             .all_gather(&[u8::from(mine.is_ok())])?;
         let missing: Vec<usize> = (0..all.len()).filter(|&r| all[r] != [1]).collect();
         match (candidate, missing.is_empty()) {
-            (Some(slice), true) => colls.register(slice).map(Some),
+            (Some(slice), true) => {
+                let w = colls.register(slice)?;
+                self.mem.window_added();
+                Ok(Some(w))
+            }
             _ => {
                 let why = mine
                     .err()
@@ -80,8 +85,12 @@ impl Caller {
         slice: &BufferSlice,
         mapped: &[(u64, u64)],
     ) -> Result<Option<Window>> {
-        match &self.colls {
-            Some(c) => c.register_mapped(slice, mapped).map(Some),
+        match self.live()?.as_ref() {
+            Some(c) => {
+                let w = c.register_mapped(slice, mapped)?;
+                self.mem.window_added();
+                Ok(Some(w))
+            }
             None => Ok(None),
         }
     }
@@ -89,8 +98,12 @@ impl Caller {
     /// Deregisters a window of [`Caller::register`] (collective, in the same order on every
     /// rank; every call that used it has finished on its stream, on every rank).
     pub fn deregister(&self, window: Window) -> Result<()> {
-        match &self.colls {
-            Some(c) => c.deregister(window),
+        match self.colls().as_ref() {
+            Some(c) => {
+                c.deregister(window)?;
+                self.mem.window_removed();
+                Ok(())
+            }
             None => Err(mscclpp_hal::Error::Internal(
                 "a window without collectives".into(),
             )),
@@ -99,6 +112,6 @@ impl Caller {
 
     /// All-reduces so far whose peers read a registered input in place instead of a copy.
     pub fn zero_copy_calls(&self) -> u64 {
-        self.colls.as_ref().map_or(0, |c| c.zero_copy_calls())
+        self.colls().as_ref().map_or(0, |c| c.zero_copy_calls())
     }
 }

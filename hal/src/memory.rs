@@ -85,9 +85,26 @@ impl fmt::Debug for DeviceBuffer {
     }
 }
 
+thread_local! {
+    /// Bytes of memory this thread allocated (imports of other processes' memory excluded):
+    /// what [`allocated_here`] reads.
+    static ALLOCATED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Bytes of memory the calling thread has allocated through [`DeviceBuffer`]s so far (imported
+/// memory excluded; frees not subtracted). The difference across a set-up call is what that
+/// set-up allocated on this thread, e.g. a communicator's collectives for
+/// `ncclCommMemStats`.
+pub fn allocated_here() -> u64 {
+    ALLOCATED.with(std::cell::Cell::get)
+}
+
 impl DeviceBuffer {
     /// Wraps a backend allocation.
     pub fn new(inner: Arc<dyn Allocation>) -> Self {
+        if !inner.is_imported() {
+            ALLOCATED.with(|a| a.set(a.get().saturating_add(inner.len() as u64)));
+        }
         DeviceBuffer { inner }
     }
 

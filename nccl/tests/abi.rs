@@ -1355,22 +1355,26 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
         expect("ncclWinGetUserPtr stale win", user_ptr(comm, w, &mut up), 4)?;
     }
 
-    // memory: nothing suspendable, as NCCL with its memory manager disabled
+    // memory: the collectives' memory suspended and resumed on both ranks, counted
     let mut v: u64 = 99;
-    // SAFETY: valid out-pointers.
+    let (mut susp, mut persist, mut total) = (0u64, 0u64, 0u64);
+    let null_stream = std::ptr::null_mut();
+    // SAFETY: valid out-pointers; host buffers for the all-reduces.
     unsafe {
-        expect("ncclCommMemStats Suspend", mem_stats(comm, 0, &mut v), 0)?;
-        expect("ncclCommMemStats Suspend value", v as c_int, 0)?;
-        v = 99;
+        expect("ncclCommMemStats Suspend", mem_stats(comm, 0, &mut susp), 0)?;
         expect("ncclCommMemStats Suspended", mem_stats(comm, 1, &mut v), 0)?;
         expect("ncclCommMemStats Suspended value", v as c_int, 0)?;
-        refused(
+        expect(
             "ncclCommMemStats Persist",
-            mem_stats(comm, 2, &mut v),
-            5,
-            &["ncclCommMemStats"],
+            mem_stats(comm, 2, &mut persist),
+            0,
         )?;
-        expect("ncclCommMemStats Total", mem_stats(comm, 3, &mut v), 5)?;
+        expect("ncclCommMemStats Total", mem_stats(comm, 3, &mut total), 0)?;
+        if susp == 0 || total != susp + persist {
+            return Err(format!(
+                "memory stats: suspendable {susp}, persistent {persist}, total {total}"
+            ));
+        }
         expect("ncclCommMemStats stat 9", mem_stats(comm, 9, &mut v), 4)?;
         expect(
             "ncclCommMemStats NULL",
@@ -1378,14 +1382,79 @@ fn rank_main_230(rank: usize, dir: &Path) -> Result<(), String> {
             4,
         )?;
         expect("ncclCommSuspend no flag", suspend(comm, 0), 0)?;
+        expect("ncclCommSuspend unknown flag", suspend(comm, 4), 4)?;
         refused(
-            "ncclCommSuspend NCCL_SUSPEND_MEM",
+            "ncclCommResume before a suspend",
+            resume(comm),
+            5,
+            &["ncclCommResume", "not suspended"],
+        )?;
+        expect("ncclCommSuspend NCCL_SUSPEND_MEM", suspend(comm, 1), 0)?;
+        expect("ncclCommMemStats Suspended", mem_stats(comm, 1, &mut v), 0)?;
+        expect("ncclCommMemStats Suspended value", v as c_int, 1)?;
+        expect("ncclCommMemStats Suspend", mem_stats(comm, 0, &mut v), 0)?;
+        expect(
+            "ncclCommMemStats Suspend value when suspended",
+            v as c_int,
+            0,
+        )?;
+        let mut y = vec![0.0f32; 64];
+        let p = y.as_mut_ptr().cast::<c_void>();
+        let rc = all_reduce(p, p, 64, 7, 0, comm, null_stream);
+        if rc == 0 {
+            return Err("an all-reduce on a suspended communicator ran".into());
+        }
+        let msg = CStr::from_ptr(last_err(std::ptr::null_mut()))
+            .to_string_lossy()
+            .into_owned();
+        if !msg.contains("suspended") {
+            return Err(format!("the refusal does not say suspended: {msg}"));
+        }
+        expect("ncclCommResume", resume(comm), 0)?;
+        expect("ncclCommMemStats Suspended", mem_stats(comm, 1, &mut v), 0)?;
+        expect("ncclCommMemStats Suspended value", v as c_int, 0)?;
+        expect("ncclCommMemStats Suspend", mem_stats(comm, 0, &mut v), 0)?;
+        if v != susp {
+            return Err(format!("resumed collectives hold {v} bytes, first {susp}"));
+        }
+        // The resumed collectives are right, on fresh data into a poisoned output.
+        let n = 3000;
+        let x = data_f32(0x5e5, rank, 91, n);
+        let mut out = vec![f32::NAN; n];
+        expect(
+            "ncclAllReduce after resume",
+            all_reduce(
+                x.as_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                n,
+                7,
+                0,
+                comm,
+                null_stream,
+            ),
+            0,
+        )?;
+        let want: Vec<f32> = (0..n)
+            .map(|i| data_f32(0x5e5, 0, 91, n)[i] + data_f32(0x5e5, 1, 91, n)[i])
+            .collect();
+        check("all-reduce after suspend and resume", &out, &want)?;
+        // A registered window lives in the collectives' registrations: no suspend until it is
+        // deregistered.
+        let (mut wb, mut win): (*mut c_void, *mut c_void) = (null_stream, null_stream);
+        expect("ncclMemAlloc", mem_alloc(&mut wb, 1 << 16), 0)?;
+        expect(
+            "ncclCommWindowRegister",
+            win_reg(comm, wb, 1 << 16, &mut win, 0),
+            0,
+        )?;
+        refused(
+            "ncclCommSuspend with a window",
             suspend(comm, 1),
             5,
-            &["ncclCommSuspend", "NCCL_SUSPEND_MEM"],
+            &["window", "deregister"],
         )?;
-        expect("ncclCommSuspend unknown flag", suspend(comm, 4), 4)?;
-        refused("ncclCommResume", resume(comm), 5, &["ncclCommResume"])?;
+        expect("ncclCommWindowDeregister", win_dereg(comm, win), 0)?;
+        expect("ncclMemFree", mem_free(wb), 0)?;
         expect("ncclCommSuspend bogus comm", suspend(bogus, 0), 4)?;
     }
 

@@ -16,7 +16,7 @@
 //! | `ncclCommGetUniqueId`, `ncclCommGrow` | 2.29 | native: the parent's ranks keep theirs, new ranks join on the grow id |
 //! | `ncclWinGetUserPtr` | 2.29 | native for windows inside `ncclMemAlloc` memory |
 //! | `ncclPutSignal`, `ncclSignal`, `ncclWaitSignal` | 2.29 | `ncclInvalidUsage`: one-sided operations are not supported |
-//! | `ncclCommSuspend`, `ncclCommResume`, `ncclCommMemStats` | 2.29.7 | as NCCL with its memory manager disabled |
+//! | `ncclCommSuspend`, `ncclCommResume`, `ncclCommMemStats` | 2.29.7 | native: the collectives' memory released and made again, counted |
 //! | `ncclParam*` | 2.30.4 | native: an empty parameter registry |
 //! | `ncclResetDebugInit` | 2.24 | a no-op |
 //! | `ncclCommQueryProperties` (`nccl_device/core.h`) | 2.29 | native: what we know, size/magic/version respected |
@@ -231,53 +231,86 @@ pub unsafe extern "C" fn ncclCommGrow(
     })
 }
 
-/// `ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags)` (NCCL 2.29.7): this library has
-/// no memory manager and cannot release a communicator's GPU memory (its buffers live as long
-/// as it), so it answers as NCCL does with its memory manager disabled
-/// (`NCCL_DISABLE_MEM_MANAGER=1`): `NCCL_SUSPEND_MEM` is `ncclInvalidUsage`; no flag suspends
-/// nothing (`ncclSuccess`); other bits are `ncclInvalidArgument`.
+/// `ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags)` (NCCL 2.29.7): native.
+/// `NCCL_SUSPEND_MEM` releases the collectives' memory on every rank (a collective call, made
+/// at the outermost `ncclGroupEnd` inside a group; see `mscclpp_caller::Caller::suspend`): the
+/// communicator refuses operations until `ncclCommResume`. Refused while windows are
+/// registered. No flag suspends nothing (`ncclSuccess`); other bits are `ncclInvalidArgument`.
+/// A communicator the real NCCL made (no native side) answers as NCCL with its memory manager
+/// disabled: `ncclInvalidUsage`.
 ///
 /// # Safety
 /// `comm` is a handle (checked).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommSuspend(comm: NcclComm, flags: c_int) -> NcclResult {
     guard("ncclCommSuspend", || {
-        lookup(comm)?;
+        let c = lookup(comm)?;
         if flags & !NCCL_SUSPEND_MEM != 0 {
             return Err(Failure::argument(format!(
                 "flags {flags:#x}: only NCCL_SUSPEND_MEM ({NCCL_SUSPEND_MEM:#x}) is defined"
             )));
         }
-        if flags & NCCL_SUSPEND_MEM != 0 {
+        if flags & NCCL_SUSPEND_MEM == 0 {
+            return Ok(());
+        }
+        if c.caller().is_none() {
             return Err(Failure::usage(
-                "NCCL_SUSPEND_MEM is not supported: this library cannot release a communicator's GPU memory (its buffers live as long as the communicator; destroy it to free them), as NCCL with NCCL_DISABLE_MEM_MANAGER=1",
+                "NCCL_SUSPEND_MEM on a communicator the real NCCL made: this library does not bind its memory manager",
             ));
         }
-        Ok(())
+        let c2 = Arc::clone(&c);
+        crate::group::run_collective(&c, "ncclCommSuspend", move || {
+            let caller = c2
+                .caller()
+                .ok_or_else(|| Failure::internal("suspend without a caller side"))?;
+            let bytes = caller.suspend().map_err(|e| match e {
+                mscclpp::hal::Error::InvalidUsage(m) => Failure::usage(m),
+                e => e.into(),
+            })?;
+            tracing::info!(
+                target: crate::debug::INIT,
+                "ncclCommSuspend: rank {} released {bytes} bytes of collective memory",
+                c2.rank
+            );
+            Ok(())
+        })
     })
 }
 
-/// `ncclResult_t ncclCommResume(ncclComm_t comm)` (NCCL 2.29.7): nothing can be suspended here
-/// (see [`ncclCommSuspend`]), so, as NCCL with its memory manager disabled:
-/// `ncclInvalidUsage`.
+/// `ncclResult_t ncclCommResume(ncclComm_t comm)` (NCCL 2.29.7): native. Makes the
+/// collectives again on every rank (a collective call, as their first set-up; inside a group,
+/// at its outermost end). `ncclInvalidUsage` when nothing is suspended.
 ///
 /// # Safety
 /// `comm` is a handle (checked).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommResume(comm: NcclComm) -> NcclResult {
     guard("ncclCommResume", || {
-        lookup(comm)?;
-        Err(Failure::usage(
-            "nothing is suspended: this library has no memory manager (ncclCommSuspend with NCCL_SUSPEND_MEM is not supported), as NCCL with NCCL_DISABLE_MEM_MANAGER=1",
-        ))
+        let c = lookup(comm)?;
+        if c.caller().is_none() {
+            return Err(Failure::usage(
+                "nothing is suspended: a communicator the real NCCL made is not suspended by this library",
+            ));
+        }
+        let c2 = Arc::clone(&c);
+        crate::group::run_collective(&c, "ncclCommResume", move || {
+            let caller = c2
+                .caller()
+                .ok_or_else(|| Failure::internal("resume without a caller side"))?;
+            caller.resume().map_err(|e| match e {
+                mscclpp::hal::Error::InvalidUsage(m) => Failure::usage(m),
+                e => e.into(),
+            })
+        })
     })
 }
 
 /// `ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value)`
-/// (NCCL 2.29.7): what is known truthfully: `ncclStatGpuMemSuspend` 0 bytes (nothing can be
-/// suspended) and `ncclStatGpuMemSuspended` 0 (never suspended); this library does not count
-/// its communicators' bytes, so `ncclStatGpuMemPersist` and `ncclStatGpuMemTotal` are
-/// `ncclInvalidUsage`; another `stat` is `ncclInvalidArgument`.
+/// (NCCL 2.29.7): native. `ncclStatGpuMemSuspend`: the bytes a suspend releases (the
+/// collectives' set-up; 0 while suspended); `ncclStatGpuMemSuspended`: 1 while suspended;
+/// `ncclStatGpuMemPersist`: the rest of the communicator's caller side; `ncclStatGpuMemTotal`:
+/// their sum. A communicator the real NCCL made reports 0. Another `stat` is
+/// `ncclInvalidArgument`.
 ///
 /// # Safety
 /// `value` must be NULL or valid for a write.
@@ -288,22 +321,19 @@ pub unsafe extern "C" fn ncclCommMemStats(
     value: *mut u64,
 ) -> NcclResult {
     guard("ncclCommMemStats", || {
-        lookup(comm)?;
+        let c = lookup(comm)?;
         if value.is_null() {
             return Err(Failure::argument("value is NULL"));
         }
+        let m = c.caller().map(|k| k.mem_stats());
+        let (susp, suspended, persist) = m.map_or((0, false, 0), |m| {
+            (m.suspendable, m.suspended, m.persistent)
+        });
         let v = match stat {
-            mem_stat::SUSPEND | mem_stat::SUSPENDED => 0,
-            mem_stat::PERSIST | mem_stat::TOTAL => {
-                return Err(Failure::usage(format!(
-                    "stat {stat} (ncclStatGpuMem{}): this library does not count its communicators' GPU memory",
-                    if stat == mem_stat::PERSIST {
-                        "Persist"
-                    } else {
-                        "Total"
-                    }
-                )));
-            }
+            mem_stat::SUSPEND => susp,
+            mem_stat::SUSPENDED => u64::from(suspended),
+            mem_stat::PERSIST => persist,
+            mem_stat::TOTAL => susp + persist,
             other => {
                 return Err(Failure::argument(format!(
                     "stat {other} is not an ncclCommMemStat_t"
