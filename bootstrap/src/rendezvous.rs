@@ -38,6 +38,8 @@ pub(super) fn rendezvous(
     let mut attempt: u32 = 0;
     let cancel = cfg.cancel.clone().unwrap_or_default();
     loop {
+        // Only this pass's connection is kept for a cancel: an earlier one is closed.
+        cancel.forget();
         let root_addr = uid.root_addr();
         let mut to_root = connect_retry(
             root_addr,
@@ -48,7 +50,9 @@ pub(super) fn rendezvous(
             &cancel,
         )?;
         // A cancel shuts it down, ending the wait for the table.
-        cancel.watch(&to_root);
+        if cfg.cancel.is_some() {
+            cancel.watch(&to_root);
+        }
         if listener.is_none() {
             // Listen on the address this host reaches the root from: it is routable
             // from there.

@@ -86,6 +86,12 @@ impl UniqueId {
         &self.secret
     }
 
+    /// Closes the root listener this process parked for this id, if it still waits (an id
+    /// that will not be used: ranks that try it are refused at once rather than waiting).
+    pub fn release_root(&self) {
+        drop(lock_parked().remove(&self.secret));
+    }
+
     /// Takes the root listener parked by this process for this id, if there is one.
     pub(crate) fn take_parked_listener(&self) -> Option<TcpListener> {
         lock_parked().remove(&self.secret)

@@ -112,13 +112,14 @@ pub fn group_end() -> Res<()> {
                 first_error.get_or_insert(e);
             }
         }
+        // The group API event of the profiler, if one is open on this thread, ends here
+        // (before anything below can return early).
+        crate::profiler::group_end();
         if let Some(lib) = REAL_GROUP.with(|g| g.take()) {
             let end = lib.need(lib.group_end, "ncclGroupEnd")?;
             // SAFETY: closes the group this thread opened in the real NCCL.
             lib.check("ncclGroupEnd", unsafe { end() })?;
         }
-        // The group API event of the profiler, if one is open on this thread, ends here.
-        crate::profiler::group_end();
         if let Some(e) = first_error {
             return Err(e);
         }

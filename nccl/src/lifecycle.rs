@@ -463,43 +463,43 @@ pub unsafe fn shrink(
 }
 
 /// `ncclCommGetUniqueId`: a fresh bootstrap id for growing `parent`, its root listener parked
-/// in this process (this rank's grown communicator runs the root). One id at a time: a second
-/// before the first is consumed by `ncclCommGrow` is refused, as NCCL refuses it.
+/// in this process (this rank's grown communicator runs the root). As NCCL, each call makes a
+/// new id; the one made before, if never used, is dropped (its listener closed).
 pub fn grow_id(parent: &Arc<Comm>) -> Res<UniqueId> {
     let native = parent.native.as_ref().ok_or_else(|| {
         Failure::usage(
             "this communicator was made by the real NCCL, whose ncclCommGetUniqueId this library does not bind",
         )
     })?;
-    let mut pending = native.grow_id.lock().unwrap_or_else(|p| p.into_inner());
-    if pending.is_some() {
-        return Err(Failure::usage(
-            "a grow id made earlier by ncclCommGetUniqueId on this communicator has not been consumed by ncclCommGrow yet",
-        ));
-    }
     let id = UniqueId::new()?;
-    *pending = Some(id);
+    let mut pending = native.grow_id.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(old) = pending.replace(id) {
+        old.release_root();
+    }
     Ok(id)
 }
 
 /// The grow id an existing rank passed.
 #[derive(Clone, Copy)]
 enum GrowId {
-    /// NULL: another existing rank holds it.
+    /// NULL, and this rank made no id: another existing rank made it.
     None,
-    /// The id this rank's `ncclCommGetUniqueId` made.
+    /// The id this rank's `ncclCommGetUniqueId` made (passed, or NULL while one is pending).
     Made(UniqueId),
-    /// An id this rank's `ncclCommGetUniqueId` did not make.
-    Foreign,
+    /// An id this rank did not make (the maker's, passed along: accepted if it is).
+    Passed(UniqueId),
+    /// Bytes that are no id of this library's.
+    Bad,
 }
 
-/// What each existing rank tells the others before a grow: which [`GrowId`] it passed (0, 1,
-/// 2), the size it asks for, and the id.
+/// What each existing rank tells the others before a grow: which [`GrowId`] it has (0, 1, 2),
+/// the size it asks for, and the id.
 fn grow_card(nranks: usize, id: GrowId) -> Vec<u8> {
     let (tag, bytes) = match id {
         GrowId::None => (0, [0; mscclpp::comm::UNIQUE_ID_BYTES]),
         GrowId::Made(i) => (1, i.to_bytes()),
-        GrowId::Foreign => (2, [0; mscclpp::comm::UNIQUE_ID_BYTES]),
+        GrowId::Passed(i) => (2, i.to_bytes()),
+        GrowId::Bad => (3, [0; mscclpp::comm::UNIQUE_ID_BYTES]),
     };
     let mut card = Vec::with_capacity(1 + 8 + mscclpp::comm::UNIQUE_ID_BYTES);
     card.push(tag);
@@ -509,11 +509,12 @@ fn grow_card(nranks: usize, id: GrowId) -> Vec<u8> {
 }
 
 /// The id and size the existing ranks agreed on, from every rank's [`grow_card`]: exactly one
-/// holds the id, every one asks for the same size; otherwise an error naming the ranks.
+/// made the id, any other that passed one passed that one, and every one asks for the same
+/// size; otherwise an error naming the ranks.
 fn agree_grow(cards: &[Vec<u8>]) -> Res<(UniqueId, usize)> {
-    let mut holders = Vec::new();
+    let mut makers = Vec::new();
+    let mut passed = Vec::new();
     let mut sizes = Vec::with_capacity(cards.len());
-    let mut id = None;
     for (r, c) in cards.iter().enumerate() {
         if c.len() != 1 + 8 + mscclpp::comm::UNIQUE_ID_BYTES {
             return Err(Failure::internal(format!(
@@ -524,13 +525,11 @@ fn agree_grow(cards: &[Vec<u8>]) -> Res<(UniqueId, usize)> {
         let n = u64::from_le_bytes(c[1..9].try_into().unwrap_or([0; 8])) as usize;
         sizes.push(n);
         match c[0] {
-            1 => {
-                holders.push(r);
-                id = Some(UniqueId::from_bytes(&c[9..])?);
-            }
-            2 => {
+            1 => makers.push((r, UniqueId::from_bytes(&c[9..])?)),
+            2 => passed.push((r, UniqueId::from_bytes(&c[9..])?)),
+            3 => {
                 return Err(Failure::argument(format!(
-                    "ncclCommGrow: existing rank {r} passed a uniqueId that its ncclCommGetUniqueId on this communicator did not make (the other existing ranks pass NULL)"
+                    "ncclCommGrow: existing rank {r} passed a uniqueId that was not made by this library's ncclCommGetUniqueId"
                 )));
             }
             _ => {}
@@ -542,15 +541,27 @@ fn agree_grow(cards: &[Vec<u8>]) -> Res<(UniqueId, usize)> {
             sizes[0]
         )));
     }
-    match (holders.as_slice(), id) {
-        ([_], Some(id)) => Ok((id, sizes[0])),
-        ([], _) => Err(Failure::usage(
-            "ncclCommGrow: no existing rank passed the grow id (the rank that called ncclCommGetUniqueId passes it, the others NULL)",
-        )),
-        (many, _) => Err(Failure::usage(format!(
-            "ncclCommGrow: existing ranks {many:?} each passed a grow id; only the rank that called ncclCommGetUniqueId passes it, the others NULL"
-        ))),
+    let id = match makers.as_slice() {
+        [(_, id)] => *id,
+        [] => {
+            return Err(Failure::usage(
+                "ncclCommGrow: no existing rank made the grow id (one existing rank calls ncclCommGetUniqueId and passes its id; the others pass NULL)",
+            ));
+        }
+        many => {
+            let ranks: Vec<usize> = many.iter().map(|(r, _)| *r).collect();
+            return Err(Failure::usage(format!(
+                "ncclCommGrow: existing ranks {ranks:?} each made a grow id; one existing rank makes it, the others pass NULL or that id"
+            )));
+        }
+    };
+    if let Some((r, _)) = passed.iter().find(|(_, p)| *p != id) {
+        return Err(Failure::argument(format!(
+            "ncclCommGrow: existing rank {r} passed a uniqueId that is not the grow id rank {} made",
+            makers[0].0
+        )));
     }
+    Ok((id, sizes[0]))
 }
 
 /// After a grow, every rank of the grown communicator checks that the existing ranks kept
@@ -677,36 +688,49 @@ pub unsafe fn grow(
             "this communicator was made by the real NCCL, whose ncclCommGrow this library does not bind",
         )
     })?;
-    // The id, if passed, must be the one this rank's ncclCommGetUniqueId made; it is consumed.
-    // A wrong one is told to the other ranks (they fail naming this rank) rather than leaving
-    // them waiting at the exchange.
-    let mine = match id {
-        None => GrowId::None,
-        Some(id) => {
-            let mut pending = native.grow_id.lock().unwrap_or_else(|p| p.into_inner());
-            match crate::init::decode_id(id) {
-                Ok(uid) if *pending == Some(uid) => {
-                    *pending = None;
-                    GrowId::Made(uid)
-                }
-                _ => GrowId::Foreign,
-            }
-        }
-    };
     // SAFETY: forwarded contract.
     let cfg = unsafe { parse_config(config, Some(&parent.config))? };
     let blocking = cfg.blocking;
-    let boot = Arc::clone(native.communicator().bootstrap());
-    let (old_n, old_rank) = (parent.nranks, parent.rank);
-    let ordinal = usize::try_from(parent.device).ok();
     crate::debug::show_version();
     crate::route::forced()?;
     crate::real::real()?;
+    let boot = Arc::clone(native.communicator().bootstrap());
+    let (old_n, old_rank) = (parent.nranks, parent.rank);
+    let ordinal = usize::try_from(parent.device).ok();
+    // Every local check is done: the id this rank made, if any, is consumed now, and what it
+    // holds is told to the other existing ranks.
+    let mine = {
+        let mut pending = native.grow_id.lock().unwrap_or_else(|p| p.into_inner());
+        // Undecodable bytes are told too (every rank then fails naming this one) rather than
+        // leaving the others waiting at the exchange.
+        let passed = match id {
+            None => Ok(None),
+            Some(id) => crate::init::decode_id(id).map(Some),
+        };
+        match passed {
+            Err(_) => GrowId::Bad,
+            Ok(passed) => match (passed, pending.take()) {
+                (None, None) => GrowId::None,
+                (None, Some(p)) => GrowId::Made(p),
+                (Some(x), Some(p)) if x == p => GrowId::Made(p),
+                (Some(x), p) => {
+                    // Not this rank's id: the one it made (if any) stays pending.
+                    *pending = p;
+                    GrowId::Passed(x)
+                }
+            },
+        }
+    };
     // SAFETY: checked non-NULL; caller's contract.
     unsafe {
         launch(out, blocking, Some(parent), true, "grow", move |cancel| {
             let cards = boot.all_gather(&grow_card(n, mine))?;
-            let (uid, size) = agree_grow(&cards)?;
+            let (uid, size) = agree_grow(&cards).inspect_err(|_| {
+                // New ranks waiting on this rank's root are refused at once.
+                if let GrowId::Made(u) = mine {
+                    u.release_root();
+                }
+            })?;
             let plan = InitPlan {
                 nranks: size,
                 rank: old_rank,

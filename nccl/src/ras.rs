@@ -129,7 +129,15 @@ fn listen(addr: &str) -> std::io::Result<TcpListener> {
 
 fn serve(l: TcpListener) {
     for c in l.incoming() {
-        let Ok(c) = c else { continue };
+        let c = match c {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors, say: wait rather than spin.
+                tracing::debug!(target: crate::debug::INIT, "RAS accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
         // A client of its own thread: a survey takes seconds, the handshake must not wait.
         let _ = std::thread::Builder::new()
             .name("nccl-ras-client".into())
@@ -143,6 +151,8 @@ fn serve(l: TcpListener) {
 
 /// One client's commands, until it closes, asks for the report, or sends a line too long.
 fn client(stream: TcpStream) -> std::io::Result<()> {
+    // An idle client does not keep its thread for ever.
+    stream.set_read_timeout(Some(Duration::from_secs(3600)))?;
     let mut out = stream.try_clone()?;
     let mut input = BufReader::new(stream);
     let (mut json, mut timeout) = (false, DEFAULT_TIMEOUT);
@@ -168,7 +178,8 @@ fn client(stream: TcpStream) -> std::io::Result<()> {
                 .and_then(|v| v.parse::<u64>().ok())
             {
                 Some(0) => {
-                    timeout = Duration::from_secs(3600);
+                    // No timeout: wait for the ranks as long as they take (a day at most).
+                    timeout = Duration::from_secs(86_400);
                     out.write_all(b"OK\n")?;
                 }
                 Some(s) => {
@@ -285,16 +296,32 @@ struct CommData {
 }
 
 fn gather(timeout: Duration) -> Vec<CommData> {
-    let comms: Vec<Arc<Comm>> = crate::registry::ready();
+    // The bootstraps only: a communicator destroyed meanwhile is freed at once, not when the
+    // survey ends. One report per communicator, however many of its ranks live here.
     let mut seen = BTreeSet::new();
+    let boots: Vec<(u64, Arc<mscclpp::comm::Bootstrap>)> = crate::registry::ready()
+        .into_iter()
+        .filter_map(|c| {
+            let n = c.native.as_ref()?;
+            seen.insert(c.id)
+                .then(|| (c.id, Arc::clone(n.communicator().bootstrap())))
+        })
+        .collect();
+    // Every communicator at once, under one deadline (ncclras waits about 11 s).
+    let surveyed: Vec<(
+        u64,
+        Vec<std::result::Result<mscclpp::comm::bootstrap::Progress, String>>,
+    )> = std::thread::scope(|s| {
+        let hs: Vec<_> = boots
+            .iter()
+            .map(|(id, b)| (*id, s.spawn(move || b.survey(timeout))))
+            .collect();
+        hs.into_iter()
+            .map(|(id, h)| (id, h.join().unwrap_or_default()))
+            .collect()
+    });
     let mut out = Vec::new();
-    for c in comms {
-        let Some(n) = &c.native else { continue };
-        // One report per communicator, however many of its ranks live in this process.
-        if !seen.insert(c.id) {
-            continue;
-        }
-        let answers = n.communicator().bootstrap().survey(timeout);
+    for (id, answers) in surveyed {
         let ranks = answers
             .into_iter()
             .map(|a| match a {
@@ -315,7 +342,7 @@ fn gather(timeout: Duration) -> Vec<CommData> {
                 Err(_) => Rank::Missing,
             })
             .collect();
-        out.push(CommData { id: c.id, ranks });
+        out.push(CommData { id, ranks });
     }
     out.sort_by_key(|c| c.id);
     out
@@ -624,6 +651,42 @@ fn render_text(comms: &[CommData], took: Duration, verbose: bool) -> String {
             let _ = writeln!(o);
         }
     }
+    for (name, i) in &named {
+        let c = &comms[*i];
+        if !summaries[*i].1.error {
+            continue;
+        }
+        let _ = writeln!(o, "{name} ERROR");
+        let failed: Vec<(usize, &Card)> = c
+            .ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(r, x)| match x {
+                Rank::Answered { card, .. } if ![0, 7].contains(&card.async_error) => {
+                    Some((r, card))
+                }
+                _ => None,
+            })
+            .collect();
+        let _ = writeln!(
+            o,
+            "  Asynchronous error{} on {} rank{}",
+            if failed.len() == 1 { "" } else { "s" },
+            failed.len(),
+            if failed.len() == 1 { "" } else { "s" }
+        );
+        for (r, card) in &failed {
+            let _ = writeln!(
+                o,
+                "  Rank {r} reported {} -- GPU {} managed by process {} on node {}",
+                error_string(card.async_error),
+                card.cuda_dev,
+                card.pid,
+                card.host
+            );
+        }
+        let _ = writeln!(o);
+    }
     let _ = writeln!(o, "Warnings\n========\n");
     for (name, i) in &named {
         let c = &comms[*i];
@@ -695,6 +758,20 @@ type GroupKey = (
     std::cmp::Reverse<usize>,
     String,
 );
+
+/// NCCL's words for an `ncclResult_t` in the report.
+fn error_string(code: i64) -> &'static str {
+    match code {
+        1 => "Unhandled CUDA error",
+        2 => "System error",
+        3 => "Internal error",
+        4 => "Invalid argument",
+        5 => "Invalid usage",
+        6 => "Remote process error",
+        7 => "NCCL operation in progress",
+        _ => "Unexpected error",
+    }
+}
 
 /// NCCL's rule for printing each rank of a set of `count` (of `total`).
 fn outlier(count: usize, total: Option<usize>, verbose: bool) -> bool {

@@ -1,14 +1,14 @@
 //! `ncclCommGrow` through the C ABI (`dlopen`, as a C program), four ranks as child processes
 //! on the host backend, NCCL's parameter usage: ranks 0 and 1 make a 2-rank communicator; rank
-//! 0 asks `ncclCommGetUniqueId` for a grow id (a second one before it is consumed is refused)
+//! 0 asks `ncclCommGetUniqueId` for a grow id (twice: as NCCL, the second replaces the first)
 //! and hands it to ranks 2 and 3, which join with `ncclCommGrow(NULL, 4, &id, rank)` while the
 //! existing ranks pass their communicator and rank -1 (rank 0 its id, rank 1 NULL). On the
 //! grown communicator: its count and ranks, and an all-reduce of random data into a poisoned
 //! output checked against a CPU reference; the parent goes on working. Then the grown
 //! communicator grows again, non-blocking this time (4 to 5 ranks, rank 1 makes the id, a new
 //! rank 4), polled with `ncclCommGetAsyncError`, and is checked the same way. Bad input: an
-//! existing rank passing a rank, a size not larger, two existing ranks each passing an id (both
-//! fail naming them, quickly), an id not made on that communicator. Runs with
+//! existing rank passing a rank, a size not larger, two existing ranks each making an id (both
+//! fail naming them, quickly), ids passed that no existing rank made. Runs with
 //! `cargo test -p mscclpp-nccl --test grow`.
 
 #[macro_use]
@@ -214,12 +214,12 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
                     SUCCESS,
                     &[],
                 )?;
-                let mut again = NcclUniqueId { internal: [0; 128] };
+                // The second id replaces the first (NCCL makes a new one each call).
                 api.expect(
-                    "a second ncclCommGetUniqueId before the grow",
-                    grow_id(parent, &mut again),
-                    INVALID_USAGE,
-                    &["ncclCommGetUniqueId", "not been consumed"],
+                    "a second ncclCommGetUniqueId",
+                    grow_id(parent, &mut gid),
+                    SUCCESS,
+                    &[],
                 )?;
             }
             mark(&dir.join("grow-id"), &id_bytes(&gid))?;
@@ -341,14 +341,14 @@ fn bad_input(
             "ncclCommGrow with two ids",
             grow(parent, 3, &gid, -1, &mut out, null.cast()),
             INVALID_USAGE,
-            &["existing ranks [0, 1] each passed a grow id"],
+            &["existing ranks [0, 1] each made a grow id"],
         )?;
     }
     if t.elapsed() > Duration::from_secs(10) {
         return Err(format!("two ids were refused only after {:?}", t.elapsed()));
     }
-    // An id this rank did not make (rank 0's, sent to rank 1 and the reverse): refused on
-    // both, naming the rank.
+    // Ids passed that no existing rank made here (rank 0's sent to rank 1 and the reverse;
+    // each rank's own stays pending): refused on both.
     let mine = NcclUniqueId {
         internal: {
             let mut fresh = NcclUniqueId { internal: [0; 128] };
@@ -365,8 +365,8 @@ fn bad_input(
     api.expect(
         "ncclCommGrow with another rank's id",
         rc,
-        INVALID_ARGUMENT,
-        &["did not make"],
+        INVALID_USAGE,
+        &["no existing rank made the grow id"],
     )?;
     // This rank's own id is still pending (the foreign one did not consume it): a grow with it
     // alone would work; consume it in a refused grow (both ranks pass theirs) to leave none.
@@ -376,7 +376,7 @@ fn bad_input(
         "ncclCommGrow consuming the pending ids",
         rc,
         INVALID_USAGE,
-        &["each passed a grow id"],
+        &["each made a grow id"],
     )?;
     if !out.is_null() {
         return Err(format!("a refused ncclCommGrow wrote {out:p}"));

@@ -220,7 +220,7 @@ pub enum Func {
     /// AllReduce.
     AllReduce,
     /// AlltoAll (no version-1 code: reported as NCCL's version-1 adapter reports names it does
-    /// not know, the last code).
+    /// not know, as Send).
     AllToAll,
     /// Send.
     Send,
@@ -251,8 +251,8 @@ impl Func {
             Func::AllGather => 2,
             Func::ReduceScatter => 3,
             Func::AllReduce => 4,
-            Func::Send => 6,
-            Func::Recv | Func::AllToAll => 7,
+            Func::Send | Func::AllToAll => 6,
+            Func::Recv => 7,
         }
     }
 }
@@ -276,6 +276,15 @@ impl Algo {
             _ => 2,
         };
         (6, proto)
+    }
+}
+
+/// Version 1's datatype code: NCCL's own, but the types version 1 does not know (FP8) as
+/// NCCL's adapter reports them (Float64).
+fn dtype_code(dtype: c_int) -> u8 {
+    match dtype {
+        0..=9 => dtype as u8,
+        _ => 8,
     }
 }
 
@@ -402,7 +411,7 @@ pub fn encode(v: u32, ev: &Event, parent: *mut c_void, rank: c_int) -> Option<De
                 d.ptr(64, recv);
                 d.u64(72, count as u64);
                 d.i32(80, root);
-                d.u8(84, dtype as u8);
+                d.u8(84, dtype_code(dtype));
                 d.u8(104, channels);
                 d.u8(105, warps);
                 d.u8(106, a);
@@ -453,7 +462,7 @@ pub fn encode(v: u32, ev: &Event, parent: *mut c_void, rank: c_int) -> Option<De
             1 => {
                 d.u8(40, func.code());
                 d.ptr(48, buff);
-                d.u8(56, dtype as u8);
+                d.u8(56, dtype_code(dtype));
                 d.u64(64, count as u64);
                 d.i32(72, peer);
             }

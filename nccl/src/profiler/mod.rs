@@ -171,6 +171,10 @@ impl Attached {
 
 impl Drop for Attached {
     fn drop(&mut self) {
+        // As NCCL: no finalize for a plugin that made no context.
+        if self.context == 0 {
+            return;
+        }
         if let Some(f) = self.plugin.table.finalize {
             // SAFETY: the context `init` made, finalized once.
             unsafe { f(self.context as *mut c_void) };
