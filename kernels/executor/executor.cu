@@ -143,7 +143,7 @@ MSCCLPP_DEVICE_INLINE bool execSpin(Done done) {
     if (done()) return true;
     if ((n & (kAbortPollSpins - 1)) == 0) {
       if (abortRequested(n != 0)) return false;
-      if (waitExpired(&since)) return false;
+      if (waitExpired(&since, n, MSCCLPP_DEFAULT_MAX_SPIN)) return false;
     }
     spinPause();
   }

@@ -48,15 +48,18 @@ __shared__ uint64_t abortState;
 MSCCLPP_DEVICE_INLINE void abortWordInit(uint64_t addr) { *(volatile uint64_t*)&abortState = addr & ~1ull; }
 
 // Whether a wait that began at `*since` (0: this is its first check, which records the clock)
-// has run past MSCCLPP_DEVICE_WAIT_SECONDS. Out of line, called every kAbortPollSpins polls, so
-// that the clock costs the waits no registers.
-__device__ __noinline__ bool waitExpired(uint64_t* since) {
+// has run past MSCCLPP_DEVICE_WAIT_SECONDS; where the block has no abort word (none could be
+// allocated: address 0), nothing can end the wait early, so the poll bound stays (`spins` past
+// `maxSpinCount`). Out of line, called every kAbortPollSpins polls, so that the clock costs the
+// waits no registers. A clock that has not moved past the start (or went back) is not expired.
+__device__ __noinline__ bool waitExpired(uint64_t* since, int64_t spins, int64_t maxSpinCount) {
+  if ((*(volatile uint64_t*)&abortState & ~1ull) == 0) return spins > maxSpinCount;
   const uint64_t now = deviceClockNs();
   if (*since == 0) {
     *since = now | 1;
     return false;
   }
-  return now - *since > (uint64_t)MSCCLPP_DEVICE_WAIT_SECONDS * 1000000000ull;
+  return now > *since && now - *since > (uint64_t)MSCCLPP_DEVICE_WAIT_SECONDS * 1000000000ull;
 }
 
 // Whether a wait of this block saw the abort word set; with `readWord`, also reads the word and
@@ -95,7 +98,7 @@ MSCCLPP_DEVICE_INLINE bool spinUntil(Done done, int64_t maxSpinCount = MSCCLPP_D
 #if MSCCLPP_DEVICE_ABORT
     if ((spins & (kAbortPollSpins - 1)) == 0) {
       if (agree(abortRequested(spins != 0))) return false;
-      if (maxSpinCount >= 0 && waitExpired(&since)) deviceTrap();
+      if (maxSpinCount >= 0 && waitExpired(&since, spins, maxSpinCount)) deviceTrap();
     }
     ++spins;
 #else

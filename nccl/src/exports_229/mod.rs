@@ -169,8 +169,7 @@ pub unsafe extern "C" fn ncclCommRevoke(comm: NcclComm, revokeFlags: c_int) -> N
 
 /// `ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId)` (NCCL 2.29):
 /// native. The id of an `ncclCommGrow` of `comm`: a fresh bootstrap whose root this rank runs
-/// when it grows. One at a time per communicator (a second before `ncclCommGrow` consumed the
-/// first is `ncclInvalidUsage`, as NCCL).
+/// when it grows. As NCCL, each call makes a new id (an earlier one never used is dropped).
 ///
 /// # Safety
 /// `comm` is a handle (checked); `uniqueId` NULL or valid for a write.
