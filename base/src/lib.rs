@@ -13,6 +13,7 @@ pub mod env;
 pub mod error;
 pub mod exit;
 pub mod net;
+pub mod plugin_log;
 pub mod wire;
 
 pub use dtype::{DataType, ReduceOp};

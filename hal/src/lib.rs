@@ -32,7 +32,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 // The vocabulary below the HAL (its own crate, `mscclpp-base`), where HAL users find it.
-pub use mscclpp_base::{dtype, env, error, exit, net, wire};
+pub use mscclpp_base::{dtype, env, error, exit, net, plugin_log, wire};
 
 pub mod api;
 pub mod caps;

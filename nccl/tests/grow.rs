@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
 use support::{
-    CollFn, Comm, fresh_dir, lib_path, mark, open_lib, publish, read_id, run_if_rank, run_ranks,
+    CollFn, Comm, fresh_dir, init_world, lib_path, mark, open_lib, run_if_rank, run_ranks,
     wait_file,
 };
 
@@ -160,12 +160,6 @@ fn id_from(bytes: &[u8]) -> NcclUniqueId {
 
 fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let lib = open_lib()?;
-    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
-    let init = sym!(
-        lib,
-        "ncclCommInitRank",
-        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
-    );
     let grow_id = sym!(
         lib,
         "ncclCommGetUniqueId",
@@ -185,18 +179,7 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     // The first communicator: ranks 0 and 1.
     let mut parent: Comm = null;
     if rank < 2 {
-        let id = if rank == 0 {
-            let mut id = NcclUniqueId { internal: [0; 128] };
-            // SAFETY: valid out-pointer.
-            api.expect("ncclGetUniqueId", unsafe { get_id(&mut id) }, SUCCESS, &[])?;
-            publish(dir, &id_bytes(&id))?;
-            id
-        } else {
-            read_id(dir)?
-        };
-        // SAFETY: valid out-pointer.
-        let rc = unsafe { init(&mut parent, 2, id, rank as c_int) };
-        api.expect("ncclCommInitRank", rc, SUCCESS, &[])?;
+        parent = init_world(&lib, rank, 2, dir, null.cast())?;
         api.check(parent, 2, rank, 1)?;
         bad_input(&api, grow_id, grow, parent, rank, dir)?;
     }

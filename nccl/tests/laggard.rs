@@ -14,10 +14,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mscclpp_nccl::abi::NcclUniqueId;
-use support::{
-    CollFn, Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, run_ranks,
-};
+use support::{CollFn, Comm, fresh_dir, init_world, lib_path, open_lib, run_if_rank, run_ranks};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_LAGGARD_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_LAGGARD_TEST_DIR";
@@ -27,32 +24,11 @@ const NCCL_SUM: c_int = 0;
 
 fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let lib = open_lib()?;
-    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
-    let init = sym!(
-        lib,
-        "ncclCommInitRank",
-        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
-    );
     let abort = sym!(lib, "ncclCommAbort", fn(Comm) -> c_int);
     let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
     let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
     let all_reduce: CollFn = sym!(lib, "ncclAllReduce" as CollFn);
-    let id = if rank == 0 {
-        let mut id = NcclUniqueId { internal: [0; 128] };
-        // SAFETY: valid out-pointer.
-        if unsafe { get_id(&mut id) } != 0 {
-            return Err("ncclGetUniqueId failed".into());
-        }
-        publish(dir, &id.internal)?;
-        id
-    } else {
-        read_id(dir)?
-    };
-    let mut comm: Comm = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    if unsafe { init(&mut comm, NRANKS as c_int, id, rank as c_int) } != 0 {
-        return Err("ncclCommInitRank failed".into());
-    }
+    let comm = init_world(&lib, rank, NRANKS, dir, std::ptr::null_mut())?;
     let mut x = vec![1.0f32; 1024];
     let p = x.as_mut_ptr().cast::<c_void>();
     // SAFETY: `x` in place; the host backend's call has run when it returns.

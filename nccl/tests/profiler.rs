@@ -20,10 +20,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
-use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
-use support::{
-    CollFn, Comm, MoveFn, fresh_dir, open_lib, publish, read_id, run_if_rank, run_ranks,
-};
+use mscclpp_nccl::abi::NcclConfig;
+use support::{CollFn, Comm, MoveFn, fresh_dir, init_world, open_lib, run_if_rank, run_ranks};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_PROFILER_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_PROFILER_TEST_DIR";
@@ -34,12 +32,6 @@ const NCCL_SUM: c_int = 0;
 
 fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let lib = open_lib()?;
-    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
-    let init = sym!(
-        lib,
-        "ncclCommInitRankConfig",
-        fn(*mut Comm, c_int, NcclUniqueId, c_int, *mut NcclConfig) -> c_int
-    );
     let split = sym!(
         lib,
         "ncclCommSplit",
@@ -67,22 +59,9 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
             Err(format!("rank {rank}: {what} returned {rc}"))
         }
     };
-    let id = if rank == 0 {
-        let mut id = NcclUniqueId { internal: [0; 128] };
-        // SAFETY: valid out-pointer.
-        check("ncclGetUniqueId", unsafe { get_id(&mut id) })?;
-        publish(dir, &id.internal)?;
-        id
-    } else {
-        read_id(dir)?
-    };
     let mut cfg = NcclConfig::INITIALIZER;
     cfg.comm_name = c"fixture-comm".as_ptr();
-    let mut comm: Comm = std::ptr::null_mut();
-    // SAFETY: valid pointers.
-    check("ncclCommInitRankConfig", unsafe {
-        init(&mut comm, 2, id, rank as c_int, &mut cfg)
-    })?;
+    let comm = init_world(&lib, rank, 2, dir, &mut cfg)?;
     let null = std::ptr::null_mut();
     let x: Vec<f32> = (0..COUNT).map(|i| (i % 13) as f32 + rank as f32).collect();
     let mut y = vec![f32::NAN; COUNT];

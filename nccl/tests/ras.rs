@@ -17,10 +17,9 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mscclpp_nccl::abi::NcclUniqueId;
 use support::{
-    CollFn, Comm, MoveFn, fresh_dir, lib_path, mark, open_lib, publish, read_id, run_if_rank,
-    run_ranks, wait_file,
+    CollFn, Comm, MoveFn, fresh_dir, init_world, lib_path, mark, open_lib, run_if_rank, run_ranks,
+    wait_file,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_RAS_TEST_RANK";
@@ -98,32 +97,11 @@ fn status(addr: &str, format: &str) -> Result<String, String> {
 
 fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let lib = open_lib()?;
-    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
-    let init = sym!(
-        lib,
-        "ncclCommInitRank",
-        fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
-    );
     let abort = sym!(lib, "ncclCommAbort", fn(Comm) -> c_int);
     let all_reduce: CollFn = sym!(lib, "ncclAllReduce" as CollFn);
     let all_gather: MoveFn = sym!(lib, "ncclAllGather" as MoveFn);
     let addr = std::env::var("NCCL_RAS_ADDR").map_err(|_| "NCCL_RAS_ADDR unset")?;
-    let id = if rank == 0 {
-        let mut id = NcclUniqueId { internal: [0; 128] };
-        // SAFETY: valid out-pointer.
-        if unsafe { get_id(&mut id) } != 0 {
-            return Err("ncclGetUniqueId failed".into());
-        }
-        publish(dir, &id.internal)?;
-        id
-    } else {
-        read_id(dir)?
-    };
-    let mut comm: Comm = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    if unsafe { init(&mut comm, NRANKS as c_int, id, rank as c_int) } != 0 {
-        return Err("ncclCommInitRank failed".into());
-    }
+    let comm = init_world(&lib, rank, NRANKS, dir, std::ptr::null_mut())?;
     let mut x = vec![1.0f32; 256];
     let p = x.as_mut_ptr().cast::<c_void>();
     let null = std::ptr::null_mut();

@@ -69,7 +69,7 @@ impl Attached {
         let name_ptr = cname.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
         let mut ctx: *mut c_void = std::ptr::null_mut();
         let (nodes, nranks, rank) = (nodes as c_int, nranks as c_int, rank as c_int);
-        let logger: abi::Logger = plugin::plugin_log;
+        let logger: abi::Logger = mscclpp::base::plugin_log::plugin_log;
         // SAFETY: `init` has the signature of the plugin's version (the symbol found says
         // which); the pointers are valid for the call and the mask and name for the plugin's
         // life.

@@ -6,7 +6,7 @@
 //! is opened once per process, at the first communicator, with `RTLD_NOW | RTLD_LOCAL`, and
 //! stays loaded; a failure to find or open it is not retried (NCCL's rule too).
 
-use std::ffi::{CStr, CString, c_char, c_int, c_ulong};
+use std::ffi::{CStr, CString};
 use std::sync::OnceLock;
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
@@ -138,35 +138,6 @@ pub fn open(setting: Option<&str>) -> Result<Option<Plugin>, String> {
         return Ok(None);
     }
     Err(format!("could not open it: {}", errors.join("; ")))
-}
-
-/// The logger handed to plugins (`ncclDebugLogger_t`): the format string is logged as it is
-/// (its arguments are not read), at the level it names.
-pub extern "C" fn plugin_log(
-    level: c_int,
-    _flags: c_ulong,
-    file: *const c_char,
-    line: c_int,
-    fmt: *const c_char,
-) {
-    let text = |p: *const c_char| {
-        if p.is_null() {
-            String::new()
-        } else {
-            // SAFETY: the plugin passes NUL-terminated strings that live for the call.
-            unsafe { CStr::from_ptr(p) }
-                .to_string_lossy()
-                .trim_end()
-                .to_owned()
-        }
-    };
-    let (file, fmt) = (text(file), text(fmt));
-    // ncclDebugLogLevel: NONE 0, VERSION 1, WARN 2, INFO 3, ABORT 4, TRACE 5.
-    match level {
-        2 | 4 => tracing::warn!(target: "mscclpp_nccl::profiler", "{file}:{line} {fmt}"),
-        1 | 3 => tracing::info!(target: "mscclpp_nccl::profiler", "{file}:{line} {fmt}"),
-        _ => tracing::trace!(target: "mscclpp_nccl::profiler", "{file}:{line} {fmt}"),
-    }
 }
 
 /// A communicator name as the C string `init` takes (kept by the caller for the

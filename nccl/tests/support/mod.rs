@@ -290,3 +290,39 @@ pub fn run_ranks(
         Err(failures.join("\n"))
     }
 }
+
+/// Rank `rank` of `nranks` joins a communicator through the C ABI as a C program does: rank 0
+/// makes the id (`ncclGetUniqueId`) and publishes it in `dir`, the others read it; then
+/// `ncclCommInitRankConfig` with `config` (NULL: the defaults).
+pub fn init_world(
+    lib: &libloading::Library,
+    rank: usize,
+    nranks: usize,
+    dir: &Path,
+    config: *mut mscclpp_nccl::abi::NcclConfig,
+) -> Result<Comm, String> {
+    let get_id = sym!(lib, "ncclGetUniqueId", fn(*mut NcclUniqueId) -> c_int);
+    let init = sym!(
+        lib,
+        "ncclCommInitRankConfig",
+        fn(*mut Comm, c_int, NcclUniqueId, c_int, *mut mscclpp_nccl::abi::NcclConfig) -> c_int
+    );
+    let id = if rank == 0 {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        // SAFETY: valid out-pointer.
+        if unsafe { get_id(&mut id) } != 0 {
+            return Err("ncclGetUniqueId failed".into());
+        }
+        publish(dir, &id.internal)?;
+        id
+    } else {
+        read_id(dir)?
+    };
+    let mut comm: Comm = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; `config` is NULL or the caller's config.
+    let rc = unsafe { init(&mut comm, nranks as c_int, id, rank as c_int, config) };
+    if rc != 0 {
+        return Err(format!("rank {rank}: ncclCommInitRankConfig returned {rc}"));
+    }
+    Ok(comm)
+}

@@ -112,38 +112,9 @@ pub fn plugin() -> Result<Arc<Plugin>> {
     .map_err(|why| Error::unavailable("an NCCL net plugin", why))
 }
 
-/// The plugin's log lines, into `tracing`. The format's arguments are not expanded: a Rust
-/// function cannot take C varargs, so the line is the format string itself, with the file and
-/// line. Called as a variadic function; the fixed arguments arrive as in a plain call.
-extern "C" fn plugin_log(
-    level: c_int,
-    _flags: c_ulong,
-    file: *const c_char,
-    line: c_int,
-    fmt: *const c_char,
-) {
-    let text = |p: *const c_char| {
-        if p.is_null() {
-            String::new()
-        } else {
-            // SAFETY: the plugin passes NUL-terminated strings that live for the call.
-            unsafe { CStr::from_ptr(p) }
-                .to_string_lossy()
-                .trim_end()
-                .to_owned()
-        }
-    };
-    let (file, fmt) = (text(file), text(fmt));
-    // ncclDebugLogLevel: NONE 0, VERSION 1, WARN 2, INFO 3, ABORT 4, TRACE 5.
-    match level {
-        2 | 4 => tracing::warn!(target: "mscclpp_transports::net::plugin", "{file}:{line} {fmt}"),
-        1 | 3 => tracing::info!(target: "mscclpp_transports::net::plugin", "{file}:{line} {fmt}"),
-        _ => tracing::trace!(target: "mscclpp_transports::net::plugin", "{file}:{line} {fmt}"),
-    }
-}
-
 fn logger() -> Logger {
-    let f: extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char) = plugin_log;
+    let f: extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char) =
+        mscclpp_hal::plugin_log::plugin_log;
     // SAFETY: a variadic C call passes its named arguments as a plain call does (System V
     // x86-64 and AAPCS64 on Linux), so a function taking exactly the named ones reads them
     // correctly and never touches the rest.
