@@ -171,8 +171,11 @@ impl Caller {
 
     /// As [`Caller::colls`] for an operation: refused while the communicator is suspended.
     fn live(&self) -> Result<RwLockReadGuard<'_, Option<Box<dyn AnyCollectives>>>> {
-        self.mem.check_live()?;
-        Ok(self.colls())
+        let g = self.colls();
+        if self.has_colls && g.is_none() {
+            return Err(suspend::suspended_error());
+        }
+        Ok(g)
     }
 
     /// `Ok` where collectives-level work runs natively (one rank, or collectives); else the

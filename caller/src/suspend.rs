@@ -8,16 +8,16 @@
 //! on its thread (`mscclpp_hal::memory::allocated_here`); buffers an algorithm grows later
 //! (copy-engine gathers, multi-host staging) are released too but not counted.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use mscclpp_hal::{Error, Result};
 
 use crate::{Caller, typed_collectives};
 
-/// A caller side's suspension state and byte counts.
+/// A caller side's byte counts and live windows. (Whether it is suspended is not kept: it is a
+/// caller side with collectives whose collectives are gone.)
 #[derive(Debug)]
 pub(crate) struct MemState {
-    suspended: AtomicBool,
     /// Bytes the collectives' last set-up allocated.
     colls_bytes: AtomicU64,
     /// Bytes the rest of the caller side allocated.
@@ -29,21 +29,10 @@ pub(crate) struct MemState {
 impl MemState {
     pub(crate) fn new(colls_bytes: u64, persistent: u64) -> Self {
         MemState {
-            suspended: AtomicBool::new(false),
             colls_bytes: AtomicU64::new(colls_bytes),
             persistent,
             windows: AtomicUsize::new(0),
         }
-    }
-
-    /// An error while suspended: the communicator cannot be used until it is resumed.
-    pub(crate) fn check_live(&self) -> Result<()> {
-        if self.suspended.load(Ordering::Acquire) {
-            return Err(Error::invalid(
-                "the communicator is suspended (ncclCommSuspend with NCCL_SUSPEND_MEM): call ncclCommResume before using it",
-            ));
-        }
-        Ok(())
     }
 
     pub(crate) fn window_added(&self) {
@@ -68,7 +57,19 @@ pub struct MemStats {
     pub persistent: u64,
 }
 
+/// The error of an operation on a suspended communicator.
+pub(crate) fn suspended_error() -> Error {
+    Error::invalid(
+        "the communicator is suspended (ncclCommSuspend with NCCL_SUSPEND_MEM): call ncclCommResume before using it",
+    )
+}
+
 impl Caller {
+    /// Whether the collectives' memory is suspended.
+    fn suspended(&self) -> bool {
+        self.has_colls && self.colls().is_none()
+    }
+
     /// Releases the collectives' memory on every rank (a collective call: every rank makes it,
     /// with no operation of the communicator in flight, as NCCL requires); returns the bytes
     /// released. Refused while windows are registered (they live in that memory's
@@ -76,7 +77,7 @@ impl Caller {
     /// twice releases nothing more.
     pub fn suspend(&self) -> Result<u64> {
         let mem = &self.mem;
-        if !self.has_colls || mem.suspended.load(Ordering::Acquire) {
+        if !self.has_colls || self.suspended() {
             return Ok(0);
         }
         let w = mem.windows.load(Ordering::Acquire);
@@ -91,7 +92,6 @@ impl Caller {
         let boot = self.comm.bootstrap();
         boot.barrier()?;
         let taken = self.colls.write().unwrap_or_else(|p| p.into_inner()).take();
-        mem.suspended.store(true, Ordering::Release);
         drop(taken);
         boot.barrier()?;
         Ok(mem.colls_bytes.load(Ordering::Acquire))
@@ -101,7 +101,7 @@ impl Caller {
     /// first set-up). Refused when nothing is suspended.
     pub fn resume(&self) -> Result<()> {
         let mem = &self.mem;
-        if !mem.suspended.load(Ordering::Acquire) {
+        if !self.suspended() {
             return Err(Error::invalid(
                 "the communicator is not suspended (ncclCommResume without ncclCommSuspend(NCCL_SUSPEND_MEM))",
             ));
@@ -113,13 +113,12 @@ impl Caller {
             Ordering::Release,
         );
         *self.colls.write().unwrap_or_else(|p| p.into_inner()) = Some(colls);
-        mem.suspended.store(false, Ordering::Release);
         Ok(())
     }
 
     /// What `ncclCommMemStats` reports.
     pub fn mem_stats(&self) -> MemStats {
-        let suspended = self.mem.suspended.load(Ordering::Acquire);
+        let suspended = self.suspended();
         MemStats {
             suspendable: if suspended {
                 0
