@@ -11,8 +11,11 @@ then all-reduces fp16/bf16/fp32 tensors from 512 B to 8 MiB through it and check
     SGLANG_PYMSCCLPP=... torchrun --nproc-per-node 8 tests/sglang_harness.py [--quick]
 
 SGLang serves only 8, 16 and 32 ranks; 8 ranks may share fewer GPUs (rank r uses GPU
-r % device_count). ``--quick`` cuts the tuner's candidate lists (first nblocks and nthreads of
-each algorithm) and its repetition counts, in the harness, not in SGLang's file. Needs torch with
+r % device_count). At 16 and 32 ranks the file compiles MSCCL++'s multi-node DSL all-reduce for
+``world_size // torch.cuda.device_count()`` nodes (2 or 4); ``--hosts H`` simulates them on one
+machine: rank r gets ``MSCCLPP_HOSTID`` ``<tag>-<r // (N/H)>`` and the file's
+``torch.cuda.device_count()`` answers N/H (the harness patches torch, not the file).
+``--quick`` cuts the tuner's candidate lists (first nblocks and nthreads of each algorithm) and its repetition counts, in the harness, not in SGLang's file. Needs torch with
 a CUDA device; it exits 0 after printing ``harness: skip: <why>`` where they are absent.
 """
 
@@ -63,21 +66,27 @@ def load_pymscclpp(path):
 
 
 def cut_candidates(cls, quick):
-    """--quick: one launch shape per algorithm and fewer repetitions (wrapping the methods)."""
+    """--quick: one launch shape per algorithm and fewer repetitions (wrapping the methods); of
+    the multi-node DSL algorithms, those of 256 threads per block (one per thread-block-group
+    size)."""
     if not quick:
         return
-    native, tune = cls._create_native_algorithms, cls._tune
+    native, dsl, tune = cls._create_native_algorithms, cls._create_dsl_algorithms, cls._tune
 
     def create(self):
         return [(a, nb[:1], nt[:1]) for a, nb, nt in native(self)]
+
+    def create_dsl(self):
+        return [c for c in dsl(self) if c[0].name.endswith("_256TPB")]
 
     def short_tune(self, n_warmup, n_graph_launches, n_ops_per_graph, algos_config):
         return tune(self, 1, 2, 2, algos_config)
 
     cls._create_native_algorithms, cls._tune = create, short_tune
+    cls._create_dsl_algorithms = create_dsl
 
 
-def rank_main(rank, size, quick, port):
+def rank_main(rank, size, quick, port, hosts=1, tag="sglang"):
     import torch
     import torch.distributed as dist
 
@@ -85,6 +94,13 @@ def rank_main(rank, size, quick, port):
     os.environ.setdefault("MASTER_PORT", str(port))
     ndev = torch.cuda.device_count()
     torch.cuda.set_device(rank % ndev)
+    if hosts > 1:
+        if size % hosts:
+            raise SystemExit(f"harness: {size} ranks do not split into {hosts} hosts")
+        per_host = size // hosts
+        os.environ["MSCCLPP_HOSTID"] = f"{tag}-{rank // per_host}"
+        # SGLang's file takes its ranks per node from the device count.
+        torch.cuda.device_count = lambda: per_host
     dist.init_process_group("gloo", rank=rank, world_size=size)
     import mscclpp_rs.compat
 
@@ -99,10 +115,16 @@ def rank_main(rank, size, quick, port):
     if rank == 0:
         for s, (algo, nb, nt) in sorted(comm.best_configs.items()):
             print(f"harness: tuned {s:>8} B: {algo.name} nblocks={nb} nthreads={nt}", flush=True)
-    wrong = 0
+    wrong = checked = 0
     with comm.change_state(enable=True):
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             for nbytes in [1 << i for i in range(9, 24)]:
+                if comm._get_tuned_config(nbytes) is None:
+                    # The multi-node algorithms start at 1 KiB (SGLang's min_message_size): the
+                    # file sends smaller tensors elsewhere (should_mscclpp_allreduce is False).
+                    assert size != 8, f"no algorithm tuned for {nbytes} B at 8 ranks"
+                    continue
+                checked += 1
                 n = nbytes // torch.tensor([], dtype=dtype).element_size()
                 base = torch.arange(n, device="cuda", dtype=torch.float32) % 13
                 x = (base + rank).to(dtype)
@@ -117,8 +139,8 @@ def rank_main(rank, size, quick, port):
     t = torch.tensor([wrong])
     dist.all_reduce(t)
     if rank == 0:
-        print("harness: all-reduce correct" if int(t) == 0 else f"harness: {int(t)} wrong",
-              flush=True)
+        print(f"harness: all-reduce correct ({checked} dtype/size cases)" if int(t) == 0
+              else f"harness: {int(t)} wrong", flush=True)
     comm.destroy()
     dist.destroy_process_group()
     if int(t):
@@ -162,6 +184,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spawn", type=int, default=0, help="spawn N ranks here (else torchrun's)")
     p.add_argument("--quick", action="store_true", help="cut the tuner's candidates")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="simulated hosts (MSCCLPP_HOSTID per group of ranks; 16/32 ranks)")
     a = p.parse_args()
     path = os.environ.get("SGLANG_PYMSCCLPP")
     if not path or not os.path.isfile(path):
@@ -178,9 +202,11 @@ def main():
 
         from cluster import free_port
 
-        tmp.spawn(rank_main, args=(a.spawn, a.quick, free_port()), nprocs=a.spawn)
+        tag = f"sglang-{os.getpid()}"
+        tmp.spawn(rank_main, args=(a.spawn, a.quick, free_port(), a.hosts, tag), nprocs=a.spawn)
     else:
-        rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a.quick, 0)
+        rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a.quick, 0, a.hosts,
+                  f"sglang-{os.environ.get('MASTER_PORT', '0')}")
 
 
 if __name__ == "__main__":
