@@ -65,8 +65,11 @@
 //! * `state`: what a rank's views, the event loop and the operations share (connections,
 //!   filed messages, dead peers, handlers), and its closing.
 //! * `reactor`: the process's event loop (`reactor/mod.rs`), the inbound handshake
-//!   (`handshake`), one connection's write queue and frame reader (`conn`), and the side an
-//!   operation takes to read its own connections (`waiter`).
+//!   (`handshake`), one connection's write queue and frame reader (`conn`), the side an
+//!   operation takes to read its own connections (`waiter`), and what the loop needs of a
+//!   rank (`endpoint`: the `Endpoint` trait).
+//! * `inbound`: that trait for `state`: a checked Hello kept or refused (the crossing rule),
+//!   frames filed into the state, an ended connection's peer marked dead.
 //! * `links`: a connection to a peer on first use (dialling); `p2p`: `send`/`recv` and the
 //!   primitives the collectives use (`send_raw`, `wait_all`).
 //! * `collectives`: all-gather, barrier and broadcast over TCP; `shm`: the barrier in shared
@@ -79,9 +82,10 @@
 //! The modules depend one way: the parts that add operations to [`Bootstrap`] (`links`,
 //! `p2p`, `collectives`, `split`, `shm`, `failure::view`) use this file and the lower parts;
 //! this file uses only `config`, `failure`, `state`, `reactor`, `rendezvous`, `root`,
-//! `unique_id`, `launch_env`, `protocol` and `shm::segment`. Three refer to each other by
-//! nature: `state` holds the event loop (`reactor`) and its connections (`reactor::conn`),
-//! the loop holds the connections, and both file what they read into `state`.
+//! `unique_id`, `launch_env`, `protocol` and `shm::segment`. The event loop (`reactor`) is
+//! below `state`: it uses only `protocol`, `hello` and `failure`'s handler types, and knows a
+//! rank as an `Endpoint`; `state` holds the loop and its connections, and `inbound` (above
+//! both) implements the trait for `state`, filing what the loop reads into it.
 
 pub mod protocol;
 
@@ -91,6 +95,7 @@ mod config;
 mod failure;
 mod fds;
 mod hello;
+mod inbound;
 mod launch_env;
 mod links;
 mod p2p;

@@ -148,7 +148,7 @@ impl Bootstrap {
         let targets: Vec<usize> = peers.iter().map(|&p| self.members[p]).collect();
         let mut got: Vec<Option<Vec<u8>>> = vec![None; peers.len()];
         let mut linked = vec![false; peers.len()];
-        let mut waiter = Waiter::new(sh);
+        let mut waiter = Waiter::new(&**sh, sh.reactor.as_deref());
         // Set when taking the connections failed: wait on the condition variable this once.
         let mut no_poll = false;
         loop {

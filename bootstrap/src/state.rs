@@ -3,8 +3,12 @@
 //! peers found dead, the failure handlers; and the closing of it all when the last view is
 //! dropped (the news of failures, then a goodbye on every connection).
 //!
-//! Lock order (see `reactor`): a connection's `rx`, then `forwarding`, then `state`, then a
-//! connection's `tx`.
+//! The state is above the event loop: it holds the loop and its connections and uses them
+//! (to close, to send its news), while the loop knows it only as an `Endpoint`, implemented
+//! in `inbound`, which files into this state what the loop reads.
+//!
+//! Lock order (see `reactor` and `inbound`): a connection's `rx`, then `forwarding`, then
+//! `state`, then a connection's `tx`.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener};
@@ -197,7 +201,7 @@ impl Drop for Core {
         let conns: Vec<Arc<Conn>> = st.conns.drain().map(|(_, c)| c).collect();
         drop(st);
         drop(fwd);
-        r.remove_listener(sh);
+        r.remove_listener(&**sh);
         // What the kernel did not take at once (a goodbye is a few bytes into an almost always
         // empty buffer) is written here, within the bootstrap's deadline, before the shutdown.
         let deadline = Instant::now() + sh.cfg.timeout;

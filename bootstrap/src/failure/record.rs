@@ -30,7 +30,7 @@ impl Shared {
     /// news floods the job: the connections the init all-gather left form a connected graph
     /// even without any one rank) and returns the failure handlers to call (by the caller,
     /// once it holds no lock).
-    pub(crate) fn peer_failed(self: &Arc<Self>, peer: usize, how: String) -> Option<Deferred> {
+    pub(crate) fn peer_failed(&self, peer: usize, how: String) -> Option<Deferred> {
         if self.closing.load(Ordering::Acquire) || peer == self.rank || peer >= self.nranks {
             return None;
         }

@@ -1,9 +1,9 @@
 //! One connection between two ranks: a non-blocking socket with its write queue (frames the
 //! kernel has not taken yet, bounded by [`MAX_QUEUED_BYTES`]) and its read state (the frame
 //! being assembled). Whoever reads it (the loop, or the [`Waiter`](super::waiter::Waiter) that
-//! owns it) hands each whole frame to the bootstrap's state: a message is filed under
-//! `(view, peer, tag)`, a Lost report records a failure, and an end of the connection marks
-//! the peer dead (a failure unless it said goodbye).
+//! owns it) handles the connection's own frames (an Error report, a goodbye) and hands every
+//! other whole frame, and the end of the connection, to the rank's [`Endpoint`] (which files a
+//! message under `(view, peer, tag)`, records a Lost report, marks an ended peer dead).
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -17,7 +17,7 @@ use rustix::event::{PollFd, PollFlags, epoll};
 
 use super::super::failure::{Deferred, run_handlers};
 use super::super::protocol::{self, FRAME_HEADER_BYTES, FrameHeader, FrameKind, Truncated};
-use super::super::state::Shared;
+use super::endpoint::Endpoint;
 use super::{Reactor, timespec};
 
 /// Bytes one pass reads from a connection before it lets the others have a turn.
@@ -312,7 +312,7 @@ impl Conn {
     /// waiter owns the reading), and re-arm.
     pub(super) fn on_loop_event(
         self: &Arc<Self>,
-        sh: &Arc<Shared>,
+        ep: &dyn Endpoint,
         r: &Reactor,
         flags: epoll::EventFlags,
     ) {
@@ -326,7 +326,7 @@ impl Conn {
         let mut rx = self.rx();
         if !rx.ended {
             if !self.owned.load(Ordering::Acquire) {
-                self.read(sh, r, &mut rx, &mut deferred);
+                self.read(ep, r, &mut rx, &mut deferred);
             }
             if !rx.ended {
                 let tx = self.tx();
@@ -338,11 +338,11 @@ impl Conn {
     }
 
     /// Reads what the owner's poll said arrived; true when the connection ended.
-    pub(super) fn read_owned(self: &Arc<Self>, sh: &Arc<Shared>, r: &Reactor) -> bool {
+    pub(super) fn read_owned(self: &Arc<Self>, ep: &dyn Endpoint, r: &Reactor) -> bool {
         let mut deferred = Vec::new();
         let mut rx = self.rx();
         if !rx.ended {
-            self.read(sh, r, &mut rx, &mut deferred);
+            self.read(ep, r, &mut rx, &mut deferred);
         }
         let ended = rx.ended;
         drop(rx);
@@ -376,7 +376,7 @@ impl Conn {
     /// Reads until the socket is empty (or the budget is spent), handling each whole frame.
     fn read(
         self: &Arc<Self>,
-        sh: &Arc<Shared>,
+        ep: &dyn Endpoint,
         r: &Reactor,
         rx: &mut Rx,
         deferred: &mut Vec<Deferred>,
@@ -407,17 +407,17 @@ impl Conn {
                             kind: None,
                         }
                     };
-                    self.end(sh, r, rx, format!("{} {t}", self.addr), false, deferred);
+                    self.end(ep, r, rx, format!("{} {t}", self.addr), false, deferred);
                 }
                 Ok(n) => {
                     budget = budget.saturating_sub(n);
                     if direct {
                         rx.body_got += n;
                         if rx.body_got == rx.body.len() {
-                            self.complete(sh, r, rx, deferred);
+                            self.complete(ep, r, rx, deferred);
                         }
                     } else {
-                        self.feed(sh, r, rx, &scratch[..n], deferred);
+                        self.feed(ep, r, rx, &scratch[..n], deferred);
                         // A short read almost always emptied the socket: skip the read that
                         // would say so (level-triggered waits come back if it did not).
                         if n < SCRATCH {
@@ -429,7 +429,7 @@ impl Conn {
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
                     let why = protocol::from_io(e, format!("reading from {}", self.addr));
-                    self.end(sh, r, rx, why.to_string(), false, deferred);
+                    self.end(ep, r, rx, why.to_string(), false, deferred);
                 }
             }
         }
@@ -438,7 +438,7 @@ impl Conn {
     /// Takes bytes into the frame being assembled, handling every frame they complete.
     fn feed(
         self: &Arc<Self>,
-        sh: &Arc<Shared>,
+        ep: &dyn Endpoint,
         r: &Reactor,
         rx: &mut Rx,
         mut bytes: &[u8],
@@ -460,7 +460,7 @@ impl Conn {
                 {
                     Ok(x) => x,
                     Err(e) => {
-                        self.end(sh, r, rx, e.to_string(), false, deferred);
+                        self.end(ep, r, rx, e.to_string(), false, deferred);
                         return;
                     }
                 };
@@ -476,7 +476,7 @@ impl Conn {
                 bytes = &bytes[take..];
             }
             if rx.head.is_some() && rx.body_got == rx.body.len() {
-                self.complete(sh, r, rx, deferred);
+                self.complete(ep, r, rx, deferred);
             }
         }
     }
@@ -484,7 +484,7 @@ impl Conn {
     /// Handles the frame just assembled.
     fn complete(
         self: &Arc<Self>,
-        sh: &Arc<Shared>,
+        ep: &dyn Endpoint,
         r: &Reactor,
         rx: &mut Rx,
         deferred: &mut Vec<Deferred>,
@@ -494,81 +494,34 @@ impl Conn {
         };
         let payload = std::mem::take(&mut rx.body);
         rx.body_got = 0;
-        let peer = self.peer;
         match h.kind {
-            FrameKind::Data => match protocol::decode_data(payload) {
-                Ok((comm, msg)) => {
-                    let mut st = sh.lock();
-                    st.queues
-                        .entry((comm, peer, h.tag))
-                        .or_default()
-                        .push_back(msg);
-                    sh.notify(st);
-                }
-                Err(e) => self.end(sh, r, rx, e.to_string(), false, deferred),
-            },
-            FrameKind::Lost => match protocol::decode_lost(&payload, sh.nranks) {
-                Ok((k, msg)) => {
-                    // Forwarded first: a wait woken by the report may end this rank before
-                    // the news went on.
-                    deferred.extend(sh.peer_failed(k, format!("reported by rank {peer}: {msg}")));
-                    let mut st = sh.lock();
-                    st.reported
-                        .entry(peer)
-                        .or_insert((k, format!("{msg} (reported by rank {peer})")));
-                    sh.notify_failure(st);
-                }
-                Err(e) => self.end(sh, r, rx, e.to_string(), false, deferred),
-            },
+            // The connection's own frames: they end it (a goodbye gracefully).
             FrameKind::Error => {
                 let why = match protocol::decode_error(&payload) {
                     Ok((_, msg)) => format!("the peer reported: {msg}"),
                     Err(e) => format!("the peer sent an undecodable error report: {e}"),
                 };
-                self.end(sh, r, rx, why, false, deferred);
+                self.end(ep, r, rx, why, false, deferred);
             }
             FrameKind::Bye => {
                 let why = format!("{} closed its bootstrap (an orderly exit)", self.addr);
-                self.end(sh, r, rx, why, true, deferred);
+                self.end(ep, r, rx, why, true, deferred);
             }
-            FrameKind::Status => {
-                // Answered here, by whichever thread reads this connection: the program of
-                // this rank need not take part (see `progress`). The payload names the view.
-                let Some(view) = crate::progress::decode_view(&payload) else {
-                    let why = format!("a survey of {} bytes (8 expected)", payload.len());
-                    self.end(sh, r, rx, why, false, deferred);
-                    return;
-                };
-                let answer = crate::progress::encode(&sh.progress.now(view));
-                if let Err(why) = self.send_nowait(r, frame(FrameKind::StatusReply, h.tag, &answer))
-                {
-                    tracing::debug!(peer, %why, "could not answer a survey");
-                }
-            }
-            FrameKind::StatusReply => {
-                let mut st = sh.lock();
-                if !st.open_surveys.contains(&h.tag) {
-                    // Late, or never asked for: nobody will take it.
-                    return;
-                }
-                st.queues
-                    .entry((crate::progress::SURVEY_COMM, peer, h.tag))
-                    .or_default()
-                    .push_back(payload);
-                sh.notify(st);
-            }
+            // Everything else is the rank's (still under `rx`, so that frames are handled in
+            // the order they came); what it cannot take ends the connection.
             kind => {
-                let why = format!("unexpected {kind:?} frame after setup");
-                self.end(sh, r, rx, why, false, deferred);
+                if let Err(why) = ep.frame(self, r, kind, h.tag, payload, deferred) {
+                    self.end(ep, r, rx, why, false, deferred);
+                }
             }
         }
     }
 
-    /// The connection ended: out of the loop, and its peer dead (a failure unless it said
-    /// goodbye).
+    /// The connection ended: out of the loop, and (the rank's part, [`Endpoint::ended`]) its
+    /// peer dead, a failure unless it said goodbye.
     fn end(
         self: &Arc<Self>,
-        sh: &Arc<Shared>,
+        ep: &dyn Endpoint,
         r: &Reactor,
         rx: &mut Rx,
         reason: String,
@@ -578,17 +531,7 @@ impl Conn {
         rx.ended = true;
         r.remove_conn(self);
         self.shutdown();
-        sh.lock().conns.remove(&self.token);
-        if !sh.closing.load(Ordering::Acquire) {
-            tracing::debug!(peer = self.peer, %reason, "bootstrap connection ended");
-        }
-        if !graceful {
-            deferred.extend(sh.peer_failed(
-                self.peer,
-                format!("its bootstrap connection closed: {reason}"),
-            ));
-        }
-        sh.mark_dead(self.peer, reason);
+        ep.ended(self, reason, graceful, deferred);
     }
 }
 

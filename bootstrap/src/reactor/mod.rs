@@ -1,7 +1,12 @@
 //! The bootstrap's event loop and its connections: the loop itself is here (the epoll set,
 //! what each descriptor is, accepting on the listeners); `handshake` checks an accepted
-//! connection's Hello, `conn` is one connection (write queue, frame reader), and `waiter` is
-//! the side an operation takes to read its own connections.
+//! connection's Hello, `conn` is one connection (write queue, frame reader), `waiter` is the
+//! side an operation takes to read its own connections, and `endpoint` is what the loop needs
+//! of a rank it serves.
+//!
+//! The loop is the lower layer: it names no part of a bootstrap's state, only the
+//! [`Endpoint`](endpoint::Endpoint) trait, through which it hands up checked Hellos, frames
+//! and ended connections (`inbound` implements it for the state and files what arrives).
 //!
 //! One thread per process (started with the first bootstrap of more than one rank, shared by
 //! every bootstrap of the process) waits on one `epoll` set holding every rank listener, every
@@ -16,10 +21,13 @@
 //! keeps reading every connection no operation is waiting on, so a peer's death is still seen
 //! at once with no operation running.
 //!
-//! Lock order: a connection's `rx`, then the bootstrap's `forwarding`, then its `State`, then
-//! a connection's `tx`. Failure handlers run with no lock held.
+//! Lock order: a connection's `rx`, then the endpoint's own locks, taken in its events (for a
+//! bootstrap: its `forwarding`, then its state; see `inbound`), then a connection's `tx`. The
+//! loop's `entries` is innermost: nothing else is taken while it is held. Failure handlers run
+//! with no lock held.
 
 pub(super) mod conn;
+pub(super) mod endpoint;
 mod handshake;
 pub(super) mod waiter;
 
@@ -35,8 +43,8 @@ use rustix::event::{EventfdFlags, Timespec, epoll};
 
 use super::hello::{self, Pending};
 use super::protocol::ErrorCode;
-use super::state::Shared;
 use conn::Conn;
+use endpoint::Endpoint;
 
 /// Connections accepted per listener event, so that handshakes and data get turns in between.
 const ACCEPTS_PER_PASS: usize = 64;
@@ -66,17 +74,22 @@ pub(super) struct Reactor {
     pid: u32,
 }
 
+/// What a token names, with the rank it serves (weak: a closing bootstrap is not kept alive
+/// by its descriptors).
 #[derive(Clone)]
 enum Entry {
-    Listener(Weak<Shared>),
-    Conn(Arc<Conn>, Weak<Shared>),
+    Listener(Weak<dyn Endpoint>),
+    Conn(Arc<Conn>, Weak<dyn Endpoint>),
 }
 
 /// A connection whose Hello is still arriving (the loop thread's alone).
 struct Handshake {
     pending: Pending,
-    shared: Weak<Shared>,
+    ep: Weak<dyn Endpoint>,
 }
+
+/// Listeners resting after a failed accept: when to re-arm them, their token, their rank.
+type Resting = Vec<(Instant, u64, Weak<dyn Endpoint>)>;
 
 static REACTOR: Mutex<Option<Arc<Reactor>>> = Mutex::new(None);
 
@@ -136,18 +149,18 @@ impl Reactor {
         }
     }
 
-    /// Adds a rank's listener (under `sh.listen_token`).
-    pub(super) fn add_listener(&self, sh: &Arc<Shared>) -> Result<()> {
-        sh.listener
+    /// Adds a rank's listener (under its [`Endpoint::listen_token`]).
+    pub(super) fn add_listener<E: Endpoint + 'static>(&self, ep: &Arc<E>) -> Result<()> {
+        ep.listener()
             .set_nonblocking(true)
             .map_err(|e| Error::io("making this rank's bootstrap listener non-blocking", e))?;
-        let token = sh.listen_token;
-        self.entries()
-            .insert(token, Entry::Listener(Arc::downgrade(sh)));
+        let token = ep.listen_token();
+        let w: Weak<dyn Endpoint> = Arc::<E>::downgrade(ep);
+        self.entries().insert(token, Entry::Listener(w));
         let flags = epoll::EventFlags::IN | epoll::EventFlags::ONESHOT;
         if let Err(e) = epoll::add(
             &self.ep,
-            &sh.listener,
+            ep.listener(),
             epoll::EventData::new_u64(token),
             flags,
         ) {
@@ -161,16 +174,22 @@ impl Reactor {
     }
 
     /// Removes a closing bootstrap's listener.
-    pub(super) fn remove_listener(&self, sh: &Shared) {
-        let _ = epoll::delete(&self.ep, &sh.listener);
-        self.entries().remove(&sh.listen_token);
+    pub(super) fn remove_listener(&self, ep: &dyn Endpoint) {
+        let _ = epoll::delete(&self.ep, ep.listener());
+        self.entries().remove(&ep.listen_token());
     }
 
-    /// Adds an open connection (`in_set`: its descriptor is in the set already, under the same
-    /// token, as a handshake was).
-    pub(super) fn add_conn(&self, c: &Arc<Conn>, sh: &Arc<Shared>, in_set: bool) -> Result<()> {
+    /// Adds an open connection of `ep`'s (`in_set`: its descriptor is in the set already, under
+    /// the same token, as a handshake was).
+    pub(super) fn add_conn<E: Endpoint + 'static>(
+        &self,
+        c: &Arc<Conn>,
+        ep: &Arc<E>,
+        in_set: bool,
+    ) -> Result<()> {
+        let w: Weak<dyn Endpoint> = Arc::<E>::downgrade(ep);
         self.entries()
-            .insert(c.token, Entry::Conn(Arc::clone(c), Arc::downgrade(sh)));
+            .insert(c.token, Entry::Conn(Arc::clone(c), w));
         let tx = c.tx();
         let flags = c.interest(&tx);
         let data = epoll::EventData::new_u64(c.token);
@@ -198,11 +217,23 @@ impl Reactor {
         self.entries().remove(&c.token);
     }
 
+    /// Takes a handshake's descriptor out of the set (one [`Endpoint::admit`] was given
+    /// `in_set` and does not keep), so that closing it leaves nothing registered.
+    pub(super) fn unset(&self, stream: &std::net::TcpStream) {
+        let _ = epoll::delete(&self.ep, stream);
+    }
+
+    /// As [`Reactor::unset`], for a handshake already made a [`Conn`] that is not kept after
+    /// all (its Ack could not be queued): it was never added with [`Reactor::add_conn`].
+    pub(super) fn unset_conn(&self, c: &Conn) {
+        let _ = epoll::delete(&self.ep, &c.stream);
+    }
+
     fn run(self: Arc<Self>) {
         let mut events: Vec<epoll::Event> = Vec::with_capacity(EVENTS);
         let mut hs: HashMap<u64, Handshake> = HashMap::new();
-        // Listeners resting after a failed accept: when to re-arm them.
-        let mut resting: Vec<(Instant, u64, Weak<Shared>)> = Vec::new();
+        // Listeners resting after a failed accept.
+        let mut resting: Resting = Vec::new();
         loop {
             let now = Instant::now();
             let next = hs
@@ -246,14 +277,14 @@ impl Reactor {
         token: u64,
         flags: epoll::EventFlags,
         hs: &mut HashMap<u64, Handshake>,
-        resting: &mut Vec<(Instant, u64, Weak<Shared>)>,
+        resting: &mut Resting,
     ) {
         if let Some(h) = hs.get_mut(&token) {
             if let Some(result) = h.pending.poll() {
                 if let Some(h) = hs.remove(&token) {
-                    if let Some(sh) = h.shared.upgrade() {
-                        sh.handshakes.fetch_sub(1, Ordering::AcqRel);
-                        self.finish_handshake(&sh, token, h.pending, result, true);
+                    if let Some(ep) = h.ep.upgrade() {
+                        ep.handshakes().fetch_sub(1, Ordering::AcqRel);
+                        self.finish_handshake(ep, token, h.pending, result, true);
                     } else {
                         let _ = epoll::delete(&self.ep, &h.pending.stream);
                     }
@@ -264,13 +295,13 @@ impl Reactor {
         let entry = self.entries().get(&token).cloned();
         match entry {
             Some(Entry::Listener(w)) => match w.upgrade() {
-                Some(sh) => self.accept(token, &sh, hs, resting),
+                Some(ep) => self.accept(token, &ep, hs, resting),
                 None => {
                     self.entries().remove(&token);
                 }
             },
             Some(Entry::Conn(c, w)) => match w.upgrade() {
-                Some(sh) => c.on_loop_event(&sh, self, flags),
+                Some(ep) => c.on_loop_event(&*ep, self, flags),
                 None => {
                     c.shutdown();
                     self.remove_conn(&c);
@@ -283,47 +314,43 @@ impl Reactor {
     fn accept(
         &self,
         token: u64,
-        sh: &Arc<Shared>,
+        ep: &Arc<dyn Endpoint>,
         hs: &mut HashMap<u64, Handshake>,
-        resting: &mut Vec<(Instant, u64, Weak<Shared>)>,
+        resting: &mut Resting,
     ) {
         for _ in 0..ACCEPTS_PER_PASS {
-            match sh.listener.accept() {
-                Ok((stream, from)) => self.accepted(sh, stream, from, hs),
+            match ep.listener().accept() {
+                Ok((stream, from)) => self.accepted(ep, stream, from, hs),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
-                    if sh.closing.load(Ordering::Acquire) {
+                    if ep.closing() {
                         return;
                     }
                     // Out of descriptors and the like: a level-triggered listener would spin.
-                    tracing::debug!(error = %e, rank = sh.rank, "bootstrap accept failed");
-                    resting.push((Instant::now() + LISTENER_REST, token, Arc::downgrade(sh)));
+                    tracing::debug!(error = %e, rank = ep.rank(), "bootstrap accept failed");
+                    resting.push((Instant::now() + LISTENER_REST, token, Arc::downgrade(ep)));
                     return;
                 }
             }
         }
-        self.arm_listener(sh, token);
+        self.arm_listener(&**ep, token);
     }
 
-    fn arm_listener(&self, sh: &Shared, token: u64) {
-        if sh.closing.load(Ordering::Acquire) {
+    fn arm_listener(&self, ep: &dyn Endpoint, token: u64) {
+        if ep.closing() {
             return;
         }
         let _ = epoll::modify(
             &self.ep,
-            &sh.listener,
+            ep.listener(),
             epoll::EventData::new_u64(token),
             epoll::EventFlags::IN | epoll::EventFlags::ONESHOT,
         );
     }
 
     /// Handshakes past their deadline are refused; rested listeners are re-armed.
-    fn expire(
-        &self,
-        hs: &mut HashMap<u64, Handshake>,
-        resting: &mut Vec<(Instant, u64, Weak<Shared>)>,
-    ) {
+    fn expire(&self, hs: &mut HashMap<u64, Handshake>, resting: &mut Resting) {
         let now = Instant::now();
         let late: Vec<u64> = hs
             .iter()
@@ -334,14 +361,14 @@ impl Reactor {
             if let Some(h) = hs.remove(&t) {
                 let _ = epoll::delete(&self.ep, &h.pending.stream);
                 let e = h.pending.timed_out();
-                match h.shared.upgrade() {
-                    Some(sh) => {
-                        sh.handshakes.fetch_sub(1, Ordering::AcqRel);
-                        tracing::warn!(from = %h.pending.from, rank = sh.rank, error = %e, "bootstrap connection refused");
+                match h.ep.upgrade() {
+                    Some(ep) => {
+                        ep.handshakes().fetch_sub(1, Ordering::AcqRel);
+                        tracing::warn!(from = %h.pending.from, rank = ep.rank(), error = %e, "bootstrap connection refused");
                         hello::refuse(
                             h.pending.stream,
                             ErrorCode::Timeout,
-                            &format!("refused by rank {}: {e}", sh.rank),
+                            &format!("refused by rank {}: {e}", ep.rank()),
                         );
                     }
                     None => drop(h),
@@ -352,8 +379,8 @@ impl Reactor {
             if now < *at {
                 return true;
             }
-            if let Some(sh) = w.upgrade() {
-                self.arm_listener(&sh, *token);
+            if let Some(ep) = w.upgrade() {
+                self.arm_listener(&*ep, *token);
             }
             false
         });

@@ -9,24 +9,27 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
-use super::super::state::Shared;
 use super::conn::Conn;
+use super::endpoint::Endpoint;
 use super::{Reactor, timespec};
 
 /// The connections one waiting operation reads itself, and the process's poller slot; both are
 /// given back to the loop when it is dropped.
 pub(crate) struct Waiter<'a> {
-    sh: &'a Arc<Shared>,
+    /// The rank the owned connections' frames go to.
+    ep: &'a dyn Endpoint,
+    /// `None` for a bootstrap of one rank (no loop, nothing to read).
     r: Option<&'a Reactor>,
     owned: Vec<Arc<Conn>>,
     poller: bool,
 }
 
 impl<'a> Waiter<'a> {
-    pub(crate) fn new(sh: &'a Arc<Shared>) -> Self {
+    /// A waiter for `ep`'s connections in the loop `r` (`None`: a rank without peers).
+    pub(crate) fn new(ep: &'a dyn Endpoint, r: Option<&'a Reactor>) -> Self {
         Waiter {
-            sh,
-            r: sh.reactor.as_deref(),
+            ep,
+            r,
             owned: Vec::new(),
             poller: false,
         }
@@ -105,7 +108,7 @@ impl<'a> Waiter<'a> {
         }
         let mut ended = Vec::new();
         for (i, c) in self.owned.iter().enumerate() {
-            if ready[i] && c.read_owned(self.sh, r) {
+            if ready[i] && c.read_owned(self.ep, r) {
                 ended.push(i);
             }
         }
