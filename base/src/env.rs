@@ -48,6 +48,10 @@ pub const KNOWN_VARS: &[(&str, &str)] = &[
         "1 or HOST:PORT: rank 0 serves every rank's last call to `mscclpp-perf status`",
     ),
     (
+        "MSCCLPP_COMPLETION",
+        "1: surveys say each rank's last call finished (default: on with MSCCLPP_STATUS)",
+    ),
+    (
         "MSCCLPP_STATUS_FILE",
         "where rank 0 appends the `mscclpp-perf status ADDR TOKEN` line",
     ),

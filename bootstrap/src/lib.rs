@@ -129,7 +129,7 @@ pub use failure::PeerFailure;
 pub use launch_env::{
     LaunchInfo, detect as detect_launch, detect_optional as detect_launch_optional,
 };
-pub use progress::Progress;
+pub use progress::{CompletedFn, Progress};
 pub use protocol::RESERVED_TAG_BIT;
 pub use root::BootstrapRoot;
 pub use state::LinkStats;

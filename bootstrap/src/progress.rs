@@ -28,6 +28,9 @@ pub struct Progress {
     pub bytes: u64,
     /// How long before the answer it was issued.
     pub ago: Duration,
+    /// The highest call number this rank's streams have finished (`None`: the front end keeps
+    /// no completion record: [`Bootstrap::set_completed`]).
+    pub completed: Option<u64>,
     /// Calls noted per operation, by name (sorted).
     pub counts: Vec<(String, u64)>,
     /// What the front end says about this rank's view ([`Bootstrap::set_card`]; empty when it
@@ -47,7 +50,13 @@ impl std::fmt::Display for Progress {
             self.op,
             self.bytes,
             self.ago.as_secs_f64()
-        )
+        )?;
+        match self.completed {
+            None => Ok(()),
+            Some(0) => write!(f, ", none completed"),
+            Some(c) if c >= self.calls => write!(f, ", completed"),
+            Some(c) => write!(f, ", completed through #{c}"),
+        }
     }
 }
 
@@ -57,7 +66,10 @@ pub(super) struct Record {
     inner: Mutex<std::collections::HashMap<u64, Last>>,
 }
 
-#[derive(Debug)]
+/// Reads a view's completion record (the front end's: e.g. a word its streams store each
+/// call's number into). Called on the event loop's thread when a peer asks: it must not block.
+pub type CompletedFn = Box<dyn Fn() -> u64 + Send + Sync>;
+
 struct Last {
     calls: u64,
     op: String,
@@ -65,6 +77,17 @@ struct Last {
     at: Instant,
     counts: std::collections::BTreeMap<String, u64>,
     card: Vec<u8>,
+    completed: Option<CompletedFn>,
+}
+
+impl std::fmt::Debug for Last {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Last")
+            .field("calls", &self.calls)
+            .field("op", &self.op)
+            .field("completed", &self.completed.as_ref().map(|read| read()))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Last {
@@ -76,6 +99,7 @@ impl Last {
             at: Instant::now(),
             counts: Default::default(),
             card: Vec::new(),
+            completed: None,
         }
     }
 }
@@ -107,6 +131,11 @@ impl Record {
         card.clone_into(&mut last.card);
     }
 
+    fn set_completed(&self, view: u64, read: CompletedFn) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.entry(view).or_insert_with(Last::new).completed = Some(read);
+    }
+
     /// View `view`'s record.
     pub(super) fn now(&self, view: u64) -> Progress {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -117,6 +146,7 @@ impl Record {
                 op: last.op.clone(),
                 bytes: last.bytes,
                 ago: last.at.elapsed(),
+                completed: last.completed.as_ref().map(|read| read()),
                 counts: last.counts.iter().map(|(k, v)| (k.clone(), *v)).collect(),
                 card: last.card.clone(),
             },
@@ -135,7 +165,8 @@ pub(super) fn decode_view(payload: &[u8]) -> Option<u64> {
 }
 
 const MAGIC: [u8; 4] = *b"MSPG";
-const VERSION: u16 = 2;
+/// Version 3 added the completion record; a version-2 answer (an older build) has none.
+const VERSION: u16 = 3;
 /// Most operations an answer counts.
 const MAX_COUNTS: usize = 64;
 /// The largest card a front end may set.
@@ -166,11 +197,14 @@ pub(super) fn encode(p: &Progress) -> Vec<u8> {
         w.u64(*n);
     }
     w.bytes(&p.card[..p.card.len().min(MAX_CARD)]);
+    // Whether a record is kept, then its number (0 where none is kept, or none finished yet).
+    w.u64(u64::from(p.completed.is_some()));
+    w.u64(p.completed.unwrap_or(0));
     w.finish()
 }
 
 fn decode(buf: &[u8]) -> Result<Progress> {
-    let mut r = Reader::open("survey answer", buf, MAGIC, VERSION, VERSION)?;
+    let mut r = Reader::open("survey answer", buf, MAGIC, 2, VERSION)?;
     let calls = r.u64()?;
     let bytes = r.u64()?;
     let ago = Duration::from_millis(r.u64()?);
@@ -182,12 +216,20 @@ fn decode(buf: &[u8]) -> Result<Progress> {
         counts.push((name, r.u64()?));
     }
     let card = r.bytes("card", MAX_CARD)?.to_vec();
+    let completed = if r.version() >= 3 {
+        let kept = r.u64()? != 0;
+        let n = r.u64()?;
+        kept.then_some(n)
+    } else {
+        None
+    };
     r.finish()?;
     Ok(Progress {
         calls,
         op,
         bytes,
         ago,
+        completed,
         counts,
         card,
     })
@@ -207,6 +249,13 @@ impl Bootstrap {
         self.shared()
             .progress
             .set_card(self.comm_id, &card[..card.len().min(MAX_CARD)]);
+    }
+
+    /// Keeps a completion record for this view: surveys of this rank report `read()` as the
+    /// highest call number its streams have finished (see [`Progress::completed`]). `read` runs
+    /// on the event loop's thread and must not block.
+    pub fn set_completed(&self, read: CompletedFn) {
+        self.shared().progress.set_completed(self.comm_id, read);
     }
 
     /// This rank's own record of this view.
@@ -328,6 +377,7 @@ mod tests {
             op: "ncclAllReduce".into(),
             bytes: 1 << 20,
             ago: Duration::from_millis(2500),
+            completed: None,
             counts: vec![("allgather".into(), 2), ("allreduce".into(), 5)],
             card: b"front end".to_vec(),
         };
@@ -337,5 +387,48 @@ mod tests {
             p.to_string(),
             "call #7 ncclAllReduce of 1048576 bytes, issued 2.5 s ago"
         );
+        // A completion record: kept with none finished, part of the calls, all of them.
+        for (c, tail) in [
+            (0, ", none completed"),
+            (5, ", completed through #5"),
+            (7, ", completed"),
+        ] {
+            let q = Progress {
+                completed: Some(c),
+                ..p.clone()
+            };
+            assert_eq!(decode(&encode(&q)).unwrap(), q);
+            assert!(q.to_string().ends_with(tail), "{q}");
+        }
+    }
+
+    #[test]
+    fn a_version_2_answer_has_no_completion_record() {
+        let mut w = Writer::new(MAGIC, 2);
+        w.u64(3);
+        w.u64(64);
+        w.u64(1000);
+        w.bytes(b"allreduce");
+        w.u64(0);
+        w.bytes(b"");
+        let p = decode(&w.finish()).unwrap();
+        assert_eq!((p.calls, p.completed), (3, None));
+    }
+
+    #[test]
+    fn the_record_reads_the_source_at_each_answer() {
+        let r = Record::default();
+        r.note(9, "allreduce", 8);
+        assert_eq!(r.now(9).completed, None);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let d = done.clone();
+        r.set_completed(
+            9,
+            Box::new(move || d.load(std::sync::atomic::Ordering::Relaxed)),
+        );
+        assert_eq!(r.now(9).completed, Some(0));
+        done.store(1, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(r.now(9).completed, Some(1));
+        assert_eq!(r.now(8).completed, None, "another view keeps none");
     }
 }

@@ -35,6 +35,7 @@
 //! Python objects, array protocols and the GIL.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod completion;
 pub mod memory;
 mod plans;
 mod reduce;
@@ -80,6 +81,8 @@ pub struct Caller {
     plans: plans::PlanStage,
     /// Where a reduce leaves its chunks on the ranks other than the root (with collectives).
     reduce_sink: Option<DeviceBuffer>,
+    /// The last call finished, where a completion record is kept ([`completion`]).
+    completion: Option<Arc<completion::Completion>>,
     host: bool,
 }
 
@@ -132,6 +135,11 @@ impl Caller {
             Some(_) => Some(reduce::sink(&**comm.device())?),
             None => None,
         };
+        let completion = if completion::Completion::wanted()? {
+            Some(completion::Completion::attach(&comm)?)
+        } else {
+            None
+        };
         let total = mscclpp_hal::memory::allocated_here() - start;
         Ok(Caller {
             memory,
@@ -144,6 +152,7 @@ impl Caller {
             no_colls,
             internal,
             streams: streams::StreamCache::default(),
+            completion,
             host,
         })
     }
@@ -313,7 +322,7 @@ impl Caller {
     /// [`Caller::no_collectives`] first).
     pub fn collective(&self, call: &CollectiveCall<'_>, stream: &DynStream) -> Result<()> {
         let bytes = call.input.len().max(call.output.len()) as u64;
-        self.noted(call.kind.name(), bytes, || {
+        self.noted(call.kind.name(), bytes, stream, || {
             match self.live()?.as_ref() {
                 Some(c) => c.run(call, stream)?,
                 None if self.comm.nranks() > 1 => {
@@ -331,11 +340,24 @@ impl Caller {
     /// Runs `call` as this rank's next call (`op` over `bytes`, noted for its peers' surveys:
     /// see [`mscclpp_comm::bootstrap::Bootstrap::survey`]); a call that waited past its
     /// deadline fails naming the ranks behind this one and their last calls, as their event
-    /// loops answer.
-    fn noted<T>(&self, op: &str, bytes: u64, call: impl FnOnce() -> Result<T>) -> Result<T> {
+    /// loops answer. Where a completion record is kept, `stream` stores the call's number
+    /// once it has done the call's work.
+    fn noted<T>(
+        &self,
+        op: &str,
+        bytes: u64,
+        stream: &DynStream,
+        call: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
         let boot = self.comm.bootstrap();
-        boot.note_call(op, bytes);
-        call().map_err(|e| match e {
+        let seq = boot.note_call(op, bytes);
+        let done = call().and_then(|t| {
+            if let Some(c) = &self.completion {
+                c.mark(stream, seq)?;
+            }
+            Ok(t)
+        });
+        done.map_err(|e| match e {
             Error::Timeout { waiting_for, after } => {
                 let behind = boot.laggards(SURVEY_WAIT).map_or_else(
                     || "; every rank has issued as many calls as this one".to_string(),
@@ -366,7 +388,7 @@ impl Caller {
     /// [`Caller::finish`]); with one rank, each send to itself lands in the matching receive.
     pub fn send_recv(&self, ops: &[P2pOp<'_>], stream: &DynStream) -> Result<()> {
         let bytes = ops.iter().map(|o| o.bytes as u64).sum();
-        self.noted("send/recv", bytes, || {
+        self.noted("send/recv", bytes, stream, || {
             match self.live()?.as_ref() {
                 Some(c) => c.send_recv(ops, stream)?,
                 None if self.comm.nranks() > 1 => return Err(self.unavailable("send/recv")),
@@ -391,7 +413,7 @@ impl Caller {
     ) -> Result<bool> {
         let bytes = send.len().max(recv.len()) as u64;
         // The plan's name as the operation (no allocation per call).
-        self.noted(&plan.name, bytes, || {
+        self.noted(&plan.name, bytes, stream, || {
             let ran = self.ordered(stream, || {
                 self.plans
                     .run(&self.comm, plan, send, recv, dtype, op, stream)

@@ -5,7 +5,9 @@
 //! (not hangs), and the error `ncclGetLastError` gives names rank 2 and its last call (call #1,
 //! an all-reduce, how long ago), as rank 2's event loop answered the survey; rank 2 itself is
 //! not blamed for anything. Rank 0's status service (`MSCCLPP_STATUS`, the address and token
-//! appended to `MSCCLPP_STATUS_FILE`) answers within 2 s naming rank 2 as behind. Runs with
+//! appended to `MSCCLPP_STATUS_FILE`) answers within 2 s naming rank 2 as behind, and its
+//! completion record (on with the service) says rank 2 finished its call while ranks 0 and 1
+//! did not finish their second. Runs with
 //! `cargo test -p mscclpp-nccl --test laggard`.
 
 #[macro_use]
@@ -108,6 +110,14 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         if t.elapsed() > Duration::from_secs(2)
             || !report.contains("rank 2: call #1 allreduce")
             || !report.contains("behind (the most calls is 2): rank 2 (call #1 allreduce")
+            // The completion record (on with MSCCLPP_STATUS): rank 2 finished what it issued;
+            // ranks 0 and 1 issued a second call that never finished.
+            || !report
+                .lines()
+                .any(|l| l.starts_with("rank 2: call #1 ") && l.ends_with(", completed"))
+            || !report
+                .lines()
+                .any(|l| l.starts_with("rank 1: call #2 ") && l.ends_with("completed through #1"))
         {
             return Err(format!(
                 "the status service said, in {:?}:\n{report}",
