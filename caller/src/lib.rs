@@ -50,6 +50,7 @@ use mscclpp_collectives::{
     P2pKind, P2pOp,
 };
 use mscclpp_comm::Communicator;
+use mscclpp_comm::proxy::ProxyObserver;
 use mscclpp_hal::{
     BackendKind, BufferSlice, DataType, DeviceBuffer, Dyn, DynStream, Error, ReduceOp, Result,
     Stream,
@@ -81,6 +82,8 @@ pub struct Caller {
     plans: plans::PlanStage,
     /// Where a reduce leaves its chunks on the ranks other than the root (with collectives).
     reduce_sink: Option<DeviceBuffer>,
+    /// The observer of the inter-host proxy ([`Caller::observe_proxy`]), kept for a resume.
+    proxy_observer: std::sync::OnceLock<Arc<dyn ProxyObserver>>,
     /// The last call finished, where a completion record is kept ([`completion`]).
     completion: Option<Arc<completion::Completion>>,
     host: bool,
@@ -153,8 +156,22 @@ impl Caller {
             internal,
             streams: streams::StreamCache::default(),
             completion,
+            proxy_observer: std::sync::OnceLock::new(),
             host,
         })
+    }
+
+    /// Tells `observer` of the work of the proxy that carries this communicator's inter-host
+    /// transfers, now and after a resume (a profiler's proxy events; once per communicator);
+    /// `false` where no proxy serves (one host, no collectives).
+    pub fn observe_proxy(&self, observer: Arc<dyn ProxyObserver>) -> Result<bool> {
+        if self.proxy_observer.set(observer.clone()).is_err() {
+            return Err(Error::invalid("the communicator's proxy already has an observer"));
+        }
+        match self.live()?.as_ref() {
+            Some(c) => c.observe_proxy(observer),
+            None => Ok(false),
+        }
     }
 
     /// The communicator.

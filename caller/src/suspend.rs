@@ -108,6 +108,10 @@ impl Caller {
         }
         let before = mscclpp_hal::memory::allocated_here();
         let colls = typed_collectives(self.comm.clone())?;
+        // The new collectives' proxy is told as the old one was.
+        if let Some(o) = self.proxy_observer.get() {
+            colls.observe_proxy(o.clone())?;
+        }
         mem.colls_bytes.store(
             mscclpp_hal::memory::allocated_here() - before,
             Ordering::Release,

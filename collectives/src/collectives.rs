@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mscclpp_comm::Communicator;
+use mscclpp_comm::proxy::ProxyObserver;
 use mscclpp_hal::{Api, BufferSlice, DataType, Dyn, Error, ReduceOp, Result};
 
 use crate::CollectiveKind;
@@ -488,6 +489,15 @@ impl<A: Api> Collectives<A> {
             zero_copy: AtomicU64::new(0),
             order: LaunchOrder::default(),
         })
+    }
+
+    /// Tells `observer` of the work of the proxy that carries this communicator's inter-host
+    /// transfers (a profiler's proxy events); `false` where no proxy serves (one host).
+    pub fn observe_proxy(&self, observer: Arc<dyn ProxyObserver>) -> Result<bool> {
+        match &self.hier {
+            Some(h) => h.observe(observer).map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// Hosts and ranks per host when this communicator spans hosts (`None` on one host).

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use mscclpp_comm::Communicator;
+use mscclpp_comm::proxy::ProxyObserver;
 use mscclpp_hal::{Api, BufferSlice, DynStream, Result};
 
 use crate::algorithms::id::AlgorithmId;
@@ -48,6 +49,8 @@ pub trait AnyCollectives: Send + Sync + std::fmt::Debug {
     fn zero_copy_calls(&self) -> u64;
     /// See [`Collectives::use_short_kernels`].
     fn use_short_kernels(&self, on: bool);
+    /// See [`Collectives::observe_proxy`].
+    fn observe_proxy(&self, observer: Arc<dyn ProxyObserver>) -> Result<bool>;
 }
 
 impl dyn AnyCollectives + '_ {
@@ -117,5 +120,9 @@ impl<A: Api> AnyCollectives for Collectives<A> {
 
     fn use_short_kernels(&self, on: bool) {
         Collectives::use_short_kernels(self, on)
+    }
+
+    fn observe_proxy(&self, observer: Arc<dyn ProxyObserver>) -> Result<bool> {
+        Collectives::observe_proxy(self, observer)
     }
 }

@@ -231,6 +231,16 @@ pub fn build(
                 .map(Arc::new),
                 ..c
             };
+            // The proxy events of its transfers between hosts (where a proxy carries them).
+            if let (Some(att), Some(n)) = (&c.profiler, &c.native) {
+                let events = Arc::new(crate::profiler::proxy::ProxyEvents::new(att.clone()));
+                if let Err(e) = n.caller.observe_proxy(events) {
+                    tracing::warn!(
+                        target: crate::debug::INIT,
+                        "rank {r}: no proxy events for the profiler plugin: {e}"
+                    );
+                }
+            }
             // NCCL's RAS service reports it from now on (every rank's card says who it is).
             crate::ras::start();
             crate::ras::publish(&c, false, false);

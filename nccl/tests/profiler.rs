@@ -8,7 +8,11 @@
 //! number, algorithm and protocol; the send's and receive's peer and buffer), the parent chain,
 //! the group API states, every start stopped, and one `finalize` per communicator. Also: a
 //! library exporting versions 4 and 6 is used as 6; a mask of 0 gives no events; an `init`
-//! that fails leaves the communicator working without events; `none` loads nothing.
+//! that fails leaves the communicator working without events; `none` loads nothing. On two
+//! simulated hosts (`MSCCLPP_HOSTID` per rank, a proxy carrying the transfers between them),
+//! per version: the proxy events: a `ProxyOp` per launch and peer under its `Coll` (pid, peer,
+//! steps, chunk, send), its `ProxyStep`s numbered from 0 with their states and sizes, the
+//! version's operation states, and `ProxyCtrl` busy spans, every one stopped.
 //! Runs with `cargo test -p mscclpp-nccl --test profiler`.
 
 #[macro_use]
@@ -107,23 +111,27 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let peer = 1 - rank as c_int;
     let out = [rank as i32 + 40; 7];
     let mut inb = [-1i32; 7];
-    // SAFETY: as above; the group's sends and receives run at its end.
-    unsafe {
-        check("ncclGroupStart", group_start())?;
-        check(
-            "ncclSend",
-            send(out.as_ptr().cast(), 7, NCCL_INT32, peer, comm, null),
-        )?;
-        check(
-            "ncclRecv",
-            recv(inb.as_mut_ptr().cast(), 7, NCCL_INT32, peer, comm, null),
-        )?;
-        check("ncclGroupEnd", group_end())?;
-    }
-    if inb.iter().any(|&v| v != peer + 40) {
-        return Err(format!(
-            "rank {rank}: the profiled send/receive is wrong: {inb:?}"
-        ));
+    // Between hosts our sends and receives fall back to the real NCCL (none here).
+    let p2p = std::env::var_os("MSCCLPP_HOSTID").is_none();
+    if p2p {
+        // SAFETY: as above; the group's sends and receives run at its end.
+        unsafe {
+            check("ncclGroupStart", group_start())?;
+            check(
+                "ncclSend",
+                send(out.as_ptr().cast(), 7, NCCL_INT32, peer, comm, null),
+            )?;
+            check(
+                "ncclRecv",
+                recv(inb.as_mut_ptr().cast(), 7, NCCL_INT32, peer, comm, null),
+            )?;
+            check("ncclGroupEnd", group_end())?;
+        }
+        if inb.iter().any(|&v| v != peer + 40) {
+            return Err(format!(
+                "rank {rank}: the profiled send/receive is wrong: {inb:?}"
+            ));
+        }
     }
     let mut child: Comm = null;
     // SAFETY: valid pointers; NULL config inherits.
@@ -223,6 +231,11 @@ fn logs(dir: &Path, prefix: &str) -> Result<Vec<Vec<Line>>, String> {
 
 /// Runs the two ranks under `env`; returns the logs of the plugin (`log` prefix).
 fn run(tag: &str, env: &[(&str, String)]) -> Result<Vec<Vec<Line>>, String> {
+    run_on(tag, env, false)
+}
+
+/// [`run`], with each rank on its own simulated host when `hosts`.
+fn run_on(tag: &str, env: &[(&str, String)], hosts: bool) -> Result<Vec<Vec<Line>>, String> {
     let dir = fresh_dir(&format!("profiler-{tag}"))?;
     let log = dir.join("plugin-log");
     let ran = run_ranks(
@@ -234,6 +247,17 @@ fn run(tag: &str, env: &[(&str, String)]) -> Result<Vec<Vec<Line>>, String> {
             cmd.env("FIXTURE_PROFILER_LOG", &log);
             for (k, v) in env {
                 cmd.env(k, v);
+            }
+            if hosts {
+                let rank = cmd
+                    .get_envs()
+                    .find(|(k, _)| *k == ROLE_VAR)
+                    .and_then(|(_, v)| v?.to_str().map(str::to_owned))
+                    .unwrap_or_default();
+                cmd.env(
+                    "MSCCLPP_HOSTID",
+                    format!("profiler-{}-host-{rank}", std::process::id()),
+                );
             }
         },
     );
@@ -479,6 +503,130 @@ fn version(v: u32) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The proxy events of one rank's log (two ranks, each its own host): see the file's comment.
+fn check_proxy(v: u32, lines: &[Line]) -> Result<(), String> {
+    let fail = |why: String| Err(format!("v{v}: {why}\nlog:\n{}", text(lines)));
+    let starts: Vec<&Line> = lines.iter().filter(|l| l.verb == "start").collect();
+    let of_type = |t: u64| starts.iter().filter(move |l| l.num("type") == t);
+    let handle_type: HashMap<u64, u64> =
+        starts.iter().map(|l| (l.num("h"), l.num("type"))).collect();
+    let states = |h: u64| -> Vec<&Line> {
+        lines
+            .iter()
+            .filter(|l| l.verb == "state" && l.num("h") == h)
+            .collect()
+    };
+    let stop_at = |h: u64| {
+        lines
+            .iter()
+            .position(|l| l.verb == "stop" && l.num("h") == h)
+    };
+    let rank = starts.first().map_or(u64::MAX, |l| l.num("rank"));
+    let ops: Vec<&&Line> = of_type(1 << 3).collect();
+    if ops.is_empty() {
+        return fail("no ProxyOp event".into());
+    }
+    for op in &ops {
+        let oh = op.num("h");
+        if handle_type.get(&op.num("parent")) != Some(&2) {
+            return fail(format!("ProxyOp {oh}'s parent is not a Coll"));
+        }
+        if op.num("pid") == 0
+            || op.get("channel") != "0"
+            || op.num("peer") != 1 - rank
+            || op.get("send") != "1"
+            || op.num("steps") == 0
+            || op.num("chunk") == 0
+        {
+            return fail(format!("ProxyOp fields: {}", op.text));
+        }
+        let steps: Vec<&&Line> = of_type(1 << 4).filter(|s| s.num("parent") == oh).collect();
+        let numbers: Vec<u64> = steps.iter().map(|s| s.num("step")).collect();
+        let n = op.num("steps");
+        if numbers != (0..n).collect::<Vec<_>>() {
+            return fail(format!(
+                "ProxyOp {oh} has {n} steps, its ProxySteps say {numbers:?}"
+            ));
+        }
+        let Some(op_stop) = stop_at(oh) else {
+            return fail(format!("ProxyOp {oh} not stopped"));
+        };
+        for s in &steps {
+            let sh = s.num("h");
+            let st = states(sh);
+            let codes: Vec<&str> = st.iter().map(|l| l.get("s")).collect();
+            let trans = st.last().map_or(0, |l| l.num("trans"));
+            if codes != ["8", "9"] || trans == 0 || trans > op.num("chunk") {
+                return fail(format!(
+                    "ProxyStep {sh}: states {codes:?}, transSize {trans}"
+                ));
+            }
+            if stop_at(sh).is_none_or(|at| at > op_stop) {
+                return fail(format!("ProxyStep {sh} not stopped before its ProxyOp"));
+            }
+        }
+        let codes: Vec<String> = states(oh).iter().map(|l| l.get("s").to_owned()).collect();
+        let want: Vec<String> = if v >= 4 {
+            vec!["19".into()]
+        } else {
+            let mut w = vec!["2".to_string(); n as usize];
+            w.push("3".into());
+            w
+        };
+        if codes != want {
+            return fail(format!(
+                "ProxyOp {oh}'s states {codes:?}, expected {want:?}"
+            ));
+        }
+    }
+    let ctrls: Vec<&&Line> = of_type(1 << 5).collect();
+    if ctrls.is_empty() {
+        return fail("no ProxyCtrl event".into());
+    }
+    for c in ctrls {
+        let ch = c.num("h");
+        let codes: Vec<&str> = states(ch).iter().map(|l| l.get("s")).collect();
+        if codes != ["14", "13"] || stop_at(ch).is_none() || c.num("parent") != 0 {
+            return fail(format!(
+                "ProxyCtrl {ch}: states {codes:?}, parent {}",
+                c.get("parent")
+            ));
+        }
+    }
+    let stopped = lines.iter().filter(|l| l.verb == "stop").count();
+    if stopped != starts.len() {
+        return fail(format!(
+            "{} events started, {stopped} stopped",
+            starts.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Two ranks on two simulated hosts (slots of 4 KiB: several steps per operation), version
+/// `v`: the proxy events.
+fn hosts(v: u32) -> Result<(), Failed> {
+    let dir = fresh_dir(&format!("profiler-build-hosts-v{v}"))?;
+    let so = fixture(&dir, &[v])?;
+    let logs = run_on(
+        &format!("hosts-v{v}"),
+        &[
+            ("NCCL_PROFILER_PLUGIN", so.display().to_string()),
+            ("MSCCLPP_HIER_SLOT_BYTES", "4096".into()),
+        ],
+        true,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let logs = logs?;
+    if logs.len() != 2 {
+        return Err(format!("{} processes logged, expected 2", logs.len()).into());
+    }
+    for l in &logs {
+        check_proxy(v, l)?;
+    }
+    Ok(())
+}
+
 /// A library exporting versions 4 and 6 is used as 6; a name is tried as
 /// `libnccl-profiler-<name>.so` on the loader's path.
 fn newest_first() -> Result<(), Failed> {
@@ -540,6 +688,12 @@ fn main() {
     let mut trials: Vec<Trial> = (1..=6)
         .map(|v| Trial::test(format!("profiler::host::abi_v{v}"), move || version(v)))
         .collect();
+    trials.extend((1..=6).map(|v| {
+        Trial::test(
+            format!("profiler::host::proxy_events_two_hosts_v{v}"),
+            move || hosts(v),
+        )
+    }));
     trials.push(Trial::test(
         "profiler::host::newest_version_first",
         newest_first,

@@ -30,6 +30,7 @@
 //! [`ProxyConfig::max_sleep`]. Any trigger resets it to polling flat out.
 
 mod fifo;
+mod observer;
 mod service;
 
 #[cfg(test)]
@@ -45,6 +46,7 @@ use mscclpp_hal::dev::ProxyTrigger;
 use mscclpp_hal::{Error, Result};
 
 pub use fifo::{DEFAULT_FIFO_SIZE, Fifo, MAX_FIFO_SIZE};
+pub use observer::{ProxyObserver, ProxyOpInfo};
 pub use service::{FLUSH_TIMEOUT, MemoryId, ProxyService, SemaphoreId};
 
 /// Name of every proxy thread (as seen by `top -H`, debuggers and panic messages).

@@ -7,16 +7,17 @@
 //! the device's `flush` returns only once the data has landed.
 //!
 //! Semaphores and memories are added before [`ProxyService::start`]; the running proxy owns
-//! their tables, so the hot loop takes no lock.
+//! their tables, so the hot loop takes no lock. An observer ([`ProxyService::observe`], once,
+//! before or after the start) is told of each trigger; without one the hot path pays one load.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use mscclpp_hal::dev::{PortChannelDeviceHandle, ProxyTrigger, TriggerType};
 use mscclpp_hal::{Device, Error, Result};
 use mscclpp_transports::{Connection, RegisteredMemory};
 
-use super::{Fifo, Proxy, ProxyHandlerResult};
+use super::{Fifo, Proxy, ProxyHandlerResult, ProxyObserver};
 use crate::semaphore::Host2DeviceSemaphore;
 
 /// Index of a semaphore (and its connection) in a proxy service.
@@ -34,6 +35,7 @@ pub struct ProxyService {
     semaphores: Vec<Arc<Host2DeviceSemaphore>>,
     memories: Vec<Arc<RegisteredMemory>>,
     proxy: Option<Proxy>,
+    observer: Arc<OnceLock<Arc<dyn ProxyObserver>>>,
 }
 
 impl ProxyService {
@@ -44,7 +46,21 @@ impl ProxyService {
             semaphores: Vec::new(),
             memories: Vec::new(),
             proxy: None,
+            observer: Arc::default(),
         })
+    }
+
+    /// Tells `observer` of this service's work from now on (once per service: a second
+    /// observer is refused, since the first counts triggers from its start).
+    pub fn observe(&self, observer: Arc<dyn ProxyObserver>) -> Result<()> {
+        self.observer
+            .set(observer)
+            .map_err(|_| Error::invalid("the proxy service already has an observer"))
+    }
+
+    /// The observer, if one was set.
+    pub fn observer(&self) -> Option<&Arc<dyn ProxyObserver>> {
+        self.observer.get()
     }
 
     fn check_not_started(&self, what: &str) -> Result<()> {
@@ -134,7 +150,13 @@ impl ProxyService {
         self.check_not_started("start")?;
         let sems = self.semaphores.clone();
         let mems = self.memories.clone();
-        let proxy = Proxy::start(self.fifo.clone(), move |t, _pos| handle(&sems, &mems, t))?;
+        let observer = self.observer.clone();
+        let fifo = self.fifo.clone();
+        let mut busy = false;
+        let proxy = Proxy::start(self.fifo.clone(), move |t, pos| match observer.get() {
+            None => handle(&sems, &mems, t),
+            Some(o) => observed(&**o, &fifo, &mut busy, pos, &sems, &mems, t),
+        })?;
         self.proxy = Some(proxy);
         Ok(())
     }
@@ -168,6 +190,39 @@ impl Drop for ProxyService {
             tracing::warn!("proxy service stopped with an error: {e}");
         }
     }
+}
+
+/// [`handle`] with its observer told: the trigger's start and end, and the thread's busy
+/// spans (busy from a trigger after an empty FIFO until the FIFO holds none past this one).
+fn observed(
+    o: &dyn ProxyObserver,
+    fifo: &Fifo,
+    busy: &mut bool,
+    pos: u64,
+    sems: &[Arc<Host2DeviceSemaphore>],
+    mems: &[Arc<RegisteredMemory>],
+    t: ProxyTrigger,
+) -> Result<ProxyHandlerResult> {
+    if !*busy {
+        *busy = true;
+        o.busy(true);
+    }
+    let peer = sems
+        .get(t.semaphore_id() as usize)
+        .map_or(usize::MAX, |s| s.connection().remote_rank());
+    let bytes = if t.kind() & TriggerType::DATA != 0 {
+        t.size()
+    } else {
+        0
+    };
+    o.trigger_start(peer, bytes);
+    let r = handle(sems, mems, t);
+    o.trigger_done(peer, bytes, r.is_ok());
+    if fifo.head() <= pos + 1 {
+        *busy = false;
+        o.busy(false);
+    }
+    r
 }
 
 /// Carries out one trigger: the proxy's hot path.

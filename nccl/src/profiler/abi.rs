@@ -108,6 +108,50 @@ pub mod bit {
     pub const BELOW_OPS: i32 = PROXY_OP | PROXY_STEP | KERNEL_CH | NET_PLUGIN;
 }
 
+/// Proxy states (`ncclProfilerEventState_t`): a proxy operation's, versions 1 to 3 (with
+/// `transSize` and `steps`), and since version 4 (none).
+pub mod state {
+    use std::ffi::c_int;
+    /// `ncclProfilerProxyOpSendTransmitted` (v1–v3): a step's data left.
+    pub const PROXY_OP_SEND_TRANSMITTED: c_int = 2;
+    /// `ncclProfilerProxyOpSendDone` (v1–v3): the operation's last step is done.
+    pub const PROXY_OP_SEND_DONE: c_int = 3;
+    /// `ncclProfilerProxyStepSendGPUWait`: the step's data is ready on the GPU.
+    pub const PROXY_STEP_SEND_GPU_WAIT: c_int = 8;
+    /// `ncclProfilerProxyStepSendWait`: the step is posted to the network (`transSize`).
+    pub const PROXY_STEP_SEND_WAIT: c_int = 9;
+    /// `ncclProfilerProxyCtrlIdle`: the proxy found no work.
+    pub const PROXY_CTRL_IDLE: c_int = 13;
+    /// `ncclProfilerProxyCtrlActive`: the proxy took up work.
+    pub const PROXY_CTRL_ACTIVE: c_int = 14;
+    /// `ncclProfilerProxyOpInProgress_v4`: the operation's first step began.
+    pub const PROXY_OP_IN_PROGRESS_V4: c_int = 19;
+}
+
+/// A state's arguments (`ncclProfilerEventStateArgs_vN_t`): `transSize` first in every
+/// version; versions 1 to 3 put a proxy operation's `steps` after it. Larger than any
+/// version's union, zeroed beyond what is written.
+#[derive(Debug)]
+#[repr(C, align(8))]
+pub struct StateArgs {
+    /// `proxyStep.transSize` (v4+) / `proxyOp.transSize` (v1–v3).
+    pub trans_size: u64,
+    /// `proxyOp.steps` (v1–v3).
+    pub steps: c_int,
+    _rest: [u8; 52],
+}
+
+impl StateArgs {
+    /// Arguments carrying `trans_size` and `steps`.
+    pub fn new(trans_size: u64, steps: c_int) -> Self {
+        StateArgs {
+            trans_size,
+            steps,
+            _rest: [0; 52],
+        }
+    }
+}
+
 /// `ncclProfilerGroupStartApiStop`: the group API event's first call ended.
 pub const STATE_GROUP_START_API_STOP: c_int = 23;
 /// `ncclProfilerGroupEndApiStart`: the outermost `ncclGroupEnd` began.
@@ -163,6 +207,19 @@ pub enum Event {
         channels: u8,
         parent_group: *mut c_void,
     },
+    /// A proxy operation: the transfers of one launch to one peer.
+    ProxyOp {
+        pid: c_int,
+        channel: u8,
+        peer: c_int,
+        steps: c_int,
+        chunk: c_int,
+        is_send: bool,
+    },
+    /// One step of a proxy operation.
+    ProxyStep { step: c_int },
+    /// A busy span of the proxy thread (no payload).
+    ProxyCtrl,
 }
 
 impl Event {
@@ -176,6 +233,9 @@ impl Event {
             Event::Group => bit::GROUP,
             Event::Coll { .. } => bit::COLL,
             Event::P2p { .. } => bit::P2P,
+            Event::ProxyOp { .. } => bit::PROXY_OP,
+            Event::ProxyStep { .. } => bit::PROXY_STEP,
+            Event::ProxyCtrl => bit::PROXY_CTRL,
         }
     }
 
@@ -190,6 +250,8 @@ impl Event {
             Event::KernelLaunch { .. } => 0,
             Event::Group => COLL | P2P | BELOW_OPS,
             Event::Coll { .. } | Event::P2p { .. } => BELOW_OPS,
+            Event::ProxyOp { .. } => PROXY_STEP,
+            Event::ProxyStep { .. } | Event::ProxyCtrl => 0,
         };
         mask & (self.bit() | below) != 0
     }
@@ -201,7 +263,12 @@ impl Event {
             | Event::CollApi { .. }
             | Event::P2pApi { .. }
             | Event::KernelLaunch { .. } => v >= 5,
-            Event::Group | Event::Coll { .. } | Event::P2p { .. } => true,
+            Event::Group
+            | Event::Coll { .. }
+            | Event::P2p { .. }
+            | Event::ProxyOp { .. }
+            | Event::ProxyStep { .. }
+            | Event::ProxyCtrl => true,
         }
     }
 }
@@ -355,7 +422,24 @@ pub fn encode(v: u32, ev: &Event, parent: *mut c_void, rank: c_int) -> Option<De
     d.ptr(8, parent);
     d.i32(16, rank);
     match *ev {
-        Event::Group => {}
+        Event::Group | Event::ProxyCtrl => {}
+        // The proxy descriptors sit at the union's start in every version (24).
+        Event::ProxyOp {
+            pid,
+            channel,
+            peer,
+            steps,
+            chunk,
+            is_send,
+        } => {
+            d.i32(24, pid);
+            d.u8(28, channel);
+            d.i32(32, peer);
+            d.i32(36, steps);
+            d.i32(40, chunk);
+            d.i32(44, is_send.into());
+        }
+        Event::ProxyStep { step } => d.i32(24, step),
         Event::GroupApi { depth, captured } => {
             d.u8(24, captured.into());
             d.i32(28, depth);

@@ -1,8 +1,9 @@
 //! NCCL's profiler plugins (`NCCL_PROFILER_PLUGIN`, ABI versions 1 to 6) receive our calls'
 //! events: the API events (a group, each collective and point-to-point call, kernel launches;
 //! version 5+) and the launch events (a group per launch, each collective and send or receive),
-//! with NCCL's fields, parents and states, each version in its own layout ([`abi`]). Proxy,
-//! kernel-channel and network events are not emitted.
+//! with NCCL's fields, parents and states, each version in its own layout ([`abi`]), and the
+//! proxy events of the transfers between hosts ([`proxy`]). Kernel-channel and network events
+//! are not emitted.
 //!
 //! Each native communicator calls the plugin's `init` at creation ([`Attached`], with one
 //! process-wide activation mask, as NCCL) and `finalize` when it is freed. One call's events,
@@ -24,6 +25,7 @@
 
 pub mod abi;
 mod plugin;
+pub mod proxy;
 
 use std::cell::RefCell;
 use std::ffi::{CString, c_int, c_void};
@@ -161,6 +163,23 @@ impl Attached {
             // SAFETY: a live handle; the group API states take no arguments (NULL, as NCCL).
             unsafe { rec(h, state, std::ptr::null_mut()) };
         }
+    }
+
+    /// Records `state` with arguments (the proxy states).
+    fn record_args(&self, h: *mut c_void, state: c_int, args: &mut abi::StateArgs) {
+        if h.is_null() {
+            return;
+        }
+        if let Some(rec) = self.plugin.table.record_state {
+            // SAFETY: a live handle; `args` is larger than any version's argument union and
+            // lives for the call.
+            unsafe { rec(h, state, (args as *mut abi::StateArgs).cast()) };
+        }
+    }
+
+    /// The plugin's ABI version.
+    fn version(&self) -> u32 {
+        self.plugin.version
     }
 
     /// The next sequence number of `func` on this communicator.
@@ -319,7 +338,8 @@ impl<'a> Call<'a> {
         };
         let parent = if a.plugin.version >= 5 { api } else { g };
         let c = a.start(&coll, parent, self.mask);
-        let out = run();
+        // The proxy operations of the launch name this `Coll` as their parent (see `proxy`).
+        let out = proxy::under(c, self.mask, run);
         a.stop(c);
         a.stop(g);
         a.stop(kl);

@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 
 use mscclpp_comm::Communicator;
-use mscclpp_comm::proxy::ProxyService;
+use mscclpp_comm::proxy::{ProxyObserver, ProxyOpInfo, ProxyService};
 use mscclpp_comm::semaphore::Host2DeviceSemaphore;
 use mscclpp_hal::dev::PortChannelDeviceHandle;
 use mscclpp_hal::{
@@ -120,7 +120,7 @@ pub(crate) struct Hier<A: Api> {
     rail: Arc<Communicator>,
     pub transport: Transport,
     /// Keeps the proxy thread, semaphores, connections and registrations alive.
-    _service: ProxyService,
+    service: ProxyService,
     send: DeviceBuffer,
     recv: DeviceBuffer,
     chans: DeviceBuffer,
@@ -276,7 +276,7 @@ impl<A: Api> Hier<A> {
             intra,
             rail,
             transport,
-            _service: service,
+            service,
             send,
             recv,
             chans,
@@ -287,6 +287,11 @@ impl<A: Api> Hier<A> {
             kernel,
             stage: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Tells `observer` of the inter-host proxy's work (a profiler's proxy events).
+    pub fn observe(&self, observer: Arc<dyn ProxyObserver>) -> Result<()> {
+        self.service.observe(observer)
     }
 
     /// The rail communicator (tests, diagnostics).
@@ -358,11 +363,38 @@ impl<A: Api> Hier<A> {
         };
         a.src[..src.len()].copy_from_slice(src);
         a.dst[..dst.len()].copy_from_slice(dst);
+        let observer = self.service.observer();
+        if let Some(o) = observer {
+            self.tell(&**o, src, bytes);
+        }
         // SAFETY: the caller's contract for the data; the scratch and channels are ours.
-        unsafe {
+        let launched = unsafe {
             self.kernel
                 .launch(stream, LaunchConfig::linear(1, self.threads), &a)
+        };
+        if let (Err(_), Some(o)) = (&launched, observer) {
+            o.withdrawn();
         }
+        launched
+    }
+
+    /// Tells the observer what one exchange of `bytes` pushes (the kernel's pattern, per round
+    /// of half a slot: a put with signal, or a bare signal where this rank sends the peer
+    /// nothing, then an acknowledging signal, to every other host).
+    fn tell(&self, o: &dyn ProxyObserver, src: &[u64], bytes: u64) {
+        let half = (self.slot_bytes / 2).max(1);
+        let rounds = bytes.div_ceil(half);
+        let (hosts, me) = (self.topo.hosts, self.topo.host);
+        let ops: Vec<ProxyOpInfo> = (0..hosts)
+            .filter(|&p| p != me && src.get(p).is_some_and(|&a| a != 0))
+            .map(|p| ProxyOpInfo {
+                peer: p * self.topo.per_host + self.topo.local,
+                conn_peer: p,
+                steps: u32::try_from(rounds).unwrap_or(u32::MAX),
+                step_bytes: half.min(bytes),
+            })
+            .collect();
+        o.enqueued(rounds * 2 * (hosts as u64 - 1), &ops);
     }
 
     /// Enqueues `call` (checked against the whole communicator) on `stream`.
