@@ -532,7 +532,7 @@ fn check_proxy(v: u32, lines: &[Line]) -> Result<(), String> {
             return fail(format!("ProxyOp {oh}'s parent is not a Coll"));
         }
         if op.num("pid") == 0
-            || op.get("channel") != "0"
+            || op.num("channel") != 1 - rank
             || op.num("peer") != 1 - rank
             || op.get("send") != "1"
             || op.num("steps") == 0

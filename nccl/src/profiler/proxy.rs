@@ -5,7 +5,8 @@
 //! ([`mscclpp::comm::proxy::ProxyObserver`]):
 //! - at each launch that pushes triggers, on the launching thread, inside the `Coll` event of
 //!   the call ([`under`]): a `ProxyOp` per peer the launch sends to (parent: the `Coll`;
-//!   `pid`, `channelId` 0, the peer's rank, `nSteps` its puts, `chunkSize` the largest put,
+//!   `pid`, `channelId` the peer's port channel (its index among the proxy's connections,
+//!   modulo [`CHANNELS`]), the peer's rank, `nSteps` its puts, `chunkSize` the largest put,
 //!   `isSend` 1). Our port channels write one-sidedly into the peer's memory, so there is no
 //!   receiving proxy and no receive operation;
 //! - on the proxy thread, each put of that launch: a `ProxyStep` (parent: its `ProxyOp`; `step`
@@ -30,6 +31,10 @@ use mscclpp::comm::proxy::{ProxyObserver, ProxyOpInfo};
 
 use super::abi::{Event, StateArgs, bit, state};
 use super::{Attached, mask};
+
+/// Channels a plugin can be expected to hold per collective: NCCL's example keeps 32 and does
+/// not check; spreading the peers over them keeps a many-host launch within its arrays.
+pub const CHANNELS: usize = 32;
 
 thread_local! {
     /// The `Coll` event a launch on this thread runs under, and the mask it started with.
@@ -123,7 +128,7 @@ impl ProxyObserver for ProxyEvents {
                 .map(|o| {
                     let ev = Event::ProxyOp {
                         pid: self.pid,
-                        channel: 0,
+                        channel: (o.conn_peer % CHANNELS) as u8,
                         peer: o.peer as c_int,
                         steps: o.steps.min(c_int::MAX as u32) as c_int,
                         chunk: o.step_bytes.min(c_int::MAX as u64) as c_int,
