@@ -7,8 +7,8 @@
 //! job; a port that cannot be bound is logged and the job goes on. The client protocol
 //! (version 2) is plain text, one command a line: `CLIENT PROTOCOL <n>` (answered
 //! `SERVER PROTOCOL 2`), `TIMEOUT <s>`, `SET FORMAT text|json`, `STATUS`, `VERBOSE STATUS` (the
-//! report, then the connection closes) and `MONITOR [groups]` (`OK`; this library sends no peer
-//! events). The report has NCCL's layout: a job summary, the communicators grouped by size,
+//! report, then the connection closes) and `MONITOR [groups]` (`OK`, then peer events:
+//! [`monitor`]). The report has NCCL's layout: a job summary, the communicators grouped by size,
 //! nodes, status and errors, then the errors (missing ranks) and warnings (ranks whose status or
 //! per-collective counts differ); as JSON, NCCL's document.
 //!
@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::comm::Comm;
+
+mod monitor;
 
 /// The protocol version NCCL's clients speak (every release since 2.24).
 const PROTOCOL: u32 = 2;
@@ -156,6 +158,16 @@ fn client(stream: TcpStream) -> std::io::Result<()> {
     let mut out = stream.try_clone()?;
     let mut input = BufReader::new(stream);
     let (mut json, mut timeout) = (false, DEFAULT_TIMEOUT);
+    // The client's monitor subscription, dropped however the loop ends.
+    struct Sub(Option<u64>);
+    impl Drop for Sub {
+        fn drop(&mut self) {
+            if let Some(id) = self.0 {
+                monitor::unsubscribe(id);
+            }
+        }
+    }
+    let mut sub = Sub(None);
     let mut line = String::new();
     loop {
         line.clear();
@@ -192,12 +204,11 @@ fn client(stream: TcpStream) -> std::io::Result<()> {
             }
         } else if upper.starts_with("SET FORMAT") {
             match words.get(2).map(|f| f.to_ascii_lowercase()).as_deref() {
-                Some("text") => {
-                    json = false;
-                    out.write_all(b"OK\n")?;
-                }
-                Some("json") => {
-                    json = true;
+                Some(f @ ("text" | "json")) => {
+                    json = f == "json";
+                    if let Some(id) = sub.0 {
+                        monitor::update(id, None, Some(json));
+                    }
                     out.write_all(b"OK\n")?;
                 }
                 _ => out.write_all(
@@ -216,15 +227,18 @@ fn client(stream: TcpStream) -> std::io::Result<()> {
             out.write_all(text.as_bytes())?;
             return Ok(());
         } else if upper == "MONITOR" || upper.starts_with("MONITOR ") {
-            let groups = words.get(1).copied().unwrap_or("lifecycle");
-            match groups
-                .split(',')
-                .find(|g| !["lifecycle", "trace", "all"].contains(&g.to_ascii_lowercase().as_str()))
-            {
-                Some(bad) => {
+            match monitor::parse_groups(words.get(1).copied()) {
+                Err(bad) => {
                     out.write_all(format!("ERROR: Invalid event group '{bad}'\n").as_bytes())?
                 }
-                None => out.write_all(b"OK\n")?,
+                Ok(mask) => {
+                    // `OK` before any event can be written.
+                    out.write_all(b"OK\n")?;
+                    match sub.0 {
+                        Some(id) => monitor::update(id, Some(mask), Some(json)),
+                        None => sub.0 = Some(monitor::subscribe(out.try_clone()?, mask, json)),
+                    }
+                }
             }
         } else {
             out.write_all(format!("ERROR: Unknown command {cmd}\n").as_bytes())?;
@@ -237,6 +251,8 @@ fn client(stream: TcpStream) -> std::io::Result<()> {
 struct Card {
     pid: i64,
     host: String,
+    /// Its bootstrap's listen port (with `host`, how a peer's death names it).
+    port: u16,
     cuda_dev: i64,
     init_state: i64,
     async_error: i64,
@@ -257,6 +273,7 @@ pub fn publish(c: &Comm, destroying: bool, aborting: bool) {
     let card = json!({
         "pid": std::process::id(),
         "host": boot.listen_addr().ip().to_string(),
+        "port": boot.listen_addr().port(),
         "cuda": c.device,
         "init": 0,
         "async": async_error,
@@ -265,6 +282,57 @@ pub fn publish(c: &Comm, destroying: bool, aborting: bool) {
         "abort": aborting,
     });
     boot.set_card(card.to_string().as_bytes());
+    watch(c, boot, destroying || aborting);
+}
+
+/// The failure handlers [`watch`] registered, by communicator (id, rank): (bootstrap, handler
+/// id).
+type Watches = BTreeMap<(u64, usize), (Arc<mscclpp::comm::Bootstrap>, u64)>;
+
+fn watches() -> std::sync::MutexGuard<'static, Watches> {
+    static W: OnceLock<std::sync::Mutex<Watches>> = OnceLock::new();
+    W.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The monitor's view of `c`: at its first card, a failure handler (each dead rank a
+/// `PEER_DEAD`) and, while a client monitors, a survey of its cards (`PEER_NEW`); at its end
+/// (`ending`), the handler removed.
+fn watch(c: &Comm, boot: &Arc<mscclpp::comm::Bootstrap>, ending: bool) {
+    let key = (c.id, c.rank);
+    if ending {
+        if let Some((b, id)) = watches().remove(&key) {
+            b.remove_failure_handler(id);
+        }
+        return;
+    }
+    let mut w = watches();
+    if w.contains_key(&key) {
+        return;
+    }
+    let id = boot.on_failure(Box::new(|f| monitor::dead(f.addr)));
+    w.insert(key, (Arc::clone(boot), id));
+    drop(w);
+    if monitor::watched() {
+        let b = Arc::clone(boot);
+        // Off the creating thread: the peers publish their cards as they finish creating.
+        let _ = std::thread::Builder::new()
+            .name("nccl-ras-peers".into())
+            .spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                let cards: Vec<(SocketAddr, Card)> = b
+                    .survey(DEFAULT_TIMEOUT)
+                    .into_iter()
+                    .filter_map(|a| decode_card(&a.ok()?.card))
+                    .filter_map(|card| {
+                        let ip = card.host.parse().ok()?;
+                        Some((SocketAddr::new(ip, card.port), card))
+                    })
+                    .collect();
+                monitor::saw(&cards);
+            });
+    }
 }
 
 fn decode_card(b: &[u8]) -> Option<Card> {
@@ -272,6 +340,10 @@ fn decode_card(b: &[u8]) -> Option<Card> {
     Some(Card {
         pid: v["pid"].as_i64()?,
         host: v["host"].as_str()?.to_owned(),
+        port: v["port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(0),
         cuda_dev: v["cuda"].as_i64().unwrap_or(-1),
         init_state: v["init"].as_i64().unwrap_or(0),
         async_error: v["async"].as_i64().unwrap_or(0),
