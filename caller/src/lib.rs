@@ -166,7 +166,9 @@ impl Caller {
     /// `false` where no proxy serves (one host, no collectives).
     pub fn observe_proxy(&self, observer: Arc<dyn ProxyObserver>) -> Result<bool> {
         if self.proxy_observer.set(observer.clone()).is_err() {
-            return Err(Error::invalid("the communicator's proxy already has an observer"));
+            return Err(Error::invalid(
+                "the communicator's proxy already has an observer",
+            ));
         }
         match self.live()?.as_ref() {
             Some(c) => c.observe_proxy(observer),
