@@ -189,7 +189,10 @@ def test_dsl_from_a_real_mscclpp_runs_through_our_compile(fake_real_mscclpp):
         import mscclpp, mscclpp.default_algos as d
         spec = mscclpp.language.AlgoSpec(name="ar2", tags={"default": 1})
         coll = mscclpp.language.collectives.AllReduce(2, 1, True)
-        algo = mscclpp.compile(d.allreduce_multi_nodes, spec, 0, thread_block_group_size=2)
+        # SGLang compiles it once per thread-block-group size: the name must stay the function
+        # after its module has been imported (the import binds the submodule on the package).
+        for tbg in (1, 2):
+            algo = mscclpp.compile(d.allreduce_multi_nodes, spec, 0, thread_block_group_size=tbg)
         print(algo.name, algo.message_size_range, algo.is_dsl_algorithm(),
               type(spec).__module__, type(coll).__module__)
     """

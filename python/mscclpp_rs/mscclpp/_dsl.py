@@ -53,8 +53,14 @@ def attr(module, sub: str, name: str):
             raise
         sub_mod = None
     if sub_mod is not None:
-        # default_algos' functions are named as their modules.
-        return getattr(sub_mod, name, sub_mod) if sub == "default_algos" else sub_mod
+        if sub != "default_algos":
+            return sub_mod
+        # default_algos' functions are named as their modules. Importing the module bound the
+        # name to it on the package, so later lookups would find the module, not the function:
+        # bind the function, as MSCCL++'s own default_algos/__init__ does.
+        fn = getattr(sub_mod, name, sub_mod)
+        setattr(module, name, fn)
+        return fn
     if sub == "language":  # MSCCL++'s language/__init__ re-exports its utils (AlgoSpec, ...)
         return getattr(importlib.import_module(f"{top}.utils"), name)
     raise AttributeError(f"module {top!r} has no attribute {name!r}")
