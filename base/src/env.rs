@@ -52,6 +52,10 @@ pub const KNOWN_VARS: &[(&str, &str)] = &[
         "1: surveys say each rank's last call finished (default: on with MSCCLPP_STATUS)",
     ),
     (
+        "MSCCLPP_WATCHDOG_SECONDS",
+        "a call whose stream finishes nothing for this long is an error naming the ranks behind",
+    ),
+    (
         "MSCCLPP_STATUS_FILE",
         "where rank 0 appends the `mscclpp-perf status ADDR TOKEN` line",
     ),

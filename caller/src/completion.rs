@@ -10,11 +10,19 @@
 //! holds the later number (NCCL's RAS has no completion at all; ours says "through" the number
 //! for a single stream, which is how every client we know issues its calls).
 //!
-//! Off unless asked for (`MSCCLPP_COMPLETION=1`, or `MSCCLPP_STATUS`, whose command prints it):
-//! the store is one more stream operation per call. Calls captured into a graph store nothing
+//! Off unless asked for (`MSCCLPP_COMPLETION=1`, or `MSCCLPP_STATUS`, whose command prints it,
+//! or `MSCCLPP_WATCHDOG_SECONDS`, which reads it): the store is one more stream operation per
+//! call.
+//!
+//! The watchdog ([`Completion::stalled`]): a call issued whose stream has not finished anything
+//! for `MSCCLPP_WATCHDOG_SECONDS` is a stall; the front end asks when it is polled for errors
+//! (NCCL's `ncclCommGetAsyncError`, which PyTorch's watchdog polls), and one survey names the
+//! ranks behind, so the error a GPU job gets names the laggard long before a kernel's own
+//! deadline. Calls captured into a graph store nothing
 //! (a replay would write the number of the capture, older than calls issued since).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use mscclpp_hal::{DeviceBuffer, DynStream, MemoryKind, Result};
 
@@ -25,6 +33,17 @@ use mscclpp_comm::Communicator;
 pub(crate) struct Completion {
     word: DeviceBuffer,
     host: *const u64,
+    stall: Mutex<Stall>,
+}
+
+/// What the watchdog saw last.
+#[derive(Debug)]
+struct Stall {
+    /// The completed number, and since when it has stood.
+    done: u64,
+    since: Instant,
+    /// The stall reported (at `done`), and what the survey said.
+    reported: Option<(u64, Option<String>)>,
 }
 
 // SAFETY: `host` points into `word`'s host-mapped allocation, which lives as long as `self`;
@@ -36,8 +55,15 @@ unsafe impl Sync for Completion {}
 impl Completion {
     /// Whether this process asked for completion records.
     pub(crate) fn wanted() -> Result<bool> {
-        Ok(mscclpp_hal::env::flag("MSCCLPP_COMPLETION")?
-            .unwrap_or_else(|| mscclpp_hal::env::get("MSCCLPP_STATUS").is_some()))
+        Ok(mscclpp_hal::env::flag("MSCCLPP_COMPLETION")?.unwrap_or_else(|| {
+            mscclpp_hal::env::get("MSCCLPP_STATUS").is_some()
+                || mscclpp_hal::env::get("MSCCLPP_WATCHDOG_SECONDS").is_some()
+        }))
+    }
+
+    /// The watchdog's bound (`MSCCLPP_WATCHDOG_SECONDS`; `None`: no watchdog).
+    pub(crate) fn watchdog() -> Result<Option<Duration>> {
+        mscclpp_hal::env::seconds("MSCCLPP_WATCHDOG_SECONDS")
     }
 
     /// A word for `comm`'s calls (zero: none finished), and the bootstrap told to read it for
@@ -52,7 +78,15 @@ impl Completion {
         // SAFETY: `host` is the start of an 8-byte host-mapped allocation (aligned: allocations
         // are at least 8-aligned), nothing else writes it yet.
         unsafe { std::ptr::write_volatile(host as *mut u64, 0) };
-        let c = Arc::new(Completion { word, host });
+        let c = Arc::new(Completion {
+            word,
+            host,
+            stall: Mutex::new(Stall {
+                done: 0,
+                since: Instant::now(),
+                reported: None,
+            }),
+        });
         let reader = c.clone();
         comm.bootstrap()
             .set_completed(Box::new(move || reader.completed()));
@@ -65,6 +99,41 @@ impl Completion {
             return Ok(());
         }
         stream.write_value64(&self.word.full(), seq)
+    }
+
+    /// Whether the calls up to `issued` have been stuck for `after`: nothing finished for that
+    /// long while a call is outstanding. The first time a stall is seen (per completed number),
+    /// `survey` says who is behind (`None`: nobody); the answer is kept for later polls. `None`
+    /// while the streams keep up.
+    pub(crate) fn stalled(
+        &self,
+        issued: u64,
+        after: Duration,
+        survey: impl FnOnce() -> Option<String>,
+    ) -> Option<(u64, Duration, Option<String>)> {
+        let done = self.completed();
+        let mut st = self.stall.lock().unwrap_or_else(|p| p.into_inner());
+        if done != st.done || done >= issued {
+            st.done = done;
+            st.since = Instant::now();
+            st.reported = None;
+            return None;
+        }
+        let stuck = st.since.elapsed();
+        if stuck < after {
+            return None;
+        }
+        if let Some((at, why)) = &st.reported
+            && *at == done
+        {
+            return Some((done, stuck, why.clone()));
+        }
+        // The survey waits on the peers: not under the lock another poll would queue on.
+        drop(st);
+        let why = survey();
+        let mut st = self.stall.lock().unwrap_or_else(|p| p.into_inner());
+        st.reported = Some((done, why.clone()));
+        Some((done, stuck, why))
     }
 
     /// The highest sequence number a stream has stored.

@@ -161,6 +161,28 @@ impl Caller {
         })
     }
 
+    /// The watchdog's verdict (`MSCCLPP_WATCHDOG_SECONDS`, [`completion`]): where this rank's
+    /// streams have finished nothing for that long with a call outstanding, a line saying so
+    /// and naming the ranks behind this one (surveyed once per stall); `None` while they keep
+    /// up, without a watchdog, or when no rank is behind (the stall is this rank's own).
+    pub fn stalled(&self) -> Result<Option<String>> {
+        let (Some(c), Some(after)) = (&self.completion, completion::Completion::watchdog()?) else {
+            return Ok(None);
+        };
+        let boot = self.comm.bootstrap();
+        let issued = boot.progress().calls;
+        let verdict = c.stalled(issued, after, || boot.laggards(SURVEY_WAIT));
+        Ok(verdict.and_then(|(done, stuck, behind)| {
+            behind.map(|b| {
+                format!(
+                    "watchdog: call #{} has not completed after {:.1} s (MSCCLPP_WATCHDOG_SECONDS); {b}",
+                    done + 1,
+                    stuck.as_secs_f64()
+                )
+            })
+        }))
+    }
+
     /// Tells `observer` of the work of the proxy that carries this communicator's inter-host
     /// transfers, now and after a resume (a profiler's proxy events; once per communicator);
     /// `false` where no proxy serves (one host, no collectives).

@@ -827,7 +827,9 @@ pub fn abort(h: NcclComm) -> Res<()> {
 
 /// `ncclCommGetAsyncError`'s answer: `ncclInProgress` while a creation or a non-blocking
 /// split, shrink or finalize runs; a creation's failure; a dead peer (`ncclRemoteError`, the
-/// rank named in `ncclGetLastError`); a stored error; the real communicator's; else success.
+/// rank named in `ncclGetLastError`); a stored error; the real communicator's; a stall past
+/// `MSCCLPP_WATCHDOG_SECONDS` behind a laggard (`ncclRemoteError`, the laggard named); else
+/// success.
 pub fn async_error(h: NcclComm) -> Res<NcclResult> {
     let c = match registry::slot(h)? {
         Slot::Pending(_) => return Ok(NCCL_IN_PROGRESS),
@@ -872,6 +874,24 @@ pub fn async_error(h: NcclComm) -> Res<NcclResult> {
                 // SAFETY: live real communicator, valid out-pointer.
                 lib.check("ncclCommGetAsyncError", unsafe { f(rc, &mut re) })?;
                 e = re;
+            }
+        }
+    }
+    // The watchdog (MSCCLPP_WATCHDOG_SECONDS): a call stuck that long behind a laggard is this
+    // communicator's error, the laggard named, so that a client polling here (PyTorch's
+    // watchdog) aborts it with the reason long before a kernel's own deadline.
+    if e == NCCL_SUCCESS
+        && let Some(n) = &c.native
+    {
+        match n.caller.stalled() {
+            Ok(Some(why)) => {
+                set_last_error(&format!("rank {}: {why}", c.rank));
+                e = NCCL_REMOTE_ERROR;
+            }
+            Ok(None) => {}
+            Err(err) => {
+                set_last_error(&err.to_string());
+                e = NCCL_INVALID_ARGUMENT;
             }
         }
     }

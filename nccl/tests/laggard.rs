@@ -7,7 +7,9 @@
 //! not blamed for anything. Rank 0's status service (`MSCCLPP_STATUS`, the address and token
 //! appended to `MSCCLPP_STATUS_FILE`) answers within 2 s naming rank 2 as behind, and its
 //! completion record (on with the service) says rank 2 finished its call while ranks 0 and 1
-//! did not finish their second. Runs with
+//! did not finish their second. The watchdog (`MSCCLPP_WATCHDOG_SECONDS=1`), polled through
+//! `ncclCommGetAsyncError` from another thread while the call waits (as PyTorch's watchdog
+//! polls), says `ncclRemoteError` within 3 s, its message naming rank 2. Runs with
 //! `cargo test -p mscclpp-nccl --test laggard`.
 
 #[macro_use]
@@ -29,6 +31,7 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let abort = sym!(lib, "ncclCommAbort", fn(Comm) -> c_int);
     let destroy = sym!(lib, "ncclCommDestroy", fn(Comm) -> c_int);
     let last_err = sym!(lib, "ncclGetLastError", fn(Comm) -> *const c_char);
+    let async_err = sym!(lib, "ncclCommGetAsyncError", fn(Comm, *mut c_int) -> c_int);
     let all_reduce: CollFn = sym!(lib, "ncclAllReduce" as CollFn);
     let comm = init_world(&lib, rank, NRANKS, dir, std::ptr::null_mut())?;
     let mut x = vec![1.0f32; 1024];
@@ -60,6 +63,27 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())?;
         return Ok(());
     }
+    // The watchdog (MSCCLPP_WATCHDOG_SECONDS=1), polled as PyTorch's polls it, from another
+    // thread while the call waits: the first error it says, how soon, and the message.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (stop, comm) = (stop.clone(), comm as usize);
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut e: c_int = 0;
+                // SAFETY: a live communicator (aborted only after this thread is joined).
+                unsafe { async_err(comm as Comm, &mut e) };
+                if e != 0 {
+                    // SAFETY: the library's thread-local NUL-terminated message.
+                    let msg = unsafe { CStr::from_ptr(last_err(comm as Comm)) };
+                    return Some((e, t.elapsed(), msg.to_string_lossy().into_owned()));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            None
+        })
+    };
     let t = Instant::now();
     // SAFETY: as above.
     let rc = unsafe {
@@ -74,6 +98,22 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         )
     };
     let took = t.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let polled = poller
+        .join()
+        .map_err(|_| "the poller panicked".to_string())?;
+    match &polled {
+        Some((6, after, m))
+            if *after < Duration::from_millis(2900)
+                && m.contains("watchdog: call #2 has not completed after")
+                && m.contains("rank 2: call #1 allreduce of 4096 bytes") => {}
+        other => {
+            return Err(format!(
+                "ncclCommGetAsyncError during the stuck call: {other:?} (expected ncclRemoteError \
+                 from the watchdog naming rank 2 within 3 s)"
+            ));
+        }
+    }
     // SAFETY: the library's thread-local NUL-terminated message.
     let msg = unsafe { CStr::from_ptr(last_err(std::ptr::null_mut())) }
         .to_string_lossy()
@@ -158,6 +198,7 @@ fn main() {
         Duration::from_secs(120),
         |cmd| {
             cmd.env("MSCCLPP_HOST_WAIT", "3")
+                .env("MSCCLPP_WATCHDOG_SECONDS", "1")
                 .env("MSCCLPP_STATUS", "127.0.0.1:0")
                 .env("MSCCLPP_STATUS_FILE", dir.join("status"));
         },
