@@ -176,7 +176,9 @@ const MAX_OP: usize = 256;
 
 /// The answer's payload.
 pub(super) fn encode(p: &Progress) -> Vec<u8> {
-    let mut w = Writer::new(MAGIC, VERSION);
+    // Version 2 where no completion record is kept: a rank of an older build reads it.
+    let version = if p.completed.is_some() { VERSION } else { 2 };
+    let mut w = Writer::new(MAGIC, version);
     w.u64(p.calls);
     w.u64(p.bytes);
     w.u64(p.ago.as_millis().min(u128::from(u64::MAX)) as u64);
@@ -198,8 +200,10 @@ pub(super) fn encode(p: &Progress) -> Vec<u8> {
     }
     w.bytes(&p.card[..p.card.len().min(MAX_CARD)]);
     // Whether a record is kept, then its number (0 where none is kept, or none finished yet).
-    w.u64(u64::from(p.completed.is_some()));
-    w.u64(p.completed.unwrap_or(0));
+    if version >= 3 {
+        w.u64(u64::from(p.completed.is_some()));
+        w.u64(p.completed.unwrap_or(0));
+    }
     w.finish()
 }
 

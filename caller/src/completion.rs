@@ -18,9 +18,13 @@
 //! for `MSCCLPP_WATCHDOG_SECONDS` is a stall; the front end asks when it is polled for errors
 //! (NCCL's `ncclCommGetAsyncError`, which PyTorch's watchdog polls), and one survey names the
 //! ranks behind, so the error a GPU job gets names the laggard long before a kernel's own
-//! deadline. Calls captured into a graph store nothing
-//! (a replay would write the number of the capture, older than calls issued since).
+//! deadline. Calls captured into a graph store nothing (a replay would write the number of the
+//! capture, older than calls issued since) and are not outstanding for the watchdog; the stall
+//! clock starts when a call is marked behind streams that had finished everything (an idle
+//! communicator is not stalled), and a word that moves at all (even back: another stream's
+//! older call finishing late) restarts it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +37,12 @@ use mscclpp_comm::Communicator;
 pub(crate) struct Completion {
     word: DeviceBuffer,
     host: *const u64,
+    /// The highest number marked (a call whose stream will store it).
+    marked: AtomicU64,
+    /// The word as last read (what surveys get once the process has begun to exit).
+    last: AtomicU64,
+    /// `MSCCLPP_WATCHDOG_SECONDS`, read once at creation.
+    watchdog: Option<Duration>,
     stall: Mutex<Stall>,
 }
 
@@ -55,20 +65,24 @@ unsafe impl Sync for Completion {}
 impl Completion {
     /// Whether this process asked for completion records.
     pub(crate) fn wanted() -> Result<bool> {
-        Ok(mscclpp_hal::env::flag("MSCCLPP_COMPLETION")?.unwrap_or_else(|| {
-            mscclpp_hal::env::get("MSCCLPP_STATUS").is_some()
-                || mscclpp_hal::env::get("MSCCLPP_WATCHDOG_SECONDS").is_some()
-        }))
+        Ok(
+            mscclpp_hal::env::flag("MSCCLPP_COMPLETION")?.unwrap_or_else(|| {
+                mscclpp_hal::env::get("MSCCLPP_STATUS").is_some()
+                    || mscclpp_hal::env::get("MSCCLPP_WATCHDOG_SECONDS").is_some()
+            }),
+        )
     }
 
     /// The watchdog's bound (`MSCCLPP_WATCHDOG_SECONDS`; `None`: no watchdog).
-    pub(crate) fn watchdog() -> Result<Option<Duration>> {
-        mscclpp_hal::env::seconds("MSCCLPP_WATCHDOG_SECONDS")
+    pub(crate) fn watchdog(&self) -> Option<Duration> {
+        self.watchdog
     }
 
     /// A word for `comm`'s calls (zero: none finished), and the bootstrap told to read it for
     /// its surveys.
     pub(crate) fn attach(comm: &Communicator) -> Result<Arc<Completion>> {
+        // A malformed value is refused here, at creation, not at every poll.
+        let watchdog = mscclpp_hal::env::seconds("MSCCLPP_WATCHDOG_SECONDS")?;
         let word = comm
             .device()
             .alloc(std::mem::size_of::<u64>(), MemoryKind::HostMapped)?;
@@ -81,6 +95,9 @@ impl Completion {
         let c = Arc::new(Completion {
             word,
             host,
+            marked: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+            watchdog,
             stall: Mutex::new(Stall {
                 done: 0,
                 since: Instant::now(),
@@ -93,11 +110,35 @@ impl Completion {
         Ok(c)
     }
 
-    /// Queues the store of `seq` behind what `stream` holds now (nothing while it captures).
-    pub(crate) fn mark(&self, stream: &DynStream, seq: u64) -> Result<()> {
+    /// Call `seq` is about to be enqueued on `stream`: outstanding for the watchdog from now
+    /// (a host backend's call runs inside its enqueue); `false` while `stream` captures (the
+    /// call is not counted, and nothing is stored for it).
+    pub(crate) fn issue(&self, stream: &DynStream, seq: u64) -> Result<bool> {
         if stream.is_capturing()? {
-            return Ok(());
+            return Ok(false);
         }
+        let before = self.marked.swap(seq, Ordering::AcqRel);
+        if self.completed() >= before {
+            // The streams had finished everything: the stall clock starts with this call.
+            let mut st = self.stall.lock().unwrap_or_else(|p| p.into_inner());
+            st.since = Instant::now();
+            st.reported = None;
+        }
+        Ok(true)
+    }
+
+    /// Call `seq` failed to enqueue: not outstanding (unless a later call was issued since).
+    pub(crate) fn withdraw(&self, seq: u64) {
+        let _ = self.marked.compare_exchange(
+            seq,
+            seq.saturating_sub(1),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Queues the store of `seq` behind what `stream` holds now (its call enqueued).
+    pub(crate) fn mark(&self, stream: &DynStream, seq: u64) -> Result<()> {
         stream.write_value64(&self.word.full(), seq)
     }
 
@@ -107,13 +148,13 @@ impl Completion {
     /// while the streams keep up.
     pub(crate) fn stalled(
         &self,
-        issued: u64,
         after: Duration,
         survey: impl FnOnce() -> Option<String>,
     ) -> Option<(u64, Duration, Option<String>)> {
         let done = self.completed();
+        let marked = self.marked.load(Ordering::Acquire);
         let mut st = self.stall.lock().unwrap_or_else(|p| p.into_inner());
-        if done != st.done || done >= issued {
+        if done != st.done || done >= marked {
             st.done = done;
             st.since = Instant::now();
             st.reported = None;
@@ -136,8 +177,22 @@ impl Completion {
         Some((done, stuck, why))
     }
 
-    /// The highest sequence number a stream has stored.
+    /// The highest sequence number a stream has stored (the last one read, once the process
+    /// has begun to exit: the runtime may have freed the word).
     pub(crate) fn completed(&self) -> u64 {
+        let Some(_inside) = mscclpp_hal::exit::enter() else {
+            return self.last_read();
+        };
+        let v = self.read();
+        self.last.store(v, Ordering::Relaxed);
+        v
+    }
+
+    fn last_read(&self) -> u64 {
+        self.last.load(Ordering::Relaxed)
+    }
+
+    fn read(&self) -> u64 {
         // SAFETY: `host` is valid for the life of `self` (see the type); a volatile read of an
         // aligned word the device stores whole.
         unsafe { std::ptr::read_volatile(self.host) }

@@ -166,12 +166,15 @@ impl Caller {
     /// and naming the ranks behind this one (surveyed once per stall); `None` while they keep
     /// up, without a watchdog, or when no rank is behind (the stall is this rank's own).
     pub fn stalled(&self) -> Result<Option<String>> {
-        let (Some(c), Some(after)) = (&self.completion, completion::Completion::watchdog()?) else {
+        let Some((c, after)) = self
+            .completion
+            .as_ref()
+            .and_then(|c| Some((c, c.watchdog()?)))
+        else {
             return Ok(None);
         };
         let boot = self.comm.bootstrap();
-        let issued = boot.progress().calls;
-        let verdict = c.stalled(issued, after, || boot.laggards(SURVEY_WAIT));
+        let verdict = c.stalled(after, || boot.laggards(SURVEY_WAIT));
         Ok(verdict.and_then(|(done, stuck, behind)| {
             behind.map(|b| {
                 format!(
@@ -392,12 +395,19 @@ impl Caller {
     ) -> Result<T> {
         let boot = self.comm.bootstrap();
         let seq = boot.note_call(op, bytes);
+        let counted = match &self.completion {
+            Some(c) => c.issue(stream, seq)?,
+            None => false,
+        };
         let done = call().and_then(|t| {
-            if let Some(c) = &self.completion {
+            if let (Some(c), true) = (&self.completion, counted) {
                 c.mark(stream, seq)?;
             }
             Ok(t)
         });
+        if let (Some(c), true, Err(_)) = (&self.completion, counted, &done) {
+            c.withdraw(seq);
+        }
         done.map_err(|e| match e {
             Error::Timeout { waiting_for, after } => {
                 let behind = boot.laggards(SURVEY_WAIT).map_or_else(

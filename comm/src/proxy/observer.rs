@@ -30,6 +30,12 @@ pub trait ProxyObserver: Send + Sync + fmt::Debug {
     fn enqueued(&self, triggers: u64, ops: &[ProxyOpInfo]);
     /// The launch last said [`enqueued`](Self::enqueued) failed: it pushes nothing.
     fn withdrawn(&self);
+    /// A launch was captured into a graph: its replays will push triggers no launch announces,
+    /// so counting can no longer tell whose a trigger is.
+    fn captured(&self);
+    /// The observer now watches a (new) service (a communicator's collectives made again):
+    /// nothing counted before will come.
+    fn attached(&self);
     /// The proxy takes up a trigger to `conn_peer` moving `bytes` (0: a signal or flush only).
     fn trigger_start(&self, conn_peer: usize, bytes: u64);
     /// That trigger is carried out (`ok`: without error).

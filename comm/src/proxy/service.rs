@@ -54,8 +54,10 @@ impl ProxyService {
     /// observer is refused, since the first counts triggers from its start).
     pub fn observe(&self, observer: Arc<dyn ProxyObserver>) -> Result<()> {
         self.observer
-            .set(observer)
-            .map_err(|_| Error::invalid("the proxy service already has an observer"))
+            .set(observer.clone())
+            .map_err(|_| Error::invalid("the proxy service already has an observer"))?;
+        observer.attached();
+        Ok(())
     }
 
     /// The observer, if one was set.

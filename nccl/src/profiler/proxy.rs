@@ -20,11 +20,15 @@
 //!
 //! Triggers belong to launches by count: a launch says how many it pushes, and the FIFO keeps
 //! their order (see the observer's documentation). Launches outside a profiled call (no `Coll`
-//! open on the thread) are counted and emit nothing.
+//! open on the thread) are counted and emit nothing. Once a launch of the communicator is
+//! captured into a graph, its replays push triggers nobody announces: counting cannot tell whose
+//! a trigger is any more, so the communicator emits no more proxy events (rather than wrong
+//! ones).
 
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mscclpp::comm::proxy::{ProxyObserver, ProxyOpInfo};
@@ -56,6 +60,8 @@ pub struct ProxyEvents {
     att: Arc<Attached>,
     pid: c_int,
     q: Mutex<Queue>,
+    /// No more proxy operations (a launch was captured).
+    off: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +103,15 @@ impl ProxyEvents {
             att,
             pid: std::process::id() as c_int,
             q: Mutex::new(Queue::default()),
+            off: AtomicBool::new(false),
+        }
+    }
+
+    /// Stops every launch still counted.
+    fn drop_launches(&self) {
+        let launches = std::mem::take(&mut self.lock().launches);
+        for l in launches {
+            self.close(l);
         }
     }
 
@@ -116,7 +131,7 @@ impl ProxyEvents {
 
 impl ProxyObserver for ProxyEvents {
     fn enqueued(&self, triggers: u64, ops: &[ProxyOpInfo]) {
-        if triggers == 0 {
+        if triggers == 0 || self.off.load(Ordering::Relaxed) {
             return;
         }
         let (coll, mask) = UNDER.with(Cell::get);
@@ -149,6 +164,19 @@ impl ProxyObserver for ProxyEvents {
             mask,
             ops,
         });
+    }
+
+    fn captured(&self) {
+        if !self.off.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                "a launch across hosts was captured into a graph: no more proxy events for this communicator"
+            );
+        }
+        self.drop_launches();
+    }
+
+    fn attached(&self) {
+        self.drop_launches();
     }
 
     fn withdrawn(&self) {

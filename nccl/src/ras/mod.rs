@@ -236,7 +236,12 @@ fn client(stream: TcpStream) -> std::io::Result<()> {
                     out.write_all(b"OK\n")?;
                     match sub.0 {
                         Some(id) => monitor::update(id, Some(mask), Some(json)),
-                        None => sub.0 = Some(monitor::subscribe(out.try_clone()?, mask, json)),
+                        None => {
+                            sub.0 = Some(monitor::subscribe(out.try_clone()?, mask, json));
+                            // A monitoring client sends nothing more, for as long as it
+                            // watches: no idle timeout from now on.
+                            input.get_ref().set_read_timeout(None)?;
+                        }
                     }
                 }
             }
@@ -286,8 +291,9 @@ pub fn publish(c: &Comm, destroying: bool, aborting: bool) {
 }
 
 /// The failure handlers [`watch`] registered, by communicator (id, rank): (bootstrap, handler
-/// id).
-type Watches = BTreeMap<(u64, usize), (Arc<mscclpp::comm::Bootstrap>, u64)>;
+/// id). Weak: a communicator released by a path that never says it ended (a failed creation)
+/// is not kept alive here; its entry goes at the next [`watch`].
+type Watches = BTreeMap<(u64, usize), (std::sync::Weak<mscclpp::comm::Bootstrap>, u64)>;
 
 fn watches() -> std::sync::MutexGuard<'static, Watches> {
     static W: OnceLock<std::sync::Mutex<Watches>> = OnceLock::new();
@@ -302,17 +308,24 @@ fn watches() -> std::sync::MutexGuard<'static, Watches> {
 fn watch(c: &Comm, boot: &Arc<mscclpp::comm::Bootstrap>, ending: bool) {
     let key = (c.id, c.rank);
     if ending {
-        if let Some((b, id)) = watches().remove(&key) {
+        if let Some((b, id)) = watches().remove(&key)
+            && let Some(b) = b.upgrade()
+        {
             b.remove_failure_handler(id);
         }
         return;
     }
+    // A finalize's card (possibly after the destroy that ended the watch) starts nothing.
+    if c.finalized.load(std::sync::atomic::Ordering::Acquire) {
+        return;
+    }
     let mut w = watches();
+    w.retain(|_, (b, _)| b.strong_count() > 0);
     if w.contains_key(&key) {
         return;
     }
     let id = boot.on_failure(Box::new(|f| monitor::dead(f.addr)));
-    w.insert(key, (Arc::clone(boot), id));
+    w.insert(key, (Arc::downgrade(boot), id));
     drop(w);
     if monitor::watched() {
         let b = Arc::clone(boot);

@@ -113,8 +113,8 @@ struct State {
     known: BTreeSet<(String, i64)>,
     /// Cards by bootstrap address, from surveys (to name a dead peer).
     cards: HashMap<SocketAddr, (String, i64, i64)>,
-    /// Bootstrap addresses reported dead.
-    dead: BTreeSet<SocketAddr>,
+    /// Processes reported dead: by (host, pid) where a card names them, else by address.
+    dead: BTreeSet<String>,
     /// The writer's queue.
     tx: Option<Sender<Event>>,
 }
@@ -184,14 +184,21 @@ pub fn notify(ev: Event) {
 fn write_events(rx: Receiver<Event>) {
     for ev in rx {
         let time = timestamp();
-        let mut st = state();
-        st.clients.retain(|_, c| {
-            if c.mask & ev.group == 0 {
-                return true;
+        // The sockets are written without the lock: a client slow to read must not hold up
+        // the bootstrap's event loop, which takes the lock to report a death.
+        let targets: Vec<(u64, TcpStream, bool)> = state()
+            .clients
+            .iter()
+            .filter(|(_, c)| c.mask & ev.group != 0)
+            .filter_map(|(id, c)| Some((*id, c.out.try_clone().ok()?, c.json)))
+            .collect();
+        for (id, mut out, json) in targets {
+            if out.write_all(ev.render(json, &time).as_bytes()).is_err() {
+                // A client whose socket fails is gone (as NCCL drops it); it is told so.
+                let _ = out.shutdown(std::net::Shutdown::Both);
+                unsubscribe(id);
             }
-            // A client whose socket fails is gone (as NCCL drops it).
-            c.out.write_all(ev.render(c.json, &time).as_bytes()).is_ok()
-        });
+        }
     }
 }
 
@@ -230,17 +237,25 @@ pub fn saw(cards: &[(SocketAddr, Card)]) {
 pub fn dead(addr: SocketAddr) {
     let peer = {
         let mut st = state();
-        if st.clients.is_empty() || !st.dead.insert(addr) {
+        if st.clients.is_empty() {
             return;
         }
-        match st.cards.get(&addr) {
-            Some((host, pid, cuda)) => Peer::Known {
-                host: host.clone(),
-                pid: *pid,
-                cuda: *cuda,
-            },
-            None => Peer::Addr(addr),
+        // Once per process: a process in several communicators dies in each.
+        let (key, peer) = match st.cards.get(&addr) {
+            Some((host, pid, cuda)) => (
+                format!("{host}/{pid}"),
+                Peer::Known {
+                    host: host.clone(),
+                    pid: *pid,
+                    cuda: *cuda,
+                },
+            ),
+            None => (addr.to_string(), Peer::Addr(addr)),
+        };
+        if !st.dead.insert(key) {
+            return;
         }
+        peer
     };
     notify(Event {
         kind: "PEER_DEAD",

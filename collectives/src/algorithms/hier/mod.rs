@@ -363,16 +363,21 @@ impl<A: Api> Hier<A> {
         };
         a.src[..src.len()].copy_from_slice(src);
         a.dst[..dst.len()].copy_from_slice(dst);
-        let observer = self.service.observer();
-        if let Some(o) = observer {
-            self.tell(&**o, src, bytes);
+        let mut told = None;
+        if let Some(o) = self.service.observer() {
+            if stream.is_capturing()? {
+                o.captured();
+            } else {
+                self.tell(&**o, src, bytes);
+                told = Some(o);
+            }
         }
         // SAFETY: the caller's contract for the data; the scratch and channels are ours.
         let launched = unsafe {
             self.kernel
                 .launch(stream, LaunchConfig::linear(1, self.threads), &a)
         };
-        if let (Err(_), Some(o)) = (&launched, observer) {
+        if let (Err(_), Some(o)) = (&launched, told) {
             o.withdrawn();
         }
         launched
