@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
 use mscclpp_nccl::abi::NcclConfig;
-use support::{CollFn, Comm, MoveFn, fresh_dir, init_world, open_lib, run_if_rank, run_ranks};
+use support::{
+    CollFn, Comm, MoveFn, fresh_dir, init_world, open_lib, rank_of, run_if_rank, run_ranks,
+};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_PROFILER_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_PROFILER_TEST_DIR";
@@ -249,11 +251,7 @@ fn run_on(tag: &str, env: &[(&str, String)], hosts: bool) -> Result<Vec<Vec<Line
                 cmd.env(k, v);
             }
             if hosts {
-                let rank = cmd
-                    .get_envs()
-                    .find(|(k, _)| *k == ROLE_VAR)
-                    .and_then(|(_, v)| v?.to_str().map(str::to_owned))
-                    .unwrap_or_default();
+                let rank = rank_of(cmd, ROLE_VAR).unwrap_or(0);
                 cmd.env(
                     "MSCCLPP_HOSTID",
                     format!("profiler-{}-host-{rank}", std::process::id()),

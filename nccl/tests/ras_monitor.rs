@@ -14,7 +14,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::{
-    Comm, fresh_dir, init_world, lib_path, mark, open_lib, run_if_rank, run_ranks, wait_file,
+    Comm, free_port, fresh_dir, init_world, lib_path, mark, open_lib, rank_of, run_if_rank,
+    run_ranks, wait_file,
 };
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_RAS_MONITOR_TEST_RANK";
@@ -182,23 +183,15 @@ fn main() {
         fail(&e);
     }
     let dir = fresh_dir("ras-monitor").unwrap_or_else(|e| fail(&e));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| fail(&e.to_string()));
+    let port = free_port().unwrap_or_else(|e| fail(&e));
     let ran = run_ranks(
         (ROLE_VAR, DIR_VAR),
         &dir,
         NRANKS,
         Duration::from_secs(120),
         |cmd| {
-            let rank = cmd
-                .get_envs()
-                .find(|(k, _)| *k == ROLE_VAR)
-                .and_then(|(_, v)| v?.to_str().map(str::to_owned))
-                .unwrap_or_default();
             // Rank 0's process alone serves RAS.
-            if rank == "0" {
+            if rank_of(cmd, ROLE_VAR) == Some(0) {
                 cmd.env("NCCL_RAS_ADDR", format!("127.0.0.1:{port}"));
             } else {
                 cmd.env("NCCL_RAS_ENABLE", "0");

@@ -158,6 +158,24 @@ pub fn fresh_dir(tag: &str) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// The rank a command made by [`rank_command`] runs (its `role_var`), for a `run_ranks`
+/// preparation that sets something per rank (a host id, a service address).
+#[allow(dead_code)]
+pub fn rank_of(cmd: &Command, role_var: &str) -> Option<usize> {
+    cmd.get_envs()
+        .find(|(k, _)| *k == role_var)
+        .and_then(|(_, v)| v?.to_str()?.parse().ok())
+}
+
+/// A TCP port free on the loopback now (for a service a test's ranks start).
+#[allow(dead_code)]
+pub fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free port: {e}"))
+}
+
 /// Waits for `child` until `deadline`, polling every `poll`, and kills it if it is still running
 /// then; its output, and whether it had to be killed (a hang).
 pub fn wait_or_kill(
