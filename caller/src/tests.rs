@@ -758,3 +758,44 @@ fn registration_is_agreed_by_every_rank() {
         assert!(c.register(Some(&a.full())).expect("register").is_none());
     });
 }
+
+/// The completion record and the watchdog's counting: a call is outstanding from its issue
+/// until its stream's store lands; a withdrawn call is not; a call after idle streams starts
+/// the stall clock afresh; the survey runs once per stall.
+#[test]
+fn the_watchdog_counts_outstanding_calls_from_their_issue() {
+    with_ranks(1, |_, caller| {
+        let c = super::completion::Completion::attach(&caller.comm).expect("attach");
+        let stream = caller.comm.device().create_stream().expect("stream");
+        let stream: &mscclpp_hal::DynStream = &*stream;
+        let zero = std::time::Duration::ZERO;
+        let surveys = AtomicUsize::new(0);
+        let survey = || {
+            surveys.fetch_add(1, Ordering::Relaxed);
+            Some("behind".to_string())
+        };
+        assert_eq!(c.completed(), 0);
+        assert!(c.stalled(zero, survey).is_none(), "nothing issued");
+        assert!(c.issue(stream, 1).expect("issue"));
+        let (done, _, why) = c.stalled(zero, survey).expect("call 1 outstanding");
+        assert_eq!((done, why.as_deref()), (0, Some("behind")));
+        assert!(c.stalled(zero, survey).is_some());
+        assert_eq!(surveys.load(Ordering::Relaxed), 1, "one survey per stall");
+        c.mark(stream, 1).expect("mark");
+        stream.synchronize().expect("sync");
+        assert_eq!(c.completed(), 1);
+        assert!(c.stalled(zero, survey).is_none(), "call 1 finished");
+        // Idle streams: the next call's clock starts at its issue, not at the last poll.
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        assert!(c.issue(stream, 2).expect("issue"));
+        assert!(
+            c.stalled(std::time::Duration::from_millis(50), survey)
+                .is_none(),
+            "an idle communicator is not stalled"
+        );
+        // A call whose enqueue failed is not outstanding.
+        c.withdraw(2);
+        assert!(c.stalled(zero, survey).is_none());
+        assert_eq!(surveys.load(Ordering::Relaxed), 1);
+    });
+}
