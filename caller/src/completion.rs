@@ -142,7 +142,7 @@ impl Completion {
         stream.write_value64(&self.word.full(), seq)
     }
 
-    /// Whether the calls up to `issued` have been stuck for `after`: nothing finished for that
+    /// Whether the calls marked so far have been stuck for `after`: nothing finished for that
     /// long while a call is outstanding. The first time a stall is seen (per completed number),
     /// `survey` says who is behind (`None`: nobody); the answer is kept for later polls. `None`
     /// while the streams keep up.
@@ -181,20 +181,13 @@ impl Completion {
     /// has begun to exit: the runtime may have freed the word).
     pub(crate) fn completed(&self) -> u64 {
         let Some(_inside) = mscclpp_hal::exit::enter() else {
-            return self.last_read();
+            return self.last.load(Ordering::Relaxed);
         };
-        let v = self.read();
+        // SAFETY: `host` is valid for the life of `self` (see the type), and the runtime has not
+        // begun its teardown (the exit gate); a volatile read of an aligned word the device
+        // stores whole.
+        let v = unsafe { std::ptr::read_volatile(self.host) };
         self.last.store(v, Ordering::Relaxed);
         v
-    }
-
-    fn last_read(&self) -> u64 {
-        self.last.load(Ordering::Relaxed)
-    }
-
-    fn read(&self) -> u64 {
-        // SAFETY: `host` is valid for the life of `self` (see the type); a volatile read of an
-        // aligned word the device stores whole.
-        unsafe { std::ptr::read_volatile(self.host) }
     }
 }

@@ -395,17 +395,18 @@ impl Caller {
     ) -> Result<T> {
         let boot = self.comm.bootstrap();
         let seq = boot.note_call(op, bytes);
+        // The completion record, where kept and the call is not captured.
         let counted = match &self.completion {
-            Some(c) => c.issue(stream, seq)?,
-            None => false,
+            Some(c) if c.issue(stream, seq)? => Some(c),
+            _ => None,
         };
         let done = call().and_then(|t| {
-            if let (Some(c), true) = (&self.completion, counted) {
+            if let Some(c) = counted {
                 c.mark(stream, seq)?;
             }
             Ok(t)
         });
-        if let (Some(c), true, Err(_)) = (&self.completion, counted, &done) {
+        if let (Some(c), Err(_)) = (counted, &done) {
             c.withdraw(seq);
         }
         done.map_err(|e| match e {

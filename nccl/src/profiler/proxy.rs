@@ -92,6 +92,15 @@ struct Op {
     step: usize,
 }
 
+impl Launch {
+    /// The operation to `conn_peer` with steps still to come (the one a put to it belongs to).
+    fn open_op(&mut self, conn_peer: usize) -> Option<&mut Op> {
+        self.ops
+            .iter_mut()
+            .find(|o| o.conn_peer == conn_peer && o.done < o.steps && o.handle != 0)
+    }
+}
+
 fn h(p: usize) -> *mut c_void {
     p as *mut c_void
 }
@@ -195,11 +204,7 @@ impl ProxyObserver for ProxyEvents {
             return;
         };
         let mask = l.mask;
-        let Some(op) = l
-            .ops
-            .iter_mut()
-            .find(|o| o.conn_peer == conn_peer && o.done < o.steps && o.handle != 0)
-        else {
+        let Some(op) = l.open_op(conn_peer) else {
             return;
         };
         if op.done == 0 && self.att.version() >= 4 {
@@ -225,10 +230,7 @@ impl ProxyObserver for ProxyEvents {
             return;
         };
         if bytes > 0
-            && let Some(op) = l
-                .ops
-                .iter_mut()
-                .find(|o| o.conn_peer == conn_peer && o.done < o.steps && o.handle != 0)
+            && let Some(op) = l.open_op(conn_peer)
         {
             self.att.stop(h(std::mem::take(&mut op.step)));
             op.done += 1;

@@ -65,6 +65,17 @@ pub struct Event {
     pub details: String,
 }
 
+impl Peer {
+    /// The process it is (a process with several ranks has one card per rank, one device
+    /// each): its host and pid, or its address where no card names it.
+    fn process(&self) -> String {
+        match self {
+            Peer::Known { host, pid, .. } => format!("{host}/{pid}"),
+            Peer::Addr(a) => a.to_string(),
+        }
+    }
+}
+
 impl Event {
     /// As NCCL writes it for a client in text (`json` false) or JSON.
     pub fn render(&self, json: bool, time: &str) -> String {
@@ -109,11 +120,11 @@ struct Client {
 struct State {
     next: u64,
     clients: HashMap<u64, Client>,
-    /// Processes named so far (`PEER_NEW` once each), by (host, pid).
-    known: BTreeSet<(String, i64)>,
-    /// Cards by bootstrap address, from surveys (to name a dead peer).
-    cards: HashMap<SocketAddr, (String, i64, i64)>,
-    /// Processes reported dead: by (host, pid) where a card names them, else by address.
+    /// Processes named so far (`PEER_NEW` once each), by [`Peer::process`].
+    known: BTreeSet<String>,
+    /// Ranks by bootstrap address, as surveys named them (to name a dead peer).
+    cards: HashMap<SocketAddr, Peer>,
+    /// Processes reported dead, by [`Peer::process`].
     dead: BTreeSet<String>,
     /// The writer's queue.
     tx: Option<Sender<Event>>,
@@ -210,16 +221,14 @@ pub fn saw(cards: &[(SocketAddr, Card)]) {
     {
         let mut st = state();
         for (addr, card) in cards {
-            st.cards
-                .insert(*addr, (card.host.clone(), card.pid, card.cuda_dev));
-            let key = (card.host.clone(), card.pid);
-            if card.pid != me && !st.known.contains(&key) {
-                st.known.insert(key);
-                news.push(Peer::Known {
-                    host: card.host.clone(),
-                    pid: card.pid,
-                    cuda: card.cuda_dev,
-                });
+            let peer = Peer::Known {
+                host: card.host.clone(),
+                pid: card.pid,
+                cuda: card.cuda_dev,
+            };
+            st.cards.insert(*addr, peer.clone());
+            if card.pid != me && st.known.insert(peer.process()) {
+                news.push(peer);
             }
         }
     }
@@ -240,19 +249,9 @@ pub fn dead(addr: SocketAddr) {
         if st.clients.is_empty() {
             return;
         }
+        let peer = st.cards.get(&addr).cloned().unwrap_or(Peer::Addr(addr));
         // Once per process: a process in several communicators dies in each.
-        let (key, peer) = match st.cards.get(&addr) {
-            Some((host, pid, cuda)) => (
-                format!("{host}/{pid}"),
-                Peer::Known {
-                    host: host.clone(),
-                    pid: *pid,
-                    cuda: *cuda,
-                },
-            ),
-            None => (addr.to_string(), Peer::Addr(addr)),
-        };
-        if !st.dead.insert(key) {
+        if !st.dead.insert(peer.process()) {
             return;
         }
         peer
