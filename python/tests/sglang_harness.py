@@ -23,6 +23,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import time
 import types
 
 MODULE = "sglang.srt.distributed.device_communicators.pymscclpp"
@@ -86,9 +87,32 @@ def cut_candidates(cls, quick):
     cls._create_dsl_algorithms = create_dsl
 
 
+def progress(rank, stage, t0=time.monotonic()):
+    """Rank 0 says where the run is, so that a run stopped by its time limit tells which stage
+    it was in (a cold start of 16 processes on one GPU can take minutes)."""
+    if rank == 0:
+        print(f"harness: {stage} ({time.monotonic() - t0:.0f} s)", flush=True)
+
+
+def watch_stages(cls, rank):
+    """Wrap the tuner's stages (compiling the algorithms, tuning each) with progress lines."""
+    for name in ("_create_dsl_algorithms", "_create_native_algorithms", "_tune"):
+        inner = getattr(cls, name)
+
+        def staged(self, *args, _inner=inner, _name=name):
+            progress(rank, f"{_name} begins")
+            out = _inner(self, *args)
+            progress(rank, f"{_name} done")
+            return out
+
+        setattr(cls, name, staged)
+
+
 def rank_main(rank, size, quick, port, hosts=1, tag="sglang"):
     import torch
     import torch.distributed as dist
+
+    progress(rank, "torch imported")
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
@@ -109,12 +133,15 @@ def rank_main(rank, size, quick, port, hosts=1, tag="sglang"):
     m = load_pymscclpp(os.environ["SGLANG_PYMSCCLPP"])
     cls = m.PyMscclppCommunicator
     cut_candidates(cls, quick)
+    watch_stages(cls, rank)
+    progress(rank, "process group up; building the communicator")
     comm = cls(dist.group.WORLD, torch.device(f"cuda:{rank % ndev}"))
     assert comm.available, "import mscclpp failed under the harness"
     assert getattr(comm, "best_configs", None), "the tuner chose nothing (world size not 8/16/32?)"
     if rank == 0:
         for s, (algo, nb, nt) in sorted(comm.best_configs.items()):
             print(f"harness: tuned {s:>8} B: {algo.name} nblocks={nb} nthreads={nt}", flush=True)
+    progress(rank, "checking every tuned size")
     wrong = checked = 0
     with comm.change_state(enable=True):
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
