@@ -32,6 +32,7 @@ mod call;
 mod collectives;
 mod erased;
 mod kind;
+pub mod moe;
 mod order;
 mod policy;
 mod scale;

@@ -1,6 +1,7 @@
 // Argument structs of the collective kernels (collectives/src/algorithms/{ll,direct,read,p2p}/args.rs:
 // LlCollectiveArgs, DirectCollectiveArgs, ReadCollectiveArgs, P2pArgs; collectives/src/scale.rs:
-// ScaleArgs; checked against them by collectives/args_check.h). Vendor-neutral.
+// ScaleArgs; collectives/src/moe/args.rs: MoeLayoutArgs, MoeArgs; checked against them by
+// collectives/args_check.h). Vendor-neutral.
 #pragma once
 
 #include "mscclpp/core.cuh"
@@ -114,6 +115,52 @@ struct ScaleArgs {
   uint32_t dtype;
   uint32_t _pad;
   uint64_t src;
+};
+
+// mscclpp_moe_layout (collectives/src/moe/args.rs: MoeLayoutArgs).
+struct MoeLayoutArgs {
+  uint64_t topk_idx;
+  uint64_t tokens;
+  uint64_t per_rank;
+  uint64_t per_expert;
+  uint64_t in_rank;
+  uint64_t status;
+  uint32_t topk;
+  uint32_t num_experts;
+  uint32_t nranks;
+  uint32_t _pad;
+};
+
+// mscclpp_moe_dispatch and mscclpp_moe_combine (collectives/src/moe/args.rs: MoeArgs;
+// collectives/src/moe/spec.md).
+struct MoeArgs {
+  uint64_t buffer;
+  uint64_t peer_buffer[kCollectiveMaxRanks];
+  uint64_t max_tokens;
+  uint64_t row_bytes;
+  uint64_t scales_at;
+  uint64_t meta_at;
+  uint64_t tokens;
+  uint64_t payload_bytes;
+  uint64_t scale_bytes;
+  uint64_t x;
+  uint64_t topk_idx;
+  uint64_t topk_weights;
+  uint64_t scales;
+  uint64_t out_x;
+  uint64_t out_idx;
+  uint64_t out_weights;
+  uint64_t out_scales;
+  uint64_t out_src;
+  uint64_t out_capacity;
+  uint64_t handle;
+  uint32_t topk;
+  uint32_t num_experts;
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t dtype;
+  uint32_t _pad;
+  uint64_t abort;
 };
 
 }  // namespace mscclpp

@@ -99,4 +99,47 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, dtype) == 32, "offset 
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, _pad) == 36, "offset of ScaleArgs::_pad");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::ScaleArgs, src) == 40, "offset of ScaleArgs::src");
 
+static_assert(sizeof(mscclpp::MoeLayoutArgs) == 64, "size of MoeLayoutArgs");
+static_assert(alignof(mscclpp::MoeLayoutArgs) == 8, "alignment of MoeLayoutArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, topk_idx) == 0, "offset of MoeLayoutArgs::topk_idx");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, tokens) == 8, "offset of MoeLayoutArgs::tokens");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, per_rank) == 16, "offset of MoeLayoutArgs::per_rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, per_expert) == 24, "offset of MoeLayoutArgs::per_expert");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, in_rank) == 32, "offset of MoeLayoutArgs::in_rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, status) == 40, "offset of MoeLayoutArgs::status");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, topk) == 48, "offset of MoeLayoutArgs::topk");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, num_experts) == 52, "offset of MoeLayoutArgs::num_experts");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, nranks) == 56, "offset of MoeLayoutArgs::nranks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, _pad) == 60, "offset of MoeLayoutArgs::_pad");
+
+static_assert(sizeof(mscclpp::MoeArgs) == 248, "size of MoeArgs");
+static_assert(alignof(mscclpp::MoeArgs) == 8, "alignment of MoeArgs");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, buffer) == 0, "offset of MoeArgs::buffer");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, peer_buffer) == 8, "offset of MoeArgs::peer_buffer");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, max_tokens) == 72, "offset of MoeArgs::max_tokens");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, row_bytes) == 80, "offset of MoeArgs::row_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, scales_at) == 88, "offset of MoeArgs::scales_at");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, meta_at) == 96, "offset of MoeArgs::meta_at");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, tokens) == 104, "offset of MoeArgs::tokens");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, payload_bytes) == 112, "offset of MoeArgs::payload_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, scale_bytes) == 120, "offset of MoeArgs::scale_bytes");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, x) == 128, "offset of MoeArgs::x");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, topk_idx) == 136, "offset of MoeArgs::topk_idx");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, topk_weights) == 144, "offset of MoeArgs::topk_weights");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, scales) == 152, "offset of MoeArgs::scales");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, out_x) == 160, "offset of MoeArgs::out_x");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, out_idx) == 168, "offset of MoeArgs::out_idx");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, out_weights) == 176, "offset of MoeArgs::out_weights");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, out_scales) == 184, "offset of MoeArgs::out_scales");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, out_src) == 192, "offset of MoeArgs::out_src");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, out_capacity) == 200, "offset of MoeArgs::out_capacity");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, handle) == 208, "offset of MoeArgs::handle");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, topk) == 216, "offset of MoeArgs::topk");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, num_experts) == 220, "offset of MoeArgs::num_experts");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, rank) == 224, "offset of MoeArgs::rank");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, nranks) == 228, "offset of MoeArgs::nranks");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, dtype) == 232, "offset of MoeArgs::dtype");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, _pad) == 236, "offset of MoeArgs::_pad");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, abort) == 240, "offset of MoeArgs::abort");
+
 #undef MSCCLPP_LAYOUT_OFFSETOF

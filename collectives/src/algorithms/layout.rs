@@ -11,6 +11,7 @@ use super::direct::args::DirectCollectiveArgs;
 use super::ll::args::LlCollectiveArgs;
 use super::p2p::args::{P2pArgs, P2pChannel, P2pOpDesc};
 use super::read::args::ReadCollectiveArgs;
+use crate::moe::args::{MoeArgs, MoeLayoutArgs};
 use crate::scale::ScaleArgs;
 
 fn layout_table() -> Vec<LayoutEntry> {
@@ -94,6 +95,47 @@ fn layout_table() -> Vec<LayoutEntry> {
             dtype,
             _pad,
             src,
+        }),
+        layout_entry!(MoeLayoutArgs {
+            topk_idx,
+            tokens,
+            per_rank,
+            per_expert,
+            in_rank,
+            status,
+            topk,
+            num_experts,
+            nranks,
+            _pad,
+        }),
+        layout_entry!(MoeArgs {
+            buffer,
+            peer_buffer,
+            max_tokens,
+            row_bytes,
+            scales_at,
+            meta_at,
+            tokens,
+            payload_bytes,
+            scale_bytes,
+            x,
+            topk_idx,
+            topk_weights,
+            scales,
+            out_x,
+            out_idx,
+            out_weights,
+            out_scales,
+            out_src,
+            out_capacity,
+            handle,
+            topk,
+            num_experts,
+            rank,
+            nranks,
+            dtype,
+            _pad,
+            abort,
         }),
     ]
 }

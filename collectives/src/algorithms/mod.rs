@@ -53,4 +53,5 @@ pub static MODULES: &[&KernelModule] = &[
     &crate::scale::SCALE_MODULE,
     &hier::MODULE,
     &ce::reduce::MODULE,
+    &crate::moe::MODULE,
 ];

@@ -1,0 +1,169 @@
+//! The argument structs of the expert-parallel kernels and the layout of the exchange buffer
+//! (`spec.md`), mirrored in `kernels/collectives/args.cuh` and checked by
+//! `kernels/collectives/args_check.h`.
+
+use mscclpp_hal::KernelArgs;
+
+use crate::algorithms::base::MAX_RANKS;
+
+/// Bytes of the buffer's header (flags, counts, acknowledgements, per-block sequences).
+pub const HEADER_BYTES: u64 = 4096;
+
+/// Word offsets (in bytes) of the header; `r` is a rank, `b` a block.
+pub mod hdr {
+    use super::MAX_RANKS;
+    const N: u64 = MAX_RANKS as u64;
+    /// Written by source `s`: the sequence of its last complete dispatch to this rank.
+    pub fn dispatch_flag(s: u64) -> u64 {
+        8 * s
+    }
+    /// Written by source `s` before its flag: how many rows it sent in that dispatch.
+    pub fn dispatch_count(s: u64) -> u64 {
+        8 * (N + s)
+    }
+    /// Written by destination `d`: the last dispatch whose rows from this rank it has read.
+    pub fn dispatch_ack(d: u64) -> u64 {
+        8 * (2 * N + d)
+    }
+    /// Written by rank `s` (that holds tokens of this rank): its last complete combine here.
+    pub fn combine_flag(s: u64) -> u64 {
+        8 * (3 * N + s)
+    }
+    /// Written by rank `d`: the last combine whose rows from this rank it has read.
+    pub fn combine_ack(d: u64) -> u64 {
+        8 * (4 * N + d)
+    }
+    /// This rank's own: the dispatches (and combines) block `b` has run.
+    pub fn dispatch_seq(b: u64) -> u64 {
+        8 * (5 * N + b)
+    }
+    pub fn combine_seq(b: u64) -> u64 {
+        8 * (6 * N + b)
+    }
+    /// This rank's own: blocks that finished reading the combine rows (the last acknowledges).
+    pub fn combine_done() -> u64 {
+        8 * (7 * N)
+    }
+}
+
+/// Status codes a call leaves in its handle (`status`, 0: served).
+pub const STATUS_EXPERT_RANGE: i32 = 1;
+pub const STATUS_CAPACITY: i32 = 2;
+
+/// `mscclpp_moe_layout`: per-rank and per-expert token counts of a routing, and which ranks each
+/// token goes to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeLayoutArgs {
+    /// `[tokens, topk]` i64 expert indices (-1: none).
+    pub topk_idx: u64,
+    pub tokens: u64,
+    /// `[nranks]` i32, `[num_experts]` i32, `[tokens, nranks]` u8 (0 or 1); all zeroed before.
+    pub per_rank: u64,
+    pub per_expert: u64,
+    pub in_rank: u64,
+    /// `[1]` i32: STATUS_EXPERT_RANGE where an index is outside -1..num_experts.
+    pub status: u64,
+    pub topk: u32,
+    pub num_experts: u32,
+    pub nranks: u32,
+    pub _pad: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data with no padding (checked by the layout test).
+unsafe impl KernelArgs for MoeLayoutArgs {}
+
+/// `mscclpp_moe_dispatch` and `mscclpp_moe_combine` (one grid block per rank).
+///
+/// Dispatch: `x` (`tokens` rows of `payload_bytes`), `topk_idx` (i64), `topk_weights` (f32,
+/// optional), `scales` (`scale_bytes` a row, optional) go to the ranks that hold the experts;
+/// what arrives is written to `out_x`, `out_idx` (i64, local expert or -1), `out_weights` (f32,
+/// 0 where not local), `out_scales`, `out_src` (i32: the token's index at its source), at most
+/// `out_capacity` rows, sources in rank order. Combine: `x` holds the received rows (now in
+/// `dtype`, `payload_bytes` each) and `topk_weights` their weights; each goes back to its source,
+/// which sums them (f32, then rounded once) into `out_x` and the weights into `out_weights`.
+/// `handle`: `[nranks]` i32 rows from each source, `[1]` i32 status, `[num_local]` i32 rows per
+/// local expert, `[max_tokens * nranks]` i32 where each token went (row at the destination, -1).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeArgs {
+    pub buffer: u64,
+    pub peer_buffer: [u64; MAX_RANKS],
+    pub max_tokens: u64,
+    /// A row of the buffer's regions: its stride, and where its scales and metadata start.
+    pub row_bytes: u64,
+    pub scales_at: u64,
+    pub meta_at: u64,
+    pub tokens: u64,
+    pub payload_bytes: u64,
+    pub scale_bytes: u64,
+    pub x: u64,
+    pub topk_idx: u64,
+    pub topk_weights: u64,
+    pub scales: u64,
+    pub out_x: u64,
+    pub out_idx: u64,
+    pub out_weights: u64,
+    pub out_scales: u64,
+    pub out_src: u64,
+    pub out_capacity: u64,
+    pub handle: u64,
+    pub topk: u32,
+    pub num_experts: u32,
+    pub rank: u32,
+    pub nranks: u32,
+    pub dtype: u32,
+    pub _pad: u32,
+    pub abort: u64,
+}
+
+// SAFETY: `#[repr(C)]` plain old data with no padding (checked by the layout test).
+unsafe impl KernelArgs for MoeArgs {}
+
+/// Where the pieces of a row sit (dispatch: payload, scales, then the source index, the local
+/// experts and the weights; combine: payload, then the weights).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowLayout {
+    pub payload_cap: u64,
+    pub scale_cap: u64,
+    pub topk: u64,
+}
+
+impl RowLayout {
+    pub fn scales_at(&self) -> u64 {
+        self.payload_cap
+    }
+    pub fn meta_at(&self) -> u64 {
+        self.payload_cap + self.scale_cap
+    }
+    pub fn row_bytes(&self) -> u64 {
+        (self.meta_at() + 4 * (1 + 2 * self.topk)).div_ceil(16) * 16
+    }
+}
+
+/// Offsets in the exchange buffer of `nranks` regions of `max_tokens` rows each.
+pub fn dispatch_region(row_bytes: u64, max_tokens: u64, src: u64) -> u64 {
+    HEADER_BYTES + src * max_tokens * row_bytes
+}
+
+pub fn combine_region(row_bytes: u64, max_tokens: u64, nranks: u64, src: u64) -> u64 {
+    HEADER_BYTES + (nranks + src) * max_tokens * row_bytes
+}
+
+pub fn buffer_bytes(row_bytes: u64, max_tokens: u64, nranks: u64) -> u64 {
+    HEADER_BYTES + 2 * nranks * max_tokens * row_bytes
+}
+
+/// The handle's pieces (i32 each): per-source rows, status, per-local-expert rows, positions.
+pub fn handle_status(nranks: u64) -> u64 {
+    nranks
+}
+pub fn handle_experts(nranks: u64) -> u64 {
+    nranks + 1
+}
+pub fn handle_positions(nranks: u64, num_local: u64) -> u64 {
+    nranks + 1 + num_local
+}
+pub fn handle_words(nranks: u64, num_local: u64, max_tokens: u64) -> u64 {
+    handle_positions(nranks, num_local) + max_tokens * nranks
+}

@@ -1,0 +1,377 @@
+//! The host kernels of the expert-parallel exchange: the protocol of `spec.md`, as
+//! `kernels/collectives/moe.cu` runs it, with one worker doing every block's first phase (all
+//! sends) before any block's second (all receives). A block's first phase waits only for the
+//! previous call's acknowledgements, which the peers' previous calls give without waiting for
+//! this one, so the order cannot deadlock.
+
+use std::sync::atomic::Ordering;
+
+use half::{bf16, f16};
+use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
+use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, Result};
+
+use super::args::{
+    MoeArgs, MoeLayoutArgs, STATUS_CAPACITY, STATUS_EXPERT_RANGE, combine_region, dispatch_region,
+    handle_experts, handle_positions, handle_status, hdr,
+};
+use crate::algorithms::host_common::{check_ranks, copy, word};
+
+/// Reads a plain value of type `T` at `addr`.
+///
+/// # Safety
+/// `addr` must hold a readable, initialised `T` (any alignment).
+unsafe fn get<T: Copy>(addr: u64) -> T {
+    // SAFETY: caller's contract.
+    unsafe { std::ptr::read_unaligned(addr as *const T) }
+}
+
+/// Writes `v` at `addr`.
+///
+/// # Safety
+/// `addr..addr + size_of::<T>()` must be writable.
+unsafe fn put<T: Copy>(addr: u64, v: T) {
+    // SAFETY: caller's contract.
+    unsafe { std::ptr::write_unaligned(addr as *mut T, v) }
+}
+
+fn wait_ge(addr: u64, off: u64, seq: u64, what: impl Fn() -> String) -> Result<()> {
+    let w = word(addr, off);
+    spin_until(DEFAULT_WAIT, what, || w.load(Ordering::Acquire) >= seq)
+}
+
+/// `mscclpp_moe_layout`.
+pub fn layout(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = MoeLayoutArgs::from_bytes(args)?;
+    if a.nranks == 0 || a.num_experts == 0 || a.num_experts % a.nranks != 0 {
+        return Err(Error::invalid(format!(
+            "expert layout of {} experts over {} ranks: a positive multiple of the ranks is needed",
+            a.num_experts, a.nranks
+        )));
+    }
+    let (n, e, k) = (
+        u64::from(a.nranks),
+        i64::from(a.num_experts),
+        u64::from(a.topk),
+    );
+    let local = e / n as i64;
+    for t in 0..a.tokens {
+        for j in 0..k {
+            // SAFETY: the launcher checked `topk_idx` holds `tokens * topk` i64 and the outputs
+            // their sizes (Moe::layout).
+            let x: i64 = unsafe { get(a.topk_idx + 8 * (t * k + j)) };
+            if x == -1 {
+                continue;
+            }
+            if !(0..e).contains(&x) {
+                // SAFETY: as above.
+                unsafe { put(a.status, STATUS_EXPERT_RANGE) };
+                continue;
+            }
+            let d = (x / local) as u64;
+            // SAFETY: as above; x < num_experts, d < nranks.
+            unsafe {
+                let pe = a.per_expert + 4 * x as u64;
+                put(pe, get::<i32>(pe) + 1);
+                put(a.in_rank + t * n + d, 1u8);
+            }
+        }
+        for d in 0..n {
+            // SAFETY: as above.
+            unsafe {
+                if get::<u8>(a.in_rank + t * n + d) != 0 {
+                    let pr = a.per_rank + 4 * d;
+                    put(pr, get::<i32>(pr) + 1);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check(a: &MoeArgs, blocks: u64) -> Result<()> {
+    check_ranks("expert-parallel exchange", a.rank, a.nranks)?;
+    let n = a.nranks as usize;
+    if blocks != u64::from(a.nranks) {
+        return Err(Error::invalid(format!(
+            "expert-parallel exchange of {blocks} blocks for {} ranks",
+            a.nranks
+        )));
+    }
+    if a.peer_buffer[..n].contains(&0) || a.buffer != a.peer_buffer[a.rank as usize] {
+        return Err(Error::invalid(
+            "expert-parallel exchange without its buffer",
+        ));
+    }
+    if a.tokens > a.max_tokens || a.num_experts % a.nranks != 0 || a.num_experts == 0 {
+        return Err(Error::invalid(format!(
+            "expert-parallel exchange of {} tokens (at most {}), {} experts over {} ranks",
+            a.tokens, a.max_tokens, a.num_experts, a.nranks
+        )));
+    }
+    Ok(())
+}
+
+/// One call's view: the sequence of this call and the handle's pieces.
+struct View<'a> {
+    a: &'a MoeArgs,
+    n: u64,
+    k: u64,
+    local: u64,
+}
+
+impl View<'_> {
+    fn handle(&self, at: u64) -> u64 {
+        self.a.handle + 4 * at
+    }
+    fn position(&self, t: u64, d: u64) -> u64 {
+        self.handle(handle_positions(self.n, self.local) + t * self.n + d)
+    }
+    fn fail(&self, code: i32) {
+        // SAFETY: the launcher sized the handle (Moe::handle_bytes).
+        unsafe { put(self.handle(handle_status(self.n)), code) };
+    }
+    /// The next sequence of the per-block words at `off(b)` (every block's is the same).
+    fn next_seq(&self, off: fn(u64) -> u64) -> u64 {
+        word(self.a.buffer, off(0)).load(Ordering::Relaxed) + 1
+    }
+    fn store_seq(&self, off: fn(u64) -> u64, seq: u64) {
+        for b in 0..self.n {
+            word(self.a.buffer, off(b)).store(seq, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `mscclpp_moe_dispatch`.
+pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = MoeArgs::from_bytes(args)?;
+    check(&a, cfg.num_blocks())?;
+    let v = View {
+        a: &a,
+        n: u64::from(a.nranks),
+        k: u64::from(a.topk),
+        local: u64::from(a.num_experts / a.nranks),
+    };
+    let (r, n, k, local) = (u64::from(a.rank), v.n, v.k, v.local);
+    let seq = v.next_seq(hdr::dispatch_seq);
+    // Phase 1: to every destination, its tokens' rows in token order.
+    for d in 0..n {
+        wait_ge(a.buffer, hdr::dispatch_ack(d), seq - 1, || {
+            format!("rank {d} to read this rank's previous dispatch")
+        })?;
+        let region = a.peer_buffer[d as usize] + dispatch_region(a.row_bytes, a.max_tokens, r);
+        let mut j = 0u64;
+        for t in 0..a.tokens {
+            let mut member = false;
+            for i in 0..k {
+                // SAFETY: the launcher checked the inputs' sizes (Moe::dispatch).
+                let x: i64 = unsafe { get(a.topk_idx + 8 * (t * k + i)) };
+                if x < -1 || x >= i64::from(a.num_experts) {
+                    v.fail(STATUS_EXPERT_RANGE);
+                } else if x >= 0 && x as u64 / local == d {
+                    member = true;
+                }
+            }
+            let pos = if member { j as i32 } else { -1 };
+            // SAFETY: the handle holds max_tokens * nranks positions; t < tokens <= max_tokens.
+            unsafe { put(v.position(t, d), pos) };
+            if !member {
+                continue;
+            }
+            let row = region + j * a.row_bytes;
+            // SAFETY: the row lies in rank d's region for this rank (j < tokens <= max_tokens);
+            // the inputs were checked by the launcher.
+            unsafe {
+                copy(row, a.x + t * a.payload_bytes, a.payload_bytes);
+                if a.scales != 0 {
+                    copy(
+                        row + a.scales_at,
+                        a.scales + t * a.scale_bytes,
+                        a.scale_bytes,
+                    );
+                }
+                put(row + a.meta_at, t as i32);
+                for i in 0..k {
+                    let x: i64 = get(a.topk_idx + 8 * (t * k + i));
+                    let mine = x >= 0 && x < i64::from(a.num_experts) && x as u64 / local == d;
+                    let w: f32 = if mine && a.topk_weights != 0 {
+                        get(a.topk_weights + 4 * (t * k + i))
+                    } else {
+                        0.0
+                    };
+                    let le = if mine { (x as u64 - d * local) as i32 } else { -1 };
+                    put(row + a.meta_at + 4 + 4 * i, le);
+                    put(row + a.meta_at + 4 + 4 * (k + i), w);
+                }
+            }
+            j += 1;
+        }
+        let peer = a.peer_buffer[d as usize];
+        word(peer, hdr::dispatch_count(r)).store(j, Ordering::Relaxed);
+        word(peer, hdr::dispatch_flag(r)).store(seq, Ordering::Release);
+    }
+    // Phase 2: every source's rows, sources in rank order.
+    let mut prefix = 0u64;
+    for s in 0..n {
+        wait_ge(a.buffer, hdr::dispatch_flag(s), seq, || {
+            format!("rank {s}'s dispatch rows")
+        })?;
+        let c = word(a.buffer, hdr::dispatch_count(s)).load(Ordering::Relaxed);
+        let region = a.buffer + dispatch_region(a.row_bytes, a.max_tokens, s);
+        // SAFETY: the handle holds nranks counts.
+        unsafe { put(v.handle(s), c as i32) };
+        for j in 0..c {
+            let i = prefix + j;
+            if i >= a.out_capacity {
+                v.fail(STATUS_CAPACITY);
+                break;
+            }
+            let row = region + j * a.row_bytes;
+            // SAFETY: row j < c <= max_tokens of source s's region; the outputs hold
+            // out_capacity rows (checked by the launcher).
+            unsafe {
+                copy(a.out_x + i * a.payload_bytes, row, a.payload_bytes);
+                if a.out_scales != 0 {
+                    copy(
+                        a.out_scales + i * a.scale_bytes,
+                        row + a.scales_at,
+                        a.scale_bytes,
+                    );
+                }
+                put(a.out_src + 4 * i, get::<i32>(row + a.meta_at));
+                for q in 0..k {
+                    let le: i32 = get(row + a.meta_at + 4 + 4 * q);
+                    let w: f32 = get(row + a.meta_at + 4 + 4 * (k + q));
+                    put(a.out_idx + 8 * (i * k + q), i64::from(le));
+                    if a.out_weights != 0 {
+                        put(a.out_weights + 4 * (i * k + q), w);
+                    }
+                    if le >= 0 {
+                        let pe = v.handle(handle_experts(n) + le as u64);
+                        put(pe, get::<i32>(pe) + 1);
+                    }
+                }
+            }
+        }
+        prefix += c;
+        word(a.peer_buffer[s as usize], hdr::dispatch_ack(r)).store(seq, Ordering::Release);
+    }
+    v.store_seq(hdr::dispatch_seq, seq);
+    Ok(())
+}
+
+fn to_f32(dtype: DataType, p: u64) -> f32 {
+    // SAFETY: the caller reads an element of `dtype` inside a row it owns.
+    unsafe {
+        match dtype {
+            DataType::F16 => f16::from_bits(get(p)).to_f32(),
+            DataType::BF16 => bf16::from_bits(get(p)).to_f32(),
+            _ => get::<f32>(p),
+        }
+    }
+}
+
+fn from_f32(dtype: DataType, p: u64, x: f32) {
+    // SAFETY: the caller writes an element of `dtype` inside the output it owns.
+    unsafe {
+        match dtype {
+            DataType::F16 => put(p, f16::from_f32(x).to_bits()),
+            DataType::BF16 => put(p, bf16::from_f32(x).to_bits()),
+            _ => put(p, x),
+        }
+    }
+}
+
+/// `mscclpp_moe_combine`.
+pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
+    let a = MoeArgs::from_bytes(args)?;
+    check(&a, cfg.num_blocks())?;
+    let dtype = DataType::from_code(a.dtype)?;
+    if !matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16) {
+        return Err(Error::invalid(format!(
+            "expert-parallel combine of {dtype}: f32, f16 and bf16 are summed"
+        )));
+    }
+    let v = View {
+        a: &a,
+        n: u64::from(a.nranks),
+        k: u64::from(a.topk),
+        local: u64::from(a.num_experts / a.nranks),
+    };
+    let (r, n, k) = (u64::from(a.rank), v.n, v.k);
+    let seq = v.next_seq(hdr::combine_seq);
+    // Phase 1: the rows received from each source go back to it, in the order they came.
+    let mut prefix = 0u64;
+    for s in 0..n {
+        wait_ge(a.buffer, hdr::combine_ack(s), seq - 1, || {
+            format!("rank {s} to read this rank's previous combine")
+        })?;
+        // SAFETY: the handle holds nranks counts (written by the dispatch).
+        let c = u64::from(unsafe { get::<i32>(v.handle(s)) }.max(0) as u32);
+        let region = a.peer_buffer[s as usize] + combine_region(a.row_bytes, a.max_tokens, n, r);
+        // Rows past `x`'s (a dispatch that overflowed its output) are not sent.
+        for j in 0..c.min(a.max_tokens).min(a.out_capacity.saturating_sub(prefix)) {
+            let (row, i) = (region + j * a.row_bytes, prefix + j);
+            // SAFETY: rank s's region for this rank holds max_tokens rows; `x` (and the weights)
+            // hold the dispatch's rows (checked by the launcher against the handle's counts).
+            unsafe {
+                copy(row, a.x + i * a.payload_bytes, a.payload_bytes);
+                if a.topk_weights != 0 {
+                    copy(
+                        row + a.meta_at + 4 + 4 * k,
+                        a.topk_weights + 4 * i * k,
+                        4 * k,
+                    );
+                }
+            }
+        }
+        prefix += c;
+        let peer = a.peer_buffer[s as usize];
+        word(peer, hdr::combine_flag(r)).store(seq, Ordering::Release);
+    }
+    // Phase 2: every token, the sum of its rows from the ranks it went to (rank order, f32).
+    for d in 0..n {
+        wait_ge(a.buffer, hdr::combine_flag(d), seq, || {
+            format!("rank {d}'s combine rows")
+        })?;
+    }
+    let size = dtype.size() as u64;
+    let elems = a.payload_bytes / size;
+    let mut acc = vec![0f32; elems as usize];
+    let mut wacc = vec![0f32; k as usize];
+    for t in 0..a.tokens {
+        acc.fill(0.0);
+        wacc.fill(0.0);
+        for d in 0..n {
+            // SAFETY: the handle holds the dispatch's positions of t < tokens.
+            let p: i32 = unsafe { get(v.position(t, d)) };
+            if p < 0 || p as u64 >= a.max_tokens {
+                continue;
+            }
+            let row = a.buffer
+                + combine_region(a.row_bytes, a.max_tokens, n, d)
+                + p as u64 * a.row_bytes;
+            for (e, x) in acc.iter_mut().enumerate() {
+                *x += to_f32(dtype, row + e as u64 * size);
+            }
+            for (q, w) in wacc.iter_mut().enumerate() {
+                // SAFETY: the row's weights (its meta) lie inside it.
+                *w += unsafe { get::<f32>(row + a.meta_at + 4 + 4 * (k + q as u64)) };
+            }
+        }
+        for (e, x) in acc.iter().enumerate() {
+            from_f32(dtype, a.out_x + (t * elems + e as u64) * size, *x);
+        }
+        if a.out_weights != 0 {
+            for (q, w) in wacc.iter().enumerate() {
+                // SAFETY: out_weights holds tokens * topk f32 (checked by the launcher).
+                unsafe { put(a.out_weights + 4 * (t * k + q as u64), *w) };
+            }
+        }
+    }
+    word(a.buffer, hdr::combine_done()).fetch_add(n, Ordering::Relaxed);
+    for d in 0..n {
+        word(a.peer_buffer[d as usize], hdr::combine_ack(r)).store(seq, Ordering::Release);
+    }
+    v.store_seq(hdr::combine_seq, seq);
+    Ok(())
+}

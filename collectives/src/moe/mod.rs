@@ -1,0 +1,510 @@
+//! Expert parallelism: the all-to-all of mixture-of-experts layers. [`Moe::layout`] counts a
+//! routing (tokens per rank and per expert, which ranks each token goes to); [`Moe::dispatch`]
+//! sends every token once to each rank that holds one of its top-k experts, with its expert
+//! indices made local there and its weights; [`Moe::combine`] sends the expert outputs back and
+//! sums, at each token's rank, the rows of the ranks it went to. Written once: the kernels of
+//! `kernels/collectives/moe.cu` (NVRTC and hipRTC) and the host kernels of [`host`] follow the
+//! protocol of `spec.md`; every size is fixed when the exchange is set up and every count stays
+//! on the device, so a dispatch and a combine can be captured in a graph and replayed.
+//!
+#![doc = include_str!("spec.md")]
+
+use mscclpp_comm::Communicator;
+use mscclpp_hal::{
+    Api, BufferSlice, DataType, Error, KernelDef, KernelId, KernelModule, LaunchConfig, Result,
+    StreamApi, TypedKernel,
+};
+
+pub(crate) mod args;
+pub(crate) mod host;
+
+use args::{
+    MoeArgs, MoeLayoutArgs, RowLayout, STATUS_CAPACITY, STATUS_EXPERT_RANGE, buffer_bytes,
+    handle_experts, handle_positions, handle_status, handle_words,
+};
+
+use crate::agree::agree;
+use crate::algorithms::base::{HEADERS, MAX_RANKS, load};
+use crate::scratch::Scratch;
+
+const LAYOUT: KernelId = KernelId("mscclpp_moe_layout");
+const DISPATCH: KernelId = KernelId("mscclpp_moe_dispatch");
+const COMBINE: KernelId = KernelId("mscclpp_moe_combine");
+
+/// The expert-parallel module.
+pub static MODULE: KernelModule = KernelModule {
+    name: "collectives/moe.cu",
+    source: include_str!("../../../kernels/collectives/moe.cu"),
+    headers: HEADERS,
+    kernels: &[
+        KernelDef::new::<MoeLayoutArgs>(LAYOUT.0, host::layout),
+        KernelDef::new::<MoeArgs>(DISPATCH.0, host::dispatch),
+        KernelDef::new::<MoeArgs>(COMBINE.0, host::combine),
+    ],
+};
+
+/// Threads per block on GPUs (the dispatch's scan runs over a block: at most 1024).
+const THREADS: u32 = 512;
+/// Threads per block of the layout kernel on GPUs, and its blocks at most.
+const LAYOUT_THREADS: u32 = 256;
+const LAYOUT_BLOCKS: u64 = 1024;
+
+/// What an exchange is set up for: the same on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts in all, spread evenly: rank `r` holds experts `[r E/n, (r + 1) E/n)`.
+    pub num_experts: usize,
+    /// Experts per token (the width of `topk_idx` and `topk_weights`).
+    pub topk: usize,
+    /// Tokens a rank dispatches in one call, at most.
+    pub max_tokens: usize,
+    /// Bytes of a token's row at most: the hidden size times the element size, of the dispatch's
+    /// input (bf16, or FP8 bytes) and of the combine's (bf16, f16 or f32).
+    pub max_row_bytes: usize,
+    /// Bytes of a token's scales at most (FP8 dispatch: 4 per 128 channels); 0 for none.
+    pub max_scale_bytes: usize,
+}
+
+/// Outputs of [`Moe::layout`] (zeroed by it first).
+#[derive(Debug, Clone, Copy)]
+pub struct LayoutOut<'a> {
+    /// `[nranks]` i32: tokens that go to each rank.
+    pub per_rank: &'a BufferSlice,
+    /// `[num_experts]` i32: tokens routed to each expert.
+    pub per_expert: &'a BufferSlice,
+    /// `[tokens, nranks]` u8: 1 where the token goes to the rank.
+    pub in_rank: &'a BufferSlice,
+    /// `[1]` i32: 0, or 1 where an expert index was outside `-1..num_experts` (ignored).
+    pub status: &'a BufferSlice,
+}
+
+/// One dispatch of this rank ([`Moe::dispatch`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Dispatch<'a> {
+    /// Tokens of this rank in this call (at most the configured `max_tokens`).
+    pub tokens: usize,
+    /// `[tokens, row_bytes]`: the tokens' rows, sent as bytes.
+    pub x: &'a BufferSlice,
+    pub row_bytes: usize,
+    /// `[tokens, topk]` i64: each token's experts (-1: none).
+    pub topk_idx: &'a BufferSlice,
+    /// `[tokens, topk]` f32, or none.
+    pub topk_weights: Option<&'a BufferSlice>,
+    /// `[tokens, scale_bytes]` and `scale_bytes`, or none.
+    pub scales: Option<(&'a BufferSlice, usize)>,
+    /// Rows the outputs hold (the worst case is `nranks * max_tokens`).
+    pub capacity: usize,
+    /// `[capacity, row_bytes]`: the rows received, sources in rank order, each source's in its
+    /// token order.
+    pub out_x: &'a BufferSlice,
+    /// `[capacity, topk]` i64: the experts of each row made local here (-1: not here).
+    pub out_idx: &'a BufferSlice,
+    /// `[capacity, topk]` f32: the weights (0 where the expert is not here); needs `topk_weights`.
+    pub out_weights: Option<&'a BufferSlice>,
+    /// `[capacity, scale_bytes]`; needs `scales`.
+    pub out_scales: Option<&'a BufferSlice>,
+    /// `[capacity]` i32: each row's token index at its source.
+    pub out_src: &'a BufferSlice,
+    /// [`Moe::handle_bytes`]: the counts and positions the combine needs.
+    pub handle: &'a BufferSlice,
+}
+
+/// One combine of this rank ([`Moe::combine`]): the reverse of a dispatch, whose handle it takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Combine<'a> {
+    /// This rank's tokens in the dispatch.
+    pub tokens: usize,
+    /// `[rows, hidden]` of `dtype`: the received rows, in the dispatch's order.
+    pub x: &'a BufferSlice,
+    pub rows: usize,
+    pub dtype: DataType,
+    pub hidden: usize,
+    /// `[rows, topk]` f32 sent back with the rows and summed, or none.
+    pub topk_weights: Option<&'a BufferSlice>,
+    /// The dispatch's handle.
+    pub handle: &'a BufferSlice,
+    /// `[tokens, hidden]` of `dtype`: each token, the sum of its rows (f32, rounded once).
+    pub out_x: &'a BufferSlice,
+    /// `[tokens, topk]` f32: the weights summed; needs `topk_weights`.
+    pub out_weights: Option<&'a BufferSlice>,
+}
+
+/// The counts a dispatch left in its handle ([`Moe::read_handle`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// Rows from each source rank.
+    pub per_source: Vec<usize>,
+    /// Rows (token-expert pairs) for each local expert.
+    pub per_expert: Vec<usize>,
+}
+
+impl Received {
+    /// All rows received.
+    pub fn rows(&self) -> usize {
+        self.per_source.iter().sum()
+    }
+}
+
+/// An expert-parallel exchange of a communicator whose ranks share a host.
+#[derive(Debug)]
+pub struct Moe<A: Api> {
+    cfg: MoeConfig,
+    rows: RowLayout,
+    row_bytes: u64,
+    rank: usize,
+    nranks: usize,
+    host: bool,
+    buffer: Scratch,
+    layout: TypedKernel<MoeLayoutArgs, A>,
+    dispatch: TypedKernel<MoeArgs, A>,
+    combine: TypedKernel<MoeArgs, A>,
+}
+
+fn need(what: &str, s: &BufferSlice, bytes: u64) -> Result<()> {
+    if (s.len() as u64) < bytes {
+        return Err(Error::invalid(format!(
+            "{what}: a buffer of {} bytes where {bytes} are needed",
+            s.len()
+        )));
+    }
+    Ok(())
+}
+
+impl<A: Api> Moe<A> {
+    /// Sets up the exchange: allocates and maps every rank's buffer (a collective call; every
+    /// rank passes the same `cfg`).
+    pub fn new(comm: &Communicator, cfg: MoeConfig) -> Result<Moe<A>> {
+        let (rank, n) = (comm.rank(), comm.nranks());
+        if !(2..=MAX_RANKS).contains(&n) {
+            return Err(Error::invalid(format!(
+                "an expert-parallel exchange of {n} ranks: 2 to {MAX_RANKS} ranks of one host are served"
+            )));
+        }
+        if cfg.num_experts == 0 || cfg.num_experts % n != 0 {
+            return Err(Error::invalid(format!(
+                "{} experts over {n} ranks: every rank must hold the same number of experts",
+                cfg.num_experts
+            )));
+        }
+        if cfg.num_experts > i32::MAX as usize
+            || cfg.topk == 0
+            || cfg.topk > 1024
+            || cfg.max_tokens == 0
+            || cfg.max_tokens > i32::MAX as usize
+            || cfg.max_row_bytes == 0
+        {
+            return Err(Error::invalid(format!(
+                "expert-parallel settings {cfg:?}: top-k 1..=1024, positive tokens and row bytes needed"
+            )));
+        }
+        agree(comm, "expert-parallel settings", format!("{cfg:?}"))?;
+        let rows = RowLayout {
+            payload_cap: (cfg.max_row_bytes as u64).div_ceil(16) * 16,
+            scale_cap: (cfg.max_scale_bytes as u64).div_ceil(16) * 16,
+            topk: cfg.topk as u64,
+        };
+        let row_bytes = rows.row_bytes();
+        let bytes = buffer_bytes(row_bytes, cfg.max_tokens as u64, n as u64);
+        let buffer = Scratch::exchange(comm, bytes, "expert-parallel buffer")?;
+        let host = comm.device().info().warp_size == 1;
+        Ok(Moe {
+            cfg,
+            rows,
+            row_bytes,
+            rank,
+            nranks: n,
+            host,
+            buffer,
+            layout: load(comm, &MODULE, LAYOUT)?,
+            dispatch: load(comm, &MODULE, DISPATCH)?,
+            combine: load(comm, &MODULE, COMBINE)?,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &MoeConfig {
+        &self.cfg
+    }
+
+    /// Experts held by each rank.
+    pub fn local_experts(&self) -> usize {
+        self.cfg.num_experts / self.nranks
+    }
+
+    /// Bytes of a dispatch's handle.
+    pub fn handle_bytes(&self) -> usize {
+        4 * handle_words(
+            self.nranks as u64,
+            self.local_experts() as u64,
+            self.cfg.max_tokens as u64,
+        ) as usize
+    }
+
+    fn check_tokens(&self, tokens: usize) -> Result<()> {
+        if tokens > self.cfg.max_tokens {
+            return Err(Error::invalid(format!(
+                "{tokens} tokens in one call; the exchange was set up for {} at most",
+                self.cfg.max_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    /// Counts the routing `topk_idx` (`[tokens, topk]` i64) into `out`.
+    ///
+    /// # Safety
+    /// The buffers must stay allocated until the stream has passed the call.
+    pub unsafe fn layout(
+        &self,
+        topk_idx: &BufferSlice,
+        tokens: usize,
+        out: &LayoutOut,
+        stream: &A::Stream,
+    ) -> Result<()> {
+        let (t, k, n, e) = (
+            tokens as u64,
+            self.cfg.topk as u64,
+            self.nranks as u64,
+            self.cfg.num_experts as u64,
+        );
+        need("the layout's topk_idx", topk_idx, 8 * t * k)?;
+        need("the layout's per-rank counts", out.per_rank, 4 * n)?;
+        need("the layout's per-expert counts", out.per_expert, 4 * e)?;
+        need("the layout's token-in-rank table", out.in_rank, t * n)?;
+        need("the layout's status", out.status, 4)?;
+        for s in [out.per_rank, out.per_expert, out.in_rank, out.status] {
+            stream.fill(s, 0)?;
+        }
+        if tokens == 0 {
+            return Ok(());
+        }
+        let args = MoeLayoutArgs {
+            topk_idx: topk_idx.ptr().0,
+            tokens: t,
+            per_rank: out.per_rank.ptr().0,
+            per_expert: out.per_expert.ptr().0,
+            in_rank: out.in_rank.ptr().0,
+            status: out.status.ptr().0,
+            topk: k as u32,
+            num_experts: e as u32,
+            nranks: n as u32,
+            _pad: 0,
+        };
+        let cfg = if self.host {
+            LaunchConfig::linear(1, 1)
+        } else {
+            let blocks = t.div_ceil(u64::from(LAYOUT_THREADS)).min(LAYOUT_BLOCKS) as u32;
+            LaunchConfig::linear(blocks, LAYOUT_THREADS)
+        };
+        // SAFETY: the buffers hold what the kernel reads and writes (checked above); the caller
+        // keeps them alive until the stream passes the call.
+        unsafe { self.layout.launch(stream, cfg, &args) }
+    }
+
+    fn base_args(&self) -> MoeArgs {
+        MoeArgs {
+            buffer: self.buffer.addrs[self.rank],
+            peer_buffer: self.buffer.addrs,
+            max_tokens: self.cfg.max_tokens as u64,
+            row_bytes: self.row_bytes,
+            scales_at: self.rows.scales_at(),
+            meta_at: self.rows.meta_at(),
+            tokens: 0,
+            payload_bytes: 0,
+            scale_bytes: 0,
+            x: 0,
+            topk_idx: 0,
+            topk_weights: 0,
+            scales: 0,
+            out_x: 0,
+            out_idx: 0,
+            out_weights: 0,
+            out_scales: 0,
+            out_src: 0,
+            out_capacity: 0,
+            handle: 0,
+            topk: self.cfg.topk as u32,
+            num_experts: self.cfg.num_experts as u32,
+            rank: self.rank as u32,
+            nranks: self.nranks as u32,
+            dtype: 0,
+            _pad: 0,
+            abort: mscclpp_hal::dev::current_abort(),
+        }
+    }
+
+    fn grid(&self) -> LaunchConfig {
+        let threads = if self.host { 1 } else { THREADS };
+        LaunchConfig::linear(self.nranks as u32, threads)
+    }
+
+    /// Sends this rank's tokens to the ranks of their experts and receives theirs (a collective
+    /// call: every rank dispatches, with its own tokens, as often as the others).
+    ///
+    /// # Safety
+    /// The buffers must stay allocated until the stream has passed the call.
+    pub unsafe fn dispatch(&self, d: &Dispatch, stream: &A::Stream) -> Result<()> {
+        self.check_tokens(d.tokens)?;
+        let (t, k, cap) = (d.tokens as u64, self.cfg.topk as u64, d.capacity as u64);
+        let row = d.row_bytes as u64;
+        if row == 0 || row > self.rows.payload_cap {
+            return Err(Error::invalid(format!(
+                "rows of {row} bytes; the exchange was set up for 1 to {} bytes",
+                self.cfg.max_row_bytes
+            )));
+        }
+        need("the dispatch's x", d.x, t * row)?;
+        need("the dispatch's topk_idx", d.topk_idx, 8 * t * k)?;
+        if let Some(w) = d.topk_weights {
+            need("the dispatch's topk_weights", w, 4 * t * k)?;
+        }
+        let scale_bytes = match d.scales {
+            Some((s, b)) => {
+                if b as u64 > self.rows.scale_cap || b == 0 {
+                    return Err(Error::invalid(format!(
+                        "scales of {b} bytes a token; the exchange was set up for 1 to {}",
+                        self.cfg.max_scale_bytes
+                    )));
+                }
+                need("the dispatch's scales", s, t * b as u64)?;
+                b as u64
+            }
+            None => 0,
+        };
+        need("the dispatch's out_x", d.out_x, cap * row)?;
+        need("the dispatch's out_idx", d.out_idx, 8 * cap * k)?;
+        need("the dispatch's out_src", d.out_src, 4 * cap)?;
+        match (d.topk_weights, d.out_weights) {
+            (_, None) => {}
+            (Some(_), Some(w)) => need("the dispatch's out_weights", w, 4 * cap * k)?,
+            (None, Some(_)) => {
+                return Err(Error::invalid(
+                    "the dispatch asks for received weights but sends none (topk_weights)",
+                ));
+            }
+        }
+        match (d.scales, d.out_scales) {
+            (_, None) => {}
+            (Some(_), Some(s)) => need("the dispatch's out_scales", s, cap * scale_bytes)?,
+            (None, Some(_)) => {
+                return Err(Error::invalid(
+                    "the dispatch asks for received scales but sends none (scales)",
+                ));
+            }
+        }
+        need("the dispatch's handle", d.handle, self.handle_bytes() as u64)?;
+        // Counts, status and per-expert counts start at 0 (the kernel adds to them).
+        let zeroed = 4 * handle_positions(self.nranks as u64, self.local_experts() as u64);
+        stream.fill(&d.handle.slice(..zeroed as usize)?, 0)?;
+        let ptr = |s: Option<&BufferSlice>| s.map_or(0, |s| s.ptr().0);
+        let args = MoeArgs {
+            tokens: t,
+            payload_bytes: row,
+            scale_bytes,
+            x: d.x.ptr().0,
+            topk_idx: d.topk_idx.ptr().0,
+            topk_weights: ptr(d.topk_weights),
+            scales: ptr(d.scales.map(|s| s.0)),
+            out_x: d.out_x.ptr().0,
+            out_idx: d.out_idx.ptr().0,
+            out_weights: ptr(d.out_weights),
+            out_scales: ptr(d.out_scales),
+            out_src: d.out_src.ptr().0,
+            out_capacity: cap,
+            handle: d.handle.ptr().0,
+            ..self.base_args()
+        };
+        // SAFETY: every buffer holds what the kernel touches (checked above); the exchange
+        // buffer and the peers' mappings live in `self`.
+        unsafe { self.dispatch.launch(stream, self.grid(), &args) }
+    }
+
+    /// Sends the received rows back and sums each token's rows (a collective call, after the
+    /// dispatch whose handle it takes).
+    ///
+    /// # Safety
+    /// The buffers must stay allocated until the stream has passed the call.
+    pub unsafe fn combine(&self, c: &Combine, stream: &A::Stream) -> Result<()> {
+        self.check_tokens(c.tokens)?;
+        if !matches!(c.dtype, DataType::F32 | DataType::F16 | DataType::BF16) {
+            return Err(Error::invalid(format!(
+                "a combine of {}: f32, f16 and bf16 rows are summed",
+                c.dtype
+            )));
+        }
+        let row = (c.hidden * c.dtype.size()) as u64;
+        if row == 0 || row > self.rows.payload_cap {
+            return Err(Error::invalid(format!(
+                "combine rows of {row} bytes ({} x {}); the exchange was set up for 1 to {} bytes",
+                c.hidden, c.dtype, self.cfg.max_row_bytes
+            )));
+        }
+        let (t, k, rows) = (c.tokens as u64, self.cfg.topk as u64, c.rows as u64);
+        need("the combine's x", c.x, rows * row)?;
+        need("the combine's out_x", c.out_x, t * row)?;
+        need("the combine's handle", c.handle, self.handle_bytes() as u64)?;
+        match (c.topk_weights, c.out_weights) {
+            (Some(w), o) => {
+                need("the combine's topk_weights", w, 4 * rows * k)?;
+                if let Some(o) = o {
+                    need("the combine's out_weights", o, 4 * t * k)?;
+                }
+            }
+            (None, None) => {}
+            (None, Some(_)) => {
+                return Err(Error::invalid(
+                    "the combine asks for summed weights but sends none (topk_weights)",
+                ));
+            }
+        }
+        let ptr = |s: Option<&BufferSlice>| s.map_or(0, |s| s.ptr().0);
+        let args = MoeArgs {
+            tokens: t,
+            payload_bytes: row,
+            x: c.x.ptr().0,
+            topk_weights: ptr(c.topk_weights),
+            out_x: c.out_x.ptr().0,
+            out_weights: ptr(c.out_weights),
+            out_capacity: rows,
+            handle: c.handle.ptr().0,
+            dtype: c.dtype as u32,
+            ..self.base_args()
+        };
+        // SAFETY: as in `dispatch`.
+        unsafe { self.combine.launch(stream, self.grid(), &args) }
+    }
+
+    /// Reads a dispatch's counts from its handle (waits for the stream): an error where the
+    /// dispatch met an expert index out of range or received more rows than its outputs hold.
+    pub fn read_handle(&self, handle: &BufferSlice, stream: &A::Stream) -> Result<Received> {
+        let (n, local) = (self.nranks, self.local_experts());
+        let words = handle_positions(n as u64, local as u64) as usize;
+        let mut bytes = vec![0u8; 4 * words];
+        stream.read_to_host(&mut bytes, &handle.slice(..4 * words)?)?;
+        let at = |i: u64| {
+            let i = i as usize * 4;
+            i32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]])
+        };
+        let received = Received {
+            per_source: (0..n as u64).map(|s| at(s).max(0) as usize).collect(),
+            per_expert: (0..local as u64)
+                .map(|e| at(handle_experts(n as u64) + e).max(0) as usize)
+                .collect(),
+        };
+        match at(handle_status(n as u64)) {
+            0 => Ok(received),
+            STATUS_EXPERT_RANGE => Err(Error::invalid(format!(
+                "an expert index outside -1..{} in a dispatch of rank {} (the entry was dropped)",
+                self.cfg.num_experts, self.rank
+            ))),
+            STATUS_CAPACITY => Err(Error::invalid(format!(
+                "rank {} received {} rows in a dispatch whose outputs hold fewer (rows past them were dropped)",
+                self.rank,
+                received.rows()
+            ))),
+            s => Err(Error::invalid(format!(
+                "a dispatch handle with status {s}: not a handle of this exchange"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,304 @@
+// Expert parallelism: the layout of a routing, dispatch and combine through an exchange buffer
+// that every rank of a host maps (collectives/src/moe/spec.md is the specification: the buffer's
+// header and regions, a row's layout, the handle, the sequences and acknowledgements). The host
+// kernels beside it (collectives/src/moe/host.rs) follow the same protocol. Vendor-neutral: the
+// same text is compiled by NVRTC and by hipRTC. Waits give up on the communicator's abort word.
+#define MSCCLPP_DEVICE_ABORT 1
+#include "mscclpp/core.cuh"
+#include "mscclpp/spin.cuh"
+#include "mscclpp/numeric.cuh"
+#include "collectives/args.cuh"
+#include "collectives/args_check.h"
+
+namespace mscclpp {
+
+// The buffer's header (hdr in collectives/src/moe/args.rs), byte offsets.
+constexpr uint64_t kMoeHeaderBytes = 4096;
+constexpr uint64_t kN = kCollectiveMaxRanks;
+MSCCLPP_DEVICE_INLINE uint64_t moeDispatchFlag(uint64_t s) { return 8 * s; }
+MSCCLPP_DEVICE_INLINE uint64_t moeDispatchCount(uint64_t s) { return 8 * (kN + s); }
+MSCCLPP_DEVICE_INLINE uint64_t moeDispatchAck(uint64_t d) { return 8 * (2 * kN + d); }
+MSCCLPP_DEVICE_INLINE uint64_t moeCombineFlag(uint64_t s) { return 8 * (3 * kN + s); }
+MSCCLPP_DEVICE_INLINE uint64_t moeCombineAck(uint64_t d) { return 8 * (4 * kN + d); }
+MSCCLPP_DEVICE_INLINE uint64_t moeDispatchSeq(uint64_t b) { return 8 * (5 * kN + b); }
+MSCCLPP_DEVICE_INLINE uint64_t moeCombineSeq(uint64_t b) { return 8 * (6 * kN + b); }
+MSCCLPP_DEVICE_INLINE uint64_t moeCombineDone() { return 8 * (7 * kN); }
+MSCCLPP_DEVICE_INLINE uint64_t* moeWord(uint64_t base, uint64_t off) { return (uint64_t*)(base + off); }
+MSCCLPP_DEVICE_INLINE uint64_t moeDispatchRegion(const MoeArgs& a, uint64_t src) {
+  return kMoeHeaderBytes + src * a.max_tokens * a.row_bytes;
+}
+MSCCLPP_DEVICE_INLINE uint64_t moeCombineRegion(const MoeArgs& a, uint64_t src) {
+  return kMoeHeaderBytes + ((uint64_t)a.nranks + src) * a.max_tokens * a.row_bytes;
+}
+
+constexpr int32_t kMoeStatusExpertRange = 1;
+constexpr int32_t kMoeStatusCapacity = 2;
+constexpr uint32_t kMoeMaxThreads = 1024;
+
+// `bytes` from `src` to `dst` by the `lanes` threads of a group, 8 bytes at a time where both
+// sides and the length allow it.
+MSCCLPP_DEVICE_INLINE void moeCopy(char* dst, const char* src, uint64_t bytes, uint32_t lane, uint32_t lanes) {
+  if ((((uint64_t)dst | (uint64_t)src | bytes) & 7) == 0) {
+    for (uint64_t i = (uint64_t)lane * 8; i < bytes; i += (uint64_t)lanes * 8)
+      *(uint64_t*)(dst + i) = *(const uint64_t*)(src + i);
+  } else {
+    for (uint64_t i = lane; i < bytes; i += lanes) dst[i] = src[i];
+  }
+}
+
+// Thread 0 waits until the word is at least `seq`; false (in every thread) when the wait gave up
+// on the abort word.
+MSCCLPP_DEVICE_INLINE bool moeWaitGe(const uint64_t* w, uint64_t seq) {
+  __shared__ uint32_t ok;
+  if (threadIdx.x == 0) ok = spinUntil([&] { return loadAcquireSystem(w) >= seq; }) ? 1u : 0u;
+  __syncthreads();
+  const bool r = ok != 0;
+  __syncthreads();
+  return r;
+}
+
+MSCCLPP_DEVICE_INLINE float moeLoad(uint32_t dtype, const char* p) {
+  if (dtype == kDataTypeF16) return halfToFloat(*(const uint16_t*)p);
+  if (dtype == kDataTypeBF16) return bf16ToFloat(*(const uint16_t*)p);
+  return *(const float*)p;
+}
+MSCCLPP_DEVICE_INLINE void moeStore(uint32_t dtype, char* p, float x) {
+  if (dtype == kDataTypeF16)
+    *(uint16_t*)p = (uint16_t)floatToHalf(x);
+  else if (dtype == kDataTypeBF16)
+    *(uint16_t*)p = (uint16_t)floatToBf16(x);
+  else
+    *(float*)p = x;
+}
+
+// Per-rank and per-expert counts of a routing and each token's ranks (one thread per token).
+MSCCLPP_DEVICE_INLINE void moeLayout(const MoeLayoutArgs& a) {
+  if (a.nranks == 0 || a.nranks > 64 || a.num_experts == 0 || a.num_experts % a.nranks != 0) deviceTrap();
+  const int64_t e = a.num_experts;
+  const int64_t local = e / a.nranks;
+  for (uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; t < a.tokens;
+       t += (uint64_t)gridDim.x * blockDim.x) {
+    uint64_t mask = 0;
+    for (uint32_t j = 0; j < a.topk; ++j) {
+      const int64_t x = ((const int64_t*)a.topk_idx)[t * a.topk + j];
+      if (x == -1) continue;
+      if (x < 0 || x >= e) {
+        *(int32_t*)a.status = kMoeStatusExpertRange;
+        continue;
+      }
+      atomicAdd((int*)a.per_expert + x, 1);
+      mask |= 1ull << (uint32_t)(x / local);
+    }
+    for (uint32_t d = 0; d < a.nranks; ++d) {
+      const bool in = (mask >> d) & 1;
+      ((uint8_t*)a.in_rank)[t * a.nranks + d] = in ? 1 : 0;
+      if (in) atomicAdd((int*)a.per_rank + d, 1);
+    }
+  }
+}
+
+// Block b: first sends this rank's tokens for rank b, then reads what source b sent here.
+MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
+  abortWordInit(a.abort);
+  if (a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks || gridDim.x != a.nranks ||
+      a.num_experts == 0 || a.num_experts % a.nranks != 0 || a.tokens > a.max_tokens || blockDim.x > kMoeMaxThreads ||
+      blockDim.x % kWarpSize != 0) {
+    deviceTrap();
+  }
+  const uint32_t b = blockIdx.x, n = a.nranks, k = a.topk, tid = threadIdx.x;
+  const uint64_t local = a.num_experts / n, r = a.rank;
+  const int64_t e = a.num_experts;
+  const uint64_t seq = *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq(b)) + 1;
+  int32_t* handle = (int32_t*)a.handle;
+  int32_t* positions = handle + n + 1 + local;
+  const uint32_t warps = blockDim.x / kWarpSize, warp = tid / kWarpSize, lane = tid % kWarpSize;
+
+  // Phase 1: the tokens for rank d = b, in token order, into its region for this rank.
+  __shared__ uint32_t scan[kMoeMaxThreads];
+  __shared__ uint32_t list[kMoeMaxThreads];
+  const uint32_t d = b;
+  if (!moeWaitGe(moeWord(a.buffer, moeDispatchAck(d)), seq - 1)) return;
+  const uint64_t region = a.peer_buffer[d] + moeDispatchRegion(a, r);
+  uint64_t base = 0;
+  for (uint64_t t0 = 0; t0 < a.tokens; t0 += blockDim.x) {
+    const uint64_t t = t0 + tid;
+    uint32_t member = 0;
+    if (t < a.tokens) {
+      for (uint32_t i = 0; i < k; ++i) {
+        const int64_t x = ((const int64_t*)a.topk_idx)[t * k + i];
+        if (x < -1 || x >= e)
+          handle[n] = kMoeStatusExpertRange;
+        else if (x >= 0 && (uint64_t)x / local == d)
+          member = 1;
+      }
+    }
+    scan[tid] = member;
+    __syncthreads();
+    for (uint32_t off = 1; off < blockDim.x; off <<= 1) {
+      const uint32_t v = tid >= off ? scan[tid - off] : 0;
+      __syncthreads();
+      scan[tid] += v;
+      __syncthreads();
+    }
+    const uint32_t before = scan[tid] - member, total = scan[blockDim.x - 1];
+    if (t < a.tokens) positions[t * n + d] = member ? (int32_t)(base + before) : -1;
+    if (member) list[before] = (uint32_t)(t - t0);
+    __syncthreads();
+    for (uint32_t q = warp; q < total; q += warps) {
+      const uint64_t tok = t0 + list[q];
+      char* row = (char*)(region + (base + q) * a.row_bytes);
+      moeCopy(row, (const char*)a.x + tok * a.payload_bytes, a.payload_bytes, lane, kWarpSize);
+      if (a.scales != 0)
+        moeCopy(row + a.scales_at, (const char*)a.scales + tok * a.scale_bytes, a.scale_bytes, lane, kWarpSize);
+      char* meta = row + a.meta_at;
+      if (lane == 0) *(int32_t*)meta = (int32_t)tok;
+      for (uint32_t i = lane; i < k; i += kWarpSize) {
+        const int64_t x = ((const int64_t*)a.topk_idx)[tok * k + i];
+        const bool mine = x >= 0 && x < e && (uint64_t)x / local == d;
+        const float w = mine && a.topk_weights != 0 ? ((const float*)a.topk_weights)[tok * k + i] : 0.0f;
+        ((int32_t*)(meta + 4))[i] = mine ? (int32_t)((uint64_t)x - d * local) : -1;
+        ((float*)(meta + 4 + 4 * (uint64_t)k))[i] = w;
+      }
+    }
+    base += total;
+    __syncthreads();
+  }
+  if (tid == 0) {
+    fenceSystem();
+    storeRelaxedSystem(moeWord(a.peer_buffer[d], moeDispatchCount(r)), base);
+    storeReleaseSystem(moeWord(a.peer_buffer[d], moeDispatchFlag(r)), seq);
+  }
+
+  // Phase 2: source s = b's rows, after those of the sources before it.
+  const uint32_t s = b;
+  __shared__ uint32_t arrived;
+  if (tid == 0) arrived = 1;
+  __syncthreads();
+  if (tid <= s) {
+    if (!spinUntil([&] { return loadAcquireSystem(moeWord(a.buffer, moeDispatchFlag(tid))) >= seq; })) arrived = 0;
+  }
+  __syncthreads();
+  if (!arrived) return;
+  uint64_t prefix = 0;
+  for (uint32_t p = 0; p < s; ++p) prefix += loadRelaxedSystem(moeWord(a.buffer, moeDispatchCount(p)));
+  const uint64_t c = loadRelaxedSystem(moeWord(a.buffer, moeDispatchCount(s)));
+  if (tid == 0) handle[s] = (int32_t)c;
+  const uint64_t src = a.buffer + moeDispatchRegion(a, s);
+  for (uint64_t j = warp; j < c; j += warps) {
+    const uint64_t i = prefix + j;
+    if (i >= a.out_capacity) {
+      if (lane == 0) handle[n] = kMoeStatusCapacity;
+      continue;
+    }
+    const char* row = (const char*)(src + j * a.row_bytes);
+    moeCopy((char*)a.out_x + i * a.payload_bytes, row, a.payload_bytes, lane, kWarpSize);
+    if (a.out_scales != 0)
+      moeCopy((char*)a.out_scales + i * a.scale_bytes, row + a.scales_at, a.scale_bytes, lane, kWarpSize);
+    const char* meta = row + a.meta_at;
+    if (lane == 0) ((int32_t*)a.out_src)[i] = *(const int32_t*)meta;
+    for (uint32_t q = lane; q < k; q += kWarpSize) {
+      const int32_t le = ((const int32_t*)(meta + 4))[q];
+      ((int64_t*)a.out_idx)[i * k + q] = le;
+      if (a.out_weights != 0) ((float*)a.out_weights)[i * k + q] = ((const float*)(meta + 4 + 4 * (uint64_t)k))[q];
+      if (le >= 0) atomicAdd((int*)handle + n + 1 + le, 1);
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    fenceSystem();
+    storeRelaxedSystem(moeWord(a.peer_buffer[s], moeDispatchAck(r)), seq);
+    *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq(b)) = seq;
+  }
+}
+
+// Block b: first sends the rows that came from rank b back to it, then sums a share of this
+// rank's tokens (t = b, b + n, ...) from the rows that came back.
+MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
+  abortWordInit(a.abort);
+  if (a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks || gridDim.x != a.nranks ||
+      a.num_experts == 0 || a.num_experts % a.nranks != 0 || a.tokens > a.max_tokens || blockDim.x % kWarpSize != 0 ||
+      (a.dtype != kDataTypeF32 && a.dtype != kDataTypeF16 && a.dtype != kDataTypeBF16)) {
+    deviceTrap();
+  }
+  const uint32_t b = blockIdx.x, n = a.nranks, k = a.topk, tid = threadIdx.x;
+  const uint64_t local = a.num_experts / n, r = a.rank;
+  const uint64_t seq = *(volatile uint64_t*)moeWord(a.buffer, moeCombineSeq(b)) + 1;
+  const int32_t* handle = (const int32_t*)a.handle;
+  const int32_t* positions = handle + n + 1 + local;
+  const uint32_t warps = blockDim.x / kWarpSize, warp = tid / kWarpSize, lane = tid % kWarpSize;
+
+  // Phase 1: back to source s = b, in the order its rows came.
+  const uint32_t s = b;
+  if (!moeWaitGe(moeWord(a.buffer, moeCombineAck(s)), seq - 1)) return;
+  uint64_t prefix = 0;
+  for (uint32_t p = 0; p < s; ++p) prefix += (uint64_t)(handle[p] < 0 ? 0 : handle[p]);
+  uint64_t c = (uint64_t)(handle[s] < 0 ? 0 : handle[s]);
+  if (c > a.max_tokens) c = a.max_tokens;
+  if (prefix + c > a.out_capacity) c = a.out_capacity > prefix ? a.out_capacity - prefix : 0;
+  const uint64_t region = a.peer_buffer[s] + moeCombineRegion(a, r);
+  for (uint64_t j = warp; j < c; j += warps) {
+    char* row = (char*)(region + j * a.row_bytes);
+    const uint64_t i = prefix + j;
+    moeCopy(row, (const char*)a.x + i * a.payload_bytes, a.payload_bytes, lane, kWarpSize);
+    if (a.topk_weights != 0)
+      moeCopy(row + a.meta_at + 4 + 4 * (uint64_t)k, (const char*)a.topk_weights + 4 * i * k, 4 * (uint64_t)k, lane,
+              kWarpSize);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    fenceSystem();
+    storeReleaseSystem(moeWord(a.peer_buffer[s], moeCombineFlag(r)), seq);
+  }
+
+  // Phase 2: every rank's rows back here, then this block's tokens.
+  __shared__ uint32_t arrived;
+  if (tid == 0) arrived = 1;
+  __syncthreads();
+  if (tid < n) {
+    if (!spinUntil([&] { return loadAcquireSystem(moeWord(a.buffer, moeCombineFlag(tid))) >= seq; })) arrived = 0;
+  }
+  __syncthreads();
+  if (!arrived) return;
+  const uint32_t size = a.dtype == kDataTypeF32 ? 4u : 2u;
+  const uint64_t elems = a.payload_bytes / size;
+  for (uint64_t t = b; t < a.tokens; t += n) {
+    for (uint64_t el = tid; el < elems; el += blockDim.x) {
+      float acc = 0.0f;
+      for (uint32_t d = 0; d < n; ++d) {
+        const int32_t p = positions[t * n + d];
+        if (p < 0 || (uint64_t)p >= a.max_tokens) continue;
+        const char* row = (const char*)(a.buffer + moeCombineRegion(a, d) + (uint64_t)p * a.row_bytes);
+        acc += moeLoad(a.dtype, row + el * size);
+      }
+      moeStore(a.dtype, (char*)a.out_x + (t * elems + el) * size, acc);
+    }
+    if (a.out_weights != 0) {
+      for (uint32_t q = tid; q < k; q += blockDim.x) {
+        float w = 0.0f;
+        for (uint32_t d = 0; d < n; ++d) {
+          const int32_t p = positions[t * n + d];
+          if (p < 0 || (uint64_t)p >= a.max_tokens) continue;
+          const char* row = (const char*)(a.buffer + moeCombineRegion(a, d) + (uint64_t)p * a.row_bytes);
+          w += ((const float*)(row + a.meta_at + 4 + 4 * (uint64_t)k))[q];
+        }
+        ((float*)a.out_weights)[t * k + q] = w;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    fenceSystem();
+    // The last block to finish reading tells every rank its rows here may be overwritten.
+    const uint64_t done = fetchAddAcqRelSystem(moeWord(a.buffer, moeCombineDone()), 1) + 1;
+    if (done == seq * n) {
+      for (uint32_t d = 0; d < n; ++d) storeRelaxedSystem(moeWord(a.peer_buffer[d], moeCombineAck(r)), seq);
+    }
+    *(volatile uint64_t*)moeWord(a.buffer, moeCombineSeq(b)) = seq;
+  }
+}
+
+}  // namespace mscclpp
+
+extern "C" __global__ void mscclpp_moe_layout(mscclpp::MoeLayoutArgs a) { mscclpp::moeLayout(a); }
+extern "C" __global__ void mscclpp_moe_dispatch(mscclpp::MoeArgs a) { mscclpp::moeDispatch(a); }
+extern "C" __global__ void mscclpp_moe_combine(mscclpp::MoeArgs a) { mscclpp::moeCombine(a); }
