@@ -71,13 +71,76 @@ fn cases() -> Vec<Case> {
         fp8,
     };
     vec![
-        c("random bf16", 8, 8, 256, [40, 33, 48, 17], Route::Random, DataType::BF16, false),
-        c("random f32, top-1", 2, 1, 96, [21, 48, 5, 30], Route::Random, DataType::F32, false),
-        c("one token", 4, 4, 64, [1, 1, 1, 1], Route::Random, DataType::F16, false),
-        c("a rank without tokens", 4, 3, 72, [12, 0, 9, 4], Route::Random, DataType::BF16, false),
-        c("every token to rank 0", 4, 2, 128, [30, 25, 48, 1], Route::OneRank, DataType::BF16, false),
-        c("empty experts", 32, 2, 40, [6, 3, 2, 5], Route::Random, DataType::F32, false),
-        c("fp8 with scales", 8, 8, 256, [33, 48, 20, 7], Route::Random, DataType::BF16, true),
+        c(
+            "random bf16",
+            8,
+            8,
+            256,
+            [40, 33, 48, 17],
+            Route::Random,
+            DataType::BF16,
+            false,
+        ),
+        c(
+            "random f32, top-1",
+            2,
+            1,
+            96,
+            [21, 48, 5, 30],
+            Route::Random,
+            DataType::F32,
+            false,
+        ),
+        c(
+            "one token",
+            4,
+            4,
+            64,
+            [1, 1, 1, 1],
+            Route::Random,
+            DataType::F16,
+            false,
+        ),
+        c(
+            "a rank without tokens",
+            4,
+            3,
+            72,
+            [12, 0, 9, 4],
+            Route::Random,
+            DataType::BF16,
+            false,
+        ),
+        c(
+            "every token to rank 0",
+            4,
+            2,
+            128,
+            [30, 25, 48, 1],
+            Route::OneRank,
+            DataType::BF16,
+            false,
+        ),
+        c(
+            "empty experts",
+            32,
+            2,
+            40,
+            [6, 3, 2, 5],
+            Route::Random,
+            DataType::F32,
+            false,
+        ),
+        c(
+            "fp8 with scales",
+            8,
+            8,
+            256,
+            [33, 48, 20, 7],
+            Route::Random,
+            DataType::BF16,
+            true,
+        ),
     ]
 }
 
@@ -91,7 +154,11 @@ struct Input {
 }
 
 fn row_bytes(c: &Case) -> usize {
-    if c.fp8 { c.hidden } else { c.hidden * c.dtype.size() }
+    if c.fp8 {
+        c.hidden
+    } else {
+        c.hidden * c.dtype.size()
+    }
 }
 
 fn scale_bytes(c: &Case) -> usize {
@@ -256,13 +323,21 @@ impl Rank {
         let w: Vec<u8> = inp.weights.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.write(&b.w, &w)?;
         self.write(&b.sc, &inp.scales)?;
-        for o in [&b.out_x, &b.out_idx, &b.out_w, &b.out_sc, &b.out_src, &b.comb, &b.comb_w] {
+        for o in [
+            &b.out_x, &b.out_idx, &b.out_w, &b.out_sc, &b.out_src, &b.comb, &b.comb_w,
+        ] {
             self.stream.fill(&o.full(), POISON).map_err(e)?;
         }
         Ok(())
     }
 
-    fn dispatch_args<'a>(&self, c: &Case, tokens: usize, b: &'a Bufs, s: &'a Slices) -> Dispatch<'a> {
+    fn dispatch_args<'a>(
+        &self,
+        c: &Case,
+        tokens: usize,
+        b: &'a Bufs,
+        s: &'a Slices,
+    ) -> Dispatch<'a> {
         Dispatch {
             tokens,
             x: &s.x,
@@ -308,7 +383,13 @@ impl Rank {
     }
 
     /// Checks the dispatch's outputs and counts.
-    fn check_dispatch(&self, c: &Case, inputs: &[Input], b: &Bufs, what: &str) -> R<Vec<(usize, usize)>> {
+    fn check_dispatch(
+        &self,
+        c: &Case,
+        inputs: &[Input],
+        b: &Bufs,
+        what: &str,
+    ) -> R<Vec<(usize, usize)>> {
         let (k, rb, sb, n, me) = (c.topk, row_bytes(c), scale_bytes(c), self.n, self.rank);
         let local = c.local;
         let rows = expected_rows(c, inputs, me);
@@ -337,7 +418,9 @@ impl Rank {
                 return Err(format!("{what}: row {i} (token {t} of rank {s}) differs"));
             }
             if c.fp8 && out_sc[i * sb..(i + 1) * sb] != inp.scales[t * sb..(t + 1) * sb] {
-                return Err(format!("{what}: scales of row {i} (token {t} of rank {s}) differ"));
+                return Err(format!(
+                    "{what}: scales of row {i} (token {t} of rank {s}) differ"
+                ));
             }
             let src = i32::from_le_bytes(out_src[4 * i..4 * i + 4].try_into().unwrap());
             if src != t as i32 {
@@ -370,7 +453,9 @@ impl Rank {
         }
         // Nothing written past the rows received.
         let r = rows.len();
-        if out_x[r * rb..].iter().any(|&v| v != POISON) || out_src[4 * r..].iter().any(|&v| v != POISON) {
+        if out_x[r * rb..].iter().any(|&v| v != POISON)
+            || out_src[4 * r..].iter().any(|&v| v != POISON)
+        {
             return Err(format!("{what}: bytes written past the {r} rows received"));
         }
         Ok(rows)
@@ -406,10 +491,11 @@ impl Rank {
             }
             let row = c.hidden * size;
             if comb[t * row..(t + 1) * row] != want[..] {
-                return Err(format!("{what}: token {t} (sent to ranks {ranks:?}) combined wrong"));
+                return Err(format!(
+                    "{what}: token {t} (sent to ranks {ranks:?}) combined wrong"
+                ));
             }
-            for q in 0..k {
-                let x = ks[q];
+            for (q, &x) in ks.iter().enumerate() {
                 let w = if x >= 0 { inp.weights[t * k + q] } else { 0.0 };
                 let o = 4 * (t * k + q);
                 let g = f32::from_le_bytes(comb_w[o..o + 4].try_into().unwrap());
@@ -420,7 +506,10 @@ impl Rank {
         }
         let end = inp.tokens * c.hidden * size;
         if comb[end..].iter().any(|&v| v != POISON) {
-            return Err(format!("{what}: bytes combined past this rank's {} tokens", inp.tokens));
+            return Err(format!(
+                "{what}: bytes combined past this rank's {} tokens",
+                inp.tokens
+            ));
         }
         Ok(())
     }
@@ -444,9 +533,15 @@ impl Rank {
             status: &st.full(),
         };
         // SAFETY: the buffers live until the synchronous reads below.
-        unsafe { self.moe.layout(&idx.full(), inp.tokens, &out, &*self.stream) }.map_err(e)?;
+        unsafe {
+            self.moe
+                .layout(&idx.full(), inp.tokens, &out, &*self.stream)
+        }
+        .map_err(e)?;
         let i32s = |v: Vec<u8>| -> Vec<i32> {
-            v.chunks(4).map(|w| i32::from_le_bytes(w.try_into().unwrap())).collect()
+            v.chunks(4)
+                .map(|w| i32::from_le_bytes(w.try_into().unwrap()))
+                .collect()
         };
         let local = c.local as i64;
         let mut want_pr = vec![0i32; n];
@@ -565,7 +660,8 @@ fn role_moe() -> R<()> {
     for (ci, c) in cases().iter().enumerate() {
         r.exchange_for(c)?;
         let inputs: Vec<Input> = (0..n).map(|s| input(c, ci as u64, s, n)).collect();
-        r.check_layout(c, &inputs[me]).map_err(|x| format!("{}: {x}", c.name))?;
+        r.check_layout(c, &inputs[me])
+            .map_err(|x| format!("{}: {x}", c.name))?;
         for round in 0..2 {
             // The worst case first, then outputs of exactly the rows that arrive.
             let capacity = match round {
@@ -577,15 +673,20 @@ fn role_moe() -> R<()> {
             let what = format!("{} (call {round}, {capacity} rows of output)", c.name);
             r.load(&inputs[me], &b)?;
             // SAFETY: the buffers live until the synchronisations below.
-            unsafe { r.moe.dispatch(&r.dispatch_args(c, inputs[me].tokens, &b, &s), &*r.stream) }
-                .map_err(|x| format!("{what}: dispatch: {x}"))?;
+            unsafe {
+                r.moe
+                    .dispatch(&r.dispatch_args(c, inputs[me].tokens, &b, &s), &*r.stream)
+            }
+            .map_err(|x| format!("{what}: dispatch: {x}"))?;
             r.sync(&what)?;
             let rows = r.check_dispatch(c, &inputs, &b, &what)?;
             r.combine_inputs(c, &b, &rows)?;
             // SAFETY: as above.
             unsafe {
-                r.moe
-                    .combine(&r.combine_args(c, inputs[me].tokens, rows.len(), &s), &*r.stream)
+                r.moe.combine(
+                    &r.combine_args(c, inputs[me].tokens, rows.len(), &s),
+                    &*r.stream,
+                )
             }
             .map_err(|x| format!("{what}: combine: {x}"))?;
             r.sync(&what)?;
@@ -614,8 +715,12 @@ fn two_in_flight(r: &Rank) -> R<usize> {
     r.load(&ib[r.rank], &bb)?;
     // SAFETY: the buffers live until the synchronisations below.
     unsafe {
-        r.moe.dispatch(&r.dispatch_args(a, ia[r.rank].tokens, &ba, &sa), &*r.stream).map_err(e)?;
-        r.moe.dispatch(&r.dispatch_args(b, ib[r.rank].tokens, &bb, &sb), &*r.stream).map_err(e)?;
+        r.moe
+            .dispatch(&r.dispatch_args(a, ia[r.rank].tokens, &ba, &sa), &*r.stream)
+            .map_err(e)?;
+        r.moe
+            .dispatch(&r.dispatch_args(b, ib[r.rank].tokens, &bb, &sb), &*r.stream)
+            .map_err(e)?;
     }
     r.sync("two dispatches")?;
     let rows_a = r.check_dispatch(a, &ia, &ba, "first of two dispatches")?;
@@ -625,10 +730,16 @@ fn two_in_flight(r: &Rank) -> R<usize> {
     // SAFETY: as above.
     unsafe {
         r.moe
-            .combine(&r.combine_args(a, ia[r.rank].tokens, rows_a.len(), &sa), &*r.stream)
+            .combine(
+                &r.combine_args(a, ia[r.rank].tokens, rows_a.len(), &sa),
+                &*r.stream,
+            )
             .map_err(e)?;
         r.moe
-            .combine(&r.combine_args(b, ib[r.rank].tokens, rows_b.len(), &sb), &*r.stream)
+            .combine(
+                &r.combine_args(b, ib[r.rank].tokens, rows_b.len(), &sb),
+                &*r.stream,
+            )
             .map_err(e)?;
     }
     r.sync("two combines")?;
@@ -648,11 +759,17 @@ fn captured(r: &Rank) -> R<usize> {
     let first: Vec<Input> = (0..n).map(|q| input(c, 200, q, n)).collect();
     let tokens = first[r.rank].tokens;
     if r.stream.begin_capture().is_err() {
-        eprintln!("rank {}: graph capture unavailable on this backend: skipped", r.rank);
+        eprintln!(
+            "rank {}: graph capture unavailable on this backend: skipped",
+            r.rank
+        );
         return Ok(0);
     }
     // SAFETY: the buffers outlive the graphs' replays below.
-    let d = unsafe { r.moe.dispatch(&r.dispatch_args(c, tokens, &b, &s), &*r.stream) };
+    let d = unsafe {
+        r.moe
+            .dispatch(&r.dispatch_args(c, tokens, &b, &s), &*r.stream)
+    };
     let dispatch = r.stream.end_capture().map_err(e)?;
     d.map_err(|x| format!("captured dispatch: {x}"))?;
     let mut replays = 0;
@@ -667,12 +784,20 @@ fn captured(r: &Rank) -> R<usize> {
         r.combine_inputs(c, &b, &rows)?;
         r.stream.begin_capture().map_err(e)?;
         // SAFETY: as above.
-        let cr = unsafe { r.moe.combine(&r.combine_args(c, tokens, rows.len(), &s), &*r.stream) };
+        let cr = unsafe {
+            r.moe
+                .combine(&r.combine_args(c, tokens, rows.len(), &s), &*r.stream)
+        };
         let combine = r.stream.end_capture().map_err(e)?;
         cr.map_err(|x| format!("captured combine: {x}"))?;
         combine.launch(&*r.stream).map_err(e)?;
         r.sync("captured combine")?;
-        r.check_combine(c, &inputs, &b, &format!("captured combine, replay {replay}"))?;
+        r.check_combine(
+            c,
+            &inputs,
+            &b,
+            &format!("captured combine, replay {replay}"),
+        )?;
         replays += 2;
     }
     Ok(replays)
@@ -691,12 +816,17 @@ fn bad_inputs(r: &Rank) -> R<usize> {
     let s = b.slices();
     r.load(&inputs[me], &b)?;
     // SAFETY: the buffers live until the synchronisation below.
-    unsafe { r.moe.dispatch(&r.dispatch_args(c, inputs[me].tokens, &b, &s), &*r.stream) }
-        .map_err(e)?;
+    unsafe {
+        r.moe
+            .dispatch(&r.dispatch_args(c, inputs[me].tokens, &b, &s), &*r.stream)
+    }
+    .map_err(e)?;
     r.sync("dispatch with bad input")?;
     let got = r.moe.read_handle(&b.handle.full(), &*r.stream);
     match (me, &got) {
-        (0, Err(x)) if x.to_string().contains(&format!("expert index outside -1..{experts}")) => {}
+        (0, Err(x))
+            if x.to_string()
+                .contains(&format!("expert index outside -1..{experts}")) => {}
         (1, Err(x)) if x.to_string().contains("received") => {}
         (0 | 1, other) => return Err(format!("rank {me}: bad input gave {other:?}")),
         (_, Err(x)) => return Err(format!("rank {me}: {x}")),
@@ -710,13 +840,20 @@ fn bad_inputs(r: &Rank) -> R<usize> {
         r.check_dispatch(c, &fixed, &b, "dispatch beside bad input")?;
     }
     // Everyone still combines (rank 1 with what fit), and nobody waits forever.
-    let rows = if me == 1 { 1 } else { expected_rows(c, &fixed, me).len() };
+    let rows = if me == 1 {
+        1
+    } else {
+        expected_rows(c, &fixed, me).len()
+    };
     let cx = vec![0u8; rows * c.hidden * c.dtype.size()];
     r.write(&b.cx, &cx)?;
     r.write(&b.cw, &vec![0u8; rows * c.topk * 4])?;
     // SAFETY: as above.
-    unsafe { r.moe.combine(&r.combine_args(c, fixed[me].tokens, rows, &s), &*r.stream) }
-        .map_err(e)?;
+    unsafe {
+        r.moe
+            .combine(&r.combine_args(c, fixed[me].tokens, rows, &s), &*r.stream)
+    }
+    .map_err(e)?;
     r.sync("combine after bad input")?;
     // Refused before anything is enqueued: more tokens than set up for, a foreign dtype.
     let too_many = Dispatch {
@@ -753,11 +890,18 @@ fn run(kind: BackendKind, n: usize) -> Result<(), Failed> {
         ("MSCCLPP_HOST_WAIT_SECONDS".to_string(), "60".to_string()),
     ];
     let outs = multiproc::spawn_ranks("moe", n, &env, Duration::from_secs(300));
-    let failed: Vec<String> = outs.iter().filter(|o| !o.ok()).map(|o| o.describe()).collect();
+    let failed: Vec<String> = outs
+        .iter()
+        .filter(|o| !o.ok())
+        .map(|o| o.describe())
+        .collect();
     if !failed.is_empty() {
         return Err(failed.join("\n").into());
     }
-    eprintln!("    {n} ranks: {} calls checked per rank", outs[0].reports()["calls"]);
+    eprintln!(
+        "    {n} ranks: {} calls checked per rank",
+        outs[0].reports()["calls"]
+    );
     Ok(())
 }
 
@@ -769,17 +913,24 @@ fn main() {
     let args = libtest_mimic::Arguments::from_args();
     let mut trials: Vec<Trial> = [2, 3, 4, 8]
         .into_iter()
-        .map(|n| Trial::test(format!("moe::host::{n}_ranks"), move || run(BackendKind::Host, n)))
+        .map(|n| {
+            Trial::test(format!("moe::host::{n}_ranks"), move || {
+                run(BackendKind::Host, n)
+            })
+        })
         .collect();
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
-        trials.push(Trial::ignorable_test(format!("moe::{kind}::2_ranks"), move || {
-            if let Err(reason) = mscclpp::registry::probe(kind) {
-                return Ok(Completion::ignored_with(
-                    mscclpp_conformance::harness::ignore_reason(reason),
-                ));
-            }
-            run(kind, 2).map(|()| Completion::Completed)
-        }));
+        trials.push(Trial::ignorable_test(
+            format!("moe::{kind}::2_ranks"),
+            move || {
+                if let Err(reason) = mscclpp::registry::probe(kind) {
+                    return Ok(Completion::ignored_with(
+                        mscclpp_conformance::harness::ignore_reason(reason),
+                    ));
+                }
+                run(kind, 2).map(|()| Completion::Completed)
+            },
+        ));
     }
     libtest_mimic::run(&args, trials).exit();
 }

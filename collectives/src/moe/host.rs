@@ -198,7 +198,11 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
                     } else {
                         0.0
                     };
-                    let le = if mine { (x as u64 - d * local) as i32 } else { -1 };
+                    let le = if mine {
+                        (x as u64 - d * local) as i32
+                    } else {
+                        -1
+                    };
                     put(row + a.meta_at + 4 + 4 * i, le);
                     put(row + a.meta_at + 4 + 4 * (k + i), w);
                 }
@@ -309,7 +313,10 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         let c = u64::from(unsafe { get::<i32>(v.handle(s)) }.max(0) as u32);
         let region = a.peer_buffer[s as usize] + combine_region(a.row_bytes, a.max_tokens, n, r);
         // Rows past `x`'s (a dispatch that overflowed its output) are not sent.
-        for j in 0..c.min(a.max_tokens).min(a.out_capacity.saturating_sub(prefix)) {
+        for j in 0..c
+            .min(a.max_tokens)
+            .min(a.out_capacity.saturating_sub(prefix))
+        {
             let (row, i) = (region + j * a.row_bytes, prefix + j);
             // SAFETY: rank s's region for this rank holds max_tokens rows; `x` (and the weights)
             // hold the dispatch's rows (checked by the launcher against the handle's counts).
@@ -347,9 +354,8 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
             if p < 0 || p as u64 >= a.max_tokens {
                 continue;
             }
-            let row = a.buffer
-                + combine_region(a.row_bytes, a.max_tokens, n, d)
-                + p as u64 * a.row_bytes;
+            let row =
+                a.buffer + combine_region(a.row_bytes, a.max_tokens, n, d) + p as u64 * a.row_bytes;
             for (e, x) in acc.iter_mut().enumerate() {
                 *x += to_f32(dtype, row + e as u64 * size);
             }

@@ -392,7 +392,11 @@ impl<A: Api> Moe<A> {
                 ));
             }
         }
-        need("the dispatch's handle", d.handle, self.handle_bytes() as u64)?;
+        need(
+            "the dispatch's handle",
+            d.handle,
+            self.handle_bytes() as u64,
+        )?;
         // Counts, status and per-expert counts start at 0 (the kernel adds to them).
         let zeroed = 4 * handle_positions(self.nranks as u64, self.local_experts() as u64);
         stream.fill(&d.handle.slice(..zeroed as usize)?, 0)?;
