@@ -206,6 +206,22 @@ pub enum Bench {
         /// Its token (hex).
         token: String,
     },
+    /// Expert-parallel dispatch and combine (the all-to-all of mixture-of-experts layers) of
+    /// random top-k routings of bf16 rows, per token count: time and received GB/s of each.
+    Moe {
+        /// Hidden size: bf16 elements of a token's row.
+        #[arg(long, default_value_t = 7168)]
+        hidden: usize,
+        /// Experts in all (spread evenly over the ranks).
+        #[arg(long, default_value_t = 256)]
+        experts: usize,
+        /// Experts per token.
+        #[arg(long, default_value_t = 8)]
+        topk: usize,
+        /// Tokens per rank, comma-separated (DeepSeek-V3's decode and prefill batches).
+        #[arg(long, default_value = "128,4096")]
+        tokens: String,
+    },
     /// The bootstrap at scale: first barrier, barrier, all-gather, split, connections, RSS.
     Bootstrap {
         /// Timed repetitions of each operation.
@@ -230,6 +246,7 @@ impl Bench {
             | Bench::Overlap { .. }
             | Bench::Report { .. }
             | Bench::Status { .. }
+            | Bench::Moe { .. }
             | Bench::Bootstrap { .. } => None,
         }
     }
@@ -242,6 +259,7 @@ impl Bench {
                 Bench::MemoryChannel => "memory-channel",
                 Bench::PortChannel { .. } => "port-channel",
                 Bench::Bootstrap { .. } => "bootstrap",
+                Bench::Moe { .. } => "moe",
                 Bench::Plan { .. } => "plan",
                 Bench::Overlap { .. } => "overlap",
                 Bench::Report { .. } => "report",
@@ -250,6 +268,25 @@ impl Bench {
             },
         }
     }
+}
+
+/// The token counts of `moe --tokens` (a comma list of positive numbers).
+pub fn moe_tokens(list: &str) -> Result<Vec<usize>, String> {
+    let counts: Vec<usize> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s.parse::<usize>() {
+            Ok(v) if v > 0 && v <= i32::MAX as usize => Ok(v),
+            _ => Err(format!(
+                "--tokens {list}: {s} is not a positive token count"
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    if counts.is_empty() {
+        return Err(format!("--tokens {list}: no token count"));
+    }
+    Ok(counts)
 }
 
 /// The collectives of `overlap --collectives` (a comma list of their names).
@@ -356,6 +393,9 @@ impl Args {
             match bench {
                 Bench::Report { .. } | Bench::Status { .. } => false,
                 Bench::Bootstrap { .. } => matches!(id, "ranks" | "threads"),
+                Bench::Moe { .. } => {
+                    matches!(id, "iters" | "warmup" | "check" | "ranks" | "threads")
+                }
                 _ if id == "typed" => matches!(
                     bench,
                     Bench::Allreduce
@@ -419,7 +459,10 @@ impl Args {
         available: Option<u64>,
     ) -> Result<(), String> {
         let bench = self.bench();
-        if matches!(bench, Bench::Bootstrap { .. } | Bench::Report { .. }) {
+        if matches!(
+            bench,
+            Bench::Bootstrap { .. } | Bench::Report { .. } | Bench::Moe { .. }
+        ) {
             return Ok(());
         }
         let Some(available) = available else {
@@ -573,6 +616,31 @@ impl Args {
                 transport
                     .parse::<mscclpp::transports::Transport>()
                     .map_err(|e| format!("--transport {transport}: {e}"))?;
+            }
+            if let Bench::Moe {
+                hidden,
+                experts,
+                topk,
+                tokens,
+            } = &bench
+            {
+                moe_tokens(tokens)?;
+                if nranks > MAX_RANKS {
+                    return Err(format!(
+                        "moe serves 2 to {MAX_RANKS} ranks of one host, not {nranks}"
+                    ));
+                }
+                if *experts == 0 || experts % nranks != 0 {
+                    return Err(format!(
+                        "--experts {experts}: every one of the {nranks} ranks must hold the same number of experts"
+                    ));
+                }
+                if *topk == 0 || topk > experts {
+                    return Err(format!("--topk {topk}: 1 to --experts ({experts})"));
+                }
+                if *hidden == 0 {
+                    return Err("--hidden 0: a row needs at least one element".into());
+                }
             }
             if matches!(bench, Bench::MemoryChannel | Bench::PortChannel { .. }) && nranks != 2 {
                 return Err(format!(

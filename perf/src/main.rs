@@ -7,6 +7,7 @@ mod args;
 mod bootstrap;
 mod channels;
 mod collective;
+mod moe;
 mod nccl;
 mod overlap;
 mod p2p;
@@ -205,6 +206,21 @@ fn rank(args: &Args, boot: Arc<mscclpp::comm::bootstrap::Bootstrap>) -> Result<E
             args,
             Arc::new(Communicator::new(boot.clone(), device)),
             files,
+        )?,
+        Bench::Moe {
+            hidden,
+            experts,
+            topk,
+            tokens,
+        } => moe::run(
+            args,
+            Arc::new(Communicator::new(boot.clone(), device)),
+            &moe::Shape {
+                hidden: *hidden,
+                experts: *experts,
+                topk: *topk,
+                tokens: args::moe_tokens(tokens).map_err(mscclpp::Error::invalid)?,
+            },
         )?,
         Bench::Overlap {
             compute_us,
