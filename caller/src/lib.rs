@@ -45,6 +45,7 @@ mod windows;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
+use mscclpp_collectives::moe::{AnyMoe, Moe, MoeConfig};
 use mscclpp_collectives::{
     AnyCollectives, CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES, MAX_RANKS,
     P2pKind, P2pOp,
@@ -575,39 +576,73 @@ const SURVEY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// types (the same code; for comparison and as a way out).
 pub const TYPED_VAR: &str = "MSCCLPP_TYPED";
 
-/// The collectives of `comm` over its backend's own types where that backend is built in
-/// (`mscclpp_hal::Api`: host, CUDA, ROCm), so that a call checks its stream's type once here and
-/// runs with no downcast down to the vendor's launch; over the trait objects ([`Dyn`]) otherwise,
-/// with [`TYPED_VAR`]`=0`, or for a device that wraps a backend's (its type is not the backend's). This is the library's one erasure point between the front ends, which
-/// pick the backend at run time, and the collectives.
-pub fn typed_collectives(comm: Arc<Communicator>) -> Result<Box<dyn AnyCollectives>> {
-    fn on<A: mscclpp_hal::Api>(comm: Arc<Communicator>) -> Result<Box<dyn AnyCollectives>> {
+/// What is made over a backend's own types ([`by_backend`]): the collectives, an expert-parallel
+/// exchange.
+trait PerBackend {
+    type Out;
+    /// Makes it over `A`'s types (the communicator's device is an `A` device, or `A` is [`Dyn`]).
+    fn on<A: mscclpp_hal::Api>(self, comm: Arc<Communicator>) -> Result<Self::Out>;
+}
+
+/// Makes `what` over the communicator's backend's own types where that backend is built in
+/// (`mscclpp_hal::Api`: host, CUDA, ROCm), so that a call checks its stream's type once and runs
+/// with no downcast down to the vendor's launch; over the trait objects ([`Dyn`]) otherwise, with
+/// [`TYPED_VAR`]`=0`, or for a device that wraps a backend's (its type is not the backend's).
+/// This is the library's one erasure point between the front ends, which pick the backend at
+/// run time, and what runs on the device.
+fn by_backend<P: PerBackend>(comm: Arc<Communicator>, what: P) -> Result<P::Out> {
+    fn typed<A: mscclpp_hal::Api, P: PerBackend>(
+        comm: Arc<Communicator>,
+        what: P,
+    ) -> Result<P::Out> {
         // A device that reports this backend but is not its type (a wrapper around one) runs
         // over the trait objects, as before the typed collectives existed.
         if let Err(e) = A::device_of(comm.device()) {
-            tracing::debug!("collectives over the trait objects: {e}");
-            return Ok(Box::new(Collectives::<Dyn>::on_backend(
-                comm,
-                DEFAULT_SLOT_BYTES,
-            )?));
+            tracing::debug!("over the trait objects: {e}");
+            return what.on::<Dyn>(comm);
         }
-        Ok(Box::new(Collectives::<A>::on_backend(
-            comm,
-            DEFAULT_SLOT_BYTES,
-        )?))
+        what.on::<A>(comm)
     }
     if mscclpp_hal::env::flag(TYPED_VAR)? == Some(false) {
-        return on::<Dyn>(comm);
+        return what.on::<Dyn>(comm);
     }
     match comm.device().info().backend {
-        BackendKind::Host => on::<mscclpp_host::Host>(comm),
+        BackendKind::Host => typed::<mscclpp_host::Host, P>(comm, what),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => on::<mscclpp_cuda::Cuda>(comm),
+        BackendKind::Cuda => typed::<mscclpp_cuda::Cuda, P>(comm, what),
         #[cfg(feature = "rocm")]
-        BackendKind::Rocm => on::<mscclpp_rocm::Rocm>(comm),
+        BackendKind::Rocm => typed::<mscclpp_rocm::Rocm, P>(comm, what),
         #[allow(unreachable_patterns)]
-        _ => on::<Dyn>(comm),
+        _ => what.on::<Dyn>(comm),
     }
+}
+
+/// The collectives of `comm` over its backend's own types ([`by_backend`]).
+pub fn typed_collectives(comm: Arc<Communicator>) -> Result<Box<dyn AnyCollectives>> {
+    struct Make;
+    impl PerBackend for Make {
+        type Out = Box<dyn AnyCollectives>;
+        fn on<A: mscclpp_hal::Api>(self, comm: Arc<Communicator>) -> Result<Self::Out> {
+            Ok(Box::new(Collectives::<A>::on_backend(
+                comm,
+                DEFAULT_SLOT_BYTES,
+            )?))
+        }
+    }
+    by_backend(comm, Make)
+}
+
+/// An expert-parallel exchange of `comm` ([`mscclpp_collectives::moe::Moe`]) over its backend's
+/// own types ([`by_backend`]); a collective call.
+pub fn expert_exchange(comm: Arc<Communicator>, cfg: MoeConfig) -> Result<Box<dyn AnyMoe>> {
+    struct Make(MoeConfig);
+    impl PerBackend for Make {
+        type Out = Box<dyn AnyMoe>;
+        fn on<A: mscclpp_hal::Api>(self, comm: Arc<Communicator>) -> Result<Self::Out> {
+            Ok(Box::new(Moe::<A>::new(&comm, self.0)?))
+        }
+    }
+    by_backend(comm, Make(cfg))
 }
 
 /// Input and output bytes of `kind` for `count` elements of `dtype` per rank block over

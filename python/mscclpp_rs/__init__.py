@@ -22,6 +22,7 @@ from ._errors import (
 from ._native import (
     Buffer,
     Communicator,
+    ExpertExchange,
     Group,
     HostSemaphore,
     Kernel,
@@ -41,6 +42,7 @@ __all__ = [
     "Buffer",
     "Communicator",
     "Error",
+    "ExpertExchange",
     "Group",
     "HostSemaphore",
     "InternalError",

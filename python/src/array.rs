@@ -232,8 +232,9 @@ fn place_of(device_type: i32, device_id: i32) -> Result<Place, String> {
     }
 }
 
-/// Checks row-major contiguity (dimensions of extent 1 may have any stride) and returns the
-/// element count.
+/// Checks row-major contiguity (dimensions of extent 1 may have any stride, and an array of no
+/// elements any strides: NumPy gives an empty 2-D array strides of 0) and returns the element
+/// count.
 fn contiguous_len(shape: &[i64], strides: Option<&[i64]>, unit: i64) -> Result<usize, String> {
     let mut len: usize = 1;
     for &d in shape {
@@ -243,7 +244,7 @@ fn contiguous_len(shape: &[i64], strides: Option<&[i64]>, unit: i64) -> Result<u
             .checked_mul(d)
             .ok_or_else(|| format!("shape {shape:?} overflows"))?;
     }
-    if let Some(strides) = strides {
+    if let Some(strides) = strides.filter(|_| len > 0) {
         let mut expect = unit;
         for (&d, &s) in shape.iter().zip(strides).rev() {
             if d > 1 && s != expect {
@@ -453,6 +454,8 @@ mod tests {
         assert_eq!(contiguous_len(&[4], Some(&[8]), 8), Ok(4));
         assert!(contiguous_len(&[-1], None, 1).is_err());
         assert_eq!(contiguous_len(&[], None, 1), Ok(1));
+        // No elements: any strides (NumPy gives an empty 2-D array strides of 0).
+        assert_eq!(contiguous_len(&[0, 2], Some(&[0, 0]), 1), Ok(0));
     }
 
     #[test]

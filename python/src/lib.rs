@@ -166,6 +166,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::Communicator>()?;
     m.add_class::<comm::PyUniqueId>()?;
     m.add_class::<comm::Group>()?;
+    m.add_class::<comm::ExpertExchange>()?;
     m.add_class::<comm::RegisteredBuffer>()?;
     m.add_class::<channels::Buffer>()?;
     m.add_class::<channels::MemorySemaphore>()?;

@@ -666,3 +666,85 @@ class pytest_raises_usage:
         if kind is None:
             raise AssertionError("expected an InvalidUsageError")
         return issubclass(kind, mscclpp_rs.InvalidUsageError)
+
+
+def expert_exchange(comm, experts_per_rank, topk, hidden, tokens, seed=11):
+    """The expert-parallel exchange against NumPy: the layout of a random top-k routing (with -1
+    entries), dispatch (rows, local experts, weights, source indices, counts) and combine (the
+    expert outputs, each rank's rows times rank + 1, summed back in float32 in rank order)."""
+    n, r = comm.size, comm.rank
+    experts = experts_per_rank * n
+    ex = comm.expert_exchange(experts, topk, max(tokens), hidden * 4)
+    assert (ex.num_experts, ex.local_experts, ex.topk) == (experts, experts_per_rank, topk)
+
+    def routing(p):
+        rng = np.random.default_rng(seed * 1000 + p)
+        t = tokens[p % len(tokens)]
+        idx = np.array([rng.permutation(experts)[:topk] for _ in range(t)], np.int64).reshape(t, topk)
+        idx[rng.random(idx.shape) < 0.125] = -1
+        x = rng.standard_normal((t, hidden)).astype(np.float32)
+        w = (rng.random((t, topk)) + 0.5).astype(np.float32)
+        return idx, x, w
+
+    data = [routing(p) for p in range(n)]
+    idx, x, w = data[r]
+    t = len(idx)
+    owner = lambda e: e // experts_per_rank  # noqa: E731
+
+    per_rank, per_expert = np.zeros(n, np.int32), np.zeros(experts, np.int32)
+    in_rank, status = np.zeros((t, n), np.uint8), np.zeros(1, np.int32)
+    ex.layout(idx, per_rank, per_expert, in_rank, status)
+    want_in = np.zeros((t, n), np.uint8)
+    for i, e in zip(*np.nonzero(idx >= 0)):
+        want_in[i, owner(idx[i, e])] = 1
+    valid = idx[idx >= 0]
+    assert (in_rank == want_in).all() and status[0] == 0
+    assert (per_rank == want_in.sum(0)).all(), (per_rank, want_in.sum(0))
+    assert (per_expert == np.bincount(valid, minlength=experts)).all()
+
+    cap = n * max(tokens)
+    out_x = np.full((cap, hidden), np.nan, np.float32)
+    out_idx = np.full((cap, topk), -7, np.int64)
+    out_w = np.full((cap, topk), np.nan, np.float32)
+    out_src = np.full(cap, -7, np.int32)
+    handle = np.zeros(ex.handle_bytes, np.uint8)
+    ex.dispatch(x, idx, out_x, out_idx, out_src, handle, topk_weights=w, out_weights=out_w)
+    per_source, per_local = ex.received(handle)
+    rows = [(p, i) for p in range(n) for i in range(len(data[p][0]))
+            if any(e >= 0 and owner(e) == r for e in data[p][0][i])]
+    assert per_source == [sum(1 for q, _ in rows if q == p) for p in range(n)], per_source
+    want_local = [0] * experts_per_rank
+    for j, (p, i) in enumerate(rows):
+        pidx, px, pw = data[p]
+        assert (out_x[j] == px[i]).all(), f"row {j}: token {i} of rank {p}"
+        assert out_src[j] == i
+        for k in range(topk):
+            e = pidx[i, k]
+            mine = e >= 0 and owner(e) == r
+            assert out_idx[j, k] == (e - r * experts_per_rank if mine else -1)
+            assert out_w[j, k] == (pw[i, k] if mine else 0.0)
+            if mine:
+                want_local[e - r * experts_per_rank] += 1
+    assert per_local == want_local, (per_local, want_local)
+    assert np.isnan(out_x[len(rows):]).all() and (out_src[len(rows):] == -7).all()
+
+    got = len(rows)
+    y = out_x[:got] * np.float32(r + 1)
+    comb = np.full((max(t, 1), hidden), np.nan, np.float32)[:t]
+    comb_w = np.full((max(t, 1), topk), np.nan, np.float32)[:t]
+    ex.combine(y, handle, comb, hidden=hidden, topk_weights=out_w[:got].copy(), out_weights=comb_w)
+    for i in range(t):
+        acc = np.zeros(hidden, np.float32)
+        for d in range(n):
+            if want_in[i, d]:
+                acc = acc + x[i] * np.float32(d + 1)
+        assert (comb[i] == acc).all(), f"token {i} combined wrong: {comb[i][:4]} vs {acc[:4]}, x {x[i][:4]}, ranks {want_in[i]}"
+        assert (comb_w[i] == np.where(idx[i] >= 0, w[i], 0)).all(), (comb_w[i], w[i])
+
+    # Bad input: named, before anything runs.
+    try:
+        ex.dispatch(x, idx.astype(np.int32), out_x, out_idx, out_src, handle)
+        raise AssertionError("an int32 routing was accepted")
+    except ValueError as e:
+        assert "int64" in str(e), e
+    return got

@@ -16,7 +16,10 @@ use mscclpp_hal::{
 };
 
 pub(crate) mod args;
+mod erased;
 pub(crate) mod host;
+
+pub use erased::AnyMoe;
 
 use args::{
     MoeArgs, MoeLayoutArgs, RowLayout, STATUS_CAPACITY, STATUS_EXPERT_RANGE, buffer_bytes,

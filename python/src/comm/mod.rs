@@ -8,6 +8,7 @@
 mod arrays;
 mod channel_setup;
 mod collectives;
+mod moe;
 mod open;
 mod p2p;
 mod plans;
@@ -27,6 +28,7 @@ use pyo3::types::PyType;
 use crate::channels;
 use crate::errors::{IntoPy, usage};
 use collectives::parse_op;
+pub use moe::ExpertExchange;
 pub use open::PyUniqueId;
 use open::Rendezvous;
 pub use p2p::Group;
@@ -192,6 +194,30 @@ impl Communicator {
     #[getter]
     fn device_name(&self) -> PyResult<String> {
         Ok(self.inner()?.device().info().name.clone())
+    }
+
+    /// An expert-parallel exchange over this communicator's ranks (2 to 8, one host): every
+    /// rank calls it with the same settings. `max_row_bytes`: a token's row at most (hidden size
+    /// times the element size, of the dispatch's and the combine's rows); `max_scale_bytes`: its
+    /// scales at most (0: none).
+    #[pyo3(signature = (num_experts, topk, max_tokens, max_row_bytes, max_scale_bytes = 0))]
+    fn expert_exchange(
+        &self,
+        py: Python<'_>,
+        num_experts: usize,
+        topk: usize,
+        max_tokens: usize,
+        max_row_bytes: usize,
+        max_scale_bytes: usize,
+    ) -> PyResult<ExpertExchange> {
+        let cfg = mscclpp::collectives::moe::MoeConfig {
+            num_experts,
+            topk,
+            max_tokens,
+            max_row_bytes,
+            max_scale_bytes,
+        };
+        moe::open(py, self.inner()?, cfg)
     }
 
     /// Waits until every rank has called it (over the bootstrap, on the host).
