@@ -6,6 +6,9 @@ library). Nothing changes unless the user asks:
   SGLang then run on this library, even where a real MSCCL++ is installed);
 - ``mscclpp_rs.compat.install()`` in code, before ``mscclpp`` is imported.
 
+``MSCCLPP_RS_DEEP_EP=1`` (or ``install_deep_ep()``) does the same for ``import deep_ep``: DeepEP's
+``Buffer`` over this library (``mscclpp_rs.deep_ep``).
+
 Without either, ``import mscclpp`` finds a real MSCCL++ if one is installed (or fails): the wheel
 ships no top-level ``mscclpp`` files, so it cannot clash with MSCCL++'s at install time either.
 ``python -m mscclpp_rs.compat`` prints which one ``import mscclpp`` gives.
@@ -35,6 +38,20 @@ def install():
     return ours
 
 
+def install_deep_ep():
+    """Registers ``deep_ep`` as ``mscclpp_rs.deep_ep`` (DeepEP's ``Buffer`` over this library);
+    returns it. Raises if another ``deep_ep`` was imported already."""
+    cur = sys.modules.get("deep_ep")
+    if cur is not None and getattr(cur, "IMPLEMENTATION", None) != "mscclpp_rs":
+        raise RuntimeError(
+            f"mscclpp_rs.compat.install_deep_ep(): another deep_ep ({getattr(cur, '__file__', cur)}) "
+            "was imported already; install before importing it (MSCCLPP_RS_DEEP_EP=1 does it at "
+            "start-up)")
+    ours = importlib.import_module("mscclpp_rs.deep_ep")
+    sys.modules["deep_ep"] = ours
+    return ours
+
+
 def installed() -> bool:
     """Whether ``import mscclpp`` gives this package."""
     m = sys.modules.get("mscclpp")
@@ -42,12 +59,18 @@ def installed() -> bool:
 
 
 def _startup():
-    # Called from mscclpp_rs_compat.pth when MSCCLPP_RS=1: never let a start-up hook break the
-    # interpreter; say why instead.
-    try:
-        install()
-    except Exception as e:  # pragma: no cover - reported, not raised
-        print(f"mscclpp_rs: MSCCLPP_RS=1 but 'mscclpp' could not be installed: {e}", file=sys.stderr)
+    # Called from mscclpp_rs_compat.pth when MSCCLPP_RS=1 or MSCCLPP_RS_DEEP_EP=1: never let a
+    # start-up hook break the interpreter; say why instead.
+    import os
+
+    for var, name, fn in (("MSCCLPP_RS", "mscclpp", install),
+                          ("MSCCLPP_RS_DEEP_EP", "deep_ep", install_deep_ep)):
+        if os.environ.get(var) != "1":
+            continue
+        try:
+            fn()
+        except Exception as e:  # pragma: no cover - reported, not raised
+            print(f"mscclpp_rs: {var}=1 but '{name}' could not be installed: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

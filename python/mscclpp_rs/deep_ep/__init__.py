@@ -1,0 +1,402 @@
+"""DeepEP's Python API (V1 ``deep_ep.Buffer``, its intranode "normal" mode) over this library's
+expert-parallel exchange (``mscclpp_rs.Communicator.expert_exchange``), for torch tensors.
+
+Opt-in, as ``import mscclpp`` is: ``MSCCLPP_RS_DEEP_EP=1`` (or ``mscclpp_rs.compat.install_deep_ep()``
+before ``deep_ep`` is imported) makes ``import deep_ep`` give this module; otherwise
+``import mscclpp_rs.deep_ep`` does.
+
+Served: ``Buffer(group, num_nvl_bytes)``, ``get_dispatch_layout``, ``dispatch`` (bf16 rows, or FP8
+rows with their per-128-channel scales; with or without top-k; a cached dispatch with a handle;
+``num_worst_tokens``; ``expert_alignment``), ``combine`` (bf16, f16 or f32 rows; weights; one or
+two biases), ``EventOverlap``, ``Config`` and the size hints, ``capture``, ``get_comm_stream``,
+``previous_event``, ``async_finish``, ``allocate_on_comm_stream``. Not served yet, with a clear
+error: the low-latency mode, ranks on several hosts (RDMA bytes), ``get_local_buffer_tensor``.
+
+Semantics are DeepEP's (learnt from its public repository; none of its code is here): a token
+goes once to each rank holding one of its experts (rank ``r`` holds experts
+``[r E/n, (r + 1) E/n)``); received rows come by source rank, each source's in token order;
+``recv_topk_idx`` holds local expert ids (-1 elsewhere) and ``recv_topk_weights`` 0 there; combine
+sums, without weights, the rows of the ranks a token went to, in f32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import mscclpp_rs as _rs
+
+IMPLEMENTATION = "mscclpp_rs"
+
+topk_idx_t = torch.int64
+
+# The exchange buffer's fixed bytes (collectives/src/moe/spec.md): the header.
+_HEADER = 4096
+
+
+def _round16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def _row_bytes(hidden: int, topk: int) -> int:
+    """A row of the exchange for bf16 hidden states, their FP8 scales and the top-k metadata."""
+    return _round16(2 * hidden) + _round16((hidden + 127) // 128 * 4) + _round16(4 * (1 + 2 * topk))
+
+
+class Config:
+    """DeepEP's ``Config``: its chunk sizes are kept (and checked as DeepEP does) but do not
+    change how this library moves data."""
+
+    def __init__(self, num_sms: int = 20, num_max_nvl_chunked_send_tokens: int = 6,
+                 num_max_nvl_chunked_recv_tokens: int = 256,
+                 num_max_rdma_chunked_send_tokens: int = 6,
+                 num_max_rdma_chunked_recv_tokens: int = 256):
+        if num_max_nvl_chunked_send_tokens >= num_max_nvl_chunked_recv_tokens:
+            raise ValueError("Config: NVL send chunk must be smaller than the NVL receive chunk")
+        self.num_sms = num_sms
+        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
+        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
+        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
+        self.num_max_rdma_chunked_recv_tokens = num_max_rdma_chunked_recv_tokens
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int,
+                                 num_max_tokens: int = 4096, num_topk: int = 32) -> int:
+        """Bytes of a ``Buffer`` whose ranks dispatch up to ``num_max_tokens`` tokens of
+        ``hidden_bytes`` (bf16) each: this library's exchange holds every token a call can
+        receive, so its size follows the tokens, not DeepEP's chunks."""
+        hidden = max(1, hidden_bytes // 2)
+        return _HEADER + 2 * num_ranks * num_max_tokens * _row_bytes(hidden, num_topk)
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        return 0
+
+
+class EventOverlap:
+    """DeepEP's ``EventOverlap``: an event recorded on the stream a call ran on (None where the
+    call finished before returning), and tensors kept alive until it is waited on."""
+
+    def __init__(self, event=None, extra_tensors=None):
+        self.event = event
+        self.extra_tensors = extra_tensors
+        self._hook = None
+
+    def register_hook_after_wait(self, fn):
+        self._hook = fn
+
+    def current_stream_wait(self, release_handle: bool = False) -> None:
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
+        if self._hook is not None:
+            self._hook()
+        if release_handle:
+            self.extra_tensors = None
+
+    def __call__(self, release_handle: bool = False) -> "EventOverlap":
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.event is not None:
+            self.current_stream_wait()
+        return False
+
+
+class _Handle(tuple):
+    """DeepEP's intranode handle (rank_prefix_matrix, channel_prefix_matrix,
+    recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_head), carrying this
+    library's own handle and routing for the combine and cached dispatches."""
+
+    def __new__(cls, items, state):
+        h = super().__new__(cls, items)
+        h._state = state
+        return h
+
+
+class _State:
+    def __init__(self, ex, handle, tokens, topk_idx, topk, rows, capacity):
+        self.ex, self.handle, self.tokens = ex, handle, tokens
+        self.topk_idx, self.topk, self.rows, self.capacity = topk_idx, topk, rows, capacity
+
+
+class Buffer:
+    """DeepEP's ``Buffer`` for the ranks of one host (2 to 8), normal mode."""
+
+    num_sms = 20
+
+    def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
+                 low_latency_mode: bool = False, num_qps_per_rank: int = 24,
+                 allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 explicitly_destroy: bool = False, enable_shrink: bool = False, comm=None):
+        if low_latency_mode or num_rdma_bytes:
+            raise NotImplementedError(
+                "mscclpp_rs.deep_ep: the low-latency mode and ranks on several hosts (RDMA bytes) "
+                "are not served yet; use low_latency_mode=False and num_rdma_bytes=0")
+        if group is None:
+            raise ValueError("mscclpp_rs.deep_ep.Buffer: pass a torch.distributed group")
+        from mscclpp_rs.mscclpp import CommGroup
+
+        import torch.distributed as dist
+
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.group_size = dist.get_world_size(group)
+        self.num_nvl_bytes = int(num_nvl_bytes)
+        self.num_rdma_bytes = 0
+        self.low_latency_mode = False
+        self.explicitly_destroy = explicitly_destroy
+        self._comm = CommGroup(torch_group=group).communicator
+        self._exchanges = {}
+        self._comm_stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+
+    # ---- DeepEP's static helpers -------------------------------------------------------------
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        return False
+
+    @classmethod
+    def set_num_sms(cls, new_num_sms: int) -> None:
+        if new_num_sms % 2:
+            raise ValueError("Buffer.set_num_sms: the number of SMs must be even")
+        cls.num_sms = new_num_sms
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        if not torch.cuda.is_available():
+            return EventOverlap()
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream())
+        return EventOverlap(ev)
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        return Config(Buffer.num_sms, 6, 256, 6, 128)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        return Config(Buffer.num_sms, 4, 256, 6, 128)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks,
+                                       num_experts) -> int:
+        raise NotImplementedError("mscclpp_rs.deep_ep: the low-latency mode is not served yet")
+
+    def get_comm_stream(self):
+        return self._comm_stream
+
+    def get_local_buffer_tensor(self, *args, **kwargs):
+        raise NotImplementedError(
+            "mscclpp_rs.deep_ep: the exchange buffer is not exposed as a tensor")
+
+    def destroy(self) -> None:
+        if not self.explicitly_destroy:
+            raise RuntimeError("Buffer.destroy: only with explicitly_destroy=True (as DeepEP)")
+        self._exchanges.clear()
+        if self._comm is not None:
+            self._comm.close()
+            self._comm = None
+
+    # ---- streams and events ------------------------------------------------------------------
+    def _stream(self, x, previous_event, async_finish, allocate_on_comm_stream):
+        """The stream a call runs on: DeepEP's communication stream when asked, else the
+        current one; it first waits for ``previous_event``."""
+        if allocate_on_comm_stream and not (previous_event is not None and async_finish):
+            raise ValueError(
+                "allocate_on_comm_stream needs previous_event and async_finish (as DeepEP)")
+        if not x.is_cuda:
+            return None
+        s = self._comm_stream if (async_finish or allocate_on_comm_stream) else torch.cuda.current_stream()
+        if previous_event is not None and previous_event.event is not None:
+            s.wait_event(previous_event.event)
+        elif s is not torch.cuda.current_stream():
+            s.wait_stream(torch.cuda.current_stream())
+        return s
+
+    def _finish(self, s, async_finish, tensors):
+        if s is None:
+            return EventOverlap()
+        ev = torch.cuda.Event()
+        ev.record(s)
+        if s is not torch.cuda.current_stream():
+            for t in tensors:
+                if t is not None:
+                    t.record_stream(s)
+            if not async_finish:
+                torch.cuda.current_stream().wait_event(ev)
+        return EventOverlap(ev, tensors if async_finish else None)
+
+    @staticmethod
+    def _sid(s):
+        return None if s is None else s.cuda_stream
+
+    # ---- the exchange ------------------------------------------------------------------------
+    def _exchange(self, num_experts: int, topk: int, hidden: int):
+        key = (num_experts, topk, hidden)
+        ex = self._exchanges.get(key)
+        if ex is None:
+            n = self.group_size
+            per_row = _row_bytes(hidden, topk)
+            max_tokens = (self.num_nvl_bytes - _HEADER) // (2 * n * per_row)
+            if max_tokens < 1:
+                raise ValueError(
+                    f"Buffer: num_nvl_bytes={self.num_nvl_bytes} holds no token of hidden size "
+                    f"{hidden} at top-{topk} over {n} ranks; Config().get_nvl_buffer_size_hint("
+                    f"{2 * hidden}, {n}, num_max_tokens) says what a batch needs")
+            ex = self._comm.expert_exchange(num_experts, topk, max_tokens, 2 * hidden,
+                                            (hidden + 127) // 128 * 4)
+            self._exchanges[key] = ex
+        return ex
+
+    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None,
+                            async_finish=False, allocate_on_comm_stream=False):
+        """(num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank, event)."""
+        n = self.group_size
+        if num_experts % n:
+            raise ValueError(f"get_dispatch_layout: {num_experts} experts over {n} ranks")
+        if topk_idx.dim() != 2:
+            raise ValueError("get_dispatch_layout: topk_idx must be [num_tokens, num_topk]")
+        s = self._stream(topk_idx, previous_event, async_finish, allocate_on_comm_stream)
+        with torch.cuda.stream(s) if s is not None else _nullcontext():
+            idx = topk_idx.to(torch.int64)
+            bad = (idx < -1) | (idx >= num_experts)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"get_dispatch_layout: an expert index outside -1..{num_experts}")
+            valid = idx >= 0
+            owner = torch.where(valid, idx // (num_experts // n), torch.zeros_like(idx))
+            in_rank = torch.zeros((idx.shape[0], n), dtype=torch.bool, device=idx.device)
+            in_rank.scatter_(1, owner, valid)
+            # A token with two experts on one rank: scatter_ keeps whichever wrote last, so
+            # count the ranks again from the experts themselves.
+            hit = torch.zeros((idx.shape[0], n), dtype=torch.int32, device=idx.device)
+            hit.scatter_add_(1, owner, valid.to(torch.int32))
+            in_rank = hit > 0
+            per_rank = in_rank.sum(0, dtype=torch.int32)
+            per_expert = torch.bincount(idx[valid], minlength=num_experts).to(torch.int32)
+        ev = self._finish(s, async_finish, [per_rank, per_expert, in_rank])
+        return per_rank, None, per_expert, in_rank, ev
+
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                 topk_weights=None, expert_alignment: int = 1, num_worst_tokens: int = 0,
+                 config=None, previous_event=None, async_finish=False,
+                 allocate_on_comm_stream=False):
+        fp8 = isinstance(x, tuple)
+        xs, scales = (x[0], x[1].contiguous()) if fp8 else (x, None)
+        xs = xs.contiguous()
+        n = self.group_size
+        if (topk_idx is None) != (topk_weights is None):
+            raise ValueError("dispatch: topk_idx and topk_weights go together")
+        if handle is not None:
+            if topk_idx is not None:
+                raise ValueError("dispatch with a handle (cached) takes no topk_idx")
+            st = handle._state
+            route, with_topk, experts = st.topk_idx, False, st.ex.num_experts
+        else:
+            if num_tokens_per_expert is None or is_token_in_rank is None:
+                raise ValueError(
+                    "dispatch: num_tokens_per_expert and is_token_in_rank (get_dispatch_layout's) "
+                    "are needed without a handle")
+            experts = num_tokens_per_expert.numel()
+            with_topk = topk_idx is not None
+            if with_topk:
+                route = topk_idx.to(torch.int64).contiguous()
+            else:
+                # No top-k: route by the ranks alone, one slot per rank (its first expert).
+                local = experts // n
+                first = torch.arange(n, device=xs.device, dtype=torch.int64) * local
+                route = torch.where(is_token_in_rank.bool(), first, torch.full_like(first, -1))
+                route = route.contiguous()
+        tokens, hidden = xs.shape[0], xs.shape[1]
+        topk = route.shape[1]
+        ex = self._exchange(experts, topk, hidden)
+        cap = num_worst_tokens if num_worst_tokens else n * ex.max_tokens
+        s = self._stream(xs, previous_event, async_finish, allocate_on_comm_stream)
+        dev = xs.device
+        with torch.cuda.stream(s) if s is not None else _nullcontext():
+            out_x = torch.empty((cap, hidden), dtype=xs.dtype, device=dev)
+            out_idx = torch.full((cap, topk), -1, dtype=torch.int64, device=dev)
+            out_w = torch.zeros((cap, topk), dtype=torch.float32, device=dev)
+            out_src = torch.empty(cap, dtype=torch.int32, device=dev)
+            out_sc = None
+            if fp8:
+                out_sc = torch.empty((cap, scales.shape[1]), dtype=scales.dtype, device=dev)
+            hb = torch.empty(ex.handle_bytes, dtype=torch.uint8, device=dev)
+            w = topk_weights.to(torch.float32).contiguous() if with_topk else None
+            # Rows move as bytes (FP8 included, whatever DLPack calls it).
+            ex.dispatch(xs.view(torch.uint8), route, out_x.view(torch.uint8), out_idx, out_src, hb,
+                        topk_weights=w,
+                        out_weights=out_w if with_topk else None, scales=scales,
+                        out_scales=out_sc, stream=self._sid(s))
+            counts = hb[: 4 * n].view(torch.int32)
+            # Every rank's prefix over sources (column j: what rank j received from 0..i).
+            mine = torch.cumsum(counts, 0, dtype=torch.int32)
+            gathered = torch.empty(n * n, dtype=torch.int32, device=dev)
+            self._comm.all_gather(gathered, mine, stream=self._sid(s))
+            rank_prefix = gathered.view(n, n).t().contiguous()
+            positions = hb[4 * (n + 1 + ex.local_experts):].view(torch.int32)[: tokens * n]
+            send_head = positions.view(tokens, n)
+        if num_worst_tokens:
+            rows, per_expert_list = cap, []
+        else:
+            per_source, per_expert = ex.received(hb, stream=self._sid(s))
+            rows = sum(per_source)
+            a = max(1, expert_alignment)
+            per_expert_list = [(c + a - 1) // a * a for c in per_expert]
+        recv_x = out_x[:rows]
+        recv_x = (recv_x, out_sc[:rows]) if fp8 else recv_x
+        state = _State(ex, hb, tokens, route, topk, rows, cap)
+        in_rank = is_token_in_rank if is_token_in_rank is not None else handle[4]
+        # One channel: what this rank sends to each rank, and receives from each.
+        channel_prefix = in_rank.sum(0, dtype=torch.int32).view(n, 1)
+        recv_channel_prefix = counts.view(n, 1).clone()
+        new_handle = _Handle((rank_prefix, channel_prefix, recv_channel_prefix, out_src[:rows],
+                              in_rank, send_head), state)
+        ev = self._finish(s, async_finish, [out_x, out_idx, out_w, out_src, out_sc, hb])
+        if handle is not None:
+            return recv_x, None, None, None, None, ev
+        if not with_topk:
+            return recv_x, None, None, per_expert_list, new_handle, ev
+        return recv_x, out_idx[:rows], out_w[:rows], per_expert_list, new_handle, ev
+
+    def combine(self, x, handle, topk_weights=None, bias=None, config=None,
+                previous_event=None, async_finish=False, allocate_on_comm_stream=False):
+        st = handle._state
+        hidden = x.shape[1]
+        biases = () if bias is None else (bias if isinstance(bias, tuple) else (bias,))
+        s = self._stream(x, previous_event, async_finish, allocate_on_comm_stream)
+        with torch.cuda.stream(s) if s is not None else _nullcontext():
+            rows_in = x.contiguous()
+            out = torch.empty((st.tokens, hidden), dtype=x.dtype, device=x.device)
+            w = out_w = None
+            if topk_weights is not None:
+                w = topk_weights.to(torch.float32).contiguous()
+                out_w = torch.empty((st.tokens, st.topk), dtype=torch.float32, device=x.device)
+            st.ex.combine(rows_in, st.handle, out, hidden=hidden, topk_weights=w,
+                          out_weights=out_w, stream=self._sid(s))
+            if biases:
+                # DeepEP adds the biases to the f32 sum before rounding; here the sum is rounded
+                # once before (at most one unit in the last place apart).
+                acc = out.float()
+                for b in biases:
+                    acc = acc + b.float()
+                out = acc.to(x.dtype)
+        ev = self._finish(s, async_finish, [out, out_w])
+        return out, out_w, ev
+
+    def low_latency_dispatch(self, *args, **kwargs):
+        raise NotImplementedError("mscclpp_rs.deep_ep: the low-latency mode is not served yet")
+
+    def low_latency_combine(self, *args, **kwargs):
+        raise NotImplementedError("mscclpp_rs.deep_ep: the low-latency mode is not served yet")
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+__all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t", "IMPLEMENTATION"]

@@ -1,0 +1,175 @@
+"""DeepEP's ``Buffer`` API served by ``mscclpp_rs.deep_ep``, checked against torch on every rank:
+the layout, dispatch (bf16 and FP8 rows with scales, with and without top-k, cached with a handle,
+``num_worst_tokens``, ``expert_alignment``, ``previous_event``/``async_finish``) and combine (with
+weights and a bias), outputs compared exactly with a reference made from every rank's inputs.
+
+    python tests/deep_ep_ranks.py --spawn 2 [--device cuda|cpu] [--tokens 64] [--hidden 256]
+
+Ranks share the one GPU there is (``cuda:rank % count``), or run on the host backend with CPU
+tensors (``--device cpu``). Needs torch; used by ``tests/test_deep_ep.py``.
+"""
+
+import argparse
+import os
+import sys
+
+
+def reference(all_x, all_idx, all_w, rank, n, experts):
+    """(rows, local idx, weights, src) this rank should receive: by source, token order."""
+    import torch
+
+    local = experts // n
+    xs, idxs, ws, srcs, per_source = [], [], [], [], []
+    for s in range(n):
+        idx = all_idx[s]
+        here = ((idx >= 0) & (idx // local == rank)).any(1)
+        t = torch.nonzero(here).flatten()
+        per_source.append(len(t))
+        xs.append(all_x[s][t])
+        mine = (idx[t] >= 0) & (idx[t] // local == rank)
+        idxs.append(torch.where(mine, idx[t] - rank * local, torch.full_like(idx[t], -1)))
+        ws.append(torch.where(mine, all_w[s][t], torch.zeros_like(all_w[s][t])))
+        srcs.append(t.to(torch.int32))
+    return torch.cat(xs), torch.cat(idxs), torch.cat(ws), torch.cat(srcs), per_source
+
+
+def rank_main(rank, n, port, device, tokens, hidden, experts, topk):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        os.environ["MSCCLPP_BACKEND"] = "host"
+        dev = torch.device("cpu")
+    dist.init_process_group("gloo", rank=rank, world_size=n)
+    import mscclpp_rs.compat
+
+    deep_ep = mscclpp_rs.compat.install_deep_ep()
+    import deep_ep as again
+
+    assert again is deep_ep and deep_ep.IMPLEMENTATION == "mscclpp_rs"
+    group = dist.group.WORLD
+    hint = deep_ep.Config().get_nvl_buffer_size_hint(hidden * 2, n, tokens, topk)
+    buf = deep_ep.Buffer(group, hint, 0, explicitly_destroy=True)
+
+    g = torch.Generator().manual_seed(1000 + rank)
+    t_mine = tokens - rank  # ranks with different token counts
+    scores = torch.rand((t_mine, experts), generator=g)
+    idx = torch.topk(scores, topk, dim=1).indices.to(torch.int64)
+    idx[torch.rand(idx.shape, generator=g) < 0.1] = -1
+    x = (torch.randn((t_mine, hidden), generator=g) * 4).to(torch.bfloat16)
+    w = torch.rand((t_mine, topk), generator=g) + 0.25
+
+    def gather(t):
+        out = [None] * n
+        dist.all_gather_object(out, t.cpu())
+        return out
+
+    all_x, all_idx, all_w = gather(x), gather(idx), gather(w)
+    want_x, want_idx, want_w, want_src, per_source = reference(all_x, all_idx, all_w, rank, n,
+                                                                experts)
+    rows = sum(per_source)
+    local = experts // n
+
+    # Layout.
+    per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(idx.to(dev), experts)
+    owner_hit = torch.zeros((t_mine, n), dtype=torch.int32)
+    valid = idx >= 0
+    owner_hit.scatter_add_(1, torch.where(valid, idx // local, 0), valid.to(torch.int32))
+    assert per_rdma is None
+    assert torch.equal(in_rank.cpu(), owner_hit > 0)
+    assert torch.equal(per_rank.cpu(), (owner_hit > 0).sum(0, dtype=torch.int32))
+    assert torch.equal(per_expert.cpu(), torch.bincount(idx[valid], minlength=experts).int())
+
+    # Dispatch with top-k, bf16, after a captured event, asynchronously.
+    prev = buf.capture()
+    recv_x, recv_idx, recv_w, per_expert_list, handle, ev = buf.dispatch(
+        x.to(dev), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, topk_idx=idx.to(dev), topk_weights=w.to(dev),
+        expert_alignment=4, previous_event=prev, async_finish=True,
+        allocate_on_comm_stream=True)
+    ev.current_stream_wait()
+    assert recv_x.shape == (rows, hidden), (recv_x.shape, rows)
+    assert torch.equal(recv_x.cpu(), want_x), "recv_x"
+    assert torch.equal(recv_idx.cpu(), want_idx), "recv_topk_idx"
+    assert torch.equal(recv_w.cpu(), want_w), "recv_topk_weights"
+    assert torch.equal(handle[3].cpu(), want_src), "recv_src_idx"
+    counts = [int((want_idx == e).sum()) for e in range(local)]
+    assert per_expert_list == [(c + 3) // 4 * 4 for c in counts], (per_expert_list, counts)
+    prefix = handle[0].cpu()
+    assert [int(prefix[i][rank]) for i in range(n)] == [sum(per_source[: i + 1]) for i in range(n)]
+
+    # Combine with the weights, and again with a bias.
+    combined, combined_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
+    sent_to = (owner_hit > 0).sum(1, keepdim=True).float()
+    want_c = (x.float() * sent_to).to(torch.bfloat16)
+    assert torch.equal(combined.cpu(), want_c), "combined_x"
+    assert torch.equal(combined_w.cpu(), torch.where(valid, w, torch.zeros_like(w))), "weights"
+    bias = torch.full((t_mine, hidden), 0.5, dtype=torch.bfloat16)
+    with_bias, none_w, _ = buf.combine(recv_x, handle, bias=bias.to(dev))
+    assert none_w is None
+    assert torch.equal(with_bias.cpu(), (want_c.float() + 0.5).to(torch.bfloat16)), "bias"
+
+    # Cached dispatch (the handle's routing), FP8 rows with scales.
+    x8 = x.float().clamp(-448, 448).to(torch.float8_e4m3fn)
+    scales = torch.rand((t_mine, (hidden + 127) // 128), generator=g)
+    got8, none_idx, none_w, none_list, none_h, _ = buf.dispatch((x8.to(dev), scales.to(dev)),
+                                                               handle=handle)
+    assert none_idx is None and none_h is None and none_list is None
+    want8 = reference([t.float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+                       for t in all_x], all_idx, all_w, rank, n, experts)[0]
+    assert torch.equal(got8[0].cpu().view(torch.uint8), want8), "fp8 rows"
+    all_s = gather(scales)
+    want_s = reference(all_s, all_idx, all_w, rank, n, experts)[0]
+    assert torch.equal(got8[1].cpu(), want_s), "fp8 scales"
+
+    # No top-k: routed by is_token_in_rank alone; the same rows.
+    nx, nidx, nw, nlist, nh, _ = buf.dispatch(
+        x.to(dev), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert)
+    assert nidx is None and nw is None
+    assert torch.equal(nx.cpu(), want_x), "rows without top-k"
+
+    # num_worst_tokens: no host sync, every row slot returned, the tail's experts -1.
+    worst = tokens * n
+    wx, widx, ww, wlist, wh, _ = buf.dispatch(
+        x.to(dev), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, topk_idx=idx.to(dev), topk_weights=w.to(dev),
+        num_worst_tokens=worst)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert wlist == [] and wx.shape == (worst, hidden)
+    assert torch.equal(wx[:rows].cpu(), want_x) and bool((widx[rows:] == -1).all())
+    wc, _, _ = buf.combine(wx, wh, topk_weights=ww)
+    assert torch.equal(wc.cpu(), want_c), "combined after num_worst_tokens"
+
+    buf.destroy()
+    dist.destroy_process_group()
+    if rank == 0:
+        print(f"deep_ep_ranks: {n} ranks on {device}: every check passed "
+              f"({rows} rows received by rank 0)", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spawn", type=int, default=2)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--experts", type=int, default=32)
+    p.add_argument("--topk", type=int, default=4)
+    a = p.parse_args()
+    import torch.multiprocessing as tmp
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cluster import free_port
+
+    tmp.spawn(rank_main, args=(a.spawn, free_port(), a.device, a.tokens, a.hidden, a.experts,
+                               a.topk), nprocs=a.spawn)
+
+
+if __name__ == "__main__":
+    main()
