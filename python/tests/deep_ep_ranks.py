@@ -147,10 +147,83 @@ def rank_main(rank, n, port, device, tokens, hidden, experts, topk):
     assert torch.equal(wc.cpu(), want_c), "combined after num_worst_tokens"
 
     buf.destroy()
+    low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device)
     dist.destroy_process_group()
     if rank == 0:
         print(f"deep_ep_ranks: {n} ranks on {device}: every check passed "
               f"({rows} rows received by rank 0)", flush=True)
+
+
+def low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device):
+    """``low_latency_dispatch``/``low_latency_combine``: the per-expert layout (rows, counts,
+    ``src_info``, ``layout_range``) exactly; bf16 combine exactly (dyadic weights make every
+    product and sum exact in f32); FP8 rows within FP8's precision of the originals."""
+    import deep_ep
+    import torch
+    import torch.distributed as dist
+
+    big_n = tokens
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(big_n, hidden, n, experts)
+    buf = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True,
+                         num_qps_per_rank=experts // n, explicitly_destroy=True)
+    g = torch.Generator().manual_seed(2000 + rank)
+    t_mine = tokens - rank
+    idx = torch.topk(torch.rand((t_mine, experts), generator=g), topk, dim=1).indices
+    idx[torch.rand(idx.shape, generator=g) < 0.1] = -1
+    x = (torch.randn((t_mine, hidden), generator=g) * 4).to(torch.bfloat16)
+    w = torch.randint(1, 17, (t_mine, topk), generator=g).float() / 8
+    all_x, all_idx = gather(x), gather(idx)
+    local = experts // n
+    stats = torch.zeros(local, dtype=torch.int32, device=dev)
+    recv_x, recv_count, handle, ev, hook = buf.low_latency_dispatch(
+        x.to(dev), idx.to(dev), big_n, experts, cumulative_local_expert_recv_stats=stats,
+        use_fp8=False, return_recv_hook=True)
+    hook()
+    src_info, ranges = handle[0].cpu(), handle[1].cpu()
+    # Expert e of this rank: the rows of every source holding e, sources in order.
+    for e in range(local):
+        glob = rank * local + e
+        rows = [(s, int(t)) for s in range(n)
+                for t in torch.nonzero((all_idx[s] == glob).any(1)).flatten()]
+        assert int(recv_count[e]) == len(rows) == int(stats[e]), (e, recv_count[e], len(rows))
+        for j, (s, t) in enumerate(rows):
+            assert torch.equal(recv_x[e, j].cpu(), all_x[s][t]), f"expert {e} slot {j}"
+            assert int(src_info[e, j]) == t
+        begin = 0
+        for s in range(n):
+            c = sum(1 for q, _ in rows if q == s)
+            assert int(ranges[e, s]) == (begin << 32) | c, (e, s, int(ranges[e, s]))
+            begin += c
+    # Combine: each expert's output is its rows times (local expert + 1).
+    scale = torch.arange(1, local + 1, dtype=torch.float32, device=dev).view(local, 1, 1)
+    y = (recv_x.float() * scale).to(torch.bfloat16)
+    got, _, _ = buf.low_latency_combine(y, idx.to(dev), w.to(dev), handle)
+    # What each expert returned (rounded to bf16 there), weighted and summed exactly in f32.
+    want = torch.zeros((t_mine, hidden))
+    for k in range(topk):
+        y_k = (x.float() * (idx[:, k] % local + 1).float().unsqueeze(1)).to(torch.bfloat16)
+        want += torch.where(idx[:, k:k + 1] >= 0, w[:, k:k + 1] * y_k.float(), 0.0)
+    want = want.to(torch.bfloat16)
+    assert torch.equal(got.cpu(), want), "low-latency combine"
+    # zero_copy: the same through the buffer the library hands out.
+    buf.get_next_low_latency_combine_buffer(handle).copy_(y)
+    out = torch.empty_like(got)
+    zc, _, _ = buf.low_latency_combine(None, idx.to(dev), w.to(dev), handle, zero_copy=True,
+                                       out=out)
+    assert zc is out and torch.equal(out.cpu(), want), "zero-copy combine"
+    # FP8 (with power-of-two scales too): rows within FP8's precision.
+    for round_scale in (False, True):
+        (x8, sc), cnt, h8, _, _ = buf.low_latency_dispatch(
+            x.to(dev), idx.to(dev), big_n, experts, use_fp8=True, round_scale=round_scale)
+        assert torch.equal(cnt.cpu(), recv_count.cpu())
+        back = (x8.float().view(local, -1, hidden // 128, 128) * sc.unsqueeze(3)).view(
+            local, -1, hidden)
+        ref = recv_x.float()
+        diff = 1 - 2 * float((back * ref).sum()) / float((back * back + ref * ref).sum())
+        assert diff < 1e-3, (round_scale, diff)
+        if round_scale:
+            assert bool((torch.log2(sc[sc > 0]).frac() == 0).all()), "scales not powers of two"
+    buf.destroy()
 
 
 def main():

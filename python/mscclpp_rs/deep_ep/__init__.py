@@ -5,12 +5,16 @@ Opt-in, as ``import mscclpp`` is: ``MSCCLPP_RS_DEEP_EP=1`` (or ``mscclpp_rs.comp
 before ``deep_ep`` is imported) makes ``import deep_ep`` give this module; otherwise
 ``import mscclpp_rs.deep_ep`` does.
 
-Served: ``Buffer(group, num_nvl_bytes)``, ``get_dispatch_layout``, ``dispatch`` (bf16 rows, or FP8
-rows with their per-128-channel scales; with or without top-k; a cached dispatch with a handle;
-``num_worst_tokens``; ``expert_alignment``), ``combine`` (bf16, f16 or f32 rows; weights; one or
-two biases), ``EventOverlap``, ``Config`` and the size hints, ``capture``, ``get_comm_stream``,
-``previous_event``, ``async_finish``, ``allocate_on_comm_stream``. Not served yet, with a clear
-error: the low-latency mode, ranks on several hosts (RDMA bytes), ``get_local_buffer_tensor``.
+Served: ``Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode)`` (the ranks of one
+host, 2 to 8: every byte given is the exchange's), ``get_dispatch_layout``, ``dispatch`` (bf16
+rows, or FP8 rows with their per-128-channel scales; with or without top-k; a cached dispatch with
+a handle; ``num_worst_tokens``; ``expert_alignment``), ``combine`` (bf16, f16 or f32 rows;
+weights; one or two biases), ``low_latency_dispatch`` (bf16 or FP8, ``round_scale``, the receive
+statistics, the hook) and ``low_latency_combine`` (weighted; ``zero_copy``, ``out``),
+``EventOverlap``, ``Config`` and the size hints, ``capture``, ``get_comm_stream``,
+``previous_event``, ``async_finish``, ``allocate_on_comm_stream``. Not served, with a clear
+error: packed UE8M0 scales, ``get_local_buffer_tensor``; ranks on several hosts fail when the
+exchange is made (its peers must be mappable).
 
 Semantics are DeepEP's (learnt from its public repository; none of its code is here): a token
 goes once to each rank holding one of its experts (rank ``r`` holds experts
@@ -128,10 +132,6 @@ class Buffer:
                  low_latency_mode: bool = False, num_qps_per_rank: int = 24,
                  allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
                  explicitly_destroy: bool = False, enable_shrink: bool = False, comm=None):
-        if low_latency_mode or num_rdma_bytes:
-            raise NotImplementedError(
-                "mscclpp_rs.deep_ep: the low-latency mode and ranks on several hosts (RDMA bytes) "
-                "are not served yet; use low_latency_mode=False and num_rdma_bytes=0")
         if group is None:
             raise ValueError("mscclpp_rs.deep_ep.Buffer: pass a torch.distributed group")
         from mscclpp_rs.mscclpp import CommGroup
@@ -142,8 +142,10 @@ class Buffer:
         self.rank = dist.get_rank(group)
         self.group_size = dist.get_world_size(group)
         self.num_nvl_bytes = int(num_nvl_bytes)
-        self.num_rdma_bytes = 0
-        self.low_latency_mode = False
+        self.num_rdma_bytes = int(num_rdma_bytes)
+        self.low_latency_mode = bool(low_latency_mode)
+        # Every byte given is the exchange's: within a host there is no separate RDMA buffer.
+        self._budget = self.num_nvl_bytes + self.num_rdma_bytes
         self.explicitly_destroy = explicitly_destroy
         self._comm = CommGroup(torch_group=group).communicator
         self._exchanges = {}
@@ -178,8 +180,11 @@ class Buffer:
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks,
-                                       num_experts) -> int:
-        raise NotImplementedError("mscclpp_rs.deep_ep: the low-latency mode is not served yet")
+                                       num_experts, num_topk: int = 32) -> int:
+        """Bytes of the exchange a low-latency ``Buffer`` needs: rows of f32 (the weighted
+        combine's sums) for up to ``num_max_dispatch_tokens_per_rank`` tokens."""
+        return _HEADER + 2 * num_ranks * num_max_dispatch_tokens_per_rank * _row_bytes(
+            2 * hidden, num_topk)
 
     def get_comm_stream(self):
         return self._comm_stream
@@ -230,22 +235,43 @@ class Buffer:
         return None if s is None else s.cuda_stream
 
     # ---- the exchange ------------------------------------------------------------------------
-    def _exchange(self, num_experts: int, topk: int, hidden: int):
-        key = (num_experts, topk, hidden)
+    def _exchange(self, num_experts: int, topk: int, hidden: int, wide: bool = False):
+        """The exchange for these shapes (made once, collectively); ``wide``: rows of f32 (the
+        low-latency combine's weighted sums), else of bf16."""
+        key = (num_experts, topk, hidden, wide)
         ex = self._exchanges.get(key)
         if ex is None:
             n = self.group_size
-            per_row = _row_bytes(hidden, topk)
-            max_tokens = (self.num_nvl_bytes - _HEADER) // (2 * n * per_row)
+            row = (4 if wide else 2) * hidden
+            per_row = _row_bytes(row // 2, topk)
+            max_tokens = (self._budget - _HEADER) // (2 * n * per_row)
             if max_tokens < 1:
                 raise ValueError(
-                    f"Buffer: num_nvl_bytes={self.num_nvl_bytes} holds no token of hidden size "
-                    f"{hidden} at top-{topk} over {n} ranks; Config().get_nvl_buffer_size_hint("
-                    f"{2 * hidden}, {n}, num_max_tokens) says what a batch needs")
-            ex = self._comm.expert_exchange(num_experts, topk, max_tokens, 2 * hidden,
+                    f"Buffer: {self._budget} bytes hold no token of hidden size {hidden} at "
+                    f"top-{topk} over {n} ranks; Config().get_nvl_buffer_size_hint({row}, {n}, "
+                    f"num_max_tokens) says what a batch needs")
+            ex = self._comm.expert_exchange(num_experts, topk, max_tokens, row,
                                             (hidden + 127) // 128 * 4)
             self._exchanges[key] = ex
         return ex
+
+    def _send(self, ex, xs, scales, route, weights, cap, s):
+        """One dispatch through ``ex`` into outputs of ``cap`` rows (experts -1 and weights 0
+        past what arrives): (out_x, out_idx, out_w, out_src, out_scales, handle bytes)."""
+        dev, topk = xs.device, route.shape[1]
+        out_x = torch.empty((cap,) + tuple(xs.shape[1:]), dtype=xs.dtype, device=dev)
+        out_idx = torch.full((cap, topk), -1, dtype=torch.int64, device=dev)
+        out_w = torch.zeros((cap, topk), dtype=torch.float32, device=dev)
+        out_src = torch.empty(cap, dtype=torch.int32, device=dev)
+        out_sc = None
+        if scales is not None:
+            out_sc = torch.empty((cap, scales.shape[1]), dtype=scales.dtype, device=dev)
+        hb = torch.empty(ex.handle_bytes, dtype=torch.uint8, device=dev)
+        # Rows move as bytes (FP8 included, whatever DLPack calls it).
+        ex.dispatch(xs.view(torch.uint8), route, out_x.view(torch.uint8), out_idx, out_src, hb,
+                    topk_weights=weights, out_weights=out_w if weights is not None else None,
+                    scales=scales, out_scales=out_sc, stream=self._sid(s))
+        return out_x, out_idx, out_w, out_src, out_sc, hb
 
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None,
                             async_finish=False, allocate_on_comm_stream=False):
@@ -314,20 +340,9 @@ class Buffer:
         s = self._stream(xs, previous_event, async_finish, allocate_on_comm_stream)
         dev = xs.device
         with torch.cuda.stream(s) if s is not None else _nullcontext():
-            out_x = torch.empty((cap, hidden), dtype=xs.dtype, device=dev)
-            out_idx = torch.full((cap, topk), -1, dtype=torch.int64, device=dev)
-            out_w = torch.zeros((cap, topk), dtype=torch.float32, device=dev)
-            out_src = torch.empty(cap, dtype=torch.int32, device=dev)
-            out_sc = None
-            if fp8:
-                out_sc = torch.empty((cap, scales.shape[1]), dtype=scales.dtype, device=dev)
-            hb = torch.empty(ex.handle_bytes, dtype=torch.uint8, device=dev)
             w = topk_weights.to(torch.float32).contiguous() if with_topk else None
-            # Rows move as bytes (FP8 included, whatever DLPack calls it).
-            ex.dispatch(xs.view(torch.uint8), route, out_x.view(torch.uint8), out_idx, out_src, hb,
-                        topk_weights=w,
-                        out_weights=out_w if with_topk else None, scales=scales,
-                        out_scales=out_sc, stream=self._sid(s))
+            out_x, out_idx, out_w, out_src, out_sc, hb = self._send(ex, xs, scales, route, w,
+                                                                    cap, s)
             counts = hb[: 4 * n].view(torch.int32)
             # Every rank's prefix over sources (column j: what rank j received from 0..i).
             mine = torch.cumsum(counts, 0, dtype=torch.int32)
@@ -384,11 +399,158 @@ class Buffer:
         ev = self._finish(s, async_finish, [out, out_w])
         return out, out_w, ev
 
-    def low_latency_dispatch(self, *args, **kwargs):
-        raise NotImplementedError("mscclpp_rs.deep_ep: the low-latency mode is not served yet")
+    # ---- the low-latency calls ----------------------------------------------------------------
+    # Composed from the exchange: the tokens go to the ranks of their experts as in `dispatch`
+    # (FP8-cast first where asked, with no host sync), then each rank lays what arrived out per
+    # local expert ([local experts, ranks x max tokens, hidden]); the combine weighs each expert's
+    # output by the token's weight where it was computed (the weights reach it by a dispatch of
+    # their own) and sums over the ranks in f32.
 
-    def low_latency_combine(self, *args, **kwargs):
-        raise NotImplementedError("mscclpp_rs.deep_ep: the low-latency mode is not served yet")
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
+        """Nothing to clean: the exchange's sequences are never reset."""
+
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                             cumulative_local_expert_recv_stats=None,
+                             dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
+                             use_ue8m0=False, async_finish=False, return_recv_hook=False):
+        """(recv_x, recv_count, handle, event, hook), as DeepEP's."""
+        if async_finish and return_recv_hook:
+            raise ValueError("low_latency_dispatch: async_finish and return_recv_hook exclude "
+                             "each other (as DeepEP)")
+        if use_ue8m0 and not round_scale:
+            raise ValueError("low_latency_dispatch: use_ue8m0 needs round_scale (as DeepEP)")
+        if use_ue8m0:
+            raise NotImplementedError(
+                "mscclpp_rs.deep_ep: packed UE8M0 scales are not served yet (round_scale alone is)")
+        n, big_n = self.group_size, int(num_max_dispatch_tokens_per_rank)
+        tokens, hidden = x.shape
+        if tokens > big_n:
+            raise ValueError(f"low_latency_dispatch: {tokens} tokens, at most "
+                             f"num_max_dispatch_tokens_per_rank={big_n}")
+        if hidden % 128 or num_experts % n:
+            raise ValueError(f"low_latency_dispatch: hidden {hidden} (a multiple of 128) and "
+                             f"{num_experts} experts over {n} ranks")
+        local = num_experts // n
+        route = topk_idx.to(torch.int64).contiguous()
+        ex = self._exchange(num_experts, route.shape[1], hidden)
+        s = self._stream(x, None, async_finish, False)
+        with torch.cuda.stream(s) if s is not None else _nullcontext():
+            xs, scales = (_cast_fp8(x.contiguous(), round_scale) if use_fp8
+                          else (x.contiguous(), None))
+            cap = n * big_n
+            out_x, out_idx, _, out_src, out_sc, hb = self._send(ex, xs, scales, route, None, cap, s)
+            lay = _ExpertLayout(out_idx, hb, n, local, cap)
+            # Placed as bytes (index_put serves no float8 type).
+            row_bytes = out_x.view(torch.uint8).view(cap, -1)
+            recv_x = torch.zeros((local, cap, row_bytes.shape[1]), dtype=torch.uint8,
+                                 device=x.device)
+            recv_x[lay.expert, lay.slot] = row_bytes[lay.row]
+            recv_x = recv_x.view(xs.dtype).view(local, cap, hidden)
+            if use_fp8:
+                sc = torch.zeros((local, cap, scales.shape[1]), dtype=torch.float32,
+                                 device=x.device)
+                sc[lay.expert, lay.slot] = out_sc[lay.row]
+                recv_x = (recv_x, sc)
+            src_info = torch.full((local, cap), -1, dtype=torch.int32, device=x.device)
+            src_info[lay.expert, lay.slot] = out_src[lay.row]
+            if cumulative_local_expert_recv_stats is not None:
+                cumulative_local_expert_recv_stats += lay.count.to(
+                    cumulative_local_expert_recv_stats.dtype)
+        state = _State(ex, hb, tokens, route, route.shape[1], cap, cap)
+        state.layout, state.hidden, state.experts = lay, hidden, num_experts
+        state.zero_copy = None
+        handle = _Handle((src_info, lay.ranges, big_n, hidden, num_experts), state)
+        ev = self._finish(s, async_finish, [out_x, out_idx, out_src, out_sc, hb])
+        return recv_x, lay.count, handle, ev, (lambda: None) if return_recv_hook else None
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        """A [local experts, ranks x max tokens, hidden] bf16 tensor that a ``zero_copy``
+        combine of ``handle`` reads."""
+        st = handle._state
+        if st.zero_copy is None:
+            local = st.experts // self.group_size
+            st.zero_copy = torch.empty((local, st.rows, st.hidden), dtype=torch.bfloat16,
+                                       device=st.handle.device)
+        return st.zero_copy
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
+                            zero_copy=False, async_finish=False, return_recv_hook=False, out=None,
+                            combine_wait_recv_cost_stats=None):
+        """(combined_x, event, hook): each token's expert outputs weighted by its top-k weights
+        and summed, as DeepEP's."""
+        if async_finish and return_recv_hook:
+            raise ValueError("low_latency_combine: async_finish and return_recv_hook exclude "
+                             "each other (as DeepEP)")
+        st = handle._state
+        if zero_copy:
+            x = self.get_next_low_latency_combine_buffer(handle)
+        n, lay = self.group_size, st.layout
+        s = self._stream(x, None, async_finish, False)
+        with torch.cuda.stream(s) if s is not None else _nullcontext():
+            # The weights to where the experts ran, in the order the rows arrived there.
+            w = topk_weights.to(torch.float32).contiguous()
+            _, _, rw, _, _, _ = self._send(st.ex, w, None, st.topk_idx, w, st.rows, s)
+            z = torch.zeros((st.rows, st.hidden), dtype=torch.float32, device=x.device)
+            z.index_add_(0, lay.row, x[lay.expert, lay.slot].float()
+                         * rw.flatten()[lay.pair].unsqueeze(1))
+            wide = self._exchange(st.experts, st.topk, st.hidden, wide=True)
+            # The rows' order at each rank is the dispatch's: its handle serves the combine.
+            summed = torch.empty((st.tokens, st.hidden), dtype=torch.float32, device=x.device)
+            wide_hb = self._rebase(st, wide, s)
+            wide.combine(z, wide_hb, summed, hidden=st.hidden, stream=self._sid(s))
+            result = summed.to(torch.bfloat16)
+            if out is not None:
+                out.copy_(result)
+                result = out
+        ev = self._finish(s, async_finish, [result, z])
+        return result, ev, (lambda: None) if return_recv_hook else None
+
+    def _rebase(self, st, wide, s):
+        """The dispatch's handle for the wide exchange: a dispatch of nothing but the routing
+        through it gives the same counts and positions (the rows' order is the routing's)."""
+        if getattr(st, "wide_handle", None) is None:
+            word = torch.empty((st.tokens, 4), dtype=torch.uint8, device=st.handle.device)
+            _, _, _, _, _, hb = self._send(wide, word, None, st.topk_idx, None, st.rows, s)
+            st.wide_handle = hb
+        return st.wide_handle
+
+
+def _cast_fp8(x, round_scale):
+    """Per token and 128 channels: scales = amax / 448 (a power of two with ``round_scale``),
+    rows divided by their scale and cast to float8 e4m3."""
+    t, h = x.shape
+    blocks = x.float().view(t, h // 128, 128)
+    amax = blocks.abs().amax(dim=2).clamp(min=1e-4)
+    scales = amax / 448.0
+    if round_scale:
+        scales = torch.pow(2.0, torch.ceil(torch.log2(scales)))
+    x8 = (blocks / scales.unsqueeze(2)).view(t, h).to(torch.float8_e4m3fn)
+    return x8, scales.contiguous()
+
+
+class _ExpertLayout:
+    """Where each (received row, top-k entry) with a local expert goes in the per-expert layout:
+    slots in row order within each expert, and DeepEP's ``layout_range`` (per expert and source
+    rank: ``begin << 32 | count``)."""
+
+    def __init__(self, out_idx, hb, n, local, cap):
+        k = out_idx.shape[1]
+        valid = (out_idx >= 0).flatten()
+        expert_all = torch.where(out_idx >= 0, out_idx, local).flatten()
+        onehot = torch.nn.functional.one_hot(expert_all, local + 1)[:, :local].to(torch.int64)
+        slot_all = ((onehot.cumsum(0) - onehot) * onehot).sum(1)
+        self.pair = torch.nonzero(valid).flatten()
+        self.row = self.pair // k
+        self.expert = expert_all[self.pair]
+        self.slot = slot_all[self.pair]
+        self.count = onehot.sum(0).to(torch.int32)
+        # The source rank of each row, from the per-source counts in the handle.
+        ends = torch.cumsum(hb[: 4 * n].view(torch.int32).to(torch.int64), 0)
+        src_rank = torch.bucketize(self.row, ends, right=True)
+        per = torch.zeros((local, n), dtype=torch.int64, device=out_idx.device)
+        per.index_put_((self.expert, src_rank), torch.ones_like(self.row), accumulate=True)
+        begin = torch.cumsum(per, 1) - per
+        self.ranges = (begin << 32) | per
 
 
 class _nullcontext:
