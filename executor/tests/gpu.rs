@@ -256,14 +256,7 @@ fn run(kind: BackendKind, share: bool) -> Result<(), Failed> {
         ),
     ];
     let outs = multiproc::spawn_ranks("plans", NRANKS, &env, Duration::from_secs(600));
-    let failed: Vec<String> = outs
-        .iter()
-        .filter(|o| !o.ok())
-        .map(|o| o.describe())
-        .collect();
-    if !failed.is_empty() {
-        return Err(failed.join("\n").into());
-    }
+    multiproc::all_ok(&outs)?;
     let cases = outs[0].reports().get("cases").cloned().unwrap_or_default();
     eprintln!("    {NRANKS} ranks: {cases} plan executions checked per rank (x{REPEATS})");
     Ok(())

@@ -206,6 +206,20 @@ pub fn wait(mut r: Running, deadline: Instant) -> ChildOutcome {
     }
 }
 
+/// Every child that failed, described (one per line), or `Ok` when all succeeded.
+pub fn all_ok(outs: &[ChildOutcome]) -> Result<(), String> {
+    let failed: Vec<String> = outs
+        .iter()
+        .filter(|o| !o.ok())
+        .map(|o| o.describe())
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("\n"))
+    }
+}
+
 /// Starts `n` ranks of this binary in `role` and waits for all of them (at most `timeout`).
 pub fn spawn_ranks(
     role: &str,

@@ -902,14 +902,7 @@ fn run_p2p(n: usize) -> Result<(), Failed> {
         ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "120".to_string()),
     ];
     let outs = multiproc::spawn_ranks("p2p", n, &env, Duration::from_secs(300));
-    let failed: Vec<String> = outs
-        .iter()
-        .filter(|o| !o.ok())
-        .map(|o| o.describe())
-        .collect();
-    if !failed.is_empty() {
-        return Err(failed.join("\n").into());
-    }
+    multiproc::all_ok(&outs)?;
     eprintln!(
         "    {n} ranks: {} messages received per rank",
         outs[0].reports()["received"]
@@ -1087,14 +1080,7 @@ fn run_role(
     let mut env = env;
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let outs = multiproc::spawn_ranks(role, n, &env, Duration::from_secs(600));
-    let failed: Vec<String> = outs
-        .iter()
-        .filter(|o| !o.ok())
-        .map(|o| o.describe())
-        .collect();
-    if !failed.is_empty() {
-        return Err(failed.join("\n").into());
-    }
+    multiproc::all_ok(&outs)?;
     let rep = outs[0].reports();
     let wrong: usize = outs
         .iter()

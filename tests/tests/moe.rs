@@ -890,14 +890,7 @@ fn run(kind: BackendKind, n: usize) -> Result<(), Failed> {
         ("MSCCLPP_HOST_WAIT_SECONDS".to_string(), "60".to_string()),
     ];
     let outs = multiproc::spawn_ranks("moe", n, &env, Duration::from_secs(300));
-    let failed: Vec<String> = outs
-        .iter()
-        .filter(|o| !o.ok())
-        .map(|o| o.describe())
-        .collect();
-    if !failed.is_empty() {
-        return Err(failed.join("\n").into());
-    }
+    multiproc::all_ok(&outs)?;
     eprintln!(
         "    {n} ranks: {} calls checked per rank",
         outs[0].reports()["calls"]
