@@ -23,6 +23,9 @@ MSCCLPP_DEVICE_INLINE uint64_t moeCombineAck(uint64_t d) { return 8 * (4 * kN + 
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchSeq(uint64_t b) { return 8 * (5 * kN + b); }
 MSCCLPP_DEVICE_INLINE uint64_t moeCombineSeq(uint64_t b) { return 8 * (6 * kN + b); }
 MSCCLPP_DEVICE_INLINE uint64_t moeCombineDone() { return 8 * (7 * kN); }
+MSCCLPP_DEVICE_INLINE uint64_t moeDispatchDone() { return 8 * (7 * kN + 1); }
+MSCCLPP_DEVICE_INLINE uint64_t moeCombineCount(uint64_t s) { return 8 * (8 * kN + s); }
+MSCCLPP_DEVICE_INLINE uint64_t moeDispatchShape(uint64_t s) { return 8 * (9 * kN + s); }
 MSCCLPP_DEVICE_INLINE uint64_t* moeWord(uint64_t base, uint64_t off) { return (uint64_t*)(base + off); }
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchRegion(const MoeArgs& a, uint64_t src) {
   return kMoeHeaderBytes + src * a.max_tokens * a.row_bytes;
@@ -31,8 +34,12 @@ MSCCLPP_DEVICE_INLINE uint64_t moeCombineRegion(const MoeArgs& a, uint64_t src) 
   return kMoeHeaderBytes + ((uint64_t)a.nranks + src) * a.max_tokens * a.row_bytes;
 }
 
+// Status bits (args.rs: STATUS_*), or-ed into the handle.
 constexpr int32_t kMoeStatusExpertRange = 1;
 constexpr int32_t kMoeStatusCapacity = 2;
+constexpr int32_t kMoeStatusRowSize = 4;
+constexpr int32_t kMoeStatusCombineMissing = 8;
+MSCCLPP_DEVICE_INLINE void moeFail(int32_t* status, int32_t bit) { atomicOr((int*)status, bit); }
 constexpr uint32_t kMoeMaxThreads = 1024;
 
 // `bytes` from `src` to `dst` by the `lanes` threads of a group, 8 bytes at a time where both
@@ -83,7 +90,7 @@ MSCCLPP_DEVICE_INLINE void moeLayout(const MoeLayoutArgs& a) {
       const int64_t x = ((const int64_t*)a.topk_idx)[t * a.topk + j];
       if (x == -1) continue;
       if (x < 0 || x >= e) {
-        *(int32_t*)a.status = kMoeStatusExpertRange;
+        moeFail((int32_t*)a.status, kMoeStatusExpertRange);
         continue;
       }
       atomicAdd((int*)a.per_expert + x, 1);
@@ -110,8 +117,11 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
   const int64_t e = a.num_experts;
   const uint64_t seq = *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq(b)) + 1;
   int32_t* handle = (int32_t*)a.handle;
-  int32_t* positions = handle + n + 1 + local;
+  int32_t* status = handle + n;
+  int32_t* positions = handle + n + 2 + local;
+  const uint64_t shape = a.payload_bytes | a.scale_bytes << 32;
   const uint32_t warps = blockDim.x / kWarpSize, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  if (b == 0 && tid == 0) handle[n + 1] = (int32_t)a.tokens;
 
   // Phase 1: the tokens for rank d = b, in token order, into its region for this rank.
   __shared__ uint32_t scan[kMoeMaxThreads];
@@ -127,7 +137,7 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
       for (uint32_t i = 0; i < k; ++i) {
         const int64_t x = ((const int64_t*)a.topk_idx)[t * k + i];
         if (x < -1 || x >= e)
-          handle[n] = kMoeStatusExpertRange;
+          moeFail(status, kMoeStatusExpertRange);
         else if (x >= 0 && (uint64_t)x / local == d)
           member = 1;
       }
@@ -166,6 +176,7 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
   if (tid == 0) {
     fenceSystem();
     storeRelaxedSystem(moeWord(a.peer_buffer[d], moeDispatchCount(r)), base);
+    storeRelaxedSystem(moeWord(a.peer_buffer[d], moeDispatchShape(r)), shape);
     storeReleaseSystem(moeWord(a.peer_buffer[d], moeDispatchFlag(r)), seq);
   }
 
@@ -179,15 +190,23 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
   }
   __syncthreads();
   if (!arrived) return;
+  // A source whose rows differ in size from this rank's counts as having sent none.
   uint64_t prefix = 0;
-  for (uint32_t p = 0; p < s; ++p) prefix += loadRelaxedSystem(moeWord(a.buffer, moeDispatchCount(p)));
-  const uint64_t c = loadRelaxedSystem(moeWord(a.buffer, moeDispatchCount(s)));
+  for (uint32_t p = 0; p < s; ++p) {
+    if (loadRelaxedSystem(moeWord(a.buffer, moeDispatchShape(p))) == shape)
+      prefix += loadRelaxedSystem(moeWord(a.buffer, moeDispatchCount(p)));
+  }
+  uint64_t c = loadRelaxedSystem(moeWord(a.buffer, moeDispatchCount(s)));
+  if (c != 0 && loadRelaxedSystem(moeWord(a.buffer, moeDispatchShape(s))) != shape) {
+    if (tid == 0) moeFail(status, kMoeStatusRowSize);
+    c = 0;
+  }
   if (tid == 0) handle[s] = (int32_t)c;
   const uint64_t src = a.buffer + moeDispatchRegion(a, s);
   for (uint64_t j = warp; j < c; j += warps) {
     const uint64_t i = prefix + j;
     if (i >= a.out_capacity) {
-      if (lane == 0) handle[n] = kMoeStatusCapacity;
+      if (lane == 0) moeFail(status, kMoeStatusCapacity);
       continue;
     }
     const char* row = (const char*)(src + j * a.row_bytes);
@@ -200,13 +219,18 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
       const int32_t le = ((const int32_t*)(meta + 4))[q];
       ((int64_t*)a.out_idx)[i * k + q] = le;
       if (a.out_weights != 0) ((float*)a.out_weights)[i * k + q] = ((const float*)(meta + 4 + 4 * (uint64_t)k))[q];
-      if (le >= 0) atomicAdd((int*)handle + n + 1 + le, 1);
+      if (le >= 0) atomicAdd((int*)handle + n + 2 + le, 1);
     }
   }
   __syncthreads();
   if (tid == 0) {
     fenceSystem();
-    storeRelaxedSystem(moeWord(a.peer_buffer[s], moeDispatchAck(r)), seq);
+    // Every block reads the counts of the sources before its own: only when all have finished
+    // may a source write its next dispatch (and count) here. The last block says so to all.
+    const uint64_t done = fetchAddAcqRelSystem(moeWord(a.buffer, moeDispatchDone()), 1) + 1;
+    if (done == seq * n) {
+      for (uint32_t q = 0; q < n; ++q) storeRelaxedSystem(moeWord(a.peer_buffer[q], moeDispatchAck(r)), seq);
+    }
     *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq(b)) = seq;
   }
 }
@@ -223,8 +247,10 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   const uint32_t b = blockIdx.x, n = a.nranks, k = a.topk, tid = threadIdx.x;
   const uint64_t local = a.num_experts / n, r = a.rank;
   const uint64_t seq = *(volatile uint64_t*)moeWord(a.buffer, moeCombineSeq(b)) + 1;
-  const int32_t* handle = (const int32_t*)a.handle;
-  const int32_t* positions = handle + n + 1 + local;
+  int32_t* handle = (int32_t*)a.handle;
+  int32_t* status = handle + n;
+  const int32_t* positions = handle + n + 2 + local;
+  const uint64_t dispatched = handle[n + 1] < 0 ? 0 : (uint64_t)handle[n + 1];
   const uint32_t warps = blockDim.x / kWarpSize, warp = tid / kWarpSize, lane = tid % kWarpSize;
 
   // Phase 1: back to source s = b, in the order its rows came.
@@ -247,6 +273,7 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   __syncthreads();
   if (tid == 0) {
     fenceSystem();
+    storeRelaxedSystem(moeWord(a.peer_buffer[s], moeCombineCount(r)), c);
     storeReleaseSystem(moeWord(a.peer_buffer[s], moeCombineFlag(r)), seq);
   }
 
@@ -261,12 +288,25 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   if (!arrived) return;
   const uint32_t size = a.dtype == kDataTypeF32 ? 4u : 2u;
   const uint64_t elems = a.payload_bytes / size;
+  uint64_t sent[kCollectiveMaxRanks];
+  for (uint32_t d = 0; d < n; ++d) sent[d] = loadRelaxedSystem(moeWord(a.buffer, moeCombineCount(d)));
   for (uint64_t t = b; t < a.tokens; t += n) {
+    // Tokens past the dispatch's have no positions of this call; rows a rank did not send back
+    // are left out. Either is said in the status.
+    const bool known = t < dispatched;
+    if (tid == 0) {
+      bool missing = !known;
+      for (uint32_t d = 0; known && d < n; ++d) {
+        const int32_t p = positions[t * n + d];
+        if (p >= 0 && (uint64_t)p >= sent[d]) missing = true;
+      }
+      if (missing) moeFail(status, kMoeStatusCombineMissing);
+    }
     for (uint64_t el = tid; el < elems; el += blockDim.x) {
       float acc = 0.0f;
-      for (uint32_t d = 0; d < n; ++d) {
+      for (uint32_t d = 0; known && d < n; ++d) {
         const int32_t p = positions[t * n + d];
-        if (p < 0 || (uint64_t)p >= a.max_tokens) continue;
+        if (p < 0 || (uint64_t)p >= sent[d]) continue;
         const char* row = (const char*)(a.buffer + moeCombineRegion(a, d) + (uint64_t)p * a.row_bytes);
         acc += moeLoad(a.dtype, row + el * size);
       }
@@ -275,9 +315,9 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
     if (a.out_weights != 0) {
       for (uint32_t q = tid; q < k; q += blockDim.x) {
         float w = 0.0f;
-        for (uint32_t d = 0; d < n; ++d) {
+        for (uint32_t d = 0; known && d < n; ++d) {
           const int32_t p = positions[t * n + d];
-          if (p < 0 || (uint64_t)p >= a.max_tokens) continue;
+          if (p < 0 || (uint64_t)p >= sent[d]) continue;
           const char* row = (const char*)(a.buffer + moeCombineRegion(a, d) + (uint64_t)p * a.row_bytes);
           w += ((const float*)(row + a.meta_at + 4 + 4 * (uint64_t)k))[q];
         }

@@ -855,6 +855,42 @@ fn bad_inputs(r: &Rank) -> R<usize> {
     }
     .map_err(e)?;
     r.sync("combine after bad input")?;
+    // Rank 1 sent back only the row that fit: every other source of a row past it is told
+    // that its combine summed without some rows.
+    let to1 = expected_rows(c, &fixed, 1);
+    let short = to1[1..].iter().any(|&(s, _)| s == me);
+    let after = r.moe.read_handle(&b.handle.full(), &*r.stream);
+    match (&after, me, short) {
+        (Err(x), _, true) if x.to_string().contains("combine found rows missing") => {}
+        (_, _, true) => return Err(format!("rank {me}: a short combine gave {after:?}")),
+        (Err(x), 1, _) if x.to_string().contains("received") => {}
+        (Err(x), 0, false) if x.to_string().contains("expert index outside") => {}
+        (Ok(_), 2.., false) => {}
+        _ => return Err(format!("rank {me}: after the combine: {after:?}")),
+    }
+    // Rows of another size on rank 1: each rank that got rows from a rank of another width
+    // drops them and says so (rank 1 from everyone, the others from rank 1).
+    let inputs: Vec<Input> = (0..n).map(|q| input(c, 301, q, n)).collect();
+    let b = r.bufs(c, n * MAX_TOKENS)?;
+    let s = b.slices();
+    r.load(&inputs[me], &b)?;
+    let narrow = row_bytes(c) - 16;
+    let d = Dispatch {
+        row_bytes: if me == 1 { narrow } else { row_bytes(c) },
+        ..r.dispatch_args(c, inputs[me].tokens, &b, &s)
+    };
+    // SAFETY: the buffers live until the synchronisation below.
+    unsafe { r.moe.dispatch(&d, &*r.stream) }.map_err(e)?;
+    r.sync("dispatch of two widths")?;
+    let got = r.moe.read_handle(&b.handle.full(), &*r.stream);
+    let from_other_width = expected_rows(c, &inputs, me)
+        .iter()
+        .any(|&(src, _)| (src == 1) != (me == 1));
+    match (&got, from_other_width) {
+        (Err(x), true) if x.to_string().contains("another size") => {}
+        (Ok(_), false) => {}
+        _ => return Err(format!("rank {me}: two widths gave {got:?}")),
+    }
     // Refused before anything is enqueued: more tokens than set up for, a foreign dtype.
     let too_many = Dispatch {
         tokens: MAX_TOKENS + 1,
@@ -874,7 +910,7 @@ fn bad_inputs(r: &Rank) -> R<usize> {
     if !x.to_string().contains("f32, f16 and bf16") {
         return Err(format!("int combine: {x}"));
     }
-    Ok(2)
+    Ok(3)
 }
 
 fn run(kind: BackendKind, n: usize) -> Result<(), Failed> {

@@ -44,11 +44,30 @@ pub mod hdr {
     pub fn combine_done() -> u64 {
         8 * (7 * N)
     }
+    /// This rank's own: blocks that finished reading the dispatch rows and counts (the last
+    /// acknowledges every source, so that no source rewrites a count another block still reads).
+    pub fn dispatch_done() -> u64 {
+        8 * (7 * N + 1)
+    }
+    /// Written by rank `s` before its combine flag: how many rows it sent back.
+    pub fn combine_count(s: u64) -> u64 {
+        8 * (8 * N + s)
+    }
+    /// Written by source `s` before its dispatch flag: its row and scale bytes
+    /// (`payload | scales << 32`), which the receiver's must equal.
+    pub fn dispatch_shape(s: u64) -> u64 {
+        8 * (9 * N + s)
+    }
 }
 
-/// Status codes a call leaves in its handle (`status`, 0: served).
+/// Status bits a call leaves in its handle (`status`, 0: served): an expert index outside
+/// `-1..E` (the entry dropped); more rows than the outputs hold (the rows past them dropped); a
+/// source whose rows differ in size from this rank's (its rows dropped); a combine that found a
+/// token's row missing (not sent back, or more tokens than the dispatch had: summed without it).
 pub const STATUS_EXPERT_RANGE: i32 = 1;
 pub const STATUS_CAPACITY: i32 = 2;
+pub const STATUS_ROW_SIZE: i32 = 4;
+pub const STATUS_COMBINE_MISSING: i32 = 8;
 
 /// `mscclpp_moe_layout`: per-rank and per-expert token counts of a routing, and which ranks each
 /// token goes to.
@@ -150,19 +169,27 @@ pub fn combine_region(row_bytes: u64, max_tokens: u64, nranks: u64, src: u64) ->
     HEADER_BYTES + (nranks + src) * max_tokens * row_bytes
 }
 
-pub fn buffer_bytes(row_bytes: u64, max_tokens: u64, nranks: u64) -> u64 {
-    HEADER_BYTES + 2 * nranks * max_tokens * row_bytes
+/// `None` where the size does not fit 64 bits.
+pub fn buffer_bytes(row_bytes: u64, max_tokens: u64, nranks: u64) -> Option<u64> {
+    (2 * nranks)
+        .checked_mul(max_tokens)?
+        .checked_mul(row_bytes)?
+        .checked_add(HEADER_BYTES)
 }
 
-/// The handle's pieces (i32 each): per-source rows, status, per-local-expert rows, positions.
+/// The handle's pieces (i32 each): per-source rows, status, the dispatch's tokens,
+/// per-local-expert rows, positions.
 pub fn handle_status(nranks: u64) -> u64 {
     nranks
 }
-pub fn handle_experts(nranks: u64) -> u64 {
+pub fn handle_tokens(nranks: u64) -> u64 {
     nranks + 1
 }
+pub fn handle_experts(nranks: u64) -> u64 {
+    nranks + 2
+}
 pub fn handle_positions(nranks: u64, num_local: u64) -> u64 {
-    nranks + 1 + num_local
+    nranks + 2 + num_local
 }
 pub fn handle_words(nranks: u64, num_local: u64, max_tokens: u64) -> u64 {
     handle_positions(nranks, num_local) + max_tokens * nranks

@@ -17,6 +17,8 @@ pub trait AnyMoe: Send + Sync + std::fmt::Debug {
     fn local_experts(&self) -> usize;
     /// See [`Moe::handle_bytes`].
     fn handle_bytes(&self) -> usize;
+    /// See [`Moe::handle_positions_at`].
+    fn handle_positions_at(&self) -> usize;
     /// See [`Moe::layout`].
     ///
     /// # Safety
@@ -57,6 +59,10 @@ impl<A: Api> AnyMoe for Moe<A> {
 
     fn handle_bytes(&self) -> usize {
         Moe::handle_bytes(self)
+    }
+
+    fn handle_positions_at(&self) -> usize {
+        Moe::handle_positions_at(self)
     }
 
     unsafe fn layout(

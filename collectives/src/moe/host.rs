@@ -11,8 +11,9 @@ use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
 use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, Result};
 
 use super::args::{
-    MoeArgs, MoeLayoutArgs, STATUS_CAPACITY, STATUS_EXPERT_RANGE, combine_region, dispatch_region,
-    handle_experts, handle_positions, handle_status, hdr,
+    MoeArgs, MoeLayoutArgs, STATUS_CAPACITY, STATUS_COMBINE_MISSING, STATUS_EXPERT_RANGE,
+    STATUS_ROW_SIZE, combine_region, dispatch_region, handle_experts, handle_positions,
+    handle_status, handle_tokens, hdr,
 };
 use crate::algorithms::host_common::{check_ranks, copy, word};
 
@@ -126,9 +127,11 @@ impl View<'_> {
     fn position(&self, t: u64, d: u64) -> u64 {
         self.handle(handle_positions(self.n, self.local) + t * self.n + d)
     }
-    fn fail(&self, code: i32) {
+    /// Adds a status bit to the handle.
+    fn fail(&self, bit: i32) {
+        let at = self.handle(handle_status(self.n));
         // SAFETY: the launcher sized the handle (Moe::handle_bytes).
-        unsafe { put(self.handle(handle_status(self.n)), code) };
+        unsafe { put(at, get::<i32>(at) | bit) };
     }
     /// The next sequence of the per-block words at `off(b)` (every block's is the same).
     fn next_seq(&self, off: fn(u64) -> u64) -> u64 {
@@ -153,6 +156,7 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     };
     let (r, n, k, local) = (u64::from(a.rank), v.n, v.k, v.local);
     let seq = v.next_seq(hdr::dispatch_seq);
+    let shape = a.payload_bytes | a.scale_bytes << 32;
     // Phase 1: to every destination, its tokens' rows in token order.
     for d in 0..n {
         wait_ge(a.buffer, hdr::dispatch_ack(d), seq - 1, || {
@@ -211,15 +215,23 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         }
         let peer = a.peer_buffer[d as usize];
         word(peer, hdr::dispatch_count(r)).store(j, Ordering::Relaxed);
+        word(peer, hdr::dispatch_shape(r)).store(shape, Ordering::Relaxed);
         word(peer, hdr::dispatch_flag(r)).store(seq, Ordering::Release);
     }
+    // SAFETY: the handle holds the token word.
+    unsafe { put(v.handle(handle_tokens(n)), a.tokens as i32) };
     // Phase 2: every source's rows, sources in rank order.
     let mut prefix = 0u64;
     for s in 0..n {
         wait_ge(a.buffer, hdr::dispatch_flag(s), seq, || {
             format!("rank {s}'s dispatch rows")
         })?;
-        let c = word(a.buffer, hdr::dispatch_count(s)).load(Ordering::Relaxed);
+        let mut c = word(a.buffer, hdr::dispatch_count(s)).load(Ordering::Relaxed);
+        if c != 0 && word(a.buffer, hdr::dispatch_shape(s)).load(Ordering::Relaxed) != shape {
+            // Rows of another size than this rank's outputs: none of them is taken.
+            v.fail(STATUS_ROW_SIZE);
+            c = 0;
+        }
         let region = a.buffer + dispatch_region(a.row_bytes, a.max_tokens, s);
         // SAFETY: the handle holds nranks counts.
         unsafe { put(v.handle(s), c as i32) };
@@ -257,6 +269,10 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
             }
         }
         prefix += c;
+    }
+    // Every source's rows and count read: each may write its next dispatch here.
+    word(a.buffer, hdr::dispatch_done()).fetch_add(n, Ordering::Relaxed);
+    for s in 0..n {
         word(a.peer_buffer[s as usize], hdr::dispatch_ack(r)).store(seq, Ordering::Release);
     }
     v.store_seq(hdr::dispatch_seq, seq);
@@ -313,10 +329,10 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         let c = u64::from(unsafe { get::<i32>(v.handle(s)) }.max(0) as u32);
         let region = a.peer_buffer[s as usize] + combine_region(a.row_bytes, a.max_tokens, n, r);
         // Rows past `x`'s (a dispatch that overflowed its output) are not sent.
-        for j in 0..c
+        let sent = c
             .min(a.max_tokens)
-            .min(a.out_capacity.saturating_sub(prefix))
-        {
+            .min(a.out_capacity.saturating_sub(prefix));
+        for j in 0..sent {
             let (row, i) = (region + j * a.row_bytes, prefix + j);
             // SAFETY: rank s's region for this rank holds max_tokens rows; `x` (and the weights)
             // hold the dispatch's rows (checked by the launcher against the handle's counts).
@@ -333,6 +349,7 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         }
         prefix += c;
         let peer = a.peer_buffer[s as usize];
+        word(peer, hdr::combine_count(r)).store(sent, Ordering::Relaxed);
         word(peer, hdr::combine_flag(r)).store(seq, Ordering::Release);
     }
     // Phase 2: every token, the sum of its rows from the ranks it went to (rank order, f32).
@@ -341,6 +358,11 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
             format!("rank {d}'s combine rows")
         })?;
     }
+    let sent: Vec<u64> = (0..n)
+        .map(|d| word(a.buffer, hdr::combine_count(d)).load(Ordering::Relaxed))
+        .collect();
+    // SAFETY: the handle holds the token word (written by the dispatch).
+    let dispatched = u64::from(unsafe { get::<i32>(v.handle(handle_tokens(n))) }.max(0) as u32);
     let size = dtype.size() as u64;
     let elems = a.payload_bytes / size;
     let mut acc = vec![0f32; elems as usize];
@@ -348,10 +370,19 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     for t in 0..a.tokens {
         acc.fill(0.0);
         wacc.fill(0.0);
-        for d in 0..n {
+        if t >= dispatched {
+            // More tokens than the dispatch had: their positions are not this call's.
+            v.fail(STATUS_COMBINE_MISSING);
+        }
+        for d in (0..n).filter(|_| t < dispatched) {
             // SAFETY: the handle holds the dispatch's positions of t < tokens.
             let p: i32 = unsafe { get(v.position(t, d)) };
-            if p < 0 || p as u64 >= a.max_tokens {
+            if p < 0 {
+                continue;
+            }
+            if p as u64 >= sent[d as usize] {
+                // Rank d did not send this row back: summed without it, and said.
+                v.fail(STATUS_COMBINE_MISSING);
                 continue;
             }
             let row =

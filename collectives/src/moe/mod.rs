@@ -22,8 +22,9 @@ pub(crate) mod host;
 pub use erased::AnyMoe;
 
 use args::{
-    MoeArgs, MoeLayoutArgs, RowLayout, STATUS_CAPACITY, STATUS_EXPERT_RANGE, buffer_bytes,
-    handle_experts, handle_positions, handle_status, handle_words,
+    MoeArgs, MoeLayoutArgs, RowLayout, STATUS_CAPACITY, STATUS_COMBINE_MISSING,
+    STATUS_EXPERT_RANGE, STATUS_ROW_SIZE, buffer_bytes, handle_experts, handle_positions,
+    handle_status, handle_words,
 };
 
 use crate::agree::agree;
@@ -163,7 +164,13 @@ pub struct Moe<A: Api> {
     combine: TypedKernel<MoeArgs, A>,
 }
 
-fn need(what: &str, s: &BufferSlice, bytes: u64) -> Result<()> {
+/// Refuses `s` when it holds fewer bytes than the product of `factors` (or the product does
+/// not fit 64 bits).
+fn need(what: &str, s: &BufferSlice, factors: &[u64]) -> Result<()> {
+    let bytes = factors
+        .iter()
+        .try_fold(1u64, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| Error::invalid(format!("{what}: {factors:?} bytes overflow 64 bits")))?;
     if (s.len() as u64) < bytes {
         return Err(Error::invalid(format!(
             "{what}: a buffer of {} bytes where {bytes} are needed",
@@ -195,9 +202,11 @@ impl<A: Api> Moe<A> {
             || cfg.max_tokens == 0
             || cfg.max_tokens > i32::MAX as usize
             || cfg.max_row_bytes == 0
+            || cfg.max_row_bytes > 1 << 40
+            || cfg.max_scale_bytes > 1 << 40
         {
             return Err(Error::invalid(format!(
-                "expert-parallel settings {cfg:?}: top-k 1..=1024, positive tokens and row bytes needed"
+                "expert-parallel settings {cfg:?}: top-k 1..=1024, positive tokens and row bytes (row and scale bytes at most 2^40) needed"
             )));
         }
         agree(comm, "expert-parallel settings", format!("{cfg:?}"))?;
@@ -207,7 +216,11 @@ impl<A: Api> Moe<A> {
             topk: cfg.topk as u64,
         };
         let row_bytes = rows.row_bytes();
-        let bytes = buffer_bytes(row_bytes, cfg.max_tokens as u64, n as u64);
+        let bytes = buffer_bytes(row_bytes, cfg.max_tokens as u64, n as u64).ok_or_else(|| {
+            Error::invalid(format!(
+                "expert-parallel settings {cfg:?}: the exchange buffer's size overflows 64 bits"
+            ))
+        })?;
         let buffer = Scratch::exchange(comm, bytes, "expert-parallel buffer")?;
         let host = comm.device().info().warp_size == 1;
         Ok(Moe {
@@ -232,6 +245,12 @@ impl<A: Api> Moe<A> {
     /// Experts held by each rank.
     pub fn local_experts(&self) -> usize {
         self.cfg.num_experts / self.nranks
+    }
+
+    /// Where a dispatch's handle holds its positions (`[max_tokens, nranks]` i32: the row of
+    /// each token at each rank it went to, -1 where it did not), in bytes.
+    pub fn handle_positions_at(&self) -> usize {
+        4 * handle_positions(self.nranks as u64, self.local_experts() as u64) as usize
     }
 
     /// Bytes of a dispatch's handle.
@@ -270,11 +289,11 @@ impl<A: Api> Moe<A> {
             self.nranks as u64,
             self.cfg.num_experts as u64,
         );
-        need("the layout's topk_idx", topk_idx, 8 * t * k)?;
-        need("the layout's per-rank counts", out.per_rank, 4 * n)?;
-        need("the layout's per-expert counts", out.per_expert, 4 * e)?;
-        need("the layout's token-in-rank table", out.in_rank, t * n)?;
-        need("the layout's status", out.status, 4)?;
+        need("the layout's topk_idx", topk_idx, &[8, t, k])?;
+        need("the layout's per-rank counts", out.per_rank, &[4, n])?;
+        need("the layout's per-expert counts", out.per_expert, &[4, e])?;
+        need("the layout's token-in-rank table", out.in_rank, &[t, n])?;
+        need("the layout's status", out.status, &[4])?;
         for s in [out.per_rank, out.per_expert, out.in_rank, out.status] {
             stream.fill(s, 0)?;
         }
@@ -348,38 +367,44 @@ impl<A: Api> Moe<A> {
     /// The buffers must stay allocated until the stream has passed the call.
     pub unsafe fn dispatch(&self, d: &Dispatch, stream: &A::Stream) -> Result<()> {
         self.check_tokens(d.tokens)?;
-        let (t, k, cap) = (d.tokens as u64, self.cfg.topk as u64, d.capacity as u64);
+        // No dispatch receives more than every rank's tokens: a larger capacity is that.
+        let most = (self.nranks * self.cfg.max_tokens) as u64;
+        let (t, k, cap) = (
+            d.tokens as u64,
+            self.cfg.topk as u64,
+            (d.capacity as u64).min(most),
+        );
         let row = d.row_bytes as u64;
         if row == 0 || row > self.rows.payload_cap {
             return Err(Error::invalid(format!(
-                "rows of {row} bytes; the exchange was set up for 1 to {} bytes",
-                self.cfg.max_row_bytes
+                "rows of {row} bytes; the exchange was set up for 1 to {} bytes (max_row_bytes {} rounded up to 16)",
+                self.rows.payload_cap, self.cfg.max_row_bytes
             )));
         }
-        need("the dispatch's x", d.x, t * row)?;
-        need("the dispatch's topk_idx", d.topk_idx, 8 * t * k)?;
+        need("the dispatch's x", d.x, &[t, row])?;
+        need("the dispatch's topk_idx", d.topk_idx, &[8, t, k])?;
         if let Some(w) = d.topk_weights {
-            need("the dispatch's topk_weights", w, 4 * t * k)?;
+            need("the dispatch's topk_weights", w, &[4, t, k])?;
         }
         let scale_bytes = match d.scales {
             Some((s, b)) => {
                 if b as u64 > self.rows.scale_cap || b == 0 {
                     return Err(Error::invalid(format!(
-                        "scales of {b} bytes a token; the exchange was set up for 1 to {}",
-                        self.cfg.max_scale_bytes
+                        "scales of {b} bytes a token; the exchange was set up for 1 to {} (max_scale_bytes {} rounded up to 16)",
+                        self.rows.scale_cap, self.cfg.max_scale_bytes
                     )));
                 }
-                need("the dispatch's scales", s, t * b as u64)?;
+                need("the dispatch's scales", s, &[t, b as u64])?;
                 b as u64
             }
             None => 0,
         };
-        need("the dispatch's out_x", d.out_x, cap * row)?;
-        need("the dispatch's out_idx", d.out_idx, 8 * cap * k)?;
-        need("the dispatch's out_src", d.out_src, 4 * cap)?;
+        need("the dispatch's out_x", d.out_x, &[cap, row])?;
+        need("the dispatch's out_idx", d.out_idx, &[8, cap, k])?;
+        need("the dispatch's out_src", d.out_src, &[4, cap])?;
         match (d.topk_weights, d.out_weights) {
             (_, None) => {}
-            (Some(_), Some(w)) => need("the dispatch's out_weights", w, 4 * cap * k)?,
+            (Some(_), Some(w)) => need("the dispatch's out_weights", w, &[4, cap, k])?,
             (None, Some(_)) => {
                 return Err(Error::invalid(
                     "the dispatch asks for received weights but sends none (topk_weights)",
@@ -388,7 +413,7 @@ impl<A: Api> Moe<A> {
         }
         match (d.scales, d.out_scales) {
             (_, None) => {}
-            (Some(_), Some(s)) => need("the dispatch's out_scales", s, cap * scale_bytes)?,
+            (Some(_), Some(s)) => need("the dispatch's out_scales", s, &[cap, scale_bytes])?,
             (None, Some(_)) => {
                 return Err(Error::invalid(
                     "the dispatch asks for received scales but sends none (scales)",
@@ -398,7 +423,7 @@ impl<A: Api> Moe<A> {
         need(
             "the dispatch's handle",
             d.handle,
-            self.handle_bytes() as u64,
+            &[self.handle_bytes() as u64],
         )?;
         // Counts, status and per-expert counts start at 0 (the kernel adds to them).
         let zeroed = 4 * handle_positions(self.nranks as u64, self.local_experts() as u64);
@@ -442,19 +467,23 @@ impl<A: Api> Moe<A> {
         let row = (c.hidden * c.dtype.size()) as u64;
         if row == 0 || row > self.rows.payload_cap {
             return Err(Error::invalid(format!(
-                "combine rows of {row} bytes ({} x {}); the exchange was set up for 1 to {} bytes",
-                c.hidden, c.dtype, self.cfg.max_row_bytes
+                "combine rows of {row} bytes ({} x {}); the exchange was set up for 1 to {} bytes (max_row_bytes rounded up to 16)",
+                c.hidden, c.dtype, self.rows.payload_cap
             )));
         }
         let (t, k, rows) = (c.tokens as u64, self.cfg.topk as u64, c.rows as u64);
-        need("the combine's x", c.x, rows * row)?;
-        need("the combine's out_x", c.out_x, t * row)?;
-        need("the combine's handle", c.handle, self.handle_bytes() as u64)?;
+        need("the combine's x", c.x, &[rows, row])?;
+        need("the combine's out_x", c.out_x, &[t, row])?;
+        need(
+            "the combine's handle",
+            c.handle,
+            &[self.handle_bytes() as u64],
+        )?;
         match (c.topk_weights, c.out_weights) {
             (Some(w), o) => {
-                need("the combine's topk_weights", w, 4 * rows * k)?;
+                need("the combine's topk_weights", w, &[4, rows, k])?;
                 if let Some(o) = o {
-                    need("the combine's out_weights", o, 4 * t * k)?;
+                    need("the combine's out_weights", o, &[4, t, k])?;
                 }
             }
             (None, None) => {}
@@ -481,8 +510,10 @@ impl<A: Api> Moe<A> {
         unsafe { self.combine.launch(stream, self.grid(), &args) }
     }
 
-    /// Reads a dispatch's counts from its handle (waits for the stream): an error where the
-    /// dispatch met an expert index out of range or received more rows than its outputs hold.
+    /// Reads a dispatch's counts from its handle (waits for the stream): an error naming what
+    /// went wrong where the dispatch met an expert index out of range, received more rows than
+    /// its outputs hold or rows of another size, or a combine through this handle found rows
+    /// missing.
     pub fn read_handle(&self, handle: &BufferSlice, stream: &A::Stream) -> Result<Received> {
         let (n, local) = (self.nranks, self.local_experts());
         let words = handle_positions(n as u64, local as u64) as usize;
@@ -498,20 +529,46 @@ impl<A: Api> Moe<A> {
                 .map(|e| at(handle_experts(n as u64) + e).max(0) as usize)
                 .collect(),
         };
-        match at(handle_status(n as u64)) {
-            0 => Ok(received),
-            STATUS_EXPERT_RANGE => Err(Error::invalid(format!(
-                "an expert index outside -1..{} in a dispatch of rank {} (the entry was dropped)",
-                self.cfg.num_experts, self.rank
-            ))),
-            STATUS_CAPACITY => Err(Error::invalid(format!(
-                "rank {} received {} rows in a dispatch whose outputs hold fewer (rows past them were dropped)",
-                self.rank,
-                received.rows()
-            ))),
-            s => Err(Error::invalid(format!(
-                "a dispatch handle with status {s}: not a handle of this exchange"
-            ))),
+        let status = at(handle_status(n as u64));
+        let known =
+            STATUS_EXPERT_RANGE | STATUS_CAPACITY | STATUS_ROW_SIZE | STATUS_COMBINE_MISSING;
+        if status == 0 {
+            return Ok(received);
         }
+        if status & !known != 0 {
+            return Err(Error::invalid(format!(
+                "a dispatch handle with status {status}: not a handle of this exchange"
+            )));
+        }
+        let mut why = Vec::new();
+        if status & STATUS_EXPERT_RANGE != 0 {
+            why.push(format!(
+                "an expert index outside -1..{} (the entry was dropped)",
+                self.cfg.num_experts
+            ));
+        }
+        if status & STATUS_CAPACITY != 0 {
+            why.push(format!(
+                "{} rows received for outputs that hold fewer (rows past them were dropped)",
+                received.rows()
+            ));
+        }
+        if status & STATUS_ROW_SIZE != 0 {
+            why.push(
+                "a source sent rows or scales of another size than this rank's (its rows were dropped)"
+                    .into(),
+            );
+        }
+        if status & STATUS_COMBINE_MISSING != 0 {
+            why.push(
+                "a combine found rows missing (a rank did not send them back, or it combined more tokens than the dispatch had): those tokens were summed without them"
+                    .into(),
+            );
+        }
+        Err(Error::invalid(format!(
+            "rank {}'s dispatch: {}",
+            self.rank,
+            why.join("; ")
+        )))
     }
 }

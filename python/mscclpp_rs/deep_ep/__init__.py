@@ -181,10 +181,10 @@ class Buffer:
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks,
                                        num_experts, num_topk: int = 32) -> int:
-        """Bytes of the exchange a low-latency ``Buffer`` needs: rows of f32 (the weighted
-        combine's sums) for up to ``num_max_dispatch_tokens_per_rank`` tokens."""
-        return _HEADER + 2 * num_ranks * num_max_dispatch_tokens_per_rank * _row_bytes(
-            2 * hidden, num_topk)
+        """Bytes a low-latency ``Buffer`` needs for up to ``num_max_dispatch_tokens_per_rank``
+        tokens: its two exchanges (bf16 rows out, the weighted combine's f32 sums back)."""
+        per_token = _row_bytes(hidden, num_topk) + _row_bytes(2 * hidden, num_topk)
+        return 2 * _HEADER + 2 * num_ranks * num_max_dispatch_tokens_per_rank * per_token
 
     def get_comm_stream(self):
         return self._comm_stream
@@ -244,7 +244,13 @@ class Buffer:
             n = self.group_size
             row = (4 if wide else 2) * hidden
             per_row = _row_bytes(row // 2, topk)
-            max_tokens = (self._budget - _HEADER) // (2 * n * per_row)
+            # A low-latency Buffer holds two exchanges (bf16 rows out, f32 sums back): the
+            # budget is shared between them in proportion to their rows.
+            budget = self._budget
+            if self.low_latency_mode:
+                both = _row_bytes(hidden, topk) + _row_bytes(2 * hidden, topk)
+                budget = budget * per_row // both
+            max_tokens = (budget - _HEADER) // (2 * n * per_row)
             if max_tokens < 1:
                 raise ValueError(
                     f"Buffer: {self._budget} bytes hold no token of hidden size {hidden} at "
@@ -284,11 +290,9 @@ class Buffer:
         s = self._stream(topk_idx, previous_event, async_finish, allocate_on_comm_stream)
         with torch.cuda.stream(s) if s is not None else _nullcontext():
             idx = topk_idx.to(torch.int64)
-            bad = (idx < -1) | (idx >= num_experts)
-            if bool(bad.any()):
-                raise ValueError(
-                    f"get_dispatch_layout: an expert index outside -1..{num_experts}")
-            valid = idx >= 0
+            # Indices outside 0..E are not counted (no host sync to refuse them here: the
+            # dispatch drops them and its handle says so).
+            valid = (idx >= 0) & (idx < num_experts)
             owner = torch.where(valid, idx // (num_experts // n), torch.zeros_like(idx))
             in_rank = torch.zeros((idx.shape[0], n), dtype=torch.bool, device=idx.device)
             in_rank.scatter_(1, owner, valid)
@@ -349,7 +353,7 @@ class Buffer:
             gathered = torch.empty(n * n, dtype=torch.int32, device=dev)
             self._comm.all_gather(gathered, mine, stream=self._sid(s))
             rank_prefix = gathered.view(n, n).t().contiguous()
-            positions = hb[4 * (n + 1 + ex.local_experts):].view(torch.int32)[: tokens * n]
+            positions = hb[ex.handle_positions_at:].view(torch.int32)[: tokens * n]
             send_head = positions.view(tokens, n)
         if num_worst_tokens:
             rows, per_expert_list = cap, []
@@ -367,7 +371,8 @@ class Buffer:
         recv_channel_prefix = counts.view(n, 1).clone()
         new_handle = _Handle((rank_prefix, channel_prefix, recv_channel_prefix, out_src[:rows],
                               in_rank, send_head), state)
-        ev = self._finish(s, async_finish, [out_x, out_idx, out_w, out_src, out_sc, hb])
+        ev = self._finish(s, async_finish, [out_x, out_idx, out_w, out_src, out_sc, hb, xs, scales,
+                                            route, w])
         if handle is not None:
             return recv_x, None, None, None, None, ev
         if not with_topk:
@@ -396,7 +401,7 @@ class Buffer:
                 for b in biases:
                     acc = acc + b.float()
                 out = acc.to(x.dtype)
-        ev = self._finish(s, async_finish, [out, out_w])
+        ev = self._finish(s, async_finish, [out, out_w, rows_in, w, st.handle])
         return out, out_w, ev
 
     # ---- the low-latency calls ----------------------------------------------------------------
@@ -447,8 +452,9 @@ class Buffer:
             recv_x[lay.expert, lay.slot] = row_bytes[lay.row]
             recv_x = recv_x.view(xs.dtype).view(local, cap, hidden)
             if use_fp8:
-                sc = torch.zeros((local, cap, scales.shape[1]), dtype=torch.float32,
-                                 device=x.device)
+                # Column-major within each expert, as DeepEP returns them.
+                sc = torch.zeros((local, scales.shape[1], cap), dtype=torch.float32,
+                                 device=x.device).transpose(1, 2)
                 sc[lay.expert, lay.slot] = out_sc[lay.row]
                 recv_x = (recv_x, sc)
             src_info = torch.full((local, cap), -1, dtype=torch.int32, device=x.device)
@@ -460,7 +466,8 @@ class Buffer:
         state.layout, state.hidden, state.experts = lay, hidden, num_experts
         state.zero_copy = None
         handle = _Handle((src_info, lay.ranges, big_n, hidden, num_experts), state)
-        ev = self._finish(s, async_finish, [out_x, out_idx, out_src, out_sc, hb])
+        ev = self._finish(s, async_finish, [out_x, out_idx, out_src, out_sc, hb, x, xs, scales,
+                                            route])
         return recv_x, lay.count, handle, ev, (lambda: None) if return_recv_hook else None
 
     def get_next_low_latency_combine_buffer(self, handle):
@@ -502,7 +509,7 @@ class Buffer:
             if out is not None:
                 out.copy_(result)
                 result = out
-        ev = self._finish(s, async_finish, [result, z])
+        ev = self._finish(s, async_finish, [result, z, x, w, summed, st.handle])
         return result, ev, (lambda: None) if return_recv_hook else None
 
     def _rebase(self, st, wide, s):

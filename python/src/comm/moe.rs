@@ -112,6 +112,13 @@ impl ExpertExchange {
         self.moe.handle_bytes()
     }
 
+    /// Where a handle holds its positions (`[max_tokens, nranks]` int32: the row of each token
+    /// at each rank it went to, -1 where it did not), in bytes.
+    #[getter]
+    fn handle_positions_at(&self) -> usize {
+        self.moe.handle_positions_at()
+    }
+
     /// The backend it runs on.
     #[getter]
     fn backend(&self) -> &'static str {
@@ -138,10 +145,16 @@ impl ExpertExchange {
         let tokens = self.tokens_of(&vi, "topk_idx")?;
         let (vr, sr) = self.arr(per_rank, "per_rank", h)?;
         let (ve, se) = self.arr(per_expert, "per_expert", h)?;
-        let (_, sin) = self.arr(in_rank, "in_rank", h)?;
+        let (vin, sin) = self.arr(in_rank, "in_rank", h)?;
         let (vs, ss) = self.arr(status, "status", h)?;
         for (v, what) in [(&vr, "per_rank"), (&ve, "per_expert"), (&vs, "status")] {
             elem_is(v, what, DataType::I32, "int32")?;
+        }
+        if !matches!(vin.elem, Elem::Bool | Elem::Known(DataType::U8)) {
+            return Err(usage(format!(
+                "in_rank: bool or uint8 arrays are needed, this one is {}",
+                vin.elem.name()
+            )));
         }
         self.inner.require("expert layout")?;
         let moe = self.moe.clone();
@@ -221,8 +234,11 @@ impl ExpertExchange {
             }
             Ok(v.nbytes() / rows)
         };
-        let row_bytes = match tokens {
-            0 => per_token(&vox, capacity, "out_x")?,
+        // A rank without tokens still takes part, with the widths of its outputs; with no
+        // outputs either it receives nothing, and any width serves (1 byte).
+        let row_bytes = match (tokens, capacity) {
+            (0, 0) => 1,
+            (0, _) => per_token(&vox, capacity, "out_x")?,
             _ => per_token(&vx, tokens, "x")?,
         };
         if tokens > 0 && capacity > 0 && vox.nbytes() != capacity * row_bytes {
@@ -232,9 +248,11 @@ impl ExpertExchange {
                 capacity * row_bytes
             )));
         }
-        let scale_bytes = match &sc {
-            Some((v, _)) => per_token(v, tokens, "scales")?,
-            None => 0,
+        let scale_bytes = match (&sc, &osc, tokens) {
+            (Some((v, _)), _, t) if t > 0 => per_token(v, tokens, "scales")?,
+            (Some(_), Some((v, _)), 0) if capacity > 0 => per_token(v, capacity, "out_scales")?,
+            (Some(_), _, _) => 1,
+            (None, _, _) => 0,
         };
         self.inner.require("expert dispatch")?;
         let moe = self.moe.clone();
