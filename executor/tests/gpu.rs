@@ -15,8 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use libtest_mimic::{Completion, Failed, Trial};
-use mscclpp::comm::Communicator;
-use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
+use mscclpp::comm::bootstrap::{BootstrapConfig, BootstrapRoot};
 use mscclpp::hal::{BackendKind, DataType, MemoryKind, ReduceOp};
 use mscclpp_conformance::multiproc;
 use mscclpp_executor::{Executor, Plan, testgen};
@@ -142,21 +141,9 @@ fn check_plan(
 
 /// One rank: every plan, type and size.
 fn role_plans() -> R<()> {
-    let (rank, n) = multiproc::rank_and_size();
-    let uid: UniqueId = std::env::var(UID_VAR).map_err(e)?.parse().map_err(e)?;
-    let boot = Arc::new(
-        Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e)?).map_err(e)?,
-    );
-    let kind: BackendKind = std::env::var(BACKEND_VAR).map_err(e)?.parse().map_err(e)?;
-    let backend = mscclpp::registry::probe(kind).map_err(e)?;
+    let (_, n) = multiproc::rank_and_size();
     let share = std::env::var(SHARE_VAR).is_ok_and(|v| v == "1");
-    let ordinal = match kind {
-        BackendKind::Host => rank,
-        _ if share => 0,
-        _ => rank % backend.device_count().max(1),
-    };
-    let device = backend.open_device(ordinal).map_err(e)?;
-    let comm = Arc::new(Communicator::new(boot, device.clone()));
+    let (comm, device, kind) = multiproc::rank_communicator(UID_VAR, BACKEND_VAR, share)?;
     let exec = Executor::new(comm).map_err(e)?;
     // Element counts: whole 16-byte units per chunk (the plans' buffer_alignment); on GPUs one
     // large enough that every thread of a block takes several 16-byte units.

@@ -8,7 +8,12 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use mscclpp::comm::Communicator;
+use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
+use mscclpp::hal::{BackendKind, Device};
 
 /// Variable carrying the role name.
 pub const ROLE_VAR: &str = "MSCCLPP_TEST_ROLE";
@@ -45,6 +50,43 @@ pub fn rank_and_size() -> (usize, usize) {
             .unwrap_or(0)
     };
     (get(RANK_VAR), get(NRANKS_VAR))
+}
+
+/// A rank's communicator, its device and its backend ([`rank_communicator`]).
+pub type RankComm = (Arc<Communicator>, Arc<dyn Device>, BackendKind);
+
+/// This child's communicator, its device and backend: the bootstrap joins the unique id in the
+/// environment variable `uid_var`; the device is of the backend named in `backend_var` (the host
+/// backend: one per rank; GPUs: `rank % count`, or device 0 for every rank with `share`).
+pub fn rank_communicator(
+    uid_var: &str,
+    backend_var: &str,
+    share: bool,
+) -> Result<RankComm, String> {
+    let e = |x: &dyn std::fmt::Display| x.to_string();
+    let (rank, n) = rank_and_size();
+    let uid: UniqueId = std::env::var(uid_var)
+        .map_err(|x| format!("{uid_var}: {x}"))?
+        .parse()
+        .map_err(|x| e(&x))?;
+    let cfg = BootstrapConfig::from_env().map_err(|x| e(&x))?;
+    let boot = Arc::new(Bootstrap::new(&uid, rank, n, cfg).map_err(|x| e(&x))?);
+    let kind: BackendKind = std::env::var(backend_var)
+        .map_err(|x| format!("{backend_var}: {x}"))?
+        .parse()
+        .map_err(|x| e(&x))?;
+    let backend = mscclpp::registry::probe(kind).map_err(|x| e(&x))?;
+    let ordinal = match kind {
+        BackendKind::Host => rank,
+        _ if share => 0,
+        _ => rank % backend.device_count().max(1),
+    };
+    let device = backend.open_device(ordinal).map_err(|x| e(&x))?;
+    Ok((
+        Arc::new(Communicator::new(boot, device.clone())),
+        device,
+        kind,
+    ))
 }
 
 /// Prints a `key=value` report line for the parent.

@@ -39,20 +39,8 @@ fn seed(case: usize, rank: usize) -> u64 {
 
 /// One rank's whole matrix.
 fn role_matrix() -> R<()> {
-    let (rank, n) = multiproc::rank_and_size();
-    let uid: UniqueId = std::env::var(UID_VAR).map_err(e)?.parse().map_err(e)?;
-    let boot = Arc::new(
-        Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e)?).map_err(e)?,
-    );
-    let kind: BackendKind = std::env::var(BACKEND_VAR).map_err(e)?.parse().map_err(e)?;
-    let backend = mscclpp::registry::probe(kind).map_err(e)?;
     // GPUs: ranks share the devices there are (4 ranks on 2 GPUs, 2 per GPU).
-    let ordinal = match kind {
-        BackendKind::Host => rank,
-        _ => rank % backend.device_count().max(1),
-    };
-    let device = backend.open_device(ordinal).map_err(e)?;
-    let comm = Arc::new(Communicator::new(boot, device.clone()));
+    let (comm, device, kind) = multiproc::rank_communicator(UID_VAR, BACKEND_VAR, false)?;
     let slot: u64 = std::env::var("MSCCLPP_TEST_SLOT")
         .ok()
         .and_then(|v| v.parse().ok())

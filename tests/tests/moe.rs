@@ -17,7 +17,7 @@ use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::collectives::DataType;
 use mscclpp::collectives::moe::{Combine, Dispatch, LayoutOut, Moe, MoeConfig};
 use mscclpp::comm::Communicator;
-use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
+use mscclpp::comm::bootstrap::{BootstrapConfig, BootstrapRoot};
 use mscclpp::hal::{BackendKind, DeviceBuffer, Dyn, MemoryKind};
 use mscclpp_conformance::multiproc;
 use mscclpp_conformance::rng::Rng;
@@ -627,18 +627,7 @@ fn config(num_experts: usize, topk: usize) -> MoeConfig {
 
 fn setup() -> R<Rank> {
     let (rank, n) = multiproc::rank_and_size();
-    let uid: UniqueId = std::env::var(UID_VAR).map_err(e)?.parse().map_err(e)?;
-    let boot = Arc::new(
-        Bootstrap::new(&uid, rank, n, BootstrapConfig::from_env().map_err(e)?).map_err(e)?,
-    );
-    let kind: BackendKind = std::env::var(BACKEND_VAR).map_err(e)?.parse().map_err(e)?;
-    let backend = mscclpp::registry::probe(kind).map_err(e)?;
-    let ordinal = match kind {
-        BackendKind::Host => rank,
-        _ => rank % backend.device_count().max(1),
-    };
-    let device = backend.open_device(ordinal).map_err(e)?;
-    let comm = Arc::new(Communicator::new(boot, device.clone()));
+    let (comm, device, _) = multiproc::rank_communicator(UID_VAR, BACKEND_VAR, false)?;
     let stream = device.create_stream().map_err(e)?;
     let moe = Moe::<Dyn>::new(&comm, config(8 * n, 8)).map_err(e)?;
     Ok(Rank {
