@@ -95,7 +95,16 @@ def progress(rank, stage, t0=time.monotonic()):
 
 
 def watch_stages(cls, rank):
-    """Wrap the tuner's stages (compiling the algorithms, tuning each) with progress lines."""
+    """Wrap the tuner's stages (compiling the algorithms, tuning, each algorithm and size it
+    times) with progress lines."""
+    timed = cls._get_time
+
+    def get_time(self, algo, tensor, size, *args):
+        out = timed(self, algo, tensor, size, *args)
+        progress(rank, f"tuned {algo.name} at {size} B")
+        return out
+
+    cls._get_time = get_time
     for name in ("_create_dsl_algorithms", "_create_native_algorithms", "_tune"):
         inner = getattr(cls, name)
 
