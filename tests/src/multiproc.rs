@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mscclpp::comm::Communicator;
-use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
+use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
 use mscclpp::hal::{BackendKind, Device};
 
 /// Variable carrying the role name.
@@ -260,6 +260,32 @@ pub fn all_ok(outs: &[ChildOutcome]) -> Result<(), String> {
     } else {
         Err(failed.join("\n"))
     }
+}
+
+/// The parent's side of [`rank_communicator`]: starts a bootstrap root on the loopback for `n`
+/// ranks, then `n` children in `role` with its unique id in `uid_var` (and `env`), and waits for
+/// them (at most `timeout`); an error describes every child that failed.
+pub fn spawn_with_root(
+    role: &str,
+    n: usize,
+    uid_var: &str,
+    env: &[(String, String)],
+    timeout: Duration,
+) -> Result<Vec<ChildOutcome>, String> {
+    let cfg = BootstrapConfig {
+        timeout: Duration::from_secs(60),
+        ..BootstrapConfig::default()
+    };
+    let loopback = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0));
+    let (_root, uid) = BootstrapRoot::start(loopback, n, &cfg).map_err(|x| x.to_string())?;
+    let mut all = vec![
+        (uid_var.to_string(), uid.to_string()),
+        ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "120".to_string()),
+    ];
+    all.extend_from_slice(env);
+    let outs = spawn_ranks(role, n, &all, timeout);
+    all_ok(&outs)?;
+    Ok(outs)
 }
 
 /// Starts `n` ranks of this binary in `role` and waits for all of them (at most `timeout`).

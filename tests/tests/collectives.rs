@@ -4,7 +4,6 @@
 //! (and the bytes past the end checked untouched).
 //! 2, 3, 4 and 8 ranks. Runs with `cargo test -p mscclpp-conformance --test collectives`.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +12,7 @@ use mscclpp::collectives::{
     AlgorithmId, CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES,
 };
 use mscclpp::comm::Communicator;
-use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
+use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use mscclpp::hal::{
     Api, BackendKind, DataType, DeviceApi, Dyn, ErrorClass, GraphApi, MemoryKind, ReduceOp,
     StreamApi,
@@ -880,17 +879,7 @@ fn role_p2p() -> R<()> {
 }
 
 fn run_p2p(n: usize) -> Result<(), Failed> {
-    let cfg = BootstrapConfig {
-        timeout: Duration::from_secs(60),
-        ..BootstrapConfig::default()
-    };
-    let (_root, uid) = BootstrapRoot::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), n, &cfg)?;
-    let env = vec![
-        (UID_VAR.to_string(), uid.to_string()),
-        ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "120".to_string()),
-    ];
-    let outs = multiproc::spawn_ranks("p2p", n, &env, Duration::from_secs(300));
-    multiproc::all_ok(&outs)?;
+    let outs = multiproc::spawn_with_root("p2p", n, UID_VAR, &[], Duration::from_secs(300))?;
     eprintln!(
         "    {n} ranks: {} messages received per rank",
         outs[0].reports()["received"]
@@ -1053,22 +1042,13 @@ fn run_role(
     counts: &str,
     extra: &[(&str, &str)],
 ) -> Result<(), Failed> {
-    let cfg = BootstrapConfig {
-        timeout: Duration::from_secs(60),
-        ..BootstrapConfig::default()
-    };
-    let (_root, uid) = BootstrapRoot::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), n, &cfg)?;
-    let env = vec![
-        (UID_VAR.to_string(), uid.to_string()),
-        ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "120".to_string()),
+    let mut env = vec![
         ("MSCCLPP_TEST_SLOT".to_string(), slot.to_string()),
         ("MSCCLPP_TEST_COUNTS".to_string(), counts.to_string()),
         (BACKEND_VAR.to_string(), kind.to_string()),
     ];
-    let mut env = env;
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let outs = multiproc::spawn_ranks(role, n, &env, Duration::from_secs(600));
-    multiproc::all_ok(&outs)?;
+    let outs = multiproc::spawn_with_root(role, n, UID_VAR, &env, Duration::from_secs(600))?;
     let rep = outs[0].reports();
     let wrong: usize = outs
         .iter()

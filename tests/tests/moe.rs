@@ -8,7 +8,6 @@
 //! small for what arrives. 2, 3, 4 and 8 ranks on the host backend; 2 ranks on a GPU where there
 //! is one. Runs with `cargo test -p mscclpp-conformance --test moe`.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,6 @@ use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::collectives::DataType;
 use mscclpp::collectives::moe::{Combine, Dispatch, LayoutOut, Moe, MoeConfig};
 use mscclpp::comm::Communicator;
-use mscclpp::comm::bootstrap::{BootstrapConfig, BootstrapRoot};
 use mscclpp::hal::{BackendKind, DeviceBuffer, Dyn, MemoryKind};
 use mscclpp_conformance::multiproc;
 use mscclpp_conformance::rng::Rng;
@@ -903,19 +901,11 @@ fn bad_inputs(r: &Rank) -> R<usize> {
 }
 
 fn run(kind: BackendKind, n: usize) -> Result<(), Failed> {
-    let cfg = BootstrapConfig {
-        timeout: Duration::from_secs(60),
-        ..BootstrapConfig::default()
-    };
-    let (_root, uid) = BootstrapRoot::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), n, &cfg)?;
-    let env = vec![
-        (UID_VAR.to_string(), uid.to_string()),
+    let env = [
         (BACKEND_VAR.to_string(), kind.to_string()),
-        ("MSCCLPP_BOOTSTRAP_TIMEOUT".to_string(), "120".to_string()),
         ("MSCCLPP_HOST_WAIT_SECONDS".to_string(), "60".to_string()),
     ];
-    let outs = multiproc::spawn_ranks("moe", n, &env, Duration::from_secs(300));
-    multiproc::all_ok(&outs)?;
+    let outs = multiproc::spawn_with_root("moe", n, UID_VAR, &env, Duration::from_secs(300))?;
     eprintln!(
         "    {n} ranks: {} calls checked per rank",
         outs[0].reports()["calls"]
