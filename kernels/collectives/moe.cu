@@ -20,12 +20,16 @@ MSCCLPP_DEVICE_INLINE uint64_t moeDispatchCount(uint64_t s) { return 8 * (kN + s
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchAck(uint64_t d) { return 8 * (2 * kN + d); }
 MSCCLPP_DEVICE_INLINE uint64_t moeCombineFlag(uint64_t s) { return 8 * (3 * kN + s); }
 MSCCLPP_DEVICE_INLINE uint64_t moeCombineAck(uint64_t d) { return 8 * (4 * kN + d); }
-MSCCLPP_DEVICE_INLINE uint64_t moeDispatchSeq(uint64_t b) { return 8 * (5 * kN + b); }
-MSCCLPP_DEVICE_INLINE uint64_t moeCombineSeq(uint64_t b) { return 8 * (6 * kN + b); }
+MSCCLPP_DEVICE_INLINE uint64_t moeDispatchSeq() { return 8 * (5 * kN); }
+MSCCLPP_DEVICE_INLINE uint64_t moeCombineSeq() { return 8 * (6 * kN); }
 MSCCLPP_DEVICE_INLINE uint64_t moeCombineDone() { return 8 * (7 * kN); }
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchDone() { return 8 * (7 * kN + 1); }
 MSCCLPP_DEVICE_INLINE uint64_t moeCombineCount(uint64_t s) { return 8 * (8 * kN + s); }
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchShape(uint64_t s) { return 8 * (9 * kN + s); }
+// Blocks of this rank that finished sending to rank d (dispatch) or back to rank s (combine): the
+// one that completes a call's share publishes the flag.
+MSCCLPP_DEVICE_INLINE uint64_t moeDispatchSent(uint64_t d) { return 8 * (10 * kN + d); }
+MSCCLPP_DEVICE_INLINE uint64_t moeCombineSent(uint64_t s) { return 8 * (11 * kN + s); }
 MSCCLPP_DEVICE_INLINE uint64_t* moeWord(uint64_t base, uint64_t off) { return (uint64_t*)(base + off); }
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchRegion(const MoeArgs& a, uint64_t src) {
   return kMoeHeaderBytes + src * a.max_tokens * a.row_bytes;
@@ -42,15 +46,58 @@ constexpr int32_t kMoeStatusCombineMissing = 8;
 MSCCLPP_DEVICE_INLINE void moeFail(int32_t* status, int32_t bit) { atomicOr((int*)status, bit); }
 constexpr uint32_t kMoeMaxThreads = 1024;
 
-// `bytes` from `src` to `dst` by the `lanes` threads of a group, 8 bytes at a time where both
-// sides and the length allow it.
+struct alignas(16) MoeVec {
+  uint64_t lo, hi;
+};
+
+// `bytes` from `src` to `dst` by the `lanes` threads of a group: 16 bytes at a time where both
+// sides and the length allow it, else 8, else 1.
 MSCCLPP_DEVICE_INLINE void moeCopy(char* dst, const char* src, uint64_t bytes, uint32_t lane, uint32_t lanes) {
-  if ((((uint64_t)dst | (uint64_t)src | bytes) & 7) == 0) {
+  const uint64_t all = (uint64_t)dst | (uint64_t)src | bytes;
+  if ((all & 15) == 0) {
+    for (uint64_t i = (uint64_t)lane * 16; i < bytes; i += (uint64_t)lanes * 16)
+      *(MoeVec*)(dst + i) = *(const MoeVec*)(src + i);
+  } else if ((all & 7) == 0) {
     for (uint64_t i = (uint64_t)lane * 8; i < bytes; i += (uint64_t)lanes * 8)
       *(uint64_t*)(dst + i) = *(const uint64_t*)(src + i);
   } else {
     for (uint64_t i = lane; i < bytes; i += lanes) dst[i] = src[i];
   }
+}
+
+// The sum of every thread's `v` (all threads of the block call it).
+MSCCLPP_DEVICE_INLINE uint64_t moeBlockSum(uint32_t v) {
+  __shared__ unsigned long long sum;
+  if (threadIdx.x == 0) sum = 0;
+  __syncthreads();
+  if (v != 0) atomicAdd(&sum, (unsigned long long)v);
+  __syncthreads();
+  const uint64_t r = sum;
+  __syncthreads();
+  return r;
+}
+
+// Whether token t has an expert on rank d; an index outside -1..E is reported where `report`.
+MSCCLPP_DEVICE_INLINE bool moeMember(const MoeArgs& a, uint64_t t, uint64_t d, uint64_t local, int32_t* status,
+                                     bool report) {
+  bool member = false;
+  for (uint32_t i = 0; i < a.topk; ++i) {
+    const int64_t x = ((const int64_t*)a.topk_idx)[t * a.topk + i];
+    if (x < -1 || x >= (int64_t)a.num_experts) {
+      if (report) moeFail(status, kMoeStatusExpertRange);
+    } else if (x >= 0 && (uint64_t)x / local == d) {
+      member = true;
+    }
+  }
+  return member;
+}
+
+// Thread 0 adds this block to the word counting the blocks done with a peer's share (after a
+// system fence: what the block wrote is seen first); true in the block that completes the call's
+// `blocks`.
+MSCCLPP_DEVICE_INLINE bool moeLastOf(uint64_t* counter, uint64_t seq, uint32_t blocks) {
+  fenceSystem();
+  return fetchAddAcqRelSystem(counter, 1) + 1 == seq * blocks;
 }
 
 // Thread 0 waits until the word is at least `seq`; false (in every thread) when the wait gave up
@@ -104,44 +151,42 @@ MSCCLPP_DEVICE_INLINE void moeLayout(const MoeLayoutArgs& a) {
   }
 }
 
-// Block b: first sends this rank's tokens for rank b, then reads what source b sent here.
+// The grid holds B blocks per rank (gridDim.x = n B, fixed for the exchange's life: the counters
+// below count to the call's sequence times B). Block b serves rank b / B, its share b % B.
+MSCCLPP_DEVICE_INLINE bool moeGridOk(const MoeArgs& a) {
+  return a.nranks >= 2 && a.nranks <= kCollectiveMaxRanks && a.rank < a.nranks && gridDim.x % a.nranks == 0 &&
+         a.num_experts != 0 && a.num_experts % a.nranks == 0 && a.tokens <= a.max_tokens &&
+         blockDim.x <= kMoeMaxThreads && blockDim.x % kWarpSize == 0;
+}
+
+// Phase 1: the tokens of share j for rank d, in token order, into its region for this rank, after
+// the rows of the tokens before the share (each block counts those itself). Phase 2: share j of
+// the rows source s = d sent here, after those of the sources before it.
 MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
   abortWordInit(a.abort);
-  if (a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks || gridDim.x != a.nranks ||
-      a.num_experts == 0 || a.num_experts % a.nranks != 0 || a.tokens > a.max_tokens || blockDim.x > kMoeMaxThreads ||
-      blockDim.x % kWarpSize != 0) {
-    deviceTrap();
-  }
-  const uint32_t b = blockIdx.x, n = a.nranks, k = a.topk, tid = threadIdx.x;
+  if (!moeGridOk(a)) deviceTrap();
+  const uint32_t n = a.nranks, k = a.topk, tid = threadIdx.x, blocks = gridDim.x / n;
+  const uint32_t d = blockIdx.x / blocks, share = blockIdx.x % blocks;
   const uint64_t local = a.num_experts / n, r = a.rank;
-  const int64_t e = a.num_experts;
-  const uint64_t seq = *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq(b)) + 1;
+  const uint64_t seq = *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq()) + 1;
   int32_t* handle = (int32_t*)a.handle;
   int32_t* status = handle + n;
   int32_t* positions = handle + n + 2 + local;
   const uint64_t shape = a.payload_bytes | a.scale_bytes << 32;
   const uint32_t warps = blockDim.x / kWarpSize, warp = tid / kWarpSize, lane = tid % kWarpSize;
-  if (b == 0 && tid == 0) handle[n + 1] = (int32_t)a.tokens;
+  if (blockIdx.x == 0 && tid == 0) handle[n + 1] = (int32_t)a.tokens;
 
-  // Phase 1: the tokens for rank d = b, in token order, into its region for this rank.
   __shared__ uint32_t scan[kMoeMaxThreads];
   __shared__ uint32_t list[kMoeMaxThreads];
-  const uint32_t d = b;
   if (!moeWaitGe(moeWord(a.buffer, moeDispatchAck(d)), seq - 1)) return;
   const uint64_t region = a.peer_buffer[d] + moeDispatchRegion(a, r);
-  uint64_t base = 0;
-  for (uint64_t t0 = 0; t0 < a.tokens; t0 += blockDim.x) {
+  const uint64_t lo = a.tokens * share / blocks, hi = a.tokens * (share + 1) / blocks;
+  uint32_t earlier = 0;
+  for (uint64_t t = tid; t < lo; t += blockDim.x) earlier += moeMember(a, t, d, local, status, false) ? 1 : 0;
+  uint64_t base = moeBlockSum(earlier);
+  for (uint64_t t0 = lo; t0 < hi; t0 += blockDim.x) {
     const uint64_t t = t0 + tid;
-    uint32_t member = 0;
-    if (t < a.tokens) {
-      for (uint32_t i = 0; i < k; ++i) {
-        const int64_t x = ((const int64_t*)a.topk_idx)[t * k + i];
-        if (x < -1 || x >= e)
-          moeFail(status, kMoeStatusExpertRange);
-        else if (x >= 0 && (uint64_t)x / local == d)
-          member = 1;
-      }
-    }
+    const uint32_t member = t < hi && moeMember(a, t, d, local, status, true) ? 1 : 0;
     scan[tid] = member;
     __syncthreads();
     for (uint32_t off = 1; off < blockDim.x; off <<= 1) {
@@ -151,7 +196,7 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
       __syncthreads();
     }
     const uint32_t before = scan[tid] - member, total = scan[blockDim.x - 1];
-    if (t < a.tokens) positions[t * n + d] = member ? (int32_t)(base + before) : -1;
+    if (t < hi) positions[t * n + d] = member ? (int32_t)(base + before) : -1;
     if (member) list[before] = (uint32_t)(t - t0);
     __syncthreads();
     for (uint32_t q = warp; q < total; q += warps) {
@@ -164,7 +209,7 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
       if (lane == 0) *(int32_t*)meta = (int32_t)tok;
       for (uint32_t i = lane; i < k; i += kWarpSize) {
         const int64_t x = ((const int64_t*)a.topk_idx)[tok * k + i];
-        const bool mine = x >= 0 && x < e && (uint64_t)x / local == d;
+        const bool mine = x >= 0 && x < (int64_t)a.num_experts && (uint64_t)x / local == d;
         const float w = mine && a.topk_weights != 0 ? ((const float*)a.topk_weights)[tok * k + i] : 0.0f;
         ((int32_t*)(meta + 4))[i] = mine ? (int32_t)((uint64_t)x - d * local) : -1;
         ((float*)(meta + 4 + 4 * (uint64_t)k))[i] = w;
@@ -174,14 +219,18 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
     __syncthreads();
   }
   if (tid == 0) {
-    fenceSystem();
-    storeRelaxedSystem(moeWord(a.peer_buffer[d], moeDispatchCount(r)), base);
-    storeRelaxedSystem(moeWord(a.peer_buffer[d], moeDispatchShape(r)), shape);
-    storeReleaseSystem(moeWord(a.peer_buffer[d], moeDispatchFlag(r)), seq);
+    // The last share knows the count; it is stored before the flag, which the block that
+    // completes the call's shares publishes.
+    if (share == blocks - 1) {
+      storeRelaxedSystem(moeWord(a.peer_buffer[d], moeDispatchCount(r)), base);
+      storeRelaxedSystem(moeWord(a.peer_buffer[d], moeDispatchShape(r)), shape);
+    }
+    if (moeLastOf(moeWord(a.buffer, moeDispatchSent(d)), seq, blocks))
+      storeReleaseSystem(moeWord(a.peer_buffer[d], moeDispatchFlag(r)), seq);
   }
 
-  // Phase 2: source s = b's rows, after those of the sources before it.
-  const uint32_t s = b;
+  // Phase 2.
+  const uint32_t s = d;
   __shared__ uint32_t arrived;
   if (tid == 0) arrived = 1;
   __syncthreads();
@@ -198,12 +247,12 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
   }
   uint64_t c = loadRelaxedSystem(moeWord(a.buffer, moeDispatchCount(s)));
   if (c != 0 && loadRelaxedSystem(moeWord(a.buffer, moeDispatchShape(s))) != shape) {
-    if (tid == 0) moeFail(status, kMoeStatusRowSize);
+    if (tid == 0 && share == 0) moeFail(status, kMoeStatusRowSize);
     c = 0;
   }
-  if (tid == 0) handle[s] = (int32_t)c;
+  if (tid == 0 && share == 0) handle[s] = (int32_t)c;
   const uint64_t src = a.buffer + moeDispatchRegion(a, s);
-  for (uint64_t j = warp; j < c; j += warps) {
+  for (uint64_t j = c * share / blocks + warp; j < c * (share + 1) / blocks; j += warps) {
     const uint64_t i = prefix + j;
     if (i >= a.out_capacity) {
       if (lane == 0) moeFail(status, kMoeStatusCapacity);
@@ -224,37 +273,58 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
   }
   __syncthreads();
   if (tid == 0) {
-    fenceSystem();
     // Every block reads the counts of the sources before its own: only when all have finished
-    // may a source write its next dispatch (and count) here. The last block says so to all.
-    const uint64_t done = fetchAddAcqRelSystem(moeWord(a.buffer, moeDispatchDone()), 1) + 1;
-    if (done == seq * n) {
+    // may a source write its next dispatch (and count) here. The last block says so to all, and
+    // records the call (every block has read the sequence by then).
+    if (moeLastOf(moeWord(a.buffer, moeDispatchDone()), seq, gridDim.x)) {
       for (uint32_t q = 0; q < n; ++q) storeRelaxedSystem(moeWord(a.peer_buffer[q], moeDispatchAck(r)), seq);
+      *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq()) = seq;
     }
-    *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq(b)) = seq;
   }
 }
 
-// Block b: first sends the rows that came from rank b back to it, then sums a share of this
-// rank's tokens (t = b, b + n, ...) from the rows that came back.
+// Adds the 16 bytes at `p` (8 halves or 4 floats) into `acc`.
+MSCCLPP_DEVICE_INLINE void moeAccumulate(uint32_t dtype, const char* p, float* acc) {
+  const MoeVec v = *(const MoeVec*)p;
+  if (dtype == kDataTypeF32) {
+    const float* f = (const float*)&v;
+    for (int i = 0; i < 4; ++i) acc[i] += f[i];
+  } else {
+    const uint16_t* h = (const uint16_t*)&v;
+    for (int i = 0; i < 8; ++i) acc[i] += dtype == kDataTypeF16 ? halfToFloat(h[i]) : bf16ToFloat(h[i]);
+  }
+}
+MSCCLPP_DEVICE_INLINE void moeStoreVec(uint32_t dtype, char* p, const float* acc) {
+  MoeVec v;
+  if (dtype == kDataTypeF32) {
+    float* f = (float*)&v;
+    for (int i = 0; i < 4; ++i) f[i] = acc[i];
+  } else {
+    uint16_t* h = (uint16_t*)&v;
+    for (int i = 0; i < 8; ++i)
+      h[i] = dtype == kDataTypeF16 ? (uint16_t)floatToHalf(acc[i]) : (uint16_t)floatToBf16(acc[i]);
+  }
+  *(MoeVec*)p = v;
+}
+
+// Phase 1: share j of the rows that came from rank s = b / B, back to it in the order they
+// came. Phase 2: every rank's rows back here, then this block's tokens (t = b, b + n B, ...).
 MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   abortWordInit(a.abort);
-  if (a.nranks < 2 || a.nranks > kCollectiveMaxRanks || a.rank >= a.nranks || gridDim.x != a.nranks ||
-      a.num_experts == 0 || a.num_experts % a.nranks != 0 || a.tokens > a.max_tokens || blockDim.x % kWarpSize != 0 ||
-      (a.dtype != kDataTypeF32 && a.dtype != kDataTypeF16 && a.dtype != kDataTypeBF16)) {
+  if (!moeGridOk(a) || (a.dtype != kDataTypeF32 && a.dtype != kDataTypeF16 && a.dtype != kDataTypeBF16)) {
     deviceTrap();
   }
-  const uint32_t b = blockIdx.x, n = a.nranks, k = a.topk, tid = threadIdx.x;
+  const uint32_t n = a.nranks, k = a.topk, tid = threadIdx.x, blocks = gridDim.x / n;
+  const uint32_t s = blockIdx.x / blocks, share = blockIdx.x % blocks;
   const uint64_t local = a.num_experts / n, r = a.rank;
-  const uint64_t seq = *(volatile uint64_t*)moeWord(a.buffer, moeCombineSeq(b)) + 1;
+  const uint64_t seq = *(volatile uint64_t*)moeWord(a.buffer, moeCombineSeq()) + 1;
   int32_t* handle = (int32_t*)a.handle;
   int32_t* status = handle + n;
   const int32_t* positions = handle + n + 2 + local;
   const uint64_t dispatched = handle[n + 1] < 0 ? 0 : (uint64_t)handle[n + 1];
   const uint32_t warps = blockDim.x / kWarpSize, warp = tid / kWarpSize, lane = tid % kWarpSize;
 
-  // Phase 1: back to source s = b, in the order its rows came.
-  const uint32_t s = b;
+  // Phase 1.
   if (!moeWaitGe(moeWord(a.buffer, moeCombineAck(s)), seq - 1)) return;
   uint64_t prefix = 0;
   for (uint32_t p = 0; p < s; ++p) prefix += (uint64_t)(handle[p] < 0 ? 0 : handle[p]);
@@ -262,7 +332,7 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   if (c > a.max_tokens) c = a.max_tokens;
   if (prefix + c > a.out_capacity) c = a.out_capacity > prefix ? a.out_capacity - prefix : 0;
   const uint64_t region = a.peer_buffer[s] + moeCombineRegion(a, r);
-  for (uint64_t j = warp; j < c; j += warps) {
+  for (uint64_t j = c * share / blocks + warp; j < c * (share + 1) / blocks; j += warps) {
     char* row = (char*)(region + j * a.row_bytes);
     const uint64_t i = prefix + j;
     moeCopy(row, (const char*)a.x + i * a.payload_bytes, a.payload_bytes, lane, kWarpSize);
@@ -272,13 +342,14 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   }
   __syncthreads();
   if (tid == 0) {
-    fenceSystem();
-    storeRelaxedSystem(moeWord(a.peer_buffer[s], moeCombineCount(r)), c);
-    storeReleaseSystem(moeWord(a.peer_buffer[s], moeCombineFlag(r)), seq);
+    if (share == 0) storeRelaxedSystem(moeWord(a.peer_buffer[s], moeCombineCount(r)), c);
+    if (moeLastOf(moeWord(a.buffer, moeCombineSent(s)), seq, blocks))
+      storeReleaseSystem(moeWord(a.peer_buffer[s], moeCombineFlag(r)), seq);
   }
 
-  // Phase 2: every rank's rows back here, then this block's tokens.
+  // Phase 2.
   __shared__ uint32_t arrived;
+  __shared__ int32_t pos[kCollectiveMaxRanks];
   if (tid == 0) arrived = 1;
   __syncthreads();
   if (tid < n) {
@@ -288,52 +359,62 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   if (!arrived) return;
   const uint32_t size = a.dtype == kDataTypeF32 ? 4u : 2u;
   const uint64_t elems = a.payload_bytes / size;
-  uint64_t sent[kCollectiveMaxRanks];
-  for (uint32_t d = 0; d < n; ++d) sent[d] = loadRelaxedSystem(moeWord(a.buffer, moeCombineCount(d)));
-  for (uint64_t t = b; t < a.tokens; t += n) {
+  // Whole rows 16 bytes at a time where the rows and the output allow it (the buffer's rows are
+  // 16-byte aligned), else element by element; the same sums either way.
+  const bool vec = ((a.payload_bytes | a.out_x) & 15) == 0;
+  for (uint64_t t = blockIdx.x; t < a.tokens; t += gridDim.x) {
     // Tokens past the dispatch's have no positions of this call; rows a rank did not send back
     // are left out. Either is said in the status.
     const bool known = t < dispatched;
-    if (tid == 0) {
-      bool missing = !known;
-      for (uint32_t d = 0; known && d < n; ++d) {
-        const int32_t p = positions[t * n + d];
-        if (p >= 0 && (uint64_t)p >= sent[d]) missing = true;
-      }
-      if (missing) moeFail(status, kMoeStatusCombineMissing);
+    if (tid < n) {
+      const int32_t p = known ? positions[t * n + tid] : -1;
+      const uint64_t sent = loadRelaxedSystem(moeWord(a.buffer, moeCombineCount(tid)));
+      if (!known || (p >= 0 && (uint64_t)p >= sent)) moeFail(status, kMoeStatusCombineMissing);
+      pos[tid] = p >= 0 && (uint64_t)p < sent ? p : -1;
     }
-    for (uint64_t el = tid; el < elems; el += blockDim.x) {
-      float acc = 0.0f;
-      for (uint32_t d = 0; known && d < n; ++d) {
-        const int32_t p = positions[t * n + d];
-        if (p < 0 || (uint64_t)p >= sent[d]) continue;
-        const char* row = (const char*)(a.buffer + moeCombineRegion(a, d) + (uint64_t)p * a.row_bytes);
-        acc += moeLoad(a.dtype, row + el * size);
+    __syncthreads();
+    char* out = (char*)a.out_x + t * a.payload_bytes;
+    if (vec) {
+      for (uint64_t v = tid; v < a.payload_bytes / 16; v += blockDim.x) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (uint32_t d = 0; d < n; ++d) {
+          if (pos[d] < 0) continue;
+          const char* row = (const char*)(a.buffer + moeCombineRegion(a, d) + (uint64_t)pos[d] * a.row_bytes);
+          moeAccumulate(a.dtype, row + v * 16, acc);
+        }
+        moeStoreVec(a.dtype, out + v * 16, acc);
       }
-      moeStore(a.dtype, (char*)a.out_x + (t * elems + el) * size, acc);
+    } else {
+      for (uint64_t el = tid; el < elems; el += blockDim.x) {
+        float acc = 0.0f;
+        for (uint32_t d = 0; d < n; ++d) {
+          if (pos[d] < 0) continue;
+          const char* row = (const char*)(a.buffer + moeCombineRegion(a, d) + (uint64_t)pos[d] * a.row_bytes);
+          acc += moeLoad(a.dtype, row + el * size);
+        }
+        moeStore(a.dtype, out + el * size, acc);
+      }
     }
     if (a.out_weights != 0) {
       for (uint32_t q = tid; q < k; q += blockDim.x) {
         float w = 0.0f;
-        for (uint32_t d = 0; known && d < n; ++d) {
-          const int32_t p = positions[t * n + d];
-          if (p < 0 || (uint64_t)p >= sent[d]) continue;
-          const char* row = (const char*)(a.buffer + moeCombineRegion(a, d) + (uint64_t)p * a.row_bytes);
+        for (uint32_t d = 0; d < n; ++d) {
+          if (pos[d] < 0) continue;
+          const char* row = (const char*)(a.buffer + moeCombineRegion(a, d) + (uint64_t)pos[d] * a.row_bytes);
           w += ((const float*)(row + a.meta_at + 4 + 4 * (uint64_t)k))[q];
         }
         ((float*)a.out_weights)[t * k + q] = w;
       }
     }
+    __syncthreads();
   }
   __syncthreads();
   if (tid == 0) {
-    fenceSystem();
     // The last block to finish reading tells every rank its rows here may be overwritten.
-    const uint64_t done = fetchAddAcqRelSystem(moeWord(a.buffer, moeCombineDone()), 1) + 1;
-    if (done == seq * n) {
+    if (moeLastOf(moeWord(a.buffer, moeCombineDone()), seq, gridDim.x)) {
       for (uint32_t d = 0; d < n; ++d) storeRelaxedSystem(moeWord(a.peer_buffer[d], moeCombineAck(r)), seq);
+      *(volatile uint64_t*)moeWord(a.buffer, moeCombineSeq()) = seq;
     }
-    *(volatile uint64_t*)moeWord(a.buffer, moeCombineSeq(b)) = seq;
   }
 }
 

@@ -6,10 +6,10 @@ use mscclpp_hal::KernelArgs;
 
 use crate::algorithms::base::MAX_RANKS;
 
-/// Bytes of the buffer's header (flags, counts, acknowledgements, per-block sequences).
+/// Bytes of the buffer's header (flags, counts, acknowledgements, sequences, block counters).
 pub const HEADER_BYTES: u64 = 4096;
 
-/// Word offsets (in bytes) of the header; `r` is a rank, `b` a block.
+/// Word offsets (in bytes) of the header; `s` and `d` are ranks.
 pub mod hdr {
     use super::MAX_RANKS;
     const N: u64 = MAX_RANKS as u64;
@@ -33,12 +33,13 @@ pub mod hdr {
     pub fn combine_ack(d: u64) -> u64 {
         8 * (4 * N + d)
     }
-    /// This rank's own: the dispatches (and combines) block `b` has run.
-    pub fn dispatch_seq(b: u64) -> u64 {
-        8 * (5 * N + b)
+    /// This rank's own: the dispatches (and combines) it has run, stored by the call's last
+    /// block to finish (every block has read it by then).
+    pub fn dispatch_seq() -> u64 {
+        8 * (5 * N)
     }
-    pub fn combine_seq(b: u64) -> u64 {
-        8 * (6 * N + b)
+    pub fn combine_seq() -> u64 {
+        8 * (6 * N)
     }
     /// This rank's own: blocks that finished reading the combine rows (the last acknowledges).
     pub fn combine_done() -> u64 {
@@ -57,6 +58,18 @@ pub mod hdr {
     /// (`payload | scales << 32`), which the receiver's must equal.
     pub fn dispatch_shape(s: u64) -> u64 {
         8 * (9 * N + s)
+    }
+    // Only the GPU kernels use these two (the host's one worker needs no block counters);
+    // written here so that the header's words are listed in one place and checked apart.
+    /// This rank's own, GPU grids only: its blocks that finished sending dispatch rows to rank
+    /// `d` (combine rows back to rank `d`); the one completing a call's share publishes the flag.
+    #[allow(dead_code)]
+    pub fn dispatch_sent(d: u64) -> u64 {
+        8 * (10 * N + d)
+    }
+    #[allow(dead_code)]
+    pub fn combine_sent(d: u64) -> u64 {
+        8 * (11 * N + d)
     }
 }
 
@@ -193,4 +206,34 @@ pub fn handle_positions(nranks: u64, num_local: u64) -> u64 {
 }
 pub fn handle_words(nranks: u64, num_local: u64, max_tokens: u64) -> u64 {
     handle_positions(nranks, num_local) + max_tokens * nranks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_words_are_distinct_and_inside_the_header() {
+        let n = MAX_RANKS as u64;
+        let mut words = vec![hdr::combine_done(), hdr::dispatch_done()];
+        words.extend([hdr::dispatch_seq(), hdr::combine_seq()]);
+        for r in 0..n {
+            words.extend([
+                hdr::dispatch_flag(r),
+                hdr::dispatch_count(r),
+                hdr::dispatch_ack(r),
+                hdr::combine_flag(r),
+                hdr::combine_ack(r),
+                hdr::combine_count(r),
+                hdr::dispatch_shape(r),
+                hdr::dispatch_sent(r),
+                hdr::combine_sent(r),
+            ]);
+        }
+        let all = words.len();
+        words.sort_unstable();
+        words.dedup();
+        assert_eq!(words.len(), all, "two header words coincide");
+        assert!(words.iter().all(|&w| w % 8 == 0 && w + 8 <= HEADER_BYTES));
+    }
 }

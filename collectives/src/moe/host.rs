@@ -133,14 +133,12 @@ impl View<'_> {
         // SAFETY: the launcher sized the handle (Moe::handle_bytes).
         unsafe { put(at, get::<i32>(at) | bit) };
     }
-    /// The next sequence of the per-block words at `off(b)` (every block's is the same).
-    fn next_seq(&self, off: fn(u64) -> u64) -> u64 {
-        word(self.a.buffer, off(0)).load(Ordering::Relaxed) + 1
+    /// The next sequence of the call's word at `off`.
+    fn next_seq(&self, off: u64) -> u64 {
+        word(self.a.buffer, off).load(Ordering::Relaxed) + 1
     }
-    fn store_seq(&self, off: fn(u64) -> u64, seq: u64) {
-        for b in 0..self.n {
-            word(self.a.buffer, off(b)).store(seq, Ordering::Relaxed);
-        }
+    fn store_seq(&self, off: u64, seq: u64) {
+        word(self.a.buffer, off).store(seq, Ordering::Relaxed);
     }
 }
 
@@ -155,7 +153,7 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         local: u64::from(a.num_experts / a.nranks),
     };
     let (r, n, k, local) = (u64::from(a.rank), v.n, v.k, v.local);
-    let seq = v.next_seq(hdr::dispatch_seq);
+    let seq = v.next_seq(hdr::dispatch_seq());
     let shape = a.payload_bytes | a.scale_bytes << 32;
     // Phase 1: to every destination, its tokens' rows in token order.
     for d in 0..n {
@@ -275,7 +273,7 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     for s in 0..n {
         word(a.peer_buffer[s as usize], hdr::dispatch_ack(r)).store(seq, Ordering::Release);
     }
-    v.store_seq(hdr::dispatch_seq, seq);
+    v.store_seq(hdr::dispatch_seq(), seq);
     Ok(())
 }
 
@@ -318,7 +316,7 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         local: u64::from(a.num_experts / a.nranks),
     };
     let (r, n, k) = (u64::from(a.rank), v.n, v.k);
-    let seq = v.next_seq(hdr::combine_seq);
+    let seq = v.next_seq(hdr::combine_seq());
     // Phase 1: the rows received from each source go back to it, in the order they came.
     let mut prefix = 0u64;
     for s in 0..n {
@@ -409,6 +407,6 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     for d in 0..n {
         word(a.peer_buffer[d as usize], hdr::combine_ack(r)).store(seq, Ordering::Release);
     }
-    v.store_seq(hdr::combine_seq, seq);
+    v.store_seq(hdr::combine_seq(), seq);
     Ok(())
 }

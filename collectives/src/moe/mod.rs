@@ -52,6 +52,25 @@ const THREADS: u32 = 512;
 /// Threads per block of the layout kernel on GPUs, and its blocks at most.
 const LAYOUT_THREADS: u32 = 256;
 const LAYOUT_BLOCKS: u64 = 1024;
+/// Blocks per peer of the dispatch and combine grids on GPUs, at most.
+const MAX_BLOCKS_PER_PEER: u32 = 16;
+
+/// Blocks per peer of the dispatch and combine grids: `MSCCLPP_MOE_BLOCKS` where set, else as
+/// many as keep every block of every rank resident should all `n` ranks share one GPU (`n^2`
+/// blocks per peer and SM at most one), up to [`MAX_BLOCKS_PER_PEER`]. A block waits for the
+/// peers' blocks, so a grid that could not all be resident at once would hang.
+fn blocks_per_peer(multiprocessors: u32, n: usize, forced: Option<u32>) -> Result<u32> {
+    match forced {
+        Some(b) if (1..=MAX_BLOCKS_PER_PEER).contains(&b) => Ok(b),
+        Some(b) => Err(Error::invalid(format!(
+            "MSCCLPP_MOE_BLOCKS={b}: expected 1 to {MAX_BLOCKS_PER_PEER} blocks per peer"
+        ))),
+        None => {
+            let n2 = (n * n) as u32;
+            Ok((multiprocessors / n2.max(1)).clamp(1, MAX_BLOCKS_PER_PEER))
+        }
+    }
+}
 
 /// What an exchange is set up for: the same on every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +177,8 @@ pub struct Moe<A: Api> {
     rank: usize,
     nranks: usize,
     host: bool,
+    /// Blocks per peer of the GPU grids (fixed for the buffer's life: its counters count them).
+    blocks: u32,
     buffer: Scratch,
     layout: TypedKernel<MoeLayoutArgs, A>,
     dispatch: TypedKernel<MoeArgs, A>,
@@ -222,7 +243,13 @@ impl<A: Api> Moe<A> {
             ))
         })?;
         let buffer = Scratch::exchange(comm, bytes, "expert-parallel buffer")?;
-        let host = comm.device().info().warp_size == 1;
+        let info = comm.device().info();
+        let host = info.warp_size == 1;
+        let blocks = blocks_per_peer(
+            info.multiprocessors,
+            n,
+            mscclpp_hal::env::parse("MSCCLPP_MOE_BLOCKS", "blocks per peer")?,
+        )?;
         Ok(Moe {
             cfg,
             rows,
@@ -230,6 +257,7 @@ impl<A: Api> Moe<A> {
             rank,
             nranks: n,
             host,
+            blocks,
             buffer,
             layout: load(comm, &MODULE, LAYOUT)?,
             dispatch: load(comm, &MODULE, DISPATCH)?,
@@ -356,8 +384,11 @@ impl<A: Api> Moe<A> {
     }
 
     fn grid(&self) -> LaunchConfig {
-        let threads = if self.host { 1 } else { THREADS };
-        LaunchConfig::linear(self.nranks as u32, threads)
+        if self.host {
+            LaunchConfig::linear(self.nranks as u32, 1)
+        } else {
+            LaunchConfig::linear(self.nranks as u32 * self.blocks, THREADS)
+        }
     }
 
     /// Sends this rank's tokens to the ranks of their experts and receives theirs (a collective
@@ -570,5 +601,26 @@ impl<A: Api> Moe<A> {
             self.rank,
             why.join("; ")
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_per_peer_keep_every_shared_grid_resident() {
+        // An H100's 132 SMs: 2 ranks take 16 blocks per peer (the cap), 8 ranks 2.
+        assert_eq!(blocks_per_peer(132, 2, None).unwrap(), 16);
+        assert_eq!(blocks_per_peer(132, 4, None).unwrap(), 8);
+        assert_eq!(blocks_per_peer(132, 8, None).unwrap(), 2);
+        for (sms, n) in [(132u32, 3usize), (108, 8), (304, 5), (20, 8)] {
+            let b = blocks_per_peer(sms, n, None).unwrap();
+            assert!(b >= 1 && (b == 1 || b * (n * n) as u32 <= sms), "{sms} SMs, {n} ranks: {b}");
+        }
+        assert_eq!(blocks_per_peer(132, 2, Some(3)).unwrap(), 3);
+        let e = blocks_per_peer(132, 2, Some(0)).unwrap_err().to_string();
+        assert!(e.contains("MSCCLPP_MOE_BLOCKS=0"), "{e}");
+        assert!(blocks_per_peer(132, 2, Some(17)).is_err());
     }
 }
