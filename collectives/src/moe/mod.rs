@@ -616,7 +616,10 @@ mod tests {
         assert_eq!(blocks_per_peer(132, 8, None).unwrap(), 2);
         for (sms, n) in [(132u32, 3usize), (108, 8), (304, 5), (20, 8)] {
             let b = blocks_per_peer(sms, n, None).unwrap();
-            assert!(b >= 1 && (b == 1 || b * (n * n) as u32 <= sms), "{sms} SMs, {n} ranks: {b}");
+            assert!(
+                b >= 1 && (b == 1 || b * (n * n) as u32 <= sms),
+                "{sms} SMs, {n} ranks: {b}"
+            );
         }
         assert_eq!(blocks_per_peer(132, 2, Some(3)).unwrap(), 3);
         let e = blocks_per_peer(132, 2, Some(0)).unwrap_err().to_string();
