@@ -450,12 +450,14 @@ torch_case() {
   tmo=$(( tmo * (n > 2 ? n : 2) / 2 ))
   if [ "$backend" = mscclpp ]; then
     run_case "$name" "$client" "$mode" "$n" py "$tmo" "$(dev_note "$n")" -- \
-      env -u LD_PRELOAD PYTHONPATH="$PYPATH_MSCCLPP" "${TR[@]}"
+      env -u LD_PRELOAD PYTHONPATH="$PYPATH_MSCCLPP" "${CASE_ENV[@]}" "${TR[@]}"
   else
     run_case "$name" "$client" "$mode" "$n" py "$tmo" "$(dev_note "$n")" -- \
-      env LD_PRELOAD="$LIB" "${TR[@]}"
+      env LD_PRELOAD="$LIB" "${CASE_ENV[@]}" "${TR[@]}"
   fi
 }
+# Extra VAR=VALUE assignments for the next torch_case (reset after it by the caller).
+CASE_ENV=()
 
 EX=$REPO/nccl/examples
 
@@ -485,6 +487,15 @@ for N in "${RANK_LIST[@]}"; do
     "$EX/torch_matrix.py"
   torch_case "torch-matrix-mscclpp-np$N" torch-matrix "torch_matrix.py --backend mscclpp" "$N" mscclpp 240 \
     "$EX/torch_matrix.py" --backend mscclpp
+
+  # the same under PyTorch's production allocator setting: a tensor spans several cuMemMap
+  # mappings of one virtual range (DDP's buckets, the segments case)
+  CASE_ENV=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+  torch_case "torch-matrix-expandable-nccl-np$N" torch-matrix "torch_matrix.py nccl (LD_PRELOAD), expandable_segments" \
+    "$N" nccl 240 "$EX/torch_matrix.py"
+  torch_case "torch-matrix-expandable-mscclpp-np$N" torch-matrix "torch_matrix.py --backend mscclpp, expandable_segments" \
+    "$N" mscclpp 240 "$EX/torch_matrix.py" --backend mscclpp
+  CASE_ENV=()
 
   # re-initialisation: 3 cycles of init / all_reduce / destroy
   for be in nccl mscclpp; do

@@ -1,0 +1,162 @@
+"""Runs DeepEP's OWN tests (``tests/legacy/test_intranode.py``, ``test_low_latency.py`` of
+deepseek-ai/DeepEP) against ``mscclpp_rs.deep_ep``, UNCHANGED.
+
+DeepEP's files are not ours and are not shipped: pass a checkout of DeepEP in ``DEEP_EP_SRC``.
+Its tests import ``deep_ep`` (served by ``mscclpp_rs.deep_ep``) and ``deep_ep.utils`` (DeepEP's
+test utilities: seeds, ``init_dist``, FP8 casts, ``bench``), which this harness loads from the
+checkout by path; ``deep_ep.utils`` imports DeepEP's compiled extension ``deep_ep._C`` for its
+event type and NCCL handles, which the harness stands in for (an event type; nothing else of
+``_C`` is reached by the legacy tests). Two things of the test environment are the harness's,
+not DeepEP's:
+
+- ``init_dist``: DeepEP's puts rank r on ``cuda:r``; here every rank takes ``cuda:(r % device
+  count)``, so that 2, 4 or 8 ranks can share one GPU. The process group is NCCL's, as DeepEP's
+  is: under ``LD_PRELOAD`` of our ``libmscclpp_nccl.so`` (the real NCCL refuses two ranks on one
+  GPU), or through ``--backend mscclpp`` (our PyTorch backend).
+- the spawn: DeepEP's ``__main__`` block parses its own arguments (pass them after ``--``) and
+  spawns ``test_loop``; the harness spawns a function of its own that sets the stand-ins up in
+  each child, then calls the test module's ``test_loop`` with those arguments.
+
+    DEEP_EP_SRC=/path/to/DeepEP python tests/deep_ep_tests_harness.py intranode -- --num-processes 2
+    DEEP_EP_SRC=... python tests/deep_ep_tests_harness.py low_latency -- --num-processes 2 --num-tokens 64
+
+Exits 0 after printing ``harness: skip: <why>`` where torch, a GPU or the checkout is absent.
+"""
+
+import argparse
+import importlib
+import importlib.util
+import os
+import runpy
+import sys
+import types
+
+TESTS = {"intranode": "test_intranode.py", "low_latency": "test_low_latency.py"}
+
+
+def _skip(why):
+    print(f"harness: skip: {why}", flush=True)
+    sys.exit(0)
+
+
+def install(src, backend):
+    """``deep_ep`` as ours, ``deep_ep.utils`` from DeepEP's checkout, ``deep_ep._C`` stood in
+    for, and ``init_dist`` for ranks that share GPUs."""
+    import torch
+    import torch.distributed as dist
+
+    import mscclpp_rs.compat
+
+    mscclpp_rs.compat.install_deep_ep()
+    import deep_ep
+
+    class EventHandle:
+        """The stand-in for ``deep_ep._C.EventHandle``: a CUDA event on the current stream."""
+
+        def __init__(self):
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+        def current_stream_wait(self):
+            torch.cuda.current_stream().wait_event(self.event)
+
+    def not_served(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def f(*args, **kwargs):
+            raise NotImplementedError(f"deep_ep._C.{name}: DeepEP's compiled extension is not "
+                                      "part of mscclpp_rs.deep_ep (the harness stands in for it)")
+        return f
+
+    c = types.ModuleType("deep_ep._C")
+    c.EventHandle = EventHandle
+    c.__getattr__ = not_served
+    sys.modules["deep_ep._C"] = c
+    deep_ep._C = c
+
+    utils = os.path.join(src, "deep_ep", "utils")
+    spec = importlib.util.spec_from_file_location(
+        "deep_ep.utils", os.path.join(utils, "__init__.py"), submodule_search_locations=[utils])
+    m = importlib.util.module_from_spec(spec)
+    sys.modules["deep_ep.utils"] = m
+    spec.loader.exec_module(m)
+    deep_ep.utils = m
+    envs = importlib.import_module("deep_ep.utils.envs")
+
+    def init_dist(local_rank, num_local_ranks, seed=0):
+        # DeepEP's settings (MASTER_ADDR/PORT, one node), its default dtype and device and seed;
+        # the device is shared where there are fewer GPUs than ranks.
+        ip = os.getenv("MASTER_ADDR", "127.0.0.1")
+        port = int(os.getenv("MASTER_PORT", "8361"))
+        dev = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(dev)
+        if backend == "mscclpp":
+            import mscclpp_rs.torch_backend  # noqa: F401  (registers the backend)
+            be = "cuda:mscclpp"
+        else:
+            be = "nccl"
+        extra = {"device_id": torch.device("cuda", dev)} if be == "nccl" else {}
+        dist.init_process_group(backend=be, init_method=f"tcp://{ip}:{port}",
+                                world_size=num_local_ranks, rank=local_rank, **extra)
+        torch.set_default_dtype(torch.bfloat16)
+        torch.set_default_device("cuda")
+        envs._local_rank = local_rank
+        envs.init_seed(seed)
+        return dist.get_rank(), dist.get_world_size(), dist.new_group(list(range(num_local_ranks)))
+
+    envs.init_dist = init_dist
+
+
+def child(local_rank, src, test, backend, fn_name, fn_args):
+    install(src, backend)
+    sys.path.insert(0, os.path.join(src, "tests", "legacy"))
+    mod = importlib.import_module(test[:-3])
+    mod.init_dist = sys.modules["deep_ep.utils.envs"].init_dist
+    getattr(mod, fn_name)(local_rank, *fn_args)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("test", choices=sorted(TESTS))
+    p.add_argument("--backend", choices=["nccl", "mscclpp"], default="nccl",
+                   help="the process group: NCCL's (our library preloaded) or ours")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then the test's own arguments")
+    a = p.parse_args()
+    src = os.environ.get("DEEP_EP_SRC")
+    test = TESTS[a.test]
+    path = src and os.path.join(src, "tests", "legacy", test)
+    if not path or not os.path.isfile(path):
+        _skip("DEEP_EP_SRC does not name a DeepEP checkout with tests/legacy/" + test)
+    try:
+        import torch
+        import torch.multiprocessing as tmp
+    except ImportError:
+        _skip("torch is not installed (DeepEP's tests run on torch.cuda)")
+    if not torch.cuda.is_available():
+        _skip("torch sees no CUDA device (DeepEP's tests run on torch.cuda)")
+    os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
+    rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
+
+    real = tmp.spawn
+
+    def spawn(fn, args=(), nprocs=1, **kwargs):
+        # DeepEP's __main__ spawns its test_loop: the harness's child stands in for it.
+        print(f"harness: {test} {' '.join(rest)}: {nprocs} ranks, {a.backend} process group",
+              flush=True)
+        return real(child, args=(src, test, a.backend, fn.__name__, tuple(args)),
+                         nprocs=nprocs, **kwargs)
+
+    install(src, a.backend)
+    sys.path.insert(0, os.path.dirname(path))
+    tmp.spawn = spawn
+    sys.argv = [path] + rest
+    try:
+        runpy.run_path(path, run_name="__main__")
+    finally:
+        tmp.spawn = real
+    print(f"harness: {test}: every rank finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()
