@@ -336,9 +336,12 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
     char* row = (char*)(region + j * a.row_bytes);
     const uint64_t i = prefix + j;
     moeCopy(row, (const char*)a.x + i * a.payload_bytes, a.payload_bytes, lane, kWarpSize);
+    // Without weights, zeros: a peer that sums weights must not read a previous call's.
     if (a.topk_weights != 0)
       moeCopy(row + a.meta_at + 4 + 4 * (uint64_t)k, (const char*)a.topk_weights + 4 * i * k, 4 * (uint64_t)k, lane,
               kWarpSize);
+    else
+      for (uint32_t q = lane; q < k; q += kWarpSize) ((float*)(row + a.meta_at + 4 + 4 * (uint64_t)k))[q] = 0.0f;
   }
   __syncthreads();
   if (tid == 0) {

@@ -460,6 +460,20 @@ impl Rank {
     }
 
     fn check_combine(&self, c: &Case, inputs: &[Input], b: &Bufs, what: &str) -> R<()> {
+        self.check_combine_with(c, inputs, b, what, |_| true, true)
+    }
+
+    /// `sent_weights(d)`: whether rank `d` combined with weights (zeros came from the others);
+    /// `check_weights`: whether this rank asked for the summed weights.
+    fn check_combine_with(
+        &self,
+        c: &Case,
+        inputs: &[Input],
+        b: &Bufs,
+        what: &str,
+        sent_weights: impl Fn(usize) -> bool,
+        check_weights: bool,
+    ) -> R<()> {
         let (k, n, me) = (c.topk, self.n, self.rank);
         let local = c.local as i64;
         let inp = &inputs[me];
@@ -493,8 +507,12 @@ impl Rank {
                     "{what}: token {t} (sent to ranks {ranks:?}) combined wrong"
                 ));
             }
-            for (q, &x) in ks.iter().enumerate() {
-                let w = if x >= 0 { inp.weights[t * k + q] } else { 0.0 };
+            for (q, &x) in ks.iter().enumerate().filter(|_| check_weights) {
+                let w = if x >= 0 && sent_weights((x / local) as usize) {
+                    inp.weights[t * k + q]
+                } else {
+                    0.0
+                };
                 let o = 4 * (t * k + q);
                 let g = f32::from_le_bytes(comb_w[o..o + 4].try_into().unwrap());
                 if g.to_bits() != w.to_bits() {
@@ -682,6 +700,7 @@ fn role_moe() -> R<()> {
         }
     }
     calls += two_in_flight(&r)?;
+    calls += weights_from_even_ranks(&r)?;
     calls += captured(&r)?;
     calls += bad_inputs(&r)?;
     multiproc::report("calls", calls);
@@ -733,6 +752,48 @@ fn two_in_flight(r: &Rank) -> R<usize> {
     r.check_combine(a, &ia, &ba, "first of two combines")?;
     r.check_combine(b, &ib, &bb, "second of two combines")?;
     Ok(4)
+}
+
+/// A dispatch, a combine with weights, then another of the same handle where odd ranks send
+/// none: the even ranks' summed weights hold those of the experts on even ranks and zeros for
+/// the others', never the first combine's.
+fn weights_from_even_ranks(r: &Rank) -> R<usize> {
+    let n = r.n;
+    let c = &cases()[0];
+    let what = "a combine with weights from the even ranks only";
+    let inputs: Vec<Input> = (0..n).map(|s| input(c, 102, s, n)).collect();
+    let b = r.bufs(c, n * MAX_TOKENS)?;
+    let s = b.slices();
+    r.load(&inputs[r.rank], &b)?;
+    // SAFETY: the buffers live until the synchronisations below.
+    unsafe {
+        r.moe.dispatch(
+            &r.dispatch_args(c, inputs[r.rank].tokens, &b, &s),
+            &*r.stream,
+        )
+    }
+    .map_err(|x| format!("{what}: dispatch: {x}"))?;
+    r.sync(what)?;
+    let rows = r.check_dispatch(c, &inputs, &b, what)?;
+    r.combine_inputs(c, &b, &rows)?;
+    // First a combine with weights from every rank: the rows the next one overwrites hold
+    // weights at the columns of the odd ranks' experts.
+    let all = r.combine_args(c, inputs[r.rank].tokens, rows.len(), &s);
+    // SAFETY: as above.
+    unsafe { r.moe.combine(&all, &*r.stream) }.map_err(|x| format!("{what}: {x}"))?;
+    r.sync(what)?;
+    r.check_combine(c, &inputs, &b, what)?;
+    let weighted = r.rank % 2 == 0;
+    let mut args = r.combine_args(c, inputs[r.rank].tokens, rows.len(), &s);
+    if !weighted {
+        args.topk_weights = None;
+        args.out_weights = None;
+    }
+    // SAFETY: as above.
+    unsafe { r.moe.combine(&args, &*r.stream) }.map_err(|x| format!("{what}: {x}"))?;
+    r.sync(what)?;
+    r.check_combine_with(c, &inputs, &b, what, |d| d % 2 == 0, weighted)?;
+    Ok(3)
 }
 
 /// A dispatch captured once and replayed twice with new routings and data written into the same

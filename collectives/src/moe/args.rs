@@ -105,7 +105,7 @@ pub struct MoeLayoutArgs {
 // SAFETY: `#[repr(C)]` plain old data with no padding (checked by the layout test).
 unsafe impl KernelArgs for MoeLayoutArgs {}
 
-/// `mscclpp_moe_dispatch` and `mscclpp_moe_combine` (one grid block per rank).
+/// `mscclpp_moe_dispatch` and `mscclpp_moe_combine` (a grid of B blocks per rank; spec.md).
 ///
 /// Dispatch: `x` (`tokens` rows of `payload_bytes`), `topk_idx` (i64), `topk_weights` (f32,
 /// optional), `scales` (`scale_bytes` a row, optional) go to the ranks that hold the experts;

@@ -336,11 +336,19 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
             // hold the dispatch's rows (checked by the launcher against the handle's counts).
             unsafe {
                 copy(row, a.x + i * a.payload_bytes, a.payload_bytes);
+                // Without weights, zeros: a peer that sums weights must not read a previous
+                // call's.
                 if a.topk_weights != 0 {
                     copy(
                         row + a.meta_at + 4 + 4 * k,
                         a.topk_weights + 4 * i * k,
                         4 * k,
+                    );
+                } else {
+                    std::ptr::write_bytes(
+                        (row + a.meta_at + 4 + 4 * k) as *mut u8,
+                        0,
+                        4 * k as usize,
                     );
                 }
             }

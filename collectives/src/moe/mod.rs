@@ -59,11 +59,19 @@ const MAX_BLOCKS_PER_PEER: u32 = 16;
 /// many as keep every block of every rank resident should all `n` ranks share one GPU (`n^2`
 /// blocks per peer and SM at most one), up to [`MAX_BLOCKS_PER_PEER`]. A block waits for the
 /// peers' blocks, so a grid that could not all be resident at once would hang.
+/// A forced count whose grid could not be resident even on a GPU of its own is refused; one
+/// that fits alone but not beside the peers' (ranks sharing a GPU) is the user's choice.
 fn blocks_per_peer(multiprocessors: u32, n: usize, forced: Option<u32>) -> Result<u32> {
     match forced {
-        Some(b) if (1..=MAX_BLOCKS_PER_PEER).contains(&b) => Ok(b),
+        Some(b)
+            if (1..=MAX_BLOCKS_PER_PEER).contains(&b)
+                && u64::from(b) * n as u64 <= u64::from(multiprocessors.max(1)) =>
+        {
+            Ok(b)
+        }
         Some(b) => Err(Error::invalid(format!(
-            "MSCCLPP_MOE_BLOCKS={b}: expected 1 to {MAX_BLOCKS_PER_PEER} blocks per peer"
+            "MSCCLPP_MOE_BLOCKS={b}: expected 1 to {MAX_BLOCKS_PER_PEER} blocks per peer, and at \
+             most one block per SM for the grid of {n} ranks ({multiprocessors} SMs)"
         ))),
         None => {
             let n2 = (n * n) as u32;
@@ -625,5 +633,8 @@ mod tests {
         let e = blocks_per_peer(132, 2, Some(0)).unwrap_err().to_string();
         assert!(e.contains("MSCCLPP_MOE_BLOCKS=0"), "{e}");
         assert!(blocks_per_peer(132, 2, Some(17)).is_err());
+        // 16 per peer for 9 ranks would be 144 blocks on 132 SMs: never all resident.
+        assert!(blocks_per_peer(132, 9, Some(16)).is_err());
+        assert_eq!(blocks_per_peer(132, 8, Some(16)).unwrap(), 16);
     }
 }
