@@ -600,8 +600,16 @@ impl Args {
             return self.validate_overlap(*compute_us, collectives, nranks, backend);
         }
         let Some(kind) = bench.collective() else {
+            // The expert exchange has an NCCL baseline of its own (an all-to-all of the same
+            // rows); the other flags are the collectives'.
+            let moe = matches!(bench, Bench::Moe { .. });
+            if moe && self.baseline.is_some() && backend == BackendKind::Host {
+                return Err(
+                    "--baseline nccl: the host backend has no vendor stream to run NCCL on".into(),
+                );
+            }
             for (set, flag) in [
-                (self.baseline.is_some(), "--baseline"),
+                (self.baseline.is_some() && !moe, "--baseline"),
                 (self.register, "--register"),
                 (self.cudagraph > 0, "-G/--cudagraph"),
             ] {
@@ -808,6 +816,11 @@ mod tests {
         let e = check(&["allreduce", "--baseline", "nccl"], 2, Host).unwrap_err();
         assert!(e.contains("host backend"), "{e}");
         assert!(check(&["allreduce", "--baseline", "nccl"], 2, Cuda).is_ok());
+        let e = check(&["moe", "--baseline", "nccl"], 2, Host).unwrap_err();
+        assert!(e.contains("host backend"), "{e}");
+        assert!(check(&["moe", "--baseline", "nccl"], 2, Cuda).is_ok());
+        let e = check(&["moe", "-G", "2"], 2, Cuda).unwrap_err();
+        assert!(e.contains("collective benchmarks, not moe"), "{e}");
         let e = check(&["memory-channel"], 3, Host).unwrap_err();
         assert!(e.contains("2 ranks, not 3"), "{e}");
         let e = check(&["p2p", "-G", "4"], 2, Host).unwrap_err();

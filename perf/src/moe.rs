@@ -11,6 +11,7 @@ use mscclpp::comm::Communicator;
 use mscclpp::hal::{Dyn, Error, MemoryKind, Result};
 
 use crate::args::Args;
+use crate::nccl::{Nccl, Part};
 use crate::p2p::pattern;
 
 /// The shape measured.
@@ -48,6 +49,46 @@ fn routing(rank: usize, tokens: usize, s: &Shape) -> Vec<i64> {
 
 fn bytes_of<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
     v.iter().flat_map(|&x| f(x)).collect()
+}
+
+/// NCCL for `--baseline nccl`, where every rank could open it; else why not (the real NCCL
+/// refuses ranks that share a GPU), said by rank 0, and the benchmark goes on without it.
+fn open_baseline(comm: &Communicator, stream: &dyn mscclpp::hal::Stream) -> Result<Option<Nccl>> {
+    let opened = Nccl::for_communicator(comm, stream);
+    let why = opened.as_ref().err().map(|e| e.to_string());
+    let all = comm
+        .bootstrap()
+        .all_gather(why.as_deref().unwrap_or("").as_bytes())?;
+    let failed: Vec<String> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| !m.is_empty())
+        .map(|(r, m)| format!("rank {r}: {}", String::from_utf8_lossy(m)))
+        .collect();
+    if failed.is_empty() {
+        return opened.map(Some);
+    }
+    if comm.rank() == 0 {
+        println!("# NCCL baseline: not run ({})", failed.join("; "));
+    }
+    Ok(None)
+}
+
+/// The rows each rank sends each rank (`[from][to]`): its tokens with an expert there.
+fn rows_between(routings: &[Vec<i64>], s: &Shape, n: usize) -> Vec<Vec<usize>> {
+    let local = (s.experts / n) as i64;
+    routings
+        .iter()
+        .map(|r| {
+            (0..n)
+                .map(|d| {
+                    r.chunks(s.topk)
+                        .filter(|ks| ks.iter().any(|&e| e >= 0 && e / local == d as i64))
+                        .count()
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Runs the benchmark on this rank; rank 0 prints. Returns the wrong rows over all ranks.
@@ -92,6 +133,15 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
     );
     let handle = alloc(moe.handle_bytes())?;
     let (comb, comb_w) = (alloc(max_t * row)?, alloc(max_t * s.topk * 4)?);
+    let nccl = match args.baseline {
+        Some(_) => open_baseline(&comm, &*stream)?,
+        None => None,
+    };
+    // NCCL's all-to-all of the same rows: what it receives (by source), then sends back.
+    let (nccl_there, nccl_back) = match nccl {
+        Some(_) => (Some(alloc(cap * row)?), Some(alloc(cap * row)?)),
+        None => (None, None),
+    };
     let (per_rank, per_expert, in_rank, status) = (
         alloc(4 * n)?,
         alloc(4 * s.experts)?,
@@ -112,8 +162,22 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
         println!(
             "# rows: token rows each rank received (mean); us: microseconds per call, the slowest rank's; GB/s: received bytes (rows x {row}) per second; wrong: rows that differ from what was sent",
         );
+        if let Some(nc) = &nccl {
+            println!(
+                "# nccl_us: NCCL {}'s all-to-all of the same rows (a group of ncclSend/ncclRecv per peer, as PyTorch's all_to_all_single with split sizes), there and back, the slowest rank's; GB/s as ours",
+                nc.version
+            );
+        }
+        let extra = if nccl.is_some() {
+            format!(
+                " {:>11} {:>9} {:>11} {:>9}",
+                "nccl_us", "GB/s", "back_us", "GB/s"
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "# {:>7} {:>9} {:>11} {:>9} {:>11} {:>9} {:>7}",
+            "# {:>7} {:>9} {:>11} {:>9} {:>11} {:>9} {:>7}{extra}",
             "tokens", "rows", "dispatch_us", "GB/s", "combine_us", "GB/s", "wrong"
         );
     }
@@ -226,14 +290,84 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
             }
             wrong += rows.abs_diff(i) as u64;
         }
-        let mut msg = Vec::with_capacity(32);
-        for v in [dms, cms] {
+        // NCCL's all-to-all of the same rows, there and back, on the same stream.
+        let (mut tms, mut bms) = (0f64, 0f64);
+        if let (Some(nc), Some(there), Some(back)) = (&nccl, &nccl_there, &nccl_back) {
+            let between = rows_between(&routings, s, n);
+            // Sends come from the input's first rows (the packing is not NCCL's); receives
+            // land by source.
+            let sends: Vec<Part> = (0..n)
+                .map(|d| Part {
+                    at: 0,
+                    bytes: between[rank][d] * row,
+                })
+                .collect();
+            let mut at = 0u64;
+            let recvs: Vec<Part> = (0..n)
+                .map(|src| {
+                    let p = Part {
+                        at,
+                        bytes: between[src][rank] * row,
+                    };
+                    at += p.bytes as u64;
+                    p
+                })
+                .collect();
+            let h = stream.native_handle().unwrap_or(0);
+            let (tp, bp) = (there.full().ptr().0, back.full().ptr().0);
+            let back_sends = recvs.clone();
+            let mut at = 0u64;
+            let back_recvs: Vec<Part> = sends
+                .iter()
+                .map(|p| {
+                    let q = Part { at, bytes: p.bytes };
+                    at += q.bytes as u64;
+                    q
+                })
+                .collect();
+            for _ in 0..args.warmup {
+                nc.all_to_all_v(x.full().ptr().0, &sends, tp, &recvs, h)?;
+                nc.all_to_all_v(tp, &back_sends, bp, &back_recvs, h)?;
+            }
+            stream.synchronize()?;
+            boot.barrier()?;
+            stream.record(&*ev0)?;
+            for _ in 0..args.iters {
+                nc.all_to_all_v(x.full().ptr().0, &sends, tp, &recvs, h)?;
+            }
+            stream.record(&*ev1)?;
+            for _ in 0..args.iters {
+                nc.all_to_all_v(tp, &back_sends, bp, &back_recvs, h)?;
+            }
+            stream.record(&*ev2)?;
+            stream.synchronize()?;
+            (tms, bms) = (ev1.elapsed_ms_since(&*ev0)?, ev2.elapsed_ms_since(&*ev1)?);
+            // What NCCL delivered is checked as ours was: each source's rows, in order.
+            if args.check != 0 {
+                let mut got = vec![0u8; at as usize];
+                stream.read_to_host(&mut got, &there.slice(..at as usize)?)?;
+                let mut off = 0usize;
+                for (src, p) in recvs.iter().enumerate() {
+                    let sent = pattern(src, t, t * row);
+                    let rows = p.bytes / row;
+                    wrong += (0..rows)
+                        .filter(|&i| {
+                            got[off + i * row..off + (i + 1) * row] != sent[i * row..(i + 1) * row]
+                        })
+                        .count() as u64;
+                    off += p.bytes;
+                }
+            }
+        }
+        let mut msg = Vec::with_capacity(48);
+        for v in [dms, cms, tms, bms] {
             msg.extend_from_slice(&v.to_le_bytes());
         }
         msg.extend_from_slice(&(rows as u64).to_le_bytes());
         msg.extend_from_slice(&wrong.to_le_bytes());
         let all = boot.all_gather(&msg)?;
         let (mut dmax, mut cmax, mut rows_sum, mut wrong_sum) = (0f64, 0f64, 0u64, 0u64);
+        let (mut tmax, mut bmax) = (0f64, 0f64);
         for m in &all {
             let word = |i: usize| -> Result<[u8; 8]> {
                 m.get(8 * i..8 * i + 8)
@@ -242,8 +376,10 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
             };
             dmax = dmax.max(f64::from_le_bytes(word(0)?));
             cmax = cmax.max(f64::from_le_bytes(word(1)?));
-            rows_sum += u64::from_le_bytes(word(2)?);
-            wrong_sum += u64::from_le_bytes(word(3)?);
+            tmax = tmax.max(f64::from_le_bytes(word(2)?));
+            bmax = bmax.max(f64::from_le_bytes(word(3)?));
+            rows_sum += u64::from_le_bytes(word(4)?);
+            wrong_sum += u64::from_le_bytes(word(5)?);
         }
         wrong_total += wrong_sum;
         let rows_mean = rows_sum as f64 / n as f64;
@@ -258,8 +394,21 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
             } else {
                 "-".into()
             };
+            let extra = if nccl.is_some() {
+                let (tus, bus) = (
+                    tmax * 1e3 / args.iters as f64,
+                    bmax * 1e3 / args.iters as f64,
+                );
+                format!(
+                    " {tus:>11.1} {:>9.2} {bus:>11.1} {:>9.2}",
+                    gbps(tus),
+                    gbps(bus)
+                )
+            } else {
+                String::new()
+            };
             println!(
-                "  {t:>7} {rows_mean:>9.1} {dus:>11.1} {:>9.2} {cus:>11.1} {:>9.2} {wrong:>7}",
+                "  {t:>7} {rows_mean:>9.1} {dus:>11.1} {:>9.2} {cus:>11.1} {:>9.2} {wrong:>7}{extra}",
                 gbps(dus),
                 gbps(cus)
             );

@@ -161,6 +161,69 @@ impl Nccl {
     }
 }
 
+/// One peer's part of an all-to-all-v: `bytes` from `at` (relative to the call's buffer).
+#[derive(Debug, Clone, Copy)]
+pub struct Part {
+    pub at: u64,
+    pub bytes: usize,
+}
+
+impl Nccl {
+    /// Enqueues an all-to-all-v of bytes on `stream`, as PyTorch's `all_to_all_single` with
+    /// split sizes does it: one group of a send and a receive per peer (this rank's own part a
+    /// send to itself).
+    pub fn all_to_all_v(
+        &self,
+        send: u64,
+        sends: &[Part],
+        recv: u64,
+        recvs: &[Part],
+        stream: u64,
+    ) -> Result<()> {
+        let l = &self.lib;
+        let (start, end) = (
+            l.entry(l.group_start, "ncclGroupStart")?,
+            l.entry(l.group_end, "ncclGroupEnd")?,
+        );
+        let (snd, rcv) = (l.entry(l.send, "ncclSend")?, l.entry(l.recv, "ncclRecv")?);
+        const UINT8: c_int = 1;
+        let s = stream as *mut c_void;
+        // SAFETY: no arguments.
+        l.result("ncclGroupStart", unsafe { start() })?;
+        let mut first_err = Ok(());
+        for (peer, (o, i)) in sends.iter().zip(recvs).enumerate() {
+            // SAFETY: each part lies inside the caller's device buffer; `stream` is live.
+            let r = unsafe {
+                snd(
+                    (send + o.at) as *const c_void,
+                    o.bytes,
+                    UINT8,
+                    peer as c_int,
+                    self.comm,
+                    s,
+                )
+            };
+            first_err = first_err.and(l.result("ncclSend", r));
+            // SAFETY: as above; the receive parts do not overlap.
+            let r = unsafe {
+                rcv(
+                    (recv + i.at) as *mut c_void,
+                    i.bytes,
+                    UINT8,
+                    peer as c_int,
+                    self.comm,
+                    s,
+                )
+            };
+            first_err = first_err.and(l.result("ncclRecv", r));
+        }
+        // The group is closed whatever happened inside it.
+        // SAFETY: no arguments.
+        let closed = l.result("ncclGroupEnd", unsafe { end() });
+        first_err.and(closed)
+    }
+}
+
 impl Drop for Nccl {
     fn drop(&mut self) {
         if let Some(destroy) = self.lib.comm_destroy {
