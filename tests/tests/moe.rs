@@ -974,9 +974,24 @@ fn run(kind: BackendKind, n: usize) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Ranks on two simulated hosts: refused on every rank, naming the hosts.
+fn role_two_hosts() -> R<()> {
+    let (rank, n) = multiproc::rank_and_size();
+    // SAFETY: the child's first act, before any thread of its own is started.
+    unsafe { std::env::set_var("MSCCLPP_HOSTID", format!("moe-host-{}", rank % 2)) };
+    let (comm, _, _) = multiproc::rank_communicator(UID_VAR, BACKEND_VAR, false)?;
+    match Moe::<Dyn>::new(&comm, config(8 * n, 8)) {
+        Err(x) if x.to_string().contains("must share a host") => Ok(()),
+        other => Err(format!(
+            "rank {rank}: an exchange over two hosts gave {other:?}"
+        )),
+    }
+}
+
 fn main() {
     multiproc::run_child(|role| match role {
         "moe" => role_moe(),
+        "two_hosts" => role_two_hosts(),
         other => Err(format!("unknown role {other}")),
     });
     let args = libtest_mimic::Arguments::from_args();
@@ -988,6 +1003,11 @@ fn main() {
             })
         })
         .collect();
+    trials.push(Trial::test("moe::host::two_hosts_refused", || {
+        let env = [(BACKEND_VAR.to_string(), "host".to_string())];
+        multiproc::spawn_with_root("two_hosts", 2, UID_VAR, &env, Duration::from_secs(120))?;
+        Ok(())
+    }));
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
         trials.push(Trial::ignorable_test(
             format!("moe::{kind}::2_ranks"),

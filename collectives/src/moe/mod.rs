@@ -238,6 +238,18 @@ impl<A: Api> Moe<A> {
                 "expert-parallel settings {cfg:?}: top-k 1..=1024, positive tokens and row bytes (row and scale bytes at most 2^40) needed"
             )));
         }
+        // Every rank maps every rank's buffer: one host only (the same answer on every rank,
+        // from the bootstrap's host identities, so none waits for a peer that gave up).
+        let hosts = comm.bootstrap().hosts();
+        if hosts.iter().any(|&h| h != hosts[0]) {
+            return Err(Error::unavailable(
+                "an expert-parallel exchange across hosts",
+                format!(
+                    "its ranks map each other's buffers, so they must share a host; ranks 0..{n} \
+                     lie on hosts {hosts:?} (MSCCLPP_HOSTID, else the boot id)"
+                ),
+            ));
+        }
         agree(comm, "expert-parallel settings", format!("{cfg:?}"))?;
         let rows = RowLayout {
             payload_cap: (cfg.max_row_bytes as u64).div_ceil(16) * 16,
