@@ -22,6 +22,8 @@ use mscclpp_conformance::rng::Rng;
 
 const UID_VAR: &str = "MSCCLPP_TEST_UID";
 const BACKEND_VAR: &str = "MSCCLPP_TEST_BACKEND";
+/// Comma-separated simulated host of each rank (unset: every rank on this host).
+const HOSTS_VAR: &str = "MSCCLPP_TEST_MOE_HOSTS";
 const POISON: u8 = 0xA5;
 
 type R<T> = Result<T, String>;
@@ -643,6 +645,14 @@ fn config(num_experts: usize, topk: usize) -> MoeConfig {
 
 fn setup() -> R<Rank> {
     let (rank, n) = multiproc::rank_and_size();
+    if let Ok(hosts) = std::env::var(HOSTS_VAR) {
+        let host = hosts
+            .split(',')
+            .nth(rank)
+            .ok_or_else(|| format!("{HOSTS_VAR}={hosts} names no host for rank {rank}"))?;
+        // SAFETY: the child's first act, before any thread of its own is started.
+        unsafe { std::env::set_var("MSCCLPP_HOSTID", format!("moe-test-host-{host}")) };
+    }
     let (comm, device, _) = multiproc::rank_communicator(UID_VAR, BACKEND_VAR, false)?;
     let stream = device.create_stream().map_err(e)?;
     let moe = Moe::<Dyn>::new(&comm, config(8 * n, 8)).map_err(e)?;
@@ -974,24 +984,25 @@ fn run(kind: BackendKind, n: usize) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Ranks on two simulated hosts: refused on every rank, naming the hosts.
-fn role_two_hosts() -> R<()> {
-    let (rank, n) = multiproc::rank_and_size();
-    // SAFETY: the child's first act, before any thread of its own is started.
-    unsafe { std::env::set_var("MSCCLPP_HOSTID", format!("moe-host-{}", rank % 2)) };
-    let (comm, _, _) = multiproc::rank_communicator(UID_VAR, BACKEND_VAR, false)?;
-    match Moe::<Dyn>::new(&comm, config(8 * n, 8)) {
-        Err(x) if x.to_string().contains("must share a host") => Ok(()),
-        other => Err(format!(
-            "rank {rank}: an exchange over two hosts gave {other:?}"
-        )),
-    }
+/// `n` host-backend ranks, rank `r` on the simulated host `hosts[r]` (comma-separated).
+fn run_on_hosts(n: usize, hosts: &str) -> Result<(), Failed> {
+    let env = [
+        (BACKEND_VAR.to_string(), "host".to_string()),
+        ("MSCCLPP_HOST_WAIT_SECONDS".to_string(), "60".to_string()),
+        (HOSTS_VAR.to_string(), hosts.to_string()),
+        ("MSCCLPP_HIER_TRANSPORT".to_string(), "Ethernet".to_string()),
+    ];
+    let outs = multiproc::spawn_with_root("moe", n, UID_VAR, &env, Duration::from_secs(300))?;
+    eprintln!(
+        "    {n} ranks on hosts {hosts}: {} calls checked per rank",
+        outs[0].reports()["calls"]
+    );
+    Ok(())
 }
 
 fn main() {
     multiproc::run_child(|role| match role {
         "moe" => role_moe(),
-        "two_hosts" => role_two_hosts(),
         other => Err(format!("unknown role {other}")),
     });
     let args = libtest_mimic::Arguments::from_args();
@@ -1003,11 +1014,14 @@ fn main() {
             })
         })
         .collect();
-    trials.push(Trial::test("moe::host::two_hosts_refused", || {
-        let env = [(BACKEND_VAR.to_string(), "host".to_string())];
-        multiproc::spawn_with_root("two_hosts", 2, UID_VAR, &env, Duration::from_secs(120))?;
-        Ok(())
-    }));
+    // Ranks on simulated hosts (`MSCCLPP_HOSTID`): peers of another host through the relay
+    // (Ethernet here), those of the same host mapped; hosts by blocks and interleaved.
+    for (n, hosts) in [(2, "0,1"), (4, "0,0,1,1"), (3, "0,1,0")] {
+        trials.push(Trial::test(
+            format!("moe::host::{n}_ranks_on_hosts_{}", hosts.replace(',', "")),
+            move || run_on_hosts(n, hosts),
+        ));
+    }
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
         trials.push(Trial::ignorable_test(
             format!("moe::{kind}::2_ranks"),

@@ -18,6 +18,7 @@ use mscclpp_hal::{
 pub(crate) mod args;
 mod erased;
 pub(crate) mod host;
+mod relay;
 
 pub use erased::AnyMoe;
 
@@ -29,7 +30,7 @@ use args::{
 
 use crate::agree::agree;
 use crate::algorithms::base::{HEADERS, MAX_RANKS, load};
-use crate::scratch::Scratch;
+use relay::Buffers;
 
 const LAYOUT: KernelId = KernelId("mscclpp_moe_layout");
 const DISPATCH: KernelId = KernelId("mscclpp_moe_dispatch");
@@ -187,7 +188,7 @@ pub struct Moe<A: Api> {
     host: bool,
     /// Blocks per peer of the GPU grids (fixed for the buffer's life: its counters count them).
     blocks: u32,
-    buffer: Scratch,
+    buffer: Buffers,
     layout: TypedKernel<MoeLayoutArgs, A>,
     dispatch: TypedKernel<MoeArgs, A>,
     combine: TypedKernel<MoeArgs, A>,
@@ -238,18 +239,6 @@ impl<A: Api> Moe<A> {
                 "expert-parallel settings {cfg:?}: top-k 1..=1024, positive tokens and row bytes (row and scale bytes at most 2^40) needed"
             )));
         }
-        // Every rank maps every rank's buffer: one host only (the same answer on every rank,
-        // from the bootstrap's host identities, so none waits for a peer that gave up).
-        let hosts = comm.bootstrap().hosts();
-        if hosts.iter().any(|&h| h != hosts[0]) {
-            return Err(Error::unavailable(
-                "an expert-parallel exchange across hosts",
-                format!(
-                    "its ranks map each other's buffers, so they must share a host; ranks 0..{n} \
-                     lie on hosts {hosts:?} (MSCCLPP_HOSTID, else the boot id)"
-                ),
-            ));
-        }
         agree(comm, "expert-parallel settings", format!("{cfg:?}"))?;
         let rows = RowLayout {
             payload_cap: (cfg.max_row_bytes as u64).div_ceil(16) * 16,
@@ -262,7 +251,15 @@ impl<A: Api> Moe<A> {
                 "expert-parallel settings {cfg:?}: the exchange buffer's size overflows 64 bits"
             ))
         })?;
-        let buffer = Scratch::exchange(comm, bytes, "expert-parallel buffer")?;
+        let buffer = Buffers::exchange(
+            comm,
+            bytes,
+            relay::Shape {
+                row_bytes,
+                max_tokens: cfg.max_tokens as u64,
+                nranks: n as u64,
+            },
+        )?;
         let info = comm.device().info();
         let host = info.warp_size == 1;
         let blocks = blocks_per_peer(
@@ -497,6 +494,8 @@ impl<A: Api> Moe<A> {
             handle: d.handle.ptr().0,
             ..self.base_args()
         };
+        // Everything checked: last, whether the relay to other hosts still runs.
+        self.buffer.check()?;
         // SAFETY: every buffer holds what the kernel touches (checked above); the exchange
         // buffer and the peers' mappings live in `self`.
         unsafe { self.dispatch.launch(stream, self.grid(), &args) }
@@ -557,6 +556,7 @@ impl<A: Api> Moe<A> {
             dtype: c.dtype as u32,
             ..self.base_args()
         };
+        self.buffer.check()?;
         // SAFETY: as in `dispatch`.
         unsafe { self.combine.launch(stream, self.grid(), &args) }
     }

@@ -1,0 +1,382 @@
+//! Ranks on other hosts. The exchange's kernels write into every peer's buffer; a peer of this
+//! host is mapped (CUDA IPC), a peer of another host cannot be. For each of those the kernels
+//! write instead into a *mirror* of its buffer here (host memory the device maps), and a relay
+//! thread carries what each completed step announces over the transport between hosts (the one
+//! the hierarchical collectives pick: IB, an NCCL net plugin or Ethernet), into the peer's real
+//! buffer, the data before the word that announces it: a connection's writes land in order, so
+//! the peer's kernels see a flag only after the rows and counts it covers.
+//!
+//! What the kernels write into a peer's buffer, and so what the relay watches in a mirror (rank
+//! `r` is this one; `spec.md` has the words): a dispatch (rows of region `r`, count, shape, then
+//! the flag), a combine (rows of region `n + r`, count, then the flag), and the two
+//! acknowledgements. A mirror's next step is only written after the peer acknowledged the
+//! previous one, which it does after the relay's writes landed, so the relay never reads a
+//! mirror the kernels are rewriting.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use mscclpp_comm::Communicator;
+use mscclpp_hal::{DeviceBuffer, Error, MemoryKind, Result};
+use mscclpp_transports::{
+    AnyConnection, Connection, EndpointConfig, RegisteredMemory, Transport, TransportFlags,
+};
+
+use super::args::{combine_region, dispatch_region, hdr};
+use crate::algorithms::base::MAX_RANKS;
+use crate::algorithms::host_common::word;
+use crate::scratch::map_peers;
+
+/// How long a relayed step may take to land before the relay gives up (and says so).
+const FLUSH: Duration = Duration::from_secs(120);
+
+/// Where the pieces of a buffer lie (the same on every rank).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    pub row_bytes: u64,
+    pub max_tokens: u64,
+    pub nranks: u64,
+}
+
+/// The words of a mirror the relay has carried to its peer already.
+#[derive(Debug, Default)]
+struct Carried {
+    dispatch: u64,
+    combine: u64,
+    dispatch_ack: u64,
+    combine_ack: u64,
+}
+
+/// A peer on another host: its buffer there, the mirror of it here, the connection.
+struct Remote {
+    rank: usize,
+    conn: Arc<AnyConnection>,
+    theirs: RegisteredMemory,
+    mirror: DeviceBuffer,
+    mirror_mem: RegisteredMemory,
+    carried: Carried,
+    /// Its relay failed: nothing more is carried to it.
+    failed: bool,
+}
+
+impl Remote {
+    /// The mirror's word at `off`, read by the host.
+    fn word(&self, off: u64) -> u64 {
+        let base = self.mirror.full().host_ptr().map_or(0, |p| p as u64);
+        word(base, off).load(Ordering::Acquire)
+    }
+
+    /// Carries `len` bytes at `off` of the mirror into the peer's buffer.
+    fn write(&self, off: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.conn
+            .write(&self.theirs, off, &self.mirror_mem, off, len)
+    }
+
+    /// Carries the word at `off` (ordered behind every earlier write).
+    fn store(&self, off: u64, value: u64) -> Result<()> {
+        self.conn.update_and_sync(&self.theirs, off, value)
+    }
+
+    /// Carries what the kernels completed since the last pass; whether anything was.
+    fn pass(&mut self, me: u64, s: &Shape) -> Result<bool> {
+        let mut moved = false;
+        let flag = self.word(hdr::dispatch_flag(me));
+        if flag > self.carried.dispatch {
+            let count = self.word(hdr::dispatch_count(me)).min(s.max_tokens);
+            let shape = self.word(hdr::dispatch_shape(me));
+            self.write(
+                dispatch_region(s.row_bytes, s.max_tokens, me),
+                count * s.row_bytes,
+            )?;
+            self.store(hdr::dispatch_count(me), count)?;
+            self.store(hdr::dispatch_shape(me), shape)?;
+            self.store(hdr::dispatch_flag(me), flag)?;
+            self.carried.dispatch = flag;
+            moved = true;
+        }
+        let flag = self.word(hdr::combine_flag(me));
+        if flag > self.carried.combine {
+            let count = self.word(hdr::combine_count(me)).min(s.max_tokens);
+            self.write(
+                combine_region(s.row_bytes, s.max_tokens, s.nranks, me),
+                count * s.row_bytes,
+            )?;
+            self.store(hdr::combine_count(me), count)?;
+            self.store(hdr::combine_flag(me), flag)?;
+            self.carried.combine = flag;
+            moved = true;
+        }
+        let acks = [
+            self.word(hdr::dispatch_ack(me)),
+            self.word(hdr::combine_ack(me)),
+        ];
+        for ((off, v), carried) in [hdr::dispatch_ack(me), hdr::combine_ack(me)]
+            .into_iter()
+            .zip(acks)
+            .zip([
+                &mut self.carried.dispatch_ack,
+                &mut self.carried.combine_ack,
+            ])
+        {
+            if v > *carried {
+                self.conn.update_and_sync(&self.theirs, off, v)?;
+                *carried = v;
+                moved = true;
+            }
+        }
+        if moved {
+            // The mirror's rows are reused once the peer acknowledges; on IB a source may be
+            // reused only after a flush.
+            self.conn.flush(FLUSH)?;
+        }
+        Ok(moved)
+    }
+}
+
+/// Every rank's buffer as the kernels address it, and the relay to the other hosts.
+pub(crate) struct Buffers {
+    // First: dropped (stopped) before the memory it reads and writes.
+    relay: Option<Relay>,
+    /// Where the kernels write rank `p`'s buffer: its own (this rank), its mapping (this host),
+    /// its mirror (another host).
+    pub addrs: [u64; MAX_RANKS],
+    _mapped: Vec<RegisteredMemory>,
+    _own: DeviceBuffer,
+}
+
+impl std::fmt::Debug for Buffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffers")
+            .field("addrs", &self.addrs)
+            .field("relayed", &self.relay.as_ref().map(|r| r.peers.clone()))
+            .finish()
+    }
+}
+
+impl Buffers {
+    /// Allocates and zeroes this rank's buffer of `bytes`, maps those of this host's ranks, and
+    /// where the ranks span hosts, connects to the others, makes their mirrors and starts the
+    /// relay (a collective call: every rank, the same `bytes`).
+    pub fn exchange(comm: &Communicator, bytes: u64, shape: Shape) -> Result<Buffers> {
+        let (rank, n) = (comm.rank(), comm.nranks());
+        let hosts = comm.bootstrap().hosts().to_vec();
+        let len = usize::try_from(bytes).map_err(|_| {
+            Error::invalid(format!(
+                "an expert-parallel buffer of {bytes} bytes does not fit this host"
+            ))
+        })?;
+        let device = comm.device();
+        let zeroed = |kind| -> Result<DeviceBuffer> {
+            let b = device.alloc(len, kind)?;
+            let stream = device.create_stream()?;
+            stream.fill(&b.full(), 0)?;
+            stream.synchronize()?;
+            Ok(b)
+        };
+        let own = zeroed(MemoryKind::Device)?;
+        if hosts.iter().all(|&h| h == hosts[0]) {
+            let maps = map_peers(comm, &own.full(), "expert-parallel buffer")?;
+            check_lens(&maps.lens, n, bytes)?;
+            return Ok(Buffers {
+                addrs: maps.bases,
+                _own: own,
+                _mapped: maps.peers,
+                relay: None,
+            });
+        }
+        // Every rank takes the same transport between hosts (collective over the communicator).
+        let transport = mscclpp_comm::inter_host_transport(comm, &own.full())?;
+        if transport == Transport::CudaIpc {
+            return Err(Error::Internal("CUDA IPC chosen between hosts".into()));
+        }
+        let ipc = comm.register_memory(&own.full(), TransportFlags::single(Transport::CudaIpc))?;
+        let net = comm.register_memory(&own.full(), TransportFlags::single(transport))?;
+        let mut addrs = [0u64; MAX_RANKS];
+        addrs[rank] = own.full().ptr().0;
+        let mut mapped = Vec::new();
+        let mut remotes = Vec::new();
+        // Peers in ascending order on every rank: each pair's steps meet.
+        for p in (0..n).filter(|&p| p != rank) {
+            if hosts[p] == hosts[rank] {
+                let theirs = comm.exchange_memory(&ipc, p)?;
+                let view = theirs.mapped_slice().ok_or_else(|| {
+                    Error::invalid(format!(
+                        "rank {p}'s expert-parallel buffer is not mapped on rank {rank}, on the same host (CUDA IPC)"
+                    ))
+                })?;
+                check_lens(&[view.len() as u64], 1, bytes).map_err(|e| remote(p, e))?;
+                addrs[p] = view.ptr().0;
+                mapped.push(theirs);
+                continue;
+            }
+            let theirs = comm.exchange_memory(&net, p)?;
+            if theirs.len() != bytes {
+                return Err(Error::Remote {
+                    rank: p,
+                    message: format!(
+                        "an expert-parallel buffer of {} bytes, expected {bytes}",
+                        theirs.len()
+                    ),
+                });
+            }
+            let mut cfg = EndpointConfig::new(transport);
+            cfg.connect_timeout = comm.bootstrap().timeout();
+            let conn = comm.connect(p, cfg).map_err(|e| {
+                Error::unavailable(
+                    "an expert-parallel exchange across hosts",
+                    format!("rank {rank} to rank {p} over {transport}: {e}"),
+                )
+            })?;
+            let mirror = zeroed(MemoryKind::HostMapped)?;
+            if mirror.full().host_ptr().is_none() {
+                return Err(Error::Internal(
+                    "host-mapped memory without a host address".into(),
+                ));
+            }
+            let mirror_mem =
+                comm.register_memory(&mirror.full(), TransportFlags::single(transport))?;
+            addrs[p] = mirror.full().ptr().0;
+            remotes.push(Remote {
+                rank: p,
+                conn,
+                theirs,
+                mirror,
+                mirror_mem,
+                carried: Carried::default(),
+                failed: false,
+            });
+        }
+        tracing::debug!(
+            rank,
+            %transport,
+            relayed = remotes.len(),
+            "expert-parallel exchange across hosts"
+        );
+        let relay = Relay::start(rank as u64, shape, remotes)?;
+        mapped.push(ipc);
+        mapped.push(net);
+        Ok(Buffers {
+            addrs,
+            _own: own,
+            _mapped: mapped,
+            relay: Some(relay),
+        })
+    }
+
+    /// Why the relay stopped, if it did (the calls are refused from then on: a peer on another
+    /// host would wait for what can no longer arrive).
+    pub fn check(&self) -> Result<()> {
+        match self
+            .relay
+            .as_ref()
+            .and_then(|r| r.failed.lock().unwrap_or_else(|p| p.into_inner()).clone())
+        {
+            None => Ok(()),
+            Some((rank, message)) => Err(Error::Remote { rank, message }),
+        }
+    }
+}
+
+fn remote(p: usize, e: Error) -> Error {
+    Error::Remote {
+        rank: p,
+        message: e.to_string(),
+    }
+}
+
+fn check_lens(lens: &[u64], n: usize, bytes: u64) -> Result<()> {
+    match (0..n).find(|&p| lens[p] != bytes) {
+        Some(p) => Err(Error::Remote {
+            rank: p,
+            message: format!(
+                "an expert-parallel buffer of {} bytes, expected {bytes}",
+                lens[p]
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The relay thread of one exchange.
+struct Relay {
+    peers: Vec<usize>,
+    stop: Arc<AtomicBool>,
+    /// The first peer the relay failed to reach and why (calls are refused from then on).
+    failed: Arc<Mutex<Option<(usize, String)>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(me: u64, shape: Shape, mut remotes: Vec<Remote>) -> Result<Relay> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(Mutex::new(None));
+        let peers = remotes.iter().map(|r| r.rank).collect();
+        let (st, fl) = (Arc::clone(&stop), Arc::clone(&failed));
+        let thread = std::thread::Builder::new()
+            .name(format!("moe-relay-{me}"))
+            .spawn(move || {
+                let mut idle = 0u32;
+                loop {
+                    // A stop still carries what the kernels completed before it (a rank's last
+                    // dispatch may end, and its process exit, before its peers have its rows).
+                    let stopping = st.load(Ordering::Acquire);
+                    let mut moved = false;
+                    // A peer whose relay failed is left (a peer that exited first, at the
+                    // end of a job); the others are still served.
+                    for r in remotes.iter_mut().filter(|r| !r.failed) {
+                        match r.pass(me, &shape) {
+                            Ok(m) => moved |= m,
+                            Err(e) => {
+                                r.failed = true;
+                                let message = format!(
+                                    "the expert-parallel relay from rank {me} to rank {} stopped: {e}",
+                                    r.rank
+                                );
+                                if stopping {
+                                    // The exchange is going away: a peer that went first no
+                                    // longer needs the last acknowledgements.
+                                    tracing::debug!("{message}");
+                                } else {
+                                    tracing::warn!("{message}");
+                                }
+                                fl.lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .get_or_insert((r.rank, message));
+                            }
+                        }
+                    }
+                    if stopping {
+                        return;
+                    }
+                    // Spin while steps follow each other, then sleep a little between polls.
+                    idle = if moved { 0 } else { idle.saturating_add(1) };
+                    if idle > 1000 {
+                        std::thread::sleep(Duration::from_micros(50));
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+            .map_err(|e| Error::Internal(format!("the expert-parallel relay thread: {e}")))?;
+        Ok(Relay {
+            peers,
+            stop,
+            failed,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
