@@ -139,7 +139,7 @@ class Communicator:
     def __exit__(self, *args: Any) -> bool: ...
 
 class ExpertExchange:
-    """Expert-parallel dispatch and combine over a communicator's ranks (one host)."""
+    """Expert-parallel dispatch and combine over a communicator's ranks (2 to 8, one host or several)."""
     @property
     def num_experts(self) -> int: ...
     @property

@@ -984,10 +984,10 @@ fn run(kind: BackendKind, n: usize) -> Result<(), Failed> {
     Ok(())
 }
 
-/// `n` host-backend ranks, rank `r` on the simulated host `hosts[r]` (comma-separated).
-fn run_on_hosts(n: usize, hosts: &str) -> Result<(), Failed> {
+/// `n` ranks of `kind`, rank `r` on the simulated host `hosts[r]` (comma-separated).
+fn run_on_hosts(kind: BackendKind, n: usize, hosts: &str) -> Result<(), Failed> {
     let env = [
-        (BACKEND_VAR.to_string(), "host".to_string()),
+        (BACKEND_VAR.to_string(), kind.to_string()),
         ("MSCCLPP_HOST_WAIT_SECONDS".to_string(), "60".to_string()),
         (HOSTS_VAR.to_string(), hosts.to_string()),
         ("MSCCLPP_HIER_TRANSPORT".to_string(), "Ethernet".to_string()),
@@ -1019,7 +1019,7 @@ fn main() {
     for (n, hosts) in [(2, "0,1"), (4, "0,0,1,1"), (3, "0,1,0")] {
         trials.push(Trial::test(
             format!("moe::host::{n}_ranks_on_hosts_{}", hosts.replace(',', "")),
-            move || run_on_hosts(n, hosts),
+            move || run_on_hosts(BackendKind::Host, n, hosts),
         ));
     }
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
@@ -1032,6 +1032,17 @@ fn main() {
                     ));
                 }
                 run(kind, 2).map(|()| Completion::Completed)
+            },
+        ));
+        trials.push(Trial::ignorable_test(
+            format!("moe::{kind}::2_ranks_on_hosts_01"),
+            move || {
+                if let Err(reason) = mscclpp::registry::probe(kind) {
+                    return Ok(Completion::ignored_with(
+                        mscclpp_conformance::harness::ignore_reason(reason),
+                    ));
+                }
+                run_on_hosts(kind, 2, "0,1").map(|()| Completion::Completed)
             },
         ));
     }

@@ -5,16 +5,15 @@ Opt-in, as ``import mscclpp`` is: ``MSCCLPP_RS_DEEP_EP=1`` (or ``mscclpp_rs.comp
 before ``deep_ep`` is imported) makes ``import deep_ep`` give this module; otherwise
 ``import mscclpp_rs.deep_ep`` does.
 
-Served: ``Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode)`` (the ranks of one
-host, 2 to 8: every byte given is the exchange's), ``get_dispatch_layout``, ``dispatch`` (bf16
+Served: ``Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode)`` (2 to 8 ranks, on
+one host or several: every byte given is the exchange's), ``get_dispatch_layout``, ``dispatch`` (bf16
 rows, or FP8 rows with their per-128-channel scales; with or without top-k; a cached dispatch with
 a handle; ``num_worst_tokens``; ``expert_alignment``), ``combine`` (bf16, f16 or f32 rows;
 weights; one or two biases), ``low_latency_dispatch`` (bf16 or FP8, ``round_scale``, the receive
 statistics, the hook) and ``low_latency_combine`` (weighted; ``zero_copy``, ``out``),
 ``EventOverlap``, ``Config`` and the size hints, ``capture``, ``get_comm_stream``,
 ``previous_event``, ``async_finish``, ``allocate_on_comm_stream``. Not served, with a clear
-error: packed UE8M0 scales, ``get_local_buffer_tensor``; ranks on several hosts fail when the
-exchange is made (its peers must be mappable).
+error: packed UE8M0 scales, ``get_local_buffer_tensor``; more than 8 ranks.
 
 Semantics are DeepEP's (learnt from its public repository; none of its code is here): a token
 goes once to each rank holding one of its experts (rank ``r`` holds experts
@@ -124,7 +123,7 @@ class _State:
 
 
 class Buffer:
-    """DeepEP's ``Buffer`` for the ranks of one host (2 to 8), normal mode."""
+    """DeepEP's ``Buffer`` for 2 to 8 ranks (one host or several), normal mode."""
 
     num_sms = 20
 
