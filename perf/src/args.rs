@@ -634,9 +634,7 @@ impl Args {
             {
                 moe_tokens(tokens)?;
                 if nranks > MAX_RANKS {
-                    return Err(format!(
-                        "moe serves 2 to {MAX_RANKS} ranks, not {nranks}"
-                    ));
+                    return Err(format!("moe serves 2 to {MAX_RANKS} ranks, not {nranks}"));
                 }
                 if *experts == 0 || experts % nranks != 0 {
                     return Err(format!(
