@@ -971,30 +971,21 @@ fn bad_inputs(r: &Rank) -> R<usize> {
     Ok(3)
 }
 
-fn run(kind: BackendKind, n: usize) -> Result<(), Failed> {
-    let env = [
+/// `n` ranks of `kind`; with `hosts` (comma-separated), rank `r` on the simulated host
+/// `hosts[r]` (the peers of other hosts over Ethernet).
+fn run(kind: BackendKind, n: usize, hosts: Option<&str>) -> Result<(), Failed> {
+    let mut env = vec![
         (BACKEND_VAR.to_string(), kind.to_string()),
         ("MSCCLPP_HOST_WAIT_SECONDS".to_string(), "60".to_string()),
     ];
+    if let Some(h) = hosts {
+        env.push((HOSTS_VAR.to_string(), h.to_string()));
+        env.push(("MSCCLPP_HIER_TRANSPORT".to_string(), "Ethernet".to_string()));
+    }
     let outs = multiproc::spawn_with_root("moe", n, UID_VAR, &env, Duration::from_secs(300))?;
+    let on = hosts.map(|h| format!(" on hosts {h}")).unwrap_or_default();
     eprintln!(
-        "    {n} ranks: {} calls checked per rank",
-        outs[0].reports()["calls"]
-    );
-    Ok(())
-}
-
-/// `n` ranks of `kind`, rank `r` on the simulated host `hosts[r]` (comma-separated).
-fn run_on_hosts(kind: BackendKind, n: usize, hosts: &str) -> Result<(), Failed> {
-    let env = [
-        (BACKEND_VAR.to_string(), kind.to_string()),
-        ("MSCCLPP_HOST_WAIT_SECONDS".to_string(), "60".to_string()),
-        (HOSTS_VAR.to_string(), hosts.to_string()),
-        ("MSCCLPP_HIER_TRANSPORT".to_string(), "Ethernet".to_string()),
-    ];
-    let outs = multiproc::spawn_with_root("moe", n, UID_VAR, &env, Duration::from_secs(300))?;
-    eprintln!(
-        "    {n} ranks on hosts {hosts}: {} calls checked per rank",
+        "    {n} ranks{on}: {} calls checked per rank",
         outs[0].reports()["calls"]
     );
     Ok(())
@@ -1010,7 +1001,7 @@ fn main() {
         .into_iter()
         .map(|n| {
             Trial::test(format!("moe::host::{n}_ranks"), move || {
-                run(BackendKind::Host, n)
+                run(BackendKind::Host, n, None)
             })
         })
         .collect();
@@ -1019,32 +1010,23 @@ fn main() {
     for (n, hosts) in [(2, "0,1"), (4, "0,0,1,1"), (3, "0,1,0")] {
         trials.push(Trial::test(
             format!("moe::host::{n}_ranks_on_hosts_{}", hosts.replace(',', "")),
-            move || run_on_hosts(BackendKind::Host, n, hosts),
+            move || run(BackendKind::Host, n, Some(hosts)),
         ));
     }
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
-        trials.push(Trial::ignorable_test(
-            format!("moe::{kind}::2_ranks"),
-            move || {
-                if let Err(reason) = mscclpp::registry::probe(kind) {
-                    return Ok(Completion::ignored_with(
-                        mscclpp_conformance::harness::ignore_reason(reason),
-                    ));
-                }
-                run(kind, 2).map(|()| Completion::Completed)
-            },
-        ));
-        trials.push(Trial::ignorable_test(
-            format!("moe::{kind}::2_ranks_on_hosts_01"),
-            move || {
-                if let Err(reason) = mscclpp::registry::probe(kind) {
-                    return Ok(Completion::ignored_with(
-                        mscclpp_conformance::harness::ignore_reason(reason),
-                    ));
-                }
-                run_on_hosts(kind, 2, "0,1").map(|()| Completion::Completed)
-            },
-        ));
+        for (name, hosts) in [("2_ranks", None), ("2_ranks_on_hosts_01", Some("0,1"))] {
+            trials.push(Trial::ignorable_test(
+                format!("moe::{kind}::{name}"),
+                move || {
+                    if let Err(reason) = mscclpp::registry::probe(kind) {
+                        return Ok(Completion::ignored_with(
+                            mscclpp_conformance::harness::ignore_reason(reason),
+                        ));
+                    }
+                    run(kind, 2, hosts).map(|()| Completion::Completed)
+                },
+            ));
+        }
     }
     libtest_mimic::run(&args, trials).exit();
 }
