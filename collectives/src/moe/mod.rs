@@ -177,7 +177,8 @@ impl Received {
     }
 }
 
-/// An expert-parallel exchange of a communicator whose ranks share a host.
+/// An expert-parallel exchange of a communicator's ranks (one host or several). Dropping it while
+/// one of its calls still runs on a stream is the caller's error, as for any buffer of a call.
 #[derive(Debug)]
 pub struct Moe<A: Api> {
     cfg: MoeConfig,
@@ -217,7 +218,7 @@ impl<A: Api> Moe<A> {
         let (rank, n) = (comm.rank(), comm.nranks());
         if !(2..=MAX_RANKS).contains(&n) {
             return Err(Error::invalid(format!(
-                "an expert-parallel exchange of {n} ranks: 2 to {MAX_RANKS} ranks of one host are served"
+                "an expert-parallel exchange of {n} ranks: 2 to {MAX_RANKS} ranks are served"
             )));
         }
         if cfg.num_experts == 0 || cfg.num_experts % n != 0 {

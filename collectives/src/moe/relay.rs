@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{DeviceBuffer, Error, MemoryKind, Result};
@@ -29,8 +29,11 @@ use crate::algorithms::base::MAX_RANKS;
 use crate::algorithms::host_common::word;
 use crate::scratch::map_peers;
 
-/// How long a relayed step may take to land before the relay gives up (and says so).
-const FLUSH: Duration = Duration::from_secs(120);
+/// How long the last steps may take to land when the exchange is dropped.
+const DRAIN: Duration = Duration::from_secs(10);
+/// How long the relay keeps polling without sleeping after it last carried something: the
+/// steps of a dispatch or combine follow each other within that.
+const BUSY: Duration = Duration::from_millis(5);
 
 /// Where the pieces of a buffer lie (the same on every rank).
 #[derive(Debug, Clone, Copy)]
@@ -129,11 +132,8 @@ impl Remote {
                 moved = true;
             }
         }
-        if moved {
-            // The mirror's rows are reused once the peer acknowledges; on IB a source may be
-            // reused only after a flush.
-            self.conn.flush(FLUSH)?;
-        }
+        // No flush: a mirror is rewritten only after the peer acknowledged the step, which it
+        // does once the flag, and so everything before it, has landed.
         Ok(moved)
     }
 }
@@ -209,7 +209,15 @@ impl Buffers {
                         "rank {p}'s expert-parallel buffer is not mapped on rank {rank}, on the same host (CUDA IPC)"
                     ))
                 })?;
-                check_lens(&[view.len() as u64], 1, bytes).map_err(|e| remote(p, e))?;
+                if view.len() as u64 != bytes {
+                    return Err(Error::Remote {
+                        rank: p,
+                        message: format!(
+                            "an expert-parallel buffer of {} bytes, expected {bytes}",
+                            view.len()
+                        ),
+                    });
+                }
                 addrs[p] = view.ptr().0;
                 mapped.push(theirs);
                 continue;
@@ -271,6 +279,14 @@ impl Buffers {
     /// Why the relay stopped, if it did (the calls are refused from then on: a peer on another
     /// host would wait for what can no longer arrive).
     pub fn check(&self) -> Result<()> {
+        if let Some(r) = &self.relay
+            && !r.running.load(Ordering::Acquire)
+            && r.failed.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+        {
+            return Err(Error::Internal(
+                "the expert-parallel relay to other hosts ended unexpectedly".into(),
+            ));
+        }
         match self
             .relay
             .as_ref()
@@ -279,13 +295,6 @@ impl Buffers {
             None => Ok(()),
             Some((rank, message)) => Err(Error::Remote { rank, message }),
         }
-    }
-}
-
-fn remote(p: usize, e: Error) -> Error {
-    Error::Remote {
-        rank: p,
-        message: e.to_string(),
     }
 }
 
@@ -308,7 +317,18 @@ struct Relay {
     stop: Arc<AtomicBool>,
     /// The first peer the relay failed to reach and why (calls are refused from then on).
     failed: Arc<Mutex<Option<(usize, String)>>>,
+    /// False once the thread ended (returned or panicked).
+    running: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// Clears the relay's running flag when its thread ends, however it ends.
+struct Alive(Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl Relay {
@@ -317,10 +337,13 @@ impl Relay {
         let failed = Arc::new(Mutex::new(None));
         let peers = remotes.iter().map(|r| r.rank).collect();
         let (st, fl) = (Arc::clone(&stop), Arc::clone(&failed));
+        let alive = Arc::new(AtomicBool::new(true));
+        let running = Arc::clone(&alive);
         let thread = std::thread::Builder::new()
             .name(format!("moe-relay-{me}"))
             .spawn(move || {
-                let mut idle = 0u32;
+                let _alive = Alive(alive);
+                let mut last = Instant::now();
                 loop {
                     // A stop still carries what the kernels completed before it (a rank's last
                     // dispatch may end, and its process exit, before its peers have its rows).
@@ -334,16 +357,12 @@ impl Relay {
                             Err(e) => {
                                 r.failed = true;
                                 let message = format!(
-                                    "the expert-parallel relay from rank {me} to rank {} stopped: {e}",
-                                    r.rank
+                                    "the expert-parallel relay from rank {me} stopped: {e}"
                                 );
-                                if stopping {
-                                    // The exchange is going away: a peer that went first no
-                                    // longer needs the last acknowledgements.
-                                    tracing::debug!("{message}");
-                                } else {
-                                    tracing::warn!("{message}");
-                                }
+                                // Said by the next call (`Buffers::check`); a peer that ends
+                                // its job first fails the last acknowledgements, which nobody
+                                // needs, so this is no warning of itself.
+                                tracing::info!(peer = r.rank, "{message}");
                                 fl.lock()
                                     .unwrap_or_else(|p| p.into_inner())
                                     .get_or_insert((r.rank, message));
@@ -351,14 +370,20 @@ impl Relay {
                         }
                     }
                     if stopping {
+                        for r in remotes.iter().filter(|r| !r.failed) {
+                            let _ = r.conn.flush(DRAIN);
+                        }
                         return;
                     }
-                    // Spin while steps follow each other, then sleep a little between polls.
-                    idle = if moved { 0 } else { idle.saturating_add(1) };
-                    if idle > 1000 {
+                    // Poll without sleeping while steps follow each other, then sleep a little
+                    // between polls.
+                    if moved {
+                        last = Instant::now();
+                    }
+                    if last.elapsed() > BUSY {
                         std::thread::sleep(Duration::from_micros(50));
                     } else {
-                        std::hint::spin_loop();
+                        std::thread::yield_now();
                     }
                 }
             })
@@ -367,6 +392,7 @@ impl Relay {
             peers,
             stop,
             failed,
+            running,
             thread: Some(thread),
         })
     }
