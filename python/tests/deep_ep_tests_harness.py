@@ -144,10 +144,15 @@ def main():
         # DeepEP's __main__ spawns its test_loop: the harness's child stands in for it.
         print(f"harness: {test} {' '.join(rest)}: {nprocs} ranks, {a.backend} process group",
               flush=True)
-        return real(child, args=(src, test, a.backend, fn.__name__, tuple(args)),
-                         nprocs=nprocs, **kwargs)
+        # By the harness's module name: while DeepEP's file runs as __main__, this script's
+        # functions are not reachable as __main__'s in the children.
+        import deep_ep_tests_harness as harness
+
+        return real(harness.child, args=(src, test, a.backend, fn.__name__, tuple(args)),
+                    nprocs=nprocs, **kwargs)
 
     install(src, a.backend)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.dirname(path))
     tmp.spawn = spawn
     sys.argv = [path] + rest
