@@ -139,6 +139,7 @@ def main():
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
 
     real = tmp.spawn
+    script = sys.modules["__main__"]
 
     def spawn(fn, args=(), nprocs=1, **kwargs):
         # DeepEP's __main__ spawns its test_loop: the harness's child stands in for it.
@@ -146,10 +147,16 @@ def main():
               flush=True)
         # By the harness's module name: while DeepEP's file runs as __main__, this script's
         # functions are not reachable as __main__'s in the children.
+        # And with this script as __main__ again: a spawned child first re-runs the parent's
+        # main file, which must not be DeepEP's (it imports deep_ep before any stand-in).
         import deep_ep_tests_harness as harness
 
-        return real(harness.child, args=(src, test, a.backend, fn.__name__, tuple(args)),
-                    nprocs=nprocs, **kwargs)
+        running, sys.modules["__main__"] = sys.modules["__main__"], script
+        try:
+            return real(harness.child, args=(src, test, a.backend, fn.__name__, tuple(args)),
+                        nprocs=nprocs, **kwargs)
+        finally:
+            sys.modules["__main__"] = running
 
     install(src, a.backend)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
