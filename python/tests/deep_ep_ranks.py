@@ -132,6 +132,12 @@ def rank_main(rank, n, port, device, tokens, hidden, experts, topk):
         num_tokens_per_expert=per_expert)
     assert nidx is None and nw is None
     assert torch.equal(nx.cpu(), want_x), "rows without top-k"
+    # Each local expert's count is what every rank's layout counted for it (DeepEP's own test
+    # checks this without top-k too).
+    every = torch.stack([torch.bincount(t[(t >= 0) & (t < experts)], minlength=experts)
+                         for t in all_idx]).sum(0)
+    assert nlist == every[rank * local:(rank + 1) * local].tolist(), ("counts without top-k",
+                                                                      nlist)
 
     # num_worst_tokens: no host sync, every row slot returned, the tail's experts -1.
     worst = tokens * n

@@ -354,10 +354,22 @@ class Buffer:
             rank_prefix = gathered.view(n, n).t().contiguous()
             positions = hb[ex.handle_positions_at:].view(torch.int32)[: tokens * n]
             send_head = positions.view(tokens, n)
+            every_expert = None
+            if handle is None and not with_topk and not num_worst_tokens:
+                # Without top-k the rows carry no experts: as DeepEP, the received count of each
+                # local expert is what every rank's layout counted for it.
+                every_expert = torch.empty(n * experts, dtype=torch.int32, device=dev)
+                self._comm.all_gather(every_expert,
+                                      num_tokens_per_expert.to(torch.int32).contiguous(),
+                                      stream=self._sid(s))
         if num_worst_tokens:
             rows, per_expert_list = cap, []
         else:
             per_source, per_expert = ex.received(hb, stream=self._sid(s))
+            if every_expert is not None:
+                local = experts // n
+                per_expert = every_expert.view(n, experts).sum(0)[
+                    self.rank * local:(self.rank + 1) * local].tolist()
             rows = sum(per_source)
             a = max(1, expert_alignment)
             per_expert_list = [(c + a - 1) // a * a for c in per_expert]
