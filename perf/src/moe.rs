@@ -74,6 +74,18 @@ fn open_baseline(comm: &Communicator, stream: &dyn mscclpp::hal::Stream) -> Resu
     Ok(None)
 }
 
+/// Parts of the given sizes laid end to end.
+fn packed(sizes: impl Iterator<Item = usize>) -> Vec<Part> {
+    let mut at = 0u64;
+    sizes
+        .map(|bytes| {
+            let p = Part { at, bytes };
+            at += bytes as u64;
+            p
+        })
+        .collect()
+}
+
 /// The rows each rank sends each rank (`[from][to]`): its tokens with an expert there.
 fn rows_between(routings: &[Vec<i64>], s: &Shape, n: usize) -> Vec<Vec<usize>> {
     let local = (s.experts / n) as i64;
@@ -302,29 +314,11 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
                     bytes: between[rank][d] * row,
                 })
                 .collect();
-            let mut at = 0u64;
-            let recvs: Vec<Part> = (0..n)
-                .map(|src| {
-                    let p = Part {
-                        at,
-                        bytes: between[src][rank] * row,
-                    };
-                    at += p.bytes as u64;
-                    p
-                })
-                .collect();
+            let recvs = packed((0..n).map(|src| between[src][rank] * row));
             let h = stream.native_handle().unwrap_or(0);
             let (tp, bp) = (there.full().ptr().0, back.full().ptr().0);
             let back_sends = recvs.clone();
-            let mut at = 0u64;
-            let back_recvs: Vec<Part> = sends
-                .iter()
-                .map(|p| {
-                    let q = Part { at, bytes: p.bytes };
-                    at += q.bytes as u64;
-                    q
-                })
-                .collect();
+            let back_recvs = packed(sends.iter().map(|p| p.bytes));
             for _ in 0..args.warmup {
                 nc.all_to_all_v(x.full().ptr().0, &sends, tp, &recvs, h)?;
                 nc.all_to_all_v(tp, &back_sends, bp, &back_recvs, h)?;
@@ -344,8 +338,9 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
             (tms, bms) = (ev1.elapsed_ms_since(&*ev0)?, ev2.elapsed_ms_since(&*ev1)?);
             // What NCCL delivered is checked as ours was: each source's rows, in order.
             if args.check != 0 {
-                let mut got = vec![0u8; at as usize];
-                stream.read_to_host(&mut got, &there.slice(..at as usize)?)?;
+                let total: usize = recvs.iter().map(|p| p.bytes).sum();
+                let mut got = vec![0u8; total];
+                stream.read_to_host(&mut got, &there.slice(..total)?)?;
                 let mut off = 0usize;
                 for (src, p) in recvs.iter().enumerate() {
                     let sent = pattern(src, t, t * row);

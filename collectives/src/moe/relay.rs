@@ -27,7 +27,7 @@ use mscclpp_transports::{
 use super::args::{combine_region, dispatch_region, hdr};
 use crate::algorithms::base::MAX_RANKS;
 use crate::algorithms::host_common::word;
-use crate::scratch::map_peers;
+use crate::scratch::Scratch;
 
 /// How long the last steps may take to land when the exchange is dropped.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -145,8 +145,18 @@ pub(crate) struct Buffers {
     /// Where the kernels write rank `p`'s buffer: its own (this rank), its mapping (this host),
     /// its mirror (another host).
     pub addrs: [u64; MAX_RANKS],
-    _mapped: Vec<RegisteredMemory>,
-    _own: DeviceBuffer,
+    _held: Held,
+}
+
+/// What the addresses point into, kept alive.
+enum Held {
+    /// One host: every rank's buffer mapped (the collectives' scratch exchange).
+    OneHost(#[allow(dead_code)] Scratch),
+    /// Several: this rank's buffer, the mappings of this host's peers, the registrations.
+    Hosts {
+        _mapped: Vec<RegisteredMemory>,
+        _own: DeviceBuffer,
+    },
 }
 
 impl std::fmt::Debug for Buffers {
@@ -178,17 +188,15 @@ impl Buffers {
             stream.synchronize()?;
             Ok(b)
         };
-        let own = zeroed(MemoryKind::Device)?;
         if hosts.iter().all(|&h| h == hosts[0]) {
-            let maps = map_peers(comm, &own.full(), "expert-parallel buffer")?;
-            check_lens(&maps.lens, n, bytes)?;
+            let scratch = Scratch::exchange(comm, bytes, "expert-parallel buffer")?;
             return Ok(Buffers {
-                addrs: maps.bases,
-                _own: own,
-                _mapped: maps.peers,
                 relay: None,
+                addrs: scratch.addrs,
+                _held: Held::OneHost(scratch),
             });
         }
+        let own = zeroed(MemoryKind::Device)?;
         // Every rank takes the same transport between hosts (collective over the communicator).
         let transport = mscclpp_comm::inter_host_transport(comm, &own.full())?;
         if transport == Transport::CudaIpc {
@@ -209,29 +217,13 @@ impl Buffers {
                         "rank {p}'s expert-parallel buffer is not mapped on rank {rank}, on the same host (CUDA IPC)"
                     ))
                 })?;
-                if view.len() as u64 != bytes {
-                    return Err(Error::Remote {
-                        rank: p,
-                        message: format!(
-                            "an expert-parallel buffer of {} bytes, expected {bytes}",
-                            view.len()
-                        ),
-                    });
-                }
+                same_size(p, view.len() as u64, bytes)?;
                 addrs[p] = view.ptr().0;
                 mapped.push(theirs);
                 continue;
             }
             let theirs = comm.exchange_memory(&net, p)?;
-            if theirs.len() != bytes {
-                return Err(Error::Remote {
-                    rank: p,
-                    message: format!(
-                        "an expert-parallel buffer of {} bytes, expected {bytes}",
-                        theirs.len()
-                    ),
-                });
-            }
+            same_size(p, theirs.len(), bytes)?;
             let mut cfg = EndpointConfig::new(transport);
             cfg.connect_timeout = comm.bootstrap().timeout();
             let conn = comm.connect(p, cfg).map_err(|e| {
@@ -270,8 +262,10 @@ impl Buffers {
         mapped.push(net);
         Ok(Buffers {
             addrs,
-            _own: own,
-            _mapped: mapped,
+            _held: Held::Hosts {
+                _mapped: mapped,
+                _own: own,
+            },
             relay: Some(relay),
         })
     }
@@ -298,17 +292,15 @@ impl Buffers {
     }
 }
 
-fn check_lens(lens: &[u64], n: usize, bytes: u64) -> Result<()> {
-    match (0..n).find(|&p| lens[p] != bytes) {
-        Some(p) => Err(Error::Remote {
-            rank: p,
-            message: format!(
-                "an expert-parallel buffer of {} bytes, expected {bytes}",
-                lens[p]
-            ),
-        }),
-        None => Ok(()),
+/// Refuses rank `p`'s buffer of `len` bytes where this rank's has `bytes`.
+fn same_size(p: usize, len: u64, bytes: u64) -> Result<()> {
+    if len == bytes {
+        return Ok(());
     }
+    Err(Error::Remote {
+        rank: p,
+        message: format!("an expert-parallel buffer of {len} bytes, expected {bytes}"),
+    })
 }
 
 /// The relay thread of one exchange.
