@@ -45,16 +45,14 @@ mod windows;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
-use mscclpp_collectives::moe::{AnyMoe, Moe, MoeConfig};
+pub use mscclpp::typed::expert_exchange;
 use mscclpp_collectives::{
-    AnyCollectives, CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES, MAX_RANKS,
-    P2pKind, P2pOp,
+    AnyCollectives, CollectiveCall, CollectiveKind, DEFAULT_SLOT_BYTES, MAX_RANKS, P2pKind, P2pOp,
 };
 use mscclpp_comm::Communicator;
 use mscclpp_comm::proxy::ProxyObserver;
 use mscclpp_hal::{
-    BackendKind, BufferSlice, DataType, DeviceBuffer, Dyn, DynStream, Error, ReduceOp, Result,
-    Stream,
+    BackendKind, BufferSlice, DataType, DeviceBuffer, DynStream, Error, ReduceOp, Result, Stream,
 };
 
 pub use memory::memory_freed;
@@ -101,7 +99,7 @@ impl Caller {
         let (colls, no_colls) = if n == 1 {
             // No collectives to set up (operations are copies), but the same settings are
             // refused as with several ranks.
-            Collectives::check_env()?;
+            mscclpp_collectives::check_env()?;
             (None, None)
         } else if !one_host {
             // Across hosts: the hierarchical collectives, unless this layout or backend is one
@@ -118,7 +116,7 @@ impl Caller {
                 Err(e) => return Err(e),
             }
         } else if n > MAX_RANKS {
-            Collectives::check_env()?;
+            mscclpp_collectives::check_env()?;
             (
                 None,
                 Some(format!(
@@ -572,77 +570,10 @@ impl Tuning {
 /// behind it.
 const SURVEY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// `MSCCLPP_TYPED=0` runs the collectives over the trait objects instead of the backend's own
-/// types (the same code; for comparison and as a way out).
-pub const TYPED_VAR: &str = "MSCCLPP_TYPED";
-
-/// What is made over a backend's own types ([`by_backend`]): the collectives, an expert-parallel
-/// exchange.
-trait PerBackend {
-    type Out;
-    /// Makes it over `A`'s types (the communicator's device is an `A` device, or `A` is [`Dyn`]).
-    fn on<A: mscclpp_hal::Api>(self, comm: Arc<Communicator>) -> Result<Self::Out>;
-}
-
-/// Makes `what` over the communicator's backend's own types where that backend is built in
-/// (`mscclpp_hal::Api`: host, CUDA, ROCm), so that a call checks its stream's type once and runs
-/// with no downcast down to the vendor's launch; over the trait objects ([`Dyn`]) otherwise, with
-/// [`TYPED_VAR`]`=0`, or for a device that wraps a backend's (its type is not the backend's).
-/// This is the library's one erasure point between the front ends, which pick the backend at
-/// run time, and what runs on the device.
-fn by_backend<P: PerBackend>(comm: Arc<Communicator>, what: P) -> Result<P::Out> {
-    fn typed<A: mscclpp_hal::Api, P: PerBackend>(
-        comm: Arc<Communicator>,
-        what: P,
-    ) -> Result<P::Out> {
-        // A device that reports this backend but is not its type (a wrapper around one) runs
-        // over the trait objects, as before the typed collectives existed.
-        if let Err(e) = A::device_of(comm.device()) {
-            tracing::debug!("over the trait objects: {e}");
-            return what.on::<Dyn>(comm);
-        }
-        what.on::<A>(comm)
-    }
-    if mscclpp_hal::env::flag(TYPED_VAR)? == Some(false) {
-        return what.on::<Dyn>(comm);
-    }
-    match comm.device().info().backend {
-        BackendKind::Host => typed::<mscclpp_host::Host, P>(comm, what),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => typed::<mscclpp_cuda::Cuda, P>(comm, what),
-        #[cfg(feature = "rocm")]
-        BackendKind::Rocm => typed::<mscclpp_rocm::Rocm, P>(comm, what),
-        #[allow(unreachable_patterns)]
-        _ => what.on::<Dyn>(comm),
-    }
-}
-
-/// The collectives of `comm` over its backend's own types ([`by_backend`]).
+/// The collectives of `comm` over its backend's own types (the facade's erasure point,
+/// [`mscclpp::typed`]), with the default LL slots.
 pub fn typed_collectives(comm: Arc<Communicator>) -> Result<Box<dyn AnyCollectives>> {
-    struct Make;
-    impl PerBackend for Make {
-        type Out = Box<dyn AnyCollectives>;
-        fn on<A: mscclpp_hal::Api>(self, comm: Arc<Communicator>) -> Result<Self::Out> {
-            Ok(Box::new(Collectives::<A>::on_backend(
-                comm,
-                DEFAULT_SLOT_BYTES,
-            )?))
-        }
-    }
-    by_backend(comm, Make)
-}
-
-/// An expert-parallel exchange of `comm` ([`mscclpp_collectives::moe::Moe`]) over its backend's
-/// own types ([`by_backend`]); a collective call.
-pub fn expert_exchange(comm: Arc<Communicator>, cfg: MoeConfig) -> Result<Box<dyn AnyMoe>> {
-    struct Make(MoeConfig);
-    impl PerBackend for Make {
-        type Out = Box<dyn AnyMoe>;
-        fn on<A: mscclpp_hal::Api>(self, comm: Arc<Communicator>) -> Result<Self::Out> {
-            Ok(Box::new(Moe::<A>::new(&comm, self.0)?))
-        }
-    }
-    by_backend(comm, Make(cfg))
+    mscclpp::typed::collectives(comm, DEFAULT_SLOT_BYTES)
 }
 
 /// Input and output bytes of `kind` for `count` elements of `dtype` per rank block over

@@ -216,33 +216,44 @@ fn the_collectives_run_on_the_backends_own_types_and_refuse_a_foreign_stream() {
 }
 
 /// A device that reports the host backend but wraps it (its type is not the backend's): the
-/// collectives run over the trait objects, as before the typed ones existed, and are correct.
+/// collectives run on a backend's own types only, so the caller refuses it at creation, on every
+/// rank, naming the backend and why (no rank waits for a peer that gave up).
 #[test]
-fn a_wrapped_device_runs_the_collectives_over_the_trait_objects() {
-    let wrap = |inner: Arc<dyn Device>| -> Arc<dyn Device> {
-        Arc::new(CountingWraps {
-            inner,
-            wraps: AtomicUsize::new(0),
-            ranges: AtomicUsize::new(0),
-        })
-    };
-    with_ranks_on(2, wrap, |r, c| {
-        let guard = c.colls();
-        let colls = guard.as_deref().expect("collectives");
-        assert_eq!(colls.backend(), "run-time");
-        let dev = c.communicator().device();
-        let (a, b) = (
-            dev.alloc(256, MemoryKind::Device).unwrap(),
-            dev.alloc(256, MemoryKind::Device).unwrap(),
-        );
-        write_f32(&a, &[r as f32 + 1.0; 64]);
-        write_f32(&b, &[f32::NAN; 64]);
-        let (ia, ob) = (a.full(), b.full());
-        let call = CollectiveCall::new(CollectiveKind::AllReduce, &ia, &ob, 64, DataType::F32);
-        let s = c.stream(None).expect("own stream");
-        c.collective(&call, &*s).expect("all-reduce");
-        assert_eq!(read_f32(&b, 64), vec![3.0; 64]);
+fn a_wrapped_device_is_refused_naming_its_backend() {
+    let n = 2;
+    let cfg = BootstrapConfig::default();
+    let (_root, uid) =
+        BootstrapRoot::start("127.0.0.1:0".parse().expect("addr"), n, &cfg).expect("root");
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let cfg = cfg.clone();
+                s.spawn(move || {
+                    let boot = Arc::new(Bootstrap::new(&uid, r, n, cfg).expect("bootstrap"));
+                    let device: Arc<dyn Device> = Arc::new(CountingWraps {
+                        inner: mscclpp_host::HostBackend::new()
+                            .open_device(0)
+                            .expect("host device"),
+                        wraps: AtomicUsize::new(0),
+                        ranges: AtomicUsize::new(0),
+                    });
+                    match Caller::new(Arc::new(Communicator::new(boot, device))) {
+                        Ok(_) => "created".to_string(),
+                        Err(e) => e.to_string(),
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     });
+    for e in errors {
+        assert!(
+            e.contains("host backend") && e.contains("wrapper"),
+            "refused naming the backend and why: {e}"
+        );
+    }
 }
 
 /// An in-place plan given two distinct buffers, and an out-of-place plan given one: both

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use mscclpp_comm::Communicator;
 use mscclpp_comm::proxy::ProxyObserver;
-use mscclpp_hal::{Api, BufferSlice, DataType, Dyn, Error, ReduceOp, Result};
+use mscclpp_hal::{Api, BufferSlice, DataType, Error, ReduceOp, Result};
 
 use crate::CollectiveKind;
 use crate::algorithms::base::MAX_RANKS;
@@ -33,7 +33,7 @@ pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
 
 /// The collectives of one communicator (all ranks create it together).
 #[derive(Debug)]
-pub struct Collectives<A: Api = Dyn> {
+pub struct Collectives<A: Api> {
     comm: Arc<Communicator>,
     /// The communicator's device as backend `A`'s (the launches' ordering events).
     device: Arc<A::Device>,
@@ -58,18 +58,19 @@ pub struct Collectives<A: Api = Dyn> {
     order: LaunchOrder<A>,
 }
 
-/// The collectives of the backend chosen at run time (what every caller holds).
-impl Collectives<Dyn> {
-    /// Sets up the collectives of `comm` (a collective call: every rank makes it).
+/// Checks the `MSCCLPP_*` variables the collectives read (`MSCCLPP_ALGO_*`, thread and packet
+/// counts, sizes) without setting anything up: communicators that make no collectives (one rank,
+/// too many ranks) refuse a malformed value at creation as the others do.
+pub fn check_env() -> Result<()> {
+    Settings::from_env().map(drop)
+}
+
+impl<A: Api> Collectives<A> {
+    /// Sets up the collectives of `comm` over backend `A`'s own types (a collective call: every
+    /// rank makes it). `comm`'s device must be an `A` device; the front ends, which pick the
+    /// backend at run time, make them through the caller's erasure point instead.
     pub fn new(comm: Arc<Communicator>) -> Result<Self> {
         Self::with_slot_bytes(comm, DEFAULT_SLOT_BYTES)
-    }
-
-    /// Checks the `MSCCLPP_*` variables the collectives read (`MSCCLPP_ALGO_*`, thread and
-    /// packet counts, sizes) without setting anything up: communicators that make no collectives
-    /// (one rank, too many ranks) refuse a malformed value at creation as the others do.
-    pub fn check_env() -> Result<()> {
-        Settings::from_env().map(drop)
     }
 
     /// As [`Collectives::new`] with a chosen LL slot size (tests use small slots to exercise
@@ -77,9 +78,7 @@ impl Collectives<Dyn> {
     pub fn with_slot_bytes(comm: Arc<Communicator>, slot_bytes: u64) -> Result<Self> {
         Self::on_backend(comm, slot_bytes)
     }
-}
 
-impl<A: Api> Collectives<A> {
     /// As [`Collectives::with_slot_bytes`], launching on backend `A`'s own types: `comm`'s
     /// device must be an `A` device, and the streams the calls come on `A` streams. Over a
     /// backend's `Api` the launch path has no downcast from [`Collectives::run`] to the vendor

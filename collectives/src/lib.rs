@@ -44,7 +44,7 @@ pub use algorithms::base::MAX_RANKS;
 pub use algorithms::id::AlgorithmId;
 pub use algorithms::p2p::{P2pKind, P2pOp};
 pub use call::CollectiveCall;
-pub use collectives::{Collectives, DEFAULT_SLOT_BYTES};
+pub use collectives::{Collectives, DEFAULT_SLOT_BYTES, check_env};
 pub use erased::AnyCollectives;
 pub use kind::CollectiveKind;
 pub use mscclpp_hal::{DataType, KernelId, KernelModule, ReduceOp};

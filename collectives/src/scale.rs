@@ -9,8 +9,8 @@ use std::sync::{Arc, OnceLock};
 
 use mscclpp_hal::dtype::{f32_to_fp8, fp8_to_f32};
 use mscclpp_hal::{
-    BufferSlice, DataType, Device, DynStream, Error, KernelArgs, KernelDef, KernelId, KernelModule,
-    LaunchConfig, Result, TypedKernel,
+    BufferSlice, DataType, Device, DynKernel, DynStream, Error, KernelArgs, KernelDef, KernelId,
+    KernelModule, LaunchConfig, Result,
 };
 
 use crate::algorithms::base::HEADERS;
@@ -88,7 +88,7 @@ const BLOCKS_PER_SM: u32 = 4;
 /// communicators that never scale never compile it.
 pub struct Scaler {
     device: Arc<dyn Device>,
-    kernel: OnceLock<TypedKernel<ScaleArgs>>,
+    kernel: OnceLock<DynKernel<ScaleArgs>>,
 }
 
 impl std::fmt::Debug for Scaler {
@@ -109,12 +109,12 @@ impl Scaler {
         }
     }
 
-    fn kernel(&self) -> Result<&TypedKernel<ScaleArgs>> {
+    fn kernel(&self) -> Result<&DynKernel<ScaleArgs>> {
         if let Some(k) = self.kernel.get() {
             return Ok(k);
         }
         tracing::debug!(module = SCALE_MODULE.name, "loading at first use");
-        let k = TypedKernel::load(&*self.device, &SCALE_MODULE, SCALE)?;
+        let k = DynKernel::load(&*self.device, &SCALE_MODULE, SCALE)?;
         // Two threads may have loaded it at once: either serves.
         Ok(self.kernel.get_or_init(|| k))
     }

@@ -183,8 +183,10 @@ fn rank(
     let boot = Arc::new(Bootstrap::new(uid, r, n, BootstrapConfig::default()).map_err(e)?);
     let device = mscclpp_host::HostBackend::new().open_device(r).map_err(e)?;
     let comm = Arc::new(Communicator::new(boot, device.clone()));
-    let coll = Collectives::new(comm).map_err(e)?;
+    let coll = Collectives::<mscclpp_host::Host>::new(comm).map_err(e)?;
     let stream = device.create_stream().map_err(e)?;
+    // The collectives run on the host backend's own stream type.
+    let own = <mscclpp_host::Host as mscclpp_hal::Api>::stream_of(&*stream).map_err(e)?;
     // Odd, several LL rounds of the default slot for the larger one.
     let count = 1001;
     let mut bad = Vec::new();
@@ -204,7 +206,7 @@ fn rank(
                 let call = CollectiveCall::new(kind, &ins, &outs, count, dtype)
                     .op(ReduceOp::Sum)
                     .algorithm(algo);
-                coll.run(&call, &*stream)
+                coll.run(&call, own)
                     .map_err(|x| format!("{kind:?} {algo:?}: {x}"))?;
                 let mut got = vec![0u8; out_e];
                 stream.read_to_host(&mut got, &output.full()).map_err(e)?;

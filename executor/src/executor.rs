@@ -13,8 +13,8 @@ use mscclpp_comm::proxy::ProxyService;
 use mscclpp_comm::semaphore::{Host2DeviceSemaphore, MemoryDevice2DeviceSemaphore};
 use mscclpp_hal::dev::{BaseMemoryChannelDeviceHandle, PortChannelDeviceHandle};
 use mscclpp_hal::{
-    BackendKind, BufferSlice, DataType, DeviceBuffer, DynStream, Error, KernelArgs, LaunchConfig,
-    MemoryKind, ReduceOp, Result, TypedKernel,
+    BackendKind, BufferSlice, DataType, DeviceBuffer, DynKernel, DynStream, Error, KernelArgs,
+    LaunchConfig, MemoryKind, ReduceOp, Result,
 };
 use mscclpp_transports::{EndpointConfig, RegisteredMemory, Transport, TransportFlags};
 
@@ -108,7 +108,7 @@ struct ContextKey {
 #[derive(Debug)]
 pub struct Executor {
     comm: Arc<Communicator>,
-    kernel: TypedKernel<ExecutorArgs>,
+    kernel: DynKernel<ExecutorArgs>,
     contexts: Mutex<HashMap<ContextKey, Arc<Context>>>,
 }
 
@@ -133,7 +133,7 @@ struct Context {
 impl Executor {
     /// An executor on `comm` (loads the interpreter kernel on its device).
     pub fn new(comm: Arc<Communicator>) -> Result<Executor> {
-        let kernel = TypedKernel::load(&**comm.device(), &EXECUTOR_MODULE, EXECUTOR_KERNEL)?;
+        let kernel = DynKernel::load(&**comm.device(), &EXECUTOR_MODULE, EXECUTOR_KERNEL)?;
         Ok(Executor {
             comm,
             kernel,

@@ -48,7 +48,7 @@ pub mod stream;
 pub mod symmetric;
 pub mod typed_kernel;
 
-pub use api::{Api, Concrete, DeviceApi, Dyn, DynStream, EventApi, GraphApi, KernelApi, StreamApi};
+pub use api::{Api, DeviceApi, EventApi, GraphApi, KernelApi, StreamApi};
 pub use caps::{BackendKind, Capabilities, DeviceInfo, MulticastSupport, PeerMatrix};
 pub use device::{Backend, Device};
 pub use dtype::{DataType, ReduceOp};
@@ -60,6 +60,6 @@ pub use memory::{
 };
 pub use module::{HostKernelFn, KernelDef, KernelModule};
 pub use multicast::{MulticastAddress, MulticastGroup, MulticastMapping};
-pub use stream::{Event, Graph, Stream, WaitCmp};
+pub use stream::{DynStream, Event, Graph, Stream, WaitCmp};
 pub use symmetric::{AddressSpace, Shareable};
-pub use typed_kernel::TypedKernel;
+pub use typed_kernel::{DynKernel, TypedKernel};

@@ -7,6 +7,11 @@ use crate::error::Result;
 use crate::kernel::{Kernel, KernelArgs, LaunchConfig};
 use crate::memory::BufferSlice;
 
+/// The stream a call comes in on when the backend is chosen at run time: `dyn Stream + 'static`
+/// (what an `Arc<dyn Stream>` holds). A bare `&dyn Stream` parameter is `&'a (dyn Stream + 'a)`,
+/// too short to be turned back into a backend's own stream ([`crate::Api::stream_of`]).
+pub type DynStream = dyn Stream;
+
 /// An in-order queue of device work.
 ///
 /// Operations return once enqueued unless documented otherwise. An operation that fails while

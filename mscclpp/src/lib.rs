@@ -10,6 +10,8 @@
 //! - [`comm`]: the bootstrap (TCP rendezvous), the communicator, semaphores, memory, port and
 //!   switch channels, and the host proxy;
 //! - [`transports`] and [`collectives`];
+//! - [`typed::by_backend`]: code written over a backend's own types (`A: hal::Api`), made
+//!   for the backend a communicator's device belongs to (the one erasure point);
 //! - `init_logging` (feature `logging`, off by default): a `tracing` subscriber for binaries.
 //!
 //! The benchmark kernels, the process launcher and the channel examples live in the benchmark
@@ -29,6 +31,7 @@
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod registry;
+pub mod typed;
 
 pub use mscclpp_base as base;
 pub use mscclpp_bootstrap as bootstrap;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use mscclpp::comm::channel::MemoryChannel;
 use mscclpp::comm::semaphore::MemoryDevice2DeviceSemaphore;
-use mscclpp::hal::{LaunchConfig, MemoryKind, TypedKernel};
+use mscclpp::hal::{DynKernel, LaunchConfig, MemoryKind};
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
 use mscclpp_perf::bench_kernels::{MEMORY_CHANNEL_PUT, MODULE, MemoryChannelPutArgs};
 
@@ -36,7 +36,7 @@ fn main() -> mscclpp::Result<()> {
     let mine = comm.register_memory(&dst.full(), TransportFlags::single(Transport::CudaIpc))?;
     let theirs = Arc::new(comm.exchange_memory(&mine, peer)?);
     let channel = MemoryChannel::new(sem, theirs, src.full(), None)?;
-    let kernel = TypedKernel::<MemoryChannelPutArgs>::load(&*device, &MODULE, MEMORY_CHANNEL_PUT)?;
+    let kernel = DynKernel::<MemoryChannelPutArgs>::load(&*device, &MODULE, MEMORY_CHANNEL_PUT)?;
     let blocks = device.info().multiprocessors.clamp(1, 132);
     let threads = if device.info().warp_size == 1 {
         1

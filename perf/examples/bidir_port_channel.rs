@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use mscclpp::comm::proxy::ProxyService;
 use mscclpp::comm::semaphore::Host2DeviceSemaphore;
-use mscclpp::hal::{LaunchConfig, MemoryKind, TypedKernel};
+use mscclpp::hal::{DynKernel, LaunchConfig, MemoryKind};
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
 use mscclpp_perf::bench_kernels::{MODULE, PORT_CHANNEL_PUT, PortChannelPutArgs};
 
@@ -50,7 +50,7 @@ fn main() -> mscclpp::Result<()> {
     let l = service.add_memory(local)?;
     let chan = service.port_channel(s, d, l)?;
     service.start()?;
-    let kernel = TypedKernel::<PortChannelPutArgs>::load(&*device, &MODULE, PORT_CHANNEL_PUT)?;
+    let kernel = DynKernel::<PortChannelPutArgs>::load(&*device, &MODULE, PORT_CHANNEL_PUT)?;
     let (e0, e1) = (device.create_event()?, device.create_event()?);
     if rank == 0 {
         println!(

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use mscclpp::comm::channel::BaseMemoryChannel;
 use mscclpp::comm::semaphore::MemoryDevice2DeviceSemaphore;
-use mscclpp::hal::{LaunchConfig, TypedKernel};
+use mscclpp::hal::{DynKernel, LaunchConfig};
 use mscclpp::transports::{EndpointConfig, Transport};
 use mscclpp_perf::bench_kernels::{MODULE, PING_PONG, PingPongArgs};
 
@@ -23,7 +23,7 @@ fn main() -> mscclpp::Result<()> {
     let channel = BaseMemoryChannel::new(sem);
     let device = comm.device();
     let stream = device.create_stream()?;
-    let kernel = TypedKernel::<PingPongArgs>::load(&**device, &MODULE, PING_PONG)?;
+    let kernel = DynKernel::<PingPongArgs>::load(&**device, &MODULE, PING_PONG)?;
     let (start, end) = (device.create_event()?, device.create_event()?);
     for (relaxed, rounds) in [(1u32, 1000u64), (1, 10_000), (0, 10_000)] {
         let args = PingPongArgs {

@@ -91,10 +91,9 @@ pub struct Args {
     #[arg(long, global = true)]
     pub threads: bool,
 
-    /// Run our collectives over the backend's own types (`Collectives::<A>::on_backend`, the
-    /// typed HAL: every launch a static call down to the vendor) instead of the trait objects
-    /// the C library and Python hold. Compare with a run without it.
-    #[arg(long, global = true)]
+    /// Accepted for older command lines: our collectives always run over the backend's own
+    /// types now (the typed HAL: every launch a static call down to the vendor).
+    #[arg(long, global = true, hide = true)]
     pub typed: bool,
 
     /// The global flags given on the command line (their field names), to refuse those a

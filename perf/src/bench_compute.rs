@@ -5,7 +5,7 @@
 //! from here). Its device source is `kernels/bench/compute.cu`; the host backend runs
 //! [`compute_host`], the same arithmetic on a CPU.
 //!
-//! Load it with [`mscclpp::hal::TypedKernel::load`]`(device, &MODULE, COMPUTE)`.
+//! Load it with [`mscclpp::hal::DynKernel::load`]`(device, &MODULE, COMPUTE)`.
 
 use mscclpp::hal::dev::for_each_block;
 use mscclpp::hal::{Error, KernelArgs, KernelDef, KernelId, KernelModule, LaunchConfig, Result};

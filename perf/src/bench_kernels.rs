@@ -4,7 +4,7 @@
 //! argument structs are mirrored in `kernels/bench/args.cuh` (checked by the generated
 //! `kernels/bench/args_check.h`), and the host backend runs the Rust functions below.
 //!
-//! Load one with [`mscclpp::hal::TypedKernel::load`]`(device, &MODULE, MEMORY_CHANNEL_PUT)`.
+//! Load one with [`mscclpp::hal::DynKernel::load`]`(device, &MODULE, MEMORY_CHANNEL_PUT)`.
 
 use mscclpp::hal::dev::{
     BaseMemoryChannelDeviceHandle, DEFAULT_WAIT, MemoryChannelDeviceHandle,

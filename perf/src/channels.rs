@@ -10,7 +10,7 @@ use mscclpp::comm::channel::MemoryChannel;
 use mscclpp::comm::proxy::ProxyService;
 use mscclpp::comm::semaphore::{Host2DeviceSemaphore, MemoryDevice2DeviceSemaphore};
 use mscclpp::hal::{
-    BackendKind, Device, DeviceBuffer, Error, LaunchConfig, MemoryKind, Result, Stream, TypedKernel,
+    BackendKind, Device, DeviceBuffer, DynKernel, Error, LaunchConfig, MemoryKind, Result, Stream,
 };
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
 use mscclpp_perf::bench_kernels::{
@@ -162,7 +162,7 @@ pub fn run_memory_channel(args: &Args, comm: &Communicator) -> Result<u64> {
     let theirs = Arc::new(comm.exchange_memory(&mine, peer)?);
     let chan = MemoryChannel::new(sem, theirs, bufs.src.full(), None)?;
     let stream = device.create_stream()?;
-    let kernel = TypedKernel::<MemoryChannelPutArgs>::load(&**device, &MODULE, MEMORY_CHANNEL_PUT)?;
+    let kernel = DynKernel::<MemoryChannelPutArgs>::load(&**device, &MODULE, MEMORY_CHANNEL_PUT)?;
     let info = device.info();
     // GPUs: one block of 1024 threads per SM, all resident (the kernel synchronises the grid);
     // the host backend: one single-thread block per core.
@@ -231,7 +231,7 @@ pub fn run_port_channel(args: &Args, comm: &Communicator, transport: Transport) 
     let handle = service.port_channel(sid, d, s)?;
     service.start()?;
     let stream = device.create_stream()?;
-    let kernel = TypedKernel::<PortChannelPutArgs>::load(&**device, &MODULE, PORT_CHANNEL_PUT)?;
+    let kernel = DynKernel::<PortChannelPutArgs>::load(&**device, &MODULE, PORT_CHANNEL_PUT)?;
     let mut table = preamble(
         args,
         comm,

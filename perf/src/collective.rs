@@ -7,9 +7,10 @@ use std::sync::Arc;
 use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives, DEFAULT_SLOT_BYTES};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{
-    Api, BackendKind, BufferSlice, DataType, DeviceApi, DeviceBuffer, Dyn, Error, MemoryKind,
-    ReduceOp, Result, Stream,
+    Api, BackendKind, BufferSlice, DataType, DeviceApi, DeviceBuffer, Error, MemoryKind, ReduceOp,
+    Result, Stream,
 };
+use mscclpp::typed::{PerBackend, by_backend};
 
 use crate::args::Args;
 use crate::nccl::Nccl;
@@ -181,7 +182,7 @@ pub(crate) fn host_capacity(len: usize, what: &str) -> Result<Vec<u8>> {
 }
 
 /// The collective benchmark of one rank.
-pub struct Bench<A: Api = Dyn> {
+pub struct Bench<A: Api> {
     comm: Arc<Communicator>,
     coll: Collectives<A>,
     /// The stream our calls go on, as backend `A`'s type, and the same stream as a trait
@@ -571,24 +572,17 @@ pub fn bus_factor(kind: CollectiveKind, n: usize) -> f64 {
 /// Runs one collective over the sizes; rank 0 prints. Returns the wrong elements (ours and the
 /// baseline's) over all ranks.
 pub fn run(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result<u64> {
-    if !args.typed {
-        return run_on::<Dyn>(args, comm, kind);
+    struct Run<'a>(&'a Args, CollectiveKind);
+    impl PerBackend for Run<'_> {
+        type Out = u64;
+        fn on<A: Api>(self, comm: Arc<Communicator>) -> Result<u64> {
+            run_on::<A>(self.0, comm, self.1)
+        }
     }
-    match comm.device().info().backend {
-        BackendKind::Host => run_on::<mscclpp::host::Host>(args, comm, kind),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => run_on::<mscclpp::cuda::Cuda>(args, comm, kind),
-        #[cfg(feature = "rocm")]
-        BackendKind::Rocm => run_on::<mscclpp::rocm::Rocm>(args, comm, kind),
-        #[allow(unreachable_patterns)]
-        other => Err(Error::unavailable(
-            "--typed",
-            format!("the {other} backend is not built into this binary"),
-        )),
-    }
+    by_backend(comm, Run(args, kind))
 }
 
-/// [`run`] with our collectives over backend `A` (`Dyn`: the trait objects).
+/// [`run`] with our collectives over backend `A`.
 fn run_on<A: Api>(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) -> Result<u64> {
     let dtype: DataType = args.datatype.parse()?;
     let op: ReduceOp = args.op.parse()?;
@@ -623,12 +617,10 @@ fn run_on<A: Api>(args: &Args, comm: Arc<Communicator>, kind: CollectiveKind) ->
         args.timing(),
         args.iters,
         args.warmup,
-        match (args.register, args.typed) {
-            (true, true) =>
-                "; our buffers registered; our collectives over the backend's own types",
-            (true, false) => "; our buffers registered",
-            (false, true) => "; our collectives over the backend's own types",
-            (false, false) => "",
+        if args.register {
+            "; our buffers registered"
+        } else {
+            ""
         },
         bench.nccl_version().map_or(String::new(), |v| format!(
             "; baseline NCCL {v} on the same buffers and stream"

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use mscclpp::collectives::DataType;
-use mscclpp::collectives::moe::{Combine, Dispatch, LayoutOut, Moe, MoeConfig};
+use mscclpp::collectives::moe::{Combine, Dispatch, LayoutOut, MoeConfig};
 use mscclpp::comm::Communicator;
-use mscclpp::hal::{Dyn, Error, MemoryKind, Result};
+use mscclpp::hal::{Error, MemoryKind, Result};
 
 use crate::args::Args;
 use crate::nccl::{Nccl, Part};
@@ -120,7 +120,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
         .max()
         .ok_or_else(|| Error::invalid("no token counts"))?;
     let row = s.hidden * 2;
-    let moe = Moe::<Dyn>::new(
+    let moe = mscclpp::typed::expert_exchange(
         &comm,
         MoeConfig {
             num_experts: s.experts,

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use mscclpp::collectives::{AlgorithmId, CollectiveCall, CollectiveKind, Collectives};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{
-    BufferSlice, DataType, DeviceBuffer, DynStream, Error, Event, LaunchConfig, MemoryKind,
-    ReduceOp, Result, Stream, TypedKernel,
+    Api, BufferSlice, DataType, DeviceApi, DeviceBuffer, DynKernel, DynStream, Error, Event,
+    LaunchConfig, MemoryKind, ReduceOp, Result, Stream,
 };
+use mscclpp::typed::{PerBackend, by_backend};
 use mscclpp_perf::bench_compute::{COMPUTE, ComputeArgs, MODULE as COMPUTE_MODULE};
 
 use crate::args::Args;
@@ -43,7 +44,7 @@ impl Path {
 /// The compute load: the kernel, its grid and operands, and the passes that make one launch
 /// last about the asked time.
 struct Compute {
-    kernel: TypedKernel<ComputeArgs>,
+    kernel: DynKernel<ComputeArgs>,
     cfg: LaunchConfig,
     _data: DeviceBuffer,
     _out: DeviceBuffer,
@@ -54,7 +55,7 @@ impl Compute {
     fn new(comm: &Communicator, stream: &DynStream, target_us: f64) -> Result<Compute> {
         let device = comm.device();
         let info = device.info();
-        let kernel = TypedKernel::<ComputeArgs>::load(&**device, &COMPUTE_MODULE, COMPUTE)?;
+        let kernel = DynKernel::<ComputeArgs>::load(&**device, &COMPUTE_MODULE, COMPUTE)?;
         let host = info.warp_size == 1;
         // GPUs: 8 blocks of 256 threads per SM fill every SM (2048 threads); 16 MiB of operands
         // stay in L2 between passes, as a GEMM's tiles mostly do. The host: one block per core.
@@ -111,9 +112,11 @@ impl Compute {
 }
 
 /// One rank's overlap benchmark.
-struct Overlap {
+struct Overlap<A: Api> {
     comm: Arc<Communicator>,
-    coll: Collectives,
+    coll: Collectives<A>,
+    /// The communication stream, as backend `A`'s type (our calls) and as a trait object.
+    comm_typed: Arc<A::Stream>,
     comm_stream: Arc<dyn Stream>,
     compute_stream: Arc<dyn Stream>,
     input: DeviceBuffer,
@@ -135,7 +138,7 @@ struct Times {
     calls: usize,
 }
 
-impl Overlap {
+impl<A: Api> Overlap<A> {
     /// Runs `calls` communication calls on the communication stream; ms from the first to the
     /// end of the last.
     fn time_comm(&self, calls: usize, call: &dyn Fn() -> Result<()>) -> Result<f64> {
@@ -246,7 +249,7 @@ impl Overlap {
                     let call = CollectiveCall::new(spec.kind, &input, &output, count, spec.dtype)
                         .op(spec.op)
                         .algorithm((path == Path::Ce).then_some(AlgorithmId::Ce));
-                    self.coll.run(&call, &*self.comm_stream)
+                    self.coll.run(&call, &self.comm_typed)
                 }
             }
         };
@@ -339,13 +342,31 @@ pub fn run(
     compute_us: f64,
     kinds: &[CollectiveKind],
 ) -> Result<u64> {
+    struct Run<'a>(&'a Args, f64, &'a [CollectiveKind]);
+    impl PerBackend for Run<'_> {
+        type Out = u64;
+        fn on<A: Api>(self, comm: Arc<Communicator>) -> Result<u64> {
+            run_on::<A>(self.0, comm, self.1, self.2)
+        }
+    }
+    by_backend(comm, Run(args, compute_us, kinds))
+}
+
+/// [`run`] with our collectives over backend `A`.
+fn run_on<A: Api>(
+    args: &Args,
+    comm: Arc<Communicator>,
+    compute_us: f64,
+    kinds: &[CollectiveKind],
+) -> Result<u64> {
     let dtype: DataType = args.datatype.parse()?;
     let op: ReduceOp = args.op.parse()?;
     let sizes = args.sizes();
     let max = sizes.last().copied().unwrap_or(0);
     let device = comm.device().clone();
-    let coll = Collectives::new(comm.clone())?;
-    let comm_stream = device.create_stream()?;
+    let coll = Collectives::<A>::new(comm.clone())?;
+    let comm_typed = DeviceApi::create_stream(&*A::device_of(&device)?)?;
+    let comm_stream = A::erase_stream(comm_typed.clone());
     let compute_stream = device.create_stream()?;
     let nccl = match args.baseline {
         Some(_) => Some(Nccl::for_communicator(&comm, &*comm_stream)?),
@@ -365,6 +386,7 @@ pub fn run(
             device.create_event()?,
         ],
         comm: comm.clone(),
+        comm_typed,
         comm_stream,
         compute_stream,
     };

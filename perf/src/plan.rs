@@ -11,7 +11,10 @@ use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives};
 use mscclpp::comm::Communicator;
 use mscclpp::executor::flat::{Sizes, flatten};
 use mscclpp::executor::{Executor, Plan};
-use mscclpp::hal::{BufferSlice, DataType, Error, MemoryKind, ReduceOp, Result, Stream};
+use mscclpp::hal::{
+    Api, BufferSlice, DataType, DeviceApi, Error, MemoryKind, ReduceOp, Result, Stream,
+};
+use mscclpp::typed::{PerBackend, by_backend};
 
 use crate::args::Args;
 use crate::collective::{Spec, bus_factor, check, time_calls, value};
@@ -56,13 +59,26 @@ struct Slices {
 /// Runs every plan over the sizes; rank 0 prints. Returns the wrong elements (the plans', the
 /// built-in algorithm's and NCCL's) over all ranks.
 pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u64> {
+    struct Run<'a>(&'a Args, &'a [PathBuf]);
+    impl PerBackend for Run<'_> {
+        type Out = u64;
+        fn on<A: Api>(self, comm: Arc<Communicator>) -> Result<u64> {
+            run_on::<A>(self.0, comm, self.1)
+        }
+    }
+    by_backend(comm, Run(args, files))
+}
+
+/// [`run`] with the built-in algorithms over backend `A`.
+fn run_on<A: Api>(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u64> {
     let dtype: DataType = args.datatype.parse()?;
     let op: ReduceOp = args.op.parse()?;
     let (rank, n) = (comm.rank(), comm.nranks());
     let device = comm.device().clone();
     let exec = Executor::new(comm.clone())?;
-    let coll = Collectives::new(comm.clone())?;
-    let stream = device.create_stream()?;
+    let coll = Collectives::<A>::new(comm.clone())?;
+    let typed = DeviceApi::create_stream(&*A::device_of(&device)?)?;
+    let stream = A::erase_stream(typed.clone());
     let sizes = args.sizes();
     let max = sizes.last().copied().unwrap_or(0).max(1);
     let input = device.alloc(max, MemoryKind::Device)?;
@@ -175,7 +191,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, files: &[PathBuf]) -> Result<u6
                 let call = CollectiveCall::new(kind, &s.send, &s.recv, count, dtype)
                     .op(op)
                     .root(args.root);
-                coll.run(&call, &*stream)
+                coll.run(&call, &typed)
             };
             let wrong_plan = check_once(
                 args,

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use mscclpp::hal::api::{Concrete, DeviceApi, EventApi, GraphApi, StreamApi, typed_device};
+use mscclpp::hal::api::{Api, DeviceApi, EventApi, GraphApi, StreamApi, typed_device};
 use mscclpp::hal::{
     BackendKind, BufferSlice, Device, DevicePtr, ErrorClass, IpcHandle, KernelId, LaunchConfig,
     MemoryKind, MulticastAddress, MulticastSupport, Stream, TypedKernel,
@@ -1071,7 +1071,7 @@ fn typed_api_reaches_the_backend_types(f: &Fixture) -> Result<(), CaseError> {
     }
 }
 
-fn typed_case<A: Concrete>(f: &Fixture) -> Result<(), CaseError> {
+fn typed_case<A: Api>(f: &Fixture) -> Result<(), CaseError> {
     let device = typed_device::<A>(&f.device).ctx("typed_device")?;
     let s = DeviceApi::create_stream(&*device).ctx("create_stream")?;
     let (start, end) = (

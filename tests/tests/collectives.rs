@@ -14,9 +14,9 @@ use mscclpp::collectives::{
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use mscclpp::hal::{
-    Api, BackendKind, DataType, DeviceApi, Dyn, ErrorClass, GraphApi, MemoryKind, ReduceOp,
-    StreamApi,
+    Api, BackendKind, DataType, DeviceApi, ErrorClass, GraphApi, MemoryKind, ReduceOp, StreamApi,
 };
+use mscclpp::typed;
 use mscclpp_conformance::multiproc;
 use mscclpp_conformance::reference::{count_wrong, expected, random_input};
 use mscclpp_conformance::rng::Rng;
@@ -49,21 +49,17 @@ fn role_matrix() -> R<()> {
         .split(',')
         .filter_map(|c| c.parse().ok())
         .collect();
-    // MSCCLPP_TEST_TYPED=1: the collectives and the stream over the backend's own types
-    // (`mscclpp::hal::api`), the launch path static down to the vendor; otherwise over the
-    // trait objects, as every caller holds them.
-    if std::env::var("MSCCLPP_TEST_TYPED").is_ok_and(|v| v == "1") {
-        return match kind {
-            BackendKind::Host => matrix::<mscclpp::host::Host>(comm, device, slot, counts),
-            #[cfg(feature = "cuda")]
-            BackendKind::Cuda => matrix::<mscclpp::cuda::Cuda>(comm, device, slot, counts),
-            #[cfg(feature = "rocm")]
-            BackendKind::Rocm => matrix::<mscclpp::rocm::Rocm>(comm, device, slot, counts),
-            #[allow(unreachable_patterns)]
-            other => Err(format!("the {other} backend is not built in")),
-        };
+    // The collectives and the stream over the backend's own types (`mscclpp::hal::api`), the
+    // launch path static down to the vendor.
+    match kind {
+        BackendKind::Host => matrix::<mscclpp::host::Host>(comm, device, slot, counts),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => matrix::<mscclpp::cuda::Cuda>(comm, device, slot, counts),
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => matrix::<mscclpp::rocm::Rocm>(comm, device, slot, counts),
+        #[allow(unreachable_patterns)]
+        other => Err(format!("the {other} backend is not built in")),
     }
-    matrix::<Dyn>(comm, device, slot, counts)
 }
 
 fn matrix<A: Api>(
@@ -513,7 +509,7 @@ fn role_streams() -> R<()> {
     };
     let device = backend.open_device(ordinal).map_err(e)?;
     let comm = Arc::new(Communicator::new(boot, device.clone()));
-    let coll = Collectives::new(comm.clone()).map_err(e)?;
+    let coll = typed::collectives(comm.clone(), DEFAULT_SLOT_BYTES).map_err(e)?;
     let streams = [
         device.create_stream().map_err(e)?,
         device.create_stream().map_err(e)?,
@@ -663,7 +659,7 @@ fn role_p2p() -> R<()> {
     let device = backend.open_device(rank).map_err(e)?;
     let comm = Arc::new(Communicator::new(boot, device.clone()));
     // 256-byte slots: 128 data bytes per round, so a 5 KB message takes 40 rounds.
-    let coll = Collectives::with_slot_bytes(comm.clone(), 256).map_err(e)?;
+    let coll = typed::collectives(comm.clone(), 256).map_err(e)?;
     let stream = device.create_stream().map_err(e)?;
     // A pattern: per rank, its (kind, peer, bytes) in call order; sizes by (src, dst, k).
     type Pattern = Vec<Vec<(P2pKind, usize, usize)>>;
@@ -942,10 +938,6 @@ const LL128: &[(&str, &str)] = &[
 /// default choice crosses every algorithm.
 const GPU_COUNTS: &str = "1,7,1001,65537,262147,1048573,2097155";
 
-/// Added to a trial's environment: the collectives and streams over the backend's own types
-/// (`Collectives::<A>::on_backend`), not the trait objects.
-const TYPED: &[(&str, &str)] = &[("MSCCLPP_TEST_TYPED", "1")];
-
 /// Odd ranks keep one-round calls on the general LL kernel, even ranks take the short kernels.
 const SHORT_MIXED: &[(&str, &str)] = &[("MSCCLPP_TEST_SHORT_ODD_OFF", "1")];
 
@@ -1120,20 +1112,6 @@ fn main() {
             })
         })
         .collect();
-    // Some of the same matrices over the host backend's own types (`Collectives<Host>`), not
-    // the trait objects.
-    let typed_host: [(&str, usize, u64, &'static str, Env); 3] = [
-        ("ll::2_ranks", 2, 256, "1,3,37,5001", LL),
-        ("3_ranks", 3, 512, "1,5,333", &[]),
-        ("ce::2_ranks", 2, 256, "1,37,5001", CE),
-    ];
-    for (name, n, slot, counts, env) in typed_host {
-        let env = [env, TYPED].concat();
-        trials.push(Trial::test(
-            format!("collectives::host::typed::{name}"),
-            move || run_env(n, slot, counts, &env),
-        ));
-    }
     for n in [2, 3, 4] {
         trials.push(Trial::test(
             format!("collectives::host::p2p::{n}_ranks"),
@@ -1163,15 +1141,9 @@ fn main() {
         ("ce::2_ranks", 2, CE_GPU),
         ("ce::4_ranks", 4, CE_GPU),
     ];
-    // Over the GPU backend's own types (`Collectives<Cuda>`): no downcast on any launch.
-    let typed_gpu: [(&str, usize, Env); 2] = [("2_ranks", 2, &[]), ("ce::2_ranks", 2, CE_GPU)];
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
         for (name, n, env) in gpu {
             trials.push(gpu_trial(kind, name, n, GPU_COUNTS, env.to_vec()));
-        }
-        for (name, n, env) in typed_gpu {
-            let name = format!("typed::{name}");
-            trials.push(gpu_trial(kind, &name, n, GPU_COUNTS, [env, TYPED].concat()));
         }
         trials.push(Trial::ignorable_test(
             format!("collectives::{kind}::two_streams::2_ranks"),

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::collectives::{
-    AlgorithmId, CollectiveCall, CollectiveKind, Collectives, DataType, P2pKind, P2pOp, ReduceOp,
+    AlgorithmId, CollectiveCall, CollectiveKind, DataType, P2pKind, P2pOp, ReduceOp,
 };
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
@@ -26,6 +26,7 @@ use mscclpp::comm::proxy::ProxyService;
 use mscclpp::comm::semaphore::Host2DeviceSemaphore;
 use mscclpp::hal::{BackendKind, Device, LaunchConfig, MemoryKind, Stream};
 use mscclpp::transports::{EndpointConfig, Transport, TransportFlags};
+use mscclpp::typed;
 use mscclpp_conformance::devcode;
 use mscclpp_conformance::multiproc::{self, ChildOutcome, Running};
 use mscclpp_conformance::rng::Rng;
@@ -170,11 +171,11 @@ fn body(r: &Rank, phase: &str, victim: Option<usize>) -> R<()> {
             }
             // Collectives set up a connection and exchange memory with every peer; the victim
             // is killed before it takes part.
-            let _c = Collectives::with_slot_bytes(r.comm.clone(), 4096).map_err(e)?;
+            let _c = typed::collectives(r.comm.clone(), 4096).map_err(e)?;
             Err("set-up completed without the killed rank".into())
         }
         "ll" | "direct" => {
-            let coll = Collectives::with_slot_bytes(r.comm.clone(), 4096).map_err(e)?;
+            let coll = typed::collectives(r.comm.clone(), 4096).map_err(e)?;
             // Blocks of 1 KiB (LL) and 2 MiB (direct) per rank.
             let count = if phase == "ll" {
                 256 * r.n
@@ -193,12 +194,15 @@ fn body(r: &Rank, phase: &str, victim: Option<usize>) -> R<()> {
             }
             mark("ready");
             loop {
-                coll.all_reduce(
-                    &buf.full(),
-                    &buf.full(),
-                    count,
-                    DataType::F32,
-                    ReduceOp::Sum,
+                coll.run(
+                    &CollectiveCall::new(
+                        CollectiveKind::AllReduce,
+                        &buf.full(),
+                        &buf.full(),
+                        count,
+                        DataType::F32,
+                    )
+                    .op(ReduceOp::Sum),
                     &*r.stream,
                 )
                 .map_err(e)?;
@@ -218,7 +222,7 @@ fn body(r: &Rank, phase: &str, victim: Option<usize>) -> R<()> {
 /// the waits (GPUs; on the host backend the waits also poll the abort word) and the next call's
 /// refusal.
 fn ce_loop(r: &Rank) -> R<()> {
-    let coll = Collectives::with_slot_bytes(r.comm.clone(), 4096).map_err(e)?;
+    let coll = typed::collectives(r.comm.clone(), 4096).map_err(e)?;
     // 2 MiB per rank block: 4 chunks of the host backend's default scratch.
     let count = 512 << 10;
     let input = r
@@ -257,7 +261,7 @@ fn ce_loop(r: &Rank) -> R<()> {
 
 /// Send/receive rings of 64 KiB (several rounds of the point-to-point kernel per call).
 fn p2p_loop(r: &Rank) -> R<()> {
-    let coll = Collectives::with_slot_bytes(r.comm.clone(), 4096).map_err(e)?;
+    let coll = typed::collectives(r.comm.clone(), 4096).map_err(e)?;
     const BYTES: usize = 64 << 10;
     let a = r.device.alloc(BYTES, MemoryKind::Device).map_err(e)?;
     let b = r.device.alloc(BYTES, MemoryKind::Device).map_err(e)?;
@@ -337,7 +341,7 @@ fn port_loop(r: &Rank) -> R<()> {
 fn chaos_loop(r: &Rank) -> R<()> {
     let seed = env_usize(SEED_VAR).unwrap_or(1) as u64;
     let mut rng = Rng::new(seed);
-    let coll = Collectives::with_slot_bytes(r.comm.clone(), 4096).map_err(e)?;
+    let coll = typed::collectives(r.comm.clone(), 4096).map_err(e)?;
     const MAX: usize = 64 << 10;
     let a = r.device.alloc(MAX * 4, MemoryKind::Device).map_err(e)?;
     let b = r.device.alloc(MAX * 4, MemoryKind::Device).map_err(e)?;
@@ -347,24 +351,30 @@ fn chaos_loop(r: &Rank) -> R<()> {
             0 => r.comm.bootstrap().barrier().map_err(e)?,
             1 => {
                 let count = 1 + rng.below(512) as usize;
-                coll.all_reduce(
-                    &a.full(),
-                    &a.full(),
-                    count,
-                    DataType::F32,
-                    ReduceOp::Sum,
+                coll.run(
+                    &CollectiveCall::new(
+                        CollectiveKind::AllReduce,
+                        &a.full(),
+                        &a.full(),
+                        count,
+                        DataType::F32,
+                    )
+                    .op(ReduceOp::Sum),
                     &*r.stream,
                 )
                 .map_err(e)?;
             }
             2 => {
                 let count = (16 << 10) + rng.below((MAX - (16 << 10)) as u64) as usize;
-                coll.all_reduce(
-                    &a.full(),
-                    &a.full(),
-                    count,
-                    DataType::F32,
-                    ReduceOp::Sum,
+                coll.run(
+                    &CollectiveCall::new(
+                        CollectiveKind::AllReduce,
+                        &a.full(),
+                        &a.full(),
+                        count,
+                        DataType::F32,
+                    )
+                    .op(ReduceOp::Sum),
                     &*r.stream,
                 )
                 .map_err(e)?;

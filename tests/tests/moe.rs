@@ -14,9 +14,10 @@ use std::time::Duration;
 use half::{bf16, f16};
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::collectives::DataType;
-use mscclpp::collectives::moe::{Combine, Dispatch, LayoutOut, Moe, MoeConfig};
+use mscclpp::collectives::moe::{AnyMoe, Combine, Dispatch, LayoutOut, MoeConfig};
 use mscclpp::comm::Communicator;
-use mscclpp::hal::{BackendKind, DeviceBuffer, Dyn, MemoryKind};
+use mscclpp::hal::{BackendKind, DeviceBuffer, MemoryKind};
+use mscclpp::typed;
 use mscclpp_conformance::multiproc;
 use mscclpp_conformance::rng::Rng;
 
@@ -262,7 +263,7 @@ struct Rank {
     stream: Arc<mscclpp::hal::DynStream>,
     comm: Arc<Communicator>,
     /// The exchange of the current case's expert count.
-    moe: Moe<Dyn>,
+    moe: Box<dyn AnyMoe>,
 }
 
 impl Rank {
@@ -270,7 +271,7 @@ impl Rank {
     fn exchange_for(&mut self, c: &Case) -> R<()> {
         let want = config(c.local * self.n, c.topk);
         if *self.moe.config() != want {
-            self.moe = Moe::new(&self.comm, want).map_err(e)?;
+            self.moe = typed::expert_exchange(&self.comm, want).map_err(e)?;
         }
         Ok(())
     }
@@ -655,7 +656,7 @@ fn setup() -> R<Rank> {
     }
     let (comm, device, _) = multiproc::rank_communicator(UID_VAR, BACKEND_VAR, false)?;
     let stream = device.create_stream().map_err(e)?;
-    let moe = Moe::<Dyn>::new(&comm, config(8 * n, 8)).map_err(e)?;
+    let moe = typed::expert_exchange(&comm, config(8 * n, 8)).map_err(e)?;
     Ok(Rank {
         rank,
         n,

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Completion, Failed, Trial};
-use mscclpp::collectives::{CollectiveCall, CollectiveKind, Collectives};
+use mscclpp::collectives::{AnyCollectives, CollectiveCall, CollectiveKind, DEFAULT_SLOT_BYTES};
 use mscclpp::comm::Communicator;
 use mscclpp::comm::bootstrap::{Bootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
 use mscclpp::hal::{BackendKind, DataType, MemoryKind, ReduceOp};
+use mscclpp::typed;
 use mscclpp_conformance::multiproc::{self, ChildOutcome};
 use mscclpp_conformance::netns::{NET, Namespaces};
 use mscclpp_conformance::reference::{count_wrong, expected, random_input};
@@ -107,7 +108,8 @@ fn child(role: &str) -> R<()> {
         .open_device(rank % backend.device_count().max(1))
         .map_err(e2s)?;
     let comm = Arc::new(Communicator::new(Arc::new(boot), device.clone()));
-    let coll = Collectives::new(comm).map_err(|e| format!("Collectives::new: {e}"))?;
+    let coll = typed::collectives(comm, DEFAULT_SLOT_BYTES)
+        .map_err(|e| format!("the collectives: {e}"))?;
     if coll.hosts() != Some((hosts, per_host)) {
         return Err(format!(
             "the collectives see {:?} (hosts, ranks per host), expected {:?}",
@@ -192,7 +194,7 @@ fn child(role: &str) -> R<()> {
         drop((inb, outb));
     }
     if kind == BackendKind::Host {
-        graphs(&coll, &device, rank, n, per_host, seed).map_err(|e| format!("graphs: {e}"))?;
+        graphs(&*coll, &device, rank, n, per_host, seed).map_err(|e| format!("graphs: {e}"))?;
     }
     multiproc::report("cases", checked);
     multiproc::report("wrong", wrong_total);
@@ -206,7 +208,7 @@ fn child(role: &str) -> R<()> {
 /// A captured multi-host all-reduce replayed on new inputs (the kernels' semaphores continue
 /// their counts), and a capture that would need a larger staging buffer refused with the reason.
 fn graphs(
-    coll: &Collectives,
+    coll: &dyn AnyCollectives,
     device: &Arc<dyn mscclpp::hal::Device>,
     rank: usize,
     n: usize,
@@ -218,7 +220,11 @@ fn graphs(
     let buf = device.alloc(COUNT * 4, MemoryKind::Device).map_err(e2s)?;
     let b = buf.full();
     stream.begin_capture().map_err(e2s)?;
-    let captured = coll.all_reduce(&b, &b, COUNT, DataType::F32, ReduceOp::Sum, &*stream);
+    let captured = coll.run(
+        &CollectiveCall::new(CollectiveKind::AllReduce, &b, &b, COUNT, DataType::F32)
+            .op(ReduceOp::Sum),
+        &*stream,
+    );
     let graph = stream.end_capture().map_err(e2s)?;
     captured.map_err(|e| format!("captured all-reduce: {e}"))?;
     for replay in 0..3 {
@@ -252,12 +258,15 @@ fn graphs(
     let input = device.alloc(big * n * 4, MemoryKind::Device).map_err(e2s)?;
     let output = device.alloc(big * 4, MemoryKind::Device).map_err(e2s)?;
     stream.begin_capture().map_err(e2s)?;
-    let res = coll.reduce_scatter(
-        &input.full(),
-        &output.full(),
-        big,
-        DataType::F32,
-        ReduceOp::Sum,
+    let res = coll.run(
+        &CollectiveCall::new(
+            CollectiveKind::ReduceScatter,
+            &input.full(),
+            &output.full(),
+            big,
+            DataType::F32,
+        )
+        .op(ReduceOp::Sum),
         &*stream,
     );
     let _ = stream.end_capture().map_err(e2s)?;
@@ -285,7 +294,8 @@ fn dies() -> R<()> {
     let backend = mscclpp::registry::probe(BackendKind::Host).map_err(e2s)?;
     let device = backend.open_device(0).map_err(e2s)?;
     let comm = Arc::new(Communicator::new(Arc::new(boot), device.clone()));
-    let coll = Collectives::new(comm).map_err(|e| format!("Collectives::new: {e}"))?;
+    let coll = typed::collectives(comm, DEFAULT_SLOT_BYTES)
+        .map_err(|e| format!("the collectives: {e}"))?;
     if rank == n - 1 {
         // Dies while the survivor's kernel waits for its signals.
         std::thread::sleep(Duration::from_millis(500));
@@ -295,12 +305,15 @@ fn dies() -> R<()> {
     let buf = device.alloc(1 << 20, MemoryKind::Device).map_err(e2s)?;
     let started = Instant::now();
     let res = coll
-        .all_reduce(
-            &buf.full(),
-            &buf.full(),
-            1 << 18,
-            DataType::F32,
-            ReduceOp::Sum,
+        .run(
+            &CollectiveCall::new(
+                CollectiveKind::AllReduce,
+                &buf.full(),
+                &buf.full(),
+                1 << 18,
+                DataType::F32,
+            )
+            .op(ReduceOp::Sum),
             &*stream,
         )
         .and_then(|()| stream.synchronize_timeout(Duration::from_secs(50)));

@@ -67,20 +67,4 @@ impl<R: Runtime> mscclpp_hal::Api for Gpu<R> {
     type Event = GpuEvent<R>;
     type Kernel = GpuKernel<R>;
     type Graph = GpuGraph<R>;
-
-    fn device_of(
-        device: &std::sync::Arc<dyn mscclpp_hal::Device>,
-    ) -> mscclpp_hal::Result<std::sync::Arc<GpuDevice<R>>> {
-        mscclpp_hal::api::typed_device::<Self>(device)
-    }
-
-    fn erase_stream(
-        stream: std::sync::Arc<GpuStream<R>>,
-    ) -> std::sync::Arc<dyn mscclpp_hal::Stream> {
-        stream
-    }
-
-    fn stream_of(stream: &mscclpp_hal::DynStream) -> mscclpp_hal::Result<&GpuStream<R>> {
-        mscclpp_hal::api::typed_stream::<Self>(stream)
-    }
 }

@@ -40,18 +40,6 @@ impl mscclpp_hal::Api for Host {
     type Event = stream::HostEvent;
     type Kernel = kernels::HostKernel;
     type Graph = stream::HostGraph;
-
-    fn device_of(device: &Arc<dyn mscclpp_hal::Device>) -> mscclpp_hal::Result<Arc<HostDevice>> {
-        mscclpp_hal::api::typed_device::<Self>(device)
-    }
-
-    fn erase_stream(stream: Arc<stream::HostStream>) -> Arc<dyn mscclpp_hal::Stream> {
-        stream
-    }
-
-    fn stream_of(stream: &mscclpp_hal::DynStream) -> mscclpp_hal::Result<&stream::HostStream> {
-        mscclpp_hal::api::typed_stream::<Self>(stream)
-    }
 }
 
 use std::sync::Arc;

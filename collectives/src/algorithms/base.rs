@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
-    Api, DataType, DeviceApi, DeviceInfo, Dyn, KernelApi, KernelArgs, KernelId, KernelModule,
+    Api, DataType, DeviceApi, DeviceInfo, KernelApi, KernelArgs, KernelId, KernelModule,
     LaunchConfig, Result, TypedKernel,
 };
 
@@ -64,7 +64,7 @@ pub(crate) fn is_wide(dtype: DataType) -> bool {
 /// A kernel of a wide module, loaded at its first use: the module is compiled (GPUs) only when a
 /// call of one of its element types comes. A failed load is not remembered (the next call tries
 /// again); a loaded kernel is kept with the most threads per block it may launch with here.
-pub(crate) struct LazyKernel<T, A: Api = Dyn> {
+pub(crate) struct LazyKernel<T, A: Api> {
     device: Arc<A::Device>,
     module: &'static KernelModule,
     id: KernelId,
@@ -110,7 +110,7 @@ impl<T: KernelArgs, A: Api> LazyKernel<T, A> {
 
 /// A kernel per element type: the base types' loaded at set-up, the wide types' at first use.
 #[derive(Debug)]
-pub(crate) struct ByType<T, A: Api = Dyn> {
+pub(crate) struct ByType<T, A: Api> {
     base: TypedKernel<T, A>,
     wide: LazyKernel<T, A>,
 }

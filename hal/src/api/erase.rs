@@ -9,8 +9,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Api, Concrete, DeviceApi, EventApi, GraphApi, KernelApi, StreamApi};
-use crate::api::dynamic::DynStream;
+use super::{Api, DeviceApi, EventApi, GraphApi, KernelApi, StreamApi};
 use crate::caps::DeviceInfo;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -19,11 +18,11 @@ use crate::kernel::{Kernel, KernelId, LaunchConfig};
 use crate::memory::{BufferSlice, DeviceBuffer, DevicePtr, MemoryKind};
 use crate::module::KernelModule;
 use crate::multicast::MulticastGroup;
-use crate::stream::{Event, Graph, Stream, WaitCmp};
+use crate::stream::{DynStream, Event, Graph, Stream, WaitCmp};
 
 /// The `A` device behind a device a registry opened: how code generic over `A` starts from the
 /// `Arc<dyn Device>` the rest of the library holds (once, not per call).
-pub fn typed_device<A: Concrete>(device: &Arc<dyn Device>) -> Result<Arc<A::Device>> {
+pub fn typed_device<A: Api>(device: &Arc<dyn Device>) -> Result<Arc<A::Device>> {
     let name = device.info().backend;
     device
         .clone()
@@ -38,7 +37,7 @@ pub fn typed_device<A: Concrete>(device: &Arc<dyn Device>) -> Result<Arc<A::Devi
 }
 
 /// The `A` stream behind a stream trait object: what [`Api::stream_of`] is for a backend.
-pub fn typed_stream<A: Concrete>(stream: &DynStream) -> Result<&A::Stream> {
+pub fn typed_stream<A: Api>(stream: &DynStream) -> Result<&A::Stream> {
     stream.as_any().downcast_ref::<A::Stream>().ok_or_else(|| {
         Error::invalid(format!(
             "a stream of another backend was handed to the {} backend",
@@ -47,10 +46,7 @@ pub fn typed_stream<A: Concrete>(stream: &DynStream) -> Result<&A::Stream> {
     })
 }
 
-impl<D: DeviceApi> Device for D
-where
-    D::A: Concrete,
-{
+impl<D: DeviceApi> Device for D {
     fn info(&self) -> &DeviceInfo {
         DeviceApi::info(self)
     }
@@ -130,10 +126,7 @@ where
     }
 }
 
-impl<S: StreamApi> Stream for S
-where
-    S::A: Concrete,
-{
+impl<S: StreamApi> Stream for S {
     fn copy(&self, dst: &BufferSlice, src: &BufferSlice) -> Result<()> {
         StreamApi::copy(self, dst, src)
     }
@@ -221,7 +214,7 @@ where
 }
 
 /// `event` as an `A` event.
-fn event_of<A: Concrete>(event: &dyn Event) -> Result<&A::Event> {
+fn event_of<A: Api>(event: &dyn Event) -> Result<&A::Event> {
     event.as_any().downcast_ref::<A::Event>().ok_or_else(|| {
         Error::invalid(format!(
             "event was not created by the {} backend it was handed to",
@@ -230,10 +223,7 @@ fn event_of<A: Concrete>(event: &dyn Event) -> Result<&A::Event> {
     })
 }
 
-impl<E: EventApi> Event for E
-where
-    E::A: Concrete,
-{
+impl<E: EventApi> Event for E {
     fn query(&self) -> Result<bool> {
         EventApi::query(self)
     }
@@ -251,10 +241,7 @@ where
     }
 }
 
-impl<K: KernelApi> Kernel for K
-where
-    K::A: Concrete,
-{
+impl<K: KernelApi> Kernel for K {
     fn id(&self) -> KernelId {
         KernelApi::id(self)
     }
@@ -268,10 +255,7 @@ where
     }
 }
 
-impl<G: GraphApi> Graph for G
-where
-    G::A: Concrete,
-{
+impl<G: GraphApi> Graph for G {
     fn launch(&self, stream: &dyn Stream) -> Result<()> {
         let name = <G::A as Api>::NAME;
         let s = stream

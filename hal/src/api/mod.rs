@@ -13,7 +13,6 @@
 //! all; [`typed_device`] gets an `A`'s device out of the `Arc<dyn Device>` a registry opened,
 //! once. The contract of every method is the object-safe trait's of the same name.
 
-pub mod dynamic;
 pub mod erase;
 #[cfg(test)]
 mod tests;
@@ -31,51 +30,44 @@ use crate::module::KernelModule;
 use crate::multicast::MulticastGroup;
 use crate::stream::WaitCmp;
 
-pub use dynamic::{Dyn, DynStream};
 pub use erase::{typed_device, typed_stream};
 
-/// A backend's family of types.
+/// A backend's family of types. Every type is the backend's own (sized): the object-safe
+/// traits the layers above hold as `Arc<dyn …>` are derived from the typed ones by one blanket
+/// impl each ([`erase`]), and code generic over `A` is compiled once per backend.
 pub trait Api: Sized + Send + Sync + fmt::Debug + 'static {
     /// The backend's name in errors ("cuda", "rocm", "host").
     const NAME: &'static str;
     /// An opened device.
-    type Device: DeviceApi<A = Self> + ?Sized;
+    type Device: DeviceApi<A = Self>;
     /// An in-order stream.
-    type Stream: StreamApi<A = Self> + ?Sized;
+    type Stream: StreamApi<A = Self>;
     /// An event.
-    type Event: EventApi<A = Self> + ?Sized;
+    type Event: EventApi<A = Self>;
     /// A loaded kernel.
-    type Kernel: KernelApi<A = Self> + ?Sized;
+    type Kernel: KernelApi<A = Self>;
     /// A captured graph.
-    type Graph: GraphApi<A = Self> + ?Sized;
+    type Graph: GraphApi<A = Self>;
 
     /// This backend's device behind a device a registry opened (an error naming both backends
     /// where it is another's): how code written over `A` starts from the `Arc<dyn Device>` the
-    /// rest of the library holds, once at set-up. A backend implements it with
-    /// [`typed_device`]; [`Dyn`] returns the same object.
-    fn device_of(device: &Arc<dyn crate::Device>) -> Result<Arc<Self::Device>>;
+    /// registry hands out, once at set-up.
+    fn device_of(device: &Arc<dyn crate::Device>) -> Result<Arc<Self::Device>> {
+        typed_device::<Self>(device)
+    }
 
     /// The same stream as a trait object, for the code that holds the run-time types (timing,
-    /// a vendor library beside us on the stream). [`Dyn`] returns it as it is.
-    fn erase_stream(stream: Arc<Self::Stream>) -> Arc<dyn crate::Stream>;
+    /// a vendor library beside us on the stream).
+    fn erase_stream(stream: Arc<Self::Stream>) -> Arc<dyn crate::Stream> {
+        stream
+    }
 
     /// The stream behind a trait object as this backend's type (an error naming the backend
     /// where it is another's): the one check a call that comes in through the trait objects
-    /// pays before running on the backend's own types. A backend implements it with
-    /// [`typed_stream`]; [`Dyn`] returns the same object.
-    fn stream_of(stream: &crate::DynStream) -> Result<&Self::Stream>;
-}
-
-/// An [`Api`] of concrete types: every backend's (not [`Dyn`], whose types are the trait
-/// objects). The object-safe traits are provided for these types ([`erase`]).
-pub trait Concrete:
-    Api<Device: Sized, Stream: Sized, Event: Sized, Kernel: Sized, Graph: Sized>
-{
-}
-
-impl<A> Concrete for A where
-    A: Api<Device: Sized, Stream: Sized, Event: Sized, Kernel: Sized, Graph: Sized>
-{
+    /// pays before running on the backend's own types.
+    fn stream_of(stream: &crate::DynStream) -> Result<&Self::Stream> {
+        typed_stream::<Self>(stream)
+    }
 }
 
 /// The device of an [`Api`]: [`crate::Device`] with the backend's own stream, event and kernel

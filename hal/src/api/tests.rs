@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::api::{Api, DeviceApi, Dyn, EventApi, GraphApi, KernelApi, StreamApi, typed_device};
+use crate::api::{Api, DeviceApi, EventApi, GraphApi, KernelApi, StreamApi, typed_device};
 use crate::caps::{BackendKind, Capabilities, DeviceInfo, MulticastSupport};
 use crate::error::{Error, Result};
 use crate::ipc::IpcHandle;
@@ -51,15 +51,6 @@ macro_rules! counting_backend {
             type Event = $event;
             type Kernel = $kernel;
             type Graph = $graph;
-            fn device_of(d: &Arc<dyn Device>) -> Result<Arc<$dev>> {
-                typed_device::<Self>(d)
-            }
-            fn erase_stream(s: Arc<$stream>) -> Arc<dyn crate::Stream> {
-                s
-            }
-            fn stream_of(s: &crate::DynStream) -> Result<&$stream> {
-                crate::api::typed_stream::<Self>(s)
-            }
         }
         #[derive(Debug)]
         struct $dev(DeviceInfo);
@@ -281,12 +272,16 @@ fn typed_code_starts_from_the_registry_device_once() {
     unsafe { k.launch(&stream, LaunchConfig::linear(1, 1), &Args { value: 2 }) }.unwrap();
     assert_eq!(stream.launched.load(Ordering::Relaxed), 1);
 
-    // Over `Dyn`: the same kernel type launched through the trait objects.
+    // From the run-time stream: turned into the backend's own stream once, then launched on it;
+    // another backend's stream is refused with the receiver named.
     let dyn_stream = red.create_stream().unwrap();
-    let k = TypedKernel::<Args, Dyn>::load(&*red, &MODULE, KernelId("count")).unwrap();
+    let own = Red::stream_of(&*dyn_stream).unwrap();
     // SAFETY: as above.
-    unsafe { k.launch(&*dyn_stream, LaunchConfig::linear(1, 1), &Args { value: 3 }) }.unwrap();
+    unsafe { k.launch(own, LaunchConfig::linear(1, 1), &Args { value: 3 }) }.unwrap();
     let s = dyn_stream.as_any().downcast_ref::<RedStream>().unwrap();
     assert_eq!(s.launched.load(Ordering::Relaxed), 1);
-    assert!(format!("{k:?}").contains("run-time"), "{k:?}");
+    let blue_stream = blue.create_stream().unwrap();
+    let m = message(Red::stream_of(&*blue_stream).map(drop));
+    assert!(m.contains("red backend"), "{m}");
+    assert!(format!("{k:?}").contains("red"), "{k:?}");
 }

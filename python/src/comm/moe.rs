@@ -391,7 +391,7 @@ impl ExpertExchange {
 pub(super) fn open(py: Python<'_>, inner: Arc<Inner>, cfg: MoeConfig) -> PyResult<ExpertExchange> {
     let comm = inner.comm().clone();
     let moe = py
-        .detach(move || mscclpp_caller::expert_exchange(comm, cfg))
+        .detach(move || mscclpp_caller::expert_exchange(&comm, cfg))
         .py_err()?;
     let empty = inner.device().alloc(16, MemoryKind::Device).py_err()?;
     Ok(ExpertExchange {

@@ -38,7 +38,7 @@ const REPASS: [Duration; 3] = [
 
 /// The wait of a flag in this rank's scratch, then its clear (a copy of the release word, which
 /// is 0 while the communicator lives).
-pub(super) fn take<S: StreamApi + ?Sized>(
+pub(super) fn take<S: StreamApi>(
     stream: &S,
     scratch: &BufferSlice,
     flag: &BufferSlice,
@@ -153,6 +153,8 @@ mod tests {
         let scratch = scratch.full();
         let stream = device.create_stream().expect("stream");
         stream.fill(&scratch, 0).expect("fill");
+        // The same stream as the host backend's own type, which the algorithm's steps take.
+        let own = <mscclpp_host::Host as mscclpp_hal::Api>::stream_of(&*stream).expect("host");
         let waits = [
             (READY, 0),
             (READY, 1),
@@ -163,7 +165,7 @@ mod tests {
         ];
         for (at, b) in waits {
             take(
-                &*stream,
+                own,
                 &scratch,
                 &super::super::flag(&scratch, at, b, 1).unwrap(),
             )
@@ -196,7 +198,7 @@ mod tests {
         assert_eq!(u64::from_le_bytes(word), RELEASED);
         for (at, b) in waits {
             take(
-                &*stream,
+                own,
                 &scratch,
                 &super::super::flag(&scratch, at, b, 1).unwrap(),
             )
