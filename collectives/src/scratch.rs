@@ -5,24 +5,34 @@ use mscclpp_comm::Communicator;
 use mscclpp_hal::{BufferSlice, DeviceBuffer, Error, MemoryKind, Result};
 use mscclpp_transports::{RegisteredMemory, Transport, TransportFlags};
 
-/// A buffer of this rank that every peer maps, and the peers' buffers mapped here.
+/// A buffer of this rank that every peer maps, and the peers' buffers mapped here, for up to `N`
+/// ranks (the size of the kernels' peer arrays: the collectives' `MAX_RANKS` by default).
 #[derive(Debug)]
-pub(crate) struct PeerMaps {
+pub(crate) struct PeerMaps<const N: usize = MAX_RANKS> {
     /// Kept alive: the mappings of the peers' buffers.
     pub peers: Vec<RegisteredMemory>,
     /// Every rank's buffer as seen here (this rank's own at index `rank`), and its length.
-    pub bases: [u64; MAX_RANKS],
-    pub lens: [u64; MAX_RANKS],
+    pub bases: [u64; N],
+    pub lens: [u64; N],
 }
 
 /// Registers `slice` (this rank's `what`) and maps every peer's (a collective call).
-pub(crate) fn map_peers(comm: &Communicator, slice: &BufferSlice, what: &str) -> Result<PeerMaps> {
+pub(crate) fn map_peers<const N: usize>(
+    comm: &Communicator,
+    slice: &BufferSlice,
+    what: &str,
+) -> Result<PeerMaps<N>> {
     let (rank, n) = (comm.rank(), comm.nranks());
+    if n > N {
+        return Err(Error::invalid(format!(
+            "{what} for {n} ranks: at most {N} are mapped"
+        )));
+    }
     let mine = comm.register_memory(slice, TransportFlags::single(Transport::CudaIpc))?;
     let mut maps = PeerMaps {
         peers: Vec::with_capacity(n - 1),
-        bases: [0; MAX_RANKS],
-        lens: [0; MAX_RANKS],
+        bases: [0; N],
+        lens: [0; N],
     };
     maps.bases[rank] = slice.ptr().0;
     maps.lens[rank] = slice.len() as u64;
@@ -42,17 +52,17 @@ pub(crate) fn map_peers(comm: &Communicator, slice: &BufferSlice, what: &str) ->
 
 /// A scratch buffer of this rank, zeroed, and every rank's scratch mapped here.
 #[derive(Debug)]
-pub(crate) struct Scratch {
+pub(crate) struct Scratch<const N: usize = MAX_RANKS> {
     _buffer: DeviceBuffer,
     _peers: Vec<RegisteredMemory>,
     /// Every rank's scratch (this rank's own at index `rank`).
-    pub addrs: [u64; MAX_RANKS],
+    pub addrs: [u64; N],
 }
 
-impl Scratch {
+impl<const N: usize> Scratch<N> {
     /// Allocates, zeroes and registers a scratch buffer of `bytes` and maps every peer's (a
     /// collective call; `bytes` must be the same on every rank).
-    pub fn exchange(comm: &Communicator, bytes: u64, what: &str) -> Result<Scratch> {
+    pub fn exchange(comm: &Communicator, bytes: u64, what: &str) -> Result<Scratch<N>> {
         let bytes = usize::try_from(bytes).map_err(|_| {
             Error::invalid(format!("{what} of {bytes} bytes does not fit this host"))
         })?;

@@ -132,10 +132,12 @@ struct MoeLayoutArgs {
 };
 
 // mscclpp_moe_dispatch and mscclpp_moe_combine (collectives/src/moe/args.rs: MoeArgs;
-// collectives/src/moe/spec.md).
+// collectives/src/moe/spec.md). An exchange serves more ranks than the collectives (MoE layers
+// span hosts of 8 GPUs each: DeepEP's internode tests take 16 and more).
+constexpr uint32_t kMoeMaxRanks = 32;
 struct MoeArgs {
   uint64_t buffer;
-  uint64_t peer_buffer[kCollectiveMaxRanks];
+  uint64_t peer_buffer[kMoeMaxRanks];
   uint64_t max_tokens;
   uint64_t row_bytes;
   uint64_t scales_at;

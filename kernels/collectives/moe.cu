@@ -14,7 +14,7 @@ namespace mscclpp {
 
 // The buffer's header (hdr in collectives/src/moe/args.rs), byte offsets.
 constexpr uint64_t kMoeHeaderBytes = 4096;
-constexpr uint64_t kN = kCollectiveMaxRanks;
+constexpr uint64_t kN = kMoeMaxRanks;
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchFlag(uint64_t s) { return 8 * s; }
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchCount(uint64_t s) { return 8 * (kN + s); }
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchAck(uint64_t d) { return 8 * (2 * kN + d); }
@@ -154,7 +154,7 @@ MSCCLPP_DEVICE_INLINE void moeLayout(const MoeLayoutArgs& a) {
 // The grid holds B blocks per rank (gridDim.x = n B, fixed for the exchange's life: the counters
 // below count to the call's sequence times B). Block b serves rank b / B, its share b % B.
 MSCCLPP_DEVICE_INLINE bool moeGridOk(const MoeArgs& a) {
-  return a.nranks >= 2 && a.nranks <= kCollectiveMaxRanks && a.rank < a.nranks && gridDim.x % a.nranks == 0 &&
+  return a.nranks >= 2 && a.nranks <= kMoeMaxRanks && a.rank < a.nranks && gridDim.x % a.nranks == 0 &&
          a.num_experts != 0 && a.num_experts % a.nranks == 0 && a.tokens <= a.max_tokens &&
          blockDim.x <= kMoeMaxThreads && blockDim.x % kWarpSize == 0;
 }
@@ -352,7 +352,7 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
 
   // Phase 2.
   __shared__ uint32_t arrived;
-  __shared__ int32_t pos[kCollectiveMaxRanks];
+  __shared__ int32_t pos[kMoeMaxRanks];
   if (tid == 0) arrived = 1;
   __syncthreads();
   if (tid < n) {

@@ -76,8 +76,12 @@ pub fn rank_communicator(
         .parse()
         .map_err(|x| e(&x))?;
     let backend = mscclpp::registry::probe(kind).map_err(|x| e(&x))?;
+    // The host backend's devices are per host (8): a rank takes its place among its host's ranks
+    // (simulated hosts, `MSCCLPP_HOSTID`, may hold 16 ranks in all).
+    let hosts = boot.hosts();
+    let local = hosts[..rank].iter().filter(|&&h| h == hosts[rank]).count();
     let ordinal = match kind {
-        BackendKind::Host => rank,
+        BackendKind::Host => local,
         _ if share => 0,
         _ => rank % backend.device_count().max(1),
     };

@@ -1008,9 +1008,23 @@ fn main() {
         .collect();
     // Ranks on simulated hosts (`MSCCLPP_HOSTID`): peers of another host through the relay
     // (Ethernet here), those of the same host mapped; hosts by blocks and interleaved.
-    for (n, hosts) in [(2, "0,1"), (4, "0,0,1,1"), (3, "0,1,0")] {
+    // 16 ranks as two hosts of 8, as DeepEP's internode layout has them (more than the
+    // collectives' 8: the exchange serves up to `MOE_MAX_RANKS`).
+    for (n, hosts) in [
+        (2, "0,1"),
+        (4, "0,0,1,1"),
+        (3, "0,1,0"),
+        (16, "0,0,0,0,0,0,0,0,1,1,1,1,1,1,1,1"),
+    ] {
         trials.push(Trial::test(
-            format!("moe::host::{n}_ranks_on_hosts_{}", hosts.replace(',', "")),
+            format!(
+                "moe::host::{n}_ranks_on_hosts_{}",
+                if n > 8 {
+                    "8x2".to_string()
+                } else {
+                    hosts.replace(',', "")
+                }
+            ),
             move || run(BackendKind::Host, n, Some(hosts)),
         ));
     }

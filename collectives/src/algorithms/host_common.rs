@@ -145,9 +145,14 @@ pub fn divide_word(a: u64, dtype: DataType, n: u32) -> u64 {
 /// Refuses a rank outside `nranks`, or a rank count outside 2..=[`MAX_RANKS`] (every collective
 /// kernel's first check; `what` names the kernel).
 pub(crate) fn check_ranks(what: &str, rank: u32, nranks: u32) -> Result<()> {
-    if !(2..=MAX_RANKS).contains(&(nranks as usize)) || rank >= nranks {
+    check_ranks_up_to(what, rank, nranks, MAX_RANKS)
+}
+
+/// As [`check_ranks`] for a kernel that serves up to `max` ranks.
+pub(crate) fn check_ranks_up_to(what: &str, rank: u32, nranks: u32, max: usize) -> Result<()> {
+    if !(2..=max).contains(&(nranks as usize)) || rank >= nranks {
         return Err(Error::invalid(format!(
-            "{what} with rank {rank} of {nranks} ranks (2..={MAX_RANKS} ranks supported)"
+            "{what} with rank {rank} of {nranks} ranks (2..={max} ranks supported)"
         )));
     }
     Ok(())

@@ -4,15 +4,17 @@
 
 use mscclpp_hal::KernelArgs;
 
-use crate::algorithms::base::MAX_RANKS;
+/// Ranks an exchange serves at most (`kMoeMaxRanks` in `kernels/collectives/args.cuh`): more
+/// than the collectives' 8, since an MoE layer spans hosts of 8 GPUs each.
+pub const MOE_MAX_RANKS: usize = 32;
 
 /// Bytes of the buffer's header (flags, counts, acknowledgements, sequences, block counters).
 pub const HEADER_BYTES: u64 = 4096;
 
 /// Word offsets (in bytes) of the header; `s` and `d` are ranks.
 pub mod hdr {
-    use super::MAX_RANKS;
-    const N: u64 = MAX_RANKS as u64;
+    use super::MOE_MAX_RANKS;
+    const N: u64 = MOE_MAX_RANKS as u64;
     /// Written by source `s`: the sequence of its last complete dispatch to this rank.
     pub fn dispatch_flag(s: u64) -> u64 {
         8 * s
@@ -120,7 +122,7 @@ unsafe impl KernelArgs for MoeLayoutArgs {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeArgs {
     pub buffer: u64,
-    pub peer_buffer: [u64; MAX_RANKS],
+    pub peer_buffer: [u64; MOE_MAX_RANKS],
     pub max_tokens: u64,
     /// A row of the buffer's regions: its stride, and where its scales and metadata start.
     pub row_bytes: u64,
@@ -214,7 +216,7 @@ mod tests {
 
     #[test]
     fn header_words_are_distinct_and_inside_the_header() {
-        let n = MAX_RANKS as u64;
+        let n = MOE_MAX_RANKS as u64;
         let mut words = vec![hdr::combine_done(), hdr::dispatch_done()];
         words.extend([hdr::dispatch_seq(), hdr::combine_seq()]);
         for r in 0..n {

@@ -11,11 +11,11 @@ use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
 use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, Result};
 
 use super::args::{
-    MoeArgs, MoeLayoutArgs, STATUS_CAPACITY, STATUS_COMBINE_MISSING, STATUS_EXPERT_RANGE,
-    STATUS_ROW_SIZE, combine_region, dispatch_region, handle_experts, handle_positions,
-    handle_status, handle_tokens, hdr,
+    MOE_MAX_RANKS, MoeArgs, MoeLayoutArgs, STATUS_CAPACITY, STATUS_COMBINE_MISSING,
+    STATUS_EXPERT_RANGE, STATUS_ROW_SIZE, combine_region, dispatch_region, handle_experts,
+    handle_positions, handle_status, handle_tokens, hdr,
 };
-use crate::algorithms::host_common::{check_ranks, copy, word};
+use crate::algorithms::host_common::{check_ranks_up_to, copy, word};
 
 /// Reads a plain value of type `T` at `addr`.
 ///
@@ -90,7 +90,7 @@ pub fn layout(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
 }
 
 fn check(a: &MoeArgs, blocks: u64) -> Result<()> {
-    check_ranks("expert-parallel exchange", a.rank, a.nranks)?;
+    check_ranks_up_to("expert-parallel exchange", a.rank, a.nranks, MOE_MAX_RANKS)?;
     let n = a.nranks as usize;
     if blocks != u64::from(a.nranks) {
         return Err(Error::invalid(format!(

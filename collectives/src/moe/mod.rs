@@ -20,6 +20,7 @@ mod erased;
 pub(crate) mod host;
 mod relay;
 
+pub use args::MOE_MAX_RANKS;
 pub use erased::AnyMoe;
 
 use args::{
@@ -29,7 +30,7 @@ use args::{
 };
 
 use crate::agree::agree;
-use crate::algorithms::base::{HEADERS, MAX_RANKS, load};
+use crate::algorithms::base::{HEADERS, load};
 use relay::Buffers;
 
 const LAYOUT: KernelId = KernelId("mscclpp_moe_layout");
@@ -216,9 +217,9 @@ impl<A: Api> Moe<A> {
     /// rank passes the same `cfg`).
     pub fn new(comm: &Communicator, cfg: MoeConfig) -> Result<Moe<A>> {
         let (rank, n) = (comm.rank(), comm.nranks());
-        if !(2..=MAX_RANKS).contains(&n) {
+        if !(2..=MOE_MAX_RANKS).contains(&n) {
             return Err(Error::invalid(format!(
-                "an expert-parallel exchange of {n} ranks: 2 to {MAX_RANKS} ranks are served"
+                "an expert-parallel exchange of {n} ranks: 2 to {MOE_MAX_RANKS} ranks are served"
             )));
         }
         if cfg.num_experts == 0 || cfg.num_experts % n != 0 {
@@ -649,5 +650,9 @@ mod tests {
         // 16 per peer for 9 ranks would be 144 blocks on 132 SMs: never all resident.
         assert!(blocks_per_peer(132, 9, Some(16)).is_err());
         assert_eq!(blocks_per_peer(132, 8, Some(16)).unwrap(), 16);
+        // Past the collectives' 8 ranks: one block per peer.
+        assert_eq!(blocks_per_peer(132, 16, None).unwrap(), 1);
+        assert_eq!(blocks_per_peer(132, MOE_MAX_RANKS, None).unwrap(), 1);
+        assert!(blocks_per_peer(132, 16, Some(9)).is_err());
     }
 }

@@ -24,8 +24,8 @@ use mscclpp_transports::{
     AnyConnection, Connection, EndpointConfig, RegisteredMemory, Transport, TransportFlags,
 };
 
+use super::args::MOE_MAX_RANKS;
 use super::args::{combine_region, dispatch_region, hdr};
-use crate::algorithms::base::MAX_RANKS;
 use crate::algorithms::host_common::word;
 use crate::scratch::Scratch;
 
@@ -144,14 +144,14 @@ pub(crate) struct Buffers {
     relay: Option<Relay>,
     /// Where the kernels write rank `p`'s buffer: its own (this rank), its mapping (this host),
     /// its mirror (another host).
-    pub addrs: [u64; MAX_RANKS],
+    pub addrs: [u64; MOE_MAX_RANKS],
     _held: Held,
 }
 
 /// What the addresses point into, kept alive.
 enum Held {
     /// One host: every rank's buffer mapped (the collectives' scratch exchange).
-    OneHost(#[allow(dead_code)] Scratch),
+    OneHost(#[allow(dead_code)] Box<Scratch<MOE_MAX_RANKS>>),
     /// Several: this rank's buffer, the mappings of this host's peers, the registrations.
     Hosts {
         _mapped: Vec<RegisteredMemory>,
@@ -193,7 +193,7 @@ impl Buffers {
             return Ok(Buffers {
                 relay: None,
                 addrs: scratch.addrs,
-                _held: Held::OneHost(scratch),
+                _held: Held::OneHost(Box::new(scratch)),
             });
         }
         let own = zeroed(MemoryKind::Device)?;
@@ -204,7 +204,7 @@ impl Buffers {
         }
         let ipc = comm.register_memory(&own.full(), TransportFlags::single(Transport::CudaIpc))?;
         let net = comm.register_memory(&own.full(), TransportFlags::single(transport))?;
-        let mut addrs = [0u64; MAX_RANKS];
+        let mut addrs = [0u64; MOE_MAX_RANKS];
         addrs[rank] = own.full().ptr().0;
         let mut mapped = Vec::new();
         let mut remotes = Vec::new();

@@ -196,8 +196,8 @@ impl Communicator {
         Ok(self.inner()?.device().info().name.clone())
     }
 
-    /// An expert-parallel exchange over this communicator's ranks (2 to 8, one host): every
-    /// rank calls it with the same settings. `max_row_bytes`: a token's row at most (hidden size
+    /// An expert-parallel exchange over this communicator's ranks (2 to 32, on one host or
+    /// several): every rank calls it with the same settings. `max_row_bytes`: a token's row at most (hidden size
     /// times the element size, of the dispatch's and the combine's rows); `max_scale_bytes`: its
     /// scales at most (0: none).
     #[pyo3(signature = (num_experts, topk, max_tokens, max_row_bytes, max_scale_bytes = 0))]

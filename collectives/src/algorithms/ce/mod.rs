@@ -26,7 +26,7 @@ use crate::CollectiveKind;
 use crate::agree::agree;
 use crate::call::Checked;
 use crate::policy::{Choice, Settings};
-use crate::scratch::map_peers;
+use crate::scratch::{PeerMaps, map_peers};
 use reduce::{CE_REDUCE, CeReduceArgs};
 use release::{Release, take};
 
@@ -162,7 +162,7 @@ impl<A: Api> Ce<A> {
             }
         }
         stream.synchronize()?;
-        let maps = map_peers(comm, &mine.full(), "copy-engine scratch")?;
+        let maps: PeerMaps = map_peers(comm, &mine.full(), "copy-engine scratch")?;
         let mut peers: Vec<Option<BufferSlice>> = vec![None; n];
         for (m, p) in maps.peers.iter().zip((0..n).filter(|&p| p != rank)) {
             let view = m.mapped_slice().ok_or_else(|| {
