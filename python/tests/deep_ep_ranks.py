@@ -4,9 +4,12 @@ the layout, dispatch (bf16 and FP8 rows with scales, with and without top-k, cac
 weights and a bias), outputs compared exactly with a reference made from every rank's inputs.
 
     python tests/deep_ep_ranks.py --spawn 2 [--device cuda|cpu] [--tokens 64] [--hidden 256]
+                                  [--hosts H]
 
 Ranks share the one GPU there is (``cuda:rank % count``), or run on the host backend with CPU
-tensors (``--device cpu``). Needs torch; used by ``tests/test_deep_ep.py``.
+tensors (``--device cpu``); ``--hosts H`` puts them on H simulated hosts (``MSCCLPP_HOSTID``, by
+blocks). Past 8 ranks the calls take DeepEP's internode shapes (per-node counts, its internode
+handle), which are checked too. Needs torch; used by ``tests/test_deep_ep.py``.
 """
 
 import argparse
@@ -33,11 +36,13 @@ def reference(all_x, all_idx, all_w, rank, n, experts):
     return torch.cat(xs), torch.cat(idxs), torch.cat(ws), torch.cat(srcs), per_source
 
 
-def rank_main(rank, n, port, device, tokens, hidden, experts, topk):
+def rank_main(rank, n, port, device, tokens, hidden, experts, topk, hosts=1):
     import torch
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if hosts > 1:
+        os.environ["MSCCLPP_HOSTID"] = f"deep-ep-{port}-{rank // (n // hosts)}"
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -79,7 +84,12 @@ def rank_main(rank, n, port, device, tokens, hidden, experts, topk):
     owner_hit = torch.zeros((t_mine, n), dtype=torch.int32)
     valid = idx >= 0
     owner_hit.scatter_add_(1, torch.where(valid, idx // local, 0), valid.to(torch.int32))
-    assert per_rdma is None
+    if n > 8:
+        # DeepEP's internode layout: tokens bound for each node of 8 ranks.
+        to_node = (owner_hit > 0).view(t_mine, n // 8, 8).any(2)
+        assert torch.equal(per_rdma.cpu(), to_node.sum(0, dtype=torch.int32)), "per node"
+    else:
+        assert per_rdma is None
     assert torch.equal(in_rank.cpu(), owner_hit > 0)
     assert torch.equal(per_rank.cpu(), (owner_hit > 0).sum(0, dtype=torch.int32))
     assert torch.equal(per_expert.cpu(), torch.bincount(idx[valid], minlength=experts).int())
@@ -96,11 +106,19 @@ def rank_main(rank, n, port, device, tokens, hidden, experts, topk):
     assert torch.equal(recv_x.cpu(), want_x), "recv_x"
     assert torch.equal(recv_idx.cpu(), want_idx), "recv_topk_idx"
     assert torch.equal(recv_w.cpu(), want_w), "recv_topk_weights"
-    assert torch.equal(handle[3].cpu(), want_src), "recv_src_idx"
+    internode = n > 8
+    assert len(handle) == (10 if internode else 6)
+    assert torch.equal(handle[7 if internode else 3].cpu(), want_src), "recv_src_idx"
     counts = [int((want_idx == e).sum()) for e in range(local)]
     assert per_expert_list == [(c + 3) // 4 * 4 for c in counts], (per_expert_list, counts)
-    prefix = handle[0].cpu()
-    assert [int(prefix[i][rank]) for i in range(n)] == [sum(per_source[: i + 1]) for i in range(n)]
+    want_prefix = [sum(per_source[: i + 1]) for i in range(n)]
+    if internode:
+        # recv_gbl_rank_prefix_sum (handle[-4]), which DeepEP's internode test reads.
+        assert handle[-4].cpu().tolist() == want_prefix, "recv_gbl_rank_prefix_sum"
+        assert torch.equal(handle[0].cpu(), owner_hit > 0), "is_token_in_rank"
+    else:
+        prefix = handle[0].cpu()
+        assert [int(prefix[i][rank]) for i in range(n)] == want_prefix
 
     # Combine with the weights, and again with a bias.
     combined, combined_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
@@ -240,14 +258,19 @@ def main():
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--experts", type=int, default=32)
     p.add_argument("--topk", type=int, default=4)
+    p.add_argument("--hosts", type=int, default=1)
     a = p.parse_args()
+    if a.hosts < 1 or a.spawn % a.hosts:
+        p.error(f"--hosts {a.hosts}: the {a.spawn} ranks must split evenly")
+    if a.tokens <= a.spawn:
+        p.error(f"--tokens {a.tokens}: rank r sends tokens - r, so more than {a.spawn} are needed")
     import torch.multiprocessing as tmp
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from cluster import free_port
 
     tmp.spawn(rank_main, args=(a.spawn, free_port(), a.device, a.tokens, a.hidden, a.experts,
-                               a.topk), nprocs=a.spawn)
+                               a.topk, a.hosts), nprocs=a.spawn)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,16 @@ def test_deep_ep_buffer_against_torch():
                        capture_output=True, text=True, timeout=300, cwd=HERE)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "every check passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_deep_ep_buffer_internode_shapes_past_8_ranks():
+    # 16 ranks on 2 simulated hosts of 8: DeepEP's internode layout (per-node counts) and handle
+    # (recv_gbl_rank_prefix_sum at handle[-4]), the peers of the other host through the relay.
+    if not _has_torch():
+        pytest.skip("torch is not installed: mscclpp_rs.deep_ep serves torch tensors")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "deep_ep_ranks.py"), "--spawn", "16",
+                        "--hosts", "2", "--device", "cpu", "--tokens", "24", "--hidden", "128",
+                        "--experts", "32"],
+                       capture_output=True, text=True, timeout=900, cwd=HERE)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "every check passed" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]

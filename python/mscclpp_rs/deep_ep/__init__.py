@@ -5,7 +5,7 @@ Opt-in, as ``import mscclpp`` is: ``MSCCLPP_RS_DEEP_EP=1`` (or ``mscclpp_rs.comp
 before ``deep_ep`` is imported) makes ``import deep_ep`` give this module; otherwise
 ``import mscclpp_rs.deep_ep`` does.
 
-Served: ``Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode)`` (2 to 8 ranks, on
+Served: ``Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode)`` (2 to 32 ranks, on
 one host or several: every byte given is the exchange's), ``get_dispatch_layout``, ``dispatch`` (bf16
 rows, or FP8 rows with their per-128-channel scales; with or without top-k; a cached dispatch with
 a handle; ``num_worst_tokens``; ``expert_alignment``), ``combine`` (bf16, f16 or f32 rows;
@@ -13,7 +13,7 @@ weights; one or two biases), ``low_latency_dispatch`` (bf16 or FP8, ``round_scal
 statistics, the hook) and ``low_latency_combine`` (weighted; ``zero_copy``, ``out``),
 ``EventOverlap``, ``Config`` and the size hints, ``capture``, ``get_comm_stream``,
 ``previous_event``, ``async_finish``, ``allocate_on_comm_stream``. Not served, with a clear
-error: packed UE8M0 scales, ``get_local_buffer_tensor``; more than 8 ranks.
+error: packed UE8M0 scales, ``get_local_buffer_tensor``; more than 32 ranks.
 
 Semantics are DeepEP's (learnt from its public repository; none of its code is here): a token
 goes once to each rank holding one of its experts (rank ``r`` holds experts
@@ -65,9 +65,11 @@ class Config:
                                  num_max_tokens: int = 4096, num_topk: int = 32) -> int:
         """Bytes of a ``Buffer`` whose ranks dispatch up to ``num_max_tokens`` tokens of
         ``hidden_bytes`` (bf16) each: this library's exchange holds every token a call can
-        receive, so its size follows the tokens, not DeepEP's chunks."""
+        receive, so its size follows the tokens, not DeepEP's chunks. A row's slots are the top-k
+        or, for a dispatch without top-k (routed by its ranks), one per rank: the larger."""
         hidden = max(1, hidden_bytes // 2)
-        return _HEADER + 2 * num_ranks * num_max_tokens * _row_bytes(hidden, num_topk)
+        slots = max(num_topk, num_ranks)
+        return _HEADER + 2 * num_ranks * num_max_tokens * _row_bytes(hidden, slots)
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
         return 0
@@ -105,10 +107,18 @@ class EventOverlap:
         return False
 
 
+# DeepEP's NVLink peers per node: past this many ranks its calls take the internode shapes.
+_NVL_PEERS = 8
+
+
 class _Handle(tuple):
     """DeepEP's intranode handle (rank_prefix_matrix, channel_prefix_matrix,
-    recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_head), carrying this
-    library's own handle and routing for the combine and cached dispatches."""
+    recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_head), or past 8 ranks its
+    internode one (is_token_in_rank, rdma_channel_prefix_matrix, gbl_channel_prefix_matrix,
+    recv_rdma_channel_prefix_matrix, recv_rdma_rank_prefix_sum, recv_gbl_channel_prefix_matrix,
+    recv_gbl_rank_prefix_sum, recv_src_meta, send_rdma_head, send_nvl_head), carrying this
+    library's own handle and routing for the combine and cached dispatches. One channel: the
+    channel matrices hold one column."""
 
     def __new__(cls, items, state):
         h = super().__new__(cls, items)
@@ -123,7 +133,7 @@ class _State:
 
 
 class Buffer:
-    """DeepEP's ``Buffer`` for 2 to 8 ranks (one host or several), normal mode."""
+    """DeepEP's ``Buffer`` for 2 to 32 ranks (one host or several), normal mode."""
 
     num_sms = 20
 
@@ -146,6 +156,15 @@ class Buffer:
         # Every byte given is the exchange's: within a host there is no separate RDMA buffer.
         self._budget = self.num_nvl_bytes + self.num_rdma_bytes
         self.explicitly_destroy = explicitly_destroy
+        # DeepEP's layout past 8 ranks: "RDMA ranks" of 8 NVLink peers each (its internode
+        # mode), whose counts and handle shape the calls then take and give. The exchange is the
+        # same: peers on other hosts are reached through its relay.
+        n = self.group_size
+        if n > _NVL_PEERS and n % _NVL_PEERS:
+            raise ValueError(f"mscclpp_rs.deep_ep.Buffer: {n} ranks; past {_NVL_PEERS} ranks "
+                             f"DeepEP takes groups of {_NVL_PEERS} per node (a multiple of "
+                             f"{_NVL_PEERS})")
+        self._rdma_ranks = n // _NVL_PEERS if n > _NVL_PEERS else 1
         self._comm = CommGroup(torch_group=group).communicator
         self._exchanges = {}
         self._comm_stream = torch.cuda.Stream() if torch.cuda.is_available() else None
@@ -280,7 +299,9 @@ class Buffer:
 
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None,
                             async_finish=False, allocate_on_comm_stream=False):
-        """(num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank, event)."""
+        """(num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert,
+        is_token_in_rank, event); num_tokens_per_rdma_rank (tokens bound for each node of 8
+        ranks) is None within 8 ranks, as DeepEP's."""
         n = self.group_size
         if num_experts % n:
             raise ValueError(f"get_dispatch_layout: {num_experts} experts over {n} ranks")
@@ -302,8 +323,12 @@ class Buffer:
             in_rank = hit > 0
             per_rank = in_rank.sum(0, dtype=torch.int32)
             per_expert = torch.bincount(idx[valid], minlength=num_experts).to(torch.int32)
+            per_node = None
+            if self._rdma_ranks > 1:
+                per_node = in_rank.view(-1, self._rdma_ranks, _NVL_PEERS).any(2).sum(
+                    0, dtype=torch.int32)
         ev = self._finish(s, async_finish, [per_rank, per_expert, in_rank])
-        return per_rank, None, per_expert, in_rank, ev
+        return per_rank, per_node, per_expert, in_rank, ev
 
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
@@ -376,12 +401,30 @@ class Buffer:
         recv_x = out_x[:rows]
         recv_x = (recv_x, out_sc[:rows]) if fp8 else recv_x
         state = _State(ex, hb, tokens, route, topk, rows, cap)
-        in_rank = is_token_in_rank if is_token_in_rank is not None else handle[4]
+        internode = self._rdma_ranks > 1
+        if is_token_in_rank is not None:
+            in_rank = is_token_in_rank
+        else:
+            in_rank = handle[0] if internode else handle[4]
         # One channel: what this rank sends to each rank, and receives from each.
         channel_prefix = in_rank.sum(0, dtype=torch.int32).view(n, 1)
         recv_channel_prefix = counts.view(n, 1).clone()
-        new_handle = _Handle((rank_prefix, channel_prefix, recv_channel_prefix, out_src[:rows],
-                              in_rank, send_head), state)
+        if internode:
+            nodes = self._rdma_ranks
+            to_node = in_rank.view(-1, nodes, _NVL_PEERS).any(2)
+            from_node = counts.view(nodes, _NVL_PEERS).sum(1, dtype=torch.int32)
+            # send_rdma_head: each token's row among those this rank sends to each node (-1:
+            # none), as send_head is per rank.
+            rdma_head = torch.where(to_node, torch.cumsum(to_node.int(), 0, dtype=torch.int32) - 1,
+                                    torch.full_like(to_node, -1, dtype=torch.int32))
+            new_handle = _Handle((in_rank, to_node.sum(0, dtype=torch.int32).view(nodes, 1),
+                                  channel_prefix, from_node.view(nodes, 1).clone(),
+                                  torch.cumsum(from_node, 0, dtype=torch.int32),
+                                  recv_channel_prefix, mine, out_src[:rows], rdma_head,
+                                  send_head), state)
+        else:
+            new_handle = _Handle((rank_prefix, channel_prefix, recv_channel_prefix,
+                                  out_src[:rows], in_rank, send_head), state)
         ev = self._finish(s, async_finish, [out_x, out_idx, out_w, out_src, out_sc, hb, xs, scales,
                                             route, w])
         if handle is not None:
