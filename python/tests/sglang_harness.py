@@ -97,10 +97,34 @@ def progress(rank, stage, t0=time.monotonic()):
         print(f"harness: {stage} ({time.monotonic() - t0:.0f} s)", flush=True)
 
 
-def watch_stages(cls, rank):
+def watch_stages(cls, rank, trace=0):
     """Wrap the tuner's stages (compiling the algorithms, tuning, each algorithm and size it
-    times) with progress lines."""
+    times) with progress lines; with ``trace`` > 0, rank 0 also reports each of the first
+    ``trace`` executions (its result and how long it took to finish on the GPU; outside a graph
+    capture, which cannot wait), so that a slow or stuck first call shows itself."""
     timed = cls._get_time
+    if trace > 0:
+        import torch
+
+        run = cls._run_algo
+        seen = [0]
+
+        def traced(self, algo, tensor, size, nblocks, nthreads, *args):
+            if seen[0] >= trace:
+                return run(self, algo, tensor, size, nblocks, nthreads, *args)
+            seen[0] += 1
+            t = time.monotonic()
+            rc = run(self, algo, tensor, size, nblocks, nthreads, *args)
+            capturing = torch.cuda.is_current_stream_capturing()
+            if not capturing:
+                torch.cuda.current_stream().synchronize()
+            progress(rank, f"execute {seen[0]}: {algo.name} {size} B nblocks={nblocks} "
+                           f"nthreads={nthreads}: returned {rc}"
+                           f"{' (captured)' if capturing else ''} in "
+                           f"{(time.monotonic() - t) * 1e3:.1f} ms")
+            return rc
+
+        cls._run_algo = traced
 
     def get_time(self, algo, tensor, size, *args):
         out = timed(self, algo, tensor, size, *args)
@@ -120,7 +144,7 @@ def watch_stages(cls, rank):
         setattr(cls, name, staged)
 
 
-def rank_main(rank, size, quick, port, hosts=1, tag="sglang"):
+def rank_main(rank, size, quick, port, hosts=1, tag="sglang", trace=0):
     import torch
     import torch.distributed as dist
 
@@ -145,7 +169,7 @@ def rank_main(rank, size, quick, port, hosts=1, tag="sglang"):
     m = load_pymscclpp(os.environ["SGLANG_PYMSCCLPP"])
     cls = m.PyMscclppCommunicator
     cut_candidates(cls, quick)
-    watch_stages(cls, rank)
+    watch_stages(cls, rank, trace)
     progress(rank, "process group up; building the communicator")
     comm = cls(dist.group.WORLD, torch.device(f"cuda:{rank % ndev}"))
     assert comm.available, "import mscclpp failed under the harness"
@@ -225,6 +249,8 @@ def main():
     p.add_argument("--quick", action="store_true", help="cut the tuner's candidates")
     p.add_argument("--hosts", type=int, default=1,
                    help="simulated hosts (MSCCLPP_HOSTID per group of ranks; 16/32 ranks)")
+    p.add_argument("--trace", type=int, default=0,
+                   help="rank 0 reports each of the first N executions and how long it took")
     a = p.parse_args()
     path = os.environ.get("SGLANG_PYMSCCLPP")
     if not path or not os.path.isfile(path):
@@ -242,10 +268,11 @@ def main():
         from cluster import free_port
 
         tag = f"sglang-{os.getpid()}"
-        tmp.spawn(rank_main, args=(a.spawn, a.quick, free_port(), a.hosts, tag), nprocs=a.spawn)
+        tmp.spawn(rank_main, args=(a.spawn, a.quick, free_port(), a.hosts, tag, a.trace),
+                  nprocs=a.spawn)
     else:
         rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a.quick, 0, a.hosts,
-                  f"sglang-{os.environ.get('MASTER_PORT', '0')}")
+                  f"sglang-{os.environ.get('MASTER_PORT', '0')}", a.trace)
 
 
 if __name__ == "__main__":

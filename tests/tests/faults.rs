@@ -349,23 +349,13 @@ fn chaos_loop(r: &Rank) -> R<()> {
     loop {
         match rng.below(4) {
             0 => r.comm.bootstrap().barrier().map_err(e)?,
-            1 => {
-                let count = 1 + rng.below(512) as usize;
-                coll.run(
-                    &CollectiveCall::new(
-                        CollectiveKind::AllReduce,
-                        &a.full(),
-                        &a.full(),
-                        count,
-                        DataType::F32,
-                    )
-                    .op(ReduceOp::Sum),
-                    &*r.stream,
-                )
-                .map_err(e)?;
-            }
-            2 => {
-                let count = (16 << 10) + rng.below((MAX - (16 << 10)) as u64) as usize;
+            k @ (1 | 2) => {
+                // A packet-sized call, or one of the pipelined algorithms.
+                let count = if k == 1 {
+                    1 + rng.below(512) as usize
+                } else {
+                    (16 << 10) + rng.below((MAX - (16 << 10)) as u64) as usize
+                };
                 coll.run(
                     &CollectiveCall::new(
                         CollectiveKind::AllReduce,
