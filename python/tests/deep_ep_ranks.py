@@ -143,6 +143,16 @@ def rank_main(rank, n, port, device, tokens, hidden, experts, topk, hosts=1):
     all_s = gather(scales)
     want_s = reference(all_s, all_idx, all_w, rank, n, experts)[0]
     assert torch.equal(got8[1].cpu(), want_s), "fp8 scales"
+    # FP8 with top-k, not cached, the scales column-major as DeepEP's own test passes them
+    # (`scales.T.contiguous().T`): what `is_sm90_compiled()` = True lets its FP8 cases send.
+    col = scales.T.contiguous().T
+    assert not col.is_contiguous()
+    f8, f8_idx, f8_w, _, _, _ = buf.dispatch(
+        (x8.to(dev), col.to(dev)), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, topk_idx=idx.to(dev), topk_weights=w.to(dev))
+    assert torch.equal(f8[0].cpu().view(torch.uint8), want8), "fp8 rows with top-k"
+    assert torch.equal(f8[1].cpu(), want_s), "fp8 column-major scales with top-k"
+    assert torch.equal(f8_idx.cpu(), want_idx) and torch.equal(f8_w.cpu(), want_w)
 
     # No top-k: routed by is_token_in_rank alone; the same rows.
     nx, nidx, nw, nlist, nh, _ = buf.dispatch(
