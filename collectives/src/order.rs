@@ -43,7 +43,7 @@ struct Last<A: Api> {
 
 /// The vendor handle where there is one (the C library wraps the same `cudaStream_t` in a new
 /// object each call), else the stream object's address.
-fn stream_key<S: StreamApi + ?Sized>(stream: &S) -> usize {
+fn stream_key<S: StreamApi>(stream: &S) -> usize {
     match stream.native_handle() {
         Some(h) => h as usize,
         None => stream as *const S as *const () as usize,

@@ -195,7 +195,7 @@ pub(crate) trait Algorithm<A: Api>: std::fmt::Debug + Send + Sync {
 }
 
 /// The most threads (whole warps) a block of `kernel` may have on this device.
-fn thread_limit<K: KernelApi + ?Sized>(info: &DeviceInfo, kernel: &K) -> u32 {
+fn thread_limit<K: KernelApi>(info: &DeviceInfo, kernel: &K) -> u32 {
     let limit = kernel
         .max_threads_per_block()
         .unwrap_or(info.max_threads_per_block)
@@ -205,7 +205,7 @@ fn thread_limit<K: KernelApi + ?Sized>(info: &DeviceInfo, kernel: &K) -> u32 {
 
 /// Threads per block: `forced` (from the environment) or `default`, from 32 to 1024 and within
 /// what `kernel` may launch with on this device.
-pub(crate) fn block_threads<K: KernelApi + ?Sized>(
+pub(crate) fn block_threads<K: KernelApi>(
     info: &DeviceInfo,
     kernel: &K,
     forced: Option<u32>,
