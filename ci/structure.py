@@ -13,7 +13,8 @@
 4. Front ends import few crates: the library code (`src/`) of the C library, the benchmark and
    the Python package names the facade (`mscclpp::...`), the caller side and (C library,
    benchmark) the real NCCL's binding, nothing else of this workspace; and it reaches the
-   collectives only through the caller (`AnyCollectives`, `typed_collectives` are not named).
+   collectives only through the caller (`AnyCollectives`, `typed_collectives` and the facade's
+   `typed::collectives` are not named).
 
 `--self-test` runs each rule on a broken input (an upward dependency, a missing path, a session)
 and fails unless each is caught, so that a rule that silently stopped working is noticed.
@@ -56,7 +57,7 @@ FRONT_ENDS = {
 }
 CRATE_NAME = re.compile(r"\b(mscclpp(?:_[a-z_]+)?)(?:::|\s+as\b|;)")
 STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-AROUND_CALLER = re.compile(r"\b(AnyCollectives|typed_collectives)\b")
+AROUND_CALLER = re.compile(r"\b(AnyCollectives|typed_collectives|typed::collectives)\b")
 DOC_FILES = ["README.md", "CONTRIBUTING.md", "kernels/README.md", "experiments/README.md"]
 SESSION_WORDS = re.compile(r"\b(?:[Ss]ession \d+|this session|that session|[Hh]elpers?)\b")
 PATH_TOKEN = re.compile(r"`([A-Za-z0-9_.\-]+/[A-Za-z0-9_./:\-]*)`")
@@ -196,6 +197,9 @@ def self_test():
                    bool(import_errors("x.rs", "use mscclpp_comm::Communicator;", allowed))))
     caught.append(("a front end around the caller",
                    bool(import_errors("x.rs", "fn f(c: &dyn AnyCollectives) {}", allowed))))
+    caught.append(("a front end around the caller through the facade",
+                   bool(import_errors("x.rs", "let c = mscclpp::typed::collectives(comm, 1);",
+                                      allowed))))
     caught.append(("a front end's facade import accepted",
                    not import_errors("x.rs", 'use mscclpp::comm::Communicator; // mscclpp_hal',
                                      allowed)
