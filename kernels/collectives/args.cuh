@@ -138,6 +138,10 @@ constexpr uint32_t kMoeMaxRanks = 32;
 struct MoeArgs {
   uint64_t buffer;
   uint64_t peer_buffer[kMoeMaxRanks];
+  // Where this rank's dispatch rows (combine rows) for rank d go: its region in d's buffer, or in
+  // the compact mirror of d's buffer where d is on another host.
+  uint64_t peer_dispatch[kMoeMaxRanks];
+  uint64_t peer_combine[kMoeMaxRanks];
   uint64_t max_tokens;
   uint64_t row_bytes;
   uint64_t scales_at;

@@ -179,7 +179,7 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
   __shared__ uint32_t scan[kMoeMaxThreads];
   __shared__ uint32_t list[kMoeMaxThreads];
   if (!moeWaitGe(moeWord(a.buffer, moeDispatchAck(d)), seq - 1)) return;
-  const uint64_t region = a.peer_buffer[d] + moeDispatchRegion(a, r);
+  const uint64_t region = a.peer_dispatch[d];
   const uint64_t lo = a.tokens * share / blocks, hi = a.tokens * (share + 1) / blocks;
   uint32_t earlier = 0;
   for (uint64_t t = tid; t < lo; t += blockDim.x) earlier += moeMember(a, t, d, local, status, false) ? 1 : 0;
@@ -331,7 +331,7 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   uint64_t c = (uint64_t)(handle[s] < 0 ? 0 : handle[s]);
   if (c > a.max_tokens) c = a.max_tokens;
   if (prefix + c > a.out_capacity) c = a.out_capacity > prefix ? a.out_capacity - prefix : 0;
-  const uint64_t region = a.peer_buffer[s] + moeCombineRegion(a, r);
+  const uint64_t region = a.peer_combine[s];
   for (uint64_t j = c * share / blocks + warp; j < c * (share + 1) / blocks; j += warps) {
     char* row = (char*)(region + j * a.row_bytes);
     const uint64_t i = prefix + j;

@@ -123,6 +123,10 @@ unsafe impl KernelArgs for MoeLayoutArgs {}
 pub struct MoeArgs {
     pub buffer: u64,
     pub peer_buffer: [u64; MOE_MAX_RANKS],
+    /// Where this rank's dispatch rows (combine rows) for rank `d` go: its region in `d`'s
+    /// buffer, or in the compact mirror of it (`mirror_bytes`) where `d` is on another host.
+    pub peer_dispatch: [u64; MOE_MAX_RANKS],
+    pub peer_combine: [u64; MOE_MAX_RANKS],
     pub max_tokens: u64,
     /// A row of the buffer's regions: its stride, and where its scales and metadata start.
     pub row_bytes: u64,
@@ -182,6 +186,19 @@ pub fn dispatch_region(row_bytes: u64, max_tokens: u64, src: u64) -> u64 {
 
 pub fn combine_region(row_bytes: u64, max_tokens: u64, nranks: u64, src: u64) -> u64 {
     HEADER_BYTES + (nranks + src) * max_tokens * row_bytes
+}
+
+/// A mirror of a peer's buffer on another host holds only what this rank writes there: the
+/// header, then this rank's dispatch region, then its combine region (`spec.md`, "Ranks on
+/// other hosts"): `2 max_tokens` rows, not `2 n max_tokens`.
+pub fn mirror_bytes(row_bytes: u64, max_tokens: u64) -> u64 {
+    HEADER_BYTES + 2 * max_tokens * row_bytes
+}
+pub fn mirror_dispatch() -> u64 {
+    HEADER_BYTES
+}
+pub fn mirror_combine(row_bytes: u64, max_tokens: u64) -> u64 {
+    HEADER_BYTES + max_tokens * row_bytes
 }
 
 /// `None` where the size does not fit 64 bits.

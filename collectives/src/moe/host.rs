@@ -98,7 +98,11 @@ fn check(a: &MoeArgs, blocks: u64) -> Result<()> {
             a.nranks
         )));
     }
-    if a.peer_buffer[..n].contains(&0) || a.buffer != a.peer_buffer[a.rank as usize] {
+    if a.peer_buffer[..n].contains(&0)
+        || a.peer_dispatch[..n].contains(&0)
+        || a.peer_combine[..n].contains(&0)
+        || a.buffer != a.peer_buffer[a.rank as usize]
+    {
         return Err(Error::invalid(
             "expert-parallel exchange without its buffer",
         ));
@@ -160,7 +164,7 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         wait_ge(a.buffer, hdr::dispatch_ack(d), seq - 1, || {
             format!("rank {d} to read this rank's previous dispatch")
         })?;
-        let region = a.peer_buffer[d as usize] + dispatch_region(a.row_bytes, a.max_tokens, r);
+        let region = a.peer_dispatch[d as usize];
         let mut j = 0u64;
         for t in 0..a.tokens {
             let mut member = false;
@@ -325,7 +329,7 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         })?;
         // SAFETY: the handle holds nranks counts (written by the dispatch).
         let c = u64::from(unsafe { get::<i32>(v.handle(s)) }.max(0) as u32);
-        let region = a.peer_buffer[s as usize] + combine_region(a.row_bytes, a.max_tokens, n, r);
+        let region = a.peer_combine[s as usize];
         // Rows past `x`'s (a dispatch that overflowed its output) are not sent.
         let sent = c
             .min(a.max_tokens)

@@ -374,6 +374,8 @@ impl<A: Api> Moe<A> {
         MoeArgs {
             buffer: self.buffer.addrs[self.rank],
             peer_buffer: self.buffer.addrs,
+            peer_dispatch: self.buffer.dispatch_at,
+            peer_combine: self.buffer.combine_at,
             max_tokens: self.cfg.max_tokens as u64,
             row_bytes: self.row_bytes,
             scales_at: self.rows.scales_at(),

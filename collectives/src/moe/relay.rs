@@ -25,7 +25,9 @@ use mscclpp_transports::{
 };
 
 use super::args::MOE_MAX_RANKS;
-use super::args::{combine_region, dispatch_region, hdr};
+use super::args::{
+    combine_region, dispatch_region, hdr, mirror_bytes, mirror_combine, mirror_dispatch,
+};
 use crate::algorithms::host_common::word;
 use crate::scratch::Scratch;
 
@@ -71,13 +73,13 @@ impl Remote {
         word(base, off).load(Ordering::Acquire)
     }
 
-    /// Carries `len` bytes at `off` of the mirror into the peer's buffer.
-    fn write(&self, off: u64, len: u64) -> Result<()> {
+    /// Carries `len` bytes at `from` of the mirror to `to` of the peer's buffer.
+    fn write(&self, to: u64, from: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
         self.conn
-            .write(&self.theirs, off, &self.mirror_mem, off, len)
+            .write(&self.theirs, to, &self.mirror_mem, from, len)
     }
 
     /// Carries the word at `off` (ordered behind every earlier write).
@@ -94,6 +96,7 @@ impl Remote {
             let shape = self.word(hdr::dispatch_shape(me));
             self.write(
                 dispatch_region(s.row_bytes, s.max_tokens, me),
+                mirror_dispatch(),
                 count * s.row_bytes,
             )?;
             self.store(hdr::dispatch_count(me), count)?;
@@ -107,6 +110,7 @@ impl Remote {
             let count = self.word(hdr::combine_count(me)).min(s.max_tokens);
             self.write(
                 combine_region(s.row_bytes, s.max_tokens, s.nranks, me),
+                mirror_combine(s.row_bytes, s.max_tokens),
                 count * s.row_bytes,
             )?;
             self.store(hdr::combine_count(me), count)?;
@@ -145,6 +149,10 @@ pub(crate) struct Buffers {
     /// Where the kernels write rank `p`'s buffer: its own (this rank), its mapping (this host),
     /// its mirror (another host).
     pub addrs: [u64; MOE_MAX_RANKS],
+    /// Where this rank's dispatch rows (combine rows) for rank `p` go: its region of `p`'s
+    /// buffer, or of `p`'s compact mirror.
+    pub dispatch_at: [u64; MOE_MAX_RANKS],
+    pub combine_at: [u64; MOE_MAX_RANKS],
     _held: Held,
 }
 
@@ -175,28 +183,43 @@ impl Buffers {
     pub fn exchange(comm: &Communicator, bytes: u64, shape: Shape) -> Result<Buffers> {
         let (rank, n) = (comm.rank(), comm.nranks());
         let hosts = comm.bootstrap().hosts().to_vec();
-        let len = usize::try_from(bytes).map_err(|_| {
-            Error::invalid(format!(
-                "an expert-parallel buffer of {bytes} bytes does not fit this host"
-            ))
-        })?;
         let device = comm.device();
-        let zeroed = |kind| -> Result<DeviceBuffer> {
+        let zeroed_of = |bytes: u64, kind| -> Result<DeviceBuffer> {
+            let len = usize::try_from(bytes).map_err(|_| {
+                Error::invalid(format!(
+                    "an expert-parallel buffer of {bytes} bytes does not fit this host"
+                ))
+            })?;
             let b = device.alloc(len, kind)?;
             let stream = device.create_stream()?;
             stream.fill(&b.full(), 0)?;
             stream.synchronize()?;
             Ok(b)
         };
+        // This rank's regions in a buffer at `base` (every rank's on one host, and this host's).
+        let (me, nr) = (rank as u64, n as u64);
+        let regions = |base: u64| {
+            (
+                base + dispatch_region(shape.row_bytes, shape.max_tokens, me),
+                base + combine_region(shape.row_bytes, shape.max_tokens, nr, me),
+            )
+        };
+        let mut dispatch_at = [0u64; MOE_MAX_RANKS];
+        let mut combine_at = [0u64; MOE_MAX_RANKS];
         if hosts.iter().all(|&h| h == hosts[0]) {
             let scratch = Scratch::exchange(comm, bytes, "expert-parallel buffer")?;
+            for p in 0..n {
+                (dispatch_at[p], combine_at[p]) = regions(scratch.addrs[p]);
+            }
             return Ok(Buffers {
                 relay: None,
                 addrs: scratch.addrs,
+                dispatch_at,
+                combine_at,
                 _held: Held::OneHost(Box::new(scratch)),
             });
         }
-        let own = zeroed(MemoryKind::Device)?;
+        let own = zeroed_of(bytes, MemoryKind::Device)?;
         // Every rank takes the same transport between hosts (collective over the communicator).
         let transport = mscclpp_comm::inter_host_transport(comm, &own.full())?;
         if transport == Transport::CudaIpc {
@@ -206,6 +229,7 @@ impl Buffers {
         let net = comm.register_memory(&own.full(), TransportFlags::single(transport))?;
         let mut addrs = [0u64; MOE_MAX_RANKS];
         addrs[rank] = own.full().ptr().0;
+        (dispatch_at[rank], combine_at[rank]) = regions(addrs[rank]);
         let mut mapped = Vec::new();
         let mut remotes = Vec::new();
         // Peers in ascending order on every rank: each pair's steps meet.
@@ -219,6 +243,7 @@ impl Buffers {
                 })?;
                 same_size(p, view.len() as u64, bytes)?;
                 addrs[p] = view.ptr().0;
+                (dispatch_at[p], combine_at[p]) = regions(addrs[p]);
                 mapped.push(theirs);
                 continue;
             }
@@ -232,7 +257,11 @@ impl Buffers {
                     format!("rank {rank} to rank {p} over {transport}: {e}"),
                 )
             })?;
-            let mirror = zeroed(MemoryKind::HostMapped)?;
+            // Only the header and this rank's two regions: what the kernels write there.
+            let mirror = zeroed_of(
+                mirror_bytes(shape.row_bytes, shape.max_tokens),
+                MemoryKind::HostMapped,
+            )?;
             if mirror.full().host_ptr().is_none() {
                 return Err(Error::Internal(
                     "host-mapped memory without a host address".into(),
@@ -241,6 +270,8 @@ impl Buffers {
             let mirror_mem =
                 comm.register_memory(&mirror.full(), TransportFlags::single(transport))?;
             addrs[p] = mirror.full().ptr().0;
+            dispatch_at[p] = addrs[p] + mirror_dispatch();
+            combine_at[p] = addrs[p] + mirror_combine(shape.row_bytes, shape.max_tokens);
             remotes.push(Remote {
                 rank: p,
                 conn,
@@ -262,6 +293,8 @@ impl Buffers {
         mapped.push(net);
         Ok(Buffers {
             addrs,
+            dispatch_at,
+            combine_at,
             _held: Held::Hosts {
                 _mapped: mapped,
                 _own: own,
