@@ -34,6 +34,17 @@ pub fn by_backend<P: PerBackend>(comm: Arc<Communicator>, what: P) -> Result<P::
         })?;
         what.on::<A>(comm)
     }
+    // The way out over the trait objects went with them (2026-12-07): say so to whoever still
+    // sets it, once per process, rather than ignore it silently.
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if std::env::var("MSCCLPP_TYPED").is_ok_and(|v| v.trim() == "0") {
+        SAID.call_once(|| {
+            tracing::warn!(
+                "MSCCLPP_TYPED=0 is no longer served: the collectives always run over the \
+                 backend's own types"
+            )
+        });
+    }
     match comm.device().info().backend {
         BackendKind::Host => typed::<mscclpp_host::Host, P>(comm, what),
         #[cfg(feature = "cuda")]
