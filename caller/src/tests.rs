@@ -18,14 +18,15 @@ use super::{Caller, buffer_bytes};
 
 /// `n` callers of one communicator, one per thread, each running `f(rank, caller)`.
 fn with_ranks<T: Send>(n: usize, f: impl Fn(usize, &Caller) -> T + Sync) -> Vec<T> {
-    with_ranks_on(n, |d| d, f)
+    with_ranks_on(n, |d| d, |r, c| f(r, &c.expect("caller")))
 }
 
-/// As [`with_ranks`], each rank's host device passed through `device` first.
+/// As [`with_ranks`], each rank's host device passed through `device` first, and `f` given what
+/// making the caller returned.
 fn with_ranks_on<T: Send>(
     n: usize,
     device: impl Fn(Arc<dyn Device>) -> Arc<dyn Device> + Sync,
-    f: impl Fn(usize, &Caller) -> T + Sync,
+    f: impl Fn(usize, HalResult<Caller>) -> T + Sync,
 ) -> Vec<T> {
     let cfg = BootstrapConfig::default();
     let (_root, uid) =
@@ -41,9 +42,7 @@ fn with_ranks_on<T: Send>(
                             .open_device(0)
                             .expect("host device"),
                     );
-                    let caller =
-                        Caller::new(Arc::new(Communicator::new(boot, device))).expect("caller");
-                    f(r, &caller)
+                    f(r, Caller::new(Arc::new(Communicator::new(boot, device))))
                 })
             })
             .collect();
@@ -220,33 +219,16 @@ fn the_collectives_run_on_the_backends_own_types_and_refuse_a_foreign_stream() {
 /// rank, naming the backend and why (no rank waits for a peer that gave up).
 #[test]
 fn a_wrapped_device_is_refused_naming_its_backend() {
-    let n = 2;
-    let cfg = BootstrapConfig::default();
-    let (_root, uid) =
-        BootstrapRoot::start("127.0.0.1:0".parse().expect("addr"), n, &cfg).expect("root");
-    let errors: Vec<String> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let cfg = cfg.clone();
-                s.spawn(move || {
-                    let boot = Arc::new(Bootstrap::new(&uid, r, n, cfg).expect("bootstrap"));
-                    let device: Arc<dyn Device> = Arc::new(CountingWraps {
-                        inner: mscclpp_host::HostBackend::new()
-                            .open_device(0)
-                            .expect("host device"),
-                        wraps: AtomicUsize::new(0),
-                        ranges: AtomicUsize::new(0),
-                    });
-                    match Caller::new(Arc::new(Communicator::new(boot, device))) {
-                        Ok(_) => "created".to_string(),
-                        Err(e) => e.to_string(),
-                    }
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    let wrap = |inner: Arc<dyn Device>| -> Arc<dyn Device> {
+        Arc::new(CountingWraps {
+            inner,
+            wraps: AtomicUsize::new(0),
+            ranges: AtomicUsize::new(0),
+        })
+    };
+    let errors = with_ranks_on(2, wrap, |_, c| match c {
+        Ok(_) => "created".to_string(),
+        Err(e) => e.to_string(),
     });
     for e in errors {
         assert!(

@@ -2,7 +2,7 @@
 
 use crate::algorithms::base::MAX_RANKS;
 use mscclpp_comm::Communicator;
-use mscclpp_hal::{BufferSlice, DeviceBuffer, Error, MemoryKind, Result};
+use mscclpp_hal::{BufferSlice, Device, DeviceBuffer, Error, MemoryKind, Result};
 use mscclpp_transports::{RegisteredMemory, Transport, TransportFlags};
 
 /// A buffer of this rank that every peer maps, and the peers' buffers mapped here, for up to `N`
@@ -63,17 +63,10 @@ impl<const N: usize> Scratch<N> {
     /// Allocates, zeroes and registers a scratch buffer of `bytes` and maps every peer's (a
     /// collective call; `bytes` must be the same on every rank).
     pub fn exchange(comm: &Communicator, bytes: u64, what: &str) -> Result<Scratch<N>> {
-        let bytes = usize::try_from(bytes).map_err(|_| {
-            Error::invalid(format!("{what} of {bytes} bytes does not fit this host"))
-        })?;
-        let device = comm.device();
-        let buffer = device.alloc(bytes, MemoryKind::Device)?;
-        let stream = device.create_stream()?;
         // Zeroed before anyone can see it: flags and packets of 0 never match.
-        stream.fill(&buffer.full(), 0)?;
-        stream.synchronize()?;
+        let buffer = zeroed(&**comm.device(), bytes, MemoryKind::Device, what)?;
         let maps = map_peers(comm, &buffer.full(), what)?;
-        if let Some(p) = (0..comm.nranks()).find(|&p| maps.lens[p] != bytes as u64) {
+        if let Some(p) = (0..comm.nranks()).find(|&p| maps.lens[p] != bytes) {
             return Err(Error::Remote {
                 rank: p,
                 message: format!("{what} of {} bytes, expected {bytes}", maps.lens[p]),
@@ -85,4 +78,20 @@ impl<const N: usize> Scratch<N> {
             addrs: maps.bases,
         })
     }
+}
+
+/// A buffer of `bytes` (this rank's `what`) of `kind`, zeroed before it is returned.
+pub(crate) fn zeroed(
+    device: &dyn Device,
+    bytes: u64,
+    kind: MemoryKind,
+    what: &str,
+) -> Result<DeviceBuffer> {
+    let len = usize::try_from(bytes)
+        .map_err(|_| Error::invalid(format!("{what} of {bytes} bytes does not fit this host")))?;
+    let buffer = device.alloc(len, kind)?;
+    let stream = device.create_stream()?;
+    stream.fill(&buffer.full(), 0)?;
+    stream.synchronize()?;
+    Ok(buffer)
 }

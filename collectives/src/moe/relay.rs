@@ -1,14 +1,16 @@
 //! Ranks on other hosts. The exchange's kernels write into every peer's buffer; a peer of this
 //! host is mapped (CUDA IPC), a peer of another host cannot be. For each of those the kernels
-//! write instead into a *mirror* of its buffer here (host memory the device maps), and a relay
-//! thread carries what each completed step announces over the transport between hosts (the one
-//! the hierarchical collectives pick: IB, an NCCL net plugin or Ethernet), into the peer's real
-//! buffer, the data before the word that announces it: a connection's writes land in order, so
+//! write instead into a *mirror* here (host memory the device maps) that holds only what this
+//! rank writes in that peer's buffer (the header, this rank's dispatch and combine regions), and
+//! a relay thread carries what each completed step announces over the transport between hosts
+//! (the one the hierarchical collectives pick: IB, an NCCL net plugin or Ethernet), into the
+//! peer's real buffer, the data before the word that announces it: a connection's writes land in order, so
 //! the peer's kernels see a flag only after the rows and counts it covers.
 //!
 //! What the kernels write into a peer's buffer, and so what the relay watches in a mirror (rank
-//! `r` is this one; `spec.md` has the words): a dispatch (rows of region `r`, count, shape, then
-//! the flag), a combine (rows of region `n + r`, count, then the flag), and the two
+//! `r` is this one; `spec.md` has the words): a dispatch (the mirror's dispatch rows into region
+//! `r`, count, shape, then the flag), a combine (its combine rows into region `n + r`, count,
+//! then the flag), and the two
 //! acknowledgements. A mirror's next step is only written after the peer acknowledged the
 //! previous one, which it does after the relay's writes landed, so the relay never reads a
 //! mirror the kernels are rewriting.
@@ -29,7 +31,7 @@ use super::args::{
     combine_region, dispatch_region, hdr, mirror_bytes, mirror_combine, mirror_dispatch,
 };
 use crate::algorithms::host_common::word;
-use crate::scratch::Scratch;
+use crate::scratch::{Scratch, zeroed};
 
 /// How long the last steps may take to land when the exchange is dropped.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -50,8 +52,8 @@ pub(crate) struct Shape {
 struct Carried {
     dispatch: u64,
     combine: u64,
-    dispatch_ack: u64,
-    combine_ack: u64,
+    /// The dispatch and the combine acknowledgements.
+    acks: [u64; 2],
 }
 
 /// A peer on another host: its buffer there, the mirror of it here, the connection.
@@ -118,21 +120,14 @@ impl Remote {
             self.carried.combine = flag;
             moved = true;
         }
-        let acks = [
-            self.word(hdr::dispatch_ack(me)),
-            self.word(hdr::combine_ack(me)),
-        ];
-        for ((off, v), carried) in [hdr::dispatch_ack(me), hdr::combine_ack(me)]
+        for (i, off) in [hdr::dispatch_ack(me), hdr::combine_ack(me)]
             .into_iter()
-            .zip(acks)
-            .zip([
-                &mut self.carried.dispatch_ack,
-                &mut self.carried.combine_ack,
-            ])
+            .enumerate()
         {
-            if v > *carried {
-                self.conn.update_and_sync(&self.theirs, off, v)?;
-                *carried = v;
+            let v = self.word(off);
+            if v > self.carried.acks[i] {
+                self.store(off, v)?;
+                self.carried.acks[i] = v;
                 moved = true;
             }
         }
@@ -183,19 +178,8 @@ impl Buffers {
     pub fn exchange(comm: &Communicator, bytes: u64, shape: Shape) -> Result<Buffers> {
         let (rank, n) = (comm.rank(), comm.nranks());
         let hosts = comm.bootstrap().hosts().to_vec();
-        let device = comm.device();
-        let zeroed_of = |bytes: u64, kind| -> Result<DeviceBuffer> {
-            let len = usize::try_from(bytes).map_err(|_| {
-                Error::invalid(format!(
-                    "an expert-parallel buffer of {bytes} bytes does not fit this host"
-                ))
-            })?;
-            let b = device.alloc(len, kind)?;
-            let stream = device.create_stream()?;
-            stream.fill(&b.full(), 0)?;
-            stream.synchronize()?;
-            Ok(b)
-        };
+        let device = &**comm.device();
+        const WHAT: &str = "expert-parallel buffer";
         // This rank's regions in a buffer at `base` (every rank's on one host, and this host's).
         let (me, nr) = (rank as u64, n as u64);
         let regions = |base: u64| {
@@ -207,7 +191,7 @@ impl Buffers {
         let mut dispatch_at = [0u64; MOE_MAX_RANKS];
         let mut combine_at = [0u64; MOE_MAX_RANKS];
         if hosts.iter().all(|&h| h == hosts[0]) {
-            let scratch = Scratch::exchange(comm, bytes, "expert-parallel buffer")?;
+            let scratch = Scratch::exchange(comm, bytes, WHAT)?;
             for p in 0..n {
                 (dispatch_at[p], combine_at[p]) = regions(scratch.addrs[p]);
             }
@@ -219,7 +203,7 @@ impl Buffers {
                 _held: Held::OneHost(Box::new(scratch)),
             });
         }
-        let own = zeroed_of(bytes, MemoryKind::Device)?;
+        let own = zeroed(device, bytes, MemoryKind::Device, WHAT)?;
         // Every rank takes the same transport between hosts (collective over the communicator).
         let transport = mscclpp_comm::inter_host_transport(comm, &own.full())?;
         if transport == Transport::CudaIpc {
@@ -258,9 +242,11 @@ impl Buffers {
                 )
             })?;
             // Only the header and this rank's two regions: what the kernels write there.
-            let mirror = zeroed_of(
+            let mirror = zeroed(
+                device,
                 mirror_bytes(shape.row_bytes, shape.max_tokens),
                 MemoryKind::HostMapped,
+                WHAT,
             )?;
             if mirror.full().host_ptr().is_none() {
                 return Err(Error::Internal(

@@ -1,4 +1,4 @@
-"""DeepEP's Python API (V1 ``deep_ep.Buffer``, its intranode "normal" mode) over this library's
+"""DeepEP's Python API (V1 ``deep_ep.Buffer``, its "normal" mode) over this library's
 expert-parallel exchange (``mscclpp_rs.Communicator.expert_exchange``), for torch tensors.
 
 Opt-in, as ``import mscclpp`` is: ``MSCCLPP_RS_DEEP_EP=1`` (or ``mscclpp_rs.compat.install_deep_ep()``
@@ -6,7 +6,8 @@ before ``deep_ep`` is imported) makes ``import deep_ep`` give this module; other
 ``import mscclpp_rs.deep_ep`` does.
 
 Served: ``Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode)`` (2 to 32 ranks, on
-one host or several: every byte given is the exchange's), ``get_dispatch_layout``, ``dispatch`` (bf16
+one host or several, DeepEP's internode shapes past 8: every byte given is the exchange's),
+``get_dispatch_layout``, ``dispatch`` (bf16
 rows, or FP8 rows with their per-128-channel scales; with or without top-k; a cached dispatch with
 a handle; ``num_worst_tokens``; ``expert_alignment``), ``combine`` (bf16, f16 or f32 rows;
 weights; one or two biases), ``low_latency_dispatch`` (bf16 or FP8, ``round_scale``, the receive
@@ -299,6 +300,11 @@ class Buffer:
                     scales=scales, out_scales=out_sc, stream=self._sid(s))
         return out_x, out_idx, out_w, out_src, out_sc, hb
 
+    def _to_node(self, in_rank):
+        """[tokens, nodes]: whether each token goes to some rank of each node of 8 (DeepEP's
+        RDMA ranks)."""
+        return in_rank.view(-1, self._rdma_ranks, _NVL_PEERS).any(2)
+
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None,
                             async_finish=False, allocate_on_comm_stream=False):
         """(num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert,
@@ -327,8 +333,7 @@ class Buffer:
             per_expert = torch.bincount(idx[valid], minlength=num_experts).to(torch.int32)
             per_node = None
             if self._rdma_ranks > 1:
-                per_node = in_rank.view(-1, self._rdma_ranks, _NVL_PEERS).any(2).sum(
-                    0, dtype=torch.int32)
+                per_node = self._to_node(in_rank).sum(0, dtype=torch.int32)
         ev = self._finish(s, async_finish, [per_rank, per_expert, in_rank])
         return per_rank, per_node, per_expert, in_rank, ev
 
@@ -374,11 +379,15 @@ class Buffer:
             out_x, out_idx, out_w, out_src, out_sc, hb = self._send(ex, xs, scales, route, w,
                                                                     cap, s)
             counts = hb[: 4 * n].view(torch.int32)
-            # Every rank's prefix over sources (column j: what rank j received from 0..i).
+            # This rank's prefix over sources; within 8 ranks DeepEP's handle holds every
+            # rank's (column j: what rank j received from 0..i), past 8 only this rank's (the
+            # same on every rank of the group, so all of them skip the gather alike).
             mine = torch.cumsum(counts, 0, dtype=torch.int32)
-            gathered = torch.empty(n * n, dtype=torch.int32, device=dev)
-            self._comm.all_gather(gathered, mine, stream=self._sid(s))
-            rank_prefix = gathered.view(n, n).t().contiguous()
+            rank_prefix = None
+            if self._rdma_ranks == 1:
+                gathered = torch.empty(n * n, dtype=torch.int32, device=dev)
+                self._comm.all_gather(gathered, mine, stream=self._sid(s))
+                rank_prefix = gathered.view(n, n).t().contiguous()
             positions = hb[ex.handle_positions_at:].view(torch.int32)[: tokens * n]
             send_head = positions.view(tokens, n)
             every_expert = None
@@ -413,7 +422,7 @@ class Buffer:
         recv_channel_prefix = counts.view(n, 1).clone()
         if internode:
             nodes = self._rdma_ranks
-            to_node = in_rank.view(-1, nodes, _NVL_PEERS).any(2)
+            to_node = self._to_node(in_rank)
             from_node = counts.view(nodes, _NVL_PEERS).sum(1, dtype=torch.int32)
             # send_rdma_head: each token's row among those this rank sends to each node (-1:
             # none), as send_head is per rank.
