@@ -47,7 +47,7 @@ echo "install-toolchains: NCCL headers from $MSCCLPP_NCCL_INCLUDE ($(grep -m 1 -
 # nccl/tests/devapi_layout.rs (offsetof against each version's headers, compiled with the host
 # C++ compiler over CUDA 12.9's runtime, CCCL and nvcc/crt headers).
 _mscclpp_versions="$_mscclpp_root/.ci-deps/nccl-versions"
-for _v in 2.29.2 2.29.7 2.30.3 2.30.7 2.31.2 2.32.3 2.32.6; do
+for _v in 2.28.3 2.28.7 2.28.9 2.29.2 2.29.7 2.30.3 2.30.7 2.31.2 2.32.3 2.32.6; do
   if [ ! -f "$_mscclpp_versions/$_v/nccl.h" ]; then
     python3 "$_mscclpp_root/ci/wheel_files.py" nvidia-nccl-cu13 "$_v" nvidia/nccl/include/ "$_mscclpp_versions/$_v"
   fi

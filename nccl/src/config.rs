@@ -107,6 +107,7 @@ pub unsafe fn parse_config(config: *const c_void, inherit: Option<&CommConfig>) 
                 raw.magic
             )));
         }
+        crate::headers::note_config(raw.version);
         let d = NcclConfig::INITIALIZER;
         if raw.version < 21400 {
             raw.blocking = d.blocking;

@@ -80,6 +80,7 @@ mod exports_229;
 pub use exports_229::CommProperties;
 mod exports_232;
 pub mod group;
+pub mod headers;
 pub mod init;
 pub mod job;
 pub mod lifecycle;

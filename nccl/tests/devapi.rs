@@ -7,8 +7,9 @@
 //! headers' `ncclLsaBarrierSession` does (arrive: store `epoch + 1` into each peer's slot;
 //! wait: load one's own), drive GIN through the library's proxy as device code does (descriptors
 //! posted into its queues, data, signals and counters checked), and get the refusals of what is
-//! not served (GIN of 2.29 clients, multimem, 2.28 clients) by code and
-//! message. Runs with `cargo test -p mscclpp-nccl --test devapi`.
+//! not served (GIN of 2.28 and 2.29 clients, multimem, 2.28 clients whose release nothing
+//! names) by code and message; clients of 2.28.3 (`MSCCLPP_NCCL_VERSION`) and 2.28.9 (its
+//! `ncclConfig_t`) get their own layouts, nothing read or written past their structs. Runs with `cargo test -p mscclpp-nccl --test devapi`.
 
 #[macro_use]
 mod support;
@@ -17,11 +18,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use mscclpp_nccl::abi::NcclUniqueId;
+use mscclpp_nccl::abi::{NcclConfig, NcclUniqueId};
 use support::{Comm, fresh_dir, lib_path, open_lib, publish, read_id, run_if_rank, run_ranks};
 
 const ROLE_VAR: &str = "MSCCLPP_NCCL_DEVAPI_TEST_RANK";
 const HOSTS_ROLE_VAR: &str = "MSCCLPP_NCCL_DEVAPI_HOSTS_TEST_RANK";
+const V228_ROLE_VAR: &str = "MSCCLPP_NCCL_DEVAPI_228_TEST_RANK";
 const DIR_VAR: &str = "MSCCLPP_NCCL_DEVAPI_TEST_DIR";
 const NRANKS: usize = 2;
 const SYMMETRIC: c_int = 1;
@@ -1241,6 +1243,146 @@ fn one_thread_two_ranks() -> Result<(), String> {
     Ok(())
 }
 
+/// A client of NCCL 2.28 (unversioned structures): 2.28.3 where `MSCCLPP_NCCL_VERSION` says so
+/// (and `ncclGetVersion` reports it), else 2.28.9 learnt from the communicator's
+/// `ncclConfig_t`. Past each struct of the client's size lies garbage the library must neither
+/// read (it would ask for GIN or barriers) nor write.
+fn v228_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
+    const GARBAGE: u8 = 0x7f;
+    const CANARY: u8 = 0xee;
+    let declared = std::env::var("MSCCLPP_NCCL_VERSION").is_ok();
+    let api = Api::load()?;
+    let lib = open_lib()?;
+    let get_version = sym!(lib, "ncclGetVersion", fn(*mut c_int) -> c_int);
+    let mut v: c_int = 0;
+    // SAFETY: a valid out-pointer.
+    api.check("ncclGetVersion", unsafe { get_version(&mut v) })?;
+    let want = if declared { 22803 } else { 23206 };
+    if v != want {
+        return Err(format!("ncclGetVersion {v}, expected {want}"));
+    }
+    let comm = if declared {
+        api.join(rank, NRANKS, dir)?
+    } else {
+        let init_config = sym!(
+            lib,
+            "ncclCommInitRankConfig",
+            fn(*mut Comm, c_int, NcclUniqueId, c_int, *const NcclConfig) -> c_int
+        );
+        let id = if rank == 0 {
+            let mut id = NcclUniqueId { internal: [0; 128] };
+            // SAFETY: a valid out-pointer.
+            api.check("ncclGetUniqueId", unsafe { (api.get_id)(&mut id) })?;
+            publish(dir, &id.internal)?;
+            id
+        } else {
+            read_id(dir)?
+        };
+        let mut config = NcclConfig::INITIALIZER;
+        config.version = 22809;
+        let mut comm: Comm = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, id and config.
+        api.check("ncclCommInitRankConfig", unsafe {
+            init_config(&mut comm, NRANKS as c_int, id, rank as c_int, &config)
+        })?;
+        comm
+    };
+    // SAFETY: the library's team of a live communicator.
+    let lsa = unsafe { (api.team_lsa)(comm) };
+    // ncclLsaBarrierCreateRequirement writes the client's size: 32 bytes at 2.28.3.
+    let mut h = [0u32; 2];
+    let mut node = [GARBAGE; 64];
+    // SAFETY: valid handle and requirement buffers (64 bytes).
+    api.check("ncclLsaBarrierCreateRequirement", unsafe {
+        (api.barrier_req)(lsa, 2, h.as_mut_ptr().cast(), node.as_mut_ptr().cast())
+    })?;
+    let node_bytes = if declared { 32 } else { 56 };
+    if node[node_bytes..].iter().any(|&b| b != GARBAGE)
+        || node[32..node_bytes].iter().any(|&b| b != 0)
+    {
+        return Err(format!(
+            "ncclLsaBarrierCreateRequirement wrote past {node_bytes} bytes or left its fields: {node:?}"
+        ));
+    }
+    // The requirements: LSA barriers (and 2.28.9's barrierCount, folded into them), a resource
+    // of the client's own in a node of the client's size, garbage after each struct.
+    let (lsa_barriers, barriers) = (3i32, if declared { 0 } else { 2 });
+    let mut reqs = [GARBAGE; 96];
+    let mut res_handle = [0u32; 2];
+    let mut own = [GARBAGE; 64];
+    own[..node_bytes].fill(0);
+    own[8..16].copy_from_slice(&1000u64.to_le_bytes());
+    own[16..24].copy_from_slice(&256u64.to_le_bytes());
+    own[24..32].copy_from_slice(&(res_handle.as_mut_ptr() as u64).to_le_bytes());
+    let reqs_bytes = if declared { 24 } else { 56 };
+    reqs[..reqs_bytes].fill(0);
+    reqs[0..8].copy_from_slice(&(own.as_ptr() as u64).to_le_bytes());
+    if declared {
+        set32(&mut reqs, 20, lsa_barriers);
+    } else {
+        set32(&mut reqs, 20, barriers);
+        set32(&mut reqs, 24, lsa_barriers);
+        set32(&mut reqs, 44, 4);
+    }
+    let mut dc = [CANARY; 256];
+    // SAFETY: the requirements and out-struct above, larger than the client's.
+    api.check("ncclDevCommCreate (2.28)", unsafe {
+        (api.dev_create)(comm, reqs.as_ptr().cast(), dc.as_mut_ptr().cast())
+    })?;
+    let (size, at_multimem, at_barrier) = if declared {
+        (88, 72, 80)
+    } else {
+        (200, 112, 120)
+    };
+    if dc[size..].iter().any(|&b| b != CANARY) {
+        return Err(format!(
+            "ncclDevCommCreate wrote past the {size} bytes of the client's ncclDevComm"
+        ));
+    }
+    let d = dc.as_ptr() as u64;
+    let (table, res, inl) = (rd64(d, 24), rd64(d, 32), rd64(d, 48));
+    let fields = [rd32(d, 0), rd32(d, 4), rd32(d, 12), rd32(d, 16)];
+    let barrier = (rd32(d, at_barrier), rd32(d, at_barrier + 4));
+    let want_barriers = (lsa_barriers + barriers) as u32;
+    if fields != [rank as u32, 2, rank as u32, 2]
+        || table == 0
+        || res == 0
+        || inl != rd64(res, 8)
+        || rd64(d, at_multimem) != 0
+        || barrier != (0, want_barriers)
+    {
+        return Err(format!(
+            "2.28 devcomm: fields {fields:?} table {table:#x} resource {res:#x} inlined {inl:#x} barrier {barrier:?}"
+        ));
+    }
+    // The client's resource after the barriers, at 256 bytes.
+    let want_user = (((3 + 2) * 4 * want_barriers as usize).next_multiple_of(256) / 128) as u32;
+    if res_handle[0] != want_user {
+        return Err(format!(
+            "the client's resource handle {}, not {want_user}",
+            res_handle[0]
+        ));
+    }
+    // SAFETY: the device communicator written above.
+    api.check("ncclDevCommDestroy (2.28)", unsafe {
+        (api.dev_destroy)(comm, dc.as_ptr().cast())
+    })?;
+    if !declared {
+        // GIN is not served to 2.28 clients (their proxy descriptors have another format).
+        set32(&mut reqs, 48, 1);
+        let mut dc = [CANARY; 256];
+        // SAFETY: as above.
+        let got = unsafe { (api.dev_create)(comm, reqs.as_ptr().cast(), dc.as_mut_ptr().cast()) };
+        let m = api.message();
+        if got != NCCL_INVALID_USAGE || !m.contains("2.28.9") || !m.contains("2.30.3") {
+            return Err(format!("GIN of a 2.28.9 client: code {got} ({m})"));
+        }
+    }
+    // SAFETY: the communicator made above.
+    api.check("ncclCommDestroy", unsafe { (api.destroy)(comm) })?;
+    std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())
+}
+
 fn fail(e: &str) -> ! {
     eprintln!("devapi: {e}");
     std::process::exit(1);
@@ -1252,6 +1394,7 @@ fn main() {
     unsafe { std::env::set_var("MSCCLPP_BACKEND", "host") };
     run_if_rank(ROLE_VAR, DIR_VAR, rank_main);
     run_if_rank(HOSTS_ROLE_VAR, DIR_VAR, hosts_rank_main);
+    run_if_rank(V228_ROLE_VAR, DIR_VAR, v228_rank_main);
     if let Err(e) = lib_path() {
         fail(&e);
     }
@@ -1287,10 +1430,30 @@ fn main() {
     if let Err(e) = ran {
         fail(&e);
     }
+    // Clients of NCCL 2.28: 2.28.3 named by MSCCLPP_NCCL_VERSION, 2.28.9 by the communicator's
+    // ncclConfig_t.
+    for declared in [Some("2.28.3"), None] {
+        let dir = fresh_dir("devapi-228").unwrap_or_else(|e| fail(&e));
+        let ran = run_ranks(
+            (V228_ROLE_VAR, DIR_VAR),
+            &dir,
+            NRANKS,
+            Duration::from_secs(60),
+            |cmd| {
+                if let Some(v) = declared {
+                    cmd.env("MSCCLPP_NCCL_VERSION", v);
+                }
+            },
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Err(e) = ran {
+            fail(&format!("2.28 client ({declared:?}): {e}"));
+        }
+    }
     if let Err(e) = one_thread_two_ranks() {
         fail(&format!("one thread, two ranks: {e}"));
     }
     println!(
-        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, GIN through the proxy, refusals; 4 ranks on 2 simulated hosts: LSA teams per host, GIN between the hosts; one thread driving 2 ranks through groups: every check passed"
+        "devapi: 2 ranks on the host backend: symmetric windows, device communicators at 4 layouts, LSA barriers, GIN through the proxy, refusals; clients of 2.28.3 and 2.28.9; 4 ranks on 2 simulated hosts: LSA teams per host, GIN between the hosts; one thread driving 2 ranks through groups: every check passed"
     );
 }

@@ -76,7 +76,9 @@ fn expected(version: u32) -> Vec<(String, u64)> {
     put(&w("worldRank"), record::WORLD_RANK);
     put(&w("stride4G"), record::STRIDE4G);
     put(&w("mcOffset4K"), record::MC_OFFSET4K);
-    put(&w("ginOffset4K"), record::GIN_OFFSET4K);
+    if version >= 22807 {
+        put(&w("ginOffset4K"), record::GIN_OFFSET4K);
+    }
     if version >= 23203 {
         put(&w("winFlags"), record::WIN_FLAGS);
         put(&w("ucLeIdBase"), record::UC_LE_ID_BASE);
@@ -95,85 +97,122 @@ fn expected(version: u32) -> Vec<(String, u64)> {
         TABLE_ENTRIES * 24,
     );
     let r = |f: &str| format!("offsetof(ncclDevCommRequirements, {f})");
-    put(&r("size"), reqs::SIZE);
-    put(&r("magic"), reqs::MAGIC);
-    put(&r("version"), reqs::VERSION);
-    put(&r("resourceRequirementsList"), reqs::RESOURCE_LIST);
-    put(&r("teamRequirementsList"), reqs::TEAM_LIST);
-    put(&r("lsaMultimem"), reqs::LSA_MULTIMEM);
-    put(&r("barrierCount"), reqs::BARRIER_COUNT);
-    put(&r("lsaBarrierCount"), reqs::LSA_BARRIER_COUNT);
-    put(&r("railGinBarrierCount"), reqs::RAIL_GIN_BARRIER_COUNT);
-    put(&r("ginForceEnable"), reqs::GIN_FORCE_ENABLE);
-    put(&r("ginSignalCount"), reqs::GIN_SIGNAL_COUNT);
-    put(&r("ginCounterCount"), reqs::GIN_COUNTER_COUNT);
-    if version >= 22905 {
-        put(&r("ginConnectionType"), reqs::GIN_CONNECTION_TYPE);
-    }
-    if version >= 23000 {
-        put(&r("worldGinBarrierCount"), reqs::WORLD_GIN_BARRIER_COUNT);
-    }
-    if version >= 23100 {
-        put(&r("cftCaps"), reqs::CFT_CAPS);
-        put(&r("cftBarrierCount"), reqs::CFT_BARRIER_COUNT);
-    }
-    if version >= 23206 {
-        put(&r("ginCustomArrayCount"), reqs::GIN_CUSTOM_ARRAY_COUNT);
+    if version < 22900 {
+        // 2.28: no size, magic or version; what `reqs228::versioned` copies from.
+        use layout::reqs228::*;
+        put(&r("resourceRequirementsList"), RESOURCE_LIST);
+        put(&r("teamRequirementsList"), TEAM_LIST);
+        put(&r("lsaMultimem"), LSA_MULTIMEM);
+        if version < 22807 {
+            put(&r("lsaBarrierCount"), LSA_BARRIER_COUNT_22803);
+            put("sizeof(ncclDevCommRequirements)", BYTES_22803);
+        } else {
+            for (f, at) in FIELDS_22807 {
+                put(&r(f), at);
+            }
+            put("sizeof(ncclDevCommRequirements)", BYTES_22807);
+        }
+    } else {
+        put(&r("size"), reqs::SIZE);
+        put(&r("magic"), reqs::MAGIC);
+        put(&r("version"), reqs::VERSION);
+        put(&r("resourceRequirementsList"), reqs::RESOURCE_LIST);
+        put(&r("teamRequirementsList"), reqs::TEAM_LIST);
+        put(&r("lsaMultimem"), reqs::LSA_MULTIMEM);
+        put(&r("barrierCount"), reqs::BARRIER_COUNT);
+        put(&r("lsaBarrierCount"), reqs::LSA_BARRIER_COUNT);
+        put(&r("railGinBarrierCount"), reqs::RAIL_GIN_BARRIER_COUNT);
+        put(&r("lsaLLA2ABlockCount"), reqs::LSA_LLA2A_BLOCK_COUNT);
+        put(&r("lsaLLA2ASlotCount"), reqs::LSA_LLA2A_SLOT_COUNT);
+        put(&r("ginForceEnable"), reqs::GIN_FORCE_ENABLE);
+        put(&r("ginSignalCount"), reqs::GIN_SIGNAL_COUNT);
+        put(&r("ginCounterCount"), reqs::GIN_COUNTER_COUNT);
+        if version >= 22905 {
+            put(&r("ginConnectionType"), reqs::GIN_CONNECTION_TYPE);
+        }
+        if version >= 23000 {
+            put(&r("worldGinBarrierCount"), reqs::WORLD_GIN_BARRIER_COUNT);
+        }
+        if version >= 23100 {
+            put(&r("cftCaps"), reqs::CFT_CAPS);
+            put(&r("cftBarrierCount"), reqs::CFT_BARRIER_COUNT);
+        }
+        if version >= 23206 {
+            put(&r("ginCustomArrayCount"), reqs::GIN_CUSTOM_ARRAY_COUNT);
+        }
     }
     let rr = |f: &str| format!("offsetof(ncclDevResourceRequirements, {f})");
     put(&rr("next"), reqs::resource::NEXT);
     put(&rr("bufferSize"), reqs::resource::BUFFER_SIZE);
     put(&rr("bufferAlign"), reqs::resource::BUFFER_ALIGN);
     put(&rr("outBufferHandle"), reqs::resource::OUT_BUFFER_HANDLE);
-    put(&rr("ginSignalCount"), reqs::resource::GIN_SIGNAL_COUNT);
-    put(&rr("ginCounterCount"), reqs::resource::GIN_COUNTER_COUNT);
-    put("sizeof(ncclDevResourceRequirements)", reqs::resource::BYTES);
+    if version < 22807 {
+        put(
+            "sizeof(ncclDevResourceRequirements)",
+            layout::reqs228::RESOURCE_BYTES_22803,
+        );
+    } else {
+        put(&rr("ginSignalCount"), reqs::resource::GIN_SIGNAL_COUNT);
+        put(&rr("ginCounterCount"), reqs::resource::GIN_COUNTER_COUNT);
+        put(
+            &rr("outGinSignalStart"),
+            reqs::resource::OUT_GIN_SIGNAL_START,
+        );
+        put(
+            &rr("outGinCounterStart"),
+            reqs::resource::OUT_GIN_COUNTER_START,
+        );
+        put("sizeof(ncclDevResourceRequirements)", reqs::resource::BYTES);
+    }
     put("offsetof(ncclTeamRequirements, next)", reqs::team::NEXT);
     put(
         "offsetof(ncclTeamRequirements, multimem)",
         reqs::team::MULTIMEM,
     );
-    let p = |f: &str| format!("offsetof(ncclCommProperties, {f})");
-    put(&p("size"), offset_of!(CommProperties, size));
-    put(&p("magic"), offset_of!(CommProperties, magic));
-    put(&p("version"), offset_of!(CommProperties, version));
-    put(&p("rank"), offset_of!(CommProperties, rank));
-    put(&p("nRanks"), offset_of!(CommProperties, n_ranks));
-    put(&p("cudaDev"), offset_of!(CommProperties, cuda_dev));
-    put(&p("nvmlDev"), offset_of!(CommProperties, nvml_dev));
-    put(
-        &p("deviceApiSupport"),
-        offset_of!(CommProperties, device_api_support),
-    );
-    put(
-        &p("multimemSupport"),
-        offset_of!(CommProperties, multimem_support),
-    );
-    if version >= 22905 {
-        put(&p("ginType"), offset_of!(CommProperties, gin_type));
-        put(&p("nLsaTeams"), offset_of!(CommProperties, n_lsa_teams));
+    // ncclCommProperties (2.29 on).
+    if version >= 22900 {
+        let p = |f: &str| format!("offsetof(ncclCommProperties, {f})");
+        put(&p("size"), offset_of!(CommProperties, size));
+        put(&p("magic"), offset_of!(CommProperties, magic));
+        put(&p("version"), offset_of!(CommProperties, version));
+        put(&p("rank"), offset_of!(CommProperties, rank));
+        put(&p("nRanks"), offset_of!(CommProperties, n_ranks));
+        put(&p("cudaDev"), offset_of!(CommProperties, cuda_dev));
+        put(&p("nvmlDev"), offset_of!(CommProperties, nvml_dev));
         put(
-            &p("hostRmaSupport"),
-            offset_of!(CommProperties, host_rma_support),
+            &p("deviceApiSupport"),
+            offset_of!(CommProperties, device_api_support),
         );
         put(
-            &p("railedGinType"),
-            offset_of!(CommProperties, railed_gin_type),
+            &p("multimemSupport"),
+            offset_of!(CommProperties, multimem_support),
         );
-    }
-    if version >= 23100 {
-        use layout::props;
-        put(&p("commHash"), props::COMM_HASH);
-        put(&p("ginMinStride"), props::GIN_MIN_STRIDE);
-        put(&p("ginConnectionType"), props::GIN_CONNECTION_TYPE);
-        put(&p("ginSupport"), props::GIN_SUPPORT);
-        put(
-            &p("devCommRuntimeVersionSize"),
-            props::DEV_COMM_RUNTIME_VERSION_SIZE,
-        );
-    }
-    if version >= 23200 {
-        put(&p("cftSupport"), layout::props::CFT_SUPPORT);
+        if version >= 22905 {
+            put(&p("ginType"), offset_of!(CommProperties, gin_type));
+            put(&p("nLsaTeams"), offset_of!(CommProperties, n_lsa_teams));
+            put(
+                &p("hostRmaSupport"),
+                offset_of!(CommProperties, host_rma_support),
+            );
+            put(
+                &p("railedGinType"),
+                offset_of!(CommProperties, railed_gin_type),
+            );
+        }
+        if version >= 23100 {
+            use layout::props;
+            put(&p("commHash"), props::COMM_HASH);
+            put(&p("ginMinStride"), props::GIN_MIN_STRIDE);
+            put(&p("ginConnectionType"), props::GIN_CONNECTION_TYPE);
+            put(&p("ginSupport"), props::GIN_SUPPORT);
+            put(
+                &p("devCommRuntimeVersionSize"),
+                props::DEV_COMM_RUNTIME_VERSION_SIZE,
+            );
+        }
+        if version >= 23200 {
+            put(&p("cftSupport"), layout::props::CFT_SUPPORT);
+        }
     }
     // GIN (served from 2.30.3): the devcomm's GIN fields, the proxy's per-context struct, its
     // queue slot and the op bits the proxy decodes.
@@ -314,7 +353,9 @@ fn expected(version: u32) -> Vec<(String, u64)> {
         }
     }
     put("NCCL_WIN_COLL_SYMMETRIC", WIN_COLL_SYMMETRIC as usize);
-    put("NCCL_API_MAGIC", API_MAGIC as usize);
+    if version >= 22900 {
+        put("NCCL_API_MAGIC", API_MAGIC as usize);
+    }
     e.extend(extra);
     e
 }
@@ -416,7 +457,7 @@ fn device_api_layouts_match_nccls_headers() {
         let v =
             version_of(dir).unwrap_or_else(|| panic!("no NCCL_VERSION_CODE in {}", dir.display()));
         if DevCommLayout::of(v).is_err() {
-            // A version this library does not serve (2.28): its refusal is checked elsewhere.
+            // A version this library does not serve: its refusal is checked elsewhere.
             continue;
         }
         let exp = expected(v);

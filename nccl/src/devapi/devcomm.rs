@@ -74,22 +74,27 @@ struct Asked {
 /// # Safety
 /// `r` points to the client's requirements (at least its `size` bytes).
 unsafe fn read(r: *const u8) -> Res<Asked> {
-    // SAFETY: the header (16 bytes) exists in every versioned layout; `size` says the rest.
-    let (size, magic, version) = unsafe {
+    // SAFETY: 16 bytes exist in every layout (2.28.3's has 24).
+    let magic = unsafe { r.add(reqs::MAGIC).cast::<u32>().read_unaligned() };
+    // NCCL 2.28's requirements carry no magic: read as 2.29.2's, the release learnt elsewhere.
+    let unversioned = if magic == layout::API_MAGIC {
+        None
+    } else {
+        let v = crate::headers::unversioned().map_err(|e| Failure {
+            message: format!("ncclDevCommCreate: {}", e.message),
+            ..e
+        })?;
+        // SAFETY: the client's requirements of release `v` (the caller's contract).
+        Some(unsafe { layout::reqs228::versioned(r, v) })
+    };
+    let r = unversioned.as_ref().map_or(r, |v| v.as_ptr());
+    // SAFETY: the header (16 bytes) of a versioned layout; `size` says the rest.
+    let (size, version) = unsafe {
         (
             r.cast::<u64>().read_unaligned() as usize,
-            r.add(reqs::MAGIC).cast::<u32>().read_unaligned(),
             r.add(reqs::VERSION).cast::<u32>().read_unaligned(),
         )
     };
-    if magic != layout::API_MAGIC {
-        return Err(Failure::usage(format!(
-            "ncclDevCommCreate: the requirements carry no NCCL_API_MAGIC (magic {magic:#x}): \
-             made without NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER, or built against NCCL 2.28's \
-             headers, whose unversioned device API neither this library nor NCCL >= 2.29 serves; \
-             rebuild against NCCL 2.29.2 to 2.32.6"
-        )));
-    }
     if version > crate::abi::NCCL_VERSION_CODE as u32 {
         return Err(Failure::usage(format!(
             "ncclDevCommCreate: the client was built against NCCL {}, newer than the {} this library serves",
@@ -115,8 +120,8 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
     let mut lsa = get(reqs::LSA_BARRIER_COUNT);
     let mut barriers = get(reqs::BARRIER_COUNT);
     let mut rail = get(reqs::RAIL_GIN_BARRIER_COUNT);
-    if layout == DevCommLayout::V22902 {
-        // 2.29.2/3: `barrierCount` asked for LSA barriers only (NCCL folds it in).
+    if matches!(layout, DevCommLayout::V22807 | DevCommLayout::V22902) {
+        // 2.28.7 to 2.29.3: `barrierCount` asked for LSA barriers only (NCCL folds it in).
         lsa += barriers;
         barriers = 0;
         rail = 0;
@@ -197,6 +202,12 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
         team = next;
     }
     let mut resources = Vec::new();
+    // 2.28.3's nodes end before the GIN fields.
+    let node_bytes = if version < 22807 {
+        layout::reqs228::RESOURCE_BYTES_22803
+    } else {
+        reqs::resource::BYTES
+    };
     let mut node = ptr(reqs::RESOURCE_LIST);
     while !node.is_null() {
         if resources.len() >= MAX_LIST {
@@ -205,27 +216,21 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
             ));
         }
         use reqs::resource as f;
-        // SAFETY: a node of the client's list (56 bytes from 2.28.7 on).
-        let (next, bytes, align, out, signals, counters, out_signal, out_counter) = unsafe {
-            (
-                node.add(f::NEXT).cast::<*const u8>().read_unaligned(),
-                node.add(f::BUFFER_SIZE).cast::<u64>().read_unaligned(),
-                node.add(f::BUFFER_ALIGN).cast::<u64>().read_unaligned(),
-                node.add(f::OUT_BUFFER_HANDLE)
-                    .cast::<*mut u32>()
-                    .read_unaligned(),
-                node.add(f::GIN_SIGNAL_COUNT).cast::<i32>().read_unaligned(),
-                node.add(f::GIN_COUNTER_COUNT)
-                    .cast::<i32>()
-                    .read_unaligned(),
-                node.add(f::OUT_GIN_SIGNAL_START)
-                    .cast::<*mut u32>()
-                    .read_unaligned(),
-                node.add(f::OUT_GIN_COUNTER_START)
-                    .cast::<*mut u32>()
-                    .read_unaligned(),
-            )
-        };
+        // SAFETY: a node of the client's list, `node_bytes` long.
+        let at = |o: usize| unsafe { field::<u64>(node, node_bytes, o) }.unwrap_or(0);
+        // SAFETY: as above.
+        let count = |o: usize| unsafe { field::<i32>(node, node_bytes, o) }.unwrap_or(0);
+        let (next, bytes, align, out) = (
+            at(f::NEXT) as *const u8,
+            at(f::BUFFER_SIZE),
+            at(f::BUFFER_ALIGN),
+            at(f::OUT_BUFFER_HANDLE) as *mut u32,
+        );
+        let (signals, counters) = (count(f::GIN_SIGNAL_COUNT), count(f::GIN_COUNTER_COUNT));
+        let (out_signal, out_counter) = (
+            at(f::OUT_GIN_SIGNAL_START) as *mut u32,
+            at(f::OUT_GIN_COUNTER_START) as *mut u32,
+        );
         if signals < 0 || counters < 0 {
             return Err(Failure::argument(format!(
                 "ncclDevCommCreate: a resource requirement of {signals} GIN signals and {counters} counters"
@@ -258,12 +263,13 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
         || resources.iter().any(|r| r.gin.0 > 0 || r.gin.1 > 0);
     let force = flag(reqs::GIN_FORCE_ENABLE);
     let gin = match (connection, force) {
-        (0, false) if asks_gin => {
+        // Before 2.29.7 no field names the connection: asking for GIN is asking for it.
+        (0, false) if asks_gin && version >= 22907 => {
             return Err(Failure::argument(
                 "ncclDevCommCreate: GIN signals, counters or GIN barriers are asked for with ginConnectionType NCCL_GIN_CONNECTION_NONE (set NCCL_GIN_CONNECTION_FULL)",
             ));
         }
-        (0, false) => None,
+        (0, false) if !asks_gin => None,
         (0..=4, _) => {
             if connection >= 2 {
                 // RAIL and CUSTOM name a subset of peers GIN must reach; every rank is reached

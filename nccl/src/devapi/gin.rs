@@ -80,7 +80,7 @@ pub fn context_stride(version: u32) -> Result<usize, String> {
         23005..=23199 => Ok(72),
         23203..=23299 => Ok(80),
         v if v < 23003 => Err(format!(
-            "a client built against NCCL {} asks for GIN, which NCCL serves from 2.30.3 on (its 2.29 device API has another descriptor format)",
+            "a client built against NCCL {} asks for GIN, which this library serves to clients of NCCL 2.30.3 on (the proxy descriptors of 2.28 and 2.29 have another format): rebuild against 2.30.3 or newer",
             super::layout::version_name(v)
         )),
         v => Err(format!(

@@ -1,9 +1,10 @@
 //! The device-visible structures of NCCL's device API at the byte offsets of the headers a
-//! client compiled with: `ncclDevComm` (a different layout at each minor version since 2.29),
+//! client compiled with: `ncclDevComm` (a different layout at each minor version since 2.28),
 //! the window record an `ncclWindow_t` points to (grown only by appending, so one record of the
 //! newest layout serves every version), the window table, and the requirements a client passes
-//! in. The offsets are facts read from NCCL's public headers (2.29.2 to 2.32.6) and checked
-//! against them by `nccl/tests/devapi_layout.rs`.
+//! in (versioned from 2.29; 2.28's unversioned ones read through [`reqs228`]). The offsets are
+//! facts read from NCCL's public headers (2.28.3 to 2.32.6) and checked against them by
+//! `nccl/tests/devapi_layout.rs`.
 
 /// `NCCL_API_MAGIC`.
 pub const API_MAGIC: u32 = 0xcafe_beef;
@@ -21,6 +22,10 @@ pub const WIN_ALIGNMENT: usize = 4096;
 /// A layout of `ncclDevComm`, by the version a client compiled with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DevCommLayout {
+    /// 2.28.3: no GIN, the window record's 32 bytes inlined, 88 bytes.
+    V22803,
+    /// 2.28.7 to 2.28.9: 2.29.2's LSA fields, GIN fields of its own (not served), 200 bytes.
+    V22807,
     /// 2.29.2, 2.29.3: no magic, 200 bytes.
     V22902,
     /// 2.29.5 to 2.29.7: an abort flag appended, 224 bytes.
@@ -63,12 +68,14 @@ impl DevCommLayout {
     /// The layout of a client of NCCL version `version` (`NCCL_VERSION_CODE`), or why none.
     pub fn of(version: u32) -> Result<Self, String> {
         match version {
+            22803 => Ok(Self::V22803),
+            22807..=22809 => Ok(Self::V22807),
             22902..=22903 => Ok(Self::V22902),
             22905..=22907 => Ok(Self::V22907),
             23000..=23099 => Ok(Self::V2300),
             23100..=23206 => Ok(Self::V2310),
             v => Err(format!(
-                "a client of NCCL {}: this library serves the device API to clients built against NCCL 2.29.2 to 2.32.6",
+                "a client of NCCL {}: this library serves the device API to clients built against NCCL 2.28.3, 2.28.7 to 2.28.9 and 2.29.2 to 2.32.6",
                 version_name(v)
             )),
         }
@@ -77,7 +84,20 @@ impl DevCommLayout {
     /// Its offsets.
     pub fn offsets(self) -> DevCommOffsets {
         match self {
-            Self::V22902 | Self::V22907 => DevCommOffsets {
+            Self::V22803 => DevCommOffsets {
+                header: None,
+                rank: 0,
+                window_table: 24,
+                resource_window: 32,
+                inlined: 40,
+                inlined_prefix: Some(32),
+                lsa_multimem: 72,
+                lsa_barrier: 80,
+                hybrid_lsa_barrier: None,
+                le_ids: None,
+                size: 88,
+            },
+            Self::V22807 | Self::V22902 | Self::V22907 => DevCommOffsets {
                 header: None,
                 rank: 0,
                 window_table: 24,
@@ -88,7 +108,7 @@ impl DevCommLayout {
                 lsa_barrier: 120,
                 hybrid_lsa_barrier: None,
                 le_ids: None,
-                size: if self == Self::V22902 { 200 } else { 224 },
+                size: if self == Self::V22907 { 224 } else { 200 },
             },
             Self::V2300 => DevCommOffsets {
                 header: Some(0),
@@ -486,6 +506,10 @@ pub mod reqs {
     pub const LSA_BARRIER_COUNT: usize = 40;
     /// `int railGinBarrierCount`.
     pub const RAIL_GIN_BARRIER_COUNT: usize = 44;
+    /// `int lsaLLA2ABlockCount` (read by no one here: NCCL's devcomm has no field for it).
+    pub const LSA_LLA2A_BLOCK_COUNT: usize = 48;
+    /// `int lsaLLA2ASlotCount`.
+    pub const LSA_LLA2A_SLOT_COUNT: usize = 52;
     /// `bool ginForceEnable`.
     pub const GIN_FORCE_ENABLE: usize = 56;
     /// `int ginContextCount` (a hint; NCCL's initializer says 4).
@@ -545,6 +569,86 @@ pub mod reqs {
     }
 }
 
+/// NCCL 2.28's `ncclDevCommRequirements`, which carries no size, magic or version: its fields
+/// at 2.28.3's and 2.28.7's offsets, and [`reqs228::versioned`] to read it as 2.29.2's.
+pub mod reqs228 {
+    /// `resourceRequirementsList`, `teamRequirementsList`, `lsaMultimem`: the same in both.
+    pub const RESOURCE_LIST: usize = 0;
+    /// `teamRequirementsList`.
+    pub const TEAM_LIST: usize = 8;
+    /// `bool lsaMultimem`.
+    pub const LSA_MULTIMEM: usize = 16;
+    /// 2.28.3's `lsaBarrierCount`, its last field (24 bytes in all).
+    pub const LSA_BARRIER_COUNT_22803: usize = 20;
+    /// `sizeof` at 2.28.3.
+    pub const BYTES_22803: usize = 24;
+    /// 2.28.3's `ncclDevResourceRequirements`: `next`, `bufferSize`, `bufferAlign`,
+    /// `outBufferHandle` (no GIN fields).
+    pub const RESOURCE_BYTES_22803: usize = 32;
+    /// 2.28.7 to 2.28.9: `(field, offset)` of every `int`/`bool` field after `lsaMultimem`,
+    /// 56 bytes in all.
+    pub const FIELDS_22807: [(&str, usize); 9] = [
+        ("barrierCount", 20),
+        ("lsaBarrierCount", 24),
+        ("railGinBarrierCount", 28),
+        ("lsaLLA2ABlockCount", 32),
+        ("lsaLLA2ASlotCount", 36),
+        ("ginForceEnable", 40),
+        ("ginContextCount", 44),
+        ("ginSignalCount", 48),
+        ("ginCounterCount", 52),
+    ];
+    /// `sizeof` at 2.28.7 to 2.28.9.
+    pub const BYTES_22807: usize = 56;
+    /// Where 2.29.2's layout keeps each 2.28.7 field.
+    const AT_22902: [usize; 9] = {
+        use super::reqs::*;
+        [
+            BARRIER_COUNT,
+            LSA_BARRIER_COUNT,
+            RAIL_GIN_BARRIER_COUNT,
+            LSA_LLA2A_BLOCK_COUNT,
+            LSA_LLA2A_SLOT_COUNT,
+            GIN_FORCE_ENABLE,
+            GIN_CONTEXT_COUNT,
+            GIN_SIGNAL_COUNT,
+            GIN_COUNTER_COUNT,
+        ]
+    };
+    /// `sizeof` at 2.29.2 (what [`versioned`] returns).
+    pub const BYTES_22902: usize = 72;
+
+    /// The requirements of a client of 2.28 release `version`, at `r`, as 2.29.2 lays them
+    /// out (size, magic and `version` filled in): one reading of the requirements serves both.
+    ///
+    /// # Safety
+    /// `r` points to the client's requirements of that release (24 or 56 bytes).
+    pub unsafe fn versioned(r: *const u8, version: u32) -> [u8; BYTES_22902] {
+        use super::reqs;
+        let mut v = [0u8; BYTES_22902];
+        v[reqs::SIZE..reqs::SIZE + 8].copy_from_slice(&(BYTES_22902 as u64).to_le_bytes());
+        v[reqs::MAGIC..reqs::MAGIC + 4].copy_from_slice(&super::API_MAGIC.to_le_bytes());
+        v[reqs::VERSION..reqs::VERSION + 4].copy_from_slice(&version.to_le_bytes());
+        // SAFETY: the client's struct of `version`: the three first fields in both layouts.
+        let copy = |from: usize, to: usize, n: usize, v: &mut [u8]| unsafe {
+            std::ptr::copy_nonoverlapping(r.add(from), v.as_mut_ptr().add(to), n)
+        };
+        copy(RESOURCE_LIST, reqs::RESOURCE_LIST, 8, &mut v);
+        copy(TEAM_LIST, reqs::TEAM_LIST, 8, &mut v);
+        copy(LSA_MULTIMEM, reqs::LSA_MULTIMEM, 1, &mut v);
+        if version < 22807 {
+            copy(LSA_BARRIER_COUNT_22803, reqs::LSA_BARRIER_COUNT, 4, &mut v);
+        } else {
+            for (&(name, from), to) in FIELDS_22807.iter().zip(AT_22902) {
+                // The bool alone: the padding after it is the client's garbage.
+                let n = if name == "ginForceEnable" { 1 } else { 4 };
+                copy(from, to, n, &mut v);
+            }
+        }
+        v
+    }
+}
+
 /// What one `ncclDevResourceRequirements` asks for: a buffer (bytes, alignment, where its
 /// handle goes) and GIN signals (how many, where their first id goes).
 #[derive(Debug, Clone, Copy)]
@@ -562,16 +666,23 @@ pub struct Requirement {
 }
 
 impl Requirement {
-    /// Writes the requirement at `req`, zeroed first as NCCL's `*CreateRequirement` calls do.
+    /// Writes the requirement at `req` as `bytes` bytes (56, or 2.28.3's 32, which end before
+    /// the GIN fields), zeroed first as NCCL's `*CreateRequirement` calls do.
     ///
     /// # Safety
-    /// `req` is valid for writes of [`reqs::resource::BYTES`] bytes.
-    pub unsafe fn write(&self, req: *mut std::ffi::c_void) {
+    /// `req` is valid for writes of `bytes` bytes.
+    pub unsafe fn write(&self, req: *mut std::ffi::c_void, bytes: usize) -> Result<(), String> {
         use reqs::resource as f;
+        if bytes < f::BYTES && self.signals > 0 {
+            return Err(format!(
+                "GIN signals in a requirement of {bytes} bytes (a client of NCCL 2.28.3, which has no GIN)"
+            ));
+        }
         let r = req.cast::<u8>();
-        // SAFETY: the caller's 56 bytes; unaligned writes of plain values.
+        // SAFETY: the caller's `bytes` bytes; unaligned writes of plain values, the GIN ones
+        // only where the struct has them.
         unsafe {
-            std::ptr::write_bytes(r, 0, f::BYTES);
+            std::ptr::write_bytes(r, 0, bytes.min(f::BYTES));
             r.add(f::BUFFER_SIZE)
                 .cast::<u64>()
                 .write_unaligned(self.bytes as u64);
@@ -581,13 +692,16 @@ impl Requirement {
             r.add(f::OUT_BUFFER_HANDLE)
                 .cast::<*mut std::ffi::c_void>()
                 .write_unaligned(self.out_buffer);
-            r.add(f::GIN_SIGNAL_COUNT)
-                .cast::<i32>()
-                .write_unaligned(self.signals as i32);
-            r.add(f::OUT_GIN_SIGNAL_START)
-                .cast::<*mut std::ffi::c_void>()
-                .write_unaligned(self.out_signal);
+            if bytes >= f::BYTES {
+                r.add(f::GIN_SIGNAL_COUNT)
+                    .cast::<i32>()
+                    .write_unaligned(self.signals as i32);
+                r.add(f::OUT_GIN_SIGNAL_START)
+                    .cast::<*mut std::ffi::c_void>()
+                    .write_unaligned(self.out_signal);
+            }
         }
+        Ok(())
     }
 }
 
@@ -617,8 +731,10 @@ mod tests {
         assert_eq!(DevCommLayout::of(22907), Ok(DevCommLayout::V22907));
         assert_eq!(DevCommLayout::of(23007), Ok(DevCommLayout::V2300));
         assert_eq!(DevCommLayout::of(23206), Ok(DevCommLayout::V2310));
-        let e = DevCommLayout::of(22809).unwrap_err();
-        assert!(e.contains("NCCL 2.28.9"), "{e}");
+        assert_eq!(DevCommLayout::of(22803), Ok(DevCommLayout::V22803));
+        assert_eq!(DevCommLayout::of(22809), Ok(DevCommLayout::V22807));
+        let e = DevCommLayout::of(22805).unwrap_err();
+        assert!(e.contains("NCCL 2.28.5"), "{e}");
         assert!(DevCommLayout::of(23300).is_err());
     }
 

@@ -14,7 +14,9 @@ pub extern "C" fn mscclppNcclShim() -> c_int {
     1
 }
 
-/// `ncclResult_t ncclGetVersion(int* version)`: reports [`NCCL_VERSION_CODE`].
+/// `ncclResult_t ncclGetVersion(int* version)`: reports [`NCCL_VERSION_CODE`], or the release
+/// `MSCCLPP_NCCL_VERSION` names ([`crate::headers`]: a client built against NCCL 2.28 uses its
+/// device API only on a 2.28 library).
 ///
 /// # Safety
 /// `version` must be NULL or valid for a write.
@@ -22,7 +24,7 @@ pub extern "C" fn mscclppNcclShim() -> c_int {
 pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> NcclResult {
     // SAFETY: forwarded contract.
     guard("ncclGetVersion", || unsafe {
-        out(version, "version", NCCL_VERSION_CODE)
+        out(version, "version", crate::headers::reported()? as c_int)
     })
 }
 

@@ -228,7 +228,8 @@ pub unsafe extern "C" fn ncclGinBarrierCreateRequirement(
         unsafe {
             h.write_unaligned(0);
             h.add(1).write_unaligned(0);
-            r.write(outReq);
+            r.write(outReq, crate::devapi::layout::reqs::resource::BYTES)
+                .map_err(Failure::argument)?;
         }
         Ok(())
     })

@@ -231,12 +231,18 @@ pub extern "C" fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int
     })
 }
 
-/// Fills an `ncclDevResourceRequirements` (56 bytes, zeroed first) with a buffer of `bytes`
+/// Fills an `ncclDevResourceRequirements` (zeroed first, at the size the client declared: 56
+/// bytes, or 32 for a client of NCCL 2.28.3, [`crate::headers`]) with a buffer of `bytes`
 /// aligned to `align` whose handle goes to `out`.
 ///
 /// # Safety
-/// `req` is valid for writes of 56 bytes.
-unsafe fn buffer_requirement(req: *mut c_void, bytes: usize, align: usize, out: *mut c_void) {
+/// `req` is valid for writes of the client's `ncclDevResourceRequirements`.
+unsafe fn buffer_requirement(
+    req: *mut c_void,
+    bytes: usize,
+    align: usize,
+    out: *mut c_void,
+) -> Res<()> {
     let r = crate::devapi::layout::Requirement {
         bytes,
         align,
@@ -245,7 +251,7 @@ unsafe fn buffer_requirement(req: *mut c_void, bytes: usize, align: usize, out: 
         out_signal: std::ptr::null_mut(),
     };
     // SAFETY: forwarded contract.
-    unsafe { r.write(req) };
+    unsafe { r.write(req, crate::headers::resource_requirement_bytes()) }.map_err(Failure::argument)
 }
 
 /// `ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers,
@@ -254,7 +260,8 @@ unsafe fn buffer_requirement(req: *mut c_void, bytes: usize, align: usize, out: 
 /// `ncclDevCommCreate` places the requirement.
 ///
 /// # Safety
-/// `outHandle` (8 bytes) and `outReq` (56 bytes) must be NULL or valid for writes.
+/// `outHandle` (8 bytes) and `outReq` (the client's `ncclDevResourceRequirements`) must be NULL
+/// or valid for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclLsaBarrierCreateRequirement(
     team: NcclTeam,
@@ -281,7 +288,7 @@ pub unsafe extern "C" fn ncclLsaBarrierCreateRequirement(
         unsafe {
             h.write_unaligned(0);
             h.add(1).write_unaligned(nBarriers as u32);
-            buffer_requirement(outReq, bytes, 4, outHandle);
+            buffer_requirement(outReq, bytes, 4, outHandle)?;
         }
         Ok(())
     })
@@ -307,7 +314,8 @@ pub unsafe extern "C" fn ncclCftBarrierCreateRequirement(
 /// (`nBlocks * (1 + 2 * nSlots) * 16` bytes, aligned to 16).
 ///
 /// # Safety
-/// `outHandle` (8 bytes) and `outReq` (56 bytes) must be NULL or valid for writes.
+/// `outHandle` (8 bytes) and `outReq` (the client's `ncclDevResourceRequirements`) must be NULL
+/// or valid for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclLLA2ACreateRequirement(
     nBlocks: c_int,
@@ -333,7 +341,7 @@ pub unsafe extern "C" fn ncclLLA2ACreateRequirement(
         unsafe {
             h.write_unaligned(0);
             h.add(1).write_unaligned(nSlots as u32);
-            buffer_requirement(outReq, bytes, 16, outHandle);
+            buffer_requirement(outReq, bytes, 16, outHandle)?;
         }
         Ok(())
     })
