@@ -371,8 +371,8 @@ nt_case() {
     if [ "$per" -gt 1 ]; then note="every process on devices 0..$((per - 1))"; else note="ranks share device 0"; fi
   fi
   case $slug in
-    D3*|D4*) note="$note; NCCL's device API (GIN, proxy type), nccl-tests built against NCCL >= 2.30.3 headers" ;;
-    D*) note="$note; NCCL's device API (LSA), nccl-tests built against NCCL >= 2.29 headers" ;;
+    D3*|D4*) note="$note; NCCL's device API (GIN, proxy type; served to builds against NCCL >= 2.30.3 headers)" ;;
+    D*) note="$note; NCCL's device API (LSA; a build against NCCL 2.28 headers runs it with MSCCLPP_NCCL_VERSION set to that release)" ;;
   esac
   local sizes=("${NT_SIZES[@]}")
   [ "$slug" = dall_oall ] && sizes=(-b 8 -e 64K -f 64 -n 2 -w 1 -c 1)
