@@ -182,6 +182,16 @@ def rank_main(rank, n, port, device, tokens, hidden, experts, topk, hosts=1):
 
     buf.destroy()
     low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device)
+    # The form a CUDA graph captures (every top-k entry, no host read), run eagerly; then, on
+    # GPUs, captured and replayed.
+    from mscclpp_rs.deep_ep import _ExpertLayout
+    _ExpertLayout.every_entry = True
+    low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device)
+    _ExpertLayout.every_entry = False
+    if device == "cuda":
+        low_latency_graph(rank, n, dev, tokens, hidden, experts, topk)
+    elif rank == 0:
+        print("deep_ep_ranks: low-latency graph capture not checked (CPU tensors: no CUDA graph)")
     dist.destroy_process_group()
     if rank == 0:
         print(f"deep_ep_ranks: {n} ranks on {device}: every check passed "
@@ -257,6 +267,74 @@ def low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device):
         assert diff < 1e-3, (round_scale, diff)
         if round_scale:
             assert bool((torch.log2(sc[sc > 0]).frac() == 0).all()), "scales not powers of two"
+    buf.destroy()
+
+
+def low_latency_graph(rank, n, dev, tokens, hidden, experts, topk):
+    """``low_latency_dispatch`` and ``low_latency_combine`` captured in one CUDA graph (as
+    decode engines capture them), replayed with new routings and rows copied into the captured
+    inputs: each replay's outputs equal an eager call's on the same data."""
+    import deep_ep
+    import torch
+    import torch.distributed as dist
+
+    big_n = tokens
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(big_n, hidden, n, experts)
+    buf = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True,
+                         num_qps_per_rank=experts // n, explicitly_destroy=True)
+    local = experts // n
+
+    def data(seed):
+        g = torch.Generator().manual_seed(seed * 100 + rank)
+        idx = torch.topk(torch.rand((big_n, experts), generator=g), topk, dim=1).indices
+        idx[torch.rand(idx.shape, generator=g) < 0.2] = -1
+        x = (torch.randn((big_n, hidden), generator=g) * 4).to(torch.bfloat16)
+        w = torch.randint(1, 17, (big_n, topk), generator=g).float() / 8
+        return x.to(dev), idx.to(dev), w.to(dev)
+
+    scale = torch.arange(1, local + 1, dtype=torch.float32, device=dev).view(local, 1, 1)
+
+    def step(x, idx, w):
+        recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, big_n, experts,
+                                                               use_fp8=False)
+        y = (recv_x.float() * scale).to(torch.bfloat16)
+        out, _, _ = buf.low_latency_combine(y, idx, w, handle)
+        return recv_x, count, handle[0], out
+
+    sx, sidx, sw = data(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(sx, sidx, sw)  # eager on the capture stream first: the exchanges are made once
+    torch.cuda.current_stream().wait_stream(side)
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_recv, g_count, g_src, g_out = step(sx, sidx, sw)
+    for seed in (1, 2, 3):
+        x, idx, w = data(seed)
+        sx.copy_(x)
+        sidx.copy_(idx)
+        sw.copy_(w)
+        dist.barrier()
+        graph.replay()
+        torch.cuda.synchronize()
+        got = [t.clone() for t in (g_recv, g_count, g_src, g_out)]
+        dist.barrier()
+        want = step(x, idx, w)
+        torch.cuda.synchronize()
+        count = want[1]
+        assert torch.equal(got[1], count), f"replay {seed}: counts"
+        for e in range(local):
+            c = int(count[e])
+            assert torch.equal(got[0][e, :c], want[0][e, :c]), f"replay {seed}: expert {e} rows"
+            assert torch.equal(got[2][e, :c], want[2][e, :c]), f"replay {seed}: src_info"
+        assert torch.equal(got[3], want[3]), f"replay {seed}: combine"
+        dist.barrier()
+    if rank == 0:
+        print(f"deep_ep_ranks: low-latency dispatch and combine captured in a CUDA graph, "
+              f"3 replays with new data equal to eager calls", flush=True)
+    del graph
     buf.destroy()
 
 

@@ -512,18 +512,15 @@ class Buffer:
             lay = _ExpertLayout(out_idx, hb, n, local, cap)
             # Placed as bytes (index_put serves no float8 type).
             row_bytes = out_x.view(torch.uint8).view(cap, -1)
-            recv_x = torch.zeros((local, cap, row_bytes.shape[1]), dtype=torch.uint8,
-                                 device=x.device)
-            recv_x[lay.expert, lay.slot] = row_bytes[lay.row]
+            recv_x = lay.place(row_bytes, 0, row_bytes.shape[1:])
             recv_x = recv_x.view(xs.dtype).view(local, cap, hidden)
             if use_fp8:
                 # Column-major within each expert, as DeepEP returns them.
-                sc = torch.zeros((local, scales.shape[1], cap), dtype=torch.float32,
+                sc = torch.zeros((local + 1, scales.shape[1], cap), dtype=torch.float32,
                                  device=x.device).transpose(1, 2)
                 sc[lay.expert, lay.slot] = out_sc[lay.row]
-                recv_x = (recv_x, sc)
-            src_info = torch.full((local, cap), -1, dtype=torch.int32, device=x.device)
-            src_info[lay.expert, lay.slot] = out_src[lay.row]
+                recv_x = (recv_x, sc[:local])
+            src_info = lay.place(out_src, -1, ())
             if cumulative_local_expert_recv_stats is not None:
                 cumulative_local_expert_recv_stats += lay.count.to(
                     cumulative_local_expert_recv_stats.dtype)
@@ -563,8 +560,14 @@ class Buffer:
             w = topk_weights.to(torch.float32).contiguous()
             _, _, rw, _, _, _ = self._send(st.ex, w, None, st.topk_idx, w, st.rows, s)
             z = torch.zeros((st.rows, st.hidden), dtype=torch.float32, device=x.device)
-            z.index_add_(0, lay.row, x[lay.expert, lay.slot].float()
-                         * rw.flatten()[lay.pair].unsqueeze(1))
+            # In chunks of `rows` entries (a captured layout holds every top-k entry).
+            local = lay.count.shape[0]
+            for c in range(0, lay.pair.numel(), st.rows):
+                part = slice(c, c + st.rows)
+                e = lay.expert[part].clamp(max=local - 1)
+                vals = x[e, lay.slot[part]].float() * rw.flatten()[lay.pair[part]].unsqueeze(1)
+                z.index_add_(0, lay.row[part],
+                             torch.where(lay.valid[part].unsqueeze(1), vals, 0.0))
             wide = self._exchange(st.experts, st.topk, st.hidden, wide=True)
             # The rows' order at each rank is the dispatch's: its handle serves the combine.
             summed = torch.empty((st.tokens, st.hidden), dtype=torch.float32, device=x.device)
@@ -603,27 +606,54 @@ def _cast_fp8(x, round_scale):
 class _ExpertLayout:
     """Where each (received row, top-k entry) with a local expert goes in the per-expert layout:
     slots in row order within each expert, and DeepEP's ``layout_range`` (per expert and source
-    rank: ``begin << 32 | count``)."""
+    rank: ``begin << 32 | count``).
+
+    Eagerly the entries are those with a local expert (``torch.nonzero``, which waits for the
+    device). Under CUDA graph capture, which cannot wait, they are every (row, top-k) entry of
+    the fixed-size outputs, ``valid`` saying which hold a local expert: the others go to a spare
+    expert ``local`` (slot 0) that the tensors handed out leave off. Decode engines capture the
+    low-latency calls in graphs, so nothing here may read a count on the host."""
+
+    # Tests set it to run the captured form eagerly (on the host backend too).
+    every_entry = False
 
     def __init__(self, out_idx, hb, n, local, cap):
         k = out_idx.shape[1]
-        valid = (out_idx >= 0).flatten()
-        expert_all = torch.where(out_idx >= 0, out_idx, local).flatten()
-        onehot = torch.nn.functional.one_hot(expert_all, local + 1)[:, :local].to(torch.int64)
-        slot_all = ((onehot.cumsum(0) - onehot) * onehot).sum(1)
-        self.pair = torch.nonzero(valid).flatten()
+        dev = out_idx.device
+        flat = out_idx.flatten()
+        valid = (flat >= 0) & (flat < local)
+        expert_all = torch.where(valid, flat, local)
+        # One-hot by comparison (F.one_hot checks its range on the host).
+        onehot = (expert_all.unsqueeze(1) == torch.arange(local + 1, device=dev)).to(torch.int64)
+        slot_all = torch.where(valid, ((onehot.cumsum(0) - onehot) * onehot).sum(1), 0)
+        if _ExpertLayout.every_entry or (dev.type == "cuda"
+                                         and torch.cuda.is_current_stream_capturing()):
+            self.pair = torch.arange(flat.numel(), device=dev)
+        else:
+            self.pair = torch.nonzero(valid).flatten()
+        self.valid = valid[self.pair]
         self.row = self.pair // k
         self.expert = expert_all[self.pair]
         self.slot = slot_all[self.pair]
-        self.count = onehot.sum(0).to(torch.int32)
+        self.count = onehot[:, :local].sum(0).to(torch.int32)
         # The source rank of each row, from the per-source counts in the handle.
         ends = torch.cumsum(hb[: 4 * n].view(torch.int32).to(torch.int64), 0)
-        src_rank = torch.bucketize(self.row, ends, right=True)
-        per = torch.zeros((local, n), dtype=torch.int64, device=out_idx.device)
-        per.index_put_((self.expert, src_rank), torch.ones_like(self.row), accumulate=True)
+        src_rank = torch.bucketize(self.row, ends, right=True).clamp(max=n - 1)
+        per = torch.zeros((local + 1, n), dtype=torch.int64, device=dev)
+        per.index_put_((self.expert, src_rank), self.valid.to(torch.int64), accumulate=True)
+        per = per[:local]
         begin = torch.cumsum(per, 1) - per
         self.ranges = (begin << 32) | per
 
+    def place(self, values, fill, shape_tail):
+        """``values`` (one per received row) at each entry's (expert, slot): a tensor of
+        [local, cap] + ``shape_tail``, ``fill`` where nothing arrived."""
+        local = self.count.shape[0]
+        cap = values.shape[0]
+        out = torch.full((local + 1, cap) + tuple(shape_tail), fill, dtype=values.dtype,
+                         device=values.device)
+        out[self.expert, self.slot] = values[self.row]
+        return out[:local]
 
 class _nullcontext:
     def __enter__(self):
