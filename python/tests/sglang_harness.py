@@ -90,6 +90,32 @@ def cut_candidates(cls, quick):
     cls._create_dsl_algorithms = create_dsl
 
 
+def cut_sizes(cls, sizes):
+    """--tune-sizes: the tuner times only these message sizes (the others are left untuned, so
+    the file sends them elsewhere, as it does below 1 KiB at 16 ranks): with 16 processes
+    time-slicing one GPU an execution takes far longer than on GPUs of their own."""
+    if not sizes:
+        return
+    timed = cls._get_time
+
+    def get_time(self, algo, tensor, size, *args):
+        return timed(self, algo, tensor, size, *args) if size in sizes else float("inf")
+
+    cls._get_time = get_time
+
+
+def parse_sizes(text):
+    """``1K,64K,1M`` as byte counts (powers of two: the tuner's sizes)."""
+    out = set()
+    for part in filter(None, text.split(",")):
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(part[-1].upper(), 1)
+        n = int(part[:-1] if scale > 1 else part) * scale
+        if n & (n - 1):
+            raise SystemExit(f"harness: --tune-sizes {part}: not a power of two")
+        out.add(n)
+    return out
+
+
 def progress(rank, stage, t0=time.monotonic()):
     """Rank 0 says where the run is, so that a run stopped by its time limit tells which stage
     it was in (a cold start of 16 processes on one GPU can take minutes)."""
@@ -144,7 +170,7 @@ def watch_stages(cls, rank, trace=0):
         setattr(cls, name, staged)
 
 
-def rank_main(rank, size, quick, port, hosts=1, tag="sglang", trace=0):
+def rank_main(rank, size, quick, port, hosts=1, tag="sglang", trace=0, sizes=()):
     import torch
     import torch.distributed as dist
 
@@ -170,6 +196,7 @@ def rank_main(rank, size, quick, port, hosts=1, tag="sglang", trace=0):
     cls = m.PyMscclppCommunicator
     cut_candidates(cls, quick)
     watch_stages(cls, rank, trace)
+    cut_sizes(cls, sizes)  # outermost: a size left out is neither timed nor reported
     progress(rank, "process group up; building the communicator")
     comm = cls(dist.group.WORLD, torch.device(f"cuda:{rank % ndev}"))
     assert comm.available, "import mscclpp failed under the harness"
@@ -251,7 +278,10 @@ def main():
                    help="simulated hosts (MSCCLPP_HOSTID per group of ranks; 16/32 ranks)")
     p.add_argument("--trace", type=int, default=0,
                    help="rank 0 reports each of the first N executions and how long it took")
+    p.add_argument("--tune-sizes", default="",
+                   help="only these message sizes are tuned (e.g. 1K,64K,1M); default: all")
     a = p.parse_args()
+    sizes = parse_sizes(a.tune_sizes)
     path = os.environ.get("SGLANG_PYMSCCLPP")
     if not path or not os.path.isfile(path):
         _skip("SGLANG_PYMSCCLPP does not name SGLang's pymscclpp.py")
@@ -268,11 +298,12 @@ def main():
         from cluster import free_port
 
         tag = f"sglang-{os.getpid()}"
-        tmp.spawn(rank_main, args=(a.spawn, a.quick, free_port(), a.hosts, tag, a.trace),
+        tmp.spawn(rank_main,
+                  args=(a.spawn, a.quick, free_port(), a.hosts, tag, a.trace, sizes),
                   nprocs=a.spawn)
     else:
         rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a.quick, 0, a.hosts,
-                  f"sglang-{os.environ.get('MASTER_PORT', '0')}", a.trace)
+                  f"sglang-{os.environ.get('MASTER_PORT', '0')}", a.trace, sizes)
 
 
 if __name__ == "__main__":
