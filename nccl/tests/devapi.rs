@@ -78,12 +78,15 @@ fn set32(r: &mut [u8], at: usize, v: i32) {
 
 type WinRegFn = unsafe extern "C" fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int;
 type PtrFn = unsafe extern "C" fn(*mut c_void, usize, c_int, *mut *mut c_void) -> c_int;
+type InitConfigFn =
+    unsafe extern "C" fn(*mut Comm, c_int, NcclUniqueId, c_int, *const NcclConfig) -> c_int;
 
 /// The library's exports these checks call, loaded once per process (`_lib` keeps it loaded).
 struct Api {
     _lib: libloading::Library,
     get_id: unsafe extern "C" fn(*mut NcclUniqueId) -> c_int,
     init: unsafe extern "C" fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int,
+    init_config: InitConfigFn,
     init_all: unsafe extern "C" fn(*mut Comm, c_int, *const c_int) -> c_int,
     destroy: unsafe extern "C" fn(Comm) -> c_int,
     last_err: unsafe extern "C" fn(Comm) -> *const c_char,
@@ -113,6 +116,7 @@ impl Api {
                 "ncclCommInitRank",
                 fn(*mut Comm, c_int, NcclUniqueId, c_int) -> c_int
             ),
+            init_config: sym!(lib, "ncclCommInitRankConfig" as InitConfigFn),
             init_all: sym!(
                 lib,
                 "ncclCommInitAll",
@@ -169,6 +173,17 @@ impl Api {
 
     /// Rank `rank` of `n` joins the communicator whose id rank 0 publishes in `dir`.
     fn join(&self, rank: usize, n: usize, dir: &Path) -> Result<Comm, String> {
+        self.join_with(rank, n, dir, None)
+    }
+
+    /// [`Api::join`] through `ncclCommInitRankConfig` where `config` is given.
+    fn join_with(
+        &self,
+        rank: usize,
+        n: usize,
+        dir: &Path,
+        config: Option<&NcclConfig>,
+    ) -> Result<Comm, String> {
         let id = if rank == 0 {
             let mut id = NcclUniqueId { internal: [0; 128] };
             // SAFETY: a valid out-pointer.
@@ -179,10 +194,16 @@ impl Api {
             read_id(dir)?
         };
         let mut comm: Comm = std::ptr::null_mut();
-        // SAFETY: valid out-pointer and id.
-        self.check("ncclCommInitRank", unsafe {
-            (self.init)(&mut comm, n as c_int, id, rank as c_int)
-        })?;
+        match config {
+            // SAFETY: valid out-pointer and id.
+            None => self.check("ncclCommInitRank", unsafe {
+                (self.init)(&mut comm, n as c_int, id, rank as c_int)
+            })?,
+            // SAFETY: valid out-pointer, id and config.
+            Some(c) => self.check("ncclCommInitRankConfig", unsafe {
+                (self.init_config)(&mut comm, n as c_int, id, rank as c_int, c)
+            })?,
+        }
         Ok(comm)
     }
 }
@@ -1252,8 +1273,7 @@ fn v228_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     const CANARY: u8 = 0xee;
     let declared = std::env::var("MSCCLPP_NCCL_VERSION").is_ok();
     let api = Api::load()?;
-    let lib = open_lib()?;
-    let get_version = sym!(lib, "ncclGetVersion", fn(*mut c_int) -> c_int);
+    let get_version = sym!(api._lib, "ncclGetVersion", fn(*mut c_int) -> c_int);
     let mut v: c_int = 0;
     // SAFETY: a valid out-pointer.
     api.check("ncclGetVersion", unsafe { get_version(&mut v) })?;
@@ -1261,32 +1281,10 @@ fn v228_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     if v != want {
         return Err(format!("ncclGetVersion {v}, expected {want}"));
     }
-    let comm = if declared {
-        api.join(rank, NRANKS, dir)?
-    } else {
-        let init_config = sym!(
-            lib,
-            "ncclCommInitRankConfig",
-            fn(*mut Comm, c_int, NcclUniqueId, c_int, *const NcclConfig) -> c_int
-        );
-        let id = if rank == 0 {
-            let mut id = NcclUniqueId { internal: [0; 128] };
-            // SAFETY: a valid out-pointer.
-            api.check("ncclGetUniqueId", unsafe { (api.get_id)(&mut id) })?;
-            publish(dir, &id.internal)?;
-            id
-        } else {
-            read_id(dir)?
-        };
-        let mut config = NcclConfig::INITIALIZER;
-        config.version = 22809;
-        let mut comm: Comm = std::ptr::null_mut();
-        // SAFETY: valid out-pointer, id and config.
-        api.check("ncclCommInitRankConfig", unsafe {
-            init_config(&mut comm, NRANKS as c_int, id, rank as c_int, &config)
-        })?;
-        comm
-    };
+    // The client's release comes from MSCCLPP_NCCL_VERSION, else from its config.
+    let mut config = NcclConfig::INITIALIZER;
+    config.version = 22809;
+    let comm = api.join_with(rank, NRANKS, dir, (!declared).then_some(&config))?;
     // SAFETY: the library's team of a live communicator.
     let lsa = unsafe { (api.team_lsa)(comm) };
     // ncclLsaBarrierCreateRequirement writes the client's size: 32 bytes at 2.28.3.
