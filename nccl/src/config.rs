@@ -22,6 +22,10 @@ pub struct CommConfig {
     /// `splitShare`, `shrinkShare`: a child never shares the parent's buffers here (it gets
     /// its own scratch), which NCCL permits: sharing is a hint.
     pub share: [bool; 2],
+    /// `version`: the `NCCL_VERSION_CODE` of the headers the client compiled with (None: no
+    /// config), which tells a client of NCCL 2.28 which layout its device-API structures have
+    /// ([`crate::headers`]).
+    pub headers: Option<u32>,
 }
 
 impl Default for CommConfig {
@@ -32,6 +36,7 @@ impl Default for CommConfig {
             net_name: None,
             comm_name: None,
             share: [false; 2],
+            headers: None,
         }
     }
 }
@@ -144,6 +149,7 @@ pub unsafe fn parse_config(config: *const c_void, inherit: Option<&CommConfig>) 
             // SAFETY: as above.
             comm_name: unsafe { name(raw.comm_name) },
             share: [raw.split_share == 1, raw.shrink_share == 1],
+            headers: Some(raw.version),
         };
         tracing::debug!(
             target: crate::debug::LIFECYCLE_MODULE,

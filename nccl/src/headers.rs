@@ -7,9 +7,10 @@
 //!   headers unversioned structures follow. nccl-tests built against 2.28 refuses its device
 //!   implementations (`-D`) on a library newer than 2.28, as it would on NCCL 2.29+; with the
 //!   variable set to the release it was built against, it runs them on this library.
-//! - Else the `version` of the last `ncclConfig_t` a communicator was made with
+//! - Else the `version` of the `ncclConfig_t` the communicator was made with
 //!   (`NCCL_CONFIG_INITIALIZER` writes the headers' `NCCL_VERSION_CODE` there; PyTorch and
-//!   nccl-tests make every communicator with one).
+//!   nccl-tests make every communicator with one), or, for the `*CreateRequirement` calls, which
+//!   name no communicator, of the last one read.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -60,7 +61,7 @@ fn parse(v: &str) -> Option<u32> {
                 minor.parse().ok()?,
                 patch.parse().ok()?,
             );
-            (b < 100 && c < 100).then(|| a * 10000 + b * 100 + c)
+            (a < 100 && b < 100 && c < 100).then(|| a * 10000 + b * 100 + c)
         }
         _ => None,
     }
@@ -72,8 +73,9 @@ pub fn reported() -> Res<u32> {
 }
 
 /// The 2.28 release whose headers an unversioned device-API structure follows, or why it is
-/// not known.
-pub fn unversioned() -> Res<u32> {
+/// not known. `own`: the `version` of the communicator's `ncclConfig_t` (None: made without
+/// one, or no communicator is named); else the last `ncclConfig_t` read decides.
+pub fn unversioned(own: Option<u32>) -> Res<u32> {
     let is_228 = |v: u32| (22800..22900).contains(&v);
     if let Some(v) = declared()? {
         return if is_228(v) {
@@ -86,7 +88,7 @@ pub fn unversioned() -> Res<u32> {
             )))
         };
     }
-    let config = CONFIG_VERSION.load(Ordering::Relaxed);
+    let config = own.unwrap_or_else(|| CONFIG_VERSION.load(Ordering::Relaxed));
     if is_228(config) {
         DevCommLayout::of(config).map_err(Failure::usage)?;
         return Ok(config);
@@ -109,12 +111,17 @@ pub fn unversioned() -> Res<u32> {
 }
 
 /// Bytes of an `ncclDevResourceRequirements` the client declared: 32 for a client of 2.28.3
-/// (no GIN fields), else 56.
-pub fn resource_requirement_bytes() -> usize {
-    match unversioned() {
+/// (no GIN fields), else 56. A malformed `MSCCLPP_NCCL_VERSION` is an error. Where nothing names
+/// the release (no variable, no `ncclConfig_t` read) the struct is taken as 56 bytes, every
+/// release's size but 2.28.3's: the struct itself says nothing, and refusing would refuse
+/// clients of 2.29 on that NCCL serves. A client of 2.28.3 that makes its communicators without
+/// a config sets the variable (docs/nccl.md).
+pub fn resource_requirement_bytes() -> Res<usize> {
+    declared()?;
+    Ok(match unversioned(None) {
         Ok(v) if v < 22807 => crate::devapi::layout::reqs228::RESOURCE_BYTES_22803,
         _ => crate::devapi::layout::reqs::resource::BYTES,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -129,5 +136,10 @@ mod tests {
         assert_eq!(parse("2.28"), None);
         assert_eq!(parse("2.x.3"), None);
         assert_eq!(parse("2.1000.3"), None);
+        assert_eq!(
+            parse("4294967.28.3"),
+            None,
+            "a major past 99 would overflow the code"
+        );
     }
 }

@@ -1285,6 +1285,17 @@ fn v228_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let mut config = NcclConfig::INITIALIZER;
     config.version = 22809;
     let comm = api.join_with(rank, NRANKS, dir, (!declared).then_some(&config))?;
+    // Another communicator of the process, made by a client of 2.32.6 (another library): the
+    // first one's structs still follow its own config's release.
+    let other = if declared {
+        None
+    } else {
+        let second = dir.join("second");
+        std::fs::create_dir_all(&second).map_err(|e| format!("{}: {e}", second.display()))?;
+        let mut newer = NcclConfig::INITIALIZER;
+        newer.version = 23206;
+        Some(api.join_with(rank, NRANKS, &second, Some(&newer))?)
+    };
     // SAFETY: the library's team of a live communicator.
     let lsa = unsafe { (api.team_lsa)(comm) };
     // ncclLsaBarrierCreateRequirement writes the client's size: 32 bytes at 2.28.3.
@@ -1366,6 +1377,19 @@ fn v228_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         (api.dev_destroy)(comm, dc.as_ptr().cast())
     })?;
     if !declared {
+        // Rail GIN barriers, which 2.28.7 to 2.28.9 declare, are GIN too: refused naming why.
+        set32(&mut reqs, 28, 1);
+        let mut dc = [CANARY; 256];
+        // SAFETY: as above.
+        let got = unsafe { (api.dev_create)(comm, reqs.as_ptr().cast(), dc.as_mut_ptr().cast()) };
+        let m = api.message();
+        if got != NCCL_INVALID_USAGE || !m.contains("railGinBarrierCount") || !m.contains("2.30.3")
+        {
+            return Err(format!(
+                "rail GIN barriers of a 2.28.9 client: code {got} ({m})"
+            ));
+        }
+        set32(&mut reqs, 28, 0);
         // GIN is not served to 2.28 clients (their proxy descriptors have another format).
         set32(&mut reqs, 48, 1);
         let mut dc = [CANARY; 256];
@@ -1376,8 +1400,10 @@ fn v228_rank_main(rank: usize, dir: &Path) -> Result<(), String> {
             return Err(format!("GIN of a 2.28.9 client: code {got} ({m})"));
         }
     }
-    // SAFETY: the communicator made above.
-    api.check("ncclCommDestroy", unsafe { (api.destroy)(comm) })?;
+    for c in std::iter::once(comm).chain(other) {
+        // SAFETY: the communicators made above.
+        api.check("ncclCommDestroy", unsafe { (api.destroy)(c) })?;
+    }
     std::fs::write(dir.join(format!("done-{rank}")), b"").map_err(|e| e.to_string())
 }
 

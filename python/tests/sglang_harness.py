@@ -105,13 +105,17 @@ def cut_sizes(cls, sizes):
 
 
 def parse_sizes(text):
-    """``1K,64K,1M`` as byte counts (powers of two: the tuner's sizes)."""
+    """``1K,64K,1M`` as byte counts (powers of two from 512 B to 8 MiB: the sizes the tuner
+    times)."""
     out = set()
     for part in filter(None, text.split(",")):
         scale = {"K": 1 << 10, "M": 1 << 20}.get(part[-1].upper(), 1)
-        n = int(part[:-1] if scale > 1 else part) * scale
-        if n & (n - 1):
-            raise SystemExit(f"harness: --tune-sizes {part}: not a power of two")
+        try:
+            n = int(part[:-1] if scale > 1 else part) * scale
+        except ValueError:
+            raise SystemExit(f"harness: --tune-sizes {part}: expected e.g. 512, 64K or 1M") from None
+        if n < 512 or n > 8 << 20 or n & (n - 1):
+            raise SystemExit(f"harness: --tune-sizes {part}: not a power of two from 512 to 8M")
         out.add(n)
     return out
 
@@ -212,7 +216,8 @@ def rank_main(rank, size, quick, port, hosts=1, tag="sglang", trace=0, sizes=())
                 if comm._get_tuned_config(nbytes) is None:
                     # The multi-node algorithms start at 1 KiB (SGLang's min_message_size): the
                     # file sends smaller tensors elsewhere (should_mscclpp_allreduce is False).
-                    assert size != 8, f"no algorithm tuned for {nbytes} B at 8 ranks"
+                    assert size != 8 or (sizes and nbytes not in sizes), \
+                        f"no algorithm tuned for {nbytes} B at 8 ranks"
                     continue
                 checked += 1
                 n = nbytes // torch.tensor([], dtype=dtype).element_size()

@@ -69,18 +69,19 @@ struct Asked {
     resources: Vec<Resource>,
 }
 
-/// Reads and checks `ncclDevCommRequirements` at `r`.
+/// Reads and checks `ncclDevCommRequirements` at `r`; `headers`: the communicator's
+/// `ncclConfig_t.version` (which names a 2.28 client's release).
 ///
 /// # Safety
 /// `r` points to the client's requirements (at least its `size` bytes).
-unsafe fn read(r: *const u8) -> Res<Asked> {
+unsafe fn read(r: *const u8, headers: Option<u32>) -> Res<Asked> {
     // SAFETY: 16 bytes exist in every layout (2.28.3's has 24).
     let magic = unsafe { r.add(reqs::MAGIC).cast::<u32>().read_unaligned() };
     // NCCL 2.28's requirements carry no magic: read as 2.29.2's, the release learnt elsewhere.
     let unversioned = if magic == layout::API_MAGIC {
         None
     } else {
-        let v = crate::headers::unversioned().map_err(|e| Failure {
+        let v = crate::headers::unversioned(headers).map_err(|e| Failure {
             message: format!("ncclDevCommCreate: {}", e.message),
             ..e
         })?;
@@ -120,6 +121,14 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
     let mut lsa = get(reqs::LSA_BARRIER_COUNT);
     let mut barriers = get(reqs::BARRIER_COUNT);
     let mut rail = get(reqs::RAIL_GIN_BARRIER_COUNT);
+    if layout == DevCommLayout::V22807 && rail != 0 {
+        // 2.28.7 to 2.28.9 declare rail GIN barriers; GIN is served from 2.30.3's layout on.
+        return Err(Failure::usage(format!(
+            "ncclDevCommCreate: railGinBarrierCount {rail} asks for GIN barriers, which this \
+             library serves to clients built against NCCL 2.30.3 or newer (this one: NCCL {})",
+            layout::version_name(version)
+        )));
+    }
     if matches!(layout, DevCommLayout::V22807 | DevCommLayout::V22902) {
         // 2.28.7 to 2.29.3: `barrierCount` asked for LSA barriers only (NCCL folds it in).
         lsa += barriers;
@@ -263,7 +272,8 @@ unsafe fn read(r: *const u8) -> Res<Asked> {
         || resources.iter().any(|r| r.gin.0 > 0 || r.gin.1 > 0);
     let force = flag(reqs::GIN_FORCE_ENABLE);
     let gin = match (connection, force) {
-        // Before 2.29.7 no field names the connection: asking for GIN is asking for it.
+        // The layouts served before 2.29.7 (2.28.x, 2.29.2) have no connection field: asking
+        // for GIN is asking for it.
         (0, false) if asks_gin && version >= 22907 => {
             return Err(Failure::argument(
                 "ncclDevCommCreate: GIN signals, counters or GIN barriers are asked for with ginConnectionType NCCL_GIN_CONNECTION_NONE (set NCCL_GIN_CONNECTION_FULL)",
@@ -359,13 +369,18 @@ struct GinAsk {
     strong_legacy: bool,
 }
 
-/// `ncclDevCommCreate` on `space`: collective over the communicator.
+/// `ncclDevCommCreate` on `space`: collective over the communicator; `headers` as for [`read`].
 ///
 /// # Safety
 /// `r` points to the client's requirements; `out` to an `ncclDevComm` of the client's version.
-pub unsafe fn create(space: &Arc<Space>, r: *const c_void, out: *mut c_void) -> Res<DevComm> {
+pub unsafe fn create(
+    space: &Arc<Space>,
+    r: *const c_void,
+    out: *mut c_void,
+    headers: Option<u32>,
+) -> Res<DevComm> {
     // SAFETY: forwarded contract.
-    let mut asked = unsafe { read(r.cast())? };
+    let mut asked = unsafe { read(r.cast(), headers)? };
     let comm = space.communicator();
     let (rank, n) = (comm.rank(), comm.nranks());
     let lsa_size = space.team.len();

@@ -67,6 +67,7 @@ pub unsafe extern "C" fn ncclDevCommCreate(
         }
         if c.native.is_some() {
             let (r, o) = (reqs as usize, outDevComm as usize);
+            let headers = c.config.headers;
             return crate::group::run_collective(&c.clone(), "ncclDevCommCreate", move || {
                 let n = c
                     .native
@@ -76,7 +77,12 @@ pub unsafe extern "C" fn ncclDevCommCreate(
                 // SAFETY: the caller's requirements and out-struct, as NCCL's contract has them
                 // (valid until the call, or its group, ends).
                 let d = unsafe {
-                    crate::devapi::devcomm::create(&space, r as *const c_void, o as *mut c_void)?
+                    crate::devapi::devcomm::create(
+                        &space,
+                        r as *const c_void,
+                        o as *mut c_void,
+                        headers,
+                    )?
                 };
                 n.devapi.keep(d);
                 Ok(())

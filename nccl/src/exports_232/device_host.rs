@@ -250,8 +250,9 @@ unsafe fn buffer_requirement(
         signals: 0,
         out_signal: std::ptr::null_mut(),
     };
+    let bytes = crate::headers::resource_requirement_bytes()?;
     // SAFETY: forwarded contract.
-    unsafe { r.write(req, crate::headers::resource_requirement_bytes()) }.map_err(Failure::argument)
+    unsafe { r.write(req, bytes) }.map_err(Failure::argument)
 }
 
 /// `ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers,

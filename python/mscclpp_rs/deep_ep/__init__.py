@@ -562,8 +562,9 @@ class Buffer:
             z = torch.zeros((st.rows, st.hidden), dtype=torch.float32, device=x.device)
             # In chunks of `rows` entries (a captured layout holds every top-k entry).
             local = lay.count.shape[0]
-            for c in range(0, lay.pair.numel(), st.rows):
-                part = slice(c, c + st.rows)
+            step = max(st.rows, 1)  # no rows: nothing to add, and range() refuses a step of 0
+            for c in range(0, lay.pair.numel(), step):
+                part = slice(c, c + step)
                 e = lay.expert[part].clamp(max=local - 1)
                 vals = x[e, lay.slot[part]].float() * rw.flatten()[lay.pair[part]].unsqueeze(1)
                 z.index_add_(0, lay.row[part],
