@@ -17,6 +17,16 @@ import os
 import sys
 
 
+def expect_error(call, words):
+    """``call`` raises ValueError whose message holds ``words``."""
+    try:
+        call()
+    except ValueError as e:
+        assert words in str(e), (words, str(e))
+        return
+    raise AssertionError(f"no error, expected one saying {words!r}")
+
+
 def reference(all_x, all_idx, all_w, rank, n, experts):
     """(rows, local idx, weights, src) this rank should receive: by source, token order."""
     import torch
@@ -179,6 +189,11 @@ def rank_main(rank, n, port, device, tokens, hidden, experts, topk, hosts=1):
     assert torch.equal(wx[:rows].cpu(), want_x) and bool((widx[rows:] == -1).all())
     wc, _, _ = buf.combine(wx, wh, topk_weights=ww)
     assert torch.equal(wc.cpu(), want_c), "combined after num_worst_tokens"
+    # Handles not of this Buffer's dispatch: refused naming why, nothing run.
+    expect_error(lambda: buf.combine(wx, tuple(wh)), "not returned by this Buffer's dispatch")
+    other = deep_ep.Buffer(group, hint, 0, explicitly_destroy=True)
+    expect_error(lambda: other.combine(wx, wh), "not returned by this Buffer's dispatch")
+    other.destroy()
 
     buf.destroy()
     low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device)
@@ -255,6 +270,10 @@ def low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device):
     zc, _, _ = buf.low_latency_combine(None, idx.to(dev), w.to(dev), handle, zero_copy=True,
                                        out=out)
     assert zc is out and torch.equal(out.cpu(), want), "zero-copy combine"
+    # A low-latency handle is not a normal one, nor the reverse.
+    expect_error(lambda: buf.combine(y[0], handle), "a handle of low_latency_dispatch")
+    expect_error(lambda: buf.low_latency_combine(y, idx.to(dev), w.to(dev), tuple(handle)),
+                 "not returned by this Buffer's low_latency_dispatch")
     # FP8 (with power-of-two scales too): rows within FP8's precision.
     for round_scale in (False, True):
         (x8, sc), cnt, h8, _, _ = buf.low_latency_dispatch(

@@ -255,6 +255,20 @@ class Buffer:
     def _sid(s):
         return None if s is None else s.cuda_stream
 
+    def _state_of(self, handle, what, low_latency=False):
+        """The state behind ``handle``, or a clear error where it is not one of this Buffer's
+        (another Buffer's handle would run the call over that Buffer's exchange) or not of the
+        call's mode."""
+        st = getattr(handle, "_state", None)
+        if not isinstance(st, _State) or all(st.ex is not e for e in self._exchanges.values()):
+            raise ValueError(f"{what}: the handle was not returned by this Buffer's "
+                             f"{'low_latency_dispatch' if low_latency else 'dispatch'}")
+        if low_latency != hasattr(st, "layout"):
+            raise ValueError(f"{what}: a handle of {'dispatch' if low_latency else 'low_latency_dispatch'}"
+                             f" (this call takes one of "
+                             f"{'low_latency_dispatch' if low_latency else 'dispatch'})")
+        return st
+
     # ---- the exchange ------------------------------------------------------------------------
     def _exchange(self, num_experts: int, topk: int, hidden: int, wide: bool = False):
         """The exchange for these shapes (made once, collectively); ``wide``: rows of f32 (the
@@ -351,7 +365,7 @@ class Buffer:
         if handle is not None:
             if topk_idx is not None:
                 raise ValueError("dispatch with a handle (cached) takes no topk_idx")
-            st = handle._state
+            st = self._state_of(handle, "dispatch (cached)")
             route, with_topk, experts = st.topk_idx, False, st.ex.num_experts
         else:
             if num_tokens_per_expert is None or is_token_in_rank is None:
@@ -446,7 +460,7 @@ class Buffer:
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None,
                 previous_event=None, async_finish=False, allocate_on_comm_stream=False):
-        st = handle._state
+        st = self._state_of(handle, "combine")
         hidden = x.shape[1]
         biases = () if bias is None else (bias if isinstance(bias, tuple) else (bias,))
         s = self._stream(x, previous_event, async_finish, allocate_on_comm_stream)
@@ -535,7 +549,7 @@ class Buffer:
     def get_next_low_latency_combine_buffer(self, handle):
         """A [local experts, ranks x max tokens, hidden] bf16 tensor that a ``zero_copy``
         combine of ``handle`` reads."""
-        st = handle._state
+        st = self._state_of(handle, "get_next_low_latency_combine_buffer", low_latency=True)
         if st.zero_copy is None:
             local = st.experts // self.group_size
             st.zero_copy = torch.empty((local, st.rows, st.hidden), dtype=torch.bfloat16,
@@ -550,7 +564,7 @@ class Buffer:
         if async_finish and return_recv_hook:
             raise ValueError("low_latency_combine: async_finish and return_recv_hook exclude "
                              "each other (as DeepEP)")
-        st = handle._state
+        st = self._state_of(handle, "low_latency_combine", low_latency=True)
         if zero_copy:
             x = self.get_next_low_latency_combine_buffer(handle)
         n, lay = self.group_size, st.layout
