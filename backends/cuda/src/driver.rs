@@ -125,6 +125,7 @@ pub const MIN_DRIVER_VERSION: i32 = 12000;
 pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuInit",
     "cuStreamBeginCapture_v2",
+    "cuThreadExchangeStreamCaptureMode",
     "cuStreamEndCapture",
     "cuStreamIsCapturing",
     "cuGraphInstantiateWithFlags",

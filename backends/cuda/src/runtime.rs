@@ -645,6 +645,25 @@ impl Runtime for CudaRuntime {
         }
     }
 
+    unsafe fn relax_thread_capture(&self) -> Option<i32> {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer; the call concerns this thread only.
+        let r = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(mode as i32)
+    }
+
+    unsafe fn restore_thread_capture(&self, mode: i32) {
+        use sys::CUstreamCaptureMode as M;
+        let mut m = match mode {
+            0 => M::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            1 => M::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            _ => M::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        // SAFETY: as above. Nothing to do if it fails: the mode stays relaxed, which refuses
+        // nothing.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m) };
+    }
+
     unsafe fn stream_begin_capture(&self, stream: sys::CUstream) -> Result<()> {
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: live stream of the current context (caller's contract).

@@ -29,6 +29,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cache;
+mod capture;
 pub mod context;
 pub mod device;
 pub mod device_api;

@@ -78,6 +78,8 @@ impl<R: Runtime> GpuAllocation<R> {
         }
         ctx.bind()?;
         let rt = ctx.runtime();
+        // Allocating while another thread captures a graph (capture.rs).
+        let _relaxed = crate::capture::Relaxed::new(rt);
         let (ptr, backing) = match kind {
             MemoryKind::Device | MemoryKind::Uncached => {
                 let uncached = kind == MemoryKind::Uncached;
@@ -200,6 +202,8 @@ impl<R: Runtime> Drop for GpuAllocation<R> {
             return;
         }
         let rt = self.ctx.runtime();
+        // Freed whenever the last clone goes, on any thread, perhaps while another captures.
+        let _relaxed = crate::capture::Relaxed::new(rt);
         // The memory was obtained by the matching call in `new` / `ipc::open` and is released
         // once, here; no stream uses it any more, since every enqueued operation keeps a clone
         // of the buffer until it has run.

@@ -426,6 +426,23 @@ pub trait Runtime: Send + Sync + Debug + Sized + 'static {
     /// See the trait's contract.
     unsafe fn event_elapsed_ms(&self, start: Self::Event, end: Self::Event) -> Result<f32>;
 
+    /// Makes this thread's stream-capture mode relaxed and returns the mode it had (the
+    /// vendor's enum value: 0 global, 1 thread-local, 2 relaxed), or `None` where the runtime
+    /// cannot say. In the default (global) mode a thread may not wait on the host, allocate or
+    /// free while any thread captures a graph in global mode, as PyTorch's `torch.cuda.graph`
+    /// does: the call is refused and the other thread's capture is invalidated. Work of this
+    /// library's own (a stream dropped with work pending, a host copy, a proxy thread's wait)
+    /// touches no capturing stream, so it runs relaxed ([`crate::capture::Relaxed`]).
+    ///
+    /// # Safety
+    /// See the trait's contract.
+    unsafe fn relax_thread_capture(&self) -> Option<i32>;
+    /// Sets this thread's capture mode back to what [`Runtime::relax_thread_capture`] returned.
+    ///
+    /// # Safety
+    /// See the trait's contract.
+    unsafe fn restore_thread_capture(&self, mode: i32);
+
     // ----- graphs (called only where [`Features::graph_capture`] holds) -----
 
     /// Starts capturing `stream` (relaxed mode: other threads keep making unrelated calls).

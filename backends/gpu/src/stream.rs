@@ -26,6 +26,7 @@ use mscclpp_hal::{
     BufferSlice, Error, EventApi, GraphApi, LaunchConfig, Result, StreamApi, WaitCmp,
 };
 
+use crate::capture::Relaxed;
 use crate::context::Context;
 use crate::keep::{KeepAlive, check_copy_len, poll_until, staged_host_read, staged_host_write};
 use crate::module::{GpuKernel, LoadedModule};
@@ -200,6 +201,7 @@ impl<R: Runtime> GpuStream<R> {
 
     /// Waits until everything enqueued so far has run; releases what it kept alive.
     fn wait_all(&self, timeout: Duration, what: &str) -> Result<()> {
+        let _relaxed = Relaxed::new(self.ctx.runtime());
         if self.lock().capture_from.is_some() {
             return Err(Error::invalid(format!(
                 "{what}: the stream is capturing a graph; end the capture first"
@@ -247,6 +249,9 @@ impl<R: Runtime> Drop for GpuStream<R> {
         if self.borrowed {
             return;
         }
+        // A stream may be dropped on any thread at any time (a Python object collected while
+        // PyTorch captures a graph): its wait and destroy must not end that capture.
+        let _relaxed = Relaxed::new(self.ctx.runtime());
         if self.ctx.lost() {
             // A device reset already freed the stream and everything it used.
             std::mem::forget(self.lock().keep.take());
@@ -348,6 +353,8 @@ impl<R: Runtime> StreamApi for GpuStream<R> {
     }
 
     fn write_from_host(&self, dst: &BufferSlice, src: &[u8]) -> Result<()> {
+        // Pinned staging, a copy and a wait: host work of this library's own (capture.rs).
+        let _relaxed = Relaxed::new(self.ctx.runtime());
         check_copy_len("host write", src.len(), dst.len())?;
         let d = device_addr::<R>(dst, "destination")?;
         if src.is_empty() {
@@ -366,6 +373,8 @@ impl<R: Runtime> StreamApi for GpuStream<R> {
     }
 
     fn read_to_host(&self, dst: &mut [u8], src: &BufferSlice) -> Result<()> {
+        // As in `write_from_host`.
+        let _relaxed = Relaxed::new(self.ctx.runtime());
         check_copy_len("host read", src.len(), dst.len())?;
         let s = device_addr::<R>(src, "source")?;
         if dst.is_empty() {
@@ -551,6 +560,7 @@ impl<R: Runtime> EventApi for GpuEvent<R> {
     }
 
     fn synchronize_timeout(&self, timeout: Duration) -> Result<()> {
+        let _relaxed = Relaxed::new(self.inner.ctx.runtime());
         poll_until(
             timeout,
             || {

@@ -226,6 +226,8 @@ type GraphInstantiate = unsafe extern "C" fn(
 type GraphLaunch = unsafe extern "C" fn(exec: HipGraphExec, stream: HipStream) -> HipError;
 type GraphExecDestroy = unsafe extern "C" fn(exec: HipGraphExec) -> HipError;
 type GraphDestroy = unsafe extern "C" fn(graph: HipGraph) -> HipError;
+/// `hipThreadExchangeStreamCaptureMode(hipStreamCaptureMode* mode)` (a C enum, int).
+pub(crate) type ThreadExchangeCaptureMode = unsafe extern "C" fn(mode: *mut c_int) -> HipError;
 
 /// The stream-capture and graph entry points, present together or not at all: a runtime
 /// without them opens, without graph capture.
@@ -276,6 +278,8 @@ macro_rules! hip_api {
             pub(crate) get_device_properties_r0600: Option<GetDeviceProperties>,
             /// Stream capture and graphs, where present.
             pub(crate) graphs: Option<GraphApi>,
+            /// `hipThreadExchangeStreamCaptureMode`, where present.
+            pub(crate) thread_capture_mode: Option<ThreadExchangeCaptureMode>,
             /// Keeps every pointer above valid. Never unloaded: the HIP runtime does not support
             /// being unloaded while the process runs.
             _lib: libloading::Library,
@@ -335,6 +339,13 @@ macro_rules! hip_api {
                         })
                     })()
                 };
+                // SAFETY: as above (the signature of hipThreadExchangeStreamCaptureMode).
+                let thread_capture_mode = unsafe {
+                    optional::<ThreadExchangeCaptureMode>(
+                        &lib,
+                        "hipThreadExchangeStreamCaptureMode",
+                    )
+                };
                 if !missing.is_empty() {
                     return Err(OpenError::MissingSymbols(missing));
                 }
@@ -347,6 +358,7 @@ macro_rules! hip_api {
                     },)*
                     get_device_properties_r0600,
                     graphs,
+                    thread_capture_mode,
                     _lib: lib,
                 })
             }

@@ -408,6 +408,21 @@ impl Runtime for RocmRuntime {
         }
     }
 
+    unsafe fn relax_thread_capture(&self) -> Option<i32> {
+        let f = self.api.thread_capture_mode?;
+        let mut mode: c_int = ffi::STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer; the call concerns this thread only.
+        (unsafe { f(&mut mode) } == code::SUCCESS).then_some(mode)
+    }
+
+    unsafe fn restore_thread_capture(&self, mode: i32) {
+        if let Some(f) = self.api.thread_capture_mode {
+            let mut m: c_int = mode;
+            // SAFETY: as above; a failure leaves the thread relaxed, which refuses nothing.
+            let _ = unsafe { f(&mut m) };
+        }
+    }
+
     unsafe fn stream_begin_capture(&self, stream: HipStream) -> Result<()> {
         let g = self.graphs()?;
         // SAFETY: live stream of the current device (caller's contract). Relaxed mode: other
