@@ -286,6 +286,26 @@ def low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device):
         assert diff < 1e-3, (round_scale, diff)
         if round_scale:
             assert bool((torch.log2(sc[sc > 0]).frac() == 0).all()), "scales not powers of two"
+        if round_scale and hidden % 512:
+            expect_error(lambda: buf.low_latency_dispatch(
+                x.to(dev), idx.to(dev), big_n, experts, use_fp8=True, round_scale=True,
+                use_ue8m0=True), "multiple of 512")
+        elif round_scale:
+            # Packed UE8M0 (DeepEP's use_ue8m0): the same rows, each scale's exponent in a
+            # byte, four per int32, column-major per expert; decoded as DeepEP's test does.
+            (u8, packed), _, _, _, _ = buf.low_latency_dispatch(
+                x.to(dev), idx.to(dev), big_n, experts, use_fp8=True, round_scale=True,
+                use_ue8m0=True)
+            assert packed.dtype == torch.int32 and packed.shape == (local, sc.shape[1],
+                                                                     hidden // 512)
+            assert packed.transpose(1, 2).is_contiguous(), "packed scales not column-major"
+            assert torch.equal(u8.view(torch.uint8), x8.view(torch.uint8))
+            decoded = (packed.contiguous().view(torch.uint8).to(torch.int32) << 23).view(
+                torch.float32).view(sc.shape)
+            assert torch.equal(decoded[sc > 0], sc[sc > 0]), "UE8M0 scales"
+    expect_error(lambda: buf.low_latency_dispatch(x.to(dev), idx.to(dev), big_n, experts,
+                                                  use_fp8=False, round_scale=True,
+                                                  use_ue8m0=True), "use_ue8m0")
     buf.destroy()
 
 

@@ -503,11 +503,12 @@ class Buffer:
                              "each other (as DeepEP)")
         if use_ue8m0 and not round_scale:
             raise ValueError("low_latency_dispatch: use_ue8m0 needs round_scale (as DeepEP)")
-        if use_ue8m0:
-            raise NotImplementedError(
-                "mscclpp_rs.deep_ep: packed UE8M0 scales are not served yet (round_scale alone is)")
         n, big_n = self.group_size, int(num_max_dispatch_tokens_per_rank)
         tokens, hidden = x.shape
+        if use_ue8m0 and (not use_fp8 or hidden % 512):
+            raise ValueError(f"low_latency_dispatch: use_ue8m0 packs four 128-channel scales per "
+                             f"int32: it needs use_fp8 and a hidden size that is a multiple of "
+                             f"512 (got {hidden})")
         if tokens > big_n:
             raise ValueError(f"low_latency_dispatch: {tokens} tokens, at most "
                              f"num_max_dispatch_tokens_per_rank={big_n}")
@@ -533,7 +534,10 @@ class Buffer:
                 sc = torch.zeros((local + 1, scales.shape[1], cap), dtype=torch.float32,
                                  device=x.device).transpose(1, 2)
                 sc[lay.expert, lay.slot] = out_sc[lay.row]
-                recv_x = (recv_x, sc[:local])
+                sc = sc[:local]
+                if use_ue8m0:
+                    sc = _pack_ue8m0(sc)
+                recv_x = (recv_x, sc)
             src_info = lay.place(out_src, -1, ())
             if cumulative_local_expert_recv_stats is not None:
                 cumulative_local_expert_recv_stats += lay.count.to(
@@ -616,6 +620,16 @@ def _cast_fp8(x, round_scale):
         scales = torch.pow(2.0, torch.ceil(torch.log2(scales)))
     x8 = (blocks / scales.unsqueeze(2)).view(t, h).to(torch.float8_e4m3fn)
     return x8, scales.contiguous()
+
+
+def _pack_ue8m0(sc):
+    """Power-of-two f32 scales [..., rows, blocks] as DeepEP's packed UE8M0: each scale's
+    biased exponent in a byte, four blocks per int32 (the first in the low byte), [..., rows,
+    blocks / 4], column-major within the leading index as the f32 scales are. A zero scale (a
+    slot nothing arrived in) packs as 0."""
+    exp = ((sc.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+    packed = exp.view(torch.int32)
+    return packed.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
 class _ExpertLayout:
