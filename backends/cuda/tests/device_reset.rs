@@ -4,26 +4,16 @@
 //! freed state, and dropping them must not touch the driver either. Needs a CUDA device; without
 //! one the test prints "skipped: <reason>" and returns.
 
+mod common;
+
 use cudarc::driver::sys;
 use mscclpp_hal::{MemoryKind, Stream};
 
-macro_rules! report {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-
 #[test]
 fn a_device_reset_under_live_objects_is_seen_as_lost_or_skipped() {
-    let backend = match mscclpp_cuda::probe() {
-        Ok(b) => b,
-        Err(e) => {
-            report!("skipped: {e}");
-            return;
-        }
+    let Some(device) = common::device_or_skip() else {
+        return;
     };
-    let device = backend.open_device(0).expect("device 0");
     let stream: std::sync::Arc<dyn Stream> = device.create_stream().expect("stream");
     let buf = device.alloc(4096, MemoryKind::Device).expect("alloc");
     stream.fill(&buf.full(), 7).expect("fill");

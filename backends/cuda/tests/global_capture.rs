@@ -6,17 +6,12 @@
 //! stream and must leave such a capture intact. Needs a CUDA device; without one the test prints
 //! "skipped: <reason>" and returns.
 
+mod common;
+
 use std::sync::mpsc;
 
 use cudarc::driver::sys;
 use mscclpp_hal::{MemoryKind, Stream};
-
-macro_rules! report {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
 
 /// A raw pointer that may cross to the capturing thread (a context and a device address).
 struct Raw(sys::CUcontext, sys::CUdeviceptr);
@@ -25,14 +20,9 @@ unsafe impl Send for Raw {}
 
 #[test]
 fn host_work_of_ours_leaves_another_threads_global_capture_intact() {
-    let backend = match mscclpp_cuda::probe() {
-        Ok(b) => b,
-        Err(e) => {
-            report!("skipped: {e}");
-            return;
-        }
+    let Some(device) = common::device_or_skip() else {
+        return;
     };
-    let device = backend.open_device(0).expect("device 0");
     let target = device.alloc(1 << 20, MemoryKind::Device).expect("alloc");
     // A stream of ours with work pending, to be dropped during the capture.
     let busy: std::sync::Arc<dyn Stream> = device.create_stream().expect("stream");
