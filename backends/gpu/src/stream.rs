@@ -199,9 +199,9 @@ impl<R: Runtime> GpuStream<R> {
         Ok(())
     }
 
-    /// Waits until everything enqueued so far has run; releases what it kept alive.
+    /// Waits until everything enqueued so far has run; releases what it kept alive. Its callers
+    /// (drop, host copies, `synchronize_timeout`) hold [`Relaxed`] around it.
     fn wait_all(&self, timeout: Duration, what: &str) -> Result<()> {
-        let _relaxed = Relaxed::new(self.ctx.runtime());
         if self.lock().capture_from.is_some() {
             return Err(Error::invalid(format!(
                 "{what}: the stream is capturing a graph; end the capture first"
@@ -249,9 +249,6 @@ impl<R: Runtime> Drop for GpuStream<R> {
         if self.borrowed {
             return;
         }
-        // A stream may be dropped on any thread at any time (a Python object collected while
-        // PyTorch captures a graph): its wait and destroy must not end that capture.
-        let _relaxed = Relaxed::new(self.ctx.runtime());
         if self.ctx.lost() {
             // A device reset already freed the stream and everything it used.
             std::mem::forget(self.lock().keep.take());
@@ -265,6 +262,9 @@ impl<R: Runtime> Drop for GpuStream<R> {
             std::mem::forget(self.lock().keep.take());
             return;
         }
+        // A stream may be dropped on any thread at any time (a Python object collected while
+        // PyTorch captures a graph): its wait and destroy must not end that capture.
+        let _relaxed = Relaxed::new(self.ctx.runtime());
         let busy = !self.lock().keep.is_empty();
         if busy {
             if let Err(e) = self.wait_all(DROP_WAIT, "dropping the stream") {
@@ -450,6 +450,7 @@ impl<R: Runtime> StreamApi for GpuStream<R> {
     }
 
     fn synchronize_timeout(&self, timeout: Duration) -> Result<()> {
+        let _relaxed = Relaxed::new(self.ctx.runtime());
         self.wait_all(timeout, "synchronize")
     }
 

@@ -260,13 +260,12 @@ class Buffer:
         (another Buffer's handle would run the call over that Buffer's exchange) or not of the
         call's mode."""
         st = getattr(handle, "_state", None)
+        mine, other = (("low_latency_dispatch", "dispatch") if low_latency
+                       else ("dispatch", "low_latency_dispatch"))
         if not isinstance(st, _State) or all(st.ex is not e for e in self._exchanges.values()):
-            raise ValueError(f"{what}: the handle was not returned by this Buffer's "
-                             f"{'low_latency_dispatch' if low_latency else 'dispatch'}")
+            raise ValueError(f"{what}: the handle was not returned by this Buffer's {mine}")
         if low_latency != hasattr(st, "layout"):
-            raise ValueError(f"{what}: a handle of {'dispatch' if low_latency else 'low_latency_dispatch'}"
-                             f" (this call takes one of "
-                             f"{'low_latency_dispatch' if low_latency else 'dispatch'})")
+            raise ValueError(f"{what}: a handle of {other} (this call takes one of {mine})")
         return st
 
     # ---- the exchange ------------------------------------------------------------------------
