@@ -22,7 +22,7 @@ pub type HostKernelFn = fn(&LaunchConfig, &[u8]) -> Result<()>;
 /// One entry point of a [`KernelModule`].
 #[derive(Clone, Copy)]
 pub struct KernelDef {
-    /// Its name: the `extern "C"` symbol in the device source.
+    /// Its name: the `extern "C"` symbol in the device source, or a C++ kernel's mangled name.
     pub id: KernelId,
     /// Bytes of its argument struct (checked at load against the typed handle, and at launch).
     pub param_size: usize,

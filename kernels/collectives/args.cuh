@@ -117,7 +117,7 @@ struct ScaleArgs {
   uint64_t src;
 };
 
-// mscclpp_moe_layout (collectives/src/moe/args.rs: MoeLayoutArgs).
+// mscclpp::moe::layout (collectives/src/moe/args.rs: MoeLayoutArgs).
 struct MoeLayoutArgs {
   uint64_t topk_idx;
   uint64_t tokens;
@@ -131,7 +131,7 @@ struct MoeLayoutArgs {
   uint32_t _pad;
 };
 
-// mscclpp_moe_dispatch and mscclpp_moe_combine (collectives/src/moe/args.rs: MoeArgs;
+// mscclpp::moe::dispatch and mscclpp::moe::combine (collectives/src/moe/args.rs: MoeArgs;
 // collectives/src/moe/spec.md). An exchange serves more ranks than the collectives (MoE layers
 // span hosts of 8 GPUs each: DeepEP's internode tests take 16 and more).
 constexpr uint32_t kMoeMaxRanks = 32;
@@ -165,8 +165,26 @@ struct MoeArgs {
   uint32_t rank;
   uint32_t nranks;
   uint32_t dtype;
-  uint32_t _pad;
+  uint32_t phases;  // kMoeHalfSend | kMoeHalfReceive
   uint64_t abort;
+  // The expert-major ("low-latency") form where em_flags has kMoeEmOn (args.rs says what each is).
+  uint64_t em_x;
+  uint64_t em_scales;
+  uint64_t em_scale_strides[3];
+  uint64_t em_src;
+  uint64_t em_range;
+  uint64_t em_count;
+  uint64_t em_slots;
+  uint64_t em_stats;
+  uint64_t em_weights;
+  uint64_t em_capacity;
+  uint32_t em_flags;
+  uint32_t _pad;
 };
+constexpr uint32_t kMoeHalfSend = 1;
+constexpr uint32_t kMoeHalfReceive = 2;
+constexpr uint32_t kMoeEmOn = 1;
+constexpr uint32_t kMoeEmUe8m0 = 2;
+constexpr uint32_t kMoeEmMaxLocal = 1024;
 
 }  // namespace mscclpp

@@ -112,7 +112,7 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, num_experts) == 52
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, nranks) == 56, "offset of MoeLayoutArgs::nranks");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeLayoutArgs, _pad) == 60, "offset of MoeLayoutArgs::_pad");
 
-static_assert(sizeof(mscclpp::MoeArgs) == 952, "size of MoeArgs");
+static_assert(sizeof(mscclpp::MoeArgs) == 1056, "size of MoeArgs");
 static_assert(alignof(mscclpp::MoeArgs) == 8, "alignment of MoeArgs");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, buffer) == 0, "offset of MoeArgs::buffer");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, peer_buffer) == 8, "offset of MoeArgs::peer_buffer");
@@ -139,7 +139,19 @@ static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, num_experts) == 924, "of
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, rank) == 928, "offset of MoeArgs::rank");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, nranks) == 932, "offset of MoeArgs::nranks");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, dtype) == 936, "offset of MoeArgs::dtype");
-static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, _pad) == 940, "offset of MoeArgs::_pad");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, phases) == 940, "offset of MoeArgs::phases");
 static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, abort) == 944, "offset of MoeArgs::abort");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_x) == 952, "offset of MoeArgs::em_x");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_scales) == 960, "offset of MoeArgs::em_scales");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_scale_strides) == 968, "offset of MoeArgs::em_scale_strides");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_src) == 992, "offset of MoeArgs::em_src");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_range) == 1000, "offset of MoeArgs::em_range");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_count) == 1008, "offset of MoeArgs::em_count");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_slots) == 1016, "offset of MoeArgs::em_slots");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_stats) == 1024, "offset of MoeArgs::em_stats");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_weights) == 1032, "offset of MoeArgs::em_weights");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_capacity) == 1040, "offset of MoeArgs::em_capacity");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, em_flags) == 1048, "offset of MoeArgs::em_flags");
+static_assert(MSCCLPP_LAYOUT_OFFSETOF(mscclpp::MoeArgs, _pad) == 1052, "offset of MoeArgs::_pad");
 
 #undef MSCCLPP_LAYOUT_OFFSETOF

@@ -30,6 +30,10 @@ MSCCLPP_DEVICE_INLINE uint64_t moeDispatchShape(uint64_t s) { return 8 * (9 * kN
 // one that completes a call's share publishes the flag.
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchSent(uint64_t d) { return 8 * (10 * kN + d); }
 MSCCLPP_DEVICE_INLINE uint64_t moeCombineSent(uint64_t s) { return 8 * (11 * kN + s); }
+// Expert-major combine: source s's weights are in the rows it dispatched here (its flag), and
+// this rank's blocks that finished writing weights to rank d.
+MSCCLPP_DEVICE_INLINE uint64_t moeWeightsFlag(uint64_t s) { return 8 * (12 * kN + s); }
+MSCCLPP_DEVICE_INLINE uint64_t moeWeightsSent(uint64_t d) { return 8 * (13 * kN + d); }
 MSCCLPP_DEVICE_INLINE uint64_t* moeWord(uint64_t base, uint64_t off) { return (uint64_t*)(base + off); }
 MSCCLPP_DEVICE_INLINE uint64_t moeDispatchRegion(const MoeArgs& a, uint64_t src) {
   return kMoeHeaderBytes + src * a.max_tokens * a.row_bytes;
@@ -159,6 +163,113 @@ MSCCLPP_DEVICE_INLINE bool moeGridOk(const MoeArgs& a) {
          blockDim.x <= kMoeMaxThreads && blockDim.x % kWarpSize == 0;
 }
 
+// Adds one to `counts[e]` for every top-k entry with local expert e of rows [from, to) of source
+// p's region (the block's threads share the rows).
+MSCCLPP_DEVICE_INLINE void moeCountEntries(const MoeArgs& a, uint32_t p, uint64_t from, uint64_t to,
+                                           uint32_t* counts) {
+  const uint32_t local = a.num_experts / a.nranks;
+  const uint64_t region = a.buffer + moeDispatchRegion(a, p);
+  for (uint64_t j = from + threadIdx.x; j < to; j += blockDim.x) {
+    const int32_t* le = (const int32_t*)(region + j * a.row_bytes + a.meta_at + 4);
+    for (uint32_t q = 0; q < a.topk; ++q) {
+      if (le[q] >= 0 && (uint32_t)le[q] < local) atomicAdd(&counts[le[q]], 1u);
+    }
+  }
+}
+
+// A received row's scales into the expert-major layout at (e, slot): f32 each, or DeepEP's packed
+// UE8M0 (each scale's biased exponent in a byte, four 128-channel blocks an int32, the first in
+// the low byte), at the strides the caller gave (column-major per expert in DeepEP's tensors).
+MSCCLPP_DEVICE_INLINE void moeEmScales(const MoeArgs& a, const char* sc, uint64_t e, uint64_t slot, uint32_t lane) {
+  const uint32_t* bits = (const uint32_t*)sc;
+  const uint64_t blocks = a.scale_bytes / 4;
+  const uint64_t base = e * a.em_scale_strides[0] + slot * a.em_scale_strides[1];
+  uint32_t* out = (uint32_t*)a.em_scales;
+  if (a.em_flags & kMoeEmUe8m0) {
+    for (uint64_t g = lane; g < blocks / 4; g += kWarpSize) {
+      uint32_t w = 0;
+      for (uint32_t i = 0; i < 4; ++i) w |= ((bits[4 * g + i] >> 23) & 0xFFu) << (8 * i);
+      out[base + g * a.em_scale_strides[2]] = w;
+    }
+  } else {
+    for (uint64_t b = lane; b < blocks; b += kWarpSize) out[base + b * a.em_scale_strides[2]] = bits[b];
+  }
+}
+
+// Expert-major receive of share `share` of source s's c rows (prefix: rows of the sources before
+// it): each (row, top-k entry) with a local expert takes that expert's next slot — sources in rank
+// order, each source's rows in order, so every backend gives the same layout — and is copied
+// there (DeepEP's low-latency recv_x, src_info, layout_range, counts). The slot is kept for the
+// combine. The block counts the entries before its share itself, as the send half does.
+MSCCLPP_DEVICE_INLINE void moeExpertMajor(const MoeArgs& a, uint32_t s, uint32_t share, uint32_t blocks, uint64_t c,
+                                          uint64_t prefix, uint64_t shape, int32_t* handle) {
+  const uint32_t n = a.nranks, k = a.topk, tid = threadIdx.x, local = a.num_experts / n;
+  const uint32_t warps = blockDim.x / kWarpSize, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  int32_t* status = handle + n;
+  __shared__ uint32_t begin[kMoeEmMaxLocal];
+  __shared__ uint32_t next[kMoeEmMaxLocal];
+  for (uint32_t e = tid; e < local; e += blockDim.x) begin[e] = 0;
+  __syncthreads();
+  for (uint32_t p = 0; p < s; ++p) {
+    // A source whose rows differ in size sent none (phase 2 said so).
+    if (loadRelaxedSystem(moeWord(a.buffer, moeDispatchShape(p))) != shape) continue;
+    moeCountEntries(a, p, 0, loadRelaxedSystem(moeWord(a.buffer, moeDispatchCount(p))), begin);
+  }
+  __syncthreads();
+  for (uint32_t e = tid; e < local; e += blockDim.x) next[e] = begin[e];
+  __syncthreads();
+  const uint64_t lo = c * share / blocks, hi = c * (share + 1) / blocks;
+  moeCountEntries(a, s, 0, lo, next);
+  __syncthreads();
+  const uint64_t region = a.buffer + moeDispatchRegion(a, s);
+  int32_t* slots = (int32_t*)a.em_slots;
+  const uint64_t cap = a.em_capacity;
+  for (uint64_t j = lo + tid; j < hi; j += blockDim.x) {
+    const int32_t* le = (const int32_t*)(region + j * a.row_bytes + a.meta_at + 4);
+    for (uint32_t q = 0; q < k; ++q) {
+      if (le[q] < 0 || (uint32_t)le[q] >= local) slots[(prefix + j) * k + q] = -1;
+    }
+  }
+  // A thread per local expert walks the share's rows in order.
+  for (uint32_t e = tid; e < local; e += blockDim.x) {
+    uint64_t slot = next[e];
+    for (uint64_t j = lo; j < hi; ++j) {
+      const int32_t* le = (const int32_t*)(region + j * a.row_bytes + a.meta_at + 4);
+      for (uint32_t q = 0; q < k; ++q) {
+        if (le[q] != (int32_t)e) continue;
+        if (slot >= cap) moeFail(status, kMoeStatusCapacity);
+        slots[(prefix + j) * k + q] = slot < cap ? (int32_t)slot : -1;
+        ++slot;
+      }
+    }
+    if (share == blocks - 1) {
+      // The last share ends the source's entries: its range, and the counts.
+      const uint64_t b = begin[e] < cap ? begin[e] : cap, end = slot < cap ? slot : cap;
+      const uint32_t got = (uint32_t)(end - b);
+      ((int64_t*)a.em_range)[(uint64_t)e * n + s] = (int64_t)(b << 32 | got);
+      if (got != 0) {
+        atomicAdd((int*)a.em_count + e, (int)got);
+        atomicAdd((int*)handle + n + 2 + e, (int)got);
+        if (a.em_stats != 0) atomicAdd((int*)a.em_stats + e, (int)got);
+      }
+    }
+  }
+  __syncthreads();
+  for (uint64_t j = lo + warp; j < hi; j += warps) {
+    const char* row = (const char*)(region + j * a.row_bytes);
+    const int32_t* le = (const int32_t*)(row + a.meta_at + 4);
+    const int32_t tok = *(const int32_t*)(row + a.meta_at);
+    for (uint32_t q = 0; q < k; ++q) {
+      const int32_t slot = slots[(prefix + j) * k + q];
+      if (slot < 0) continue;
+      const uint64_t at = (uint64_t)le[q] * cap + (uint64_t)slot;
+      moeCopy((char*)a.em_x + at * a.payload_bytes, row, a.payload_bytes, lane, kWarpSize);
+      if (lane == 0) ((int32_t*)a.em_src)[at] = tok;
+      if (a.em_scales != 0) moeEmScales(a, row + a.scales_at, (uint64_t)le[q], (uint64_t)slot, lane);
+    }
+  }
+}
+
 // Phase 1: the tokens of share j for rank d, in token order, into its region for this rank, after
 // the rows of the tokens before the share (each block counts those itself). Phase 2: share j of
 // the rows source s = d sent here, after those of the sources before it.
@@ -178,6 +289,7 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
 
   __shared__ uint32_t scan[kMoeMaxThreads];
   __shared__ uint32_t list[kMoeMaxThreads];
+  if (a.phases & kMoeHalfSend) {
   if (!moeWaitGe(moeWord(a.buffer, moeDispatchAck(d)), seq - 1)) return;
   const uint64_t region = a.peer_dispatch[d];
   const uint64_t lo = a.tokens * share / blocks, hi = a.tokens * (share + 1) / blocks;
@@ -228,6 +340,8 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
     if (moeLastOf(moeWord(a.buffer, moeDispatchSent(d)), seq, blocks))
       storeReleaseSystem(moeWord(a.peer_buffer[d], moeDispatchFlag(r)), seq);
   }
+  }
+  if (!(a.phases & kMoeHalfReceive)) return;
 
   // Phase 2.
   const uint32_t s = d;
@@ -252,10 +366,12 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
   }
   if (tid == 0 && share == 0) handle[s] = (int32_t)c;
   const uint64_t src = a.buffer + moeDispatchRegion(a, s);
+  if (a.em_flags & kMoeEmOn) moeExpertMajor(a, s, share, blocks, c, prefix, shape, handle);
+  // The flat outputs (none in the expert-major form: out_capacity 0).
   for (uint64_t j = c * share / blocks + warp; j < c * (share + 1) / blocks; j += warps) {
     const uint64_t i = prefix + j;
     if (i >= a.out_capacity) {
-      if (lane == 0) moeFail(status, kMoeStatusCapacity);
+      if (lane == 0 && !(a.em_flags & kMoeEmOn)) moeFail(status, kMoeStatusCapacity);
       continue;
     }
     const char* row = (const char*)(src + j * a.row_bytes);
@@ -307,8 +423,58 @@ MSCCLPP_DEVICE_INLINE void moeStoreVec(uint32_t dtype, char* p, const float* acc
   *(MoeVec*)p = v;
 }
 
+// Adds w times the 16 bytes at `p` (8 halves or 4 floats) into `acc` (fused, as the host's).
+MSCCLPP_DEVICE_INLINE void moeAccumulateWeighted(uint32_t dtype, const char* p, float w, float* acc) {
+  const MoeVec v = *(const MoeVec*)p;
+  if (dtype == kDataTypeF32) {
+    const float* f = (const float*)&v;
+    for (int i = 0; i < 4; ++i) acc[i] = fmaf(w, f[i], acc[i]);
+  } else {
+    const uint16_t* h = (const uint16_t*)&v;
+    for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, dtype == kDataTypeF16 ? halfToFloat(h[i]) : bf16ToFloat(h[i]), acc[i]);
+  }
+}
+
+// Expert-major combine, at the experts' rank: received row j of source s (i among all rows)
+// becomes the sum, over its top-k entries with a slot here, of the entry's weight (written into
+// the row by the source) times the expert's output at the slot; f32, top-k order, rounded once
+// into the combine row `out`.
+MSCCLPP_DEVICE_INLINE void moeWeightedRow(const MoeArgs& a, uint32_t s, uint64_t j, uint64_t i, char* out,
+                                          uint32_t lane) {
+  const uint32_t k = a.topk, local = a.num_experts / a.nranks;
+  const char* drow = (const char*)(a.buffer + moeDispatchRegion(a, s) + j * a.row_bytes);
+  const int32_t* le = (const int32_t*)(drow + a.meta_at + 4);
+  const float* w = (const float*)(drow + a.meta_at + 4 + 4 * (uint64_t)k);
+  const int32_t* sl = (const int32_t*)a.em_slots + i * k;
+  const uint32_t size = a.dtype == kDataTypeF32 ? 4u : 2u;
+  const bool vec = ((a.payload_bytes | a.x) & 15) == 0;
+  if (vec) {
+    for (uint64_t v = lane; v < a.payload_bytes / 16; v += kWarpSize) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (uint32_t q = 0; q < k; ++q) {
+        if (sl[q] < 0 || (uint64_t)sl[q] >= a.em_capacity || le[q] < 0 || (uint32_t)le[q] >= local) continue;
+        const uint64_t at = (uint64_t)le[q] * a.em_capacity + (uint64_t)sl[q];
+        moeAccumulateWeighted(a.dtype, (const char*)a.x + at * a.payload_bytes + v * 16, w[q], acc);
+      }
+      moeStoreVec(a.dtype, out + v * 16, acc);
+    }
+  } else {
+    for (uint64_t el = lane; el < a.payload_bytes / size; el += kWarpSize) {
+      float acc = 0.0f;
+      for (uint32_t q = 0; q < k; ++q) {
+        if (sl[q] < 0 || (uint64_t)sl[q] >= a.em_capacity || le[q] < 0 || (uint32_t)le[q] >= local) continue;
+        const uint64_t at = (uint64_t)le[q] * a.em_capacity + (uint64_t)sl[q];
+        acc = fmaf(w[q], moeLoad(a.dtype, (const char*)a.x + at * a.payload_bytes + el * size), acc);
+      }
+      moeStore(a.dtype, out + el * size, acc);
+    }
+  }
+}
+
 // Phase 1: share j of the rows that came from rank s = b / B, back to it in the order they
-// came. Phase 2: every rank's rows back here, then this block's tokens (t = b, b + n B, ...).
+// came (expert-major: first this rank's weights into the rows it dispatched to rank b / B, then
+// the weighted sums). Phase 2: every rank's rows back here, then this block's tokens (t = b,
+// b + n B, ...).
 MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   abortWordInit(a.abort);
   if (!moeGridOk(a) || (a.dtype != kDataTypeF32 && a.dtype != kDataTypeF16 && a.dtype != kDataTypeBF16)) {
@@ -324,6 +490,31 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   const uint64_t dispatched = handle[n + 1] < 0 ? 0 : (uint64_t)handle[n + 1];
   const uint32_t warps = blockDim.x / kWarpSize, warp = tid / kWarpSize, lane = tid % kWarpSize;
 
+  const bool em = (a.em_flags & kMoeEmOn) != 0;
+  if (a.phases & kMoeHalfSend) {
+  if (em) {
+    // The weights of this rank's tokens into the rows it dispatched to rank d = s, once d has
+    // read them (its acknowledgement of the dispatch whose handle this is: the last one).
+    const uint32_t d = s;
+    const uint64_t dseq = *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq());
+    if (!moeWaitGe(moeWord(a.buffer, moeDispatchAck(d)), dseq)) return;
+    const uint64_t lo = dispatched * share / blocks, hi = dispatched * (share + 1) / blocks;
+    for (uint64_t t = lo + warp; t < hi; t += warps) {
+      const int32_t p = positions[t * n + d];
+      if (p < 0 || (uint64_t)p >= a.max_tokens) continue;
+      float* w = (float*)(a.peer_dispatch[d] + (uint64_t)p * a.row_bytes + a.meta_at + 4 + 4 * (uint64_t)k);
+      for (uint32_t q = lane; q < k; q += kWarpSize) w[q] = ((const float*)a.em_weights)[t * k + q];
+    }
+    __syncthreads();
+    // The block completing a group of the B blocks publishes (expert-major combines alone count
+    // here, so the group, not the sequence, says when).
+    if (tid == 0) {
+      fenceSystem();
+      if ((fetchAddAcqRelSystem(moeWord(a.buffer, moeWeightsSent(d)), 1) + 1) % blocks == 0)
+        storeReleaseSystem(moeWord(a.peer_buffer[d], moeWeightsFlag(r)), seq);
+    }
+    if (!moeWaitGe(moeWord(a.buffer, moeWeightsFlag(s)), seq)) return;
+  }
   // Phase 1.
   if (!moeWaitGe(moeWord(a.buffer, moeCombineAck(s)), seq - 1)) return;
   uint64_t prefix = 0;
@@ -335,7 +526,10 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
   for (uint64_t j = c * share / blocks + warp; j < c * (share + 1) / blocks; j += warps) {
     char* row = (char*)(region + j * a.row_bytes);
     const uint64_t i = prefix + j;
-    moeCopy(row, (const char*)a.x + i * a.payload_bytes, a.payload_bytes, lane, kWarpSize);
+    if (em)
+      moeWeightedRow(a, s, j, i, row, lane);
+    else
+      moeCopy(row, (const char*)a.x + i * a.payload_bytes, a.payload_bytes, lane, kWarpSize);
     // Without weights, zeros: a peer that sums weights must not read a previous call's.
     if (a.topk_weights != 0)
       moeCopy(row + a.meta_at + 4 + 4 * (uint64_t)k, (const char*)a.topk_weights + 4 * i * k, 4 * (uint64_t)k, lane,
@@ -349,6 +543,8 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
     if (moeLastOf(moeWord(a.buffer, moeCombineSent(s)), seq, blocks))
       storeReleaseSystem(moeWord(a.peer_buffer[s], moeCombineFlag(r)), seq);
   }
+  }
+  if (!(a.phases & kMoeHalfReceive)) return;
 
   // Phase 2.
   __shared__ uint32_t arrived;
@@ -423,6 +619,13 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
 
 }  // namespace mscclpp
 
-extern "C" __global__ void mscclpp_moe_layout(mscclpp::MoeLayoutArgs a) { mscclpp::moeLayout(a); }
-extern "C" __global__ void mscclpp_moe_dispatch(mscclpp::MoeArgs a) { mscclpp::moeDispatch(a); }
-extern "C" __global__ void mscclpp_moe_combine(mscclpp::MoeArgs a) { mscclpp::moeCombine(a); }
+// C++ names, not extern "C": profilers show `mscclpp::moe::dispatch(mscclpp::MoeArgs)`, and
+// tools written for DeepEP find a dispatch and a combine kernel by `::dispatch` and `::combine`.
+// The loader asks for the mangled names (collectives/src/moe/mod.rs).
+namespace mscclpp {
+namespace moe {
+__global__ void layout(MoeLayoutArgs a) { moeLayout(a); }
+__global__ void dispatch(MoeArgs a) { moeDispatch(a); }
+__global__ void combine(MoeArgs a) { moeCombine(a); }
+}  // namespace moe
+}  // namespace mscclpp

@@ -2,11 +2,16 @@
 //! random top-k routings, per token count: the time of each call and the bytes a rank received
 //! per second, the slowest rank's time. Rows are bf16 hidden states; every rank's routing and
 //! rows are made from seeds, so each rank checks what it received against what the others sent.
+//! Where the ranks share a host, the expert-major ("low-latency", DeepEP's decode layout) form
+//! of the same routing too: its dispatch (entries laid out per local expert) and its combine
+//! (each expert's output weighted and summed), each entry counted against the routing.
 
 use std::sync::Arc;
 
 use mscclpp::collectives::DataType;
-use mscclpp::collectives::moe::{Combine, Dispatch, LayoutOut, MoeConfig};
+use mscclpp::collectives::moe::{
+    Combine, Dispatch, ExpertMajor, ExpertMajorIn, Halves, LayoutOut, MoeConfig,
+};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{Error, MemoryKind, Result};
 
@@ -145,6 +150,22 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
     );
     let handle = alloc(moe.handle_bytes())?;
     let (comb, comb_w) = (alloc(max_t * row)?, alloc(max_t * s.topk * 4)?);
+    // The expert-major form's outputs: every local expert holds `n max_t` slots (DeepEP's
+    // `[local, ranks x max tokens, hidden]`).
+    let local = s.experts / n;
+    let em = match moe.expert_major() {
+        Ok(()) => Some((
+            alloc(local * cap * row)?,
+            alloc(local * cap * 4)?,
+            alloc(local * n * 8)?,
+            alloc(local * 4)?,
+            alloc(moe.slots_bytes())?,
+            alloc(moe.handle_bytes())?,
+            alloc(max_t * row)?,
+        )),
+        Err(_) => None,
+    };
+    let empty = alloc(16)?;
     let nccl = match args.baseline {
         Some(_) => open_baseline(&comm, &*stream)?,
         None => None,
@@ -174,6 +195,11 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
         println!(
             "# rows: token rows each rank received (mean); us: microseconds per call, the slowest rank's; GB/s: received bytes (rows x {row}) per second; wrong: rows that differ from what was sent",
         );
+        if em.is_some() {
+            println!(
+                "# ll_dispatch_us, ll_combine_us: the expert-major (low-latency) form, the slowest rank's; its wrong: entries per local expert that differ from the routing's"
+            );
+        }
         if let Some(nc) = &nccl {
             println!(
                 "# nccl_us: NCCL {}'s all-to-all of the same rows (a group of ncclSend/ncclRecv per peer, as PyTorch's all_to_all_single with split sizes), there and back, the slowest rank's; GB/s as ours",
@@ -187,6 +213,11 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
             )
         } else {
             String::new()
+        };
+        let extra = if em.is_some() {
+            format!("{extra} {:>14} {:>13}", "ll_dispatch_us", "ll_combine_us")
+        } else {
+            extra
         };
         println!(
             "# {:>7} {:>9} {:>11} {:>9} {:>11} {:>9} {:>7}{extra}",
@@ -354,15 +385,108 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
                 }
             }
         }
-        let mut msg = Vec::with_capacity(48);
-        for v in [dms, cms, tms, bms] {
+        // The expert-major form of the same routing, on the same stream.
+        let (mut lms, mut lcms) = (0f64, 0f64);
+        if let Some((ex, esrc, erange, ecount, eslots, ehandle, eout)) = &em {
+            let (sex, ssrc, sra, sco, ssl, seh, seo, se) = (
+                ex.full(),
+                esrc.full(),
+                erange.full(),
+                ecount.full(),
+                eslots.full(),
+                ehandle.full(),
+                eout.full(),
+                empty.slice(..0)?,
+            );
+            let d = Dispatch {
+                tokens: t,
+                x: &sx,
+                row_bytes: row,
+                topk_idx: &sidx,
+                topk_weights: None,
+                scales: None,
+                capacity: 0,
+                out_x: &se,
+                out_idx: &se,
+                out_weights: None,
+                out_scales: None,
+                out_src: &se,
+                handle: &seh,
+            };
+            let out = ExpertMajor {
+                capacity: cap,
+                x: &sex,
+                scales: None,
+                src: &ssrc,
+                range: &sra,
+                count: &sco,
+                stats: None,
+                slots: &ssl,
+            };
+            // The experts' outputs: the received rows themselves.
+            let c = Combine {
+                tokens: t,
+                x: &sex,
+                rows: local * cap,
+                dtype: DataType::BF16,
+                hidden: s.hidden,
+                topk_weights: None,
+                handle: &seh,
+                out_x: &seo,
+                out_weights: None,
+            };
+            let input = ExpertMajorIn {
+                capacity: cap,
+                slots: &ssl,
+                topk_weights: &sw,
+            };
+            for _ in 0..args.warmup.max(1) {
+                // SAFETY: as above.
+                unsafe {
+                    moe.dispatch_with(&d, Halves::Both, Some(&out), &*stream)?;
+                    moe.combine_with(&c, Halves::Both, Some(&input), &*stream)?;
+                }
+            }
+            stream.synchronize()?;
+            boot.barrier()?;
+            stream.record(&*ev0)?;
+            for _ in 0..args.iters {
+                // SAFETY: as above.
+                unsafe { moe.dispatch_with(&d, Halves::Both, Some(&out), &*stream)? };
+            }
+            stream.record(&*ev1)?;
+            for _ in 0..args.iters {
+                // SAFETY: as above.
+                unsafe { moe.combine_with(&c, Halves::Both, Some(&input), &*stream)? };
+            }
+            stream.record(&*ev2)?;
+            stream.synchronize()?;
+            (lms, lcms) = (ev1.elapsed_ms_since(&*ev0)?, ev2.elapsed_ms_since(&*ev1)?);
+            if args.check != 0 {
+                let mut got = vec![0u8; 4 * local];
+                stream.read_to_host(&mut got, &ecount.slice(..4 * local)?)?;
+                for e in 0..local {
+                    let want = (rank * local + e) as i64;
+                    let entries = routings.iter().flatten().filter(|&&x| x == want).count();
+                    let have = i32::from_le_bytes([
+                        got[4 * e],
+                        got[4 * e + 1],
+                        got[4 * e + 2],
+                        got[4 * e + 3],
+                    ]);
+                    wrong += u64::from(have != entries as i32);
+                }
+            }
+        }
+        let mut msg = Vec::with_capacity(64);
+        for v in [dms, cms, tms, bms, lms, lcms] {
             msg.extend_from_slice(&v.to_le_bytes());
         }
         msg.extend_from_slice(&(rows as u64).to_le_bytes());
         msg.extend_from_slice(&wrong.to_le_bytes());
         let all = boot.all_gather(&msg)?;
         let (mut dmax, mut cmax, mut rows_sum, mut wrong_sum) = (0f64, 0f64, 0u64, 0u64);
-        let (mut tmax, mut bmax) = (0f64, 0f64);
+        let (mut tmax, mut bmax, mut lmax, mut lcmax) = (0f64, 0f64, 0f64, 0f64);
         for m in &all {
             let word = |i: usize| -> Result<[u8; 8]> {
                 m.get(8 * i..8 * i + 8)
@@ -373,8 +497,10 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
             cmax = cmax.max(f64::from_le_bytes(word(1)?));
             tmax = tmax.max(f64::from_le_bytes(word(2)?));
             bmax = bmax.max(f64::from_le_bytes(word(3)?));
-            rows_sum += u64::from_le_bytes(word(4)?);
-            wrong_sum += u64::from_le_bytes(word(5)?);
+            lmax = lmax.max(f64::from_le_bytes(word(4)?));
+            lcmax = lcmax.max(f64::from_le_bytes(word(5)?));
+            rows_sum += u64::from_le_bytes(word(6)?);
+            wrong_sum += u64::from_le_bytes(word(7)?);
         }
         wrong_total += wrong_sum;
         let rows_mean = rows_sum as f64 / n as f64;
@@ -401,6 +527,12 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
                 )
             } else {
                 String::new()
+            };
+            let extra = if em.is_some() {
+                let us = |ms: f64| ms * 1e3 / args.iters as f64;
+                format!("{extra} {:>14.1} {:>13.1}", us(lmax), us(lcmax))
+            } else {
+                extra
             };
             println!(
                 "  {t:>7} {rows_mean:>9.1} {dus:>11.1} {:>9.2} {cus:>11.1} {:>9.2} {wrong:>7}{extra}",

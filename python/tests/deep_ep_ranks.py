@@ -258,12 +258,26 @@ def low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device):
     y = (recv_x.float() * scale).to(torch.bfloat16)
     got, _, _ = buf.low_latency_combine(y, idx.to(dev), w.to(dev), handle)
     # What each expert returned (rounded to bf16 there), weighted and summed exactly in f32.
+    # On one host (the exchange's expert-major form) each rank sums its experts' weighted rows
+    # and sends the sum back in bf16; across hosts the rows are summed once, at the source.
+    per_rank = buf._exchange(experts, topk, hidden).expert_major
     want = torch.zeros((t_mine, hidden))
-    for k in range(topk):
-        y_k = (x.float() * (idx[:, k] % local + 1).float().unsqueeze(1)).to(torch.bfloat16)
-        want += torch.where(idx[:, k:k + 1] >= 0, w[:, k:k + 1] * y_k.float(), 0.0)
+    for d in range(n) if per_rank else (None,):
+        part = torch.zeros((t_mine, hidden))
+        for k in range(topk):
+            y_k = (x.float() * (idx[:, k] % local + 1).float().unsqueeze(1)).to(torch.bfloat16)
+            on = idx[:, k:k + 1] >= 0
+            if d is not None:
+                on = on & (idx[:, k:k + 1] // local == d)
+            part += torch.where(on, w[:, k:k + 1] * y_k.float(), 0.0)
+        want += part.to(torch.bfloat16).float() if per_rank else part
     want = want.to(torch.bfloat16)
     assert torch.equal(got.cpu(), want), "low-latency combine"
+    # With the receive hook: a send launch now, the receive launch when the hook is called.
+    hooked, _, hk = buf.low_latency_combine(y, idx.to(dev), w.to(dev), handle,
+                                            return_recv_hook=True)
+    hk()
+    assert torch.equal(hooked.cpu(), want), "low-latency combine through the receive hook"
     # zero_copy: the same through the buffer the library hands out.
     buf.get_next_low_latency_combine_buffer(handle).copy_(y)
     out = torch.empty_like(got)
@@ -281,7 +295,11 @@ def low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device):
         assert torch.equal(cnt.cpu(), recv_count.cpu())
         back = (x8.float().view(local, -1, hidden // 128, 128) * sc.unsqueeze(3)).view(
             local, -1, hidden)
-        ref = recv_x.float()
+        # The slots each expert received (past them nothing is promised, as in DeepEP).
+        used = (torch.arange(back.shape[1], device=back.device).view(1, -1)
+                < cnt.view(-1, 1)).unsqueeze(2)
+        back = torch.where(used, back, 0.0)
+        ref = torch.where(used, recv_x.float(), 0.0)
         diff = 1 - 2 * float((back * ref).sum()) / float((back * back + ref * ref).sum())
         assert diff < 1e-3, (round_scale, diff)
         if round_scale:
@@ -299,10 +317,12 @@ def low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device):
             assert packed.dtype == torch.int32 and packed.shape == (local, sc.shape[1],
                                                                      hidden // 512)
             assert packed.transpose(1, 2).is_contiguous(), "packed scales not column-major"
-            assert torch.equal(u8.view(torch.uint8), x8.view(torch.uint8))
+            u = used.squeeze(2)
+            assert torch.equal(u8.view(torch.uint8)[u], x8.view(torch.uint8)[u])
             decoded = (packed.contiguous().view(torch.uint8).to(torch.int32) << 23).view(
                 torch.float32).view(sc.shape)
-            assert torch.equal(decoded[sc > 0], sc[sc > 0]), "UE8M0 scales"
+            live = u.unsqueeze(2) & (sc > 0)
+            assert torch.equal(decoded[live], sc[live]), "UE8M0 scales"
     expect_error(lambda: buf.low_latency_dispatch(x.to(dev), idx.to(dev), big_n, experts,
                                                   use_fp8=False, round_scale=True,
                                                   use_ue8m0=True), "use_ue8m0")

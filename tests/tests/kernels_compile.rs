@@ -100,6 +100,11 @@ fn every_device_source_on_disk_is_a_module_and_matches_it() {
         let text = std::fs::read_to_string(root.join(m.name)).unwrap();
         assert!(text == m.source, "{}: the embedded source is stale", m.name);
         for k in m.kernels {
+            // A C++ kernel is named by its mangled name (`_ZN...`): the PTX check below finds it
+            // as an entry; every other is an extern "C" definition in the source.
+            if k.id.0.starts_with("_Z") {
+                continue;
+            }
             let def = format!("extern \"C\" __global__ void {}(", k.id);
             assert!(
                 m.source.contains(&def),
@@ -366,6 +371,15 @@ mod nvrtc {
                 }
                 digests.push(ptx_digests::Entry::of(module.name, arch, &c.ptx));
                 let ptx = String::from_utf8_lossy(&c.ptx);
+                for k in module.kernels {
+                    // The name the loader asks for (mangled where the kernel is C++).
+                    assert!(
+                        ptx.contains(&format!(".entry {}(", k.id)),
+                        "{} for {arch}: no entry {}",
+                        module.name,
+                        k.id
+                    );
+                }
                 if module.name == DEVICE_API_CHECK.name {
                     // Multicast is generated from sm_90 on, and only there; LL16 packets are one
                     // 16-byte store.

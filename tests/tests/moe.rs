@@ -14,7 +14,10 @@ use std::time::Duration;
 use half::{bf16, f16};
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::collectives::DataType;
-use mscclpp::collectives::moe::{AnyMoe, Combine, Dispatch, LayoutOut, MoeConfig};
+use mscclpp::collectives::moe::{
+    AnyMoe, Combine, Dispatch, ExpertMajor, ExpertMajorIn, ExpertScales, Halves, LayoutOut,
+    MoeConfig,
+};
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{BackendKind, DeviceBuffer, MemoryKind};
 use mscclpp::typed;
@@ -710,12 +713,296 @@ fn role_moe() -> R<()> {
             calls += 2;
         }
     }
+    calls += expert_major(&mut r)?;
     calls += two_in_flight(&r)?;
     calls += weights_from_even_ranks(&r)?;
     calls += captured(&r)?;
     calls += bad_inputs(&r)?;
     multiproc::report("calls", calls);
     Ok(())
+}
+
+/// The expert-major combine's input at rank `d` for local expert `e`'s slot holding token `t` of
+/// source `s`: small multiples of a quarter.
+fn em_value(d: usize, e: usize, s: usize, t: usize, el: usize) -> f32 {
+    ((d * 5 + e * 3 + s * 7 + t + el) % 13) as f32 * 0.25 - 1.5
+}
+
+fn round_to(dtype: DataType, x: f32) -> f32 {
+    match dtype {
+        DataType::F16 => f16::from_f32(x).to_f32(),
+        DataType::BF16 => bf16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+/// The expert-major ("low-latency") form against a CPU reference, every case: the dispatch lays
+/// each (token, local expert) entry out per expert (sources in rank order, tokens in order: the
+/// rows, source tokens, ranges, counts, the stats added to, the scales at column-major strides),
+/// nothing past the counts written; the combine weighs each expert's output by the source's
+/// weight and sums (at each rank in f32 over the top-k, rounded; then over the ranks in f32,
+/// rounded). Odd cases run each call as a send launch and a later receive launch (DeepEP's hook).
+/// Across hosts the form is refused, naming why.
+fn expert_major(r: &mut Rank) -> R<usize> {
+    let (n, me) = (r.n, r.rank);
+    if std::env::var(HOSTS_VAR).is_ok() {
+        let c = &cases()[0];
+        r.exchange_for(c)?;
+        return match r.moe.expert_major() {
+            Err(x) if x.to_string().contains("spans hosts") => Ok(0),
+            other => Err(format!("expert-major form across hosts: {other:?}")),
+        };
+    }
+    let mut calls = 0;
+    for (ci, c) in cases().iter().enumerate() {
+        r.exchange_for(c)?;
+        let (k, local, rb, sb) = (c.topk, c.local, row_bytes(c), scale_bytes(c));
+        let inputs: Vec<Input> = (0..n).map(|s| input(c, 500 + ci as u64, s, n)).collect();
+        let inp = &inputs[me];
+        let halves: &[Halves] = if ci % 2 == 1 {
+            &[Halves::Send, Halves::Receive]
+        } else {
+            &[Halves::Both]
+        };
+        let what = format!("expert-major {}", c.name);
+        let cap = n * MAX_TOKENS;
+        let blocks = sb / 4;
+        let d = &r.device;
+        let (x, idx, sc) = (
+            buf(d, MAX_TOKENS * rb)?,
+            buf(d, MAX_TOKENS * k * 8)?,
+            buf(d, MAX_TOKENS * sb)?,
+        );
+        let (ex, src, range, count, stats, slots, handle, esc) = (
+            buf(d, local * cap * rb)?,
+            buf(d, local * cap * 4)?,
+            buf(d, local * n * 8)?,
+            buf(d, local * 4)?,
+            buf(d, local * 4)?,
+            buf(d, r.moe.slots_bytes())?,
+            buf(d, r.moe.handle_bytes())?,
+            buf(d, local * blocks * cap * 4)?,
+        );
+        r.write(&x, &inp.x)?;
+        let idx_bytes: Vec<u8> = inp.idx.iter().flat_map(|v| v.to_le_bytes()).collect();
+        r.write(&idx, &idx_bytes)?;
+        r.write(&sc, &inp.scales)?;
+        for o in [&ex, &src, &range, &count, &esc] {
+            r.stream.fill(&o.full(), POISON).map_err(e)?;
+        }
+        // The stats start at 1 per expert: the call adds to them.
+        let ones: Vec<u8> = (0..local).flat_map(|_| 1i32.to_le_bytes()).collect();
+        r.write(&stats, &ones)?;
+        let empty = buf(d, 16)?;
+        let (sx, si, ssc, se) = (
+            x.full(),
+            idx.full(),
+            sc.full(),
+            empty.slice(..0).map_err(e)?,
+        );
+        let (sex, ssrc, sra, sco, sst, ssl, sh, sesc) = (
+            ex.full(),
+            src.full(),
+            range.full(),
+            count.full(),
+            stats.full(),
+            slots.full(),
+            handle.full(),
+            esc.full(),
+        );
+        let disp = Dispatch {
+            tokens: inp.tokens,
+            x: &sx,
+            row_bytes: rb,
+            topk_idx: &si,
+            topk_weights: None,
+            scales: c.fp8.then_some((&ssc, sb)),
+            capacity: 0,
+            out_x: &se,
+            out_idx: &se,
+            out_weights: None,
+            out_scales: None,
+            out_src: &se,
+            handle: &sh,
+        };
+        let em = ExpertMajor {
+            capacity: cap,
+            x: &sex,
+            // Column-major per expert, as DeepEP hands them out: (e, slot, b) at
+            // e * blocks * cap + b * cap + slot.
+            scales: c.fp8.then_some(ExpertScales {
+                buf: &sesc,
+                strides: [(blocks * cap) as u64, 1, cap as u64],
+                ue8m0: false,
+            }),
+            src: &ssrc,
+            range: &sra,
+            count: &sco,
+            stats: Some(&sst),
+            slots: &ssl,
+        };
+        for &h in halves {
+            // SAFETY: the buffers live until the synchronisation below.
+            unsafe { r.moe.dispatch_with(&disp, h, Some(&em), &*r.stream) }
+                .map_err(|x| format!("{what}: dispatch ({h:?}): {x}"))?;
+        }
+        r.sync(&what)?;
+        calls += 1;
+        // The reference: per local expert, its entries in source order, then token order.
+        let mut entries: Vec<Vec<(usize, usize)>> = vec![Vec::new(); local];
+        let mut ranges = vec![(0usize, 0usize); local * n];
+        for (s, si) in inputs.iter().enumerate() {
+            for (e, list) in entries.iter_mut().enumerate() {
+                let begin = list.len();
+                for t in 0..si.tokens {
+                    let want = (me * local + e) as i64;
+                    if si.idx[t * k..(t + 1) * k].contains(&want) {
+                        list.push((s, t));
+                    }
+                }
+                ranges[e * n + s] = (begin, list.len() - begin);
+            }
+        }
+        let (gx, gsrc, gra, gco, gst, gsc) = (
+            r.read(&ex, local * cap * rb)?,
+            r.read(&src, local * cap * 4)?,
+            r.read(&range, local * n * 8)?,
+            r.read(&count, local * 4)?,
+            r.read(&stats, local * 4)?,
+            r.read(&esc, local * blocks * cap * 4)?,
+        );
+        let i32_at =
+            |v: &[u8], i: usize| i32::from_le_bytes(v[4 * i..4 * i + 4].try_into().unwrap());
+        for (e, list) in entries.iter().enumerate() {
+            if i32_at(&gco, e) != list.len() as i32 || i32_at(&gst, e) != 1 + list.len() as i32 {
+                return Err(format!(
+                    "{what}: expert {e}: count {} and stats {}, expected {} and {}",
+                    i32_at(&gco, e),
+                    i32_at(&gst, e),
+                    list.len(),
+                    1 + list.len()
+                ));
+            }
+            for s in 0..n {
+                let o = 8 * (e * n + s);
+                let got = i64::from_le_bytes(gra[o..o + 8].try_into().unwrap());
+                let (b, c_) = ranges[e * n + s];
+                if got != ((b as i64) << 32 | c_ as i64) {
+                    return Err(format!(
+                        "{what}: expert {e}, source {s}: range {got:#x}, expected ({b}, {c_})"
+                    ));
+                }
+            }
+            for (slot, &(s, t)) in list.iter().enumerate() {
+                let at = e * cap + slot;
+                if gx[at * rb..(at + 1) * rb] != inputs[s].x[t * rb..(t + 1) * rb]
+                    || i32_at(&gsrc, at) != t as i32
+                {
+                    return Err(format!(
+                        "{what}: expert {e} slot {slot} (token {t} of rank {s}) differs"
+                    ));
+                }
+                for bl in 0..blocks {
+                    let g = &gsc[4 * (e * blocks * cap + bl * cap + slot)..][..4];
+                    if g != &inputs[s].scales[t * sb + 4 * bl..][..4] {
+                        return Err(format!(
+                            "{what}: expert {e} slot {slot} scale block {bl} differs"
+                        ));
+                    }
+                }
+            }
+            let past = list.len();
+            if gx[(e * cap + past) * rb..(e + 1) * cap * rb]
+                .iter()
+                .any(|&v| v != POISON)
+                || gsrc[4 * (e * cap + past)..4 * (e + 1) * cap]
+                    .iter()
+                    .any(|&v| v != POISON)
+            {
+                return Err(format!(
+                    "{what}: expert {e}: bytes written past its {past} entries"
+                ));
+            }
+        }
+        // The combine: every expert's output at its slots, weighed by the source's weights.
+        let mut cx = Vec::new();
+        for (e, list) in entries.iter().enumerate() {
+            for slot in 0..cap {
+                let (s, t) = list.get(slot).copied().unwrap_or((0, 0));
+                for el in 0..c.hidden {
+                    encode(c.dtype, em_value(me, e, s, t, el), &mut cx);
+                }
+            }
+        }
+        let cb = c.hidden * c.dtype.size();
+        let (cxb, w, out) = (
+            buf(d, local * cap * cb)?,
+            buf(d, MAX_TOKENS * k * 4)?,
+            buf(d, MAX_TOKENS * cb)?,
+        );
+        r.write(&cxb, &cx)?;
+        let wb: Vec<u8> = inp.weights.iter().flat_map(|v| v.to_le_bytes()).collect();
+        r.write(&w, &wb)?;
+        r.stream.fill(&out.full(), POISON).map_err(e)?;
+        let (scx, sw, sout) = (cxb.full(), w.full(), out.full());
+        let comb = Combine {
+            tokens: inp.tokens,
+            x: &scx,
+            rows: local * cap,
+            dtype: c.dtype,
+            hidden: c.hidden,
+            topk_weights: None,
+            handle: &sh,
+            out_x: &sout,
+            out_weights: None,
+        };
+        let emi = ExpertMajorIn {
+            capacity: cap,
+            slots: &ssl,
+            topk_weights: &sw,
+        };
+        for &h in halves {
+            // SAFETY: the buffers live until the synchronisation below.
+            unsafe { r.moe.combine_with(&comb, h, Some(&emi), &*r.stream) }
+                .map_err(|x| format!("{what}: combine ({h:?}): {x}"))?;
+        }
+        r.sync(&what)?;
+        calls += 1;
+        let got = r.read(&out, inp.tokens * cb)?;
+        let mut want = Vec::new();
+        for t in 0..inp.tokens {
+            let ids = &inp.idx[t * k..(t + 1) * k];
+            for el in 0..c.hidden {
+                let mut total = 0f32;
+                for dd in 0..n {
+                    let mut part = 0f32;
+                    let mut any = false;
+                    for (q, &x) in ids.iter().enumerate() {
+                        if x < 0 || x as usize / local != dd {
+                            continue;
+                        }
+                        any = true;
+                        let ee = x as usize - dd * local;
+                        let v = round_to(c.dtype, em_value(dd, ee, me, t, el));
+                        part = inp.weights[t * k + q].mul_add(v, part);
+                    }
+                    if any {
+                        total += round_to(c.dtype, part);
+                    }
+                }
+                encode(c.dtype, total, &mut want);
+            }
+        }
+        if got != want {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0) / c.dtype.size();
+            return Err(format!(
+                "{what}: combined token {} element {} differs",
+                at / c.hidden,
+                at % c.hidden
+            ));
+        }
+    }
+    Ok(calls)
 }
 
 /// Two dispatches (different routings), then their combines in the same order.

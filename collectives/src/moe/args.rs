@@ -73,6 +73,17 @@ pub mod hdr {
     pub fn combine_sent(d: u64) -> u64 {
         8 * (11 * N + d)
     }
+    /// Written by source `s` (expert-major combine): the last combine whose weights it wrote
+    /// into the rows it dispatched here.
+    pub fn weights_flag(s: u64) -> u64 {
+        8 * (12 * N + s)
+    }
+    /// This rank's own, GPU grids only: blocks that finished writing weights to rank `d` (the
+    /// one completing a group of the grid's blocks publishes the flag).
+    #[allow(dead_code)]
+    pub fn weights_sent(d: u64) -> u64 {
+        8 * (13 * N + d)
+    }
 }
 
 /// Status bits a call leaves in its handle (`status`, 0: served): an expert index outside
@@ -84,7 +95,7 @@ pub const STATUS_CAPACITY: i32 = 2;
 pub const STATUS_ROW_SIZE: i32 = 4;
 pub const STATUS_COMBINE_MISSING: i32 = 8;
 
-/// `mscclpp_moe_layout`: per-rank and per-expert token counts of a routing, and which ranks each
+/// `mscclpp::moe::layout`: per-rank and per-expert token counts of a routing, and which ranks each
 /// token goes to.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +118,7 @@ pub struct MoeLayoutArgs {
 // SAFETY: `#[repr(C)]` plain old data with no padding (checked by the layout test).
 unsafe impl KernelArgs for MoeLayoutArgs {}
 
-/// `mscclpp_moe_dispatch` and `mscclpp_moe_combine` (a grid of B blocks per rank; spec.md).
+/// `mscclpp::moe::dispatch` and `mscclpp::moe::combine` (a grid of B blocks per rank; spec.md).
 ///
 /// Dispatch: `x` (`tokens` rows of `payload_bytes`), `topk_idx` (i64), `topk_weights` (f32,
 /// optional), `scales` (`scale_bytes` a row, optional) go to the ranks that hold the experts;
@@ -151,12 +162,46 @@ pub struct MoeArgs {
     pub rank: u32,
     pub nranks: u32,
     pub dtype: u32,
-    pub _pad: u32,
+    /// Which halves the launch runs: [`HALF_SEND`], [`HALF_RECEIVE`] or both (a call sent in one
+    /// launch and received in a later one: DeepEP's receive hook).
+    pub phases: u32,
     pub abort: u64,
+    /// The expert-major ("low-latency") form, where `em_flags` has [`EM_ON`]. Dispatch: each
+    /// received (row, top-k entry) with a local expert also lands at `em_x[expert][slot]`
+    /// (`em_capacity` slots an expert, payload bytes each), its source token in `em_src`
+    /// (`[local, em_capacity]` i32), its scales in `em_scales` (f32, or packed UE8M0 where
+    /// [`EM_UE8M0`], at element `expert * s0 + slot * s1 + block * s2` of `em_scale_strides`),
+    /// per expert and source `begin << 32 | count` in `em_range` (`[local, nranks]` i64), the
+    /// counts added to `em_count` (and `em_stats` where set), each entry's slot in `em_slots`
+    /// (`[nranks * max_tokens, topk]` i32, -1: none). Combine: `x` is `[local, em_capacity]` rows;
+    /// the source first writes its `em_weights` (`[tokens, topk]` f32) into the rows it
+    /// dispatched, and each rank sends back, per row, the weighted sum of its experts' outputs.
+    pub em_x: u64,
+    pub em_scales: u64,
+    pub em_scale_strides: [u64; 3],
+    pub em_src: u64,
+    pub em_range: u64,
+    pub em_count: u64,
+    pub em_slots: u64,
+    pub em_stats: u64,
+    pub em_weights: u64,
+    pub em_capacity: u64,
+    pub em_flags: u32,
+    pub _pad: u32,
 }
 
 // SAFETY: `#[repr(C)]` plain old data with no padding (checked by the layout test).
 unsafe impl KernelArgs for MoeArgs {}
+
+/// `MoeArgs::phases` bits.
+pub const HALF_SEND: u32 = 1;
+pub const HALF_RECEIVE: u32 = 2;
+/// `MoeArgs::em_flags` bits: the expert-major form; its scales packed as UE8M0.
+pub const EM_ON: u32 = 1;
+pub const EM_UE8M0: u32 = 2;
+/// Local experts the expert-major form serves at most (the GPU kernel counts them in shared
+/// memory).
+pub const EM_MAX_LOCAL: usize = 1024;
 
 /// Where the pieces of a row sit (dispatch: payload, scales, then the source index, the local
 /// experts and the weights; combine: payload, then the weights).
@@ -247,6 +292,8 @@ mod tests {
                 hdr::dispatch_shape(r),
                 hdr::dispatch_sent(r),
                 hdr::combine_sent(r),
+                hdr::weights_flag(r),
+                hdr::weights_sent(r),
             ]);
         }
         let all = words.len();

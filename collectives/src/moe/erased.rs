@@ -5,7 +5,9 @@
 
 use mscclpp_hal::{Api, BufferSlice, DynStream, Result};
 
-use super::{Combine, Dispatch, LayoutOut, Moe, MoeConfig, Received};
+use super::{
+    Combine, Dispatch, ExpertMajor, ExpertMajorIn, Halves, LayoutOut, Moe, MoeConfig, Received,
+};
 
 /// The operations of [`Moe`] on the run-time stream type.
 pub trait AnyMoe: Send + Sync + std::fmt::Debug {
@@ -19,6 +21,10 @@ pub trait AnyMoe: Send + Sync + std::fmt::Debug {
     fn handle_bytes(&self) -> usize;
     /// See [`Moe::handle_positions_at`].
     fn handle_positions_at(&self) -> usize;
+    /// See [`Moe::slots_bytes`].
+    fn slots_bytes(&self) -> usize;
+    /// See [`Moe::expert_major`].
+    fn expert_major(&self) -> Result<()>;
     /// See [`Moe::layout`].
     ///
     /// # Safety
@@ -40,6 +46,28 @@ pub trait AnyMoe: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// As [`Moe::combine`].
     unsafe fn combine(&self, c: &Combine, stream: &DynStream) -> Result<()>;
+    /// See [`Moe::dispatch_with`].
+    ///
+    /// # Safety
+    /// As [`Moe::dispatch_with`].
+    unsafe fn dispatch_with(
+        &self,
+        d: &Dispatch,
+        halves: Halves,
+        em: Option<&ExpertMajor>,
+        stream: &DynStream,
+    ) -> Result<()>;
+    /// See [`Moe::combine_with`].
+    ///
+    /// # Safety
+    /// As [`Moe::combine_with`].
+    unsafe fn combine_with(
+        &self,
+        c: &Combine,
+        halves: Halves,
+        em: Option<&ExpertMajorIn>,
+        stream: &DynStream,
+    ) -> Result<()>;
     /// See [`Moe::read_handle`].
     fn read_handle(&self, handle: &BufferSlice, stream: &DynStream) -> Result<Received>;
 }
@@ -65,6 +93,14 @@ impl<A: Api> AnyMoe for Moe<A> {
         Moe::handle_positions_at(self)
     }
 
+    fn slots_bytes(&self) -> usize {
+        Moe::slots_bytes(self)
+    }
+
+    fn expert_major(&self) -> Result<()> {
+        Moe::expert_major(self)
+    }
+
     unsafe fn layout(
         &self,
         topk_idx: &BufferSlice,
@@ -84,6 +120,28 @@ impl<A: Api> AnyMoe for Moe<A> {
     unsafe fn combine(&self, c: &Combine, stream: &DynStream) -> Result<()> {
         // SAFETY: forwarded contract.
         unsafe { Moe::combine(self, c, A::stream_of(stream)?) }
+    }
+
+    unsafe fn dispatch_with(
+        &self,
+        d: &Dispatch,
+        halves: Halves,
+        em: Option<&ExpertMajor>,
+        stream: &DynStream,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { Moe::dispatch_with(self, d, halves, em, A::stream_of(stream)?) }
+    }
+
+    unsafe fn combine_with(
+        &self,
+        c: &Combine,
+        halves: Halves,
+        em: Option<&ExpertMajorIn>,
+        stream: &DynStream,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { Moe::combine_with(self, c, halves, em, A::stream_of(stream)?) }
     }
 
     fn read_handle(&self, handle: &BufferSlice, stream: &DynStream) -> Result<Received> {

@@ -11,9 +11,9 @@ use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
 use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, Result};
 
 use super::args::{
-    MOE_MAX_RANKS, MoeArgs, MoeLayoutArgs, STATUS_CAPACITY, STATUS_COMBINE_MISSING,
-    STATUS_EXPERT_RANGE, STATUS_ROW_SIZE, combine_region, dispatch_region, handle_experts,
-    handle_positions, handle_status, handle_tokens, hdr,
+    EM_ON, EM_UE8M0, HALF_RECEIVE, HALF_SEND, MOE_MAX_RANKS, MoeArgs, MoeLayoutArgs,
+    STATUS_CAPACITY, STATUS_COMBINE_MISSING, STATUS_EXPERT_RANGE, STATUS_ROW_SIZE, combine_region,
+    dispatch_region, handle_experts, handle_positions, handle_status, handle_tokens, hdr,
 };
 use crate::algorithms::host_common::{check_ranks_up_to, copy, word};
 
@@ -40,7 +40,7 @@ fn wait_ge(addr: u64, off: u64, seq: u64, what: impl Fn() -> String) -> Result<(
     spin_until(DEFAULT_WAIT, what, || w.load(Ordering::Acquire) >= seq)
 }
 
-/// `mscclpp_moe_layout`.
+/// `mscclpp::moe::layout`.
 pub fn layout(_cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     let a = MoeLayoutArgs::from_bytes(args)?;
     if a.nranks == 0 || a.num_experts == 0 || a.num_experts % a.nranks != 0 {
@@ -146,7 +146,7 @@ impl View<'_> {
     }
 }
 
-/// `mscclpp_moe_dispatch`.
+/// `mscclpp::moe::dispatch`.
 pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     let a = MoeArgs::from_bytes(args)?;
     check(&a, cfg.num_blocks())?;
@@ -160,7 +160,7 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     let seq = v.next_seq(hdr::dispatch_seq());
     let shape = a.payload_bytes | a.scale_bytes << 32;
     // Phase 1: to every destination, its tokens' rows in token order.
-    for d in 0..n {
+    for d in (0..n).filter(|_| a.phases & HALF_SEND != 0) {
         wait_ge(a.buffer, hdr::dispatch_ack(d), seq - 1, || {
             format!("rank {d} to read this rank's previous dispatch")
         })?;
@@ -220,9 +220,17 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         word(peer, hdr::dispatch_shape(r)).store(shape, Ordering::Relaxed);
         word(peer, hdr::dispatch_flag(r)).store(seq, Ordering::Release);
     }
-    // SAFETY: the handle holds the token word.
-    unsafe { put(v.handle(handle_tokens(n)), a.tokens as i32) };
+    if a.phases & HALF_SEND != 0 {
+        // SAFETY: the handle holds the token word.
+        unsafe { put(v.handle(handle_tokens(n)), a.tokens as i32) };
+    }
+    if a.phases & HALF_RECEIVE == 0 {
+        return Ok(());
+    }
     // Phase 2: every source's rows, sources in rank order.
+    let em = a.em_flags & EM_ON != 0;
+    // Expert-major: each local expert's next slot.
+    let mut next = vec![0u64; if em { local as usize } else { 0 }];
     let mut prefix = 0u64;
     for s in 0..n {
         wait_ge(a.buffer, hdr::dispatch_flag(s), seq, || {
@@ -237,7 +245,12 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         let region = a.buffer + dispatch_region(a.row_bytes, a.max_tokens, s);
         // SAFETY: the handle holds nranks counts.
         unsafe { put(v.handle(s), c as i32) };
-        for j in 0..c {
+        if em {
+            // SAFETY: rows j < c of source s's region; the launcher checked the expert-major
+            // outputs (Moe::expert_major_args).
+            unsafe { expert_major(&v, s, c, prefix, region, &mut next) };
+        }
+        for j in (0..c).filter(|_| !em) {
             let i = prefix + j;
             if i >= a.out_capacity {
                 v.fail(STATUS_CAPACITY);
@@ -281,6 +294,96 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The expert-major receive of source `s`'s `c` rows (at `region`; `prefix` rows before them):
+/// as `moeExpertMajor` in moe.cu, every (row, top-k entry) with a local expert takes that
+/// expert's next slot (`next`, carried across the sources in rank order).
+///
+/// # Safety
+/// `region` holds `c` rows; the expert-major outputs hold what `Moe::expert_major_args` checked.
+unsafe fn expert_major(v: &View, s: u64, c: u64, prefix: u64, region: u64, next: &mut [u64]) {
+    let (a, n, k) = (v.a, v.n, v.k);
+    let cap = a.em_capacity;
+    let begin = next.to_vec();
+    for j in 0..c {
+        let row = region + j * a.row_bytes;
+        // SAFETY: caller's contract (the row's meta lies inside it).
+        let tok: i32 = unsafe { get(row + a.meta_at) };
+        for q in 0..k {
+            // SAFETY: as above; the slot table holds nranks * max_tokens rows of topk.
+            let le: i32 = unsafe { get(row + a.meta_at + 4 + 4 * q) };
+            let at_slot = a.em_slots + 4 * ((prefix + j) * k + q);
+            if le < 0 || le as u64 >= v.local {
+                // SAFETY: as above.
+                unsafe { put(at_slot, -1i32) };
+                continue;
+            }
+            let e = le as u64;
+            let slot = next[e as usize];
+            next[e as usize] += 1;
+            if slot >= cap {
+                v.fail(STATUS_CAPACITY);
+                // SAFETY: as above.
+                unsafe { put(at_slot, -1i32) };
+                continue;
+            }
+            let at = e * cap + slot;
+            // SAFETY: at < local * capacity rows of em_x and em_src (checked by the launcher).
+            unsafe {
+                put(at_slot, slot as i32);
+                copy(a.em_x + at * a.payload_bytes, row, a.payload_bytes);
+                put(a.em_src + 4 * at, tok);
+                if a.em_scales != 0 {
+                    em_scales(a, row + a.scales_at, e, slot);
+                }
+            }
+        }
+    }
+    for (e, (&b, &end)) in begin.iter().zip(next.iter()).enumerate() {
+        let (b, end) = (b.min(cap), end.min(cap));
+        let got = end - b;
+        let e = e as u64;
+        // SAFETY: range holds [local, nranks] i64, count and stats [local] i32, the handle its
+        // per-expert counts (checked by the launcher).
+        unsafe {
+            put(a.em_range + 8 * (e * n + s), ((b << 32) | got) as i64);
+            if got != 0 {
+                for at in [a.em_count + 4 * e, v.handle(handle_experts(n) + e)]
+                    .into_iter()
+                    .chain((a.em_stats != 0).then_some(a.em_stats + 4 * e))
+                {
+                    put(at, get::<i32>(at) + got as i32);
+                }
+            }
+        }
+    }
+}
+
+/// A row's scales at (expert `e`, `slot`): f32 each, or packed UE8M0 (moeEmScales in moe.cu).
+///
+/// # Safety
+/// `sc` holds the row's scales; `em_scales` what the strides reach (checked by the launcher).
+unsafe fn em_scales(a: &MoeArgs, sc: u64, e: u64, slot: u64) {
+    let blocks = a.scale_bytes / 4;
+    let [s0, s1, s2] = a.em_scale_strides;
+    let base = e * s0 + slot * s1;
+    // SAFETY: caller's contract.
+    unsafe {
+        if a.em_flags & EM_UE8M0 != 0 {
+            for g in 0..blocks / 4 {
+                let mut w = 0u32;
+                for i in 0..4 {
+                    w |= ((get::<u32>(sc + 4 * (4 * g + i)) >> 23) & 0xFF) << (8 * i);
+                }
+                put(a.em_scales + 4 * (base + g * s2), w);
+            }
+        } else {
+            for b in 0..blocks {
+                put(a.em_scales + 4 * (base + b * s2), get::<u32>(sc + 4 * b));
+            }
+        }
+    }
+}
+
 fn to_f32(dtype: DataType, p: u64) -> f32 {
     // SAFETY: the caller reads an element of `dtype` inside a row it owns.
     unsafe {
@@ -303,7 +406,40 @@ fn from_f32(dtype: DataType, p: u64, x: f32) {
     }
 }
 
-/// `mscclpp_moe_combine`.
+/// The expert-major combine row for received row `j` of source `s` (`i` among all rows): the
+/// sum over its top-k entries with a slot of the weight the source wrote into the row times the
+/// expert's output there (f32, fused, top-k order; moeWeightedRow in moe.cu), rounded once.
+///
+/// # Safety
+/// `out` is a combine row; `x` holds `[local, em_capacity]` rows (checked by the launcher).
+unsafe fn weighted_row(v: &View, dtype: DataType, s: u64, j: u64, i: u64, out: u64) {
+    let (a, k) = (v.a, v.k);
+    let drow = a.buffer + dispatch_region(a.row_bytes, a.max_tokens, s) + j * a.row_bytes;
+    let size = dtype.size() as u64;
+    let mut acc = vec![0f32; (a.payload_bytes / size) as usize];
+    for q in 0..k {
+        // SAFETY: the row's meta and the slot table's row i lie inside them.
+        let (le, w, slot) = unsafe {
+            (
+                get::<i32>(drow + a.meta_at + 4 + 4 * q),
+                get::<f32>(drow + a.meta_at + 4 + 4 * (k + q)),
+                get::<i32>(a.em_slots + 4 * (i * k + q)),
+            )
+        };
+        if slot < 0 || slot as u64 >= a.em_capacity || le < 0 || le as u64 >= v.local {
+            continue;
+        }
+        let src = a.x + (le as u64 * a.em_capacity + slot as u64) * a.payload_bytes;
+        for (e, x) in acc.iter_mut().enumerate() {
+            *x = w.mul_add(to_f32(dtype, src + e as u64 * size), *x);
+        }
+    }
+    for (e, x) in acc.iter().enumerate() {
+        from_f32(dtype, out + e as u64 * size, *x);
+    }
+}
+
+/// `mscclpp::moe::combine`.
 pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     let a = MoeArgs::from_bytes(args)?;
     check(&a, cfg.num_blocks())?;
@@ -321,9 +457,40 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     };
     let (r, n, k) = (u64::from(a.rank), v.n, v.k);
     let seq = v.next_seq(hdr::combine_seq());
+    let em = a.em_flags & EM_ON != 0;
+    // SAFETY: the handle holds the token word (written by the dispatch).
+    let dispatched = u64::from(unsafe { get::<i32>(v.handle(handle_tokens(n))) }.max(0) as u32);
+    if em && a.phases & HALF_SEND != 0 {
+        // Expert-major: this rank's weights into the rows it dispatched to each rank, once that
+        // rank has read them.
+        let dseq = word(a.buffer, hdr::dispatch_seq()).load(Ordering::Relaxed);
+        for d in 0..n {
+            wait_ge(a.buffer, hdr::dispatch_ack(d), dseq, || {
+                format!("rank {d} to read this rank's dispatch")
+            })?;
+            for t in 0..dispatched {
+                // SAFETY: the handle holds the dispatch's positions of t < tokens.
+                let p: i32 = unsafe { get(v.position(t, d)) };
+                if p < 0 || p as u64 >= a.max_tokens {
+                    continue;
+                }
+                let w =
+                    a.peer_dispatch[d as usize] + p as u64 * a.row_bytes + a.meta_at + 4 + 4 * k;
+                // SAFETY: row p of this rank's region at d; em_weights holds tokens * topk f32
+                // (checked by the launcher) and t < dispatched <= tokens of the dispatch.
+                unsafe { copy(w, a.em_weights + 4 * t * k, 4 * k) };
+            }
+            word(a.peer_buffer[d as usize], hdr::weights_flag(r)).store(seq, Ordering::Release);
+        }
+    }
     // Phase 1: the rows received from each source go back to it, in the order they came.
     let mut prefix = 0u64;
-    for s in 0..n {
+    for s in (0..n).filter(|_| a.phases & HALF_SEND != 0) {
+        if em {
+            wait_ge(a.buffer, hdr::weights_flag(s), seq, || {
+                format!("rank {s}'s combine weights")
+            })?;
+        }
         wait_ge(a.buffer, hdr::combine_ack(s), seq - 1, || {
             format!("rank {s} to read this rank's previous combine")
         })?;
@@ -339,7 +506,11 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
             // SAFETY: rank s's region for this rank holds max_tokens rows; `x` (and the weights)
             // hold the dispatch's rows (checked by the launcher against the handle's counts).
             unsafe {
-                copy(row, a.x + i * a.payload_bytes, a.payload_bytes);
+                if em {
+                    weighted_row(&v, dtype, s, j, i, row);
+                } else {
+                    copy(row, a.x + i * a.payload_bytes, a.payload_bytes);
+                }
                 // Without weights, zeros: a peer that sums weights must not read a previous
                 // call's.
                 if a.topk_weights != 0 {
@@ -362,6 +533,9 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
         word(peer, hdr::combine_count(r)).store(sent, Ordering::Relaxed);
         word(peer, hdr::combine_flag(r)).store(seq, Ordering::Release);
     }
+    if a.phases & HALF_RECEIVE == 0 {
+        return Ok(());
+    }
     // Phase 2: every token, the sum of its rows from the ranks it went to (rank order, f32).
     for d in 0..n {
         wait_ge(a.buffer, hdr::combine_flag(d), seq, || {
@@ -371,8 +545,6 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     let sent: Vec<u64> = (0..n)
         .map(|d| word(a.buffer, hdr::combine_count(d)).load(Ordering::Relaxed))
         .collect();
-    // SAFETY: the handle holds the token word (written by the dispatch).
-    let dispatched = u64::from(unsafe { get::<i32>(v.handle(handle_tokens(n))) }.max(0) as u32);
     let size = dtype.size() as u64;
     let elems = a.payload_bytes / size;
     let mut acc = vec![0f32; elems as usize];

@@ -24,18 +24,21 @@ pub use args::MOE_MAX_RANKS;
 pub use erased::AnyMoe;
 
 use args::{
-    MoeArgs, MoeLayoutArgs, RowLayout, STATUS_CAPACITY, STATUS_COMBINE_MISSING,
-    STATUS_EXPERT_RANGE, STATUS_ROW_SIZE, buffer_bytes, handle_experts, handle_positions,
-    handle_status, handle_words,
+    EM_MAX_LOCAL, EM_ON, EM_UE8M0, HALF_RECEIVE, HALF_SEND, MoeArgs, MoeLayoutArgs, RowLayout,
+    STATUS_CAPACITY, STATUS_COMBINE_MISSING, STATUS_EXPERT_RANGE, STATUS_ROW_SIZE, buffer_bytes,
+    handle_experts, handle_positions, handle_status, handle_words,
 };
 
 use crate::agree::agree;
 use crate::algorithms::base::{HEADERS, load};
 use relay::Buffers;
 
-const LAYOUT: KernelId = KernelId("mscclpp_moe_layout");
-const DISPATCH: KernelId = KernelId("mscclpp_moe_dispatch");
-const COMBINE: KernelId = KernelId("mscclpp_moe_combine");
+// The kernels' C++ names, mangled (`mscclpp::moe::layout(mscclpp::MoeLayoutArgs)`, ...): C++
+// names so that profilers show `mscclpp::moe::dispatch` (moe.cu says why). The compile test
+// finds each as an entry of the module's PTX.
+const LAYOUT: KernelId = KernelId("_ZN7mscclpp3moe6layoutENS_13MoeLayoutArgsE");
+const DISPATCH: KernelId = KernelId("_ZN7mscclpp3moe8dispatchENS_7MoeArgsE");
+const COMBINE: KernelId = KernelId("_ZN7mscclpp3moe7combineENS_7MoeArgsE");
 
 /// The expert-parallel module.
 pub static MODULE: KernelModule = KernelModule {
@@ -178,6 +181,75 @@ impl Received {
     }
 }
 
+/// Which halves of a call a launch runs. A call is sent, then received: in one launch
+/// ([`Halves::Both`]), or in two ([`Halves::Send`], then [`Halves::Receive`] later on the same
+/// rank, before its next call of the same kind): DeepEP's receive hook, which lets a rank compute
+/// between the two.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Halves {
+    #[default]
+    Both,
+    Send,
+    Receive,
+}
+
+impl Halves {
+    fn bits(self) -> u32 {
+        match self {
+            Halves::Both => HALF_SEND | HALF_RECEIVE,
+            Halves::Send => HALF_SEND,
+            Halves::Receive => HALF_RECEIVE,
+        }
+    }
+}
+
+/// Where the expert-major form of a dispatch puts the scales: f32 per 128-channel block, or
+/// DeepEP's packed UE8M0 (four blocks' exponents an i32); element `(expert, slot, block)` at
+/// `expert * strides[0] + slot * strides[1] + block * strides[2]` (in 4-byte elements).
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertScales<'a> {
+    pub buf: &'a BufferSlice,
+    pub strides: [u64; 3],
+    pub ue8m0: bool,
+}
+
+/// The expert-major ("low-latency") outputs of a dispatch: what DeepEP's `low_latency_dispatch`
+/// returns. Each received (row, top-k entry) with a local expert takes that expert's next slot,
+/// sources in rank order and each source's rows in token order.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertMajor<'a> {
+    /// Slots per local expert (DeepEP: ranks times the most tokens a rank dispatches).
+    pub capacity: usize,
+    /// `[local, capacity, row_bytes]`: the rows.
+    pub x: &'a BufferSlice,
+    /// The rows' scales (needs the dispatch's `scales`).
+    pub scales: Option<ExpertScales<'a>>,
+    /// `[local, capacity]` i32: each slot's token at its source.
+    pub src: &'a BufferSlice,
+    /// `[local, nranks]` i64: per expert and source, `begin << 32 | count`.
+    pub range: &'a BufferSlice,
+    /// `[local]` i32: the entries each expert received (zeroed first).
+    pub count: &'a BufferSlice,
+    /// `[local]` i32 the counts are added to, or none.
+    pub stats: Option<&'a BufferSlice>,
+    /// `[nranks * max_tokens, topk]` i32 ([`Moe::slots_bytes`]): each entry's slot, which the
+    /// expert-major combine reads.
+    pub slots: &'a BufferSlice,
+}
+
+/// The expert-major ("low-latency") input of a combine: its `x` is `[local, capacity, hidden]`
+/// (the experts' outputs at the dispatch's slots); each token's rows are weighted by its top-k
+/// weights where its experts ran and summed.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertMajorIn<'a> {
+    /// The dispatch's slots per expert.
+    pub capacity: usize,
+    /// The dispatch's [`ExpertMajor::slots`].
+    pub slots: &'a BufferSlice,
+    /// `[tokens, topk]` f32: this rank's tokens' weights.
+    pub topk_weights: &'a BufferSlice,
+}
+
 /// An expert-parallel exchange of a communicator's ranks (one host or several). Dropping it while
 /// one of its calls still runs on a stream is the caller's error, as for any buffer of a call.
 #[derive(Debug)]
@@ -309,6 +381,33 @@ impl<A: Api> Moe<A> {
         ) as usize
     }
 
+    /// Bytes of the expert-major form's slot table ([`ExpertMajor::slots`]).
+    pub fn slots_bytes(&self) -> usize {
+        4 * self.nranks * self.cfg.max_tokens * self.cfg.topk
+    }
+
+    /// Whether the expert-major form ([`ExpertMajor`]) runs on this exchange, or why not.
+    pub fn expert_major(&self) -> Result<()> {
+        self.check_expert_major("the expert-major form")
+    }
+
+    /// Refuses the expert-major form where it cannot run: experts past what the GPU kernel
+    /// counts, or peers on other hosts (their relay carries the flat form's steps only).
+    fn check_expert_major(&self, what: &str) -> Result<()> {
+        if self.local_experts() > EM_MAX_LOCAL {
+            return Err(Error::invalid(format!(
+                "{what}: {} experts a rank; the expert-major form serves at most {EM_MAX_LOCAL}",
+                self.local_experts()
+            )));
+        }
+        if self.buffer.spans_hosts() {
+            return Err(Error::invalid(format!(
+                "{what}: the expert-major form runs between ranks of one host; this exchange spans hosts (use the flat form)"
+            )));
+        }
+        Ok(())
+    }
+
     fn check_tokens(&self, tokens: usize) -> Result<()> {
         if tokens > self.cfg.max_tokens {
             return Err(Error::invalid(format!(
@@ -399,8 +498,20 @@ impl<A: Api> Moe<A> {
             rank: self.rank as u32,
             nranks: self.nranks as u32,
             dtype: 0,
-            _pad: 0,
+            phases: HALF_SEND | HALF_RECEIVE,
             abort: mscclpp_hal::dev::current_abort(),
+            em_x: 0,
+            em_scales: 0,
+            em_scale_strides: [0; 3],
+            em_src: 0,
+            em_range: 0,
+            em_count: 0,
+            em_slots: 0,
+            em_stats: 0,
+            em_weights: 0,
+            em_capacity: 0,
+            em_flags: 0,
+            _pad: 0,
         }
     }
 
@@ -418,6 +529,22 @@ impl<A: Api> Moe<A> {
     /// # Safety
     /// The buffers must stay allocated until the stream has passed the call.
     pub unsafe fn dispatch(&self, d: &Dispatch, stream: &A::Stream) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.dispatch_with(d, Halves::Both, None, stream) }
+    }
+
+    /// [`Moe::dispatch`], one half of it or both, and with the expert-major outputs where
+    /// `em` (the flat outputs then hold no rows: `capacity` 0).
+    ///
+    /// # Safety
+    /// As [`Moe::dispatch`]; a receive half's buffers are those its send half was given.
+    pub unsafe fn dispatch_with(
+        &self,
+        d: &Dispatch,
+        halves: Halves,
+        em: Option<&ExpertMajor>,
+        stream: &A::Stream,
+    ) -> Result<()> {
         self.check_tokens(d.tokens)?;
         // No dispatch receives more than every rank's tokens: a larger capacity is that.
         let most = (self.nranks * self.cfg.max_tokens) as u64;
@@ -477,10 +604,23 @@ impl<A: Api> Moe<A> {
             d.handle,
             &[self.handle_bytes() as u64],
         )?;
-        // Counts, status and per-expert counts start at 0 (the kernel adds to them).
-        let zeroed = 4 * handle_positions(self.nranks as u64, self.local_experts() as u64);
-        stream.fill(&d.handle.slice(..zeroed as usize)?, 0)?;
         let ptr = |s: Option<&BufferSlice>| s.map_or(0, |s| s.ptr().0);
+        let em_args = match em {
+            None => None,
+            Some(e) => Some(self.expert_major_args(e, d, cap, scale_bytes)?),
+        };
+        // Counts, status and per-expert counts start at 0 (the kernel adds to them); the send
+        // half writes the token count, so a receive half alone leaves them.
+        if halves != Halves::Receive {
+            let zeroed = 4 * handle_positions(self.nranks as u64, self.local_experts() as u64);
+            stream.fill(&d.handle.slice(..zeroed as usize)?, 0)?;
+        }
+        if halves != Halves::Send
+            && let Some(e) = em
+        {
+            stream.fill(e.count, 0)?;
+        }
+        let base = em_args.unwrap_or_else(|| self.base_args());
         let args = MoeArgs {
             tokens: t,
             payload_bytes: row,
@@ -496,7 +636,8 @@ impl<A: Api> Moe<A> {
             out_src: d.out_src.ptr().0,
             out_capacity: cap,
             handle: d.handle.ptr().0,
-            ..self.base_args()
+            phases: halves.bits(),
+            ..base
         };
         // Everything checked: last, whether the relay to other hosts still runs.
         self.buffer.check()?;
@@ -511,6 +652,23 @@ impl<A: Api> Moe<A> {
     /// # Safety
     /// The buffers must stay allocated until the stream has passed the call.
     pub unsafe fn combine(&self, c: &Combine, stream: &A::Stream) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.combine_with(c, Halves::Both, None, stream) }
+    }
+
+    /// [`Moe::combine`], one half of it or both, and of the expert-major form where `em`
+    /// (`x` then holds `[local, capacity, hidden]` and `rows` is `local * capacity`; no weights
+    /// are sent back).
+    ///
+    /// # Safety
+    /// As [`Moe::combine`]; a receive half's buffers are those its send half was given.
+    pub unsafe fn combine_with(
+        &self,
+        c: &Combine,
+        halves: Halves,
+        em: Option<&ExpertMajorIn>,
+        stream: &A::Stream,
+    ) -> Result<()> {
         self.check_tokens(c.tokens)?;
         if !matches!(c.dtype, DataType::F32 | DataType::F16 | DataType::BF16) {
             return Err(Error::invalid(format!(
@@ -548,7 +706,7 @@ impl<A: Api> Moe<A> {
             }
         }
         let ptr = |s: Option<&BufferSlice>| s.map_or(0, |s| s.ptr().0);
-        let args = MoeArgs {
+        let mut args = MoeArgs {
             tokens: t,
             payload_bytes: row,
             x: c.x.ptr().0,
@@ -558,11 +716,115 @@ impl<A: Api> Moe<A> {
             out_capacity: rows,
             handle: c.handle.ptr().0,
             dtype: c.dtype as u32,
+            phases: halves.bits(),
             ..self.base_args()
         };
+        if let Some(e) = em {
+            self.check_expert_major("an expert-major combine")?;
+            let (local, cap) = (self.local_experts() as u64, e.capacity as u64);
+            if c.topk_weights.is_some() || c.out_weights.is_some() {
+                return Err(Error::invalid(
+                    "an expert-major combine weighs the rows by its topk_weights and sends no weights back",
+                ));
+            }
+            if cap == 0 || rows != local * cap {
+                return Err(Error::invalid(format!(
+                    "an expert-major combine of {rows} rows: x holds [local experts {local}, capacity {cap}] rows"
+                )));
+            }
+            need("the combine's topk_weights", e.topk_weights, &[4, t, k])?;
+            need(
+                "the combine's slot table",
+                e.slots,
+                &[self.slots_bytes() as u64],
+            )?;
+            args.em_flags = EM_ON;
+            args.em_capacity = cap;
+            args.em_slots = e.slots.ptr().0;
+            args.em_weights = e.topk_weights.ptr().0;
+            // The rows sent back are one per received token: as many as the slot table's.
+            args.out_capacity = (self.nranks * self.cfg.max_tokens) as u64;
+        }
         self.buffer.check()?;
         // SAFETY: as in `dispatch`.
         unsafe { self.combine.launch(stream, self.grid(), &args) }
+    }
+
+    /// The expert-major part of a dispatch's arguments, its buffers checked.
+    fn expert_major_args(
+        &self,
+        e: &ExpertMajor,
+        d: &Dispatch,
+        flat_capacity: u64,
+        scale_bytes: u64,
+    ) -> Result<MoeArgs> {
+        self.check_expert_major("an expert-major dispatch")?;
+        if flat_capacity != 0 || d.out_weights.is_some() || d.out_scales.is_some() {
+            return Err(Error::invalid(
+                "an expert-major dispatch writes the expert-major outputs only: the flat outputs (capacity, out_weights, out_scales) must be empty",
+            ));
+        }
+        let (local, n, cap) = (
+            self.local_experts() as u64,
+            self.nranks as u64,
+            e.capacity as u64,
+        );
+        if cap == 0 || cap > i32::MAX as u64 {
+            return Err(Error::invalid(format!(
+                "an expert-major dispatch of {cap} slots an expert: 1 to 2^31 - 1"
+            )));
+        }
+        let row = d.row_bytes as u64;
+        need("the expert-major x", e.x, &[local, cap, row])?;
+        need("the expert-major src", e.src, &[4, local, cap])?;
+        need("the expert-major range", e.range, &[8, local, n])?;
+        need("the expert-major count", e.count, &[4, local])?;
+        if let Some(s) = e.stats {
+            need("the expert-major stats", s, &[4, local])?;
+        }
+        need(
+            "the expert-major slot table",
+            e.slots,
+            &[self.slots_bytes() as u64],
+        )?;
+        let mut args = self.base_args();
+        args.em_flags = EM_ON;
+        if let Some(sc) = e.scales {
+            if d.scales.is_none() || scale_bytes % 4 != 0 {
+                return Err(Error::invalid(format!(
+                    "expert-major scales need the dispatch's scales, f32 each ({scale_bytes} bytes a token)"
+                )));
+            }
+            let blocks = scale_bytes / 4;
+            if sc.ue8m0 && blocks % 4 != 0 {
+                return Err(Error::invalid(format!(
+                    "packed UE8M0 scales hold four blocks an int32: {blocks} blocks a token are not"
+                )));
+            }
+            let last = if sc.ue8m0 { blocks / 4 } else { blocks };
+            // The furthest element the strides reach, plus one, in 4-byte elements.
+            let reach = [local, cap, last]
+                .iter()
+                .zip(sc.strides)
+                .try_fold(1u64, |acc, (&count, stride)| {
+                    (count - 1).checked_mul(stride)?.checked_add(acc)
+                })
+                .ok_or_else(|| Error::invalid("expert-major scale strides overflow 64 bits"))?;
+            need("the expert-major scales", sc.buf, &[4, reach])?;
+            args.em_scales = sc.buf.ptr().0;
+            args.em_scale_strides = sc.strides;
+            if sc.ue8m0 {
+                args.em_flags |= EM_UE8M0;
+            }
+        }
+        args.em_x = e.x.ptr().0;
+        args.em_src = e.src.ptr().0;
+        args.em_range = e.range.ptr().0;
+        args.em_count = e.count.ptr().0;
+        args.em_stats = e.stats.map_or(0, |s| s.ptr().0);
+        args.em_slots = e.slots.ptr().0;
+        args.em_capacity = cap;
+        Ok(args)
     }
 
     /// Reads a dispatch's counts from its handle (waits for the stream): an error naming what

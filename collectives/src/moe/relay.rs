@@ -289,6 +289,11 @@ impl Buffers {
         })
     }
 
+    /// Whether some peer is on another host (its steps go through the relay).
+    pub fn spans_hosts(&self) -> bool {
+        self.relay.is_some()
+    }
+
     /// Why the relay stopped, if it did (the calls are refused from then on: a peer on another
     /// host would wait for what can no longer arrive).
     pub fn check(&self) -> Result<()> {

@@ -518,6 +518,11 @@ class Buffer:
         route = topk_idx.to(torch.int64).contiguous()
         ex = self._exchange(num_experts, route.shape[1], hidden)
         s = self._stream(x, None, async_finish, False)
+        if ex.expert_major:
+            return self._ll_dispatch(ex, x, route, big_n, num_experts, use_fp8, round_scale,
+                                     use_ue8m0, cumulative_local_expert_recv_stats,
+                                     async_finish, return_recv_hook, s)
+        # Ranks on several hosts: composed from the flat exchange and torch operations.
         with torch.cuda.stream(s) if s is not None else _nullcontext():
             xs, scales = (_cast_fp8(x.contiguous(), round_scale) if use_fp8
                           else (x.contiguous(), None))
@@ -549,6 +554,105 @@ class Buffer:
                                             route])
         return recv_x, lay.count, handle, ev, (lambda: None) if return_recv_hook else None
 
+    def _ll_dispatch(self, ex, x, route, big_n, num_experts, use_fp8, round_scale, use_ue8m0,
+                     stats, async_finish, return_recv_hook, s):
+        """The low-latency dispatch as the exchange's expert-major form: one kernel sends, and
+        lays out per local expert what arrives (with the hook: a send launch now, the receive
+        launch when the hook is called)."""
+        n = self.group_size
+        tokens, hidden = x.shape
+        local, cap, dev = num_experts // n, n * big_n, x.device
+        with torch.cuda.stream(s) if s is not None else _nullcontext():
+            xs, scales = (_cast_fp8(x.contiguous(), round_scale) if use_fp8
+                          else (x.contiguous(), None))
+            recv_x = torch.empty((local, cap, hidden), dtype=xs.dtype, device=dev)
+            src_info = torch.empty((local, cap), dtype=torch.int32, device=dev)
+            ranges = torch.empty((local, n), dtype=torch.int64, device=dev)
+            count = torch.empty(local, dtype=torch.int32, device=dev)
+            slots = torch.empty(ex.slots_bytes, dtype=torch.uint8, device=dev)
+            hb = torch.empty(ex.handle_bytes, dtype=torch.uint8, device=dev)
+            kw = {}
+            sc = None
+            if use_fp8:
+                # Column-major within each expert, as DeepEP returns them: stored
+                # [local, blocks, cap], handed out transposed.
+                blocks = hidden // 512 if use_ue8m0 else hidden // 128
+                store = torch.zeros((local, blocks, cap),
+                                    dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev)
+                sc = store.transpose(1, 2)
+                kw = dict(scales=scales, recv_scales=store, scale_strides=(blocks * cap, 1, cap),
+                          ue8m0=use_ue8m0, scale_bytes=hidden // 128 * 4)
+            direct = (stats is not None and stats.dtype == torch.int32 and stats.is_contiguous()
+                      and stats.device == dev and stats.numel() == local)
+            if direct:
+                kw["stats"] = stats
+            args = (xs.view(torch.uint8), route, recv_x.view(torch.uint8), src_info, ranges,
+                    count, slots, hb)
+
+            def receive(stream_id):
+                ex.dispatch_expert_major(*args, half="receive", stream=stream_id, **kw)
+                if stats is not None and not direct:
+                    stats.add_(count.to(stats.dtype))
+
+            if return_recv_hook:
+                ex.dispatch_expert_major(*args, half="send", stream=self._sid(s), **kw)
+            else:
+                ex.dispatch_expert_major(*args, stream=self._sid(s), **kw)
+                if stats is not None and not direct:
+                    stats.add_(count.to(stats.dtype))
+        state = _State(ex, hb, tokens, route, route.shape[1], cap, cap)
+        state.layout, state.slots, state.hidden, state.experts = None, slots, hidden, num_experts
+        state.zero_copy = None
+        handle = _Handle((src_info, ranges, big_n, hidden, num_experts), state)
+        keep = [recv_x, src_info, ranges, count, slots, hb, x, xs, scales, route, sc]
+        ev = self._finish(s, async_finish, keep)
+        hook = None
+        if return_recv_hook:
+            def hook():
+                cur = torch.cuda.current_stream() if x.is_cuda else None
+                receive(self._sid(cur))
+        return (recv_x, sc) if use_fp8 else recv_x, count, handle, ev, hook
+
+    def _ll_combine(self, st, x, topk_weights, async_finish, return_recv_hook, out):
+        """The low-latency combine as the exchange's expert-major form: each rank sends back,
+        per token it received, the sum of its experts' outputs weighted by the token's weights
+        (which the source writes into the rows it dispatched), and the source sums those."""
+        n = self.group_size
+        local = st.experts // n
+        if tuple(x.shape) != (local, st.rows, st.hidden):
+            raise ValueError(f"low_latency_combine: x of shape {tuple(x.shape)}; the dispatch "
+                             f"gave [{local}, {st.rows}, {st.hidden}]")
+        s = self._stream(x, None, async_finish, False)
+        with torch.cuda.stream(s) if s is not None else _nullcontext():
+            xc = x.contiguous()
+            w = topk_weights.to(torch.float32).contiguous()
+            direct = (out is not None and out.dtype == xc.dtype and out.is_contiguous()
+                      and tuple(out.shape) == (st.tokens, st.hidden))
+            result = out if direct else torch.empty((st.tokens, st.hidden), dtype=xc.dtype,
+                                                    device=x.device)
+            args = (xc, st.handle, st.slots, w, result)
+
+            def receive(stream_id):
+                st.ex.combine_expert_major(*args, hidden=st.hidden, half="receive",
+                                           stream=stream_id)
+                if out is not None and not direct:
+                    out.copy_(result)
+
+            if return_recv_hook:
+                st.ex.combine_expert_major(*args, hidden=st.hidden, half="send",
+                                           stream=self._sid(s))
+            else:
+                st.ex.combine_expert_major(*args, hidden=st.hidden, stream=self._sid(s))
+                if out is not None and not direct:
+                    out.copy_(result)
+        ev = self._finish(s, async_finish, [result, xc, w, st.handle, st.slots])
+        hook = None
+        if return_recv_hook:
+            def hook():
+                cur = torch.cuda.current_stream() if x.is_cuda else None
+                receive(self._sid(cur))
+        return (out if out is not None else result), ev, hook
+
     def get_next_low_latency_combine_buffer(self, handle):
         """A [local experts, ranks x max tokens, hidden] bf16 tensor that a ``zero_copy``
         combine of ``handle`` reads."""
@@ -570,6 +674,8 @@ class Buffer:
         st = self._state_of(handle, "low_latency_combine", low_latency=True)
         if zero_copy:
             x = self.get_next_low_latency_combine_buffer(handle)
+        if getattr(st, "slots", None) is not None:
+            return self._ll_combine(st, x, topk_weights, async_finish, return_recv_hook, out)
         n, lay = self.group_size, st.layout
         s = self._stream(x, None, async_finish, False)
         with torch.cuda.stream(s) if s is not None else _nullcontext():

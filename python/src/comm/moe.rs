@@ -5,7 +5,10 @@
 use std::sync::Arc;
 
 use mscclpp::collectives::DataType;
-use mscclpp::collectives::moe::{AnyMoe, Combine, Dispatch, LayoutOut, MoeConfig};
+use mscclpp::collectives::moe::{
+    AnyMoe, Combine, Dispatch, ExpertMajor, ExpertMajorIn, ExpertScales, Halves, LayoutOut,
+    MoeConfig,
+};
 use mscclpp::hal::{BufferSlice, DeviceBuffer, MemoryKind};
 use pyo3::prelude::*;
 
@@ -32,6 +35,19 @@ fn elem_is(v: &ArrayView, what: &str, want: DataType, name: &str) -> PyResult<()
         )));
     }
     Ok(())
+}
+
+/// A call's halves by name: "both" (default), "send", or "receive" (a later launch that
+/// completes a "send" one with the same arrays: DeepEP's receive hook).
+fn halves_of(half: Option<&str>) -> PyResult<Halves> {
+    match half.unwrap_or("both") {
+        "both" => Ok(Halves::Both),
+        "send" => Ok(Halves::Send),
+        "receive" => Ok(Halves::Receive),
+        other => Err(usage(format!(
+            "half={other:?}: \"both\", \"send\" or \"receive\""
+        ))),
+    }
 }
 
 /// An optional array's view and slice.
@@ -117,6 +133,19 @@ impl ExpertExchange {
     #[getter]
     fn handle_positions_at(&self) -> usize {
         self.moe.handle_positions_at()
+    }
+
+    /// Bytes of the expert-major form's slot table (a uint8 or int32 array of this size).
+    #[getter]
+    fn slots_bytes(&self) -> usize {
+        self.moe.slots_bytes()
+    }
+
+    /// Whether the expert-major form (`dispatch_expert_major`, `combine_expert_major`) runs on
+    /// this exchange (its ranks on one host).
+    #[getter]
+    fn expert_major(&self) -> bool {
+        self.moe.expert_major().is_ok()
     }
 
     /// The backend it runs on.
@@ -364,6 +393,235 @@ impl ExpertExchange {
             // Ordered and finished as in `layout`.
             // SAFETY: as in `layout`.
             caller.ordered(&*s, || unsafe { moe.combine(&c, &*s) })?;
+            caller.finish(&*s)
+        })
+        .py_err()
+    }
+
+    /// The expert-major ("low-latency") dispatch: sends each token of `x` (`[tokens, ...]`, as
+    /// bytes; `scales` `[tokens, blocks]` float32 optional) to the ranks of its experts, and
+    /// lays what arrives out per local expert: `recv_x` (`[local, capacity, ...]`, `capacity`
+    /// slots an expert), `src_info` (`[local, capacity]` int32: each slot's token at its source),
+    /// `layout_range` (`[local, nranks]` int64: `begin << 32 | count` per source), `count`
+    /// (`[local]` int32), `slots` (`slots_bytes`: kept for the combine), `handle`; optionally
+    /// `recv_scales` (a contiguous float32 or int32 array holding element (expert, slot, block)
+    /// at `scale_strides`, packed UE8M0 where `ue8m0`; `scale_bytes` a token where this rank has
+    /// none) and `stats` (`[local]` int32 added to).
+    /// Each expert's slots hold its sources in rank order, each source's tokens in order.
+    /// `half`: "both", "send" or "receive". A collective call; the arrays must live until the
+    /// stream has passed it.
+    #[pyo3(signature = (x, topk_idx, recv_x, src_info, layout_range, count, slots, handle, *,
+        scales = None, recv_scales = None, scale_strides = None, ue8m0 = false, stats = None,
+        scale_bytes = None, half = None, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_expert_major(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        topk_idx: &Bound<'_, PyAny>,
+        recv_x: &Bound<'_, PyAny>,
+        src_info: &Bound<'_, PyAny>,
+        layout_range: &Bound<'_, PyAny>,
+        count: &Bound<'_, PyAny>,
+        slots: &Bound<'_, PyAny>,
+        handle: &Bound<'_, PyAny>,
+        scales: Option<&Bound<'_, PyAny>>,
+        recv_scales: Option<&Bound<'_, PyAny>>,
+        scale_strides: Option<(u64, u64, u64)>,
+        ue8m0: bool,
+        stats: Option<&Bound<'_, PyAny>>,
+        scale_bytes: Option<usize>,
+        half: Option<&str>,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let halves = halves_of(half)?;
+        let (s, h) = self.inner.stream(x, stream)?;
+        let (vi, si) = self.arr(topk_idx, "topk_idx", h)?;
+        let tokens = self.tokens_of(&vi, "topk_idx")?;
+        let (vx, sx) = self.arr(x, "x", h)?;
+        let (vsrc, ssrc) = self.arr(src_info, "src_info", h)?;
+        elem_is(&vsrc, "src_info", DataType::I32, "int32")?;
+        let local = self.moe.local_experts();
+        if vsrc.len == 0 || vsrc.len % local != 0 {
+            return Err(usage(format!(
+                "src_info: {} elements are not [local experts {local}, capacity]",
+                vsrc.len
+            )));
+        }
+        let capacity = vsrc.len / local;
+        let (vrx, srx) = self.arr(recv_x, "recv_x", h)?;
+        let (vr, sr) = self.arr(layout_range, "layout_range", h)?;
+        elem_is(&vr, "layout_range", DataType::I64, "int64")?;
+        let (vc, sc) = self.arr(count, "count", h)?;
+        elem_is(&vc, "count", DataType::I32, "int32")?;
+        let (_, ssl) = self.arr(slots, "slots", h)?;
+        let (_, sh) = self.arr(handle, "handle", h)?;
+        let st = self.opt(stats, "stats", h)?;
+        if let Some((v, _)) = &st {
+            elem_is(v, "stats", DataType::I32, "int32")?;
+        }
+        let sct = self.opt(scales, "scales", h)?;
+        let rsc = self.opt(recv_scales, "recv_scales", h)?;
+        // A row's bytes: x's, or recv_x's where this rank sends nothing.
+        let row_bytes = if tokens > 0 {
+            vx.nbytes() / tokens
+        } else {
+            vrx.nbytes() / (local * capacity)
+        };
+        if row_bytes == 0 || vrx.nbytes() != local * capacity * row_bytes {
+            return Err(usage(format!(
+                "recv_x: {} bytes, but [local {local}, capacity {capacity}] rows of {row_bytes} bytes are {}",
+                vrx.nbytes(),
+                local * capacity * row_bytes
+            )));
+        }
+        // Every rank's rows must have one shape: a rank without tokens says its scales' width.
+        let scale_bytes = match (&sct, tokens, scale_bytes) {
+            (Some((v, _)), t, _) if t > 0 => v.nbytes() / t,
+            (Some(_), _, Some(b)) => b,
+            (Some(_), _, None) => {
+                return Err(usage(
+                    "scales of no tokens: scale_bytes (a token's scale bytes) is needed",
+                ));
+            }
+            (None, _, _) => 0,
+        };
+        if rsc.is_some() && (sct.is_none() || scale_strides.is_none()) {
+            return Err(usage(
+                "recv_scales needs scales and scale_strides (element strides of expert, slot, block)",
+            ));
+        }
+        self.inner.require("expert dispatch")?;
+        let moe = self.moe.clone();
+        let caller = self.inner.clone();
+        let empty = self.empty.slice(..0).py_err()?;
+        py.detach(move || {
+            let caller = &caller.caller;
+            let d = Dispatch {
+                tokens,
+                x: &sx,
+                row_bytes,
+                topk_idx: &si,
+                topk_weights: None,
+                scales: sct.as_ref().map(|s| (&s.1, scale_bytes)),
+                capacity: 0,
+                out_x: &empty,
+                out_idx: &empty,
+                out_weights: None,
+                out_scales: None,
+                out_src: &empty,
+                handle: &sh,
+            };
+            let em = ExpertMajor {
+                capacity,
+                x: &srx,
+                scales: rsc.as_ref().map(|r| ExpertScales {
+                    buf: &r.1,
+                    strides: scale_strides.map_or([0; 3], |(a, b, c)| [a, b, c]),
+                    ue8m0,
+                }),
+                src: &ssrc,
+                range: &sr,
+                count: &sc,
+                stats: st.as_ref().map(|s| &s.1),
+                slots: &ssl,
+            };
+            // Ordered and finished as in `layout`.
+            // SAFETY: as in `layout`.
+            caller.ordered(&*s, || unsafe { moe.dispatch_with(&d, halves, Some(&em), &*s) })?;
+            caller.finish(&*s)
+        })
+        .py_err()
+    }
+
+    /// The expert-major ("low-latency") combine: `x` (`[local, capacity, hidden]` float32,
+    /// float16 or bfloat16: the experts' outputs at the dispatch's slots) goes back weighted by
+    /// `topk_weights` (`[tokens, topk]` float32, this rank's), summed per token into `out_x`
+    /// (`[tokens, hidden]`, the same type): at each rank the weighted sum of its experts' rows
+    /// (f32, top-k order, rounded once), then over the ranks (f32, rank order, rounded once).
+    /// `handle` and `slots` are the dispatch's. `half`: "both", "send" or "receive".
+    #[pyo3(signature = (x, handle, slots, topk_weights, out_x, *, hidden, half = None,
+        stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn combine_expert_major(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        handle: &Bound<'_, PyAny>,
+        slots: &Bound<'_, PyAny>,
+        topk_weights: &Bound<'_, PyAny>,
+        out_x: &Bound<'_, PyAny>,
+        hidden: usize,
+        half: Option<&str>,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let halves = halves_of(half)?;
+        let (s, h) = self.inner.stream(x, stream)?;
+        let (vx, sx) = self.arr(x, "x", h)?;
+        let (vo, so) = self.arr(out_x, "out_x", h)?;
+        let dtype = match (vx.elem, vo.elem) {
+            (Elem::Known(a), Elem::Known(b))
+                if a == b && matches!(a, DataType::F32 | DataType::F16 | DataType::BF16) =>
+            {
+                a
+            }
+            _ => {
+                return Err(usage(format!(
+                    "combine sums float32, float16 or bfloat16 rows: x is {}, out_x {}",
+                    vx.elem.name(),
+                    vo.elem.name()
+                )));
+            }
+        };
+        let (_, sh) = self.arr(handle, "handle", h)?;
+        let (_, ssl) = self.arr(slots, "slots", h)?;
+        let (vw, sw) = self.arr(topk_weights, "topk_weights", h)?;
+        elem_is(&vw, "topk_weights", DataType::F32, "float32")?;
+        let local = self.moe.local_experts();
+        let (rows, tokens) = (vx.len / hidden.max(1), vo.len / hidden.max(1));
+        if hidden == 0
+            || vx.len != rows * hidden
+            || vo.len != tokens * hidden
+            || rows % local != 0
+            || rows == 0
+        {
+            return Err(usage(format!(
+                "combine: x of {} and out_x of {} elements are not [local experts {local}, capacity, {hidden}] and [tokens, {hidden}]",
+                vx.len, vo.len
+            )));
+        }
+        if vw.len != tokens * self.k() {
+            return Err(usage(format!(
+                "topk_weights: {} elements, but {tokens} tokens of top-{} are {}",
+                vw.len,
+                self.k(),
+                tokens * self.k()
+            )));
+        }
+        self.inner.require("expert combine")?;
+        let moe = self.moe.clone();
+        let caller = self.inner.clone();
+        py.detach(move || {
+            let caller = &caller.caller;
+            let c = Combine {
+                tokens,
+                x: &sx,
+                rows,
+                dtype,
+                hidden,
+                topk_weights: None,
+                handle: &sh,
+                out_x: &so,
+                out_weights: None,
+            };
+            let em = ExpertMajorIn {
+                capacity: rows / local,
+                slots: &ssl,
+                topk_weights: &sw,
+            };
+            // Ordered and finished as in `layout`.
+            // SAFETY: as in `layout`.
+            caller.ordered(&*s, || unsafe { moe.combine_with(&c, halves, Some(&em), &*s) })?;
             caller.finish(&*s)
         })
         .py_err()
