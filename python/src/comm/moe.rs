@@ -463,11 +463,10 @@ impl ExpertExchange {
         let sct = self.opt(scales, "scales", h)?;
         let rsc = self.opt(recv_scales, "recv_scales", h)?;
         // A row's bytes: x's, or recv_x's where this rank sends nothing.
-        let row_bytes = if tokens > 0 {
-            vx.nbytes() / tokens
-        } else {
-            vrx.nbytes() / (local * capacity)
-        };
+        let row_bytes = vx
+            .nbytes()
+            .checked_div(tokens)
+            .unwrap_or(vrx.nbytes() / (local * capacity));
         if row_bytes == 0 || vrx.nbytes() != local * capacity * row_bytes {
             return Err(usage(format!(
                 "recv_x: {} bytes, but [local {local}, capacity {capacity}] rows of {row_bytes} bytes are {}",
@@ -528,7 +527,9 @@ impl ExpertExchange {
             };
             // Ordered and finished as in `layout`.
             // SAFETY: as in `layout`.
-            caller.ordered(&*s, || unsafe { moe.dispatch_with(&d, halves, Some(&em), &*s) })?;
+            caller.ordered(&*s, || unsafe {
+                moe.dispatch_with(&d, halves, Some(&em), &*s)
+            })?;
             caller.finish(&*s)
         })
         .py_err()
@@ -621,7 +622,9 @@ impl ExpertExchange {
             };
             // Ordered and finished as in `layout`.
             // SAFETY: as in `layout`.
-            caller.ordered(&*s, || unsafe { moe.combine_with(&c, halves, Some(&em), &*s) })?;
+            caller.ordered(&*s, || unsafe {
+                moe.combine_with(&c, halves, Some(&em), &*s)
+            })?;
             caller.finish(&*s)
         })
         .py_err()
