@@ -185,6 +185,8 @@ constexpr uint32_t kMoeHalfSend = 1;
 constexpr uint32_t kMoeHalfReceive = 2;
 constexpr uint32_t kMoeEmOn = 1;
 constexpr uint32_t kMoeEmUe8m0 = 2;
+constexpr uint32_t kMoeEmCastFp8 = 4;
+constexpr uint32_t kMoeEmRoundScale = 8;
 constexpr uint32_t kMoeEmMaxLocal = 1024;
 
 }  // namespace mscclpp

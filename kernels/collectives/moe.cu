@@ -270,6 +270,43 @@ MSCCLPP_DEVICE_INLINE void moeExpertMajor(const MoeArgs& a, uint32_t s, uint32_t
   }
 }
 
+// The smallest power of two at least `s` (a positive normal float).
+MSCCLPP_DEVICE_INLINE float moePow2Ceil(float s) {
+  const uint32_t b = floatBits(s);
+  return (b & 0x7fffffu) == 0 ? s : bitsFloat((b & 0x7f800000u) + 0x800000u);
+}
+
+// Token tok's bf16 row (payload_bytes channels) as DeepEP's low-latency dispatch sends it, into
+// `row`: per 128 channels the largest magnitude (at least 1e-4) over 448 is the scale (the next
+// power of two up where kMoeEmRoundScale); each channel divided by it and rounded to E4M3 is the
+// payload, the f32 scales the row's scales. A warp per row; each lane takes 128 / kWarpSize
+// neighbouring channels of each 128.
+MSCCLPP_DEVICE_INLINE void moeCastFp8(const MoeArgs& a, char* row, uint64_t tok, uint32_t lane) {
+  constexpr uint32_t kPer = 128 / kWarpSize;
+  const uint64_t hidden = a.payload_bytes;
+  const uint16_t* src = (const uint16_t*)(a.x + tok * hidden * 2);
+  float* scales = (float*)(row + a.scales_at);
+  for (uint64_t b = 0; b < hidden / 128; ++b) {
+    const uint64_t at = b * 128 + (uint64_t)lane * kPer;
+    float v[kPer];
+    float m = 0.0f;
+    for (uint32_t i = 0; i < kPer; ++i) {
+      v[i] = bf16ToFloat(src[at + i]);
+      m = fmaxf(m, fabsf(v[i]));
+    }
+    m = fmaxf(warpMax(m), 1e-4f);
+    float scale = m / 448.0f;
+    if (a.em_flags & kMoeEmRoundScale) scale = moePow2Ceil(scale);
+    uint32_t packed = 0;
+    for (uint32_t i = 0; i < kPer; ++i) packed |= floatToFp8<true>(v[i] / scale) << (8 * i);
+    if (kPer == 4)
+      *(uint32_t*)(row + at) = packed;
+    else
+      *(uint16_t*)(row + at) = (uint16_t)packed;
+    if (lane == 0) scales[b] = scale;
+  }
+}
+
 // Phase 1: the tokens of share j for rank d, in token order, into its region for this rank, after
 // the rows of the tokens before the share (each block counts those itself). Phase 2: share j of
 // the rows source s = d sent here, after those of the sources before it.
@@ -314,9 +351,13 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
     for (uint32_t q = warp; q < total; q += warps) {
       const uint64_t tok = t0 + list[q];
       char* row = (char*)(region + (base + q) * a.row_bytes);
-      moeCopy(row, (const char*)a.x + tok * a.payload_bytes, a.payload_bytes, lane, kWarpSize);
-      if (a.scales != 0)
-        moeCopy(row + a.scales_at, (const char*)a.scales + tok * a.scale_bytes, a.scale_bytes, lane, kWarpSize);
+      if (a.em_flags & kMoeEmCastFp8) {
+        moeCastFp8(a, row, tok, lane);
+      } else {
+        moeCopy(row, (const char*)a.x + tok * a.payload_bytes, a.payload_bytes, lane, kWarpSize);
+        if (a.scales != 0)
+          moeCopy(row + a.scales_at, (const char*)a.scales + tok * a.scale_bytes, a.scale_bytes, lane, kWarpSize);
+      }
       char* meta = row + a.meta_at;
       if (lane == 0) *(int32_t*)meta = (int32_t)tok;
       for (uint32_t i = lane; i < k; i += kWarpSize) {

@@ -422,6 +422,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
                 count: &sco,
                 stats: None,
                 slots: &ssl,
+                cast: None,
             };
             // The experts' outputs: the received rows themselves.
             let c = Combine {

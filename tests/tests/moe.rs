@@ -15,8 +15,8 @@ use half::{bf16, f16};
 use libtest_mimic::{Completion, Failed, Trial};
 use mscclpp::collectives::DataType;
 use mscclpp::collectives::moe::{
-    AnyMoe, Combine, Dispatch, ExpertMajor, ExpertMajorIn, ExpertScales, Halves, LayoutOut,
-    MoeConfig,
+    AnyMoe, Combine, Dispatch, ExpertMajor, ExpertMajorIn, ExpertScales, Fp8Cast, Halves,
+    LayoutOut, MoeConfig,
 };
 use mscclpp::comm::Communicator;
 use mscclpp::hal::{BackendKind, DeviceBuffer, MemoryKind};
@@ -714,6 +714,7 @@ fn role_moe() -> R<()> {
         }
     }
     calls += expert_major(&mut r)?;
+    calls += expert_major_cast(&mut r)?;
     calls += two_in_flight(&r)?;
     calls += weights_from_even_ranks(&r)?;
     calls += captured(&r)?;
@@ -840,6 +841,7 @@ fn expert_major(r: &mut Rank) -> R<usize> {
             count: &sco,
             stats: Some(&sst),
             slots: &ssl,
+            cast: None,
         };
         for &h in halves {
             // SAFETY: the buffers live until the synchronisation below.
@@ -1000,6 +1002,165 @@ fn expert_major(r: &mut Rank) -> R<usize> {
                 at / c.hidden,
                 at % c.hidden
             ));
+        }
+    }
+    Ok(calls)
+}
+
+/// The expert-major dispatch casting bf16 rows to E4M3 in its send half (DeepEP's `use_fp8`,
+/// with and without `round_scale`): every slot's bytes and scale against a CPU reference of the
+/// cast (per 128 channels: the largest magnitude, at least 1e-4, over 448; a power of two up where
+/// rounded; each channel divided by it and rounded to nearest even E4M3).
+fn expert_major_cast(r: &mut Rank) -> R<usize> {
+    if std::env::var(HOSTS_VAR).is_ok() {
+        return Ok(0);
+    }
+    let (n, me) = (r.n, r.rank);
+    let c = &cases()[6];
+    r.exchange_for(c)?;
+    let (k, local, hidden) = (c.topk, c.local, c.hidden);
+    let blocks = hidden / 128;
+    let cap = n * MAX_TOKENS;
+    let d = &r.device;
+    let mut calls = 0;
+    for round in [false, true] {
+        let what = format!("expert-major FP8 cast (round_scale {round})");
+        let inputs: Vec<Input> = (0..n).map(|s| input(c, 600, s, n)).collect();
+        // bf16 rows of every magnitude a block can have, one block of zeros (the 1e-4 floor).
+        let xs: Vec<Vec<f32>> = (0..n)
+            .map(|s| {
+                let mut rng = Rng::new(0xfa57 ^ s as u64);
+                (0..inputs[s].tokens * hidden)
+                    .map(|i| {
+                        if i % hidden < 128 && i / hidden == 0 {
+                            0.0
+                        } else {
+                            let v = (rng.below(4000) as f32 - 2000.0) / 64.0;
+                            bf16::from_f32(v * (1 << (i % 7)) as f32).to_f32()
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let inp = &inputs[me];
+        let (x, idx) = (
+            buf(d, MAX_TOKENS * hidden * 2)?,
+            buf(d, MAX_TOKENS * k * 8)?,
+        );
+        let xb: Vec<u8> = xs[me]
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect();
+        r.write(&x, &xb)?;
+        let ib: Vec<u8> = inp.idx.iter().flat_map(|v| v.to_le_bytes()).collect();
+        r.write(&idx, &ib)?;
+        let (ex, src, range, count, slots, handle, esc, empty) = (
+            buf(d, local * cap * hidden)?,
+            buf(d, local * cap * 4)?,
+            buf(d, local * n * 8)?,
+            buf(d, local * 4)?,
+            buf(d, r.moe.slots_bytes())?,
+            buf(d, r.moe.handle_bytes())?,
+            buf(d, local * blocks * cap * 4)?,
+            buf(d, 16)?,
+        );
+        for o in [&ex, &esc] {
+            r.stream.fill(&o.full(), POISON).map_err(e)?;
+        }
+        let (sx, si, se) = (x.full(), idx.full(), empty.slice(..0).map_err(e)?);
+        let (sex, ssrc, sra, sco, ssl, sh, sesc) = (
+            ex.full(),
+            src.full(),
+            range.full(),
+            count.full(),
+            slots.full(),
+            handle.full(),
+            esc.full(),
+        );
+        let disp = Dispatch {
+            tokens: inp.tokens,
+            x: &sx,
+            row_bytes: hidden,
+            topk_idx: &si,
+            topk_weights: None,
+            scales: None,
+            capacity: 0,
+            out_x: &se,
+            out_idx: &se,
+            out_weights: None,
+            out_scales: None,
+            out_src: &se,
+            handle: &sh,
+        };
+        let em = ExpertMajor {
+            capacity: cap,
+            x: &sex,
+            scales: Some(ExpertScales {
+                buf: &sesc,
+                strides: [(blocks * cap) as u64, 1, cap as u64],
+                ue8m0: false,
+            }),
+            src: &ssrc,
+            range: &sra,
+            count: &sco,
+            stats: None,
+            slots: &ssl,
+            cast: Some(Fp8Cast { round_scale: round }),
+        };
+        // SAFETY: the buffers live until the synchronisation below.
+        unsafe {
+            r.moe
+                .dispatch_with(&disp, Halves::Both, Some(&em), &*r.stream)
+        }
+        .map_err(|x| format!("{what}: {x}"))?;
+        r.sync(&what)?;
+        calls += 1;
+        let (gx, gsc) = (
+            r.read(&ex, local * cap * hidden)?,
+            r.read(&esc, local * blocks * cap * 4)?,
+        );
+        for e in 0..local {
+            let want = (me * local + e) as i64;
+            let mut slot = 0;
+            for (s, si) in inputs.iter().enumerate() {
+                for t in 0..si.tokens {
+                    if !si.idx[t * k..(t + 1) * k].contains(&want) {
+                        continue;
+                    }
+                    for b in 0..blocks {
+                        let v = &xs[s][t * hidden + b * 128..][..128];
+                        let m = v.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-4);
+                        let mut scale = m / 448.0;
+                        if round {
+                            scale = 2f32.powi(scale.log2().ceil() as i32);
+                            // log2 may round to the power on either side.
+                            if scale / 2.0 >= m / 448.0 {
+                                scale /= 2.0;
+                            } else if scale < m / 448.0 {
+                                scale *= 2.0;
+                            }
+                        }
+                        let at = 4 * (e * blocks * cap + b * cap + slot);
+                        let got = f32::from_le_bytes(gsc[at..at + 4].try_into().unwrap());
+                        if got.to_bits() != scale.to_bits() {
+                            return Err(format!(
+                                "{what}: expert {e} slot {slot} block {b}: scale {got}, expected {scale}"
+                            ));
+                        }
+                        for (i, x) in v.iter().enumerate() {
+                            let w = mscclpp::hal::dtype::f32_to_fp8(x / scale, true);
+                            let g = gx[(e * cap + slot) * hidden + b * 128 + i];
+                            if g != w {
+                                return Err(format!(
+                                    "{what}: expert {e} slot {slot} channel {}: {g:#x}, expected {w:#x}",
+                                    b * 128 + i
+                                ));
+                            }
+                        }
+                    }
+                    slot += 1;
+                }
+            }
         }
     }
     Ok(calls)

@@ -196,9 +196,13 @@ unsafe impl KernelArgs for MoeArgs {}
 /// `MoeArgs::phases` bits.
 pub const HALF_SEND: u32 = 1;
 pub const HALF_RECEIVE: u32 = 2;
-/// `MoeArgs::em_flags` bits: the expert-major form; its scales packed as UE8M0.
+/// `MoeArgs::em_flags` bits: the expert-major form; its scales packed as UE8M0; its send half
+/// casting bf16 rows to E4M3 with a scale per 128 channels (`payload_bytes`: the channels),
+/// the scales rounded up to powers of two.
 pub const EM_ON: u32 = 1;
 pub const EM_UE8M0: u32 = 2;
+pub const EM_CAST_FP8: u32 = 4;
+pub const EM_ROUND_SCALE: u32 = 8;
 /// Local experts the expert-major form serves at most (the GPU kernel counts them in shared
 /// memory).
 pub const EM_MAX_LOCAL: usize = 1024;

@@ -8,12 +8,14 @@ use std::sync::atomic::Ordering;
 
 use half::{bf16, f16};
 use mscclpp_hal::dev::{DEFAULT_WAIT, spin_until};
+use mscclpp_hal::dtype::f32_to_fp8;
 use mscclpp_hal::{DataType, Error, KernelArgs, LaunchConfig, Result};
 
 use super::args::{
-    EM_ON, EM_UE8M0, HALF_RECEIVE, HALF_SEND, MOE_MAX_RANKS, MoeArgs, MoeLayoutArgs,
-    STATUS_CAPACITY, STATUS_COMBINE_MISSING, STATUS_EXPERT_RANGE, STATUS_ROW_SIZE, combine_region,
-    dispatch_region, handle_experts, handle_positions, handle_status, handle_tokens, hdr,
+    EM_CAST_FP8, EM_ON, EM_ROUND_SCALE, EM_UE8M0, HALF_RECEIVE, HALF_SEND, MOE_MAX_RANKS, MoeArgs,
+    MoeLayoutArgs, STATUS_CAPACITY, STATUS_COMBINE_MISSING, STATUS_EXPERT_RANGE, STATUS_ROW_SIZE,
+    combine_region, dispatch_region, handle_experts, handle_positions, handle_status,
+    handle_tokens, hdr,
 };
 use crate::algorithms::host_common::{check_ranks_up_to, copy, word};
 
@@ -187,13 +189,17 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
             // SAFETY: the row lies in rank d's region for this rank (j < tokens <= max_tokens);
             // the inputs were checked by the launcher.
             unsafe {
-                copy(row, a.x + t * a.payload_bytes, a.payload_bytes);
-                if a.scales != 0 {
-                    copy(
-                        row + a.scales_at,
-                        a.scales + t * a.scale_bytes,
-                        a.scale_bytes,
-                    );
+                if a.em_flags & EM_CAST_FP8 != 0 {
+                    cast_fp8(&a, row, t);
+                } else {
+                    copy(row, a.x + t * a.payload_bytes, a.payload_bytes);
+                    if a.scales != 0 {
+                        copy(
+                            row + a.scales_at,
+                            a.scales + t * a.scale_bytes,
+                            a.scale_bytes,
+                        );
+                    }
                 }
                 put(row + a.meta_at, t as i32);
                 for i in 0..k {
@@ -292,6 +298,34 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
     }
     v.store_seq(hdr::dispatch_seq(), seq);
     Ok(())
+}
+
+/// Token `t`'s bf16 row cast as the send half's `moeCastFp8` (moe.cu) does: per 128 channels the
+/// scale is the largest magnitude (at least 1e-4) over 448, a power of two up where
+/// [`EM_ROUND_SCALE`]; the E4M3 bytes are the row's payload, the f32 scales its scales.
+///
+/// # Safety
+/// `x` holds the token's `payload_bytes` bf16 channels; `row` is a row of the buffer.
+unsafe fn cast_fp8(a: &MoeArgs, row: u64, t: u64) {
+    let hidden = a.payload_bytes;
+    let src = a.x + t * hidden * 2;
+    for b in 0..hidden / 128 {
+        // SAFETY: caller's contract.
+        let v: Vec<f32> = (0..128)
+            .map(|i| bf16::from_bits(unsafe { get(src + 2 * (b * 128 + i)) }).to_f32())
+            .collect();
+        let m = v.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-4);
+        let mut scale = m / 448.0;
+        if a.em_flags & EM_ROUND_SCALE != 0 && scale.to_bits() & 0x7f_ffff != 0 {
+            scale = f32::from_bits((scale.to_bits() & 0x7f80_0000) + 0x80_0000);
+        }
+        for (i, x) in v.iter().enumerate() {
+            // SAFETY: caller's contract.
+            unsafe { put(row + b * 128 + i as u64, f32_to_fp8(x / scale, true)) };
+        }
+        // SAFETY: caller's contract (the scales follow the payload).
+        unsafe { put(row + a.scales_at + 4 * b, scale) };
+    }
 }
 
 /// The expert-major receive of source `s`'s `c` rows (at `region`; `prefix` rows before them):

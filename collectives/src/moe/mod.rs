@@ -24,9 +24,9 @@ pub use args::MOE_MAX_RANKS;
 pub use erased::AnyMoe;
 
 use args::{
-    EM_MAX_LOCAL, EM_ON, EM_UE8M0, HALF_RECEIVE, HALF_SEND, MoeArgs, MoeLayoutArgs, RowLayout,
-    STATUS_CAPACITY, STATUS_COMBINE_MISSING, STATUS_EXPERT_RANGE, STATUS_ROW_SIZE, buffer_bytes,
-    handle_experts, handle_positions, handle_status, handle_words,
+    EM_CAST_FP8, EM_MAX_LOCAL, EM_ON, EM_ROUND_SCALE, EM_UE8M0, HALF_RECEIVE, HALF_SEND, MoeArgs,
+    MoeLayoutArgs, RowLayout, STATUS_CAPACITY, STATUS_COMBINE_MISSING, STATUS_EXPERT_RANGE,
+    STATUS_ROW_SIZE, buffer_bytes, handle_experts, handle_positions, handle_status, handle_words,
 };
 
 use crate::agree::agree;
@@ -235,6 +235,18 @@ pub struct ExpertMajor<'a> {
     /// `[nranks * max_tokens, topk]` i32 ([`Moe::slots_bytes`]): each entry's slot, which the
     /// expert-major combine reads.
     pub slots: &'a BufferSlice,
+    /// The send half casts the dispatch's bf16 `x` to E4M3 (DeepEP's `use_fp8`): `row_bytes` is
+    /// then the channels (a multiple of 128), `x` holds two bytes each, and the rows carry an f32
+    /// scale per 128 channels (no `scales` given).
+    pub cast: Option<Fp8Cast>,
+}
+
+/// The send half's FP8 cast: per 128 channels, the largest magnitude (at least 1e-4) over 448 is
+/// the scale, each channel divided by it and rounded to E4M3; with `round_scale` the scale is the
+/// next power of two up (DeepEP's `round_scale`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp8Cast {
+    pub round_scale: bool,
 }
 
 /// The expert-major ("low-latency") input of a combine: its `x` is `[local, capacity, hidden]`
@@ -578,6 +590,22 @@ impl<A: Api> Moe<A> {
             }
             None => 0,
         };
+        // The send half's cast: x holds bf16 channels, the rows carry E4M3 and a scale per 128.
+        let cast = em.and_then(|e| e.cast);
+        let scale_bytes = match cast {
+            None => scale_bytes,
+            Some(_) => {
+                let sb = row / 128 * 4;
+                if d.scales.is_some() || row % 128 != 0 || sb > self.rows.scale_cap {
+                    return Err(Error::invalid(format!(
+                        "an FP8 cast of {row} channels: a multiple of 128, no scales given (the cast makes them), at most {} scale bytes a token (max_scale_bytes rounded up to 16)",
+                        self.rows.scale_cap
+                    )));
+                }
+                need("the dispatch's bf16 x", d.x, &[t, 2 * row])?;
+                sb
+            }
+        };
         need("the dispatch's out_x", d.out_x, &[cap, row])?;
         need("the dispatch's out_idx", d.out_idx, &[8, cap, k])?;
         need("the dispatch's out_src", d.out_src, &[4, cap])?;
@@ -789,8 +817,14 @@ impl<A: Api> Moe<A> {
         )?;
         let mut args = self.base_args();
         args.em_flags = EM_ON;
+        if let Some(c) = e.cast {
+            args.em_flags |= EM_CAST_FP8;
+            if c.round_scale {
+                args.em_flags |= EM_ROUND_SCALE;
+            }
+        }
         if let Some(sc) = e.scales {
-            if d.scales.is_none() || scale_bytes % 4 != 0 {
+            if (d.scales.is_none() && e.cast.is_none()) || scale_bytes % 4 != 0 {
                 return Err(Error::invalid(format!(
                     "expert-major scales need the dispatch's scales, f32 each ({scale_bytes} bytes a token)"
                 )));

@@ -556,16 +556,17 @@ class Buffer:
 
     def _ll_dispatch(self, ex, x, route, big_n, num_experts, use_fp8, round_scale, use_ue8m0,
                      stats, async_finish, return_recv_hook, s):
-        """The low-latency dispatch as the exchange's expert-major form: one kernel sends, and
-        lays out per local expert what arrives (with the hook: a send launch now, the receive
-        launch when the hook is called)."""
+        """The low-latency dispatch as the exchange's expert-major form: one kernel casts (FP8)
+        and sends, and lays out per local expert what arrives (with the hook: a send launch now,
+        the receive launch when the hook is called)."""
         n = self.group_size
         tokens, hidden = x.shape
         local, cap, dev = num_experts // n, n * big_n, x.device
         with torch.cuda.stream(s) if s is not None else _nullcontext():
-            xs, scales = (_cast_fp8(x.contiguous(), round_scale) if use_fp8
-                          else (x.contiguous(), None))
-            recv_x = torch.empty((local, cap, hidden), dtype=xs.dtype, device=dev)
+            # With FP8 the send half casts the bf16 rows itself (a scale per 128 channels).
+            xs = x.to(torch.bfloat16).contiguous()
+            recv_x = torch.empty((local, cap, hidden),
+                                 dtype=torch.float8_e4m3fn if use_fp8 else xs.dtype, device=dev)
             src_info = torch.empty((local, cap), dtype=torch.int32, device=dev)
             ranges = torch.empty((local, n), dtype=torch.int64, device=dev)
             count = torch.empty(local, dtype=torch.int32, device=dev)
@@ -580,14 +581,14 @@ class Buffer:
                 store = torch.zeros((local, blocks, cap),
                                     dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev)
                 sc = store.transpose(1, 2)
-                kw = dict(scales=scales, recv_scales=store, scale_strides=(blocks * cap, 1, cap),
-                          ue8m0=use_ue8m0, scale_bytes=hidden // 128 * 4)
+                kw = dict(recv_scales=store, scale_strides=(blocks * cap, 1, cap),
+                          ue8m0=use_ue8m0, cast_fp8=True, round_scale=round_scale)
             direct = (stats is not None and stats.dtype == torch.int32 and stats.is_contiguous()
                       and stats.device == dev and stats.numel() == local)
             if direct:
                 kw["stats"] = stats
-            args = (xs.view(torch.uint8), route, recv_x.view(torch.uint8), src_info, ranges,
-                    count, slots, hb)
+            args = (xs if use_fp8 else xs.view(torch.uint8), route, recv_x.view(torch.uint8),
+                    src_info, ranges, count, slots, hb)
 
             def receive(stream_id):
                 ex.dispatch_expert_major(*args, half="receive", stream=stream_id, **kw)
@@ -604,7 +605,7 @@ class Buffer:
         state.layout, state.slots, state.hidden, state.experts = None, slots, hidden, num_experts
         state.zero_copy = None
         handle = _Handle((src_info, ranges, big_n, hidden, num_experts), state)
-        keep = [recv_x, src_info, ranges, count, slots, hb, x, xs, scales, route, sc]
+        keep = [recv_x, src_info, ranges, count, slots, hb, x, xs, route, sc]
         ev = self._finish(s, async_finish, keep)
         hook = None
         if return_recv_hook:

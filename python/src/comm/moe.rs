@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use mscclpp::collectives::DataType;
 use mscclpp::collectives::moe::{
-    AnyMoe, Combine, Dispatch, ExpertMajor, ExpertMajorIn, ExpertScales, Halves, LayoutOut,
-    MoeConfig,
+    AnyMoe, Combine, Dispatch, ExpertMajor, ExpertMajorIn, ExpertScales, Fp8Cast, Halves,
+    LayoutOut, MoeConfig,
 };
 use mscclpp::hal::{BufferSlice, DeviceBuffer, MemoryKind};
 use pyo3::prelude::*;
@@ -406,13 +406,15 @@ impl ExpertExchange {
     /// (`[local]` int32), `slots` (`slots_bytes`: kept for the combine), `handle`; optionally
     /// `recv_scales` (a contiguous float32 or int32 array holding element (expert, slot, block)
     /// at `scale_strides`, packed UE8M0 where `ue8m0`; `scale_bytes` a token where this rank has
-    /// none) and `stats` (`[local]` int32 added to).
+    /// none) and `stats` (`[local]` int32 added to). With `cast_fp8`, `x` is bfloat16 and the
+    /// send half casts it to E4M3 with a float32 scale per 128 channels (powers of two where
+    /// `round_scale`): DeepEP's `use_fp8`.
     /// Each expert's slots hold its sources in rank order, each source's tokens in order.
     /// `half`: "both", "send" or "receive". A collective call; the arrays must live until the
     /// stream has passed it.
     #[pyo3(signature = (x, topk_idx, recv_x, src_info, layout_range, count, slots, handle, *,
         scales = None, recv_scales = None, scale_strides = None, ue8m0 = false, stats = None,
-        scale_bytes = None, half = None, stream = None))]
+        scale_bytes = None, cast_fp8 = false, round_scale = false, half = None, stream = None))]
     #[allow(clippy::too_many_arguments)]
     fn dispatch_expert_major(
         &self,
@@ -431,6 +433,8 @@ impl ExpertExchange {
         ue8m0: bool,
         stats: Option<&Bound<'_, PyAny>>,
         scale_bytes: Option<usize>,
+        cast_fp8: bool,
+        round_scale: bool,
         half: Option<&str>,
         stream: Option<u64>,
     ) -> PyResult<()> {
@@ -439,6 +443,15 @@ impl ExpertExchange {
         let (vi, si) = self.arr(topk_idx, "topk_idx", h)?;
         let tokens = self.tokens_of(&vi, "topk_idx")?;
         let (vx, sx) = self.arr(x, "x", h)?;
+        if cast_fp8 && (vx.elem != Elem::Known(DataType::BF16) || scales.is_some()) {
+            return Err(usage(format!(
+                "cast_fp8: x must be bfloat16 (it is {}) and no scales given (the cast makes them)",
+                vx.elem.name()
+            )));
+        }
+        if round_scale && !cast_fp8 {
+            return Err(usage("round_scale rounds the scales of cast_fp8"));
+        }
         let (vsrc, ssrc) = self.arr(src_info, "src_info", h)?;
         elem_is(&vsrc, "src_info", DataType::I32, "int32")?;
         let local = self.moe.local_experts();
@@ -463,9 +476,10 @@ impl ExpertExchange {
         let sct = self.opt(scales, "scales", h)?;
         let rsc = self.opt(recv_scales, "recv_scales", h)?;
         // A row's bytes: x's, or recv_x's where this rank sends nothing.
+        // A row's bytes as sent (with the cast: one per bf16 channel of x).
         let row_bytes = vx
             .nbytes()
-            .checked_div(tokens)
+            .checked_div(tokens * if cast_fp8 { 2 } else { 1 })
             .unwrap_or(vrx.nbytes() / (local * capacity));
         if row_bytes == 0 || vrx.nbytes() != local * capacity * row_bytes {
             return Err(usage(format!(
@@ -476,6 +490,7 @@ impl ExpertExchange {
         }
         // Every rank's rows must have one shape: a rank without tokens says its scales' width.
         let scale_bytes = match (&sct, tokens, scale_bytes) {
+            _ if cast_fp8 => row_bytes / 128 * 4,
             (Some((v, _)), t, _) if t > 0 => v.nbytes() / t,
             (Some(_), _, Some(b)) => b,
             (Some(_), _, None) => {
@@ -485,9 +500,9 @@ impl ExpertExchange {
             }
             (None, _, _) => 0,
         };
-        if rsc.is_some() && (sct.is_none() || scale_strides.is_none()) {
+        if rsc.is_some() && ((sct.is_none() && !cast_fp8) || scale_strides.is_none()) {
             return Err(usage(
-                "recv_scales needs scales and scale_strides (element strides of expert, slot, block)",
+                "recv_scales needs scales (or cast_fp8) and scale_strides (element strides of expert, slot, block)",
             ));
         }
         self.inner.require("expert dispatch")?;
@@ -524,6 +539,7 @@ impl ExpertExchange {
                 count: &sc,
                 stats: st.as_ref().map(|s| &s.1),
                 slots: &ssl,
+                cast: cast_fp8.then_some(Fp8Cast { round_scale }),
             };
             // Ordered and finished as in `layout`.
             // SAFETY: as in `layout`.

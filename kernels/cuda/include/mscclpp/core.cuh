@@ -129,6 +129,12 @@ MSCCLPP_DEVICE_INLINE uint32_t shuffleInGroupOf8(uint32_t v, uint32_t src) {
   return __shfl_sync(0xffu << (lane & ~7u), v, (int)src, 8);
 }
 
+// The largest `v` of the calling warp, in every lane; every lane of the warp makes the call.
+MSCCLPP_DEVICE_INLINE float warpMax(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
 // LL128 lines (NVIDIA: 128-byte lines of one warp instruction arrive whole over NVLink).
 #define MSCCLPP_HAS_LL128 1
 

@@ -141,6 +141,12 @@ MSCCLPP_DEVICE_INLINE void loadVolatile8(const void* p, uint32_t& a, uint32_t& b
 // the group must make the call together.
 MSCCLPP_DEVICE_INLINE uint32_t shuffleInGroupOf8(uint32_t v, uint32_t src) { return __shfl(v, (int)src, 8); }
 
+// The largest `v` of the calling wavefront, in every lane; every lane makes the call.
+MSCCLPP_DEVICE_INLINE float warpMax(float v) {
+  for (int off = (int)kWarpSize / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor(v, off));
+  return v;
+}
+
 // LL128 lines are not established on AMD fabrics (Capabilities::ll128 is false there), and
 // hipRTC 5.2's structurizer aborts ("failed to annotate CFG") on their polling loop: the LL128
 // kernel traps on HIP.
