@@ -46,12 +46,16 @@ fn the_moe_benchmark_checks_every_received_row() {
         .collect();
     assert_eq!(rows.len(), 2, "{out}");
     for (row, tokens) in rows.iter().zip(["1", "40"]) {
-        // tokens, rows, dispatch_us, GB/s, combine_us, GB/s, wrong
-        assert_eq!(row.len(), 7, "{out}");
+        // tokens, rows, dispatch_us, GB/s, combine_us, GB/s, wrong, then (one host) the
+        // expert-major form's ll_dispatch_us, ll_combine_us
+        assert_eq!(row.len(), 9, "{out}");
         assert_eq!(row[0], tokens, "{out}");
         assert_eq!(row[6], "0", "{out}");
         let received: f64 = row[1].parse().unwrap();
         assert!(received > 0.0, "{out}");
+        for us in &row[7..] {
+            assert!(us.parse::<f64>().unwrap() > 0.0, "{out}");
+        }
     }
     assert!(out.contains("# wrong rows in all: 0"), "{out}");
 }
