@@ -748,3 +748,69 @@ def expert_exchange(comm, experts_per_rank, topk, hidden, tokens, seed=11):
     except ValueError as e:
         assert "int64" in str(e), e
     return got
+
+
+def expert_exchange_expert_major(comm, experts_per_rank, topk, hidden, tokens, split, seed=13):
+    """The expert-major ("low-latency") form against NumPy: the per-expert layout (rows, source
+    tokens, ranges, counts, stats added to), then the combine (each expert's output weighed by the
+    source's weight and summed; values and weights dyadic, so every sum is exact). With ``split``
+    each call runs as a send half and then a receive half."""
+    n, r = comm.size, comm.rank
+    experts, local = experts_per_rank * n, experts_per_rank
+    m = max(tokens)
+    ex = comm.expert_exchange(experts, topk, m, hidden * 4)
+    assert ex.expert_major and ex.slots_bytes == 4 * n * m * topk
+
+    def routing(p):
+        rng = np.random.default_rng(seed * 1000 + p)
+        t = tokens[p % len(tokens)]
+        idx = np.array([rng.permutation(experts)[:topk] for _ in range(t)], np.int64).reshape(t, topk)
+        idx[rng.random(idx.shape) < 0.125] = -1
+        x = (rng.integers(-32, 33, (t, hidden)) / 8).astype(np.float32)
+        w = (rng.integers(1, 17, (t, topk)) / 8).astype(np.float32)
+        return idx, x, w
+
+    data = [routing(p) for p in range(n)]
+    idx, x, w = data[r]
+    t, cap = len(idx), n * m
+    halves = ("send", "receive") if split else ("both",)
+    recv_x = np.full((local, cap, hidden), np.nan, np.float32)
+    src = np.full((local, cap), -7, np.int32)
+    ranges = np.zeros((local, n), np.int64)
+    count = np.full(local, -7, np.int32)
+    stats = np.ones(local, np.int32)
+    slots = np.zeros(ex.slots_bytes, np.uint8)
+    handle = np.zeros(ex.handle_bytes, np.uint8)
+    for h in halves:
+        ex.dispatch_expert_major(x, idx, recv_x, src, ranges, count, slots, handle, stats=stats,
+                                 half=h)
+    for e in range(local):
+        glob = r * local + e
+        entries = [(p, i) for p in range(n) for i in range(len(data[p][0]))
+                   if glob in data[p][0][i]]
+        assert count[e] == len(entries) and stats[e] == 1 + len(entries), (e, count[e], entries)
+        begin = 0
+        for p in range(n):
+            c = sum(1 for q, _ in entries if q == p)
+            assert ranges[e, p] == (begin << 32) | c, (e, p, ranges[e, p])
+            begin += c
+        for j, (p, i) in enumerate(entries):
+            assert (recv_x[e, j] == data[p][1][i]).all() and src[e, j] == i, (e, j)
+        assert np.isnan(recv_x[e, len(entries):]).all() and (src[e, len(entries):] == -7).all()
+
+    y = recv_x * np.arange(1, local + 1, dtype=np.float32).reshape(local, 1, 1)
+    y = np.nan_to_num(y)
+    out = np.full((max(t, 1), hidden), np.nan, np.float32)[:t]
+    for h in halves:
+        ex.combine_expert_major(y, handle, slots, w, out, hidden=hidden, half=h)
+    want = np.zeros((t, hidden), np.float32)
+    for k in range(topk):
+        e = idx[:, k]
+        on = (e >= 0).reshape(-1, 1)
+        want += np.where(on, w[:, k:k + 1] * x * ((e % local) + 1).reshape(-1, 1), 0)
+    assert (out == want).all(), "expert-major combine"
+
+    # Bad input, named before anything runs: an unknown half.
+    with pytest_raises_usage():
+        ex.dispatch_expert_major(x, idx, recv_x, src, ranges, count, slots, handle, half="later")
+    return int(count.sum())
