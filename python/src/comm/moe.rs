@@ -50,6 +50,22 @@ fn halves_of(half: Option<&str>) -> PyResult<Halves> {
     }
 }
 
+/// The element type a combine sums: `x`'s and `out_x`'s, float32, float16 or bfloat16.
+fn summed_type(vx: &ArrayView, vo: &ArrayView) -> PyResult<DataType> {
+    match (vx.elem, vo.elem) {
+        (Elem::Known(a), Elem::Known(b))
+            if a == b && matches!(a, DataType::F32 | DataType::F16 | DataType::BF16) =>
+        {
+            Ok(a)
+        }
+        _ => Err(usage(format!(
+            "combine sums float32, float16 or bfloat16 rows: x is {}, out_x {}",
+            vx.elem.name(),
+            vo.elem.name()
+        ))),
+    }
+}
+
 /// An optional array's view and slice.
 type Opt = Option<(ArrayView, BufferSlice)>;
 
@@ -333,20 +349,7 @@ impl ExpertExchange {
         let (s, h) = self.inner.stream(x, stream)?;
         let (vx, sx) = self.arr(x, "x", h)?;
         let (vo, so) = self.arr(out_x, "out_x", h)?;
-        let dtype = match (vx.elem, vo.elem) {
-            (Elem::Known(a), Elem::Known(b))
-                if a == b && matches!(a, DataType::F32 | DataType::F16 | DataType::BF16) =>
-            {
-                a
-            }
-            _ => {
-                return Err(usage(format!(
-                    "combine sums float32, float16 or bfloat16 rows: x is {}, out_x {}",
-                    vx.elem.name(),
-                    vo.elem.name()
-                )));
-            }
-        };
+        let dtype = summed_type(&vx, &vo)?;
         let (_, sh) = self.arr(handle, "handle", h)?;
         let w = self.opt(topk_weights, "topk_weights", h)?;
         let ow = self.opt(out_weights, "out_weights", h)?;
@@ -576,20 +579,7 @@ impl ExpertExchange {
         let (s, h) = self.inner.stream(x, stream)?;
         let (vx, sx) = self.arr(x, "x", h)?;
         let (vo, so) = self.arr(out_x, "out_x", h)?;
-        let dtype = match (vx.elem, vo.elem) {
-            (Elem::Known(a), Elem::Known(b))
-                if a == b && matches!(a, DataType::F32 | DataType::F16 | DataType::BF16) =>
-            {
-                a
-            }
-            _ => {
-                return Err(usage(format!(
-                    "combine sums float32, float16 or bfloat16 rows: x is {}, out_x {}",
-                    vx.elem.name(),
-                    vo.elem.name()
-                )));
-            }
-        };
+        let dtype = summed_type(&vx, &vo)?;
         let (_, sh) = self.arr(handle, "handle", h)?;
         let (_, ssl) = self.arr(slots, "slots", h)?;
         let (vw, sw) = self.arr(topk_weights, "topk_weights", h)?;
