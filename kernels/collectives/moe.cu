@@ -322,7 +322,7 @@ MSCCLPP_DEVICE_INLINE void moeDispatch(const MoeArgs& a) {
   int32_t* positions = handle + n + 2 + local;
   const uint64_t shape = a.payload_bytes | a.scale_bytes << 32;
   const uint32_t warps = blockDim.x / kWarpSize, warp = tid / kWarpSize, lane = tid % kWarpSize;
-  if (blockIdx.x == 0 && tid == 0) handle[n + 1] = (int32_t)a.tokens;
+  if ((a.phases & kMoeHalfSend) && blockIdx.x == 0 && tid == 0) handle[n + 1] = (int32_t)a.tokens;
 
   __shared__ uint32_t scan[kMoeMaxThreads];
   __shared__ uint32_t list[kMoeMaxThreads];
@@ -539,7 +539,9 @@ MSCCLPP_DEVICE_INLINE void moeCombine(const MoeArgs& a) {
     const uint32_t d = s;
     const uint64_t dseq = *(volatile uint64_t*)moeWord(a.buffer, moeDispatchSeq());
     if (!moeWaitGe(moeWord(a.buffer, moeDispatchAck(d)), dseq)) return;
-    const uint64_t lo = dispatched * share / blocks, hi = dispatched * (share + 1) / blocks;
+    // Tokens past the call's have no weights given (the rows keep the dispatch's zeros).
+    const uint64_t weighed = dispatched < a.tokens ? dispatched : a.tokens;
+    const uint64_t lo = weighed * share / blocks, hi = weighed * (share + 1) / blocks;
     for (uint64_t t = lo + warp; t < hi; t += warps) {
       const int32_t p = positions[t * n + d];
       if (p < 0 || (uint64_t)p >= a.max_tokens) continue;

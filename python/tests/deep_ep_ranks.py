@@ -284,6 +284,22 @@ def low_latency(rank, n, dev, tokens, hidden, experts, topk, gather, device):
     zc, _, _ = buf.low_latency_combine(None, idx.to(dev), w.to(dev), handle, zero_copy=True,
                                        out=out)
     assert zc is out and torch.equal(out.cpu(), want), "zero-copy combine"
+    # Two hooked dispatches before either hook is called (two micro-batches overlapped): the
+    # second launches the first's receive half first, whose hook then does nothing; each gives
+    # what a lone call gives, and the combine takes the last one's handle.
+    ra, ca, _, _, hka = buf.low_latency_dispatch(x.to(dev), idx.to(dev), big_n, experts,
+                                                 use_fp8=False, return_recv_hook=True)
+    rb, cb, hlast, _, hkb = buf.low_latency_dispatch(x.to(dev), idx.to(dev), big_n, experts,
+                                                     use_fp8=False, return_recv_hook=True)
+    hkb()
+    hka()
+    for got_x, got_c in ((ra, ca), (rb, cb)):
+        assert torch.equal(got_c.cpu(), recv_count.cpu()), "overlapped dispatch counts"
+        for e in range(local):
+            c = int(recv_count[e])
+            assert torch.equal(got_x[e, :c].cpu(), recv_x[e, :c].cpu()), "overlapped dispatch"
+    again, _, _ = buf.low_latency_combine(y, idx.to(dev), w.to(dev), hlast)
+    assert torch.equal(again.cpu(), want), "combine after overlapped dispatches"
     # A low-latency handle is not a normal one, nor the reverse.
     expect_error(lambda: buf.combine(y[0], handle), "a handle of low_latency_dispatch")
     expect_error(lambda: buf.low_latency_combine(y, idx.to(dev), w.to(dev), tuple(handle)),

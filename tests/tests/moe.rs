@@ -1003,6 +1003,42 @@ fn expert_major(r: &mut Rank) -> R<usize> {
                 at % c.hidden
             ));
         }
+        if ci + 1 == cases().len() {
+            // The order of halves, refused before anything runs where it is broken (every
+            // rank makes the same calls, so the ones that run stay collective).
+            let refused = |r: mscclpp::Result<()>, words: &str| match r {
+                Err(x) if x.to_string().contains(words) => Ok(()),
+                other => Err(format!(
+                    "{what}: expected a refusal naming {words:?}: {other:?}"
+                )),
+            };
+            // The buffers live until the synchronisation after these calls.
+            let dispatch = |h: Halves| {
+                // SAFETY: as said above.
+                unsafe { r.moe.dispatch_with(&disp, h, Some(&em), &*r.stream) }
+            };
+            let combine = |c: &Combine| {
+                // SAFETY: as said above.
+                unsafe { r.moe.combine_with(c, Halves::Both, Some(&emi), &*r.stream) }
+            };
+            refused(dispatch(Halves::Receive), "without its send half")?;
+            dispatch(Halves::Send).map_err(|x| format!("{what}: {x}"))?;
+            refused(dispatch(Halves::Send), "previous one's receive half")?;
+            refused(combine(&comb), "a dispatch's receive half")?;
+            dispatch(Halves::Receive).map_err(|x| format!("{what}: {x}"))?;
+            // A combine through a handle that is not the last dispatch's.
+            let other = buf(d, r.moe.handle_bytes())?;
+            let so = other.full();
+            refused(
+                combine(&Combine {
+                    handle: &so,
+                    ..comb
+                }),
+                "the last dispatch",
+            )?;
+            r.sync(&what)?;
+            calls += 2;
+        }
     }
     Ok(calls)
 }

@@ -502,7 +502,8 @@ pub fn combine(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
             wait_ge(a.buffer, hdr::dispatch_ack(d), dseq, || {
                 format!("rank {d} to read this rank's dispatch")
             })?;
-            for t in 0..dispatched {
+            // Tokens past the call's have no weights given (the rows keep the dispatch's zeros).
+            for t in 0..dispatched.min(a.tokens) {
                 // SAFETY: the handle holds the dispatch's positions of t < tokens.
                 let p: i32 = unsafe { get(v.position(t, d)) };
                 if p < 0 || p as u64 >= a.max_tokens {

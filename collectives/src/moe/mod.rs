@@ -9,6 +9,8 @@
 //!
 #![doc = include_str!("spec.md")]
 
+use std::sync::Mutex;
+
 use mscclpp_comm::Communicator;
 use mscclpp_hal::{
     Api, BufferSlice, DataType, Error, KernelDef, KernelId, KernelModule, LaunchConfig, Result,
@@ -278,6 +280,23 @@ pub struct Moe<A: Api> {
     layout: TypedKernel<MoeLayoutArgs, A>,
     dispatch: TypedKernel<MoeArgs, A>,
     combine: TypedKernel<MoeArgs, A>,
+    /// This rank's calls in flight (a rank's calls are ordered): what a call may follow.
+    calls: Mutex<Calls>,
+}
+
+/// The order a rank's calls must keep ([`Moe::dispatch_with`], [`Moe::combine_with`]): a send
+/// half is followed by its receive half before the next call that writes into the peers'
+/// buffers; an expert-major combine reads the rows of the last dispatch at each peer, so it takes
+/// that dispatch's handle, and no dispatch may rewrite those rows until its receive half.
+#[derive(Debug, Default)]
+struct Calls {
+    /// The handle of a dispatch whose receive half is still to be launched.
+    dispatch_pending: Option<u64>,
+    /// An expert-major combine's receive half is still to be launched (its peers may still
+    /// read the rows of the last dispatch).
+    combine_pending: bool,
+    /// The handle of the last dispatch sent.
+    last_dispatch: Option<u64>,
 }
 
 /// Refuses `s` when it holds fewer bytes than the product of `factors` (or the product does
@@ -365,6 +384,7 @@ impl<A: Api> Moe<A> {
             layout: load(comm, &MODULE, LAYOUT)?,
             dispatch: load(comm, &MODULE, DISPATCH)?,
             combine: load(comm, &MODULE, COMBINE)?,
+            calls: Mutex::new(Calls::default()),
         })
     }
 
@@ -667,11 +687,41 @@ impl<A: Api> Moe<A> {
             phases: halves.bits(),
             ..base
         };
+        let handle = d.handle.ptr().0;
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        match (halves, calls.dispatch_pending) {
+            (Halves::Receive, Some(h)) if h == handle => {}
+            (Halves::Receive, _) => {
+                return Err(Error::invalid(
+                    "a dispatch's receive half without its send half (the last dispatch sent had another handle, or none is waiting)",
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(Error::invalid(
+                    "a dispatch while the previous one's receive half is still to be launched",
+                ));
+            }
+            (_, None) if calls.combine_pending => {
+                return Err(Error::invalid(
+                    "a dispatch while an expert-major combine's receive half is still to be launched (its peers may still read this rank's rows)",
+                ));
+            }
+            _ => {}
+        }
         // Everything checked: last, whether the relay to other hosts still runs.
         self.buffer.check()?;
         // SAFETY: every buffer holds what the kernel touches (checked above); the exchange
         // buffer and the peers' mappings live in `self`.
-        unsafe { self.dispatch.launch(stream, self.grid(), &args) }
+        unsafe { self.dispatch.launch(stream, self.grid(), &args)? };
+        match halves {
+            Halves::Send => calls.dispatch_pending = Some(handle),
+            Halves::Receive => calls.dispatch_pending = None,
+            Halves::Both => {}
+        }
+        if halves != Halves::Receive {
+            calls.last_dispatch = Some(handle);
+        }
+        Ok(())
     }
 
     /// Sends the received rows back and sums each token's rows (a collective call, after the
@@ -773,9 +823,42 @@ impl<A: Api> Moe<A> {
             // The rows sent back are one per received token: as many as the slot table's.
             args.out_capacity = (self.nranks * self.cfg.max_tokens) as u64;
         }
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        if calls.dispatch_pending.is_some() {
+            return Err(Error::invalid(
+                "a combine while a dispatch's receive half is still to be launched",
+            ));
+        }
+        match (halves, calls.combine_pending) {
+            (Halves::Receive, true) | (Halves::Send | Halves::Both, false) => {}
+            (Halves::Receive, false) => {
+                return Err(Error::invalid(
+                    "a combine's receive half without an expert-major send half waiting",
+                ));
+            }
+            (_, true) => {
+                return Err(Error::invalid(
+                    "a combine while the previous one's receive half is still to be launched",
+                ));
+            }
+        }
+        if em.is_some()
+            && halves != Halves::Receive
+            && calls.last_dispatch != Some(c.handle.ptr().0)
+        {
+            return Err(Error::invalid(
+                "an expert-major combine reads the rows of the last dispatch at each rank: it takes that dispatch's handle (another dispatch ran since, or none)",
+            ));
+        }
         self.buffer.check()?;
         // SAFETY: as in `dispatch`.
-        unsafe { self.combine.launch(stream, self.grid(), &args) }
+        unsafe { self.combine.launch(stream, self.grid(), &args)? };
+        match halves {
+            Halves::Send => calls.combine_pending = true,
+            Halves::Receive => calls.combine_pending = false,
+            Halves::Both => {}
+        }
+        Ok(())
     }
 
     /// The expert-major part of a dispatch's arguments, its buffers checked.
@@ -830,6 +913,11 @@ impl<A: Api> Moe<A> {
                 )));
             }
             let blocks = scale_bytes / 4;
+            if sc.ue8m0 && e.cast.is_some_and(|c| !c.round_scale) {
+                return Err(Error::invalid(
+                    "packed UE8M0 scales keep each scale's exponent: the cast's scales must be powers of two (round_scale)",
+                ));
+            }
             if sc.ue8m0 && blocks % 4 != 0 {
                 return Err(Error::invalid(format!(
                     "packed UE8M0 scales hold four blocks an int32: {blocks} blocks a token are not"

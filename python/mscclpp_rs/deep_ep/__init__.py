@@ -169,6 +169,8 @@ class Buffer:
         self._comm = CommGroup(torch_group=group).communicator
         self._exchanges = {}
         self._comm_stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        # Receive halves waiting for their hooks (_hook).
+        self._pending = []
 
     # ---- DeepEP's static helpers -------------------------------------------------------------
     @staticmethod
@@ -355,6 +357,7 @@ class Buffer:
                  topk_weights=None, expert_alignment: int = 1, num_worst_tokens: int = 0,
                  config=None, previous_event=None, async_finish=False,
                  allocate_on_comm_stream=False):
+        self._flush_receives()
         fp8 = isinstance(x, tuple)
         xs, scales = (x[0], x[1].contiguous()) if fp8 else (x, None)
         xs = xs.contiguous()
@@ -460,6 +463,7 @@ class Buffer:
     def combine(self, x, handle, topk_weights=None, bias=None, config=None,
                 previous_event=None, async_finish=False, allocate_on_comm_stream=False):
         st = self._state_of(handle, "combine")
+        self._flush_receives()
         hidden = x.shape[1]
         biases = () if bias is None else (bias if isinstance(bias, tuple) else (bias,))
         s = self._stream(x, previous_event, async_finish, allocate_on_comm_stream)
@@ -497,6 +501,7 @@ class Buffer:
                              dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
                              use_ue8m0=False, async_finish=False, return_recv_hook=False):
         """(recv_x, recv_count, handle, event, hook), as DeepEP's."""
+        self._flush_receives()
         if async_finish and return_recv_hook:
             raise ValueError("low_latency_dispatch: async_finish and return_recv_hook exclude "
                              "each other (as DeepEP)")
@@ -590,8 +595,8 @@ class Buffer:
             args = (xs if use_fp8 else xs.view(torch.uint8), route, recv_x.view(torch.uint8),
                     src_info, ranges, count, slots, hb)
 
-            def receive(stream_id):
-                ex.dispatch_expert_major(*args, half="receive", stream=stream_id, **kw)
+            def receive():
+                ex.dispatch_expert_major(*args, half="receive", stream=self._sid(s), **kw)
                 if stats is not None and not direct:
                     stats.add_(count.to(stats.dtype))
 
@@ -607,14 +612,34 @@ class Buffer:
         handle = _Handle((src_info, ranges, big_n, hidden, num_experts), state)
         keep = [recv_x, src_info, ranges, count, slots, hb, x, xs, route, sc]
         ev = self._finish(s, async_finish, keep)
-        hook = None
-        if return_recv_hook:
-            def hook():
-                cur = torch.cuda.current_stream() if x.is_cuda else None
-                receive(self._sid(cur))
+        hook = self._hook(s, receive) if return_recv_hook else None
         return (recv_x, sc) if use_fp8 else recv_x, count, handle, ev, hook
 
-    def _ll_combine(self, st, x, topk_weights, async_finish, return_recv_hook, out):
+    def _hook(self, s, receive):
+        """DeepEP's receive hook: launches the call's receive half on the stream the call was
+        made on (as DeepEP's launches on its compute stream), once. Until then it waits in
+        ``_pending``: a later call launches it first (the exchange keeps one call of each kind
+        in flight, and a dispatch may not rewrite rows a combine still reads), after which the
+        hook does nothing."""
+        done = []
+
+        def hook():
+            if done:
+                return
+            done.append(True)
+            self._pending.remove(hook)
+            with torch.cuda.stream(s) if s is not None else _nullcontext():
+                receive()
+
+        self._pending.append(hook)
+        return hook
+
+    def _flush_receives(self):
+        """Launches every receive half still waiting for its hook, in order."""
+        for hook in list(self._pending):
+            hook()
+
+    def _ll_combine(self, st, x, topk_weights, topk_idx, async_finish, return_recv_hook, out):
         """The low-latency combine as the exchange's expert-major form: each rank sends back,
         per token it received, the sum of its experts' outputs weighted by the token's weights
         (which the source writes into the rows it dispatched), and the source sums those."""
@@ -626,16 +651,18 @@ class Buffer:
         s = self._stream(x, None, async_finish, False)
         with torch.cuda.stream(s) if s is not None else _nullcontext():
             xc = x.contiguous()
-            w = topk_weights.to(torch.float32).contiguous()
+            # Entries the combine's routing masks (-1) are left out, as DeepEP's are.
+            w = torch.where(topk_idx.to(topk_weights.device) >= 0,
+                            topk_weights.to(torch.float32), 0.0).contiguous()
             direct = (out is not None and out.dtype == xc.dtype and out.is_contiguous()
                       and tuple(out.shape) == (st.tokens, st.hidden))
             result = out if direct else torch.empty((st.tokens, st.hidden), dtype=xc.dtype,
                                                     device=x.device)
             args = (xc, st.handle, st.slots, w, result)
 
-            def receive(stream_id):
+            def receive():
                 st.ex.combine_expert_major(*args, hidden=st.hidden, half="receive",
-                                           stream=stream_id)
+                                           stream=self._sid(s))
                 if out is not None and not direct:
                     out.copy_(result)
 
@@ -647,11 +674,7 @@ class Buffer:
                 if out is not None and not direct:
                     out.copy_(result)
         ev = self._finish(s, async_finish, [result, xc, w, st.handle, st.slots])
-        hook = None
-        if return_recv_hook:
-            def hook():
-                cur = torch.cuda.current_stream() if x.is_cuda else None
-                receive(self._sid(cur))
+        hook = self._hook(s, receive) if return_recv_hook else None
         return (out if out is not None else result), ev, hook
 
     def get_next_low_latency_combine_buffer(self, handle):
@@ -669,6 +692,7 @@ class Buffer:
                             combine_wait_recv_cost_stats=None):
         """(combined_x, event, hook): each token's expert outputs weighted by its top-k weights
         and summed, as DeepEP's."""
+        self._flush_receives()
         if async_finish and return_recv_hook:
             raise ValueError("low_latency_combine: async_finish and return_recv_hook exclude "
                              "each other (as DeepEP)")
@@ -676,7 +700,8 @@ class Buffer:
         if zero_copy:
             x = self.get_next_low_latency_combine_buffer(handle)
         if getattr(st, "slots", None) is not None:
-            return self._ll_combine(st, x, topk_weights, async_finish, return_recv_hook, out)
+            return self._ll_combine(st, x, topk_weights, topk_idx, async_finish,
+                                    return_recv_hook, out)
         n, lay = self.group_size, st.layout
         s = self._stream(x, None, async_finish, False)
         with torch.cuda.stream(s) if s is not None else _nullcontext():
