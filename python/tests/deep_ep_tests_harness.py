@@ -1,5 +1,5 @@
-"""Runs DeepEP's OWN tests (``tests/legacy/test_intranode.py``, ``test_low_latency.py`` of
-deepseek-ai/DeepEP) against ``mscclpp_rs.deep_ep``, UNCHANGED.
+"""Runs DeepEP's OWN tests (``tests/legacy/test_intranode.py``, ``test_low_latency.py``,
+``test_internode.py`` of deepseek-ai/DeepEP) against ``mscclpp_rs.deep_ep``, UNCHANGED.
 
 DeepEP's files are not ours and are not shipped: pass a checkout of DeepEP in ``DEEP_EP_SRC``.
 Its tests import ``deep_ep`` (served by ``mscclpp_rs.deep_ep``) and ``deep_ep.utils`` (DeepEP's
@@ -16,9 +16,14 @@ not DeepEP's:
 - the spawn: DeepEP's ``__main__`` block parses its own arguments (pass them after ``--``) and
   spawns ``test_loop``; the harness spawns a function of its own that sets the stand-ins up in
   each child, then calls the test module's ``test_loop`` with those arguments.
+- the nodes of ``test_internode.py`` (8 ranks per node, 2 nodes or more): DeepEP runs its
+  ``__main__`` once per node with ``WORLD_SIZE`` nodes and ``RANK`` the node's index; the harness
+  starts one process per node (``--nodes``, default 2) on this machine, each a simulated host
+  (``MSCCLPP_HOSTID`` per node), so that peers on other nodes are reached as across hosts.
 
     DEEP_EP_SRC=/path/to/DeepEP python tests/deep_ep_tests_harness.py intranode -- --num-processes 2
     DEEP_EP_SRC=... python tests/deep_ep_tests_harness.py low_latency -- --num-processes 2 --num-tokens 64
+    DEEP_EP_SRC=... python tests/deep_ep_tests_harness.py internode --nodes 2 -- --num-processes 8
 
 Exits 0 after printing ``harness: skip: <why>`` where torch, a GPU or the checkout is absent.
 """
@@ -28,10 +33,15 @@ import importlib
 import importlib.util
 import os
 import runpy
+import subprocess
 import sys
+import time
 import types
 
-TESTS = {"intranode": "test_intranode.py", "low_latency": "test_low_latency.py"}
+TESTS = {"intranode": "test_intranode.py", "low_latency": "test_low_latency.py",
+         "internode": "test_internode.py"}
+# Set in the process of one node of test_internode.py (the harness's own child).
+NODE_ENV = "DEEP_EP_HARNESS_NODE"
 
 
 def _skip(why):
@@ -85,10 +95,15 @@ def install(src, backend):
     envs = importlib.import_module("deep_ep.utils.envs")
 
     def init_dist(local_rank, num_local_ranks, seed=0):
-        # DeepEP's settings (MASTER_ADDR/PORT, one node), its default dtype and device and seed;
-        # the device is shared where there are fewer GPUs than ranks.
+        # DeepEP's settings (MASTER_ADDR/PORT, WORLD_SIZE nodes, RANK this node's index), its
+        # default dtype and device and seed; the device is shared where there are fewer GPUs
+        # than ranks, and each node is a simulated host.
         ip = os.getenv("MASTER_ADDR", "127.0.0.1")
         port = int(os.getenv("MASTER_PORT", "8361"))
+        nodes, node = int(os.getenv("WORLD_SIZE", "1")), int(os.getenv("RANK", "0"))
+        world, rank = nodes * num_local_ranks, node * num_local_ranks + local_rank
+        if nodes > 1:
+            os.environ["MSCCLPP_HOSTID"] = f"deep-ep-harness-{port}-{node}"
         dev = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(dev)
         if backend == "mscclpp":
@@ -98,12 +113,12 @@ def install(src, backend):
             be = "nccl"
         extra = {"device_id": torch.device("cuda", dev)} if be == "nccl" else {}
         dist.init_process_group(backend=be, init_method=f"tcp://{ip}:{port}",
-                                world_size=num_local_ranks, rank=local_rank, **extra)
+                                world_size=world, rank=rank, **extra)
         torch.set_default_dtype(torch.bfloat16)
         torch.set_default_device("cuda")
         envs._local_rank = local_rank
         envs.init_seed(seed)
-        return dist.get_rank(), dist.get_world_size(), dist.new_group(list(range(num_local_ranks)))
+        return dist.get_rank(), dist.get_world_size(), dist.new_group(list(range(world)))
 
     envs.init_dist = init_dist
 
@@ -116,11 +131,37 @@ def child(local_rank, src, test, backend, fn_name, fn_args):
     getattr(mod, fn_name)(local_rank, *fn_args)
 
 
+def run_nodes(nodes):
+    """test_internode.py: this script again once per node (``WORLD_SIZE``, ``RANK``), all at
+    once; the first to fail stops the others. Returns the exit status."""
+    procs = []
+    for node in range(nodes):
+        env = dict(os.environ, WORLD_SIZE=str(nodes), RANK=str(node), **{NODE_ENV: str(node)})
+        procs.append(subprocess.Popen([sys.executable] + sys.argv, env=env))
+    status = 0
+    while any(p.poll() is None for p in procs):
+        failed = [p for p in procs if p.returncode not in (None, 0)]
+        if failed:
+            status = failed[0].returncode
+            print(f"harness: a node exited with {status}: stopping the others", flush=True)
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            break
+        time.sleep(0.5)
+    for p in procs:
+        p.wait()
+        status = status or p.returncode
+    return status
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("test", choices=sorted(TESTS))
     p.add_argument("--backend", choices=["nccl", "mscclpp"], default="nccl",
                    help="the process group: NCCL's (our library preloaded) or ours")
+    p.add_argument("--nodes", type=int, default=2,
+                   help="internode: nodes of 8 ranks, each a simulated host (default 2)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then the test's own arguments")
     a = p.parse_args()
     src = os.environ.get("DEEP_EP_SRC")
@@ -137,6 +178,13 @@ def main():
         _skip("torch sees no CUDA device (DeepEP's tests run on torch.cuda)")
     os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
+    if a.test == "internode" and NODE_ENV not in os.environ:
+        if a.nodes < 2:
+            p.error(f"--nodes {a.nodes}: DeepEP's internode test takes 2 nodes or more")
+        status = run_nodes(a.nodes)
+        if status == 0:
+            print(f"harness: {test}: every node finished", flush=True)
+        sys.exit(status)
 
     real = tmp.spawn
     script = sys.modules["__main__"]

@@ -359,8 +359,6 @@ class Buffer:
                  allocate_on_comm_stream=False):
         self._flush_receives()
         fp8 = isinstance(x, tuple)
-        xs, scales = (x[0], x[1].contiguous()) if fp8 else (x, None)
-        xs = xs.contiguous()
         n = self.group_size
         if (topk_idx is None) != (topk_weights is None):
             raise ValueError("dispatch: topk_idx and topk_weights go together")
@@ -368,7 +366,7 @@ class Buffer:
             if topk_idx is not None:
                 raise ValueError("dispatch with a handle (cached) takes no topk_idx")
             st = self._state_of(handle, "dispatch (cached)")
-            route, with_topk, experts = st.topk_idx, False, st.ex.num_experts
+            with_topk, experts = False, st.ex.num_experts
         else:
             if num_tokens_per_expert is None or is_token_in_rank is None:
                 raise ValueError(
@@ -376,21 +374,29 @@ class Buffer:
                     "are needed without a handle")
             experts = num_tokens_per_expert.numel()
             with_topk = topk_idx is not None
-            if with_topk:
+        # Everything the call derives from its inputs runs on its stream, after the stream's
+        # wait: with previous_event the call's stream waits for that event only, so work queued
+        # on the current stream since then (a route, a contiguous copy) would race the kernel.
+        s = self._stream(x[0] if fp8 else x, previous_event, async_finish,
+                         allocate_on_comm_stream)
+        with torch.cuda.stream(s) if s is not None else _nullcontext():
+            xs, scales = (x[0], x[1].contiguous()) if fp8 else (x, None)
+            xs = xs.contiguous()
+            dev = xs.device
+            if handle is not None:
+                route = st.topk_idx
+            elif with_topk:
                 route = topk_idx.to(torch.int64).contiguous()
             else:
                 # No top-k: route by the ranks alone, one slot per rank (its first expert).
                 local = experts // n
-                first = torch.arange(n, device=xs.device, dtype=torch.int64) * local
+                first = torch.arange(n, device=dev, dtype=torch.int64) * local
                 route = torch.where(is_token_in_rank.bool(), first, torch.full_like(first, -1))
                 route = route.contiguous()
-        tokens, hidden = xs.shape[0], xs.shape[1]
-        topk = route.shape[1]
-        ex = self._exchange(experts, topk, hidden)
-        cap = num_worst_tokens if num_worst_tokens else n * ex.max_tokens
-        s = self._stream(xs, previous_event, async_finish, allocate_on_comm_stream)
-        dev = xs.device
-        with torch.cuda.stream(s) if s is not None else _nullcontext():
+            tokens, hidden = xs.shape[0], xs.shape[1]
+            topk = route.shape[1]
+            ex = self._exchange(experts, topk, hidden)
+            cap = num_worst_tokens if num_worst_tokens else n * ex.max_tokens
             w = topk_weights.to(torch.float32).contiguous() if with_topk else None
             out_x, out_idx, out_w, out_src, out_sc, hb = self._send(ex, xs, scales, route, w,
                                                                     cap, s)
@@ -414,44 +420,47 @@ class Buffer:
                 self._comm.all_gather(every_expert,
                                       num_tokens_per_expert.to(torch.int32).contiguous(),
                                       stream=self._sid(s))
-        if num_worst_tokens:
-            rows, per_expert_list = cap, []
-        else:
-            per_source, per_expert = ex.received(hb, stream=self._sid(s))
-            if every_expert is not None:
-                local = experts // n
-                per_expert = every_expert.view(n, experts).sum(0)[
-                    self.rank * local:(self.rank + 1) * local].tolist()
-            rows = sum(per_source)
-            a = max(1, expert_alignment)
-            per_expert_list = [(c + a - 1) // a * a for c in per_expert]
-        recv_x = out_x[:rows]
-        recv_x = (recv_x, out_sc[:rows]) if fp8 else recv_x
-        state = _State(ex, hb, tokens, route, topk, rows, cap)
-        internode = self._rdma_ranks > 1
-        if is_token_in_rank is not None:
-            in_rank = is_token_in_rank
-        else:
-            in_rank = handle[0] if internode else handle[4]
-        # One channel: what this rank sends to each rank, and receives from each.
-        channel_prefix = in_rank.sum(0, dtype=torch.int32).view(n, 1)
-        recv_channel_prefix = counts.view(n, 1).clone()
-        if internode:
-            nodes = self._rdma_ranks
-            to_node = self._to_node(in_rank)
-            from_node = counts.view(nodes, _NVL_PEERS).sum(1, dtype=torch.int32)
-            # send_rdma_head: each token's row among those this rank sends to each node (-1:
-            # none), as send_head is per rank.
-            rdma_head = torch.where(to_node, torch.cumsum(to_node.int(), 0, dtype=torch.int32) - 1,
-                                    torch.full_like(to_node, -1, dtype=torch.int32))
-            new_handle = _Handle((in_rank, to_node.sum(0, dtype=torch.int32).view(nodes, 1),
-                                  channel_prefix, from_node.view(nodes, 1).clone(),
-                                  torch.cumsum(from_node, 0, dtype=torch.int32),
-                                  recv_channel_prefix, mine, out_src[:rows], rdma_head,
-                                  send_head), state)
-        else:
-            new_handle = _Handle((rank_prefix, channel_prefix, recv_channel_prefix,
-                                  out_src[:rows], in_rank, send_head), state)
+            if num_worst_tokens:
+                rows, per_expert_list = cap, []
+            else:
+                per_source, per_expert = ex.received(hb, stream=self._sid(s))
+                if every_expert is not None:
+                    local = experts // n
+                    per_expert = every_expert.view(n, experts).sum(0)[
+                        self.rank * local:(self.rank + 1) * local].tolist()
+                rows = sum(per_source)
+                a = max(1, expert_alignment)
+                per_expert_list = [(c + a - 1) // a * a for c in per_expert]
+            recv_x = out_x[:rows]
+            recv_x = (recv_x, out_sc[:rows]) if fp8 else recv_x
+            state = _State(ex, hb, tokens, route, topk, rows, cap)
+            internode = self._rdma_ranks > 1
+            if is_token_in_rank is not None:
+                in_rank = is_token_in_rank
+            else:
+                in_rank = handle[0] if internode else handle[4]
+            # One channel: what this rank sends to each rank, and receives from each (read from
+            # the handle bytes on the call's stream: with num_worst_tokens nothing waited for
+            # the kernel on the host).
+            channel_prefix = in_rank.sum(0, dtype=torch.int32).view(n, 1)
+            recv_channel_prefix = counts.view(n, 1).clone()
+            if internode:
+                nodes = self._rdma_ranks
+                to_node = self._to_node(in_rank)
+                from_node = counts.view(nodes, _NVL_PEERS).sum(1, dtype=torch.int32)
+                # send_rdma_head: each token's row among those this rank sends to each node (-1:
+                # none), as send_head is per rank.
+                rdma_head = torch.where(to_node,
+                                        torch.cumsum(to_node.int(), 0, dtype=torch.int32) - 1,
+                                        torch.full_like(to_node, -1, dtype=torch.int32))
+                new_handle = _Handle((in_rank, to_node.sum(0, dtype=torch.int32).view(nodes, 1),
+                                      channel_prefix, from_node.view(nodes, 1).clone(),
+                                      torch.cumsum(from_node, 0, dtype=torch.int32),
+                                      recv_channel_prefix, mine, out_src[:rows], rdma_head,
+                                      send_head), state)
+            else:
+                new_handle = _Handle((rank_prefix, channel_prefix, recv_channel_prefix,
+                                      out_src[:rows], in_rank, send_head), state)
         ev = self._finish(s, async_finish, [out_x, out_idx, out_w, out_src, out_sc, hb, xs, scales,
                                             route, w])
         if handle is not None:
