@@ -189,6 +189,10 @@ def rank_main(rank, n, port, device, tokens, hidden, experts, topk, hosts=1):
     assert torch.equal(wx[:rows].cpu(), want_x) and bool((widx[rows:] == -1).all())
     wc, _, _ = buf.combine(wx, wh, topk_weights=ww)
     assert torch.equal(wc.cpu(), want_c), "combined after num_worst_tokens"
+    # Dispatches with and without top-k, BF16 and FP8, went through one exchange: the Buffer's
+    # bytes are held once, not once per top-k (DeepEP's internode test at 16 ranks on one GPU
+    # needs that to fit).
+    assert len(buf._exchanges) == 1, ("exchanges of one Buffer", list(buf._exchanges))
     # Handles not of this Buffer's dispatch: refused naming why, nothing run.
     expect_error(lambda: buf.combine(wx, tuple(wh)), "not returned by this Buffer's dispatch")
     other = deep_ep.Buffer(group, hint, 0, explicitly_destroy=True)

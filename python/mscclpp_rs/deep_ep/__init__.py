@@ -271,19 +271,32 @@ class Buffer:
         return st
 
     # ---- the exchange ------------------------------------------------------------------------
-    def _exchange(self, num_experts: int, topk: int, hidden: int, wide: bool = False):
+    def _exchange(self, num_experts: int, topk: int, hidden: int, wide: bool = False,
+                  normal: bool = False):
         """The exchange for these shapes (made once, collectively); ``wide``: rows of f32 (the
-        low-latency combine's weighted sums), else of bf16."""
-        key = (num_experts, topk, hidden, wide)
-        ex = self._exchanges.get(key)
+        low-latency combine's weighted sums), else of bf16. ``normal``: the normal mode's
+        dispatch and combine, which share one exchange of at least ``max(topk, ranks)`` routing
+        columns (a dispatch without top-k routes by rank: one column per rank), its route padded
+        with -1 (``_pad``): each exchange holds the whole budget, so one per top-k would hold
+        it twice (DeepEP's test dispatches with and without top-k through one Buffer)."""
+        n = self.group_size
+        if normal:
+            for k, ex in self._exchanges.items():
+                if k[:3] == ("normal", num_experts, hidden) and ex.topk >= topk:
+                    return ex
+            # (A later call of a larger top-k than the first's gets an exchange of its own.)
+            topk = max(topk, n)
+            key, ex = ("normal", num_experts, hidden, topk), None
+        else:
+            key = (num_experts, topk, hidden, wide)
+            ex = self._exchanges.get(key)
         if ex is None:
-            n = self.group_size
             row = (4 if wide else 2) * hidden
             per_row = _row_bytes(row // 2, topk)
             # A low-latency Buffer holds two exchanges (bf16 rows out, f32 sums back): the
             # budget is shared between them in proportion to their rows.
             budget = self._budget
-            if self.low_latency_mode:
+            if self.low_latency_mode and not normal:
                 both = _row_bytes(hidden, topk) + _row_bytes(2 * hidden, topk)
                 budget = budget * per_row // both
             max_tokens = (budget - _HEADER) // (2 * n * per_row)
@@ -296,6 +309,16 @@ class Buffer:
                                             (hidden + 127) // 128 * 4)
             self._exchanges[key] = ex
         return ex
+
+    @staticmethod
+    def _pad(t, columns, fill):
+        """``t`` ([tokens, k]) widened to ``columns`` with ``fill`` (the normal mode's exchange
+        may route more columns than a call has)."""
+        if t is None or t.shape[1] == columns:
+            return t
+        pad = torch.full((t.shape[0], columns - t.shape[1]), fill, dtype=t.dtype,
+                         device=t.device)
+        return torch.cat([t, pad], 1).contiguous()
 
     def _send(self, ex, xs, scales, route, weights, cap, s):
         """One dispatch through ``ex`` into outputs of ``cap`` rows (experts -1 and weights 0
@@ -394,10 +417,12 @@ class Buffer:
                 route = torch.where(is_token_in_rank.bool(), first, torch.full_like(first, -1))
                 route = route.contiguous()
             tokens, hidden = xs.shape[0], xs.shape[1]
-            topk = route.shape[1]
-            ex = self._exchange(experts, topk, hidden)
+            topk = topk_idx.shape[1] if with_topk else n
+            ex = self._exchange(experts, route.shape[1], hidden, normal=True)
+            route = self._pad(route, ex.topk, -1)
             cap = num_worst_tokens if num_worst_tokens else n * ex.max_tokens
             w = topk_weights.to(torch.float32).contiguous() if with_topk else None
+            w = self._pad(w, ex.topk, 0.0)
             out_x, out_idx, out_w, out_src, out_sc, hb = self._send(ex, xs, scales, route, w,
                                                                     cap, s)
             counts = hb[: 4 * n].view(torch.int32)
@@ -467,7 +492,7 @@ class Buffer:
             return recv_x, None, None, None, None, ev
         if not with_topk:
             return recv_x, None, None, per_expert_list, new_handle, ev
-        return recv_x, out_idx[:rows], out_w[:rows], per_expert_list, new_handle, ev
+        return recv_x, out_idx[:rows, :topk], out_w[:rows, :topk], per_expert_list, new_handle, ev
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None,
                 previous_event=None, async_finish=False, allocate_on_comm_stream=False):
@@ -481,8 +506,9 @@ class Buffer:
             out = torch.empty((st.tokens, hidden), dtype=x.dtype, device=x.device)
             w = out_w = None
             if topk_weights is not None:
-                w = topk_weights.to(torch.float32).contiguous()
-                out_w = torch.empty((st.tokens, st.topk), dtype=torch.float32, device=x.device)
+                w = self._pad(topk_weights.to(torch.float32).contiguous(), st.ex.topk, 0.0)
+                out_w = torch.empty((st.tokens, st.ex.topk), dtype=torch.float32,
+                                    device=x.device)
             st.ex.combine(rows_in, st.handle, out, hidden=hidden, topk_weights=w,
                           out_weights=out_w, stream=self._sid(s))
             if biases:
@@ -493,7 +519,7 @@ class Buffer:
                     acc = acc + b.float()
                 out = acc.to(x.dtype)
         ev = self._finish(s, async_finish, [out, out_w, rows_in, w, st.handle])
-        return out, out_w, ev
+        return out, (None if out_w is None else out_w[:, :st.topk]), ev
 
     # ---- the low-latency calls ----------------------------------------------------------------
     # Composed from the exchange: the tokens go to the ranks of their experts as in `dispatch`
