@@ -162,8 +162,13 @@ def main():
                    help="the process group: NCCL's (our library preloaded) or ours")
     p.add_argument("--nodes", type=int, default=2,
                    help="internode: nodes of 8 ranks, each a simulated host (default 2)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then the test's own arguments")
-    a = p.parse_args()
+    # Split at "--" by hand: a REMAINDER positional would also swallow the harness's own options
+    # given after the test's name (`internode --nodes 2 -- ...`).
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    p.usage = p.format_usage().strip()[len("usage: "):] + " [-- the test's own arguments]"
+    a = p.parse_args(argv[:cut])
+    rest = argv[cut + 1:]
     src = os.environ.get("DEEP_EP_SRC")
     test = TESTS[a.test]
     path = src and os.path.join(src, "tests", "legacy", test)
@@ -177,7 +182,6 @@ def main():
     if not torch.cuda.is_available():
         _skip("torch sees no CUDA device (DeepEP's tests run on torch.cuda)")
     os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
-    rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     if a.test == "internode" and NODE_ENV not in os.environ:
         if a.nodes < 2:
             p.error(f"--nodes {a.nodes}: DeepEP's internode test takes 2 nodes or more")
