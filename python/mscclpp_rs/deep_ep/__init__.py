@@ -296,7 +296,7 @@ class Buffer:
             # A low-latency Buffer holds two exchanges (bf16 rows out, f32 sums back): the
             # budget is shared between them in proportion to their rows.
             budget = self._budget
-            if self.low_latency_mode and not normal:
+            if self.low_latency_mode:
                 both = _row_bytes(hidden, topk) + _row_bytes(2 * hidden, topk)
                 budget = budget * per_row // both
             max_tokens = (budget - _HEADER) // (2 * n * per_row)
