@@ -418,7 +418,9 @@ class Buffer:
                 route = route.contiguous()
             tokens, hidden = xs.shape[0], xs.shape[1]
             topk = topk_idx.shape[1] if with_topk else n
-            ex = self._exchange(experts, route.shape[1], hidden, normal=True)
+            # A cached dispatch runs through its handle's exchange (its positions are that one's).
+            ex = (st.ex if handle is not None
+                  else self._exchange(experts, route.shape[1], hidden, normal=True))
             route = self._pad(route, ex.topk, -1)
             cap = num_worst_tokens if num_worst_tokens else n * ex.max_tokens
             w = topk_weights.to(torch.float32).contiguous() if with_topk else None
