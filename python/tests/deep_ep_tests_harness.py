@@ -155,20 +155,26 @@ def run_nodes(nodes):
     return status
 
 
-def main():
+def parse(argv):
+    """(the harness's options, the test's own arguments): split at the first ``--`` by hand, as
+    a REMAINDER positional would also swallow the harness's options given after the test's name
+    (``internode --nodes 2 -- ...``); the parser's errors exit as argparse's do."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("test", choices=sorted(TESTS))
     p.add_argument("--backend", choices=["nccl", "mscclpp"], default="nccl",
                    help="the process group: NCCL's (our library preloaded) or ours")
     p.add_argument("--nodes", type=int, default=2,
                    help="internode: nodes of 8 ranks, each a simulated host (default 2)")
-    # Split at "--" by hand: a REMAINDER positional would also swallow the harness's own options
-    # given after the test's name (`internode --nodes 2 -- ...`).
-    argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     p.usage = p.format_usage().strip()[len("usage: "):] + " [-- the test's own arguments]"
     a = p.parse_args(argv[:cut])
-    rest = argv[cut + 1:]
+    if a.test == "internode" and a.nodes < 2:
+        p.error(f"--nodes {a.nodes}: DeepEP's internode test takes 2 nodes or more")
+    return a, argv[cut + 1:]
+
+
+def main():
+    a, rest = parse(sys.argv[1:])
     src = os.environ.get("DEEP_EP_SRC")
     test = TESTS[a.test]
     path = src and os.path.join(src, "tests", "legacy", test)
@@ -183,8 +189,6 @@ def main():
         _skip("torch sees no CUDA device (DeepEP's tests run on torch.cuda)")
     os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
     if a.test == "internode" and NODE_ENV not in os.environ:
-        if a.nodes < 2:
-            p.error(f"--nodes {a.nodes}: DeepEP's internode test takes 2 nodes or more")
         status = run_nodes(a.nodes)
         if status == 0:
             print(f"harness: {test}: every node finished", flush=True)

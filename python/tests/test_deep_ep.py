@@ -57,3 +57,26 @@ def test_deep_ep_buffer_internode_shapes_past_8_ranks():
                        capture_output=True, text=True, timeout=900, cwd=HERE)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "every check passed" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def test_harness_splits_its_options_from_the_tests():
+    # DeepEP's own tests take their arguments after `--`; the harness's options may come after
+    # the test's name and must not reach DeepEP's parser (they did once: `--nodes` was passed on
+    # to test_internode.py, which refused it).
+    sys.path.insert(0, HERE)
+    try:
+        import deep_ep_tests_harness as h
+    finally:
+        sys.path.remove(HERE)
+    a, rest = h.parse(["internode", "--nodes", "3", "--backend", "mscclpp", "--",
+                       "--num-processes", "8", "--", "x"])
+    assert (a.test, a.nodes, a.backend) == ("internode", 3, "mscclpp")
+    assert rest == ["--num-processes", "8", "--", "x"]
+    a, rest = h.parse(["low_latency"])
+    assert (a.test, a.nodes, a.backend, rest) == ("low_latency", 2, "nccl", [])
+    for bad in (["internode", "--nodes", "1"], ["intranode", "--num-processes", "2"],
+                ["nothing", "--", "x"]):
+        with pytest.raises(SystemExit) as e:
+            h.parse(bad)
+        assert e.value.code == 2, bad
+
