@@ -398,21 +398,7 @@ pub fn run(args: &Args, comm: Arc<Communicator>, s: &Shape) -> Result<u64> {
                 eout.full(),
                 empty.slice(..0)?,
             );
-            let d = Dispatch {
-                tokens: t,
-                x: &sx,
-                row_bytes: row,
-                topk_idx: &sidx,
-                topk_weights: None,
-                scales: None,
-                capacity: 0,
-                out_x: &se,
-                out_idx: &se,
-                out_weights: None,
-                out_scales: None,
-                out_src: &se,
-                handle: &seh,
-            };
+            let d = Dispatch::expert_major(t, &sx, row, &sidx, None, &seh, &se);
             let out = ExpertMajor {
                 capacity: cap,
                 x: &sex,

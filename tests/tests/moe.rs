@@ -744,6 +744,98 @@ fn round_to(dtype: DataType, x: f32) -> f32 {
 /// weight and sums (at each rank in f32 over the top-k, rounded; then over the ranks in f32,
 /// rounded). Odd cases run each call as a send launch and a later receive launch (DeepEP's hook).
 /// Across hosts the form is refused, naming why.
+/// One rank's expert-major outputs (`rb` bytes a row; all but the stats and slots poisoned),
+/// and an empty buffer for the flat outputs the form leaves unused.
+struct EmBufs {
+    ex: DeviceBuffer,
+    src: DeviceBuffer,
+    range: DeviceBuffer,
+    count: DeviceBuffer,
+    stats: DeviceBuffer,
+    slots: DeviceBuffer,
+    handle: DeviceBuffer,
+    esc: DeviceBuffer,
+    empty: DeviceBuffer,
+}
+
+/// Slices of [`EmBufs`] (the descriptors borrow them).
+struct EmSlices {
+    ex: mscclpp::hal::BufferSlice,
+    src: mscclpp::hal::BufferSlice,
+    range: mscclpp::hal::BufferSlice,
+    count: mscclpp::hal::BufferSlice,
+    stats: mscclpp::hal::BufferSlice,
+    slots: mscclpp::hal::BufferSlice,
+    handle: mscclpp::hal::BufferSlice,
+    esc: mscclpp::hal::BufferSlice,
+    none: mscclpp::hal::BufferSlice,
+}
+
+impl EmBufs {
+    fn new(r: &Rank, rb: usize, local: usize, cap: usize, blocks: usize) -> R<Self> {
+        let d = &r.device;
+        let b = EmBufs {
+            ex: buf(d, local * cap * rb)?,
+            src: buf(d, local * cap * 4)?,
+            range: buf(d, local * r.n * 8)?,
+            count: buf(d, local * 4)?,
+            stats: buf(d, local * 4)?,
+            slots: buf(d, r.moe.slots_bytes())?,
+            handle: buf(d, r.moe.handle_bytes())?,
+            esc: buf(d, local * blocks * cap * 4)?,
+            empty: buf(d, 16)?,
+        };
+        for o in [&b.ex, &b.src, &b.range, &b.count, &b.esc] {
+            r.stream.fill(&o.full(), POISON).map_err(e)?;
+        }
+        Ok(b)
+    }
+
+    fn slices(&self) -> R<EmSlices> {
+        Ok(EmSlices {
+            ex: self.ex.full(),
+            src: self.src.full(),
+            range: self.range.full(),
+            count: self.count.full(),
+            stats: self.stats.full(),
+            slots: self.slots.full(),
+            handle: self.handle.full(),
+            esc: self.esc.full(),
+            none: self.empty.slice(..0).map_err(e)?,
+        })
+    }
+}
+
+impl EmSlices {
+    /// The outputs of a dispatch of `cap` slots an expert; f32 scales column-major per expert,
+    /// as DeepEP hands them out ((e, slot, b) at e * blocks * cap + b * cap + slot), where
+    /// `scales`.
+    fn outputs(
+        &self,
+        cap: usize,
+        blocks: usize,
+        scales: bool,
+        stats: bool,
+        cast: Option<Fp8Cast>,
+    ) -> ExpertMajor<'_> {
+        ExpertMajor {
+            capacity: cap,
+            x: &self.ex,
+            scales: scales.then_some(ExpertScales {
+                buf: &self.esc,
+                strides: [(blocks * cap) as u64, 1, cap as u64],
+                ue8m0: false,
+            }),
+            src: &self.src,
+            range: &self.range,
+            count: &self.count,
+            stats: stats.then_some(&self.stats),
+            slots: &self.slots,
+            cast,
+        }
+    }
+}
+
 fn expert_major(r: &mut Rank) -> R<usize> {
     let (n, me) = (r.n, r.rank);
     if std::env::var(HOSTS_VAR).is_ok() {
@@ -774,75 +866,25 @@ fn expert_major(r: &mut Rank) -> R<usize> {
             buf(d, MAX_TOKENS * k * 8)?,
             buf(d, MAX_TOKENS * sb)?,
         );
-        let (ex, src, range, count, stats, slots, handle, esc) = (
-            buf(d, local * cap * rb)?,
-            buf(d, local * cap * 4)?,
-            buf(d, local * n * 8)?,
-            buf(d, local * 4)?,
-            buf(d, local * 4)?,
-            buf(d, r.moe.slots_bytes())?,
-            buf(d, r.moe.handle_bytes())?,
-            buf(d, local * blocks * cap * 4)?,
-        );
         r.write(&x, &inp.x)?;
         let idx_bytes: Vec<u8> = inp.idx.iter().flat_map(|v| v.to_le_bytes()).collect();
         r.write(&idx, &idx_bytes)?;
         r.write(&sc, &inp.scales)?;
-        for o in [&ex, &src, &range, &count, &esc] {
-            r.stream.fill(&o.full(), POISON).map_err(e)?;
-        }
+        let eb = EmBufs::new(r, rb, local, cap, blocks)?;
         // The stats start at 1 per expert: the call adds to them.
         let ones: Vec<u8> = (0..local).flat_map(|_| 1i32.to_le_bytes()).collect();
-        r.write(&stats, &ones)?;
-        let empty = buf(d, 16)?;
-        let (sx, si, ssc, se) = (
-            x.full(),
-            idx.full(),
-            sc.full(),
-            empty.slice(..0).map_err(e)?,
+        r.write(&eb.stats, &ones)?;
+        let (sx, si, ssc, es) = (x.full(), idx.full(), sc.full(), eb.slices()?);
+        let disp = Dispatch::expert_major(
+            inp.tokens,
+            &sx,
+            rb,
+            &si,
+            c.fp8.then_some((&ssc, sb)),
+            &es.handle,
+            &es.none,
         );
-        let (sex, ssrc, sra, sco, sst, ssl, sh, sesc) = (
-            ex.full(),
-            src.full(),
-            range.full(),
-            count.full(),
-            stats.full(),
-            slots.full(),
-            handle.full(),
-            esc.full(),
-        );
-        let disp = Dispatch {
-            tokens: inp.tokens,
-            x: &sx,
-            row_bytes: rb,
-            topk_idx: &si,
-            topk_weights: None,
-            scales: c.fp8.then_some((&ssc, sb)),
-            capacity: 0,
-            out_x: &se,
-            out_idx: &se,
-            out_weights: None,
-            out_scales: None,
-            out_src: &se,
-            handle: &sh,
-        };
-        let em = ExpertMajor {
-            capacity: cap,
-            x: &sex,
-            // Column-major per expert, as DeepEP hands them out: (e, slot, b) at
-            // e * blocks * cap + b * cap + slot.
-            scales: c.fp8.then_some(ExpertScales {
-                buf: &sesc,
-                strides: [(blocks * cap) as u64, 1, cap as u64],
-                ue8m0: false,
-            }),
-            src: &ssrc,
-            range: &sra,
-            count: &sco,
-            stats: Some(&sst),
-            slots: &ssl,
-            cast: None,
-        };
+        let em = es.outputs(cap, blocks, c.fp8, true, None);
         for &h in halves {
             // SAFETY: the buffers live until the synchronisation below.
             unsafe { r.moe.dispatch_with(&disp, h, Some(&em), &*r.stream) }
@@ -866,12 +908,12 @@ fn expert_major(r: &mut Rank) -> R<usize> {
             }
         }
         let (gx, gsrc, gra, gco, gst, gsc) = (
-            r.read(&ex, local * cap * rb)?,
-            r.read(&src, local * cap * 4)?,
-            r.read(&range, local * n * 8)?,
-            r.read(&count, local * 4)?,
-            r.read(&stats, local * 4)?,
-            r.read(&esc, local * blocks * cap * 4)?,
+            r.read(&eb.ex, local * cap * rb)?,
+            r.read(&eb.src, local * cap * 4)?,
+            r.read(&eb.range, local * n * 8)?,
+            r.read(&eb.count, local * 4)?,
+            r.read(&eb.stats, local * 4)?,
+            r.read(&eb.esc, local * blocks * cap * 4)?,
         );
         let i32_at =
             |v: &[u8], i: usize| i32::from_le_bytes(v[4 * i..4 * i + 4].try_into().unwrap());
@@ -954,13 +996,13 @@ fn expert_major(r: &mut Rank) -> R<usize> {
             dtype: c.dtype,
             hidden: c.hidden,
             topk_weights: None,
-            handle: &sh,
+            handle: &es.handle,
             out_x: &sout,
             out_weights: None,
         };
         let emi = ExpertMajorIn {
             capacity: cap,
-            slots: &ssl,
+            slots: &es.slots,
             topk_weights: &sw,
         };
         for &h in halves {
@@ -1090,59 +1132,16 @@ fn expert_major_cast(r: &mut Rank) -> R<usize> {
         r.write(&x, &xb)?;
         let ib: Vec<u8> = inp.idx.iter().flat_map(|v| v.to_le_bytes()).collect();
         r.write(&idx, &ib)?;
-        let (ex, src, range, count, slots, handle, esc, empty) = (
-            buf(d, local * cap * hidden)?,
-            buf(d, local * cap * 4)?,
-            buf(d, local * n * 8)?,
-            buf(d, local * 4)?,
-            buf(d, r.moe.slots_bytes())?,
-            buf(d, r.moe.handle_bytes())?,
-            buf(d, local * blocks * cap * 4)?,
-            buf(d, 16)?,
+        let eb = EmBufs::new(r, hidden, local, cap, blocks)?;
+        let (sx, si, es) = (x.full(), idx.full(), eb.slices()?);
+        let disp = Dispatch::expert_major(inp.tokens, &sx, hidden, &si, None, &es.handle, &es.none);
+        let em = es.outputs(
+            cap,
+            blocks,
+            true,
+            false,
+            Some(Fp8Cast { round_scale: round }),
         );
-        for o in [&ex, &esc] {
-            r.stream.fill(&o.full(), POISON).map_err(e)?;
-        }
-        let (sx, si, se) = (x.full(), idx.full(), empty.slice(..0).map_err(e)?);
-        let (sex, ssrc, sra, sco, ssl, sh, sesc) = (
-            ex.full(),
-            src.full(),
-            range.full(),
-            count.full(),
-            slots.full(),
-            handle.full(),
-            esc.full(),
-        );
-        let disp = Dispatch {
-            tokens: inp.tokens,
-            x: &sx,
-            row_bytes: hidden,
-            topk_idx: &si,
-            topk_weights: None,
-            scales: None,
-            capacity: 0,
-            out_x: &se,
-            out_idx: &se,
-            out_weights: None,
-            out_scales: None,
-            out_src: &se,
-            handle: &sh,
-        };
-        let em = ExpertMajor {
-            capacity: cap,
-            x: &sex,
-            scales: Some(ExpertScales {
-                buf: &sesc,
-                strides: [(blocks * cap) as u64, 1, cap as u64],
-                ue8m0: false,
-            }),
-            src: &ssrc,
-            range: &sra,
-            count: &sco,
-            stats: None,
-            slots: &ssl,
-            cast: Some(Fp8Cast { round_scale: round }),
-        };
         // SAFETY: the buffers live until the synchronisation below.
         unsafe {
             r.moe
@@ -1152,8 +1151,8 @@ fn expert_major_cast(r: &mut Rank) -> R<usize> {
         r.sync(&what)?;
         calls += 1;
         let (gx, gsc) = (
-            r.read(&ex, local * cap * hidden)?,
-            r.read(&esc, local * blocks * cap * 4)?,
+            r.read(&eb.ex, local * cap * hidden)?,
+            r.read(&eb.esc, local * blocks * cap * 4)?,
         );
         for e in 0..local {
             let want = (me * local + e) as i64;

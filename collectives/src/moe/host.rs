@@ -309,11 +309,12 @@ pub fn dispatch(cfg: &LaunchConfig, args: &[u8]) -> Result<()> {
 unsafe fn cast_fp8(a: &MoeArgs, row: u64, t: u64) {
     let hidden = a.payload_bytes;
     let src = a.x + t * hidden * 2;
+    let mut v = [0f32; 128];
     for b in 0..hidden / 128 {
-        // SAFETY: caller's contract.
-        let v: Vec<f32> = (0..128)
-            .map(|i| bf16::from_bits(unsafe { get(src + 2 * (b * 128 + i)) }).to_f32())
-            .collect();
+        for (i, x) in v.iter_mut().enumerate() {
+            // SAFETY: caller's contract.
+            *x = bf16::from_bits(unsafe { get(src + 2 * (b * 128 + i as u64)) }).to_f32();
+        }
         let m = v.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-4);
         let mut scale = m / 448.0;
         if a.em_flags & EM_ROUND_SCALE != 0 && scale.to_bits() & 0x7f_ffff != 0 {

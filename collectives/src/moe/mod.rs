@@ -147,6 +147,37 @@ pub struct Dispatch<'a> {
     pub handle: &'a BufferSlice,
 }
 
+impl<'a> Dispatch<'a> {
+    /// A dispatch of the expert-major form ([`Moe::dispatch_with`] with an [`ExpertMajor`], which
+    /// holds its outputs): no flat outputs (capacity 0, each of them `none`, an empty slice) and
+    /// no weights (the combine takes them).
+    pub fn expert_major(
+        tokens: usize,
+        x: &'a BufferSlice,
+        row_bytes: usize,
+        topk_idx: &'a BufferSlice,
+        scales: Option<(&'a BufferSlice, usize)>,
+        handle: &'a BufferSlice,
+        none: &'a BufferSlice,
+    ) -> Self {
+        Dispatch {
+            tokens,
+            x,
+            row_bytes,
+            topk_idx,
+            topk_weights: None,
+            scales,
+            capacity: 0,
+            out_x: none,
+            out_idx: none,
+            out_weights: None,
+            out_scales: None,
+            out_src: none,
+            handle,
+        }
+    }
+}
+
 /// One combine of this rank ([`Moe::combine`]): the reverse of a dispatch, whose handle it takes.
 #[derive(Debug, Clone, Copy)]
 pub struct Combine<'a> {

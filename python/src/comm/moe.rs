@@ -446,9 +446,10 @@ impl ExpertExchange {
         let (vi, si) = self.arr(topk_idx, "topk_idx", h)?;
         let tokens = self.tokens_of(&vi, "topk_idx")?;
         let (vx, sx) = self.arr(x, "x", h)?;
-        if cast_fp8 && (vx.elem != Elem::Known(DataType::BF16) || scales.is_some()) {
+        // (Scales given with the cast are refused by the exchange, which makes them.)
+        if cast_fp8 && vx.elem != Elem::Known(DataType::BF16) {
             return Err(usage(format!(
-                "cast_fp8: x must be bfloat16 (it is {}) and no scales given (the cast makes them)",
+                "cast_fp8: x must be bfloat16 (it is {})",
                 vx.elem.name()
             )));
         }
@@ -478,8 +479,8 @@ impl ExpertExchange {
         }
         let sct = self.opt(scales, "scales", h)?;
         let rsc = self.opt(recv_scales, "recv_scales", h)?;
-        // A row's bytes: x's, or recv_x's where this rank sends nothing.
-        // A row's bytes as sent (with the cast: one per bf16 channel of x).
+        // A row's bytes as sent: x's (with the cast, one per bf16 channel), or recv_x's where
+        // this rank sends nothing.
         let row_bytes = vx
             .nbytes()
             .checked_div(tokens * if cast_fp8 { 2 } else { 1 })
@@ -514,21 +515,15 @@ impl ExpertExchange {
         let empty = self.empty.slice(..0).py_err()?;
         py.detach(move || {
             let caller = &caller.caller;
-            let d = Dispatch {
+            let d = Dispatch::expert_major(
                 tokens,
-                x: &sx,
+                &sx,
                 row_bytes,
-                topk_idx: &si,
-                topk_weights: None,
-                scales: sct.as_ref().map(|s| (&s.1, scale_bytes)),
-                capacity: 0,
-                out_x: &empty,
-                out_idx: &empty,
-                out_weights: None,
-                out_scales: None,
-                out_src: &empty,
-                handle: &sh,
-            };
+                &si,
+                sct.as_ref().map(|s| (&s.1, scale_bytes)),
+                &sh,
+                &empty,
+            );
             let em = ExpertMajor {
                 capacity,
                 x: &srx,
