@@ -55,12 +55,24 @@ struct alignas(16) MoeVec {
 };
 
 // `bytes` from `src` to `dst` by the `lanes` threads of a group: 16 bytes at a time where both
-// sides and the length allow it, else 8, else 1.
+// sides and the length allow it, else 8, else 1. Four loads are issued before their stores: the
+// compiler must assume that `dst` may alias `src`, so a loop of single copies would wait out each
+// load's latency in turn.
 MSCCLPP_DEVICE_INLINE void moeCopy(char* dst, const char* src, uint64_t bytes, uint32_t lane, uint32_t lanes) {
   const uint64_t all = (uint64_t)dst | (uint64_t)src | bytes;
   if ((all & 15) == 0) {
-    for (uint64_t i = (uint64_t)lane * 16; i < bytes; i += (uint64_t)lanes * 16)
-      *(MoeVec*)(dst + i) = *(const MoeVec*)(src + i);
+    MoeVec* d = (MoeVec*)dst;
+    const MoeVec* s = (const MoeVec*)src;
+    const uint64_t n = bytes / 16, l = lanes;
+    uint64_t i = lane;
+    for (; i + 3 * l < n; i += 4 * l) {
+      const MoeVec v0 = s[i], v1 = s[i + l], v2 = s[i + 2 * l], v3 = s[i + 3 * l];
+      d[i] = v0;
+      d[i + l] = v1;
+      d[i + 2 * l] = v2;
+      d[i + 3 * l] = v3;
+    }
+    for (; i < n; i += l) d[i] = s[i];
   } else if ((all & 7) == 0) {
     for (uint64_t i = (uint64_t)lane * 8; i < bytes; i += (uint64_t)lanes * 8)
       *(uint64_t*)(dst + i) = *(const uint64_t*)(src + i);
@@ -196,6 +208,50 @@ MSCCLPP_DEVICE_INLINE void moeEmScales(const MoeArgs& a, const char* sc, uint64_
   }
 }
 
+// Entries of a row whose places the expert-major receive keeps in registers (DeepSeek's, Qwen's
+// and Kimi's top-8); a row of more entries takes a copy per entry.
+constexpr uint32_t kMoeHoist = 8;
+
+// Received row `row` into every expert-major place its entries took (`sl`: the row's slots, -1
+// where none; `le`: its local experts), by one warp: each 16 bytes read once and stored to each
+// place, four in flight per lane.
+MSCCLPP_DEVICE_INLINE void moeFanOut(const MoeArgs& a, const char* row, const int32_t* sl, const int32_t* le,
+                                     uint32_t lane) {
+  const uint32_t k = a.topk;
+  const uint64_t cap = a.em_capacity;
+  if (k > kMoeHoist || ((a.payload_bytes | a.em_x) & 15) != 0) {
+    for (uint32_t q = 0; q < k; ++q) {
+      if (sl[q] < 0) continue;
+      char* to = (char*)a.em_x + ((uint64_t)le[q] * cap + (uint64_t)sl[q]) * a.payload_bytes;
+      moeCopy(to, row, a.payload_bytes, lane, kWarpSize);
+    }
+    return;
+  }
+  MoeVec* to[kMoeHoist];
+#pragma unroll
+  for (uint32_t q = 0; q < kMoeHoist; ++q) {
+    to[q] = q < k && sl[q] >= 0 ? (MoeVec*)(a.em_x + ((uint64_t)le[q] * cap + (uint64_t)sl[q]) * a.payload_bytes)
+                                : nullptr;
+  }
+  const MoeVec* from = (const MoeVec*)row;
+  const uint64_t n = a.payload_bytes / 16, l = kWarpSize;
+  for (uint64_t i = lane; i < n; i += 4 * l) {
+    MoeVec v[4];
+#pragma unroll
+    for (uint32_t c = 0; c < 4; ++c) {
+      if (i + c * l < n) v[c] = from[i + c * l];
+    }
+#pragma unroll
+    for (uint32_t q = 0; q < kMoeHoist; ++q) {
+      if (to[q] == nullptr) continue;
+#pragma unroll
+      for (uint32_t c = 0; c < 4; ++c) {
+        if (i + c * l < n) to[q][i + c * l] = v[c];
+      }
+    }
+  }
+}
+
 // Expert-major receive of share `share` of source s's c rows (prefix: rows of the sources before
 // it): each (row, top-k entry) with a local expert takes that expert's next slot — sources in rank
 // order, each source's rows in order, so every backend gives the same layout — and is copied
@@ -258,15 +314,16 @@ MSCCLPP_DEVICE_INLINE void moeExpertMajor(const MoeArgs& a, uint32_t s, uint32_t
   for (uint64_t j = lo + warp; j < hi; j += warps) {
     const char* row = (const char*)(region + j * a.row_bytes);
     const int32_t* le = (const int32_t*)(row + a.meta_at + 4);
+    const int32_t* sl = slots + (prefix + j) * k;
     const int32_t tok = *(const int32_t*)(row + a.meta_at);
     for (uint32_t q = 0; q < k; ++q) {
-      const int32_t slot = slots[(prefix + j) * k + q];
+      const int32_t slot = sl[q];
       if (slot < 0) continue;
       const uint64_t at = (uint64_t)le[q] * cap + (uint64_t)slot;
-      moeCopy((char*)a.em_x + at * a.payload_bytes, row, a.payload_bytes, lane, kWarpSize);
       if (lane == 0) ((int32_t*)a.em_src)[at] = tok;
       if (a.em_scales != 0) moeEmScales(a, row + a.scales_at, (uint64_t)le[q], (uint64_t)slot, lane);
     }
+    moeFanOut(a, row, sl, le, lane);
   }
 }
 
