@@ -20,6 +20,9 @@ not DeepEP's:
   ``__main__`` once per node with ``WORLD_SIZE`` nodes and ``RANK`` the node's index; the harness
   starts one process per node (``--nodes``, default 2) on this machine, each a simulated host
   (``MSCCLPP_HOSTID`` per node), so that peers on other nodes are reached as across hosts.
+  When a node fails, or the harness gets SIGTERM (``timeout``), every node still running first
+  prints its processes' Python stacks (SIGUSR1, ``faulthandler``), then its whole session is
+  stopped: a node that never reached a step says where its ranks waited.
 
     DEEP_EP_SRC=/path/to/DeepEP python tests/deep_ep_tests_harness.py intranode -- --num-processes 2
     DEEP_EP_SRC=... python tests/deep_ep_tests_harness.py low_latency -- --num-processes 2 --num-tokens 64
@@ -29,10 +32,12 @@ Exits 0 after printing ``harness: skip: <why>`` where torch, a GPU or the checko
 """
 
 import argparse
+import faulthandler
 import importlib
 import importlib.util
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import time
@@ -123,7 +128,14 @@ def install(src, backend):
     envs.init_dist = init_dist
 
 
+def _dump_stacks_on_usr1():
+    """SIGUSR1 prints every thread's Python stack to stderr and the process goes on: how a node
+    that is stopped says where its ranks were."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def child(local_rank, src, test, backend, fn_name, fn_args):
+    _dump_stacks_on_usr1()
     install(src, backend)
     sys.path.insert(0, os.path.join(src, "tests", "legacy"))
     mod = importlib.import_module(test[:-3])
@@ -131,24 +143,57 @@ def child(local_rank, src, test, backend, fn_name, fn_args):
     getattr(mod, fn_name)(local_rank, *fn_args)
 
 
+class _Stopped(Exception):
+    pass
+
+
+def _raise_stopped(signum, frame):
+    raise _Stopped()
+
+
+def stop_nodes(procs, why, grace=3.0):
+    """Stops the node processes still running (each leads a session of its own, its ranks in
+    it): first SIGUSR1, on which every process of the node prints its Python stacks, then after
+    `grace` seconds SIGTERM to the whole session, so that no rank outlives its node."""
+    alive = [p for p in procs if p.poll() is None]
+    if not alive:
+        return
+    print(f"harness: {why}: the Python stacks of the nodes still running follow; then they are "
+          "stopped", flush=True)
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for p in alive:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        if sig == signal.SIGUSR1:
+            time.sleep(grace)
+
+
 def run_nodes(nodes):
     """test_internode.py: this script again once per node (``WORLD_SIZE``, ``RANK``), all at
-    once; the first to fail stops the others. Returns the exit status."""
+    once; the first to fail stops the others, as does a SIGTERM to the harness (``timeout``),
+    each node first printing where its ranks were. Returns the exit status."""
     procs = []
     for node in range(nodes):
         env = dict(os.environ, WORLD_SIZE=str(nodes), RANK=str(node), **{NODE_ENV: str(node)})
-        procs.append(subprocess.Popen([sys.executable] + sys.argv, env=env))
+        procs.append(subprocess.Popen([sys.executable] + sys.argv, env=env,
+                                      start_new_session=True))
     status = 0
-    while any(p.poll() is None for p in procs):
-        failed = [p for p in procs if p.returncode not in (None, 0)]
-        if failed:
-            status = failed[0].returncode
-            print(f"harness: a node exited with {status}: stopping the others", flush=True)
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            break
-        time.sleep(0.5)
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.returncode not in (None, 0)]
+            if failed:
+                status = failed[0].returncode
+                stop_nodes(procs, f"a node exited with {status}")
+                break
+            time.sleep(0.5)
+    except _Stopped:
+        status = 128 + signal.SIGTERM
+        stop_nodes(procs, "the harness was told to stop")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     for p in procs:
         p.wait()
         status = status or p.returncode
@@ -188,6 +233,8 @@ def main():
     if not torch.cuda.is_available():
         _skip("torch sees no CUDA device (DeepEP's tests run on torch.cuda)")
     os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
+    if NODE_ENV in os.environ:
+        _dump_stacks_on_usr1()
     if a.test == "internode" and NODE_ENV not in os.environ:
         status = run_nodes(a.nodes)
         if status == 0:

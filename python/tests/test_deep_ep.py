@@ -3,9 +3,11 @@ its calls against torch on the host backend (``deep_ep_ranks.py``; on a GPU the 
 with ``--device cuda``)."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -80,3 +82,61 @@ def test_harness_splits_its_options_from_the_tests():
             h.parse(bad)
         assert e.value.code == 2, bad
 
+
+
+def test_harness_stops_a_node_after_it_printed_its_stacks():
+    # When one node of DeepEP's internode test fails (or the harness is told to stop), the other
+    # nodes print where their ranks were before they are stopped: a node here is a process
+    # leading its own session, with a child that waits, as a node's ranks would.
+    sys.path.insert(0, HERE)
+    try:
+        import deep_ep_tests_harness as h
+    finally:
+        sys.path.remove(HERE)
+    code = textwrap.dedent("""
+        import faulthandler, signal, subprocess, sys, time
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        child = subprocess.Popen([sys.executable, "-c",
+            "import faulthandler, signal, time\\n"
+            "faulthandler.register(signal.SIGUSR1, all_threads=True)\\n"
+            "import os\\n"
+            "def rank_waits_here():\\n"
+            "    print('ready', os.getpid(), flush=True)\\n"
+            "    time.sleep(120)\\n"
+            "rank_waits_here()\\n"], stdout=subprocess.PIPE, text=True)
+        def node_waits_here():
+            # "ready" once both wait in their functions.
+            print(child.stdout.readline(), end="", flush=True)
+            child.wait()
+        node_waits_here()
+    """)
+    node = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ready, pid = node.stdout.readline().split()
+        assert ready == "ready"
+        started = time.monotonic()
+        h.stop_nodes([node], "a test", grace=1.0)
+        out, err = node.communicate(timeout=30)
+    finally:
+        if node.poll() is None:
+            node.kill()
+    assert time.monotonic() - started < 30
+    assert node.returncode == -signal.SIGTERM, (node.returncode, err)
+    # Both the node and its waiting child printed their stacks, naming where they waited.
+    assert "node_waits_here" in err, err
+    assert "rank_waits_here" in err, err
+    # The child was stopped with its node (its session), not left behind (a zombie that no
+    # one has reaped yet counts as stopped).
+    def running():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+    deadline = time.monotonic() + 10
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if running():
+        os.kill(int(pid), signal.SIGKILL)
+        raise AssertionError("the node's child outlived it")
