@@ -61,15 +61,21 @@ def test_deep_ep_buffer_internode_shapes_past_8_ranks():
     assert "every check passed" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
 
 
+def _harness():
+    """python/tests/deep_ep_tests_harness.py as a module (it is a script beside this file)."""
+    sys.path.insert(0, HERE)
+    try:
+        import deep_ep_tests_harness
+    finally:
+        sys.path.remove(HERE)
+    return deep_ep_tests_harness
+
+
 def test_harness_splits_its_options_from_the_tests():
     # DeepEP's own tests take their arguments after `--`; the harness's options may come after
     # the test's name and must not reach DeepEP's parser (they did once: `--nodes` was passed on
     # to test_internode.py, which refused it).
-    sys.path.insert(0, HERE)
-    try:
-        import deep_ep_tests_harness as h
-    finally:
-        sys.path.remove(HERE)
+    h = _harness()
     a, rest = h.parse(["internode", "--nodes", "3", "--backend", "mscclpp", "--",
                        "--num-processes", "8", "--", "x"])
     assert (a.test, a.nodes, a.backend) == ("internode", 3, "mscclpp")
@@ -88,11 +94,7 @@ def test_harness_stops_a_node_after_it_printed_its_stacks():
     # When one node of DeepEP's internode test fails (or the harness is told to stop), the other
     # nodes print where their ranks were before they are stopped: a node here is a process
     # leading its own session, with a child that waits, as a node's ranks would.
-    sys.path.insert(0, HERE)
-    try:
-        import deep_ep_tests_harness as h
-    finally:
-        sys.path.remove(HERE)
+    h = _harness()
     code = textwrap.dedent("""
         import faulthandler, signal, subprocess, sys, time
         faulthandler.register(signal.SIGUSR1, all_threads=True)
