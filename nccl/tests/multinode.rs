@@ -1,7 +1,8 @@
 //! `libmscclpp_nccl.so` serving a communicator that spans hosts natively: four ranks (child
 //! processes, host backend) as two hosts of two by `MSCCLPP_HOSTID`, without a real NCCL to
 //! fall back to (so every call that succeeds was served by mscclpp's multi-host collectives),
-//! each collective against a CPU reference with poisoned outputs. Runs with
+//! each collective against a CPU reference with poisoned outputs, then PyTorch's `new_group` +
+//! `broadcast_object_list` over a split of it. Runs with
 //! `cargo test -p mscclpp-nccl --test multinode`.
 
 #[macro_use]
@@ -48,6 +49,11 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
     let broadcast: CollFn = sym!(lib, "ncclBroadcast" as CollFn);
     let all_gather: MoveFn = sym!(lib, "ncclAllGather" as MoveFn);
     let all_to_all: MoveFn = sym!(lib, "ncclAlltoAll" as MoveFn);
+    let split = sym!(
+        lib,
+        "ncclCommSplit",
+        fn(Comm, c_int, c_int, *mut Comm, *mut c_void) -> c_int
+    );
     let expect = |what: &str, got: c_int| -> Result<(), String> {
         if got != 0 {
             // SAFETY: the library's thread-local NUL-terminated message.
@@ -167,6 +173,48 @@ fn rank_main(rank: usize, dir: &Path) -> Result<(), String> {
         .flat_map(|q| (0..N).map(move |i| value(q, 6, rank * N + i)))
         .collect();
     check("alltoall", &get(recv, NRANKS * N), &want)?;
+
+    // PyTorch's `new_group` of every rank (a split of one color) and its
+    // `broadcast_object_list` over it: an int64 size, then that many bytes, from rank 0.
+    let mut child: Comm = std::ptr::null_mut();
+    expect(
+        "ncclCommSplit",
+        // SAFETY: a live communicator, a valid out-pointer, NULL config.
+        unsafe { split(comm, 0, rank as c_int, &mut child, null) },
+    )?;
+    if child.is_null() {
+        return Err("ncclCommSplit of one color gave no communicator".into());
+    }
+    let object: Vec<u8> = (0..333).map(|i| (i * 7 + 3) as u8).collect();
+    const INT64: c_int = 4;
+    const UINT8: c_int = 1;
+    // SAFETY: `send` and `recv` hold NRANKS * N f32, more than either broadcast moves.
+    unsafe {
+        let size = send.cast::<i64>();
+        size.write(if rank == 0 { object.len() as i64 } else { -1 });
+        expect(
+            "ncclBroadcast of the size (split)",
+            broadcast(s, s, 1, INT64, 0, child, null),
+        )?;
+        if size.read() != object.len() as i64 {
+            return Err(format!("broadcast size: got {}", size.read()));
+        }
+        let bytes = recv.cast::<u8>();
+        let fill: Vec<u8> = if rank == 0 {
+            object.clone()
+        } else {
+            vec![0xee; object.len()]
+        };
+        std::ptr::copy_nonoverlapping(fill.as_ptr(), bytes, fill.len());
+        expect(
+            "ncclBroadcast of the object (split)",
+            broadcast(r, r, object.len(), UINT8, 0, child, null),
+        )?;
+        if std::slice::from_raw_parts(bytes, object.len()) != object.as_slice() {
+            return Err("broadcast of the object over the split: wrong bytes".into());
+        }
+        expect("ncclCommDestroy (split)", destroy(child))?;
+    }
 
     // SAFETY: a live communicator, no call in flight.
     expect("ncclCommDestroy", unsafe { destroy(comm) })?;
