@@ -383,6 +383,77 @@ pub fn decode_entry(
     Ok(Image { kind, bytes })
 }
 
+/// How long a process waits for another's compile of the same entry before compiling it too.
+pub const COMPILE_LOCK_WAIT: Duration = Duration::from_secs(600);
+
+/// An exclusive lock on a cache entry's compile (`<entry>.lock`, an advisory file lock that the
+/// kernel drops when its holder exits, so a crashed compiler cannot keep it). Best effort: a
+/// directory that cannot hold the lock file, or a wait past `wait`, gives no lock (logged),
+/// and the caller compiles anyway.
+#[derive(Debug)]
+pub struct CompileLock {
+    _file: std::fs::File,
+}
+
+impl CompileLock {
+    /// Takes the lock of the entry at `path`, waiting at most `wait` for another holder.
+    pub fn take(path: &Path, wait: Duration) -> Option<CompileLock> {
+        let lock = path.with_extension("lock");
+        let opened = lock
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&lock)
+            });
+        let file = match opened {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(path = %lock.display(), "no kernel compile lock: {e}");
+                return None;
+            }
+        };
+        let start = std::time::Instant::now();
+        let mut waited = false;
+        loop {
+            match try_flock(&file) {
+                Ok(()) => {
+                    if waited {
+                        tracing::info!(
+                            path = %lock.display(),
+                            "waited {:.3} s for another process's compile",
+                            start.elapsed().as_secs_f64()
+                        );
+                    }
+                    return Some(CompileLock { _file: file });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && start.elapsed() < wait => {
+                    waited = true;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        path = %lock.display(),
+                        "compiling without the kernel compile lock ({e}; waited {:.1} s)",
+                        start.elapsed().as_secs_f64()
+                    );
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// An exclusive, non-blocking `flock` of `file` (`File::try_lock` needs Rust 1.89, past this
+/// workspace's minimum).
+fn try_flock(file: &std::fs::File) -> std::io::Result<()> {
+    rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(std::io::Error::from)
+}
+
 /// Encodes a cache entry of `vendor`.
 pub fn encode_entry(vendor: &Vendor, key: u128, image: &Image) -> Vec<u8> {
     entry_format(vendor).encode(key, image.kind, &image.bytes)
@@ -400,6 +471,10 @@ pub fn image_for(
     let path = cache_path(dir, c.name, c.target, key);
     let counters = counters(vendor.kind);
     let compiler = format!("{} {}.{}", vendor.compiler, c.version.0, c.version.1);
+    // Ranks sharing a machine miss the same entries at the same moment (on a fresh machine every
+    // process compiled every module itself: docs/nccl.md): one compiles under the entry's lock
+    // while the others wait, then read what it wrote.
+    let _lock = (!path.exists()).then(|| CompileLock::take(&path, COMPILE_LOCK_WAIT));
     cached_or_compiled(
         counters,
         (c.name, c.target, &compiler),
@@ -579,7 +654,58 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("TESTRTC"), "{e}");
-        assert!(!dir.exists() || std::fs::read_dir(&dir).unwrap().next().is_none());
+        // No entry is written (the compile lock's file may stay: it holds nothing).
+        let entries: Vec<_> = std::fs::read_dir(&dir)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(
+            entries
+                .iter()
+                .all(|p| p.extension().is_some_and(|x| x == "lock")),
+            "{entries:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn ranks_that_miss_at_once_compile_once() {
+        // Four "processes" (threads with their own lock files open: flock locks conflict
+        // between open files) miss the same entry together; one compiles, the rest wait for
+        // its lock and read its entry.
+        let dir = temp_dir("together");
+        let compiles = std::sync::atomic::AtomicUsize::new(0);
+        let start = std::sync::Barrier::new(4);
+        let images: Vec<Image> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        image_for(&V, &dir, key(&MODULE, "sm_90", (13, 0)), || {
+                            compiles.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_millis(300));
+                            Ok(compiled(1, 7))
+                        })
+                        .unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(compiles.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(images.iter().all(|i| i.bytes[4] == 7), "{images:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_held_lock_is_waited_for_at_most_the_wait() {
+        let dir = temp_dir("held");
+        let path = cache_path(&dir, "m.cu", "sm_90", 1);
+        let held = CompileLock::take(&path, Duration::from_secs(1)).expect("first lock");
+        let t = std::time::Instant::now();
+        assert!(CompileLock::take(&path, Duration::from_millis(100)).is_none());
+        assert!(t.elapsed() >= Duration::from_millis(100));
+        drop(held);
+        assert!(CompileLock::take(&path, Duration::from_millis(100)).is_some());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
