@@ -14,7 +14,7 @@ all-reduce and an all-gather, each checked against the exact values computed on 
     python3 nccl/examples/torch_hosts.py --hosts 2 --per-host 8 [--limit 120] [--port 29533]
 
 Every step prints `[rN] <seconds> <step> ok=...`; a rank that has not finished after `--limit`
-seconds prints every thread's Python stack and the state of each of its threads, and exits 3.
+seconds prints every thread's Python stack and exits (faulthandler).
 Exits non-zero if any rank failed or hung. Prints `skip: <why>` and exits 0 without PyTorch or
 a GPU.
 """
@@ -22,7 +22,6 @@ import argparse
 import faulthandler
 import os
 import sys
-import threading
 import time
 
 try:
@@ -34,33 +33,13 @@ except ImportError as e:  # pragma: no cover - the GPU machine has torch
     sys.exit(0)
 
 
-def watchdog(rank, done, limit):
-    """After `limit` seconds: every thread's Python stack and each thread's kernel state."""
-    if done.wait(limit):
-        return
-    sys.stderr.write(f"[r{rank}] still running after {limit} s: stacks and thread states\n")
-    faulthandler.dump_traceback(all_threads=True)
-    for t in sorted(os.listdir("/proc/self/task")):
-        try:
-            with open(f"/proc/self/task/{t}/comm") as f:
-                comm = f.read().strip()
-            with open(f"/proc/self/task/{t}/wchan") as f:
-                wchan = f.read().strip()
-            with open(f"/proc/self/task/{t}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        sys.stderr.write(f"[r{rank}] thread {t} {comm} state={state} wchan={wchan}\n")
-    sys.stderr.flush()
-    os._exit(3)
-
-
 def rank_main(local, node, a):
     rank = node * a.per_host + local
     world = a.hosts * a.per_host
     os.environ["MSCCLPP_HOSTID"] = f"torch-hosts-{a.port}-{node}"
-    done = threading.Event()
-    threading.Thread(target=watchdog, args=(rank, done, a.limit), daemon=True).start()
+    # A rank still running after the limit prints every thread's stack and exits (from
+    # faulthandler's own thread: it needs no GIL).
+    faulthandler.dump_traceback_later(a.limit, exit=True)
     t0 = time.time()
     failed = []
 
@@ -96,7 +75,7 @@ def rank_main(local, node, a):
     dist.all_gather(parts, torch.full((3,), float(rank), device="cuda"), group=g)
     torch.cuda.synchronize()
     stamp("all_gather", all(bool((p.cpu() == r).all()) for r, p in enumerate(parts)))
-    done.set()
+    faulthandler.cancel_dump_traceback_later()
     dist.destroy_process_group()
     if failed:
         raise SystemExit(f"rank {rank}: wrong results in {failed}")
@@ -111,7 +90,7 @@ def main():
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--per-host", type=int, default=8)
     ap.add_argument("--limit", type=float, default=120.0,
-                    help="seconds after which a rank still running prints its stacks and exits 3")
+                    help="seconds after which a rank still running prints its stacks and exits")
     ap.add_argument("--port", type=int, default=29533)
     a = ap.parse_args()
     if not torch.cuda.is_available():

@@ -89,7 +89,6 @@ def test_harness_splits_its_options_from_the_tests():
         assert e.value.code == 2, bad
 
 
-
 def test_harness_stops_a_node_after_it_printed_its_stacks():
     # When one node of DeepEP's internode test fails (or the harness is told to stop), the other
     # nodes print where their ranks were before they are stopped: a node here is a process
